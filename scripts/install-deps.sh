@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every Debian package kvtier needs to build and test. Idempotent: when all
+# packages are already present it only runs dpkg queries (well under a second).
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake ninja-build pkg-config git python3
+  liburing-dev librocksdb-dev libxxhash-dev libboost-dev libzstd-dev
+  libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libtomlplusplus-dev libhiredis-dev
+  clang libclang-rt-14-dev
+)
+# Set KVTIER_DEPS_EXTRA="pkg ..." to add packages (e.g. redis-server for the remote tier).
+read -r -a EXTRA <<<"${KVTIER_DEPS_EXTRA:-}"
+PKGS+=("${EXTRA[@]}")
+
+missing=()
+for p in "${PKGS[@]}"; do
+  [ -n "$p" ] || continue
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

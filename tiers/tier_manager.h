@@ -1,0 +1,147 @@
+// TierManager: the three tiers (HBM, pinned host, NVMe), the block index over them, the
+// pins that keep leased blocks in place, eviction, admission and the mover.
+//
+// This is the interface the daemon (daemon/) drives; it knows nothing about clients,
+// sockets or rings. The daemon keeps leases (which client pinned what) and calls Pin /
+// Unpin / FreeSlot here; the TierManager guarantees that a pinned block is never evicted
+// and a pinned slot is never reused.
+//
+// Identity: a block is (contract_id, key). Slots: every tier is an arena of equal-size
+// slots (slot_bytes(), fixed at open from the config); a contract whose block does not
+// fit in one slot is refused at registration. Slot ids are indices into a tier's arena;
+// HBM slot ids are what the decode kernels take as block-table entries, host slot ids
+// index the memfd arena (offset = slot * slot_bytes()).
+//
+// Threading: every public method is thread-safe. Methods that may wait on I/O or DMA
+// complete through a callback that runs on a TierManager worker thread; they never
+// block the caller. Everything else returns quickly (no I/O under the caller's thread).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "formats/contract.h"
+#include "formats/keys.h"
+#include "formats/status.h"
+
+namespace kvtier::tiers {
+
+enum class Tier : uint8_t { kHbm = 0, kHost = 1, kNvme = 2, kRemote = 3, kNone = 255 };
+const char* TierName(Tier t);
+
+enum class PolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kPrefixLru = 2 };
+enum class OnEvict : uint8_t { kDemote = 0, kDrop = 1 };
+enum class Admission : uint8_t { kAlways = 0, kSecondHit = 1 };
+
+struct TierOptions {
+  uint64_t capacity_bytes = 0;   // 0 = tier disabled. Rounded down to whole slots.
+  PolicyKind policy = PolicyKind::kLru;  // Default: lru (prefix-lru recommended)
+  double high_watermark = 0.95;  // start evicting above this fill. Default: 0.95
+  double low_watermark = 0.85;   // evict down to this fill. Default: 0.85
+  OnEvict on_evict = OnEvict::kDemote;  // demote to the next tier or drop. Default: demote
+};
+
+struct NvmeOptions {
+  TierOptions tier;                 // on_evict is always drop for the last tier
+  std::string dir;                  // folder holding data files and the RocksDB index
+  Admission admission = Admission::kAlways;  // Default: always
+  uint64_t daily_write_budget_bytes = 0;     // 0 = unlimited. Default: 0
+  uint32_t queue_depth = 64;        // io_uring depth. Default: 64
+  bool verify_on_restart = true;    // verify every block before first serve. Default: true
+};
+
+struct TierManagerOptions {
+  uint64_t slot_bytes = 1474560;  // one block; 4 KiB multiple. Default: 80x8x128x16 NVFP4
+  TierOptions hbm;                // needs CUDA and a GPU; ignored (tier absent) otherwise
+  int cuda_device = 0;            // Default: 0
+  TierOptions host;
+  NvmeOptions nvme;
+
+  Status Validate() const;
+};
+
+// Per-block answer of a lookup, in key order, up to the first miss.
+struct LookupResult {
+  size_t hit_blocks = 0;            // length of the longest cached prefix
+  std::vector<Tier> tiers;          // tiers[i] for i < hit_blocks
+  double est_seconds_to_hbm = 0.0;  // from measured tier bandwidths (0 if all in HBM)
+};
+
+// One pinned block, as Acquire/Alloc return it.
+struct SlotRef {
+  Tier tier = Tier::kNone;
+  uint32_t slot = 0;
+};
+
+struct TierStats {
+  Tier tier = Tier::kNone;
+  bool present = false;
+  uint64_t capacity_bytes = 0, used_bytes = 0, slots_total = 0, slots_used = 0;
+  uint64_t blocks = 0, pinned = 0;
+  uint64_t hits = 0, misses = 0, promotions_in = 0, demotions_out = 0;
+  uint64_t bytes_read = 0, bytes_written = 0, checksum_failures = 0;
+  uint64_t evictions_demoted = 0, evictions_dropped = 0, admission_rejects = 0;
+  double read_gbps = 0.0, write_gbps = 0.0;  // measured (or configured) bandwidth
+};
+
+class TierManager {
+ public:
+  virtual ~TierManager() = default;
+
+  // Opens the tiers. An existing NVMe folder is a warm restart: its index is loaded and
+  // each block is verified against its checksum before it is first served.
+  static StatusOr<std::unique_ptr<TierManager>> Open(const TierManagerOptions& opts);
+
+  virtual uint64_t slot_bytes() const = 0;
+  virtual bool has_tier(Tier t) const = 0;
+  // memfd of the host arena (size host_arena_bytes()), for SCM_RIGHTS to clients.
+  virtual int host_arena_fd() const = 0;
+  virtual uint64_t host_arena_bytes() const = 0;
+  // CUDA IPC handle of the HBM arena (64 bytes). Unsupported without an HBM tier.
+  virtual Status hbm_ipc_handle(uint8_t out[64]) const = 0;
+
+  // Refuses (Unsupported) a contract whose block does not fit a slot. Idempotent.
+  virtual Status RegisterContract(const ScaleContract& c) = 0;
+  virtual bool HasContract(uint64_t contract_id) const = 0;
+
+  // Longest cached prefix of `keys` and where each block lives. No I/O.
+  virtual LookupResult Lookup(uint64_t contract_id, std::span<const Key128> keys) = 0;
+
+  // Promotes the longest cached prefix of `keys` into `target` (kHbm, or kHost for
+  // clients without a GPU) and pins each block there. `done` gets the pinned slots of the
+  // prefix (possibly shorter than keys: a block lost on the way ends the prefix).
+  // Concurrent acquires of the same block share one promotion.
+  using AcquireDone = std::function<void(Status, std::vector<SlotRef>)>;
+  virtual void Acquire(uint64_t contract_id, std::span<const Key128> keys, Tier target,
+                       AcquireDone done) = 0;
+
+  // Reserves n free slots in `target` (evicting if needed), pinned and invisible until
+  // committed. Retry when the tier is full of pinned blocks.
+  virtual Status AllocSlots(uint64_t contract_id, uint32_t n, Tier target,
+                            std::vector<SlotRef>* out) = 0;
+  // Makes an allocated slot's bytes visible as (contract, key). The block stays pinned
+  // until Unpin. Commit of a key already present keeps the old block and frees the slot
+  // (the caller's bytes are equal by construction of the key chain).
+  virtual Status Commit(uint64_t contract_id, SlotRef slot, const Key128& key,
+                        const Key128& parent) = 0;
+  // Drops one pin on a committed block / frees an allocated but uncommitted slot.
+  virtual Status Unpin(SlotRef slot) = 0;
+  virtual Status FreeSlot(SlotRef slot) = 0;
+
+  // Starts promotion of the cached prefix of keys into target; returns at once.
+  virtual void Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) = 0;
+
+  // Operator actions.
+  virtual Status Evict(uint64_t contract_id, const Key128& key) = 0;
+  virtual Status Flush() = 0;  // demote every unpinned block of HBM and host to NVMe
+  // Applies new eviction/admission settings (sizes and folders cannot change).
+  virtual Status Reconfigure(const TierManagerOptions& opts) = 0;
+
+  virtual std::vector<TierStats> Stats() const = 0;
+};
+
+}  // namespace kvtier::tiers
