@@ -1,0 +1,196 @@
+#include "tools/cli.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+namespace kvtier::cli {
+
+namespace {
+std::string g_program = "kvtier";
+}
+
+StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
+                           const std::vector<std::string>& flags) {
+  Args a;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& s = argv[i];
+    if (s.size() > 2 && s.rfind("--", 0) == 0) {
+      std::string name = s.substr(2), value;
+      const auto eq = name.find('=');
+      bool is_flag = false;
+      for (const auto& f : flags) is_flag |= (f == name);
+      if (eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      } else if (!is_flag) {
+        if (i + 1 >= argv.size()) return Status::Invalid("option --" + name + " needs a value");
+        value = argv[++i];
+      }
+      a.opts_[name] = value;
+    } else {
+      a.pos_.push_back(s);
+    }
+  }
+  return a;
+}
+
+std::optional<std::string> Args::Get(const std::string& name) const {
+  auto it = opts_.find(name);
+  if (it == opts_.end()) return std::nullopt;
+  return it->second;
+}
+
+StatusOr<std::string> Args::Require(const std::string& name) const {
+  auto v = Get(name);
+  if (!v) return Status::Invalid("missing --" + name);
+  return *v;
+}
+
+StatusOr<double> Args::GetDouble(const std::string& name, std::optional<double> def) const {
+  auto v = Get(name);
+  if (!v) {
+    if (def) return *def;
+    return Status::Invalid("missing --" + name);
+  }
+  char* end = nullptr;
+  errno = 0;
+  const double d = std::strtod(v->c_str(), &end);
+  if (v->empty() || *end != '\0' || errno != 0 || !std::isfinite(d)) {
+    return Status::Invalid("--" + name + " must be a finite number, got '" + *v + "'");
+  }
+  return d;
+}
+
+StatusOr<int64_t> Args::GetInt(const std::string& name, std::optional<int64_t> def) const {
+  auto v = Get(name);
+  if (!v) {
+    if (def) return *def;
+    return Status::Invalid("missing --" + name);
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long long d = std::strtoll(v->c_str(), &end, 10);
+  if (v->empty() || *end != '\0' || errno != 0) {
+    return Status::Invalid("--" + name + " must be an integer, got '" + *v + "'");
+  }
+  return static_cast<int64_t>(d);
+}
+
+Status Args::CheckKnown(const std::vector<std::string>& known) const {
+  for (const auto& [k, v] : opts_) {
+    bool ok = false;
+    for (const auto& n : known) ok |= (n == k);
+    if (!ok) return Status::Invalid("unknown option --" + k);
+  }
+  return Status::Ok();
+}
+
+std::map<std::string, Command>& Registry() {
+  static std::map<std::string, Command> r;
+  return r;
+}
+
+CommandRegistrar::CommandRegistrar(std::string name, std::string summary, CommandFn fn) {
+  Registry()[name] = Command{name, std::move(summary), std::move(fn)};
+}
+
+int Fail(const std::string& message, int code) {
+  std::fprintf(stderr, "%s: %s\n", g_program.c_str(), message.c_str());
+  return code;
+}
+
+int Main(const char* program, int argc, char** argv) {
+  g_program = program;
+  auto usage = [&](FILE* f) {
+    std::fprintf(f, "usage: %s COMMAND [ARGS...]\n\ncommands:\n", program);
+    for (const auto& [name, c] : Registry()) {
+      std::fprintf(f, "  %-12s %s\n", name.c_str(), c.summary.c_str());
+    }
+    std::fprintf(f, "\nRun '%s COMMAND --help' for a command's options.\n", program);
+  };
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    usage(stdout);
+    return 0;
+  }
+  auto it = Registry().find(cmd);
+  if (it == Registry().end()) return Fail("unknown command '" + cmd + "' (try --help)", 2);
+  std::vector<std::string> rest(argv + 2, argv + argc);
+  return it->second.fn(rest);
+}
+
+StatusOr<std::vector<uint8_t>> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::IoError("cannot open " + path + ": " + std::strerror(errno));
+  std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return Status::IoError("cannot read " + path);
+  return data;
+}
+
+Status WriteFileAtomic(const std::string& path, const void* data, size_t n) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IoError("cannot create " + tmp + ": " + std::strerror(errno));
+  const auto* p = static_cast<const uint8_t*>(data);
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::write(fd, p + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const std::string err = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return Status::IoError("cannot write " + tmp + ": " + err);
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    return Status::IoError("cannot flush " + tmp);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return Status::IoError("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+StatusOr<uint64_t> ParseSize(std::string_view s) {
+  std::string str(s);
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(str.c_str(), &end);
+  if (str.empty() || end == str.c_str() || errno != 0 || !std::isfinite(v) || v < 0) {
+    return Status::Invalid("bad size '" + str + "' (expected e.g. 4096, 64MiB, 1.5GiB)");
+  }
+  std::string unit(end);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  double mult = 1;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "KiB" || unit == "K") mult = 1024.0;
+  else if (unit == "MiB" || unit == "M") mult = 1024.0 * 1024;
+  else if (unit == "GiB" || unit == "G") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB" || unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB") mult = 1e3;
+  else if (unit == "MB") mult = 1e6;
+  else if (unit == "GB") mult = 1e9;
+  else if (unit == "TB") mult = 1e12;
+  else return Status::Invalid("bad size unit '" + unit + "' in '" + str + "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  const double bytes = v * mult;
+  if (bytes > 1.8e19) return Status::Invalid("size '" + str + "' is too large");
+  if (bytes != std::floor(bytes)) return Status::Invalid("size '" + str + "' is not a whole number of bytes");
+  return static_cast<uint64_t>(bytes);
+}
+
+}  // namespace kvtier::cli

@@ -1,0 +1,71 @@
+// Small command-line framework shared by kvtierctl and kvtier-bench.
+//
+// Each subcommand lives in its own file and registers itself with a static
+// CommandRegistrar (the files are linked into the executable directly, so the
+// registration is never dropped by the linker). Arguments are parsed by Args: long
+// options "--name value" or "--name=value", flags "--name", and positionals.
+// Every error is one line on stderr and a non-zero exit; no command leaves a partial
+// output file behind (write to FILE.tmp, then rename).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "formats/status.h"
+
+namespace kvtier::cli {
+
+class Args {
+ public:
+  // `flags` lists option names that take no value (e.g. {"json"}).
+  static StatusOr<Args> Parse(const std::vector<std::string>& argv,
+                              const std::vector<std::string>& flags = {});
+  bool Has(const std::string& name) const { return opts_.count(name) != 0; }
+  std::optional<std::string> Get(const std::string& name) const;
+  // Required option; Invalid "missing --name" when absent.
+  StatusOr<std::string> Require(const std::string& name) const;
+  StatusOr<double> GetDouble(const std::string& name, std::optional<double> def) const;
+  StatusOr<int64_t> GetInt(const std::string& name, std::optional<int64_t> def) const;
+  const std::vector<std::string>& positional() const { return pos_; }
+  // Invalid naming the first option not in `known` (flags included).
+  Status CheckKnown(const std::vector<std::string>& known) const;
+
+ private:
+  std::map<std::string, std::string> opts_;
+  std::vector<std::string> pos_;
+};
+
+// A command gets the arguments after its name and returns the process exit code.
+using CommandFn = std::function<int(const std::vector<std::string>& args)>;
+
+struct Command {
+  std::string name;     // "codec", "keys", "bench" ...
+  std::string summary;  // one line for `--help`
+  CommandFn fn;
+};
+
+std::map<std::string, Command>& Registry();
+
+struct CommandRegistrar {
+  CommandRegistrar(std::string name, std::string summary, CommandFn fn);
+};
+
+// Runs argv[1] as a command from the registry; prints usage for --help / no command.
+int Main(const char* program, int argc, char** argv);
+
+// Prints "program: message" to stderr and returns 2 (bad usage) or 1 (failure).
+int Fail(const std::string& message, int code = 1);
+
+// Whole-file helpers. WriteFileAtomic writes path.tmp and renames it into place.
+StatusOr<std::vector<uint8_t>> ReadFile(const std::string& path);
+Status WriteFileAtomic(const std::string& path, const void* data, size_t n);
+
+// Parses a size such as "64MiB", "1.5GiB", "4096", "10GB" into bytes.
+StatusOr<uint64_t> ParseSize(std::string_view s);
+
+}  // namespace kvtier::cli
