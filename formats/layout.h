@@ -40,6 +40,8 @@ struct Geometry {
   // Invalid unless every field is in range: L in [1, 1024], H in [1, 256],
   // D in [16, 1024] and a multiple of 16, T in [1, 1024], and a block under 4 GiB.
   Status Validate(KvFormat format) const;
+
+  bool operator==(const Geometry&) const = default;
 };
 
 inline constexpr size_t kSlotAlignment = 4096;  // every slot and NVMe payload

@@ -1,0 +1,504 @@
+// The client/daemon wire protocol: control-socket frames, the per-client ring region in
+// shared memory, and the request/completion entries that travel through it.
+//
+// Both daemon/ and client/ include this header and nothing of each other (DESIGN.md
+// section 2). It is a byte format like the others in formats/: fixed-size, little-endian
+// structs with a static_assert on every size, plus the validation the daemon runs on
+// every field it reads from a client. Nothing here does I/O; the ring helpers only touch
+// memory the caller has mapped.
+//
+// ---- Control socket (unix stream socket) -------------------------------------------
+// Every message is a 16-byte ControlHeader followed by `length` payload bytes.
+//   client -> daemon  kAttach        AttachRequest
+//   daemon -> client  kAttachReply   AttachReply, with SCM_RIGHTS fds:
+//                                     [0] ring region memfd, [1] host arena memfd (when
+//                                     the daemon has a host tier, flag kReplyHasHost)
+//   client -> daemon  kRequest       RequestEntry + in_len bytes of input (the socket
+//                                     path: the same operations as the ring, for tools
+//                                     and as the benchmark baseline; in_off is ignored)
+//   daemon -> client  kCompletion    CompletionEntry + out_bytes bytes of output
+// The first message must be kAttach; its protocol_version must equal kProtocolVersion
+// or the reply carries status Unsupported and the daemon closes the socket. The socket
+// stays open for the life of the client: when it closes (crash included) the daemon
+// releases every lease the client held.
+//
+// ---- Ring region (one memfd per client, created, sized and sealed by the daemon) ----
+//   [0, 4096)            RingRegionHeader (read-only for the client by convention)
+//   [req_offset, ...)    RingControl + entries x RequestEntry     (client -> daemon)
+//   [cmp_offset, ...)    RingControl + entries x CompletionEntry  (daemon -> client)
+//   [data_offset, +data_bytes)  data area: variable-length inputs and outputs,
+//                        referenced from entries by (offset, length) relative to
+//                        data_offset; the client chooses where, the daemon bounds-checks.
+// Both rings are single-producer single-consumer, lock-free, bounded (a power of two
+// entries), with producer and consumer indices on separate cache lines. Indices are
+// free-running u32 counters; slot = index & (entries - 1).
+//
+// Wake-up: a consumer that finds its ring empty spins briefly, then sets `sleeping`,
+// re-checks, and futex-waits on `tail` (a shared futex: the mapping is MAP_SHARED). A
+// producer publishes `tail` and then reads `sleeping`; when set it futex-wakes `tail`.
+// Both sides use sequentially consistent operations on these two words, so either the
+// producer sees the flag or the consumer sees the new tail (no lost wake-up).
+//
+// The daemon never trusts the region: it copies an entry out of the ring before
+// checking it, copies input bytes out of the data area before using them, and refuses
+// indices that claim more than `entries` outstanding requests (the client is then
+// disconnected, since its ring can no longer be read).
+//
+// When you change any struct here, bump kProtocolVersion.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "formats/keys.h"
+#include "formats/status.h"
+
+namespace kvtier::wire {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kControlMagic = 0x5754564Bu;  // "KVTW" as u32 LE
+inline constexpr uint32_t kRingMagic = 0x5254564Bu + 1;  // "LVTR": differs from records
+inline constexpr size_t kCacheLine = 64;
+inline constexpr size_t kRingHeaderBytes = 4096;
+inline constexpr uint32_t kMaxControlPayload = 16u << 20;  // 16 MiB per socket message
+inline constexpr uint32_t kMinRingEntries = 8;
+inline constexpr uint32_t kMaxRingEntries = 65536;
+
+// ---- Control socket ----------------------------------------------------------------
+
+enum class ControlType : uint16_t {
+  kAttach = 1,
+  kAttachReply = 2,
+  kRequest = 3,
+  kCompletion = 4,
+};
+
+struct ControlHeader {
+  uint32_t magic = kControlMagic;
+  uint16_t version = kProtocolVersion;  // protocol version of the sender
+  uint16_t type = 0;                    // ControlType
+  uint32_t length = 0;                  // payload bytes that follow, <= kMaxControlPayload
+  uint32_t reserved = 0;                // must be 0
+};
+static_assert(sizeof(ControlHeader) == 16);
+
+inline constexpr uint32_t kAttachHasGpu = 1u << 0;  // client can map HBM (CUDA IPC)
+
+struct AttachRequest {
+  uint32_t protocol_version = kProtocolVersion;
+  uint32_t flags = 0;   // kAttach* bits; others must be 0
+  uint32_t pid = 0;     // informational (logs, metrics)
+  uint32_t reserved = 0;
+  char name[48] = {};   // informational client name, NUL-padded
+};
+static_assert(sizeof(AttachRequest) == 64);
+
+inline constexpr uint32_t kReplyHasHbm = 1u << 0;
+inline constexpr uint32_t kReplyHasHost = 1u << 1;
+inline constexpr uint32_t kReplyHasNvme = 1u << 2;
+
+struct AttachReply {
+  int32_t status = 0;                 // StatusCode; non-zero: message says why, no fds
+  uint32_t protocol_version = kProtocolVersion;
+  uint64_t client_id = 0;             // daemon-assigned, unique for the daemon's life
+  uint64_t slot_bytes = 0;            // bytes of one slot in every tier
+  uint64_t host_arena_bytes = 0;      // size of the host arena memfd (0: no host tier)
+  uint64_t ring_bytes = 0;            // size of the ring region memfd
+  uint32_t flags = 0;                 // kReplyHas* bits
+  uint32_t num_fds = 0;               // fds passed with this message (SCM_RIGHTS)
+  uint32_t max_keys_per_request = 0;  // daemon limit on count for key operations
+  uint32_t reserved = 0;
+  uint8_t hbm_ipc_handle[64] = {};    // cudaIpcMemHandle_t of the HBM arena (kReplyHasHbm)
+  char message[128] = {};             // NUL-terminated error text when status != 0
+};
+static_assert(sizeof(AttachReply) == 248);
+
+// ---- Ring region ---------------------------------------------------------------------
+
+struct RingRegionHeader {
+  uint32_t magic = kRingMagic;
+  uint32_t version = kProtocolVersion;
+  uint32_t entries = 0;      // entries per ring (power of two)
+  uint32_t reserved = 0;
+  uint64_t req_offset = 0;   // RingControl of the request ring, then its entries
+  uint64_t cmp_offset = 0;   // RingControl of the completion ring, then its entries
+  uint64_t data_offset = 0;  // data area
+  uint64_t data_bytes = 0;
+  uint64_t total_bytes = 0;  // size of the region (== memfd size)
+};
+static_assert(sizeof(RingRegionHeader) == 56);
+
+// Indices and the sleep flag of one ring; each on its own cache line so the producer's
+// and consumer's writes do not share a line.
+struct alignas(kCacheLine) RingControl {
+  alignas(kCacheLine) uint32_t tail;      // producer: next index to write (futex word)
+  alignas(kCacheLine) uint32_t head;      // consumer: next index to read
+  alignas(kCacheLine) uint32_t sleeping;  // consumer: 1 while (about to be) futex-waiting
+};
+static_assert(sizeof(RingControl) == 3 * kCacheLine);
+
+enum class Op : uint16_t {
+  kLookup = 1,            // in: count keys. out: count tier bytes. -> count = hit blocks
+  kAcquire = 2,           // in: count keys; tier = target. out: count WireSlot -> lease
+  kAlloc = 3,             // count = n; tier = target. out: n WireSlot -> lease
+  kCommit = 4,            // lease_id; in: count CommitItem -> count = committed
+  kRelease = 5,           // lease_id
+  kPrefetch = 6,          // in: count keys; tier = target
+  kStats = 7,             // out: up to count WireTierStats -> count = tiers written
+  kRegisterContract = 8,  // in: in_len bytes of canonical contract -> value = contract id
+  kNop = 9,               // nothing; for round-trip measurements
+};
+inline constexpr uint16_t kMaxOp = 9;
+
+inline const char* OpName(uint16_t op) {
+  switch (static_cast<Op>(op)) {
+    case Op::kLookup: return "lookup";
+    case Op::kAcquire: return "acquire";
+    case Op::kAlloc: return "alloc";
+    case Op::kCommit: return "commit";
+    case Op::kRelease: return "release";
+    case Op::kPrefetch: return "prefetch";
+    case Op::kStats: return "stats";
+    case Op::kRegisterContract: return "register_contract";
+    case Op::kNop: return "nop";
+  }
+  return "unknown";
+}
+
+// Tier numbers on the wire (equal to tiers::Tier).
+inline constexpr uint8_t kTierHbm = 0, kTierHost = 1, kTierNvme = 2, kTierRemote = 3,
+                         kTierNone = 255;
+
+struct RequestEntry {
+  uint64_t tag = 0;          // client cookie, echoed in the completion
+  uint16_t op = 0;           // Op
+  uint8_t tier = 0;          // target tier (acquire, alloc, prefetch): kTierHbm or kTierHost
+  uint8_t flags = 0;         // must be 0
+  uint32_t count = 0;        // keys / slots / items; see Op
+  uint64_t contract_id = 0;  // lookup, acquire, alloc, commit, prefetch
+  uint64_t lease_id = 0;     // commit, release
+  uint32_t in_off = 0;       // input bytes in the data area (8-byte aligned)
+  uint32_t in_len = 0;
+  uint32_t out_off = 0;      // output room in the data area (8-byte aligned)
+  uint32_t out_len = 0;
+  uint8_t reserved[16] = {};  // must be 0
+};
+static_assert(sizeof(RequestEntry) == 64);
+
+struct CompletionEntry {
+  uint64_t tag = 0;          // the request's tag (0 for requests unreadable enough to have none)
+  uint16_t op = 0;           // the request's op
+  uint16_t msg_len = 0;      // error text bytes written at the start of the out region
+  int32_t status = 0;        // StatusCode
+  uint64_t value = 0;        // lease id (acquire, alloc) or contract id (register)
+  uint32_t count = 0;        // see Op
+  uint32_t out_bytes = 0;    // bytes written to the out region
+  double est_seconds = 0.0;  // lookup: estimated time to bring the hits to HBM
+  uint8_t reserved[24] = {};
+};
+static_assert(sizeof(CompletionEntry) == 64);
+
+// One slot, as acquire and alloc return it.
+struct WireSlot {
+  uint8_t tier = kTierNone;
+  uint8_t reserved[3] = {};
+  uint32_t slot = 0;
+};
+static_assert(sizeof(WireSlot) == 8);
+
+// A key on the wire: the Key128 words, native (little-endian) order.
+struct WireKey {
+  uint64_t hi = 0;
+  uint64_t lo = 0;
+};
+static_assert(sizeof(WireKey) == 16 && sizeof(Key128) == 16);
+
+// One commit: an allocated slot of the request's lease and the key it now holds.
+struct CommitItem {
+  uint32_t slot = 0;
+  uint8_t tier = kTierNone;
+  uint8_t reserved[3] = {};  // must be 0
+  WireKey key;
+  WireKey parent;            // all zero for the first block of a chain
+};
+static_assert(sizeof(CommitItem) == 40);
+
+struct WireTierStats {
+  uint8_t tier = kTierNone;
+  uint8_t present = 0;
+  uint8_t reserved[6] = {};
+  uint64_t capacity_bytes = 0, used_bytes = 0, slots_total = 0, slots_used = 0;
+  uint64_t blocks = 0, pinned = 0, hits = 0, misses = 0, promotions_in = 0,
+           demotions_out = 0;
+  uint64_t bytes_read = 0, bytes_written = 0, checksum_failures = 0;
+  uint64_t evictions_demoted = 0, evictions_dropped = 0, admission_rejects = 0;
+  double read_gbps = 0.0, write_gbps = 0.0;
+};
+static_assert(sizeof(WireTierStats) == 8 + 16 * 8 + 2 * 8);
+
+// ---- Layout of a ring region -----------------------------------------------------------
+
+// Computes the region layout for `entries` per ring and `data_bytes` of data area.
+// Invalid when entries is not a power of two in [kMinRingEntries, kMaxRingEntries] or
+// data_bytes is 0, over 1 GiB or not a multiple of 4096.
+inline Status MakeRingLayout(uint32_t entries, uint64_t data_bytes, RingRegionHeader* out) {
+  if (entries < kMinRingEntries || entries > kMaxRingEntries || (entries & (entries - 1)) != 0) {
+    return Status::Invalid("ring entries " + std::to_string(entries) +
+                           " is not a power of two in [8, 65536]");
+  }
+  if (data_bytes == 0 || data_bytes > (uint64_t{1} << 30) || data_bytes % 4096 != 0) {
+    return Status::Invalid("ring data bytes " + std::to_string(data_bytes) +
+                           " is not a multiple of 4096 in [4096, 1GiB]");
+  }
+  auto align = [](uint64_t v) { return (v + 4095) / 4096 * 4096; };
+  RingRegionHeader h;
+  h.entries = entries;
+  h.req_offset = kRingHeaderBytes;
+  h.cmp_offset = align(h.req_offset + sizeof(RingControl) + uint64_t{entries} * sizeof(RequestEntry));
+  h.data_offset =
+      align(h.cmp_offset + sizeof(RingControl) + uint64_t{entries} * sizeof(CompletionEntry));
+  h.data_bytes = data_bytes;
+  h.total_bytes = h.data_offset + data_bytes;
+  *out = h;
+  return Status::Ok();
+}
+
+// Checks a header read from a mapped region of `mapped_bytes` (the client's check):
+// the layout must be exactly what MakeRingLayout computes for its entries and size.
+inline Status CheckRingHeader(const RingRegionHeader& h, uint64_t mapped_bytes) {
+  if (h.magic != kRingMagic) return Status::Corrupt("ring region magic mismatch");
+  if (h.version != kProtocolVersion) {
+    return Status::Unsupported("ring region version " + std::to_string(h.version));
+  }
+  RingRegionHeader expect;
+  KVTIER_RETURN_IF_ERROR(MakeRingLayout(h.entries, h.data_bytes, &expect));
+  if (h.req_offset != expect.req_offset || h.cmp_offset != expect.cmp_offset ||
+      h.data_offset != expect.data_offset || h.total_bytes != expect.total_bytes ||
+      h.total_bytes != mapped_bytes) {
+    return Status::Corrupt("ring region layout does not match its size");
+  }
+  return Status::Ok();
+}
+
+// ---- Validation (daemon side) ------------------------------------------------------------
+
+struct RequestLimits {
+  uint64_t data_bytes = 0;             // size of the data area
+  uint32_t max_keys = 65536;           // count limit for key/slot/item operations
+  uint32_t max_contract_bytes = 65536;  // limit on a serialized contract
+  uint32_t max_stats = 16;             // most WireTierStats a stats request may ask for
+};
+
+// Bytes of input `req` must carry, by op and count.
+inline uint64_t RequiredInBytes(const RequestEntry& req) {
+  switch (static_cast<Op>(req.op)) {
+    case Op::kLookup:
+    case Op::kAcquire:
+    case Op::kPrefetch: return uint64_t{req.count} * sizeof(WireKey);
+    case Op::kCommit: return uint64_t{req.count} * sizeof(CommitItem);
+    case Op::kRegisterContract: return req.count;
+    default: return 0;
+  }
+}
+// Minimum output room `req` needs, by op and count.
+inline uint64_t RequiredOutBytes(const RequestEntry& req) {
+  switch (static_cast<Op>(req.op)) {
+    case Op::kLookup: return req.count;  // one tier byte per key
+    case Op::kAcquire:
+    case Op::kAlloc: return uint64_t{req.count} * sizeof(WireSlot);
+    case Op::kStats: return uint64_t{req.count} * sizeof(WireTierStats);
+    default: return 0;
+  }
+}
+
+namespace internal {
+inline Status CheckRequestFields(const RequestEntry& req, const RequestLimits& lim) {
+  if (req.op == 0 || req.op > kMaxOp) {
+    return Status::Invalid("op " + std::to_string(req.op) + " unknown");
+  }
+  if (req.flags != 0) return Status::Invalid("flags must be 0");
+  for (uint8_t b : req.reserved) {
+    if (b != 0) return Status::Invalid("reserved bytes must be 0");
+  }
+  const Op op = static_cast<Op>(req.op);
+  switch (op) {
+    case Op::kLookup:
+    case Op::kAcquire:
+    case Op::kAlloc:
+    case Op::kCommit:
+    case Op::kPrefetch:
+      if (req.count == 0 || req.count > lim.max_keys) {
+        return Status::Invalid("count " + std::to_string(req.count) + " not in [1, " +
+                               std::to_string(lim.max_keys) + "]");
+      }
+      break;
+    case Op::kStats:
+      if (req.count == 0 || req.count > lim.max_stats) {
+        return Status::Invalid("stats count " + std::to_string(req.count) + " not in [1, " +
+                               std::to_string(lim.max_stats) + "]");
+      }
+      break;
+    case Op::kRegisterContract:
+      if (req.count == 0 || req.count > lim.max_contract_bytes) {
+        return Status::Invalid("contract length " + std::to_string(req.count) + " not in [1, " +
+                               std::to_string(lim.max_contract_bytes) + "]");
+      }
+      break;
+    case Op::kRelease:
+    case Op::kNop:
+      if (req.count != 0) return Status::Invalid("count must be 0 for " + std::string(OpName(req.op)));
+      break;
+  }
+  if (op == Op::kAcquire || op == Op::kAlloc || op == Op::kPrefetch) {
+    if (req.tier != kTierHbm && req.tier != kTierHost) {
+      return Status::Invalid("target tier " + std::to_string(req.tier) + " is not hbm (0) or host (1)");
+    }
+  } else if (req.tier != 0) {
+    return Status::Invalid("tier must be 0 for " + std::string(OpName(req.op)));
+  }
+  if ((op == Op::kCommit || op == Op::kRelease) && req.lease_id == 0) {
+    return Status::Invalid("lease_id 0 is never a lease");
+  }
+  return Status::Ok();
+}
+}  // namespace internal
+
+// Checks every field of a request read from a ring: op known, flags and reserved zero,
+// count within limits, in/out regions inside the data area (64-bit arithmetic, no
+// overflow) and 8-byte aligned, lengths consistent with count, target tier allowed.
+// Returns Invalid with a message naming the field. Contract ids, lease ids and slot
+// ids are checked against the daemon's state by the daemon.
+inline Status ValidateRingRequest(const RequestEntry& req, const RequestLimits& lim) {
+  KVTIER_RETURN_IF_ERROR(internal::CheckRequestFields(req, lim));
+  const uint64_t need_in = RequiredInBytes(req);
+  const uint64_t need_out = RequiredOutBytes(req);
+  if (req.in_len != need_in) {
+    return Status::Invalid("in_len " + std::to_string(req.in_len) + " != " +
+                           std::to_string(need_in) + " for count " + std::to_string(req.count));
+  }
+  if (req.out_len < need_out) {
+    return Status::Invalid("out_len " + std::to_string(req.out_len) + " < " +
+                           std::to_string(need_out) + " needed");
+  }
+  if (req.in_len > 0 &&
+      (req.in_off % 8 != 0 || uint64_t{req.in_off} + req.in_len > lim.data_bytes)) {
+    return Status::Invalid("in region [" + std::to_string(req.in_off) + ", +" +
+                           std::to_string(req.in_len) + ") outside the data area or unaligned");
+  }
+  if (req.out_len > 0 &&
+      (req.out_off % 8 != 0 || uint64_t{req.out_off} + req.out_len > lim.data_bytes)) {
+    return Status::Invalid("out region [" + std::to_string(req.out_off) + ", +" +
+                           std::to_string(req.out_len) + ") outside the data area or unaligned");
+  }
+  return Status::Ok();
+}
+
+// The same for a socket request, whose input is inline (`inline_in_bytes` of payload
+// followed the entry) and whose output is returned inline (out_len bounded by the
+// socket message limit); in_off and out_off are ignored there.
+inline Status ValidateSocketRequest(const RequestEntry& req, uint64_t inline_in_bytes,
+                                    const RequestLimits& lim) {
+  KVTIER_RETURN_IF_ERROR(internal::CheckRequestFields(req, lim));
+  const uint64_t need_in = RequiredInBytes(req);
+  if (req.in_len != need_in || inline_in_bytes != need_in) {
+    return Status::Invalid("in_len " + std::to_string(req.in_len) + " / payload " +
+                           std::to_string(inline_in_bytes) + " != " + std::to_string(need_in));
+  }
+  if (req.out_len < RequiredOutBytes(req) ||
+      req.out_len > kMaxControlPayload - sizeof(CompletionEntry)) {
+    return Status::Invalid("out_len " + std::to_string(req.out_len) + " out of range");
+  }
+  return Status::Ok();
+}
+
+// Checks a control header: magic, reserved, type known, length bounded. The version
+// is compared by the caller (a wrong version still gets a reply saying so).
+inline Status ValidateControlHeader(const ControlHeader& h) {
+  if (h.magic != kControlMagic) return Status::Invalid("control message magic mismatch");
+  if (h.reserved != 0) return Status::Invalid("control header reserved field not 0");
+  if (h.type < static_cast<uint16_t>(ControlType::kAttach) ||
+      h.type > static_cast<uint16_t>(ControlType::kCompletion)) {
+    return Status::Invalid("control message type " + std::to_string(h.type) + " unknown");
+  }
+  if (h.length > kMaxControlPayload) {
+    return Status::Invalid("control message length " + std::to_string(h.length) + " over limit");
+  }
+  return Status::Ok();
+}
+
+// ---- SPSC ring operations on mapped memory ----------------------------------------------
+// `ctl` and `slots` point into the region. Producer-side and consumer-side calls must
+// each come from one thread at a time.
+
+template <typename Entry>
+class RingView {
+ public:
+  RingView() = default;
+  RingView(RingControl* ctl, Entry* slots, uint32_t entries)
+      : ctl_(ctl), slots_(slots), mask_(entries - 1), entries_(entries) {}
+
+  bool valid() const { return ctl_ != nullptr; }
+  uint32_t entries() const { return entries_; }
+  RingControl* control() const { return ctl_; }
+
+  // Producer: writes one entry; false when the ring is full.
+  bool TryPush(const Entry& e) {
+    const uint32_t tail = std::atomic_ref<uint32_t>(ctl_->tail).load(std::memory_order_relaxed);
+    const uint32_t head = std::atomic_ref<uint32_t>(ctl_->head).load(std::memory_order_acquire);
+    if (tail - head >= entries_) return false;
+    std::memcpy(&slots_[tail & mask_], &e, sizeof(Entry));
+    std::atomic_ref<uint32_t>(ctl_->tail).store(tail + 1, std::memory_order_seq_cst);
+    return true;
+  }
+  // Producer: true when the consumer said it sleeps (then the caller wakes `tail`).
+  bool ConsumerSleeping() const {
+    return std::atomic_ref<uint32_t>(ctl_->sleeping).load(std::memory_order_seq_cst) != 0;
+  }
+
+  // Consumer: number of entries ready. Returns false when the indices are impossible
+  // (more outstanding than the ring holds): the peer corrupted them.
+  bool Available(uint32_t* n) const {
+    const uint32_t tail = std::atomic_ref<uint32_t>(ctl_->tail).load(std::memory_order_acquire);
+    const uint32_t head = std::atomic_ref<uint32_t>(ctl_->head).load(std::memory_order_relaxed);
+    *n = tail - head;
+    return *n <= entries_;
+  }
+  // Consumer: copies the entry at head out of shared memory and advances head. Call
+  // only after Available() reported at least one entry.
+  void Pop(Entry* out) {
+    const uint32_t head = std::atomic_ref<uint32_t>(ctl_->head).load(std::memory_order_relaxed);
+    std::memcpy(out, &slots_[head & mask_], sizeof(Entry));
+    std::atomic_ref<uint32_t>(ctl_->head).store(head + 1, std::memory_order_release);
+  }
+  // Consumer: the sleep protocol's two steps; see the header comment.
+  void SetSleeping(bool s) {
+    std::atomic_ref<uint32_t>(ctl_->sleeping).store(s ? 1 : 0, std::memory_order_seq_cst);
+  }
+  uint32_t LoadTail() const {
+    return std::atomic_ref<uint32_t>(ctl_->tail).load(std::memory_order_seq_cst);
+  }
+  uint32_t* tail_word() const { return &ctl_->tail; }
+
+ private:
+  RingControl* ctl_ = nullptr;
+  Entry* slots_ = nullptr;
+  uint32_t mask_ = 0;
+  uint32_t entries_ = 0;
+};
+
+// Request and completion rings of a mapped region (after CheckRingHeader).
+inline RingView<RequestEntry> RequestRing(uint8_t* base, const RingRegionHeader& h) {
+  auto* ctl = reinterpret_cast<RingControl*>(base + h.req_offset);
+  return {ctl, reinterpret_cast<RequestEntry*>(base + h.req_offset + sizeof(RingControl)),
+          h.entries};
+}
+inline RingView<CompletionEntry> CompletionRing(uint8_t* base, const RingRegionHeader& h) {
+  auto* ctl = reinterpret_cast<RingControl*>(base + h.cmp_offset);
+  return {ctl, reinterpret_cast<CompletionEntry*>(base + h.cmp_offset + sizeof(RingControl)),
+          h.entries};
+}
+
+}  // namespace kvtier::wire
