@@ -3,7 +3,13 @@
 #include "formats/nvfp4.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define KVTIER_CODEC_SSE2 1
+#endif
 
 namespace kvtier::nvfp4 {
 
@@ -21,8 +27,120 @@ Status CheckFinite(std::span<const float> x) {
   return Status::Ok();
 }
 
+#if KVTIER_CODEC_SSE2
+namespace {
+
+// SSE2 version of QuantizeWithScale for one group: the same IEEE operations in the same
+// order per value (divps/mulps/subps round exactly like their scalar forms), so the
+// bytes are identical to nvfp4_math.h; tests/formats checks that on random and edge
+// inputs. Writes 8 packed bytes and returns the float32 squared error (summed in index
+// order, as the 4over6 rule requires) when want_err is set.
+inline float QuantizeGroupSse2(const __m128 x[4], float s, bool want_err, uint8_t* packed) {
+  if (s == 0.0f) {
+    std::memset(packed, 0, kGroupSize / 2);
+    if (!want_err) return 0.0f;
+    float err = 0.0f;
+    alignas(16) float xs[16];
+    for (int k = 0; k < 4; ++k) _mm_store_ps(xs + 4 * k, x[k]);
+    for (int i = 0; i < 16; ++i) err = err + (0.0f - xs[i]) * (0.0f - xs[i]);
+    return err;
+  }
+  const __m128 vs = _mm_set1_ps(s);
+  const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+  __m128i code[4];
+  alignas(16) float d2[16];
+  for (int k = 0; k < 4; ++k) {
+    const __m128 q = _mm_div_ps(x[k], vs);
+    const __m128 a = _mm_and_ps(q, abs_mask);
+    // idx = (a > 0.25) + (a >= 0.75) + (a > 1.25) + (a >= 1.75) + (a > 2.5) + (a >= 3.5)
+    //     + (a > 5); each compare is an all-ones lane (-1), so subtract them.
+    __m128i idx = _mm_setzero_si128();
+    idx = _mm_sub_epi32(idx, _mm_castps_si128(_mm_cmpgt_ps(a, _mm_set1_ps(0.25f))));
+    idx = _mm_sub_epi32(idx, _mm_castps_si128(_mm_cmpge_ps(a, _mm_set1_ps(0.75f))));
+    idx = _mm_sub_epi32(idx, _mm_castps_si128(_mm_cmpgt_ps(a, _mm_set1_ps(1.25f))));
+    idx = _mm_sub_epi32(idx, _mm_castps_si128(_mm_cmpge_ps(a, _mm_set1_ps(1.75f))));
+    idx = _mm_sub_epi32(idx, _mm_castps_si128(_mm_cmpgt_ps(a, _mm_set1_ps(2.5f))));
+    idx = _mm_sub_epi32(idx, _mm_castps_si128(_mm_cmpge_ps(a, _mm_set1_ps(3.5f))));
+    idx = _mm_sub_epi32(idx, _mm_castps_si128(_mm_cmpgt_ps(a, _mm_set1_ps(5.0f))));
+    const __m128i sign = _mm_and_si128(_mm_srli_epi32(_mm_castps_si128(q), 28), _mm_set1_epi32(8));
+    code[k] = _mm_or_si128(idx, sign);
+    if (want_err) {
+      // E2M1 magnitude from idx: 0 -> 0, 1 -> 0.5, else (1 + m/2) * 2^(e-1) with
+      // e = idx >> 1, m = idx & 1, i.e. float bits (e + 126) << 23 | m << 22.
+      const __m128i e = _mm_srli_epi32(idx, 1);
+      const __m128i m = _mm_and_si128(idx, _mm_set1_epi32(1));
+      __m128i bits = _mm_or_si128(_mm_slli_epi32(_mm_add_epi32(e, _mm_set1_epi32(126)), 23),
+                                  _mm_slli_epi32(m, 22));
+      const __m128i is_half = _mm_cmpeq_epi32(idx, _mm_set1_epi32(1));
+      const __m128i is_zero = _mm_cmpeq_epi32(idx, _mm_setzero_si128());
+      bits = _mm_or_si128(_mm_andnot_si128(is_half, bits),
+                          _mm_and_si128(is_half, _mm_set1_epi32(0x3F000000)));
+      bits = _mm_andnot_si128(is_zero, bits);
+      bits = _mm_or_si128(bits, _mm_slli_epi32(sign, 28));
+      const __m128 d = _mm_sub_ps(_mm_mul_ps(_mm_castsi128_ps(bits), vs), x[k]);
+      _mm_store_ps(d2 + 4 * k, _mm_mul_ps(d, d));
+    }
+  }
+  // 16 codes (one per 32-bit lane) -> 16 bytes -> 8 bytes of nibble pairs.
+  const __m128i w01 = _mm_packs_epi32(code[0], code[1]);
+  const __m128i w23 = _mm_packs_epi32(code[2], code[3]);
+  const __m128i b = _mm_packus_epi16(w01, w23);  // byte i = code i
+  // As u16 lanes: v = c[2j] | c[2j+1] << 8  ->  c[2j] | c[2j+1] << 4.
+  const __m128i lo = _mm_and_si128(b, _mm_set1_epi16(0x000F));
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi16(0x00F0));
+  const __m128i nib = _mm_packus_epi16(_mm_or_si128(lo, hi), _mm_setzero_si128());
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(packed), nib);
+  float err = 0.0f;
+  if (want_err) {
+    for (int i = 0; i < 16; ++i) err = err + d2[i];
+  }
+  return err;
+}
+
+uint8_t QuantizeGroupFast(const float* xp, float kv_scale, ScaleRule rule, uint8_t* packed) {
+  __m128 x[4];
+  __m128 amax = _mm_setzero_ps();
+  const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+  for (int k = 0; k < 4; ++k) {
+    x[k] = _mm_loadu_ps(xp + 4 * k);
+    amax = _mm_max_ps(amax, _mm_and_ps(x[k], abs_mask));  // max is exact: order-free
+  }
+  amax = _mm_max_ps(amax, _mm_shuffle_ps(amax, amax, _MM_SHUFFLE(1, 0, 3, 2)));
+  amax = _mm_max_ps(amax, _mm_shuffle_ps(amax, amax, _MM_SHUFFLE(2, 3, 0, 1)));
+  const float a = _mm_cvtss_f32(amax);
+  uint8_t sf = FloatToE4M3((a / 6.0f) / kv_scale);
+  if (rule == ScaleRule::kMax6) {
+    QuantizeGroupSse2(x, E4M3ToFloat(sf) * kv_scale, false, packed);
+    return sf;
+  }
+  const float err6 = QuantizeGroupSse2(x, E4M3ToFloat(sf) * kv_scale, true, packed);
+  const uint8_t sf4 = FloatToE4M3((a / 4.0f) / kv_scale);
+  uint8_t packed4[8];
+  const float err4 = QuantizeGroupSse2(x, E4M3ToFloat(sf4) * kv_scale, true, packed4);
+  if (err4 < err6) {
+    std::memcpy(packed, packed4, 8);
+    sf = sf4;
+  }
+  return sf;
+}
+
+}  // namespace
+#endif  // KVTIER_CODEC_SSE2
+
 void QuantizeUnchecked(const float* x, size_t n, float kv_scale, ScaleRule rule, uint8_t* data,
                        uint8_t* scales) {
+  const size_t groups = n / kGroupSize;
+  for (size_t g = 0; g < groups; ++g) {
+#if KVTIER_CODEC_SSE2
+    scales[g] = QuantizeGroupFast(x + g * kGroupSize, kv_scale, rule, data + g * (kGroupSize / 2));
+#else
+    scales[g] = QuantizeGroup(x + g * kGroupSize, kv_scale, rule, data + g * (kGroupSize / 2));
+#endif
+  }
+}
+
+void QuantizeUncheckedScalar(const float* x, size_t n, float kv_scale, ScaleRule rule,
+                             uint8_t* data, uint8_t* scales) {
   const size_t groups = n / kGroupSize;
   for (size_t g = 0; g < groups; ++g) {
     scales[g] = QuantizeGroup(x + g * kGroupSize, kv_scale, rule, data + g * (kGroupSize / 2));

@@ -38,6 +38,11 @@ Status Dequantize(std::span<const uint8_t> data, std::span<const uint8_t> scales
 // Unchecked inner loops (callers have validated): n values, n % 16 == 0.
 void QuantizeUnchecked(const float* x, size_t n, float kv_scale, ScaleRule rule, uint8_t* data,
                        uint8_t* scales);
+// The portable one-group-at-a-time loop over nvfp4_math.h's QuantizeGroup (what the
+// GPU kernels run). QuantizeUnchecked uses an SSE2 path on x86-64 that produces the
+// same bytes; this one is kept for the tests that prove it and for the benchmark.
+void QuantizeUncheckedScalar(const float* x, size_t n, float kv_scale, ScaleRule rule,
+                             uint8_t* data, uint8_t* scales);
 void DequantizeUnchecked(const uint8_t* data, const uint8_t* scales, size_t n, float kv_scale,
                          float* out);
 

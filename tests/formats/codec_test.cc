@@ -317,3 +317,41 @@ TEST(Codec, PublishedOutlierComparison) {
 
 }  // namespace
 }  // namespace kvtier::nvfp4
+
+namespace kvtier::nvfp4 {
+namespace {
+
+// The vectorized CPU path must produce exactly the bytes of the portable rule.
+TEST(Codec, FastPathBitIdenticalToPortableRule) {
+  const uint32_t seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> spread(-30.0f, 30.0f);
+  const size_t n = 1 << 16;
+  std::vector<float> x(n);
+  for (size_t g = 0; g < n / 16; ++g) {
+    const int kind = static_cast<int>(g % 8);
+    const float scale = std::exp2(spread(rng) / 2);
+    std::normal_distribution<float> d(0.0f, scale);
+    for (size_t i = g * 16; i < g * 16 + 16; ++i) {
+      float v = d(rng);
+      if (kind == 1) v = 0.0f;                     // all-zero group
+      if (kind == 2 && (i % 3 == 0)) v = -0.0f;    // negative zeros
+      if (kind == 3) v = std::ldexp(v, -120);      // scale underflows to 0 / subnormal
+      if (kind == 4 && i % 16 == 5) v *= 1000.0f;  // outlier
+      if (kind == 5) v = std::round(v);            // values on the grid
+      x[i] = v;
+    }
+  }
+  for (auto rule : {ScaleRule::kMax6, ScaleRule::k4over6}) {
+    for (float kv : {1.0f, 1e-3f, 7.5f, 1e-30f}) {
+      std::vector<uint8_t> d1(n / 2), s1(n / 16), d2(n / 2), s2(n / 16);
+      QuantizeUnchecked(x.data(), n, kv, rule, d1.data(), s1.data());
+      QuantizeUncheckedScalar(x.data(), n, kv, rule, d2.data(), s2.data());
+      ASSERT_EQ(s1, s2) << "seed " << seed << " kv " << kv;
+      ASSERT_EQ(d1, d2) << "seed " << seed << " kv " << kv;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::nvfp4
