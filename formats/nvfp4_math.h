@@ -75,11 +75,13 @@ KVT_HD float kvt_max(float a, float b) { return a > b ? a : b; }
 
 // Magnitude of an E2M1 code (low 4 bits used), with its sign.
 KVT_HD float E2M1ToFloat(uint8_t code) {
-  // Magnitudes m * 2^-1 for index 0..7 -> {0,1,2,3,4,6,8,12} / 2.
+  // E2M1 is a tiny float: exponent e = idx >> 1 (bias 1), mantissa m = idx & 1. For
+  // e > 0 the value is (1 + m/2) * 2^(e-1), i.e. float bits (e + 126) << 23 | m << 22;
+  // e = 0 is the subnormal m * 0.5. Branch-free, no table.
   const uint32_t idx = code & 7u;
-  const uint32_t twice = idx < 4 ? idx : (idx < 6 ? 4u + (idx - 4u) * 2u : 8u + (idx - 6u) * 4u);
-  float m = static_cast<float>(twice) * 0.5f;
-  return (code & 8u) ? -m : m;
+  const uint32_t normal = ((((idx >> 1) + 126u) << 23) | ((idx & 1u) << 22));
+  const uint32_t bits = idx >= 2u ? normal : (idx == 1u ? 0x3F000000u : 0u);
+  return kvt_u2f(bits | ((static_cast<uint32_t>(code) & 8u) << 28));
 }
 
 // Round-to-nearest-even onto the E2M1 grid with saturation to +-6. The thresholds are
