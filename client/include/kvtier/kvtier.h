@@ -1,0 +1,188 @@
+/* libkvtier: the C ABI engines use to talk to kvtierd.
+ *
+ * An engine process attaches once (kvtier_connect): the daemon passes, over its unix
+ * socket, a shared-memory ring region and the host arena (memfd), plus the HBM arena's
+ * CUDA IPC handle where the daemon has an HBM tier. After that every request travels
+ * through the rings, not the socket. The socket stays open: when it closes (the process
+ * exits or crashes) the daemon releases every lease the client held.
+ *
+ * Conventions:
+ *  - Handles are opaque; every function returns a kvtier_status and never throws.
+ *  - On failure, kvtier_last_error() (per thread) says why in one line.
+ *  - A kvtier_client may be shared by threads; its calls are serialised (one request
+ *    in flight per client). Use one client per engine worker for parallelism.
+ *  - Keys are kvtier_key {hi, lo}: the 128-bit block keys of the key chain
+ *    (kvtier_key_chain; DESIGN.md section 3), identical in every process and language.
+ *  - Tiers: KVTIER_TIER_HBM (slot ids index the HBM arena: the decode kernels' block
+ *    table), KVTIER_TIER_HOST (slot s is at kvtier_host_arena() + s * slot_bytes),
+ *    KVTIER_TIER_NVME.
+ */
+#ifndef KVTIER_KVTIER_H_
+#define KVTIER_KVTIER_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KVTIER_API __attribute__((visibility("default")))
+#else
+#define KVTIER_API
+#endif
+
+#define KVTIER_ABI_VERSION 1
+
+typedef enum kvtier_status {
+  KVTIER_OK = 0,
+  KVTIER_NOT_FOUND = 1,     /* key, lease or contract not present */
+  KVTIER_REJECTED = 2,      /* refused by policy or a limit (tier full, lease table full) */
+  KVTIER_RETRY = 3,         /* transient; the same call may succeed later */
+  KVTIER_IO_ERROR = 4,      /* the OS or the daemon connection failed */
+  KVTIER_CORRUPT = 5,       /* stored bytes failed a check */
+  KVTIER_INVALID = 6,       /* malformed argument or request */
+  KVTIER_UNSUPPORTED = 7,   /* valid but not supported here (version, tier, geometry) */
+  KVTIER_DISCONNECTED = 8,  /* the daemon closed the connection; close the client */
+  KVTIER_TIMEOUT = 9,       /* no completion within the client's timeout */
+} kvtier_status;
+
+typedef enum kvtier_tier {
+  KVTIER_TIER_HBM = 0,
+  KVTIER_TIER_HOST = 1,
+  KVTIER_TIER_NVME = 2,
+  KVTIER_TIER_REMOTE = 3,
+  KVTIER_TIER_NONE = 255,
+} kvtier_tier;
+
+typedef enum kvtier_transport {
+  KVTIER_TRANSPORT_RING = 0,   /* shared-memory rings (the default) */
+  KVTIER_TRANSPORT_SOCKET = 1, /* the same requests over the unix socket (tools, baseline) */
+} kvtier_transport;
+
+typedef struct kvtier_client kvtier_client; /* opaque */
+
+typedef struct kvtier_key {
+  uint64_t hi;
+  uint64_t lo;
+} kvtier_key;
+
+typedef struct kvtier_slot {
+  uint8_t tier; /* kvtier_tier */
+  uint8_t reserved[3];
+  uint32_t slot;
+} kvtier_slot;
+
+typedef struct kvtier_connect_options {
+  const char* name;    /* shown in the daemon's logs; NULL = "libkvtier" */
+  int has_gpu;         /* 1: this process maps HBM (may target KVTIER_TIER_HBM) */
+  uint32_t timeout_ms; /* per request; 0 = 60000 */
+  uint32_t spin_us;    /* busy-poll for a completion before sleeping; 0 = 20 */
+} kvtier_connect_options;
+
+/* Everything that decides what a block's bytes mean (DESIGN.md section 3). */
+typedef struct kvtier_contract_desc {
+  const char* model_id;           /* required */
+  const char* model_revision;     /* NULL = "" */
+  const char* tokenizer_revision; /* NULL = "" */
+  uint32_t num_layers, num_kv_heads, head_dim, block_tokens;
+  uint32_t tp_rank, tp_size;      /* tp_size 0 is read as 1 */
+  uint8_t kv_format;              /* 0 nvfp4, 1 fp8, 2 bf16 */
+  uint8_t scale_rule;             /* 0 max6, 1 4over6 */
+  uint8_t v_scale_swizzle;        /* 0 or 1 */
+  uint8_t reserved;
+  const float* k_scales;          /* num_layers entries; NULL = all 1.0 */
+  const float* v_scales;          /* num_layers entries; NULL = all 1.0 */
+} kvtier_contract_desc;
+
+typedef struct kvtier_lookup_result {
+  size_t hit_blocks;         /* longest cached prefix */
+  double est_seconds_to_hbm; /* estimated time to bring the hits to HBM */
+} kvtier_lookup_result;
+
+typedef struct kvtier_commit_item {
+  kvtier_slot slot;   /* a slot of the alloc lease */
+  kvtier_key key;     /* the block key it now holds */
+  kvtier_key parent;  /* parent block key; {0,0} for the first block */
+} kvtier_commit_item;
+
+typedef struct kvtier_tier_stats {
+  uint8_t tier, present;
+  uint64_t capacity_bytes, used_bytes, slots_total, slots_used, blocks, pinned;
+  uint64_t hits, misses, promotions_in, demotions_out, bytes_read, bytes_written;
+  uint64_t checksum_failures, evictions_demoted, evictions_dropped, admission_rejects;
+  double read_gbps, write_gbps;
+} kvtier_tier_stats;
+
+/* ---- errors ---------------------------------------------------------------------- */
+KVTIER_API const char* kvtier_status_name(kvtier_status s);
+/* One line: why the calling thread's last failed call failed ("" after a success). */
+KVTIER_API const char* kvtier_last_error(void);
+KVTIER_API uint32_t kvtier_protocol_version(void);
+
+/* ---- connection ------------------------------------------------------------------- */
+KVTIER_API kvtier_status kvtier_connect(const char* socket_path, const kvtier_connect_options* opts,
+                                        kvtier_client** out);
+/* Releases nothing explicitly: closing the socket makes the daemon release the leases. */
+KVTIER_API void kvtier_close(kvtier_client* c);
+KVTIER_API kvtier_status kvtier_set_transport(kvtier_client* c, kvtier_transport t);
+KVTIER_API uint64_t kvtier_client_id(const kvtier_client* c);
+KVTIER_API uint64_t kvtier_slot_bytes(const kvtier_client* c);
+/* Base of the mapped host arena (NULL without a host tier); *bytes gets its size. */
+KVTIER_API void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes);
+/* Copies the HBM arena's CUDA IPC handle (64 bytes); UNSUPPORTED without an HBM tier. */
+KVTIER_API kvtier_status kvtier_hbm_ipc_handle(const kvtier_client* c, uint8_t out[64]);
+/* Opens the HBM arena in this process (cudaIpcOpenMemHandle), once; *dev_ptr is the
+ * device address of slot 0. UNSUPPORTED in a build without CUDA or without HBM tier. */
+KVTIER_API kvtier_status kvtier_hbm_open(kvtier_client* c, void** dev_ptr);
+
+/* ---- contracts and keys ------------------------------------------------------------ */
+/* Contract id (XXH3-64 of the canonical serialization) of a description. */
+KVTIER_API kvtier_status kvtier_contract_id(const kvtier_contract_desc* d, uint64_t* id);
+/* Bytes of one block of this contract (what a slot must hold). */
+KVTIER_API kvtier_status kvtier_contract_block_bytes(const kvtier_contract_desc* d, uint64_t* bytes);
+/* Registers the contract with the daemon (idempotent). REJECTED/UNSUPPORTED when its
+ * block does not fit the daemon's slots. */
+KVTIER_API kvtier_status kvtier_register_contract(kvtier_client* c, const kvtier_contract_desc* d,
+                                                  uint64_t* contract_id);
+/* Keys of every full block of tokens: n_tokens / block_tokens keys into out (capacity
+ * out_cap). *n_keys gets the count. Pure computation, no daemon needed. */
+KVTIER_API kvtier_status kvtier_key_chain(uint64_t contract_id, const uint32_t* tokens,
+                                          size_t n_tokens, uint32_t block_tokens, kvtier_key* out,
+                                          size_t out_cap, size_t* n_keys);
+
+/* ---- operations ------------------------------------------------------------------- */
+/* Longest cached prefix of keys; tiers_out (n bytes, may be NULL) gets each block's tier
+ * (KVTIER_TIER_NONE from the first miss on). */
+KVTIER_API kvtier_status kvtier_lookup(kvtier_client* c, uint64_t contract_id, const kvtier_key* keys,
+                                       size_t n, kvtier_lookup_result* result, uint8_t* tiers_out);
+/* Promotes the cached prefix of keys to `target` (HBM, or host for a client without a
+ * GPU) and pins it under a new lease. slots_out (n entries) gets the slots; *n_slots how
+ * many (the prefix; 0 means nothing was cached and no lease was made: *lease = 0). */
+KVTIER_API kvtier_status kvtier_acquire(kvtier_client* c, uint64_t contract_id, const kvtier_key* keys,
+                                        size_t n, kvtier_tier target, uint64_t* lease,
+                                        kvtier_slot* slots_out, size_t* n_slots);
+/* n free slots of `target` to write blocks into, under a new lease. */
+KVTIER_API kvtier_status kvtier_alloc(kvtier_client* c, uint64_t contract_id, size_t n, kvtier_tier target,
+                                      uint64_t* lease, kvtier_slot* slots_out);
+/* Makes written slots of an alloc lease visible under their keys. Stops at the first
+ * failure; *n_committed (may be NULL) says how many went through. The blocks stay
+ * pinned until the lease is released. */
+KVTIER_API kvtier_status kvtier_commit(kvtier_client* c, uint64_t contract_id, uint64_t lease,
+                                       const kvtier_commit_item* items, size_t n, size_t* n_committed);
+/* Ends a lease: acquired and committed blocks are unpinned, uncommitted slots freed. */
+KVTIER_API kvtier_status kvtier_release(kvtier_client* c, uint64_t lease);
+/* Starts promoting the cached prefix of keys to target; returns at once. */
+KVTIER_API kvtier_status kvtier_prefetch(kvtier_client* c, uint64_t contract_id, const kvtier_key* keys,
+                                         size_t n, kvtier_tier target);
+/* Per-tier statistics; up to cap entries, *n gets the count. */
+KVTIER_API kvtier_status kvtier_stats(kvtier_client* c, kvtier_tier_stats* out, size_t cap, size_t* n);
+/* One empty round trip (benchmarks, health checks). */
+KVTIER_API kvtier_status kvtier_ping(kvtier_client* c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_KVTIER_H_ */

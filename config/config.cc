@@ -1,0 +1,431 @@
+#include "config/config.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+namespace kvtier::config {
+
+namespace {
+
+// ---- Schema -----------------------------------------------------------------------------
+
+using Apply = std::function<Status(const toml::node&, const std::string& key, Config&)>;
+
+struct Entry {
+  std::string key;
+  Apply apply;
+};
+
+Status TypeError(const std::string& key, const char* want) {
+  return Status::Invalid(key + ": expected " + want);
+}
+
+template <typename Get>
+Apply StringField(Get get) {
+  return [get](const toml::node& n, const std::string& key, Config& c) -> Status {
+    auto v = n.value<std::string>();
+    if (!v || !n.is_string()) return TypeError(key, "a string");
+    *get(c) = *v;
+    return Status::Ok();
+  };
+}
+
+template <typename Get>
+Apply SizeField(Get get) {
+  return [get](const toml::node& n, const std::string& key, Config& c) -> Status {
+    if (n.is_integer()) {
+      const int64_t v = *n.value<int64_t>();
+      if (v < 0) return Status::Invalid(key + ": size " + std::to_string(v) + " is negative");
+      *get(c) = static_cast<uint64_t>(v);
+      return Status::Ok();
+    }
+    if (!n.is_string()) return TypeError(key, "a size such as \"4GiB\"");
+    auto s = ParseSize(*n.value<std::string>());
+    if (!s.ok()) return Status::Invalid(key + ": " + s.status().message());
+    *get(c) = *s;
+    return Status::Ok();
+  };
+}
+
+template <typename T, typename Get>
+Apply IntField(Get get, int64_t lo, int64_t hi) {
+  return [get, lo, hi](const toml::node& n, const std::string& key, Config& c) -> Status {
+    if (!n.is_integer()) return TypeError(key, "an integer");
+    const int64_t v = *n.value<int64_t>();
+    if (v < lo || v > hi) {
+      return Status::Invalid(key + ": " + std::to_string(v) + " not in [" + std::to_string(lo) +
+                             ", " + std::to_string(hi) + "]");
+    }
+    *get(c) = static_cast<T>(v);
+    return Status::Ok();
+  };
+}
+
+template <typename Get>
+Apply DoubleField(Get get) {
+  return [get](const toml::node& n, const std::string& key, Config& c) -> Status {
+    if (!n.is_floating_point() && !n.is_integer()) return TypeError(key, "a number");
+    const double v = *n.value<double>();
+    if (!std::isfinite(v)) return Status::Invalid(key + ": not a finite number");
+    *get(c) = v;
+    return Status::Ok();
+  };
+}
+
+template <typename Get>
+Apply BoolField(Get get) {
+  return [get](const toml::node& n, const std::string& key, Config& c) -> Status {
+    if (!n.is_boolean()) return TypeError(key, "true or false");
+    *get(c) = *n.value<bool>();
+    return Status::Ok();
+  };
+}
+
+void AddTier(std::vector<Entry>& s, const std::string& prefix, TierConfig* (*tier)(Config&)) {
+  s.push_back({prefix + ".capacity", SizeField([tier](Config& c) { return &tier(c)->capacity_bytes; })});
+  s.push_back({prefix + ".policy", StringField([tier](Config& c) { return &tier(c)->policy; })});
+  s.push_back({prefix + ".high_watermark",
+               DoubleField([tier](Config& c) { return &tier(c)->high_watermark; })});
+  s.push_back({prefix + ".low_watermark",
+               DoubleField([tier](Config& c) { return &tier(c)->low_watermark; })});
+  s.push_back({prefix + ".on_evict", StringField([tier](Config& c) { return &tier(c)->on_evict; })});
+}
+
+const std::vector<Entry>& Schema() {
+  static const std::vector<Entry> schema = [] {
+    std::vector<Entry> s;
+    s.push_back({"daemon.socket", StringField([](Config& c) { return &c.daemon.socket; })});
+    s.push_back({"daemon.log_level", StringField([](Config& c) { return &c.daemon.log_level; })});
+    s.push_back({"daemon.metrics_address",
+                 StringField([](Config& c) { return &c.daemon.metrics_address; })});
+    s.push_back({"daemon.metrics_port",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.metrics_port; }, 0, 65535)});
+    s.push_back({"daemon.ring_entries",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.ring_entries; }, 0, 1 << 30)});
+    s.push_back({"daemon.ring_data_bytes",
+                 SizeField([](Config& c) { return &c.daemon.ring_data_bytes; })});
+    s.push_back({"daemon.max_clients",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.max_clients; }, 1, 4096)});
+    s.push_back({"daemon.max_keys_per_request",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.max_keys_per_request; }, 1,
+                                    1 << 20)});
+    s.push_back({"daemon.max_leases_per_client",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.max_leases_per_client; }, 1,
+                                    1 << 24)});
+    s.push_back({"daemon.max_bad_requests",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.max_bad_requests; }, 1,
+                                    1 << 20)});
+    s.push_back({"daemon.spin_us",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.spin_us; }, 0, 100000)});
+    s.push_back({"tiers.slot_bytes", SizeField([](Config& c) { return &c.tiers.slot_bytes; })});
+    AddTier(s, "tiers.hbm", [](Config& c) { return &c.tiers.hbm; });
+    s.push_back({"tiers.hbm.cuda_device",
+                 IntField<int32_t>([](Config& c) { return &c.tiers.cuda_device; }, 0, 1024)});
+    AddTier(s, "tiers.host", [](Config& c) { return &c.tiers.host; });
+    AddTier(s, "tiers.nvme", [](Config& c) { return &c.tiers.nvme.tier; });
+    s.push_back({"tiers.nvme.dir", StringField([](Config& c) { return &c.tiers.nvme.dir; })});
+    s.push_back({"tiers.nvme.admission",
+                 StringField([](Config& c) { return &c.tiers.nvme.admission; })});
+    s.push_back({"tiers.nvme.daily_write_budget",
+                 SizeField([](Config& c) { return &c.tiers.nvme.daily_write_budget_bytes; })});
+    s.push_back({"tiers.nvme.queue_depth",
+                 IntField<uint32_t>([](Config& c) { return &c.tiers.nvme.queue_depth; }, 1, 4096)});
+    s.push_back({"tiers.nvme.verify_on_restart",
+                 BoolField([](Config& c) { return &c.tiers.nvme.verify_on_restart; })});
+    return s;
+  }();
+  return schema;
+}
+
+const Entry* FindEntry(const std::string& key) {
+  for (const auto& e : Schema()) {
+    if (e.key == key) return &e;
+  }
+  return nullptr;
+}
+
+bool IsSection(const std::string& path) {
+  return path == "daemon" || path == "tiers" || path == "tiers.hbm" || path == "tiers.host" ||
+         path == "tiers.nvme";
+}
+
+std::string Where(const std::string& source, const toml::node& n) {
+  const auto& src = n.source();
+  if (src.begin.line == 0) return "";
+  return " (" + source + ":" + std::to_string(src.begin.line) + ")";
+}
+
+// Walks a table, applying each leaf to the config in file order. Unknown keys and
+// tables are errors naming the dotted key.
+Status ApplyTable(const toml::table& t, const std::string& prefix, const std::string& source,
+                  Config& c) {
+  for (auto&& [k, v] : t) {
+    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (v.is_table()) {
+      if (!IsSection(key)) return Status::Invalid(key + ": unknown section" + Where(source, v));
+      KVTIER_RETURN_IF_ERROR(ApplyTable(*v.as_table(), key, source, c));
+      continue;
+    }
+    const Entry* e = FindEntry(key);
+    if (e == nullptr) {
+      if (IsSection(key)) return Status::Invalid(key + ": expected a [" + key + "] table");
+      return Status::Invalid(key + ": unknown key" + Where(source, v));
+    }
+    KVTIER_RETURN_IF_ERROR(e->apply(v, key, c));
+  }
+  return Status::Ok();
+}
+
+bool InSet(const std::string& v, std::initializer_list<const char*> set) {
+  for (const char* s : set) {
+    if (v == s) return true;
+  }
+  return false;
+}
+
+std::string Num(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+Status ValidateTier(const std::string& p, const TierConfig& t, uint64_t slot_bytes) {
+  if (!InSet(t.policy, {"lru", "s3fifo", "prefix-lru"})) {
+    return Status::Invalid(p + ".policy: \"" + t.policy + "\" is not lru, s3fifo or prefix-lru");
+  }
+  if (!InSet(t.on_evict, {"demote", "drop"})) {
+    return Status::Invalid(p + ".on_evict: \"" + t.on_evict + "\" is not demote or drop");
+  }
+  if (!(t.high_watermark > 0.0 && t.high_watermark <= 1.0)) {
+    return Status::Invalid(p + ".high_watermark: " + Num(t.high_watermark) + " not in (0, 1]");
+  }
+  if (!(t.low_watermark > 0.0 && t.low_watermark < t.high_watermark)) {
+    return Status::Invalid(p + ".low_watermark: " + Num(t.low_watermark) + " must be above 0 and below " +
+                           p + ".high_watermark (" + Num(t.high_watermark) + ")");
+  }
+  if (t.capacity_bytes != 0 && t.capacity_bytes < slot_bytes) {
+    return Status::Invalid(p + ".capacity: " + FormatSize(t.capacity_bytes) +
+                           " holds no slot of tiers.slot_bytes (" + FormatSize(slot_bytes) + ")");
+  }
+  return Status::Ok();
+}
+
+// A folder that exists must be a writable, searchable directory; one that does not must
+// have an existing writable ancestor (it is created at start).
+Status CheckFolder(const std::string& key, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec);
+  if (ec) return Status::Invalid(key + ": cannot resolve \"" + dir + "\": " + ec.message());
+  fs::path probe = p;
+  while (true) {
+    struct stat st;
+    if (::stat(probe.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) {
+        return Status::Invalid(key + ": " + probe.string() + " is not a folder");
+      }
+      if (::access(probe.c_str(), W_OK | X_OK) != 0) {
+        return Status::Invalid(key + ": no write permission on folder " + probe.string() + " (" +
+                               std::strerror(errno) + ")");
+      }
+      return Status::Ok();
+    }
+    if (errno != ENOENT) {
+      return Status::Invalid(key + ": cannot access " + probe.string() + ": " + std::strerror(errno));
+    }
+    if (!probe.has_parent_path() || probe.parent_path() == probe) {
+      return Status::Invalid(key + ": no existing parent folder for " + p.string());
+    }
+    probe = probe.parent_path();
+  }
+}
+
+}  // namespace
+
+Config::Config() {
+  tiers.host.capacity_bytes = uint64_t{1} << 30;
+  tiers.nvme.tier.capacity_bytes = uint64_t{2} << 30;
+  tiers.nvme.tier.on_evict = "drop";
+}
+
+Status Config::Validate() const {
+  const auto& d = daemon;
+  if (d.socket.empty()) return Status::Invalid("daemon.socket: empty path");
+  {
+    const std::string abs = std::filesystem::absolute(d.socket).string();
+    if (abs.size() > 107) {
+      return Status::Invalid("daemon.socket: " + abs + " is longer than a unix socket path allows (107 bytes)");
+    }
+  }
+  if (!InSet(d.log_level, {"trace", "debug", "info", "warn", "error", "critical", "off"})) {
+    return Status::Invalid("daemon.log_level: \"" + d.log_level +
+                           "\" is not trace, debug, info, warn, error, critical or off");
+  }
+  if (!InSet(d.metrics_address, {"127.0.0.1", "::1", "localhost"})) {
+    return Status::Invalid("daemon.metrics_address: \"" + d.metrics_address +
+                           "\" is not a loopback address (127.0.0.1, ::1 or localhost)");
+  }
+  if (d.metrics_port > 65535) return Status::Invalid("daemon.metrics_port: over 65535");
+  if (d.ring_entries < 8 || d.ring_entries > 65536 || (d.ring_entries & (d.ring_entries - 1)) != 0) {
+    return Status::Invalid("daemon.ring_entries: " + std::to_string(d.ring_entries) +
+                           " is not a power of two in [8, 65536]");
+  }
+  if (d.ring_data_bytes < (64u << 10) || d.ring_data_bytes > (uint64_t{1} << 30) ||
+      d.ring_data_bytes % 4096 != 0) {
+    return Status::Invalid("daemon.ring_data_bytes: " + FormatSize(d.ring_data_bytes) +
+                           " is not a multiple of 4KiB in [64KiB, 1GiB]");
+  }
+  const auto& t = tiers;
+  if (t.slot_bytes == 0 || t.slot_bytes % 4096 != 0 || t.slot_bytes > (uint64_t{4} << 30)) {
+    return Status::Invalid("tiers.slot_bytes: " + std::to_string(t.slot_bytes) +
+                           " is not a positive multiple of 4096 up to 4GiB");
+  }
+  KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.hbm", t.hbm, t.slot_bytes));
+  KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.host", t.host, t.slot_bytes));
+  KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.nvme", t.nvme.tier, t.slot_bytes));
+  if (t.nvme.tier.on_evict != "drop") {
+    return Status::Invalid("tiers.nvme.on_evict: the last tier can only drop");
+  }
+  if (t.host.capacity_bytes == 0 && t.hbm.capacity_bytes == 0) {
+    return Status::Invalid(
+        "tiers.host.capacity: 0 with no HBM tier leaves clients nowhere to write blocks");
+  }
+  if (t.nvme.tier.capacity_bytes != 0 && t.nvme.dir.empty()) {
+    return Status::Invalid("tiers.nvme.dir: empty path with an NVMe capacity");
+  }
+  if (!InSet(t.nvme.admission, {"always", "second-hit"})) {
+    return Status::Invalid("tiers.nvme.admission: \"" + t.nvme.admission +
+                           "\" is not always or second-hit");
+  }
+  return Status::Ok();
+}
+
+Status Config::CheckPaths() const {
+  if (tiers.nvme.tier.capacity_bytes != 0) {
+    KVTIER_RETURN_IF_ERROR(CheckFolder("tiers.nvme.dir", tiers.nvme.dir));
+  }
+  const auto parent = std::filesystem::absolute(daemon.socket).parent_path();
+  return CheckFolder("daemon.socket", parent.string());
+}
+
+StatusOr<Override> ParseOverride(std::string_view arg) {
+  const size_t eq = arg.find('=');
+  if (eq == std::string_view::npos || eq == 0) {
+    return Status::Invalid("--set " + std::string(arg) + ": expected section.key=value");
+  }
+  return Override{std::string(arg.substr(0, eq)), std::string(arg.substr(eq + 1))};
+}
+
+StatusOr<Config> LoadString(std::string_view toml_text, const std::vector<Override>& overrides,
+                            const std::string& source) {
+  Config c;
+  c.source = source;
+  try {
+    toml::table t = toml::parse(toml_text, source);
+    KVTIER_RETURN_IF_ERROR(ApplyTable(t, "", source, c));
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    return Status::Invalid(source + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) +
+                           ": " + std::string(e.description()));
+  }
+  for (const auto& o : overrides) {
+    const Entry* e = FindEntry(o.key);
+    if (e == nullptr) return Status::Invalid(o.key + ": unknown key (in --set)");
+    // Read the value as TOML when it is one ("4", "true", "0.9", "\"x\""), else as a string.
+    toml::table vt;
+    try {
+      vt = toml::parse("v = " + o.value);
+    } catch (const toml::parse_error&) {
+      vt = toml::table{};
+      vt.insert("v", o.value);
+    }
+    const toml::node* n = vt.get("v");
+    if (n == nullptr) return Status::Invalid(o.key + ": empty value (in --set)");
+    // A bare word that TOML would read as something else entirely (e.g. a date) is meant
+    // as a string when the key wants one.
+    Status s = e->apply(*n, o.key, c);
+    if (!s.ok() && !n->is_string()) {
+      toml::table st;
+      st.insert("v", o.value);
+      Status s2 = e->apply(*st.get("v"), o.key, c);
+      if (s2.ok()) s = Status::Ok();
+    }
+    if (!s.ok()) return Status::Invalid(s.message() + " (in --set)");
+  }
+  KVTIER_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+StatusOr<Config> LoadFile(const std::string& path, const std::vector<Override>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::Invalid("--config " + path + ": cannot open: " + std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::Invalid("--config " + path + ": cannot read");
+  return LoadString(ss.str(), overrides, path);
+}
+
+StatusOr<uint64_t> ParseSize(std::string_view s) {
+  std::string str(s);
+  while (!str.empty() && str.back() == ' ') str.pop_back();
+  while (!str.empty() && str.front() == ' ') str.erase(str.begin());
+  auto bad = [&] {
+    return Status::Invalid("bad size \"" + std::string(s) +
+                           "\" (expected e.g. 4096, 512MiB, 4GiB, 1.5TiB)");
+  };
+  if (str.empty() || !(std::isdigit(static_cast<unsigned char>(str[0])) || str[0] == '.')) return bad();
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(str.c_str(), &end);
+  if (end == str.c_str() || errno != 0 || !std::isfinite(v) || v < 0) return bad();
+  std::string unit(end);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  static const std::map<std::string, double> kUnits = {
+      {"", 1.0},          {"B", 1.0},
+      {"KiB", 1024.0},    {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"KB", 1e3},        {"MB", 1e6},
+      {"GB", 1e9},        {"TB", 1e12}};
+  auto it = kUnits.find(unit);
+  if (it == kUnits.end()) return bad();
+  const double bytes = v * it->second;
+  if (bytes > 1.8e19) return Status::Invalid("size \"" + std::string(s) + "\" is too large");
+  if (bytes != std::floor(bytes)) {
+    return Status::Invalid("size \"" + std::string(s) + "\" is not a whole number of bytes");
+  }
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string FormatSize(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%lluB", static_cast<unsigned long long>(bytes));
+  else std::snprintf(buf, sizeof buf, "%.1f%s", v, units[u]);
+  return buf;
+}
+
+std::vector<std::string> SchemaKeys() {
+  std::vector<std::string> keys;
+  for (const auto& e : Schema()) keys.push_back(e.key);
+  return keys;
+}
+
+}  // namespace kvtier::config

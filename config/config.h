@@ -1,0 +1,106 @@
+// kvtierd configuration: the TOML schema, its defaults, and validation.
+//
+// A config is a TOML file (see config/kvtier.toml, which documents every key) plus
+// command-line overrides `--set section.key=value`. Loading is all-or-nothing: the first
+// problem becomes one line naming the key ("tiers.host.capacity: bad size \"4GiX\" ...")
+// and nothing is started. Unknown keys are errors (a typo must not silently fall back to
+// a default).
+//
+// This library knows nothing about tiers/ or daemon/ (DESIGN.md section 2: config
+// depends on toml++ only). Enumerations are kept as the strings the file uses, already
+// checked against their allowed sets; the daemon maps them onto tiers::TierManagerOptions.
+//
+// Relative paths are resolved against the working directory at start.
+// Exceptions: toml++ throws on malformed TOML; Load* catches it and returns Invalid. No
+// exception leaves this library.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "formats/status.h"
+
+namespace kvtier::config {
+
+struct TierConfig {
+  uint64_t capacity_bytes = 0;     // 0 disables the tier. Default: per tier (see below)
+  std::string policy = "lru";      // lru | s3fifo | prefix-lru. Default: "lru"
+  double high_watermark = 0.95;    // start evicting above this fill, in (0, 1]. Default: 0.95
+  double low_watermark = 0.85;     // evict down to this fill, below high. Default: 0.85
+  std::string on_evict = "demote";  // demote | drop. Default: "demote"
+};
+
+struct NvmeConfig {
+  TierConfig tier;                        // capacity Default: 2GiB; on_evict always drop
+  std::string dir = "./kvtier-data/nvme";  // data files and index. Default: ./kvtier-data/nvme
+  std::string admission = "always";       // always | second-hit. Default: "always"
+  uint64_t daily_write_budget_bytes = 0;  // 0 = unlimited. Default: 0
+  uint32_t queue_depth = 64;              // io_uring depth, [1, 4096]. Default: 64
+  bool verify_on_restart = true;          // verify blocks before first serve. Default: true
+};
+
+struct TiersConfig {
+  uint64_t slot_bytes = 1474560;  // one block; multiple of 4096. Default: 1440KiB
+                                  // (80 layers x 8 heads x 128 dim x 16 tokens NVFP4)
+  TierConfig hbm;                 // capacity Default: 0 (set it on a GPU machine)
+  int32_t cuda_device = 0;        // GPU for the HBM tier, >= 0. Default: 0
+  TierConfig host;                // capacity Default: 1GiB
+  NvmeConfig nvme;
+};
+
+struct DaemonConfig {
+  std::string socket = "./kvtier-data/kvtierd.sock";  // control socket. Default: ./kvtier-data/kvtierd.sock
+  std::string log_level = "info";        // trace|debug|info|warn|error|critical|off. Default: info
+  std::string metrics_address = "127.0.0.1";  // loopback only. Default: 127.0.0.1
+  uint32_t metrics_port = 9464;          // Prometheus /metrics; 0 = off. Default: 9464
+  uint32_t ring_entries = 256;           // per ring, power of two in [8, 65536]. Default: 256
+  uint64_t ring_data_bytes = 4u << 20;   // per-client data area, 4 KiB multiple. Default: 4MiB
+  uint32_t max_clients = 64;             // attached clients at once, [1, 4096]. Default: 64
+  uint32_t max_keys_per_request = 65536;  // [1, 1048576]. Default: 65536
+  uint32_t max_leases_per_client = 65536;  // open leases per client, [1, 1<<24]. Default: 65536
+  uint32_t max_bad_requests = 16;        // malformed requests before disconnect. Default: 16
+  uint32_t spin_us = 50;                 // request loop busy-poll before sleeping. Default: 50
+};
+
+struct Config {
+  DaemonConfig daemon;
+  TiersConfig tiers;
+  std::string source;  // file the config came from ("<string>" for LoadString)
+
+  Config();  // the built-in defaults (host 1GiB, nvme 2GiB, hbm 0)
+
+  // Pure checks of every value (ranges, sets, watermark order, sizes vs slot size).
+  // Invalid, with the message starting with the key.
+  Status Validate() const;
+  // Checks the folders against the file system: the NVMe folder and the socket's folder
+  // must exist and be writable, or be creatable under a writable parent.
+  Status CheckPaths() const;
+};
+
+// One "--set section.key=value" override. The value is read as a TOML value when it
+// parses as one (numbers, booleans, quoted strings), else taken as a bare string.
+struct Override {
+  std::string key;    // "tiers.host.capacity"
+  std::string value;  // "4GiB"
+};
+// Splits "section.key=value". Invalid when there is no '=' or the key is empty.
+StatusOr<Override> ParseOverride(std::string_view arg);
+
+// Parses TOML text, applies the overrides, validates (not CheckPaths). `source` names
+// the text in messages (a file path).
+StatusOr<Config> LoadString(std::string_view toml_text, const std::vector<Override>& overrides,
+                            const std::string& source = "<string>");
+StatusOr<Config> LoadFile(const std::string& path, const std::vector<Override>& overrides);
+
+// Parses "4GiB", "512MiB", "1.5GiB", "4096", "10GB" (B, KiB, MiB, GiB, TiB; KB, MB, GB,
+// TB). Invalid on anything else.
+StatusOr<uint64_t> ParseSize(std::string_view s);
+// "1.0GiB", "512.0MiB", "4096B": for logs.
+std::string FormatSize(uint64_t bytes);
+
+// Every key of the schema, dotted ("daemon.socket", ...), in file order.
+std::vector<std::string> SchemaKeys();
+
+}  // namespace kvtier::config

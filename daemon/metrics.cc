@@ -1,0 +1,175 @@
+#include "daemon/metrics.h"
+
+#include <cstdio>
+
+namespace kvtier::daemon {
+
+void Histogram::Observe(uint64_t nanos) {
+  const double s = static_cast<double>(nanos) * 1e-9;
+  size_t i = 0;
+  while (i < kBounds.size() && s > kBounds[i]) ++i;
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+  sum_nanos_.fetch_add(nanos, std::memory_order_relaxed);
+}
+
+void Histogram::Render(const std::string& name, const std::string& labels,
+                       std::string* out) const {
+  char buf[512];
+  uint64_t cum = 0;
+  for (size_t i = 0; i <= kBounds.size(); ++i) {
+    cum += buckets_[i].load(std::memory_order_relaxed);
+    if (i < kBounds.size()) {
+      std::snprintf(buf, sizeof buf, "%s_bucket{%s,le=\"%g\"} %llu\n", name.c_str(), labels.c_str(),
+                    kBounds[i], static_cast<unsigned long long>(cum));
+    } else {
+      std::snprintf(buf, sizeof buf, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name.c_str(),
+                    labels.c_str(), static_cast<unsigned long long>(cum));
+    }
+    *out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "%s_sum{%s} %.9f\n%s_count{%s} %llu\n", name.c_str(),
+                labels.c_str(), static_cast<double>(sum_nanos_.load(std::memory_order_relaxed)) * 1e-9,
+                name.c_str(), labels.c_str(),
+                static_cast<unsigned long long>(count_.load(std::memory_order_relaxed)));
+  *out += buf;
+}
+
+void Metrics::ObserveRequest(uint16_t op, Transport t, uint64_t nanos, bool ok) {
+  if (op > wire::kMaxOp) op = 0;
+  request_latency[op][static_cast<int>(t)].Observe(nanos);
+  if (!ok) request_failed[op][static_cast<int>(t)].fetch_add(1, std::memory_order_relaxed);
+}
+
+namespace {
+
+void Family(std::string* out, const char* name, const char* type, const char* help) {
+  *out += "# HELP ";
+  *out += name;
+  *out += " ";
+  *out += help;
+  *out += "\n# TYPE ";
+  *out += name;
+  *out += " ";
+  *out += type;
+  *out += "\n";
+}
+
+void Line(std::string* out, const std::string& name, const std::string& labels, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  *out += name;
+  if (!labels.empty()) *out += "{" + labels + "}";
+  *out += " ";
+  *out += buf;
+  *out += "\n";
+}
+
+}  // namespace
+
+std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
+  std::string o;
+  o.reserve(16384);
+  struct TierMetric {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t tiers::TierStats::*field;
+  };
+  static const TierMetric kTierMetrics[] = {
+      {"kvtier_tier_capacity_bytes", "gauge", "Configured capacity of the tier.",
+       &tiers::TierStats::capacity_bytes},
+      {"kvtier_tier_used_bytes", "gauge", "Bytes of the tier in use.", &tiers::TierStats::used_bytes},
+      {"kvtier_tier_slots_total", "gauge", "Slots in the tier.", &tiers::TierStats::slots_total},
+      {"kvtier_tier_slots_used", "gauge", "Slots in use.", &tiers::TierStats::slots_used},
+      {"kvtier_tier_blocks", "gauge", "Committed blocks held by the tier.", &tiers::TierStats::blocks},
+      {"kvtier_tier_pinned_blocks", "gauge", "Blocks pinned by leases.", &tiers::TierStats::pinned},
+      {"kvtier_tier_hits_total", "counter", "Lookups answered by the tier.", &tiers::TierStats::hits},
+      {"kvtier_tier_misses_total", "counter", "Lookups the tier could not answer.",
+       &tiers::TierStats::misses},
+      {"kvtier_tier_promotions_total", "counter", "Blocks promoted into the tier.",
+       &tiers::TierStats::promotions_in},
+      {"kvtier_tier_demotions_total", "counter", "Blocks demoted out of the tier.",
+       &tiers::TierStats::demotions_out},
+      {"kvtier_tier_bytes_read_total", "counter", "Bytes moved out of the tier.",
+       &tiers::TierStats::bytes_read},
+      {"kvtier_tier_bytes_written_total", "counter", "Bytes moved into the tier.",
+       &tiers::TierStats::bytes_written},
+      {"kvtier_tier_checksum_failures_total", "counter",
+       "Blocks whose checksum failed (served as misses).", &tiers::TierStats::checksum_failures},
+      {"kvtier_tier_admission_rejects_total", "counter", "Blocks refused by admission.",
+       &tiers::TierStats::admission_rejects},
+  };
+  for (const auto& m : kTierMetrics) {
+    Family(&o, m.name, m.type, m.help);
+    for (const auto& t : tiers) {
+      if (!t.present) continue;
+      Line(&o, m.name, std::string("tier=\"") + tiers::TierName(t.tier) + "\"",
+           static_cast<double>(t.*(m.field)));
+    }
+  }
+  Family(&o, "kvtier_tier_evictions_total", "counter", "Blocks evicted from the tier, by reason.");
+  for (const auto& t : tiers) {
+    if (!t.present) continue;
+    const std::string tl = std::string("tier=\"") + tiers::TierName(t.tier) + "\"";
+    Line(&o, "kvtier_tier_evictions_total", tl + ",reason=\"demoted\"",
+         static_cast<double>(t.evictions_demoted));
+    Line(&o, "kvtier_tier_evictions_total", tl + ",reason=\"dropped\"",
+         static_cast<double>(t.evictions_dropped));
+  }
+  Family(&o, "kvtier_tier_bandwidth_gbps", "gauge", "Measured tier bandwidth (GB/s).");
+  for (const auto& t : tiers) {
+    if (!t.present) continue;
+    const std::string tl = std::string("tier=\"") + tiers::TierName(t.tier) + "\"";
+    Line(&o, "kvtier_tier_bandwidth_gbps", tl + ",dir=\"read\"", t.read_gbps);
+    Line(&o, "kvtier_tier_bandwidth_gbps", tl + ",dir=\"write\"", t.write_gbps);
+  }
+
+  Family(&o, "kvtier_request_duration_seconds", "histogram",
+         "Time from reading a request to publishing its completion.");
+  static const char* kTransport[2] = {"ring", "socket"};
+  for (uint16_t op = 1; op <= wire::kMaxOp; ++op) {
+    for (int t = 0; t < 2; ++t) {
+      if (request_latency[op][t].count() == 0) continue;
+      request_latency[op][t].Render("kvtier_request_duration_seconds",
+                                    std::string("op=\"") + wire::OpName(op) + "\",transport=\"" +
+                                        kTransport[t] + "\"",
+                                    &o);
+    }
+  }
+  Family(&o, "kvtier_requests_failed_total", "counter", "Requests answered with an error status.");
+  for (uint16_t op = 1; op <= wire::kMaxOp; ++op) {
+    for (int t = 0; t < 2; ++t) {
+      const uint64_t v = request_failed[op][t].load(std::memory_order_relaxed);
+      if (v == 0) continue;
+      Line(&o, "kvtier_requests_failed_total",
+           std::string("op=\"") + wire::OpName(op) + "\",transport=\"" + kTransport[t] + "\"",
+           static_cast<double>(v));
+    }
+  }
+  Family(&o, "kvtier_requests_malformed_total", "counter",
+         "Requests refused by validation (bad field, region, op or version).");
+  Line(&o, "kvtier_requests_malformed_total", "", static_cast<double>(requests_malformed.load()));
+  Family(&o, "kvtier_clients", "gauge", "Clients attached now.");
+  Line(&o, "kvtier_clients", "", static_cast<double>(clients.load()));
+  Family(&o, "kvtier_clients_attached_total", "counter", "Successful attaches.");
+  Line(&o, "kvtier_clients_attached_total", "", static_cast<double>(clients_attached.load()));
+  Family(&o, "kvtier_attach_refused_total", "counter", "Attaches refused (version, limits).");
+  Line(&o, "kvtier_attach_refused_total", "", static_cast<double>(attach_refused.load()));
+  Family(&o, "kvtier_clients_disconnected_total", "counter", "Client disconnects, by reason.");
+  Line(&o, "kvtier_clients_disconnected_total", "reason=\"closed\"",
+       static_cast<double>(disconnect_closed.load()));
+  Line(&o, "kvtier_clients_disconnected_total", "reason=\"misbehaved\"",
+       static_cast<double>(disconnect_misbehaved.load()));
+  Family(&o, "kvtier_leases", "gauge", "Open leases of all clients.");
+  Line(&o, "kvtier_leases", "", static_cast<double>(leases.load()));
+  Family(&o, "kvtier_leased_slots", "gauge", "Slots held by open leases.");
+  Line(&o, "kvtier_leased_slots", "", static_cast<double>(leased_slots.load()));
+  Family(&o, "kvtier_config_reloads_total", "counter", "SIGHUP reloads, by result.");
+  Line(&o, "kvtier_config_reloads_total", "result=\"ok\"", static_cast<double>(reloads.load()));
+  Line(&o, "kvtier_config_reloads_total", "result=\"failed\"",
+       static_cast<double>(reload_failures.load()));
+  return o;
+}
+
+}  // namespace kvtier::daemon

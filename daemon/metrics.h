@@ -1,0 +1,68 @@
+// Daemon metrics: counters and latency histograms, rendered as Prometheus text.
+//
+// Everything here is lock-free (relaxed atomics): request threads of every client update
+// it on the hot path. Tier figures are not copied here; Render() takes a fresh
+// TierManager::Stats() snapshot each time /metrics is scraped.
+//
+// Exposed families (all prefixed kvtier_):
+//   tier_capacity_bytes, tier_used_bytes, tier_slots_total, tier_slots_used, tier_blocks,
+//   tier_pinned_blocks, tier_hits_total, tier_misses_total, tier_promotions_total,
+//   tier_demotions_total, tier_bytes_read_total, tier_bytes_written_total,
+//   tier_checksum_failures_total, tier_evictions_total{reason=demoted|dropped},
+//   tier_admission_rejects_total                                   {tier="hbm|host|nvme"}
+//   request_duration_seconds (histogram)                {op="lookup|...",transport="ring|socket"}
+//   requests_failed_total{op,transport}, requests_malformed_total, clients, clients_attached_total,
+//   clients_disconnected_total{reason}, leases, leased_slots
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/wire.h"
+#include "tiers/tier_manager.h"
+
+namespace kvtier::daemon {
+
+// Fixed-bucket latency histogram (upper bounds in seconds, 1 us .. 5 s).
+class Histogram {
+ public:
+  static constexpr std::array<double, 20> kBounds = {
+      1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3,
+      2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1,  0.2,  0.5,  1.0,  5.0};
+  void Observe(uint64_t nanos);
+  // Appends the _bucket/_sum/_count lines for `name{labels,le=...}`.
+  void Render(const std::string& name, const std::string& labels, std::string* out) const;
+  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+
+ private:
+  std::array<std::atomic<uint64_t>, kBounds.size() + 1> buckets_{};  // last: +Inf
+  std::atomic<uint64_t> count_{0};
+  std::atomic<uint64_t> sum_nanos_{0};
+};
+
+enum class Transport : uint8_t { kRing = 0, kSocket = 1 };
+
+struct Metrics {
+  std::array<std::array<Histogram, 2>, wire::kMaxOp + 1> request_latency;  // [op][transport]
+  std::array<std::array<std::atomic<uint64_t>, 2>, wire::kMaxOp + 1> request_failed{};
+  std::atomic<uint64_t> requests_malformed{0};
+  std::atomic<int64_t> clients{0};
+  std::atomic<uint64_t> clients_attached{0};
+  std::atomic<uint64_t> attach_refused{0};
+  std::atomic<uint64_t> disconnect_closed{0};      // socket closed (exit or crash)
+  std::atomic<uint64_t> disconnect_misbehaved{0};  // too many bad requests, broken ring
+  std::atomic<int64_t> leases{0};
+  std::atomic<int64_t> leased_slots{0};
+  std::atomic<uint64_t> reloads{0};
+  std::atomic<uint64_t> reload_failures{0};
+
+  void ObserveRequest(uint16_t op, Transport t, uint64_t nanos, bool ok);
+
+  // Prometheus text exposition (version 0.0.4).
+  std::string Render(const std::vector<tiers::TierStats>& tiers) const;
+};
+
+}  // namespace kvtier::daemon

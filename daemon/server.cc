@@ -1,0 +1,670 @@
+#include "daemon/server.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <spdlog/spdlog.h>
+
+#include "daemon/metrics.h"
+#include "daemon/session.h"
+#include "formats/wire.h"
+
+namespace kvtier::daemon {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+using UnixSocket = asio::local::stream_protocol::socket;
+
+namespace {
+
+tiers::PolicyKind PolicyOf(const std::string& s) {
+  if (s == "s3fifo") return tiers::PolicyKind::kS3Fifo;
+  if (s == "prefix-lru") return tiers::PolicyKind::kPrefixLru;
+  return tiers::PolicyKind::kLru;
+}
+
+tiers::TierOptions TierOf(const config::TierConfig& t) {
+  tiers::TierOptions o;
+  o.capacity_bytes = t.capacity_bytes;
+  o.policy = PolicyOf(t.policy);
+  o.high_watermark = t.high_watermark;
+  o.low_watermark = t.low_watermark;
+  o.on_evict = t.on_evict == "drop" ? tiers::OnEvict::kDrop : tiers::OnEvict::kDemote;
+  return o;
+}
+
+spdlog::level::level_enum LevelOf(const std::string& s) { return spdlog::level::from_str(s); }
+
+std::string Abs(const std::string& p) { return std::filesystem::absolute(p).lexically_normal().string(); }
+
+}  // namespace
+
+tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
+  tiers::TierManagerOptions o;
+  o.slot_bytes = c.tiers.slot_bytes;
+  o.hbm = TierOf(c.tiers.hbm);
+  o.cuda_device = c.tiers.cuda_device;
+  o.host = TierOf(c.tiers.host);
+  o.nvme.tier = TierOf(c.tiers.nvme.tier);
+  o.nvme.tier.on_evict = tiers::OnEvict::kDrop;
+  o.nvme.dir = c.tiers.nvme.dir.empty() ? "" : Abs(c.tiers.nvme.dir);
+  o.nvme.admission =
+      c.tiers.nvme.admission == "second-hit" ? tiers::Admission::kSecondHit : tiers::Admission::kAlways;
+  o.nvme.daily_write_budget_bytes = c.tiers.nvme.daily_write_budget_bytes;
+  o.nvme.queue_depth = c.tiers.nvme.queue_depth;
+  o.nvme.verify_on_restart = c.tiers.nvme.verify_on_restart;
+  return o;
+}
+
+class Connection;
+
+class Daemon::Impl {
+ public:
+  explicit Impl(Options opts) : opts_(std::move(opts)), signals_(io_, SIGINT, SIGTERM, SIGHUP) {}
+
+  Status Start();
+  int Run();
+  void Shutdown();
+  void Reload();
+  void WaitSignal();
+
+  // Connections.
+  void Accept();
+  void AcceptMetrics();
+  void OnConnectionClosed(uint64_t conn_id);
+
+  Options opts_;
+  asio::io_context io_;
+  asio::signal_set signals_;
+  std::unique_ptr<asio::local::stream_protocol::acceptor> acceptor_;
+  std::unique_ptr<asio::ip::tcp::acceptor> metrics_acceptor_;
+  std::unique_ptr<tiers::TierManager> tm_;
+  Metrics metrics_;
+  std::string socket_path_;
+  std::string metrics_url_ = "off";
+  std::map<uint64_t, std::shared_ptr<Connection>> conns_;  // io thread only
+  uint64_t next_conn_id_ = 1;
+  std::atomic<uint64_t> next_client_id_{1};
+  size_t attached_ = 0;  // io thread only
+  bool shutting_down_ = false;
+  int exit_code_ = 0;
+};
+
+// One control-socket connection; after a successful attach it owns the client's Session.
+// Every method runs on the io thread except the completion callbacks, which post back.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(Daemon::Impl* d, uint64_t id, UnixSocket sock)
+      : d_(d), id_(id), sock_(std::move(sock)) {}
+
+  void Start() { ReadHeader(); }
+
+  // Closes the socket and ends the session (releasing its leases). Idempotent.
+  void Close(bool drain) {
+    if (closed_) return;
+    closed_ = true;
+    boost::system::error_code ec;
+    sock_.shutdown(asio::socket_base::shutdown_both, ec);
+    sock_.close(ec);
+    if (session_) {
+      session_->Close(drain);
+      if (!kicked_) d_->metrics_.disconnect_closed.fetch_add(1);
+      d_->metrics_.clients.fetch_sub(1);
+      --d_->attached_;
+      spdlog::info("client {} ({}) detached", session_->id(), session_->name());
+      session_.reset();
+    }
+    d_->OnConnectionClosed(id_);
+  }
+
+ private:
+  void ReadHeader() {
+    auto self = shared_from_this();
+    asio::async_read(sock_, asio::buffer(&hdr_, sizeof hdr_),
+                     [self](const boost::system::error_code& ec, size_t) {
+                       if (ec) return self->Close(false);
+                       Status s = wire::ValidateControlHeader(self->hdr_);
+                       if (!s.ok()) {
+                         // A stream whose framing is broken cannot be resynchronised.
+                         spdlog::warn("control connection {}: {}; closing", self->id_, s.message());
+                         self->d_->metrics_.requests_malformed.fetch_add(1);
+                         return self->Close(false);
+                       }
+                       self->payload_.resize(self->hdr_.length);
+                       self->ReadPayload();
+                     });
+  }
+
+  void ReadPayload() {
+    auto self = shared_from_this();
+    asio::async_read(sock_, asio::buffer(payload_), [self](const boost::system::error_code& ec, size_t) {
+      if (ec) return self->Close(false);
+      self->Dispatch();
+    });
+  }
+
+  void Dispatch() {
+    const auto type = static_cast<wire::ControlType>(hdr_.type);
+    if (type == wire::ControlType::kAttach) {
+      if (session_) {
+        spdlog::warn("control connection {}: second attach; closing", id_);
+        return Close(false);
+      }
+      return HandleAttach();
+    }
+    if (type == wire::ControlType::kRequest) {
+      if (!session_) {
+        spdlog::warn("control connection {}: request before attach; closing", id_);
+        return Close(false);
+      }
+      HandleRequest();
+      return ReadHeader();
+    }
+    spdlog::warn("control connection {}: unexpected message type {}; closing", id_, hdr_.type);
+    Close(false);
+  }
+
+  void RefuseAttach(wire::AttachReply* r, const Status& s) {
+    r->status = static_cast<int32_t>(s.code());
+    std::snprintf(r->message, sizeof r->message, "%s", s.message().c_str());
+    d_->metrics_.attach_refused.fetch_add(1);
+    spdlog::warn("control connection {}: attach refused: {}", id_, s.ToString());
+    (void)SendAttachReply(*r, {});
+    Close(false);
+  }
+
+  void HandleAttach() {
+    wire::AttachReply r;
+    if (payload_.size() != sizeof(wire::AttachRequest)) {
+      return RefuseAttach(&r, Status::Invalid("attach payload is " + std::to_string(payload_.size()) +
+                                              " bytes, expected " +
+                                              std::to_string(sizeof(wire::AttachRequest))));
+    }
+    wire::AttachRequest a;
+    std::memcpy(&a, payload_.data(), sizeof a);
+    if (hdr_.version != wire::kProtocolVersion || a.protocol_version != wire::kProtocolVersion) {
+      return RefuseAttach(&r, Status::Unsupported(
+                                  "protocol version " + std::to_string(a.protocol_version) +
+                                  " (header " + std::to_string(hdr_.version) +
+                                  "); this daemon speaks " + std::to_string(wire::kProtocolVersion)));
+    }
+    if ((a.flags & ~wire::kAttachHasGpu) != 0 || a.reserved != 0) {
+      return RefuseAttach(&r, Status::Invalid("attach flags/reserved bits unknown"));
+    }
+    if (d_->shutting_down_) return RefuseAttach(&r, Status::Retry("daemon is shutting down"));
+    const auto& dc = d_->opts_.config.daemon;
+    if (d_->attached_ >= dc.max_clients) {
+      return RefuseAttach(&r, Status::Rejected("daemon.max_clients (" + std::to_string(dc.max_clients) +
+                                               ") clients attached"));
+    }
+    std::string name(a.name, strnlen(a.name, sizeof a.name));
+    for (char& ch : name) {
+      if (ch < 0x20 || ch > 0x7e) ch = '?';
+    }
+    const bool has_gpu = (a.flags & wire::kAttachHasGpu) != 0;
+    SessionLimits lim;
+    lim.ring_entries = dc.ring_entries;
+    lim.ring_data_bytes = dc.ring_data_bytes;
+    lim.max_keys = dc.max_keys_per_request;
+    lim.max_leases = dc.max_leases_per_client;
+    lim.max_bad_requests = dc.max_bad_requests;
+    lim.spin_us = dc.spin_us;
+    const uint64_t client_id = d_->next_client_id_.fetch_add(1);
+    std::weak_ptr<Connection> weak = shared_from_this();
+    asio::io_context* io = &d_->io_;
+    auto kick = [weak, io](const std::string& why) {
+      asio::post(*io, [weak, why] {
+        if (auto c = weak.lock()) {
+          spdlog::warn("disconnecting client: {}", why);
+          c->kicked_ = true;
+          c->Close(false);
+        }
+      });
+    };
+    auto sess = Session::Create(client_id, name, a.pid, has_gpu, d_->tm_.get(), &d_->metrics_, lim, kick);
+    if (!sess.ok()) return RefuseAttach(&r, sess.status());
+    tiers::TierManager* tm = d_->tm_.get();
+    r.status = 0;
+    r.client_id = client_id;
+    r.slot_bytes = tm->slot_bytes();
+    r.ring_bytes = (*sess)->ring_bytes();
+    r.max_keys_per_request = dc.max_keys_per_request;
+    std::vector<int> fds{(*sess)->ring_fd()};
+    if (tm->has_tier(tiers::Tier::kHost)) {
+      r.flags |= wire::kReplyHasHost;
+      r.host_arena_bytes = tm->host_arena_bytes();
+      fds.push_back(tm->host_arena_fd());
+    }
+    if (tm->has_tier(tiers::Tier::kNvme)) r.flags |= wire::kReplyHasNvme;
+    if (tm->has_tier(tiers::Tier::kHbm)) {
+      Status hs = tm->hbm_ipc_handle(r.hbm_ipc_handle);
+      if (hs.ok()) r.flags |= wire::kReplyHasHbm;
+      else spdlog::warn("HBM IPC handle unavailable: {}", hs.ToString());
+    }
+    r.num_fds = static_cast<uint32_t>(fds.size());
+    Status s = SendAttachReply(r, fds);
+    if (!s.ok()) {
+      spdlog::warn("control connection {}: attach reply failed: {}", id_, s.ToString());
+      (*sess)->Close(false);
+      return Close(false);
+    }
+    session_ = std::move(*sess);
+    session_->Start();
+    ++d_->attached_;
+    d_->metrics_.clients.fetch_add(1);
+    d_->metrics_.clients_attached.fetch_add(1);
+    spdlog::info("client {} ({}, pid {}{}) attached", client_id, name, a.pid, has_gpu ? ", gpu" : "");
+    ReadHeader();
+  }
+
+  // The attach reply goes out with sendmsg (SCM_RIGHTS), outside asio's async writes;
+  // nothing else has been written to this socket before it.
+  Status SendAttachReply(const wire::AttachReply& r, const std::vector<int>& fds) {
+    wire::ControlHeader h;
+    h.type = static_cast<uint16_t>(wire::ControlType::kAttachReply);
+    h.length = sizeof r;
+    uint8_t buf[sizeof h + sizeof r];
+    std::memcpy(buf, &h, sizeof h);
+    std::memcpy(buf + sizeof h, &r, sizeof r);
+    iovec iov{buf, sizeof buf};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)] = {};
+    if (!fds.empty()) {
+      msg.msg_control = ctrl;
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
+    }
+    const int fd = sock_.native_handle();
+    size_t sent = 0;
+    for (int tries = 0; tries < 1000 && sent < sizeof buf; ++tries) {
+      ssize_t n;
+      if (sent == 0) {
+        n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+      } else {
+        n = ::send(fd, buf + sent, sizeof buf - sent, MSG_NOSIGNAL);
+      }
+      if (n < 0) {
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) {
+          ::usleep(1000);
+          continue;
+        }
+        return Status::IoError(std::string("sendmsg: ") + std::strerror(errno));
+      }
+      sent += static_cast<size_t>(n);
+    }
+    if (sent < sizeof buf) return Status::IoError("attach reply could not be sent");
+    return Status::Ok();
+  }
+
+  void HandleRequest() {
+    auto reply_error = [this](uint64_t tag, uint16_t op, const Status& s) {
+      wire::CompletionEntry c;
+      c.tag = tag;
+      c.op = op;
+      c.status = static_cast<int32_t>(s.code());
+      const std::string& m = s.message();
+      c.msg_len = static_cast<uint16_t>(std::min<size_t>(m.size(), 1024));
+      auto buf = std::make_shared<std::vector<uint8_t>>();
+      AppendCompletion(buf.get(), c, reinterpret_cast<const uint8_t*>(m.data()), c.msg_len);
+      QueueWrite(buf);
+    };
+    if (payload_.size() < sizeof(wire::RequestEntry)) {
+      d_->metrics_.requests_malformed.fetch_add(1);
+      return reply_error(0, 0, Status::Invalid("request shorter than a RequestEntry"));
+    }
+    wire::RequestEntry e;
+    std::memcpy(&e, payload_.data(), sizeof e);
+    if (hdr_.version != wire::kProtocolVersion) {
+      d_->metrics_.requests_malformed.fetch_add(1);
+      return reply_error(e.tag, e.op,
+                         Status::Unsupported("protocol version " + std::to_string(hdr_.version) +
+                                             "; this daemon speaks " +
+                                             std::to_string(wire::kProtocolVersion)));
+    }
+    wire::RequestLimits lim;
+    lim.max_keys = d_->opts_.config.daemon.max_keys_per_request;
+    const uint64_t in_bytes = payload_.size() - sizeof e;
+    Status v = wire::ValidateSocketRequest(e, in_bytes, lim);
+    if (!v.ok()) {
+      d_->metrics_.requests_malformed.fetch_add(1);
+      return reply_error(e.tag, e.op, v);
+    }
+    // Room for the output and for an error message.
+    wire::RequestEntry req = e;
+    req.out_len = std::max<uint32_t>(e.out_len, 256);
+    auto buf = std::make_shared<std::vector<uint8_t>>(sizeof(wire::ControlHeader) +
+                                                      sizeof(wire::CompletionEntry) + req.out_len);
+    uint8_t* out = buf->data() + sizeof(wire::ControlHeader) + sizeof(wire::CompletionEntry);
+    std::weak_ptr<Connection> weak = shared_from_this();
+    asio::io_context* io = &d_->io_;
+    session_->ExecuteSocket(
+        req, std::vector<uint8_t>(payload_.begin() + sizeof e, payload_.end()), out,
+        [weak, io, buf](const wire::CompletionEntry& c) {
+          asio::post(*io, [weak, buf, c] {
+            auto self = weak.lock();
+            if (!self || self->closed_) return;
+            const uint32_t body = std::max<uint32_t>(c.out_bytes, c.msg_len);
+            wire::ControlHeader h;
+            h.type = static_cast<uint16_t>(wire::ControlType::kCompletion);
+            h.length = static_cast<uint32_t>(sizeof c + body);
+            std::memcpy(buf->data(), &h, sizeof h);
+            std::memcpy(buf->data() + sizeof h, &c, sizeof c);
+            buf->resize(sizeof h + sizeof c + body);
+            self->QueueWrite(buf);
+          });
+        });
+  }
+
+  static void AppendCompletion(std::vector<uint8_t>* buf, const wire::CompletionEntry& c,
+                               const uint8_t* body, size_t n) {
+    wire::ControlHeader h;
+    h.type = static_cast<uint16_t>(wire::ControlType::kCompletion);
+    h.length = static_cast<uint32_t>(sizeof c + n);
+    buf->resize(sizeof h + sizeof c + n);
+    std::memcpy(buf->data(), &h, sizeof h);
+    std::memcpy(buf->data() + sizeof h, &c, sizeof c);
+    if (n) std::memcpy(buf->data() + sizeof h + sizeof c, body, n);
+  }
+
+  void QueueWrite(std::shared_ptr<std::vector<uint8_t>> buf) {
+    if (closed_) return;
+    writes_.push_back(std::move(buf));
+    if (writes_.size() == 1) WriteNext();
+  }
+
+  void WriteNext() {
+    auto self = shared_from_this();
+    asio::async_write(sock_, asio::buffer(*writes_.front()),
+                      [self](const boost::system::error_code& ec, size_t) {
+                        if (ec) return self->Close(false);
+                        self->writes_.pop_front();
+                        if (!self->writes_.empty()) self->WriteNext();
+                      });
+  }
+
+  Daemon::Impl* d_;
+  uint64_t id_;
+  UnixSocket sock_;
+  wire::ControlHeader hdr_;
+  std::vector<uint8_t> payload_;
+  std::shared_ptr<Session> session_;
+  std::deque<std::shared_ptr<std::vector<uint8_t>>> writes_;
+  bool closed_ = false;
+
+ public:
+  bool kicked_ = false;
+};
+
+// One /metrics HTTP exchange.
+class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
+ public:
+  HttpExchange(asio::ip::tcp::socket s, Daemon::Impl* d) : stream_(std::move(s)), d_(d) {}
+  void Start() {
+    stream_.expires_after(std::chrono::seconds(5));
+    auto self = shared_from_this();
+    http::async_read(stream_, buf_, req_, [self](beast::error_code ec, size_t) {
+      if (ec) return;
+      self->Respond();
+    });
+  }
+
+ private:
+  void Respond() {
+    res_.version(req_.version());
+    res_.keep_alive(false);
+    const std::string target(req_.target());
+    if (req_.method() != http::verb::get) {
+      res_.result(http::status::method_not_allowed);
+      res_.set(http::field::content_type, "text/plain");
+      res_.body() = "GET only\n";
+    } else if (target == "/metrics" || target.rfind("/metrics?", 0) == 0) {
+      res_.result(http::status::ok);
+      res_.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      res_.body() = d_->metrics_.Render(d_->tm_->Stats());
+    } else {
+      res_.result(http::status::not_found);
+      res_.set(http::field::content_type, "text/plain");
+      res_.body() = "kvtierd: see /metrics\n";
+    }
+    res_.prepare_payload();
+    auto self = shared_from_this();
+    http::async_write(stream_, res_, [self](beast::error_code, size_t) {
+      beast::error_code ec;
+      self->stream_.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ec);
+    });
+  }
+
+  beast::tcp_stream stream_;
+  Daemon::Impl* d_;
+  beast::flat_buffer buf_;
+  http::request<http::string_body> req_;
+  http::response<http::string_body> res_;
+};
+
+Status Daemon::Impl::Start() {
+  const config::Config& c = opts_.config;
+  socket_path_ = Abs(c.daemon.socket);
+  // A live daemon on the socket path is an error; a stale socket file is replaced.
+  {
+    struct stat st;
+    if (::lstat(socket_path_.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) {
+        return Status::Invalid("daemon.socket: " + socket_path_ + " exists and is not a socket");
+      }
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_un a{};
+      a.sun_family = AF_UNIX;
+      std::snprintf(a.sun_path, sizeof a.sun_path, "%s", socket_path_.c_str());
+      const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+      ::close(fd);
+      if (live) {
+        return Status::Rejected("daemon.socket: another kvtierd is listening on " + socket_path_);
+      }
+      ::unlink(socket_path_.c_str());
+    }
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(socket_path_).parent_path(), ec);
+  if (ec) return Status::IoError("daemon.socket: cannot create its folder: " + ec.message());
+  if (c.tiers.nvme.tier.capacity_bytes != 0) {
+    std::filesystem::create_directories(Abs(c.tiers.nvme.dir), ec);
+    if (ec) return Status::IoError("tiers.nvme.dir: cannot create " + Abs(c.tiers.nvme.dir) + ": " + ec.message());
+  }
+
+  auto tm = tiers::TierManager::Open(ToTierManagerOptions(c));
+  if (!tm.ok()) return Status(tm.status().code(), "tiers: " + tm.status().message());
+  tm_ = std::move(*tm);
+
+  boost::system::error_code bec;
+  acceptor_ = std::make_unique<asio::local::stream_protocol::acceptor>(io_);
+  acceptor_->open(asio::local::stream_protocol(), bec);
+  if (!bec) acceptor_->bind(asio::local::stream_protocol::endpoint(socket_path_), bec);
+  if (!bec) acceptor_->listen(asio::socket_base::max_listen_connections, bec);
+  if (bec) return Status::IoError("daemon.socket: cannot listen on " + socket_path_ + ": " + bec.message());
+  ::chmod(socket_path_.c_str(), 0660);
+
+  if (c.daemon.metrics_port != 0) {
+    const std::string addr = c.daemon.metrics_address == "localhost" ? "127.0.0.1" : c.daemon.metrics_address;
+    asio::ip::tcp::endpoint ep(asio::ip::make_address(addr, bec), static_cast<uint16_t>(c.daemon.metrics_port));
+    if (bec) return Status::Invalid("daemon.metrics_address: " + bec.message());
+    metrics_acceptor_ = std::make_unique<asio::ip::tcp::acceptor>(io_);
+    metrics_acceptor_->open(ep.protocol(), bec);
+    if (!bec) metrics_acceptor_->set_option(asio::socket_base::reuse_address(true), bec);
+    if (!bec) metrics_acceptor_->bind(ep, bec);
+    if (!bec) metrics_acceptor_->listen(asio::socket_base::max_listen_connections, bec);
+    if (bec) {
+      ::unlink(socket_path_.c_str());
+      return Status::IoError("daemon.metrics_port: cannot listen on " + addr + ":" +
+                             std::to_string(c.daemon.metrics_port) + ": " + bec.message());
+    }
+    metrics_url_ = "http://" + (addr.find(':') != std::string::npos ? "[" + addr + "]" : addr) + ":" +
+                   std::to_string(c.daemon.metrics_port) + "/metrics";
+  }
+  return Status::Ok();
+}
+
+void Daemon::Impl::Accept() {
+  acceptor_->async_accept([this](const boost::system::error_code& ec, UnixSocket s) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted || shutting_down_) return;
+      spdlog::warn("accept: {}", ec.message());
+    } else if (!shutting_down_) {
+      const uint64_t id = next_conn_id_++;
+      auto conn = std::make_shared<Connection>(this, id, std::move(s));
+      conns_.emplace(id, conn);
+      conn->Start();
+    }
+    if (!shutting_down_) Accept();
+  });
+}
+
+void Daemon::Impl::AcceptMetrics() {
+  metrics_acceptor_->async_accept([this](const boost::system::error_code& ec, asio::ip::tcp::socket s) {
+    if (!ec) std::make_shared<HttpExchange>(std::move(s), this)->Start();
+    if (ec == asio::error::operation_aborted || shutting_down_) return;
+    AcceptMetrics();
+  });
+}
+
+void Daemon::Impl::OnConnectionClosed(uint64_t conn_id) {
+  // Deferred: the connection may be running one of its own handlers right now.
+  asio::post(io_, [this, conn_id] { conns_.erase(conn_id); });
+}
+
+void Daemon::Impl::WaitSignal() {
+  signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    if (sig == SIGHUP) {
+      Reload();
+      WaitSignal();
+      return;
+    }
+    spdlog::info("{} received: draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    Shutdown();
+  });
+}
+
+void Daemon::Impl::Reload() {
+  if (opts_.config_path.empty()) {
+    spdlog::warn("SIGHUP: no config file to reload");
+    return;
+  }
+  auto nc = config::LoadFile(opts_.config_path, opts_.overrides);
+  if (!nc.ok()) {
+    metrics_.reload_failures.fetch_add(1);
+    spdlog::error("SIGHUP: config error, nothing changed: {}", nc.status().message());
+    return;
+  }
+  const config::Config& o = opts_.config;
+  const config::Config& n = *nc;
+  auto ignored = [](const char* key) {
+    spdlog::warn("SIGHUP: {} changed; it needs a restart and is ignored", key);
+  };
+  if (n.tiers.slot_bytes != o.tiers.slot_bytes) ignored("tiers.slot_bytes");
+  if (n.tiers.hbm.capacity_bytes != o.tiers.hbm.capacity_bytes) ignored("tiers.hbm.capacity");
+  if (n.tiers.host.capacity_bytes != o.tiers.host.capacity_bytes) ignored("tiers.host.capacity");
+  if (n.tiers.nvme.tier.capacity_bytes != o.tiers.nvme.tier.capacity_bytes) ignored("tiers.nvme.capacity");
+  if (n.tiers.nvme.dir != o.tiers.nvme.dir) ignored("tiers.nvme.dir");
+  if (n.tiers.cuda_device != o.tiers.cuda_device) ignored("tiers.hbm.cuda_device");
+  if (n.daemon.socket != o.daemon.socket) ignored("daemon.socket");
+  if (n.daemon.metrics_port != o.daemon.metrics_port || n.daemon.metrics_address != o.daemon.metrics_address) {
+    ignored("daemon.metrics_port/metrics_address");
+  }
+  if (n.daemon.ring_entries != o.daemon.ring_entries || n.daemon.ring_data_bytes != o.daemon.ring_data_bytes) {
+    ignored("daemon.ring_entries/ring_data_bytes");
+  }
+  // Keep what cannot change; take the eviction and admission settings.
+  config::Config merged = o;
+  auto take = [](config::TierConfig& dst, const config::TierConfig& src) {
+    dst.policy = src.policy;
+    dst.high_watermark = src.high_watermark;
+    dst.low_watermark = src.low_watermark;
+    dst.on_evict = src.on_evict;
+  };
+  take(merged.tiers.hbm, n.tiers.hbm);
+  take(merged.tiers.host, n.tiers.host);
+  take(merged.tiers.nvme.tier, n.tiers.nvme.tier);
+  merged.tiers.nvme.admission = n.tiers.nvme.admission;
+  merged.tiers.nvme.daily_write_budget_bytes = n.tiers.nvme.daily_write_budget_bytes;
+  merged.daemon.log_level = n.daemon.log_level;
+  Status s = tm_->Reconfigure(ToTierManagerOptions(merged));
+  if (!s.ok()) {
+    metrics_.reload_failures.fetch_add(1);
+    spdlog::error("SIGHUP: tiers refused the new settings, nothing changed: {}", s.ToString());
+    return;
+  }
+  spdlog::set_level(LevelOf(merged.daemon.log_level));
+  opts_.config = merged;
+  metrics_.reloads.fetch_add(1);
+  spdlog::info("SIGHUP: reloaded eviction/admission settings from {} (host policy {}, watermarks {}/{}; nvme admission {})",
+               opts_.config_path, merged.tiers.host.policy, merged.tiers.host.low_watermark,
+               merged.tiers.host.high_watermark, merged.tiers.nvme.admission);
+}
+
+void Daemon::Impl::Shutdown() {
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  boost::system::error_code ec;
+  if (acceptor_) acceptor_->close(ec);
+  if (metrics_acceptor_) metrics_acceptor_->close(ec);
+  ::unlink(socket_path_.c_str());
+  signals_.cancel(ec);
+  // Drain every client: its ring thread executes what is already queued, in-flight
+  // acquires finish, then every lease is released.
+  auto conns = conns_;
+  for (auto& [id, conn] : conns) conn->Close(/*drain=*/true);
+  // Let queued completion writes go out, then stop.
+  asio::post(io_, [this] { io_.stop(); });
+}
+
+int Daemon::Impl::Run() {
+  Accept();
+  if (metrics_acceptor_) AcceptMetrics();
+  WaitSignal();
+  io_.run();
+  conns_.clear();
+  spdlog::info("drained; closing tiers");
+  tm_.reset();
+  spdlog::info("kvtierd stopped");
+  return exit_code_;
+}
+
+Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Daemon::~Daemon() = default;
+
+StatusOr<std::unique_ptr<Daemon>> Daemon::Create(Options opts) {
+  ::signal(SIGPIPE, SIG_IGN);
+  auto impl = std::make_unique<Impl>(std::move(opts));
+  KVTIER_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
+}
+
+int Daemon::Run() { return impl_->Run(); }
+
+std::string Daemon::ListenDescription() const {
+  return "unix:" + impl_->socket_path_ + " (protocol " + std::to_string(wire::kProtocolVersion) +
+         "), metrics " + impl_->metrics_url_;
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,590 @@
+#include "daemon/session.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "formats/contract.h"
+
+namespace kvtier::daemon {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t NowNs() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+}
+
+// Shared (not PRIVATE) futex ops: the word lives in a MAP_SHARED memfd mapping that
+// another process maps too.
+void FutexWait(uint32_t* addr, uint32_t expected, long timeout_ns) {
+  timespec ts{timeout_ns / 1000000000L, timeout_ns % 1000000000L};
+  ::syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+void FutexWake(uint32_t* addr) { ::syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
+
+uint64_t SlotKey(const tiers::SlotRef& s) {
+  return (static_cast<uint64_t>(s.tier) << 32) | s.slot;
+}
+
+// Writes an error's text at the start of the out region (when there is room).
+void SetError(wire::CompletionEntry* c, const Status& s, uint8_t* out, uint32_t out_len) {
+  c->status = static_cast<int32_t>(s.code());
+  c->count = 0;
+  c->out_bytes = 0;
+  const std::string& m = s.message();
+  const size_t n = std::min<size_t>({m.size(), out_len, 65535});
+  if (out != nullptr && n > 0) {
+    std::memcpy(out, m.data(), n);
+    c->msg_len = static_cast<uint16_t>(n);
+  }
+}
+
+template <typename T>
+std::vector<T> CopyArray(const uint8_t* src, uint32_t count) {
+  std::vector<T> v(count);
+  if (count > 0) std::memcpy(v.data(), src, sizeof(T) * count);
+  return v;
+}
+
+}  // namespace
+
+uint64_t NextLeaseId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+Session::Session(uint64_t id, std::string name, uint32_t pid, bool has_gpu,
+                 tiers::TierManager* tm, Metrics* metrics, const SessionLimits& limits,
+                 KickFn kick)
+    : id_(id),
+      name_(std::move(name)),
+      pid_(pid),
+      has_gpu_(has_gpu),
+      tm_(tm),
+      metrics_(metrics),
+      limits_(limits),
+      kick_(std::move(kick)) {}
+
+StatusOr<std::shared_ptr<Session>> Session::Create(uint64_t client_id, const std::string& name,
+                                                   uint32_t pid, bool has_gpu,
+                                                   tiers::TierManager* tm, Metrics* metrics,
+                                                   const SessionLimits& limits, KickFn kick) {
+  std::shared_ptr<Session> s(
+      new Session(client_id, name, pid, has_gpu, tm, metrics, limits, std::move(kick)));
+  KVTIER_RETURN_IF_ERROR(wire::MakeRingLayout(limits.ring_entries, limits.ring_data_bytes, &s->hdr_));
+  const std::string memfd_name = "kvtier-ring-" + std::to_string(client_id);
+  s->ring_fd_ = ::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (s->ring_fd_ < 0) return Status::IoError(std::string("memfd_create: ") + std::strerror(errno));
+  if (::ftruncate(s->ring_fd_, static_cast<off_t>(s->hdr_.total_bytes)) != 0) {
+    return Status::IoError(std::string("ftruncate ring region: ") + std::strerror(errno));
+  }
+  // Seal the size: a client that could shrink the region would make the daemon's reads
+  // of its mapping fault (SIGBUS) and take every other client down with it.
+  if (::fcntl(s->ring_fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return Status::IoError(std::string("sealing ring region: ") + std::strerror(errno));
+  }
+  void* p = ::mmap(nullptr, s->hdr_.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s->ring_fd_, 0);
+  if (p == MAP_FAILED) return Status::IoError(std::string("mmap ring region: ") + std::strerror(errno));
+  s->base_ = static_cast<uint8_t*>(p);
+  std::memcpy(s->base_, &s->hdr_, sizeof(s->hdr_));
+  s->data_ = s->base_ + s->hdr_.data_offset;
+  s->req_ring_ = wire::RequestRing(s->base_, s->hdr_);
+  s->cmp_ring_ = wire::CompletionRing(s->base_, s->hdr_);
+  return s;
+}
+
+Session::~Session() {
+  if (thread_.joinable()) {
+    stop_ = true;
+    if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
+    else thread_.join();
+  }
+  if (base_ != nullptr) ::munmap(base_, hdr_.total_bytes);
+  if (ring_fd_ >= 0) ::close(ring_fd_);
+}
+
+void Session::Start() { thread_ = std::thread([this] { RingLoop(); }); }
+
+size_t Session::lease_count() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return leases_.size();
+}
+
+void Session::RingLoop() {
+  const auto spin = std::chrono::microseconds(limits_.spin_us);
+  auto idle_start = Clock::now();
+  uint32_t spins = 0;
+  while (true) {
+    const bool stopping = stop_.load(std::memory_order_acquire);
+    if (stopping && !drain_.load()) break;
+    {
+      std::lock_guard<std::mutex> l(cmp_mu_);
+      if (!overflow_.empty()) DrainOverflowLocked();
+    }
+    uint32_t n = 0;
+    if (!req_ring_.Available(&n)) {
+      CountBad("request ring indices are corrupt");
+      if (!kicked_.exchange(true)) {
+        metrics_->disconnect_misbehaved.fetch_add(1);
+        kick_("request ring indices are corrupt");
+      }
+      break;
+    }
+    if (n == 0) {
+      if (stopping) break;  // drained
+      if (Clock::now() - idle_start < spin) {
+        CpuRelax();
+        if (++spins % 256 == 0) ::sched_yield();
+        continue;
+      }
+      // Sleep protocol (wire.h): flag, re-check, wait on the tail word.
+      req_ring_.SetSleeping(true);
+      const uint32_t tail = req_ring_.LoadTail();
+      uint32_t m = 0;
+      if (req_ring_.Available(&m) && m == 0 && !stop_.load()) {
+        FutexWait(req_ring_.tail_word(), tail, 50'000'000L);
+      }
+      req_ring_.SetSleeping(false);
+      idle_start = Clock::now();
+      continue;
+    }
+    wire::RequestEntry e;
+    req_ring_.Pop(&e);
+    HandleRingRequest(e);
+    if (kicked_.load()) break;
+    idle_start = Clock::now();
+  }
+}
+
+void Session::CountBad(const std::string& why) {
+  metrics_->requests_malformed.fetch_add(1, std::memory_order_relaxed);
+  ++bad_requests_;
+  spdlog::warn("client {} ({}, pid {}): malformed request: {}", id_, name_, pid_, why);
+  if (bad_requests_ >= limits_.max_bad_requests && !kicked_.exchange(true)) {
+    metrics_->disconnect_misbehaved.fetch_add(1);
+    spdlog::warn("client {} ({}): {} malformed requests, disconnecting", id_, name_, bad_requests_);
+    kick_("too many malformed requests");
+  }
+}
+
+void Session::HandleRingRequest(const wire::RequestEntry& e) {
+  const uint64_t t0 = NowNs();
+  wire::RequestLimits lim;
+  lim.data_bytes = hdr_.data_bytes;
+  lim.max_keys = limits_.max_keys;
+  Status v = wire::ValidateRingRequest(e, lim);
+  if (!v.ok()) {
+    wire::CompletionEntry c;
+    c.tag = e.tag;
+    c.op = e.op;
+    // Say why in the out region when that region itself is sound.
+    const bool out_ok = e.out_len > 0 && e.out_off % 8 == 0 &&
+                        uint64_t{e.out_off} + e.out_len <= hdr_.data_bytes;
+    SetError(&c, v, out_ok ? data_ + e.out_off : nullptr, out_ok ? e.out_len : 0);
+    metrics_->ObserveRequest(e.op, Transport::kRing, NowNs() - t0, false);
+    PublishCompletion(c);
+    CountBad(v.message());
+    return;
+  }
+  const uint16_t op = e.op;
+  Execute(e, std::vector<uint8_t>(data_ + e.in_off, data_ + e.in_off + e.in_len),
+          e.out_len ? data_ + e.out_off : nullptr, Transport::kRing,
+          [this, t0, op](const wire::CompletionEntry& c) {
+            metrics_->ObserveRequest(op, Transport::kRing, NowNs() - t0, c.status == 0);
+            PublishCompletion(c);
+          });
+}
+
+void Session::ExecuteSocket(const wire::RequestEntry& req, std::vector<uint8_t> in, uint8_t* out,
+                            Done done) {
+  const uint64_t t0 = NowNs();
+  const uint16_t op = req.op;
+  Execute(req, std::move(in), out, Transport::kSocket,
+          [this, t0, op, done = std::move(done)](const wire::CompletionEntry& c) {
+            metrics_->ObserveRequest(op, Transport::kSocket, NowNs() - t0, c.status == 0);
+            done(c);
+          });
+}
+
+Status Session::CheckContract(uint64_t contract_id) const {
+  if (!tm_->HasContract(contract_id)) {
+    return Status::NotFound("contract " + ContractIdHex(contract_id) + " is not registered");
+  }
+  return Status::Ok();
+}
+
+Status Session::CheckTarget(uint8_t tier) const {
+  if (tier == wire::kTierHbm) {
+    if (!has_gpu_) return Status::Invalid("this client attached without a GPU: target host, not hbm");
+    if (!tm_->has_tier(tiers::Tier::kHbm)) return Status::Unsupported("the daemon has no HBM tier");
+  } else if (!tm_->has_tier(tiers::Tier::kHost)) {
+    return Status::Unsupported("the daemon has no host tier");
+  }
+  return Status::Ok();
+}
+
+StatusOr<uint64_t> Session::AddLease(Lease lease) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (closed_) {
+    l.unlock();
+    ReleaseSlots(lease);
+    return Status::Rejected("client is closing");
+  }
+  if (leases_.size() >= limits_.max_leases) {
+    l.unlock();
+    ReleaseSlots(lease);
+    return Status::Rejected("lease table full (" + std::to_string(limits_.max_leases) +
+                            "): release leases first");
+  }
+  const uint64_t id = NextLeaseId();
+  metrics_->leases.fetch_add(1);
+  metrics_->leased_slots.fetch_add(static_cast<int64_t>(lease.slots.size()));
+  leases_.emplace(id, std::move(lease));
+  return id;
+}
+
+void Session::ReleaseSlots(const Lease& lease) {
+  for (size_t i = 0; i < lease.slots.size(); ++i) {
+    const auto& s = lease.slots[i];
+    const bool free_slot = lease.alloc && !lease.committed[i];
+    Status st = free_slot ? tm_->FreeSlot(s) : tm_->Unpin(s);
+    if (!st.ok()) {
+      spdlog::warn("client {}: {} of {} slot {} failed: {}", id_, free_slot ? "FreeSlot" : "Unpin",
+                   tiers::TierName(s.tier), s.slot, st.ToString());
+    }
+  }
+}
+
+Status Session::DoRelease(uint64_t lease_id) {
+  Lease lease;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end()) {
+      return Status::NotFound("lease " + std::to_string(lease_id) + " is not held by this client");
+    }
+    lease = std::move(it->second);
+    leases_.erase(it);
+  }
+  metrics_->leases.fetch_sub(1);
+  metrics_->leased_slots.fetch_sub(static_cast<int64_t>(lease.slots.size()));
+  ReleaseSlots(lease);
+  return Status::Ok();
+}
+
+Status Session::DoCommit(const wire::RequestEntry& req, const std::vector<uint8_t>& in,
+                         uint32_t* committed) {
+  *committed = 0;
+  const auto items = CopyArray<wire::CommitItem>(in.data(), req.count);
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = leases_.find(req.lease_id);
+  if (it == leases_.end()) {
+    return Status::NotFound("lease " + std::to_string(req.lease_id) + " is not held by this client");
+  }
+  Lease& lease = it->second;
+  if (!lease.alloc) return Status::Invalid("lease " + std::to_string(req.lease_id) + " is not an alloc lease");
+  if (lease.contract_id != req.contract_id) {
+    return Status::Invalid("contract " + ContractIdHex(req.contract_id) + " is not the lease's contract " +
+                           ContractIdHex(lease.contract_id));
+  }
+  for (const auto& item : items) {
+    if (item.reserved[0] != 0 || item.reserved[1] != 0 || item.reserved[2] != 0) {
+      return Status::Invalid("commit item reserved bytes must be 0");
+    }
+    const tiers::SlotRef ref{static_cast<tiers::Tier>(item.tier), item.slot};
+    auto pos = lease.index.find(SlotKey(ref));
+    if (pos == lease.index.end()) {
+      return Status::Invalid("slot " + std::to_string(item.slot) + " (tier " +
+                             std::to_string(item.tier) + ") is not in lease " +
+                             std::to_string(req.lease_id));
+    }
+    if (lease.committed[pos->second]) {
+      return Status::Invalid("slot " + std::to_string(item.slot) + " is already committed");
+    }
+    const Key128 key{item.key.hi, item.key.lo};
+    const Key128 parent{item.parent.hi, item.parent.lo};
+    if (key.IsZero()) return Status::Invalid("key 0 is not a block key");
+    KVTIER_RETURN_IF_ERROR(tm_->Commit(req.contract_id, ref, key, parent));
+    lease.committed[pos->second] = 1;
+    ++*committed;
+  }
+  return Status::Ok();
+}
+
+void Session::Execute(const wire::RequestEntry& req, std::vector<uint8_t> in, uint8_t* out,
+                      Transport transport, Done done) {
+  wire::CompletionEntry c;
+  c.tag = req.tag;
+  c.op = req.op;
+  auto fail = [&](const Status& s) {
+    SetError(&c, s, out, req.out_len);
+    done(c);
+  };
+  switch (static_cast<wire::Op>(req.op)) {
+    case wire::Op::kNop:
+      done(c);
+      return;
+    case wire::Op::kRegisterContract: {
+      auto ct = ScaleContract::Deserialize(in);
+      if (!ct.ok()) return fail(ct.status());
+      Status s = tm_->RegisterContract(*ct);
+      if (!s.ok()) return fail(s);
+      c.value = ct->Id();
+      spdlog::info("client {} ({}): contract {} ({}, L={} H={} D={} T={}) registered", id_, name_,
+                   ContractIdHex(c.value), ct->model_id, ct->geometry.num_layers,
+                   ct->geometry.num_kv_heads, ct->geometry.head_dim, ct->geometry.block_tokens);
+      done(c);
+      return;
+    }
+    case wire::Op::kLookup: {
+      Status s = CheckContract(req.contract_id);
+      if (!s.ok()) return fail(s);
+      const auto keys = CopyArray<Key128>(in.data(), req.count);
+      const tiers::LookupResult r = tm_->Lookup(req.contract_id, keys);
+      const size_t hit = std::min<size_t>(r.hit_blocks, req.count);
+      for (size_t i = 0; i < req.count; ++i) {
+        out[i] = i < hit && i < r.tiers.size() ? static_cast<uint8_t>(r.tiers[i]) : wire::kTierNone;
+      }
+      c.count = static_cast<uint32_t>(hit);
+      c.out_bytes = req.count;
+      c.est_seconds = r.est_seconds_to_hbm;
+      done(c);
+      return;
+    }
+    case wire::Op::kAcquire: {
+      Status s = CheckContract(req.contract_id);
+      if (s.ok()) s = CheckTarget(req.tier);
+      if (!s.ok()) return fail(s);
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (closed_) return fail(Status::Rejected("client is closing"));
+        if (leases_.size() >= limits_.max_leases) {
+          return fail(Status::Rejected("lease table full: release leases first"));
+        }
+        ++inflight_;
+      }
+      auto keys = std::make_shared<std::vector<Key128>>(CopyArray<Key128>(in.data(), req.count));
+      auto self = shared_from_this();
+      const uint32_t max_out = req.count;
+      const uint64_t contract_id = req.contract_id;
+      tm_->Acquire(contract_id, *keys, static_cast<tiers::Tier>(req.tier),
+                   [self, keys, c, out, max_out, contract_id, out_len = req.out_len,
+                    done = std::move(done)](Status st, std::vector<tiers::SlotRef> slots) mutable {
+                     if (slots.size() > max_out) {  // never more than asked; return extras
+                       for (size_t i = max_out; i < slots.size(); ++i) (void)self->tm_->Unpin(slots[i]);
+                       slots.resize(max_out);
+                     }
+                     if (slots.empty()) {
+                       if (!st.ok()) SetError(&c, st, out, out_len);
+                     } else {
+                       Lease lease;
+                       lease.alloc = false;
+                       lease.contract_id = contract_id;
+                       lease.slots = slots;
+                       auto id = self->AddLease(std::move(lease));
+                       if (!id.ok()) {
+                         SetError(&c, id.status(), out, out_len);
+                       } else {
+                         for (size_t i = 0; i < slots.size(); ++i) {
+                           wire::WireSlot ws;
+                           ws.tier = static_cast<uint8_t>(slots[i].tier);
+                           ws.slot = slots[i].slot;
+                           std::memcpy(out + i * sizeof(ws), &ws, sizeof(ws));
+                         }
+                         c.value = *id;
+                         c.count = static_cast<uint32_t>(slots.size());
+                         c.out_bytes = static_cast<uint32_t>(slots.size() * sizeof(wire::WireSlot));
+                       }
+                     }
+                     done(c);
+                     std::lock_guard<std::mutex> l(self->mu_);
+                     --self->inflight_;
+                   });
+      return;
+    }
+    case wire::Op::kAlloc: {
+      Status s = CheckContract(req.contract_id);
+      if (s.ok()) s = CheckTarget(req.tier);
+      if (!s.ok()) return fail(s);
+      std::vector<tiers::SlotRef> slots;
+      s = tm_->AllocSlots(req.contract_id, req.count, static_cast<tiers::Tier>(req.tier), &slots);
+      if (!s.ok()) return fail(s);
+      if (slots.size() != req.count) {
+        Lease tmp;
+        tmp.alloc = true;
+        tmp.slots = slots;
+        tmp.committed.assign(slots.size(), 0);
+        ReleaseSlots(tmp);
+        return fail(Status::Retry("tier returned " + std::to_string(slots.size()) + " of " +
+                                  std::to_string(req.count) + " slots"));
+      }
+      Lease lease;
+      lease.alloc = true;
+      lease.contract_id = req.contract_id;
+      lease.slots = slots;
+      lease.committed.assign(slots.size(), 0);
+      for (uint32_t i = 0; i < slots.size(); ++i) lease.index.emplace(SlotKey(slots[i]), i);
+      auto id = AddLease(std::move(lease));
+      if (!id.ok()) return fail(id.status());
+      for (size_t i = 0; i < slots.size(); ++i) {
+        wire::WireSlot ws;
+        ws.tier = static_cast<uint8_t>(slots[i].tier);
+        ws.slot = slots[i].slot;
+        std::memcpy(out + i * sizeof(ws), &ws, sizeof(ws));
+      }
+      c.value = *id;
+      c.count = req.count;
+      c.out_bytes = static_cast<uint32_t>(slots.size() * sizeof(wire::WireSlot));
+      done(c);
+      return;
+    }
+    case wire::Op::kCommit: {
+      Status s = CheckContract(req.contract_id);
+      uint32_t n = 0;
+      if (s.ok()) s = DoCommit(req, in, &n);
+      if (!s.ok()) {
+        SetError(&c, s, out, req.out_len);
+        c.count = n;  // committed before the failure
+        done(c);
+        return;
+      }
+      c.count = n;
+      done(c);
+      return;
+    }
+    case wire::Op::kRelease: {
+      Status s = DoRelease(req.lease_id);
+      if (!s.ok()) return fail(s);
+      done(c);
+      return;
+    }
+    case wire::Op::kPrefetch: {
+      Status s = CheckContract(req.contract_id);
+      if (s.ok()) s = CheckTarget(req.tier);
+      if (!s.ok()) return fail(s);
+      const auto keys = CopyArray<Key128>(in.data(), req.count);
+      tm_->Prefetch(req.contract_id, keys, static_cast<tiers::Tier>(req.tier));
+      done(c);
+      return;
+    }
+    case wire::Op::kStats: {
+      const auto stats = tm_->Stats();
+      uint32_t n = 0;
+      for (const auto& t : stats) {
+        if (n >= req.count) break;
+        wire::WireTierStats w;
+        w.tier = static_cast<uint8_t>(t.tier);
+        w.present = t.present ? 1 : 0;
+        w.capacity_bytes = t.capacity_bytes;
+        w.used_bytes = t.used_bytes;
+        w.slots_total = t.slots_total;
+        w.slots_used = t.slots_used;
+        w.blocks = t.blocks;
+        w.pinned = t.pinned;
+        w.hits = t.hits;
+        w.misses = t.misses;
+        w.promotions_in = t.promotions_in;
+        w.demotions_out = t.demotions_out;
+        w.bytes_read = t.bytes_read;
+        w.bytes_written = t.bytes_written;
+        w.checksum_failures = t.checksum_failures;
+        w.evictions_demoted = t.evictions_demoted;
+        w.evictions_dropped = t.evictions_dropped;
+        w.admission_rejects = t.admission_rejects;
+        w.read_gbps = t.read_gbps;
+        w.write_gbps = t.write_gbps;
+        std::memcpy(out + n * sizeof(w), &w, sizeof(w));
+        ++n;
+      }
+      c.count = n;
+      c.out_bytes = n * static_cast<uint32_t>(sizeof(wire::WireTierStats));
+      done(c);
+      return;
+    }
+  }
+  fail(Status::Invalid("op " + std::to_string(req.op) + " unknown"));
+  (void)transport;
+}
+
+void Session::DrainOverflowLocked() {
+  while (!overflow_.empty() && cmp_ring_.TryPush(overflow_.front())) overflow_.pop_front();
+  if (cmp_ring_.ConsumerSleeping()) FutexWake(cmp_ring_.tail_word());
+}
+
+void Session::PublishCompletion(const wire::CompletionEntry& c) {
+  std::lock_guard<std::mutex> l(cmp_mu_);
+  if (!overflow_.empty() || !cmp_ring_.TryPush(c)) {
+    overflow_.push_back(c);
+    // A client that never reads its completions while it keeps submitting is broken.
+    if (overflow_.size() > 4 * static_cast<size_t>(hdr_.entries) && !kicked_.exchange(true)) {
+      metrics_->disconnect_misbehaved.fetch_add(1);
+      kick_("completion ring not consumed");
+    }
+  }
+  if (cmp_ring_.ConsumerSleeping()) FutexWake(cmp_ring_.tail_word());
+}
+
+void Session::Close(bool drain) {
+  std::lock_guard<std::mutex> cl(close_mu_);
+  if (close_done_) return;
+  close_done_ = true;
+  drain_ = drain;
+  stop_.store(true, std::memory_order_release);
+  FutexWake(req_ring_.tail_word());
+  if (thread_.joinable()) {
+    if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
+    else thread_.join();
+  }
+  // Acquires in flight finish on TierManager threads; wait for them (bounded) so that
+  // their slots are leased (then released below) rather than left pinned.
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  std::unordered_map<uint64_t, Lease> leases;
+  while (true) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (inflight_ == 0 || Clock::now() > deadline) {
+      if (inflight_ != 0) {
+        spdlog::warn("client {}: {} acquires still in flight at close; their callbacks will unpin",
+                     id_, inflight_);
+      }
+      closed_ = true;
+      leases.swap(leases_);
+      break;
+    }
+    l.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  size_t slots = 0;
+  for (auto& [id, lease] : leases) {
+    slots += lease.slots.size();
+    metrics_->leases.fetch_sub(1);
+    metrics_->leased_slots.fetch_sub(static_cast<int64_t>(lease.slots.size()));
+    ReleaseSlots(lease);
+  }
+  if (!leases.empty()) {
+    spdlog::info("client {} ({}, pid {}): released {} leases ({} slots) at disconnect", id_, name_,
+                 pid_, leases.size(), slots);
+  }
+}
+
+}  // namespace kvtier::daemon

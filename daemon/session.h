@@ -1,0 +1,145 @@
+// One attached client: its ring region, its request-loop thread and its leases.
+//
+// A Session is created by the control server when a client attaches and lives until the
+// client's socket closes (exit or crash), the client misbehaves past the limit, or the
+// daemon shuts down. Then Close() stops the request loop and releases every lease: each
+// acquired or committed block gets one Unpin, each allocated but uncommitted slot a
+// FreeSlot. Nothing a client does can reach another client's leases: lease ids are looked
+// up only in the session's own table.
+//
+// Threads:
+//   - the ring thread (one per session) reads the request ring, validates and executes;
+//   - the control server's thread executes socket-path requests (same Execute());
+//   - TierManager worker threads run Acquire callbacks, which publish completions.
+// `mu_` protects the lease table and `closed_`; `cmp_mu_` serialises completion-ring
+// producers (the ring is single-producer on the wire; the daemon's several producers take
+// this lock). Callbacks hold a shared_ptr to the Session, so the ring mapping outlives
+// every write into it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/metrics.h"
+#include "formats/wire.h"
+#include "tiers/tier_manager.h"
+
+namespace kvtier::daemon {
+
+struct SessionLimits {
+  uint32_t ring_entries = 256;            // per ring
+  uint64_t ring_data_bytes = 4u << 20;    // data area
+  uint32_t max_keys = 65536;              // per request
+  uint32_t max_leases = 65536;            // open leases
+  uint32_t max_bad_requests = 16;         // before disconnect
+  uint32_t spin_us = 50;                  // busy-poll before sleeping
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  using Done = std::function<void(const wire::CompletionEntry&)>;
+  // Called (once) when the session decides the client must go (misbehaviour); the
+  // control server then closes the socket, which ends in Close().
+  using KickFn = std::function<void(const std::string& why)>;
+
+  // Creates the ring region (a sealed memfd) and maps it. Does not start the thread.
+  static StatusOr<std::shared_ptr<Session>> Create(uint64_t client_id, const std::string& name,
+                                                   uint32_t pid, bool has_gpu,
+                                                   tiers::TierManager* tm, Metrics* metrics,
+                                                   const SessionLimits& limits, KickFn kick);
+  ~Session();
+
+  void Start();  // starts the ring thread
+  // Stops the ring thread (after it executed what is already in the ring when `drain`),
+  // waits for in-flight acquires (up to a few seconds), and releases every lease.
+  // Idempotent; safe from any thread but the ring thread.
+  void Close(bool drain);
+
+  // Socket path: executes a request whose input arrived inline. `done` gets the
+  // completion; `out` (out_len bytes) must stay valid until then.
+  void ExecuteSocket(const wire::RequestEntry& req, std::vector<uint8_t> in, uint8_t* out,
+                     Done done);
+
+  uint64_t id() const { return id_; }
+  const std::string& name() const { return name_; }
+  int ring_fd() const { return ring_fd_; }
+  uint64_t ring_bytes() const { return hdr_.total_bytes; }
+  size_t lease_count() const;
+
+ private:
+  struct Lease {
+    bool alloc = false;                    // alloc lease (else acquire)
+    uint64_t contract_id = 0;
+    std::vector<tiers::SlotRef> slots;
+    std::vector<uint8_t> committed;        // alloc leases: per slot, 1 once committed
+    std::unordered_map<uint64_t, uint32_t> index;  // (tier<<32|slot) -> position (alloc)
+  };
+
+  Session(uint64_t id, std::string name, uint32_t pid, bool has_gpu, tiers::TierManager* tm,
+          Metrics* metrics, const SessionLimits& limits, KickFn kick);
+
+  void RingLoop();
+  void HandleRingRequest(const wire::RequestEntry& e);
+  // Validated request; `in` is a daemon-private copy of the input.
+  void Execute(const wire::RequestEntry& req, std::vector<uint8_t> in, uint8_t* out,
+               Transport transport, Done done);
+  Status CheckContract(uint64_t contract_id) const;
+  Status CheckTarget(uint8_t tier) const;
+  // Adds a lease; returns its id (0 when the lease table is full: slots are returned).
+  StatusOr<uint64_t> AddLease(Lease lease);
+  void ReleaseSlots(const Lease& lease);
+  Status DoCommit(const wire::RequestEntry& req, const std::vector<uint8_t>& in,
+                  uint32_t* committed);
+  Status DoRelease(uint64_t lease_id);
+
+  void PublishCompletion(const wire::CompletionEntry& c);
+  void DrainOverflowLocked();
+  void CountBad(const std::string& why);
+
+  const uint64_t id_;
+  const std::string name_;
+  const uint32_t pid_;
+  const bool has_gpu_;
+  tiers::TierManager* const tm_;
+  Metrics* const metrics_;
+  const SessionLimits limits_;
+  KickFn kick_;
+
+  int ring_fd_ = -1;
+  uint8_t* base_ = nullptr;
+  wire::RingRegionHeader hdr_;
+  uint8_t* data_ = nullptr;
+  wire::RingView<wire::RequestEntry> req_ring_;
+  wire::RingView<wire::CompletionEntry> cmp_ring_;
+
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> drain_{false};
+  std::atomic<bool> kicked_{false};
+  uint32_t bad_requests_ = 0;           // ring thread only
+  std::vector<uint8_t> scratch_;        // ring thread only: input copies of sync ops
+
+  mutable std::mutex mu_;               // protects leases_, closed_, inflight_
+  std::unordered_map<uint64_t, Lease> leases_;
+  bool closed_ = false;
+  int inflight_ = 0;                    // acquires waiting for their callback
+
+  std::mutex cmp_mu_;                   // completion-ring producers
+  std::deque<wire::CompletionEntry> overflow_;
+
+  std::mutex close_mu_;                 // serialises Close()
+  bool close_done_ = false;
+};
+
+// Global lease ids: unique over the daemon's life, never 0.
+uint64_t NextLeaseId();
+
+}  // namespace kvtier::daemon
