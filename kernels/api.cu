@@ -1,0 +1,336 @@
+// C ABI of kernels/include/kvtier/kernels.h: argument checks, split planning, launches.
+// Everything refused here is refused before any launch, so nothing changes on failure.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "formats/layout.h"
+#include "formats/nvfp4.h"
+#include "kernels/include/kvtier/kernels.h"
+#include "kernels/internal.h"
+
+namespace kvtier::kernels {
+namespace {
+
+thread_local std::string g_error;
+
+int Fail(int code, std::string msg) {
+  g_error = std::move(msg);
+  return code;
+}
+int Ok() {
+  g_error.clear();
+  return KVT_OK;
+}
+int CudaFail(cudaError_t e, const char* what) {
+  return Fail(KVT_CUDA_ERROR, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+Geometry GeometryOf(const kvt_pool& p) {
+  Geometry g;
+  g.num_layers = p.num_layers;
+  g.num_kv_heads = p.num_kv_heads;
+  g.head_dim = p.head_dim;
+  g.block_tokens = p.block_tokens;
+  return g;
+}
+
+int CheckPool(const kvt_pool* p) {
+  if (p == nullptr) return Fail(KVT_INVALID, "pool is null");
+  if (p->format > KVT_FORMAT_BF16) return Fail(KVT_INVALID, "unknown pool format " + std::to_string(p->format));
+  const KvFormat f = static_cast<KvFormat>(p->format);
+  if (Status s = GeometryOf(*p).Validate(f); !s.ok()) return Fail(KVT_INVALID, "pool geometry: " + s.message());
+  if (p->base == nullptr) return Fail(KVT_INVALID, "pool base is null");
+  if (reinterpret_cast<uintptr_t>(p->base) % 16 != 0) return Fail(KVT_INVALID, "pool base not 16-byte aligned");
+  if (p->num_slots == 0) return Fail(KVT_INVALID, "pool has no slots");
+  if (p->slot_bytes % 16 != 0) return Fail(KVT_INVALID, "slot_bytes not a multiple of 16");
+  if (p->slot_bytes < BlockBytes(f, GeometryOf(*p))) {
+    return Fail(KVT_INVALID, "slot_bytes " + std::to_string(p->slot_bytes) + " < block bytes " +
+                                 std::to_string(BlockBytes(f, GeometryOf(*p))));
+  }
+  return KVT_OK;
+}
+
+int CheckMappingHost(const kvt_pool& pool, int n, const int32_t* slots, const int32_t* pos) {
+  if (slots == nullptr) return KVT_OK;
+  if (pos == nullptr) return Fail(KVT_INVALID, "slot_ids_host given without positions_host");
+  for (int i = 0; i < n; ++i) {
+    if (slots[i] < 0 || static_cast<uint64_t>(slots[i]) >= pool.num_slots) {
+      return Fail(KVT_INVALID, "token " + std::to_string(i) + ": slot id " + std::to_string(slots[i]) +
+                                   " out of range [0, " + std::to_string(pool.num_slots) + ")");
+    }
+    if (pos[i] < 0 || static_cast<uint32_t>(pos[i]) >= pool.block_tokens) {
+      return Fail(KVT_INVALID, "token " + std::to_string(i) + ": position " + std::to_string(pos[i]) +
+                                   " out of range [0, " + std::to_string(pool.block_tokens) + ")");
+    }
+  }
+  return KVT_OK;
+}
+
+// Shape checks of kvt_decode (no device access). Fills nothing.
+int CheckDecode(const kvt_pool* pool, const kvt_decode_params* p) {
+  if (int r = CheckPool(pool); r != KVT_OK) return r;
+  if (p == nullptr) return Fail(KVT_INVALID, "params are null");
+  const int D = static_cast<int>(pool->head_dim), T = static_cast<int>(pool->block_tokens);
+  const int H = static_cast<int>(pool->num_kv_heads);
+  if (D != 64 && D != 128 && !(D == 256 && pool->format == KVT_FORMAT_NVFP4)) {
+    return Fail(KVT_UNSUPPORTED, "decode: head_dim " + std::to_string(D) +
+                                     " unsupported (64, 128; 256 for nvfp4)");
+  }
+  if (T != 16 && T != 32 && T != 64) {
+    return Fail(KVT_UNSUPPORTED, "decode: block_tokens " + std::to_string(T) + " unsupported (16, 32, 64)");
+  }
+  if (p->batch < 1) return Fail(KVT_INVALID, "decode: batch must be >= 1");
+  if (p->num_q_heads < 1 || p->num_q_heads % H != 0) {
+    return Fail(KVT_INVALID, "decode: num_q_heads " + std::to_string(p->num_q_heads) +
+                                 " is not a multiple of the KV heads " + std::to_string(H));
+  }
+  const int group = p->num_q_heads / H;
+  if (group != 1 && group != 2 && group != 4 && group != 8) {
+    return Fail(KVT_UNSUPPORTED, "decode: GQA group " + std::to_string(group) + " unsupported (1, 2, 4, 8)");
+  }
+  if (p->layer >= pool->num_layers) return Fail(KVT_INVALID, "decode: layer out of range");
+  if (p->q == nullptr || p->out == nullptr || p->block_table == nullptr || p->seq_lens == nullptr) {
+    return Fail(KVT_INVALID, "decode: q, out, block_table and seq_lens are required");
+  }
+  if (p->max_blocks < 1 || p->max_seq_len < 0 ||
+      static_cast<int64_t>(p->max_seq_len) > static_cast<int64_t>(p->max_blocks) * T) {
+    return Fail(KVT_INVALID, "decode: need max_blocks >= 1 and 0 <= max_seq_len <= max_blocks * T");
+  }
+  if (!std::isfinite(p->softmax_scale)) return Fail(KVT_INVALID, "decode: softmax_scale not finite");
+  if (pool->format == KVT_FORMAT_BF16) {
+    if (p->k_scale != 1.0f || p->v_scale != 1.0f) return Fail(KVT_INVALID, "decode: bf16 pages take k_scale = v_scale = 1");
+  } else if (!nvfp4::IsValidGlobalScale(p->k_scale) || !nvfp4::IsValidGlobalScale(p->v_scale)) {
+    return Fail(KVT_INVALID, "decode: k_scale / v_scale must be finite, positive and normal");
+  }
+  if (p->num_splits < 0) return Fail(KVT_INVALID, "decode: num_splits must be >= 0");
+  return KVT_OK;
+}
+
+struct SplitPlan {
+  int splits = 1;
+  int chunk = 16;
+};
+
+SplitPlan PlanSplits(const kvt_pool* pool, const kvt_decode_params* p) {
+  SplitPlan s;
+  const int len16 = ((p->max_seq_len + 15) / 16) * 16;
+  if (len16 == 0) return s;
+  int want = p->num_splits;
+  if (want == 0) {
+    int dev = 0, sms = 132;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const int resident = sms * detail::DecodeBlocksPerSm(static_cast<int>(pool->format),
+                                                         static_cast<int>(pool->head_dim)) *
+                         detail::kDecodeWarps;
+    const int items = p->batch * static_cast<int>(pool->num_kv_heads);
+    want = resident / items;  // at most one wave
+    if (want < 1) want = 1;
+    // Splits shorter than 256 tokens cost more in the merge than they gain.
+    const int max_by_len = (len16 + 255) / 256;
+    if (want > max_by_len) want = max_by_len;
+  }
+  if (want > len16 / 16) want = len16 / 16;
+  if (want < 1) want = 1;
+  s.chunk = ((len16 / 16 + want - 1) / want) * 16;
+  s.splits = (len16 + s.chunk - 1) / s.chunk;
+  return s;
+}
+
+}  // namespace
+}  // namespace kvtier::kernels
+
+using namespace kvtier;
+using namespace kvtier::kernels;
+
+extern "C" {
+
+const char* kvt_last_error(void) { return g_error.c_str(); }
+
+int kvt_check_pool(const kvt_pool* pool) {
+  if (int r = CheckPool(pool); r != KVT_OK) return r;
+  return Ok();
+}
+
+int kvt_quantize_append(const kvt_pool* pool, const kvt_quantize_params* p, void* stream) {
+  if (int r = CheckPool(pool); r != KVT_OK) return r;
+  if (p == nullptr) return Fail(KVT_INVALID, "quantize_append: params are null");
+  if (pool->format != KVT_FORMAT_NVFP4) return Fail(KVT_UNSUPPORTED, "quantize_append: pool is not nvfp4");
+  if (p->dtype > KVT_DTYPE_FP16) return Fail(KVT_INVALID, "quantize_append: unknown dtype");
+  if (p->num_tokens < 0) return Fail(KVT_INVALID, "quantize_append: num_tokens < 0");
+  if (p->layer >= pool->num_layers) return Fail(KVT_INVALID, "quantize_append: layer out of range");
+  if (p->scale_rule > 1) return Fail(KVT_INVALID, "quantize_append: unknown scale rule");
+  if (!nvfp4::IsValidGlobalScale(p->k_scale) || !nvfp4::IsValidGlobalScale(p->v_scale)) {
+    return Fail(KVT_INVALID, "quantize_append: k_scale / v_scale must be finite, positive and normal");
+  }
+  if (p->num_tokens > 0 && (p->k == nullptr || p->v == nullptr || p->slot_ids == nullptr || p->positions == nullptr)) {
+    return Fail(KVT_INVALID, "quantize_append: k, v, slot_ids and positions are required");
+  }
+  if (reinterpret_cast<uintptr_t>(p->k) % 16 != 0 || reinterpret_cast<uintptr_t>(p->v) % 16 != 0) {
+    return Fail(KVT_INVALID, "quantize_append: k and v must be 16-byte aligned");
+  }
+  if (int r = CheckMappingHost(*pool, p->num_tokens, p->slot_ids_host, p->positions_host); r != KVT_OK) return r;
+  const Geometry g = GeometryOf(*pool);
+  const PageLayout pl = MakePageLayout(KvFormat::kNvfp4, g);
+  detail::QuantizeLaunch a{};
+  a.k = static_cast<const uint16_t*>(p->k);
+  a.v = static_cast<const uint16_t*>(p->v);
+  a.fp16 = p->dtype == KVT_DTYPE_FP16;
+  a.num_tokens = p->num_tokens;
+  a.slot_ids = p->slot_ids;
+  a.positions = p->positions;
+  a.pool = static_cast<uint8_t*>(pool->base);
+  a.slot_bytes = pool->slot_bytes;
+  a.num_slots = pool->num_slots;
+  a.page_offset = PageOffset(KvFormat::kNvfp4, g, p->layer);
+  a.k_data = static_cast<uint32_t>(pl.k_data);
+  a.k_scale = static_cast<uint32_t>(pl.k_scale);
+  a.v_data = static_cast<uint32_t>(pl.v_data);
+  a.v_scale = static_cast<uint32_t>(pl.v_scale);
+  a.num_kv_heads = static_cast<int>(g.num_kv_heads);
+  a.head_dim = static_cast<int>(g.head_dim);
+  a.block_tokens = static_cast<int>(g.block_tokens);
+  a.k_scale_f = p->k_scale;
+  a.v_scale_f = p->v_scale;
+  a.rule = static_cast<int>(p->scale_rule);
+  a.error_flag = p->error_flag;
+  if (cudaError_t e = detail::LaunchQuantize(a, static_cast<cudaStream_t>(stream)); e != cudaSuccess) {
+    return CudaFail(e, "quantize_append launch");
+  }
+  return Ok();
+}
+
+uint64_t kvt_decode_workspace_bytes(const kvt_pool* pool, const kvt_decode_params* p) {
+  if (CheckDecode(pool, p) != KVT_OK) return 0;
+  const SplitPlan s = PlanSplits(pool, p);
+  if (s.splits <= 1) return 0;
+  const uint64_t rows = static_cast<uint64_t>(p->batch) * p->num_q_heads * s.splits;
+  return rows * (pool->head_dim + 1) * sizeof(float);
+}
+
+int32_t kvt_decode_num_splits(const kvt_pool* pool, const kvt_decode_params* p) {
+  if (CheckDecode(pool, p) != KVT_OK) return 0;
+  return PlanSplits(pool, p).splits;
+}
+
+int kvt_decode(const kvt_pool* pool, const kvt_decode_params* p, void* stream) {
+  if (int r = CheckDecode(pool, p); r != KVT_OK) return r;
+  const int T = static_cast<int>(pool->block_tokens);
+  if (p->block_table_host != nullptr) {
+    if (p->seq_lens_host == nullptr) return Fail(KVT_INVALID, "decode: block_table_host given without seq_lens_host");
+    for (int b = 0; b < p->batch; ++b) {
+      const int len = p->seq_lens_host[b];
+      if (len < 0 || len > p->max_seq_len) {
+        return Fail(KVT_INVALID, "decode: seq_lens[" + std::to_string(b) + "] = " + std::to_string(len) +
+                                     " outside [0, max_seq_len]");
+      }
+      for (int blk = 0; blk < (len + T - 1) / T; ++blk) {
+        const int32_t s = p->block_table_host[static_cast<size_t>(b) * p->max_blocks + blk];
+        if (s < 0 || static_cast<uint64_t>(s) >= pool->num_slots) {
+          return Fail(KVT_INVALID, "decode: block_table[" + std::to_string(b) + "][" + std::to_string(blk) +
+                                       "] = " + std::to_string(s) + " out of range [0, " +
+                                       std::to_string(pool->num_slots) + ")");
+        }
+      }
+    }
+  }
+  const SplitPlan s = PlanSplits(pool, p);
+  const uint64_t need = kvt_decode_workspace_bytes(pool, p);
+  if (need > 0 && (p->workspace == nullptr || p->workspace_bytes < need)) {
+    return Fail(KVT_INVALID, "decode: workspace of " + std::to_string(need) + " bytes required");
+  }
+  const Geometry g = GeometryOf(*pool);
+  const KvFormat f = static_cast<KvFormat>(pool->format);
+  const PageLayout pl = MakePageLayout(f, g);
+  detail::DecodeLaunch a{};
+  a.q = static_cast<const uint16_t*>(p->q);
+  a.out = static_cast<uint16_t*>(p->out);
+  a.lse = p->lse;
+  a.pool = static_cast<const uint8_t*>(pool->base);
+  a.slot_bytes = pool->slot_bytes;
+  a.num_slots = pool->num_slots;
+  a.page_offset = PageOffset(f, g, p->layer);
+  a.k_data = static_cast<uint32_t>(pl.k_data);
+  a.k_scale = static_cast<uint32_t>(pl.k_scale);
+  a.v_data = static_cast<uint32_t>(pl.v_data);
+  a.v_scale = static_cast<uint32_t>(pl.v_scale);
+  a.block_table = p->block_table;
+  a.seq_lens = p->seq_lens;
+  a.batch = p->batch;
+  a.num_q_heads = p->num_q_heads;
+  a.num_kv_heads = static_cast<int>(g.num_kv_heads);
+  a.group = p->num_q_heads / a.num_kv_heads;
+  a.max_blocks = p->max_blocks;
+  a.max_seq_len = p->max_seq_len;
+  a.block_tokens = T;
+  a.log2_block_tokens = T == 16 ? 4 : (T == 32 ? 5 : 6);
+  a.num_splits = s.splits;
+  a.chunk = s.chunk;
+  a.k_scale_f = p->k_scale;
+  a.v_scale_f = p->v_scale;
+  a.softmax_scale = p->softmax_scale;
+  if (s.splits > 1) {
+    a.ws_o = static_cast<float*>(p->workspace);
+    a.ws_lse = a.ws_o + static_cast<uint64_t>(p->batch) * p->num_q_heads * s.splits * g.head_dim;
+  }
+  a.error_flag = p->error_flag;
+  if (cudaError_t e = detail::LaunchDecode(static_cast<int>(pool->format), static_cast<int>(g.head_dim), a,
+                                           static_cast<cudaStream_t>(stream));
+      e != cudaSuccess) {
+    return CudaFail(e, "decode launch");
+  }
+  return Ok();
+}
+
+int kvt_dequantize_pages(const kvt_pool* pool, const kvt_dequant_params* p, void* stream) {
+  if (int r = CheckPool(pool); r != KVT_OK) return r;
+  if (p == nullptr) return Fail(KVT_INVALID, "dequantize_pages: params are null");
+  if (p->num_tokens < 0) return Fail(KVT_INVALID, "dequantize_pages: num_tokens < 0");
+  if (p->layer >= pool->num_layers) return Fail(KVT_INVALID, "dequantize_pages: layer out of range");
+  if (p->side > 1) return Fail(KVT_INVALID, "dequantize_pages: side must be 0 (K) or 1 (V)");
+  if (pool->format != KVT_FORMAT_BF16 && !nvfp4::IsValidGlobalScale(p->scale)) {
+    return Fail(KVT_INVALID, "dequantize_pages: scale must be finite, positive and normal");
+  }
+  if (p->num_tokens > 0 && (p->out == nullptr || p->slot_ids == nullptr || p->positions == nullptr)) {
+    return Fail(KVT_INVALID, "dequantize_pages: out, slot_ids and positions are required");
+  }
+  if (reinterpret_cast<uintptr_t>(p->out) % 16 != 0) return Fail(KVT_INVALID, "dequantize_pages: out must be 16-byte aligned");
+  if (int r = CheckMappingHost(*pool, p->num_tokens, p->slot_ids_host, p->positions_host); r != KVT_OK) return r;
+  const Geometry g = GeometryOf(*pool);
+  const KvFormat f = static_cast<KvFormat>(pool->format);
+  const PageLayout pl = MakePageLayout(f, g);
+  detail::DequantLaunch a{};
+  a.out = static_cast<uint16_t*>(p->out);
+  a.num_tokens = p->num_tokens;
+  a.slot_ids = p->slot_ids;
+  a.positions = p->positions;
+  a.pool = static_cast<const uint8_t*>(pool->base);
+  a.slot_bytes = pool->slot_bytes;
+  a.num_slots = pool->num_slots;
+  a.page_offset = PageOffset(f, g, p->layer);
+  a.data = static_cast<uint32_t>(p->side == 0 ? pl.k_data : pl.v_data);
+  a.scale = static_cast<uint32_t>(p->side == 0 ? pl.k_scale : pl.v_scale);
+  a.format = static_cast<int>(pool->format);
+  a.num_kv_heads = static_cast<int>(g.num_kv_heads);
+  a.head_dim = static_cast<int>(g.head_dim);
+  a.block_tokens = static_cast<int>(g.block_tokens);
+  a.scale_f = p->scale;
+  a.error_flag = p->error_flag;
+  if (cudaError_t e = detail::LaunchDequant(a, static_cast<cudaStream_t>(stream)); e != cudaSuccess) {
+    return CudaFail(e, "dequantize_pages launch");
+  }
+  return Ok();
+}
+
+int kvt_read_bandwidth_probe(const void* src, uint64_t bytes, uint32_t* sink, void* stream) {
+  if (src == nullptr || sink == nullptr) return Fail(KVT_INVALID, "read probe: null pointer");
+  if (reinterpret_cast<uintptr_t>(src) % 16 != 0 || bytes % 16 != 0) return Fail(KVT_INVALID, "read probe: 16-byte alignment");
+  if (cudaError_t e = detail::LaunchReadProbe(src, bytes, sink, static_cast<cudaStream_t>(stream)); e != cudaSuccess) {
+    return CudaFail(e, "read probe launch");
+  }
+  return Ok();
+}
+
+}  // extern "C"

@@ -1,0 +1,22 @@
+// The C ABI of kernels/include/kvtier/kernels.h in a build without CUDA: every launcher
+// says so (KVT_UNSUPPORTED) instead of being absent, so callers link the same way.
+#include "kernels/include/kvtier/kernels.h"
+
+namespace {
+thread_local const char* g_error = "";
+int NoCuda() {
+  g_error = "kvtier was built without CUDA: GPU kernels are unavailable";
+  return KVT_UNSUPPORTED;
+}
+}  // namespace
+
+extern "C" {
+const char* kvt_last_error(void) { return g_error; }
+int kvt_check_pool(const kvt_pool*) { return NoCuda(); }
+int kvt_quantize_append(const kvt_pool*, const kvt_quantize_params*, void*) { return NoCuda(); }
+uint64_t kvt_decode_workspace_bytes(const kvt_pool*, const kvt_decode_params*) { return 0; }
+int32_t kvt_decode_num_splits(const kvt_pool*, const kvt_decode_params*) { return 0; }
+int kvt_decode(const kvt_pool*, const kvt_decode_params*, void*) { return NoCuda(); }
+int kvt_dequantize_pages(const kvt_pool*, const kvt_dequant_params*, void*) { return NoCuda(); }
+int kvt_read_bandwidth_probe(const void*, uint64_t, uint32_t*, void*) { return NoCuda(); }
+}

@@ -1,0 +1,599 @@
+// Fused paged decode attention over NVFP4, FP8 or BF16 pages (one query token per
+// sequence), for sm_90 with mma.sync tensor-core instructions. See docs/kernels.md for
+// the design and the measurements; the short version:
+//
+// Work: one warp per (sequence b, KV head h, split s); a split is a run of `chunk` tokens
+// (a multiple of 16). The warp streams its tokens 16 at a time (a "subtile", never
+// crossing a page since T is a multiple of 16) through a private shared-memory ring
+// filled by cp.async (NSTAGE subtiles deep), so many bytes are in flight per SM without
+// holding them in registers.
+//
+// Per subtile, in registers:
+//   S^T[16 tokens x 8 queries] = K[16 x D] . Q^T   (m16n8k16, K is the A operand,
+//                                                   the GQA group's queries are N)
+//   online softmax on S (fp32, exp2), P^T moved to B-operand layout by movmatrix
+//   O^T[D x 8] += V^T[D x 16] . P^T                (V^T is the A operand)
+// Queries beyond the group size are zero columns and are not written.
+//
+// NVFP4 values are decoded in registers with shift/mask on whole 32-bit words straight
+// to fp16 *without* the exponent-bias multiply: the half holds e2m1 * 2^-14 (subnormal for
+// 0.5). Multiplying by the E4M3 block scale (converted exactly by cvt.f16x2.e4m3x2) is
+// then exact in fp16 (the product's lowest bit is >= 2^-24, the fp16 subnormal step), and
+// the 2^14 and the per-layer scales are folded into the fp32 score scale and the output.
+// The order of head_dim inside a thread's registers is permuted to match whole loaded
+// words; Q is loaded in the same permuted order (a dot product does not care).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/internal.h"
+
+namespace kvtier::kernels::detail {
+namespace {
+
+constexpr int kNvfp4 = 0, kFp8 = 1, kBf16 = 2;
+
+template <int FMT, int D>
+struct Cfg {
+  static constexpr int kRow = FMT == kNvfp4 ? D / 2 : (FMT == kFp8 ? D : 2 * D);  // bytes/token
+  static constexpr int kSc = FMT == kNvfp4 ? D / 16 : 0;  // scale bytes per token
+  static constexpr int kKData = 0;
+  static constexpr int kKSc = 16 * kRow;
+  static constexpr int kVData = kKSc + 16 * kSc;
+  static constexpr int kVSc = kVData + 16 * kRow;
+  static constexpr int kStage = kVSc + 16 * kSc;        // bytes of one subtile
+  static constexpr int kChunks = kStage / 16;           // 16-byte cp.async chunks
+  static constexpr int kStages = FMT == kNvfp4 ? 4 : (FMT == kFp8 ? 3 : 2);
+  static constexpr int kSmemPerWarp = kStage * kStages;
+  static constexpr int kKWords = kRow / 16;  // 32-bit words of one K row per thread (row/4 B)
+  static constexpr int kVWords = kRow / 32;  // words of one V row per thread (row/8 B), >= 1
+  static constexpr int kRegs = D / 8;        // half2 registers per row per thread
+  // NVFP4 V rows are XOR-swizzled in 16-byte chunks so that the 4 tokens one load
+  // instruction touches fall in different banks.
+  static constexpr int kSwzMask = FMT == kNvfp4 ? ((kRow / 16) >= 4 ? 3 : (kRow / 16) - 1) : 0;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void lds(uint32_t addr, uint32_t (&w)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(w[i]), "=r"(w[i + 1]), "=r"(w[i + 2]), "=r"(w[i + 3])
+                   : "r"(addr + 4 * i));
+    }
+  } else if constexpr (N == 2) {
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(w[0]), "=r"(w[1]) : "r"(addr));
+  } else {
+    static_assert(N == 1);
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w[0]) : "r"(addr));
+  }
+}
+__device__ __forceinline__ uint32_t lds_u8(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+// Two E4M3 bytes (low 16 bits of x; byte 0 -> low half) to f16x2, exactly.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
+  uint32_t r;
+  const uint16_t h = static_cast<uint16_t>(x);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(h));
+  return r;
+}
+// E2M1 nibbles J (low half) and J+4 (high half) of x -> f16x2 holding value * 2^-14.
+template <int J>
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t x) {
+  const uint32_t mag = J <= 2 ? (x << (9 - 4 * J)) : (x >> 3);
+  const uint32_t sgn = x << (12 - 4 * J);
+  return (mag & 0x0E000E00u) | (sgn & 0x80008000u);
+}
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+template <bool BF16>
+__device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (BF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+__device__ __forceinline__ uint32_t movtrans(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+template <bool BF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (BF16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+__device__ __forceinline__ float bf16_to_float(uint16_t b) {
+  return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+
+// Head-dim index (relative to the thread's quarter of D) of half `e` of K register `i`.
+template <int FMT>
+__device__ __forceinline__ constexpr int KDim(int i, int e) {
+  if constexpr (FMT == kNvfp4) {
+    return 8 * (i / 4) + (i % 4) + 4 * e;  // word i/4, nibble pair (j, j+4)
+  } else {
+    return 2 * i + e;
+  }
+}
+
+template <int FMT, int D>
+__global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKernel(const DecodeLaunch a) {
+  using C = Cfg<FMT, D>;
+  constexpr bool kBf = FMT == kBf16;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int gid = lane >> 2, tq = lane & 3;
+  const int work = blockIdx.x * kDecodeWarps + warp;
+  const int total = a.batch * a.num_kv_heads * a.num_splits;
+  if (work >= total) return;
+  const int split = work % a.num_splits;
+  const int h = (work / a.num_splits) % a.num_kv_heads;
+  const int b = work / (a.num_splits * a.num_kv_heads);
+  uint8_t* ring = smem + warp * C::kSmemPerWarp;
+  const uint32_t ring_s = smem_addr(ring);
+
+  int bad = 0;
+  int seq_len = a.seq_lens[b];
+  if (seq_len < 0 || seq_len > a.max_seq_len) {
+    bad = kErrSeqLen;
+    seq_len = 0;
+  }
+  const int t_begin = split * a.chunk;
+  const int t_end = min(t_begin + a.chunk, seq_len);
+  const int n_sub = t_end > t_begin ? (t_end - t_begin + 15) >> 4 : 0;
+
+  // ---- Q as the B operand, in the permuted head_dim order of the K registers --------
+  const int qn = gid < a.group ? gid : 0;  // query column of this thread (B's n index)
+  const uint16_t* qrow =
+      a.q + (static_cast<size_t>(b) * a.num_q_heads + h * a.group + qn) * D + tq * (D / 4);
+  float qv[C::kRegs][2];
+  float qmax = 0.f;
+#pragma unroll
+  for (int i = 0; i < C::kRegs; ++i) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      qv[i][e] = gid < a.group ? bf16_to_float(qrow[KDim<FMT>(i, e)]) : 0.f;
+      qmax = fmaxf(qmax, fabsf(qv[i][e]));
+    }
+  }
+  // fp16 needs Q brought into range: multiply by a power of two chosen from the warp's
+  // max |q| (exact), and divide it back out of the scores.
+  float qmul = 1.f;
+  if constexpr (!kBf) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, o));
+    int ex = 0;
+    if (qmax > 0.f && isfinite(qmax)) {
+      frexpf(qmax, &ex);
+      ex = max(-120, min(120, 8 - ex));
+    }
+    qmul = ldexpf(1.f, ex);
+  }
+  uint32_t qb[C::kRegs];
+#pragma unroll
+  for (int i = 0; i < C::kRegs; ++i) qb[i] = pack2<kBf>(qv[i][0] * qmul, qv[i][1] * qmul);
+
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float fmt_k = FMT == kNvfp4 ? 16384.f : 1.f;  // undo the 2^-14 of the raw decode
+  const float qk_scale = a.softmax_scale * kLog2e * a.k_scale_f * fmt_k / qmul;
+  const float v_factor = a.v_scale_f * (FMT == kNvfp4 ? 16384.f : 1.f);
+
+  // ---- cp.async producer: subtile j of this warp into ring stage j % kStages ----------
+  const int32_t* bt = a.block_table + static_cast<size_t>(b) * a.max_blocks;
+  int bt_base = -1000000;
+  int32_t bt_reg = 0;
+  auto issue = [&](int j) {
+    const int t0 = t_begin + 16 * j;
+    const int blk = t0 >> a.log2_block_tokens;
+    if (blk >= bt_base + 32 || blk < bt_base) {
+      bt_base = blk;
+      const int e = blk + lane;
+      const int last_blk = (t_end - 1) >> a.log2_block_tokens;
+      bt_reg = e <= last_blk ? bt[e] : 0;
+      const bool oob = e <= last_blk && (bt_reg < 0 || static_cast<uint64_t>(bt_reg) >= a.num_slots);
+      if (__any_sync(0xffffffffu, oob)) bad |= kErrSlotRange;
+    }
+    const int32_t slot = __shfl_sync(0xffffffffu, bt_reg, blk - bt_base);
+    if (bad) return;  // never touch memory through a refused entry
+    const uint8_t* page = a.pool + static_cast<uint64_t>(slot) * a.slot_bytes + a.page_offset;
+    const int row0 = h * a.block_tokens + (t0 & (a.block_tokens - 1));
+    const uint8_t* kd = page + a.k_data + static_cast<size_t>(row0) * C::kRow;
+    const uint8_t* vd = page + a.v_data + static_cast<size_t>(row0) * C::kRow;
+    const uint8_t* ks = page + a.k_scale + static_cast<size_t>(row0) * C::kSc;
+    const uint8_t* vs = page + a.v_scale + static_cast<size_t>(row0) * C::kSc;
+    const uint32_t st = ring_s + (j % C::kStages) * C::kStage;
+#pragma unroll
+    for (int it = 0; it < (C::kChunks + 31) / 32; ++it) {
+      const int c = lane + 32 * it;
+      if (c < C::kChunks) {
+        const int off = 16 * c;
+        if (off < C::kKSc) {
+          cp_async16(st + off, kd + off);
+        } else if (off < C::kVData) {
+          cp_async16(st + off, ks + (off - C::kKSc));
+        } else if (off < C::kVSc) {
+          const int o = off - C::kVData;
+          const int r = o / C::kRow;
+          const int cc = (o % C::kRow) / 16;
+          const int pc = cc ^ ((r >> 1) & C::kSwzMask);
+          cp_async16(st + C::kVData + r * C::kRow + pc * 16, vd + o);
+        } else {
+          cp_async16(st + off, vs + (off - C::kVSc));
+        }
+      }
+    }
+  };
+
+#pragma unroll
+  for (int j = 0; j < C::kStages - 1; ++j) {
+    if (j < n_sub) issue(j);
+    cp_commit();
+  }
+
+  float acc[D / 16][4];
+#pragma unroll
+  for (int m = 0; m < D / 16; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+  float mrun[2] = {-1e30f, -1e30f};  // running max (log2 units) of query cols 2tq, 2tq+1
+  float lrun[2] = {0.f, 0.f};        // this thread's partial denominators
+
+  for (int j = 0; j < n_sub; ++j) {
+    if (j + C::kStages - 1 < n_sub) issue(j + C::kStages - 1);
+    cp_commit();
+    cp_wait<C::kStages - 1>();
+    __syncwarp();
+    if (bad) break;
+    const uint32_t st = ring_s + (j % C::kStages) * C::kStage;
+    const int t0 = t_begin + 16 * j;
+    const bool tail = t0 + 16 > t_end;
+
+    // ---- K rows gid and gid+8 -> A fragments; S^T = K . Q^T ----------------------------
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    {
+      uint32_t kr[2][C::kRegs];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = gid + 8 * r;
+        uint32_t w[C::kKWords];
+        lds<C::kKWords>(st + C::kKData + row * C::kRow + tq * (C::kRow / 4), w);
+        if constexpr (FMT == kNvfp4) {
+          constexpr int kG = D / 64;  // scale groups per thread-row
+          const uint32_t sa = st + C::kKSc + row * C::kSc + tq * kG;
+          uint32_t sfb[kG];
+          if constexpr (kG == 1) {
+            const uint32_t x = lds_u8(sa);
+            sfb[0] = e4m3x2_to_f16x2(x | (x << 8));
+          } else if constexpr (kG == 2) {
+            const uint32_t pr = e4m3x2_to_f16x2(lds_u16(sa));
+            sfb[0] = prmt(pr, pr, 0x1010);
+            sfb[1] = prmt(pr, pr, 0x3232);
+          } else {
+            uint32_t x[1];
+            lds<1>(sa, x);
+            const uint32_t lo = e4m3x2_to_f16x2(x[0]), hi = e4m3x2_to_f16x2(x[0] >> 16);
+            sfb[0] = prmt(lo, lo, 0x1010);
+            sfb[1] = prmt(lo, lo, 0x3232);
+            sfb[2] = prmt(hi, hi, 0x1010);
+            sfb[3] = prmt(hi, hi, 0x3232);
+          }
+#pragma unroll
+          for (int wi = 0; wi < C::kKWords; ++wi) {
+            const uint32_t sc = sfb[wi / 2];
+            kr[r][4 * wi + 0] = hmul2(e2m1_pair<0>(w[wi]), sc);
+            kr[r][4 * wi + 1] = hmul2(e2m1_pair<1>(w[wi]), sc);
+            kr[r][4 * wi + 2] = hmul2(e2m1_pair<2>(w[wi]), sc);
+            kr[r][4 * wi + 3] = hmul2(e2m1_pair<3>(w[wi]), sc);
+          }
+        } else if constexpr (FMT == kFp8) {
+#pragma unroll
+          for (int wi = 0; wi < C::kKWords; ++wi) {
+            kr[r][2 * wi] = e4m3x2_to_f16x2(w[wi]);
+            kr[r][2 * wi + 1] = e4m3x2_to_f16x2(w[wi] >> 16);
+          }
+        } else {
+#pragma unroll
+          for (int wi = 0; wi < C::kKWords; ++wi) kr[r][wi] = w[wi];
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        mma<kBf>(s, kr[0][2 * ks], kr[1][2 * ks], kr[0][2 * ks + 1], kr[1][2 * ks + 1],
+                 qb[2 * ks], qb[2 * ks + 1]);
+      }
+    }
+
+    // ---- online softmax over the 16 tokens (rows gid, gid+8) ---------------------------
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s[i] *= qk_scale;
+      if (tail) {
+        const int tok = t0 + gid + (i >= 2 ? 8 : 0);
+        if (tok >= t_end) s[i] = -INFINITY;
+      }
+    }
+    float tmax[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
+      tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
+    }
+    float alpha[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float mn = fmaxf(mrun[c], tmax[c]);
+      alpha[c] = exp2f(mrun[c] - mn);
+      mrun[c] = mn;
+    }
+    const float p0 = exp2f(s[0] - mrun[0]), p1 = exp2f(s[1] - mrun[1]);
+    const float p2 = exp2f(s[2] - mrun[0]), p3 = exp2f(s[3] - mrun[1]);
+    lrun[0] = lrun[0] * alpha[0] + (p0 + p2);
+    lrun[1] = lrun[1] * alpha[1] + (p1 + p3);
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int m = 0; m < D / 16; ++m) {
+        acc[m][0] *= alpha[0];
+        acc[m][1] *= alpha[1];
+        acc[m][2] *= alpha[0];
+        acc[m][3] *= alpha[1];
+      }
+    }
+    const uint32_t pb0 = movtrans(pack2<kBf>(p0, p1));  // tokens 2tq, 2tq+1 of query gid
+    const uint32_t pb1 = movtrans(pack2<kBf>(p2, p3));  // tokens 2tq+8, 2tq+9
+
+    // ---- V of tokens (2tq, 2tq+1) and (2tq+8, 2tq+9), rows of D/8 head dims ------------
+    {
+      uint32_t vr[2][C::kRegs];
+#pragma unroll
+      for (int pr = 0; pr < 2; ++pr) {
+        const int ta = 2 * tq + 8 * pr;  // tokens ta, ta+1
+        uint32_t wa[C::kVWords], wb[C::kVWords];
+        const int boff = gid * (C::kRow / 8);
+        if constexpr (FMT == kNvfp4) {
+          const int cc = boff / 16, inner = boff % 16;
+          lds<C::kVWords>(st + C::kVData + ta * C::kRow +
+                              ((cc ^ ((ta >> 1) & C::kSwzMask)) * 16) + inner, wa);
+          lds<C::kVWords>(st + C::kVData + (ta + 1) * C::kRow +
+                              ((cc ^ (((ta + 1) >> 1) & C::kSwzMask)) * 16) + inner, wb);
+        } else {
+          lds<C::kVWords>(st + C::kVData + ta * C::kRow + boff, wa);
+          lds<C::kVWords>(st + C::kVData + (ta + 1) * C::kRow + boff, wb);
+        }
+        if (tail) {
+          // Rows past the end hold whatever the page had: zero them (and their scales)
+          // so that 0 * garbage cannot make a NaN.
+          const bool za = t0 + ta >= t_end, zb = t0 + ta + 1 >= t_end;
+#pragma unroll
+          for (int w = 0; w < C::kVWords; ++w) {
+            wa[w] = za ? 0u : wa[w];
+            wb[w] = zb ? 0u : wb[w];
+          }
+        }
+        if constexpr (FMT == kNvfp4) {
+          constexpr int kVG = D >= 256 ? 2 : 1;  // scale groups a thread's D/8 dims span
+          const int goff = (gid * (D / 8)) / 16;
+          uint32_t spair[kVG];
+#pragma unroll
+          for (int g = 0; g < kVG; ++g) {
+            const uint32_t sa = lds_u8(st + C::kVSc + ta * C::kSc + goff + g);
+            const uint32_t sb = lds_u8(st + C::kVSc + (ta + 1) * C::kSc + goff + g);
+            spair[g] = e4m3x2_to_f16x2(sa | (sb << 8));
+          }
+#pragma unroll
+          for (int w = 0; w < C::kVWords; ++w) {
+            const uint32_t x0 = prmt(wa[w], wb[w], 0x5410);  // dims 8w..8w+3
+            const uint32_t x1 = prmt(wa[w], wb[w], 0x7632);  // dims 8w+4..8w+7
+            const uint32_t sc = spair[(8 * w) / 16];
+            vr[pr][8 * w + 0] = hmul2(e2m1_pair<0>(x0), sc);
+            vr[pr][8 * w + 1] = hmul2(e2m1_pair<1>(x0), sc);
+            vr[pr][8 * w + 2] = hmul2(e2m1_pair<2>(x0), sc);
+            vr[pr][8 * w + 3] = hmul2(e2m1_pair<3>(x0), sc);
+            vr[pr][8 * w + 4] = hmul2(e2m1_pair<0>(x1), sc);
+            vr[pr][8 * w + 5] = hmul2(e2m1_pair<1>(x1), sc);
+            vr[pr][8 * w + 6] = hmul2(e2m1_pair<2>(x1), sc);
+            vr[pr][8 * w + 7] = hmul2(e2m1_pair<3>(x1), sc);
+          }
+        } else if constexpr (FMT == kFp8) {
+#pragma unroll
+          for (int w = 0; w < C::kVWords; ++w) {
+            const uint32_t y0 = prmt(wa[w], wb[w], 0x5140);  // a0 b0 a1 b1
+            const uint32_t y1 = prmt(wa[w], wb[w], 0x7362);  // a2 b2 a3 b3
+            vr[pr][4 * w + 0] = e4m3x2_to_f16x2(y0);
+            vr[pr][4 * w + 1] = e4m3x2_to_f16x2(y0 >> 16);
+            vr[pr][4 * w + 2] = e4m3x2_to_f16x2(y1);
+            vr[pr][4 * w + 3] = e4m3x2_to_f16x2(y1 >> 16);
+          }
+        } else {
+#pragma unroll
+          for (int w = 0; w < C::kVWords; ++w) {
+            vr[pr][2 * w] = prmt(wa[w], wb[w], 0x5410);
+            vr[pr][2 * w + 1] = prmt(wa[w], wb[w], 0x7632);
+          }
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < D / 16; ++m) {
+        mma<kBf>(acc[m], vr[0][2 * m], vr[0][2 * m + 1], vr[1][2 * m], vr[1][2 * m + 1], pb0, pb1);
+      }
+    }
+    __syncwarp();
+  }
+  cp_wait<0>();
+
+  // ---- finish: reduce the denominators over the 8 token-row lanes -------------------
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) lrun[c] += __shfl_xor_sync(0xffffffffu, lrun[c], o);
+  }
+  if (bad && a.error_flag != nullptr && lane == 0) atomicOr(a.error_flag, bad);
+  const float nan = __int_as_float(0x7fc00000);
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const int qi = 2 * tq + c;
+    if (qi >= a.group) continue;
+    const int hq = h * a.group + qi;
+    const bool empty = lrun[c] == 0.f;
+    const float inv = empty ? 0.f : v_factor / lrun[c];
+    // log2-sum-exp of this split (log2 units of the scaled scores)
+    const float l2 = bad ? nan : (empty ? -INFINITY : mrun[c] + __log2f(lrun[c]));
+    if (a.num_splits == 1) {
+      uint16_t* o = a.out + (static_cast<size_t>(b) * a.num_q_heads + hq) * D + gid * (D / 8);
+#pragma unroll
+      for (int m = 0; m < D / 16; ++m) {
+        const float lo = bad ? nan : acc[m][c] * inv, hi = bad ? nan : acc[m][c + 2] * inv;
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        *reinterpret_cast<__nv_bfloat162*>(o + 2 * m) = v;
+      }
+      if (a.lse != nullptr && gid == 0) {
+        a.lse[static_cast<size_t>(b) * a.num_q_heads + hq] = l2 * 0.6931471805599453f;
+      }
+    } else {
+      const size_t row = (static_cast<size_t>(b) * a.num_q_heads + hq) * a.num_splits + split;
+      float* o = a.ws_o + row * D + gid * (D / 8);
+#pragma unroll
+      for (int m = 0; m < D / 16; ++m) {
+        float2 v = make_float2(bad ? nan : acc[m][c] * inv, bad ? nan : acc[m][c + 2] * inv);
+        *reinterpret_cast<float2*>(o + 2 * m) = v;
+      }
+      if (gid == 0) a.ws_lse[row] = l2;
+    }
+  }
+}
+
+// Merges the splits of one (b, hq): weights 2^(lse_s - max), one thread per head dim.
+template <int D>
+__global__ void __launch_bounds__(D) MergeKernel(const DecodeLaunch a) {
+  const int row = blockIdx.x;  // b * Hq + hq
+  const int d = threadIdx.x;
+  const float* ls = a.ws_lse + static_cast<size_t>(row) * a.num_splits;
+  float mx = -INFINITY;
+  bool nan = false;
+  for (int s = 0; s < a.num_splits; ++s) {
+    const float v = ls[s];
+    nan |= isnan(v);
+    mx = fmaxf(mx, v);
+  }
+  float num = 0.f, den = 0.f;
+  if (mx != -INFINITY) {
+    const float* o = a.ws_o + static_cast<size_t>(row) * a.num_splits * D + d;
+    for (int s = 0; s < a.num_splits; ++s) {
+      const float w = exp2f(ls[s] - mx);
+      den += w;
+      num += w * o[static_cast<size_t>(s) * D];
+    }
+  }
+  float res = den > 0.f ? num / den : 0.f;
+  float lse = mx == -INFINITY ? -INFINITY : (mx + __log2f(den)) * 0.6931471805599453f;
+  if (nan) res = lse = __int_as_float(0x7fc00000);
+  __nv_bfloat16 r = __float2bfloat16_rn(res);
+  a.out[static_cast<size_t>(row) * D + d] = *reinterpret_cast<uint16_t*>(&r);
+  if (a.lse != nullptr && d == 0) a.lse[row] = lse;
+}
+
+template <int FMT, int D>
+cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
+  using C = Cfg<FMT, D>;
+  const int smem = C::kSmemPerWarp * kDecodeWarps;
+  static bool attr_set = false;  // benign race: setting it twice is harmless
+  if (!attr_set) {
+    cudaError_t e = cudaFuncSetAttribute(DecodeKernel<FMT, D>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    attr_set = true;
+  }
+  const int total = a.batch * a.num_kv_heads * a.num_splits;
+  const int blocks = (total + kDecodeWarps - 1) / kDecodeWarps;
+  DecodeKernel<FMT, D><<<blocks, kDecodeWarps * 32, smem, stream>>>(a);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || a.num_splits == 1) return e;
+  MergeKernel<D><<<a.batch * a.num_q_heads, D, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <int FMT, int D>
+int Occupancy() {
+  using C = Cfg<FMT, D>;
+  const int smem = C::kSmemPerWarp * kDecodeWarps;
+  cudaFuncSetAttribute(DecodeKernel<FMT, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, DecodeKernel<FMT, D>, kDecodeWarps * 32,
+                                                    smem) != cudaSuccess) {
+    return 1;
+  }
+  return n > 0 ? n : 1;
+}
+
+}  // namespace
+
+#define KVT_DECODE_DISPATCH(FN, ...)                                          \
+  switch (format * 1000 + head_dim) {                                         \
+    case 0 * 1000 + 64: return FN<kNvfp4, 64>(__VA_ARGS__);                   \
+    case 0 * 1000 + 128: return FN<kNvfp4, 128>(__VA_ARGS__);                 \
+    case 0 * 1000 + 256: return FN<kNvfp4, 256>(__VA_ARGS__);                 \
+    case 1 * 1000 + 64: return FN<kFp8, 64>(__VA_ARGS__);                     \
+    case 1 * 1000 + 128: return FN<kFp8, 128>(__VA_ARGS__);                   \
+    case 2 * 1000 + 64: return FN<kBf16, 64>(__VA_ARGS__);                    \
+    case 2 * 1000 + 128: return FN<kBf16, 128>(__VA_ARGS__);                  \
+    default: break;                                                           \
+  }
+
+cudaError_t LaunchDecode(int format, int head_dim, const DecodeLaunch& a, cudaStream_t stream) {
+  KVT_DECODE_DISPATCH(Launch, a, stream)
+  return cudaErrorInvalidValue;
+}
+
+int DecodeBlocksPerSm(int format, int head_dim) {
+  KVT_DECODE_DISPATCH(Occupancy)
+  return 1;
+}
+
+}  // namespace kvtier::kernels::detail

@@ -1,0 +1,148 @@
+/* kvtier kernels: C ABI of the CUDA kernels that read and write KV pages in the slot pool.
+ *
+ * What lives here (DESIGN.md sections 3 and 4):
+ *   - kvt_quantize_append: BF16/FP16 K and V of one layer -> NVFP4 pages written straight
+ *     into pool slots, bit-identical to the CPU codec (formats/nvfp4.h) for every input.
+ *   - kvt_decode: fused paged decode attention (one query token per sequence) over NVFP4,
+ *     FP8 (E4M3, per-layer scale) or BF16 pages, split-KV ("flash-decoding") with an LSE
+ *     merge so that batch 1 at long context fills the GPU.
+ *   - kvt_dequantize_pages: pages -> BF16 [tokens, H, D] (prefill workspace).
+ *
+ * The pool: slot s starts at pool + s * slot_bytes; inside a slot the pages of layers
+ * 0..L-1 follow each other (formats/layout.h gives the bytes of a page). Block tables hold
+ * slot ids (int32). Every pointer named "device" must be device memory (or managed).
+ *
+ * Errors: every function returns a kvt_status (0 = OK) and never throws; on failure
+ * kvt_last_error() gives a one-line reason (thread-local, valid until the next call of
+ * this API on the same thread). Invalid or unsupported arguments are refused before
+ * anything is launched, so the pool and the outputs are unchanged.
+ *
+ * Bounds: the launchers take num_slots, and the kernels never read or write outside
+ * [pool, pool + num_slots * slot_bytes). When host copies of the block table / slot
+ * mapping are passed, they are validated before launch (KVT_INVALID on an out-of-range
+ * entry, nothing launched). Without host copies, a kernel that meets an out-of-range
+ * entry skips it (no access), sets *error_flag (if given) to a non-zero code and, for
+ * decode, writes NaN to the outputs of that sequence.
+ *
+ * Supported decode shapes: head_dim 64, 128 or 256; block_tokens 16, 32 or 64; query
+ * heads per KV head (GQA group) 1, 2, 4 or 8. Anything else is KVT_UNSUPPORTED.
+ *
+ * Built without CUDA, every launcher returns KVT_UNSUPPORTED (the CPU references in
+ * kernels/reference.h are always built).
+ */
+#ifndef KVTIER_KERNELS_H_
+#define KVTIER_KERNELS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Same values as kvtier::StatusCode (formats/status.h). */
+typedef enum kvt_status {
+  KVT_OK = 0,
+  KVT_INVALID = 6,
+  KVT_UNSUPPORTED = 7,
+  KVT_CUDA_ERROR = 100 /* a CUDA call failed; kvt_last_error() names it */
+} kvt_status;
+
+/* Element format of the pages (formats/layout.h KvFormat). */
+typedef enum kvt_format { KVT_FORMAT_NVFP4 = 0, KVT_FORMAT_FP8 = 1, KVT_FORMAT_BF16 = 2 } kvt_format;
+
+/* 16-bit floating type of activations handed to quantize_append. */
+typedef enum kvt_dtype { KVT_DTYPE_BF16 = 0, KVT_DTYPE_FP16 = 1 } kvt_dtype;
+
+/* Where the pages live and what they look like (the scale contract's geometry). */
+typedef struct kvt_pool {
+  void* base;            /* device; slot s at base + s * slot_bytes; 16-byte aligned */
+  uint64_t slot_bytes;   /* >= L * page bytes, multiple of 16 */
+  uint64_t num_slots;    /* slot ids must be in [0, num_slots) */
+  uint32_t num_layers;   /* L */
+  uint32_t num_kv_heads; /* H */
+  uint32_t head_dim;     /* D */
+  uint32_t block_tokens; /* T */
+  uint32_t format;       /* kvt_format */
+} kvt_pool;
+
+typedef struct kvt_quantize_params {
+  const void* k;                 /* device [num_tokens, H, D] dtype */
+  const void* v;                 /* device [num_tokens, H, D] dtype */
+  uint32_t dtype;                /* kvt_dtype */
+  int32_t num_tokens;            /* >= 0 */
+  const int32_t* slot_ids;       /* device [num_tokens]: slot of each token */
+  const int32_t* positions;      /* device [num_tokens]: position in block, [0, T) */
+  const int32_t* slot_ids_host;  /* optional host copy, validated before launch; or NULL */
+  const int32_t* positions_host; /* optional host copy; NULL unless slot_ids_host is set */
+  uint32_t layer;                /* layer index < L */
+  float k_scale;                 /* this layer's K global (dequantization) scale */
+  float v_scale;                 /* this layer's V global scale */
+  uint32_t scale_rule;           /* 0 = max6, 1 = 4over6 */
+  int32_t* error_flag;           /* optional device int: set non-zero on a skipped token */
+} kvt_quantize_params;
+
+typedef struct kvt_decode_params {
+  const void* q;                 /* device [batch, num_q_heads, D] bf16 */
+  void* out;                     /* device [batch, num_q_heads, D] bf16 */
+  float* lse;                    /* optional device [batch, num_q_heads] f32: natural-log
+                                    log-sum-exp of the scaled scores; or NULL */
+  const int32_t* block_table;    /* device [batch, max_blocks] slot ids */
+  const int32_t* seq_lens;       /* device [batch] tokens of each sequence, [0, max_seq_len] */
+  const int32_t* block_table_host; /* optional host copy, validated before launch; or NULL */
+  const int32_t* seq_lens_host;    /* host copy, required when block_table_host is set */
+  int32_t batch;                 /* >= 1 */
+  int32_t num_q_heads;           /* a multiple of H; group = num_q_heads / H in {1,2,4,8} */
+  int32_t max_blocks;            /* columns of block_table */
+  int32_t max_seq_len;           /* >= every seq_lens[b]; <= max_blocks * T */
+  uint32_t layer;                /* < L */
+  float k_scale;                 /* K global scale (NVFP4, FP8); must be 1 for BF16 */
+  float v_scale;                 /* V global scale (NVFP4, FP8); must be 1 for BF16 */
+  float softmax_scale;           /* e.g. 1/sqrt(D) */
+  int32_t num_splits;            /* KV splits per sequence; 0 = chosen from the GPU size */
+  void* workspace;               /* device scratch of kvt_decode_workspace_bytes(); may be
+                                    NULL when that is 0 */
+  uint64_t workspace_bytes;
+  int32_t* error_flag;           /* optional device int: set non-zero on a refused entry */
+} kvt_decode_params;
+
+typedef struct kvt_dequant_params {
+  void* out;                     /* device [num_tokens, H, D] bf16 */
+  int32_t num_tokens;
+  const int32_t* slot_ids;       /* device [num_tokens] */
+  const int32_t* positions;      /* device [num_tokens] */
+  const int32_t* slot_ids_host;  /* optional host copies, validated before launch */
+  const int32_t* positions_host;
+  uint32_t layer;
+  uint32_t side;                 /* 0 = K, 1 = V */
+  float scale;                   /* global scale of that side (NVFP4, FP8) */
+  int32_t* error_flag;
+} kvt_dequant_params;
+
+/* One-line reason for the last failure on this thread ("" after success). */
+const char* kvt_last_error(void);
+
+/* Checks a pool description (geometry valid for its format, slot_bytes large enough,
+ * alignment). */
+int kvt_check_pool(const kvt_pool* pool);
+
+int kvt_quantize_append(const kvt_pool* pool, const kvt_quantize_params* p, void* stream);
+
+/* Bytes of scratch kvt_decode needs for these parameters (0 when no split is used). */
+uint64_t kvt_decode_workspace_bytes(const kvt_pool* pool, const kvt_decode_params* p);
+/* The split count kvt_decode will use (after the automatic choice). */
+int32_t kvt_decode_num_splits(const kvt_pool* pool, const kvt_decode_params* p);
+
+int kvt_decode(const kvt_pool* pool, const kvt_decode_params* p, void* stream);
+
+int kvt_dequantize_pages(const kvt_pool* pool, const kvt_dequant_params* p, void* stream);
+
+/* Streams `bytes` from `src` (device) and folds them into a checksum written to *sink:
+ * the pure-read roofline the decode benchmark compares against. */
+int kvt_read_bandwidth_probe(const void* src, uint64_t bytes, uint32_t* sink, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_KERNELS_H_ */

@@ -1,0 +1,77 @@
+// Launch arguments shared by the host side (api.cu) and the kernels (*.cu). Internal:
+// callers use kernels/include/kvtier/kernels.h. All sizes are validated by api.cu before
+// any of these structs reaches a kernel.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace kvtier::kernels::detail {
+
+struct DecodeLaunch {
+  const uint16_t* q;        // [B, Hq, D] bf16
+  uint16_t* out;            // [B, Hq, D] bf16
+  float* lse;               // [B, Hq] or null
+  const uint8_t* pool;      // slot s at pool + s * slot_bytes
+  uint64_t slot_bytes;
+  uint64_t num_slots;
+  uint64_t page_offset;     // layer * page bytes
+  uint32_t k_data, k_scale, v_data, v_scale;  // region offsets inside a page
+  const int32_t* block_table;  // [B, max_blocks]
+  const int32_t* seq_lens;     // [B]
+  int batch, num_q_heads, num_kv_heads, group, max_blocks, max_seq_len;
+  int block_tokens, log2_block_tokens;
+  int num_splits, chunk;    // tokens per split: a multiple of 16
+  float k_scale_f, v_scale_f;  // global scales
+  float softmax_scale;
+  float* ws_o;              // [B, Hq, splits, D] partial outputs (normalized)
+  float* ws_lse;            // [B, Hq, splits] partial log2-sum-exp
+  int32_t* error_flag;      // or null
+};
+
+// format: 0 nvfp4, 1 fp8, 2 bf16. Returns the launch error.
+cudaError_t LaunchDecode(int format, int head_dim, const DecodeLaunch& a, cudaStream_t stream);
+// Blocks of the decode kernel resident per SM (occupancy), for the split choice.
+int DecodeBlocksPerSm(int format, int head_dim);
+inline constexpr int kDecodeWarps = 4;  // warps per CTA; one warp per (b, kv head, split)
+
+struct QuantizeLaunch {
+  const uint16_t* k;        // [N, H, D]
+  const uint16_t* v;
+  int fp16;                 // 0 bf16, 1 fp16
+  int num_tokens;
+  const int32_t* slot_ids;
+  const int32_t* positions;
+  uint8_t* pool;
+  uint64_t slot_bytes, num_slots, page_offset;
+  uint32_t k_data, k_scale, v_data, v_scale;
+  int num_kv_heads, head_dim, block_tokens;
+  float k_scale_f, v_scale_f;
+  int rule;                 // 0 max6, 1 4over6
+  int32_t* error_flag;
+};
+cudaError_t LaunchQuantize(const QuantizeLaunch& a, cudaStream_t stream);
+
+struct DequantLaunch {
+  uint16_t* out;            // [N, H, D] bf16
+  int num_tokens;
+  const int32_t* slot_ids;
+  const int32_t* positions;
+  const uint8_t* pool;
+  uint64_t slot_bytes, num_slots, page_offset;
+  uint32_t data, scale;     // region offsets of the side
+  int format, num_kv_heads, head_dim, block_tokens;
+  float scale_f;
+  int32_t* error_flag;
+};
+cudaError_t LaunchDequant(const DequantLaunch& a, cudaStream_t stream);
+
+cudaError_t LaunchReadProbe(const void* src, uint64_t bytes, uint32_t* sink, cudaStream_t stream);
+
+// Error codes the kernels write to *error_flag (ORed).
+inline constexpr int32_t kErrSlotRange = 1;   // slot id / position out of range: skipped
+inline constexpr int32_t kErrNonFinite = 2;   // non-finite input value: token skipped
+inline constexpr int32_t kErrSeqLen = 4;      // sequence length out of range
+
+}  // namespace kvtier::kernels::detail

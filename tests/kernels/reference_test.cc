@@ -1,0 +1,156 @@
+// CPU references of kernels/reference.h: they are the oracle of the GPU tests, so they
+// are checked here against the codec and against hand-computed cases.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "formats/nvfp4.h"
+#include "kernels/reference.h"
+
+namespace kvtier::kernels {
+namespace {
+
+struct Pool {
+  explicit Pool(KvFormat f, Geometry g, size_t slots) {
+    hp.format = f;
+    hp.geometry = g;
+    hp.num_slots = slots;
+    hp.slot_bytes = SlotBytes(f, g);
+    bytes.resize(hp.slot_bytes * slots);
+    std::mt19937 rng(std::random_device{}());
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+    hp.base = bytes.data();
+  }
+  HostPool hp;
+  std::vector<uint8_t> bytes;
+};
+
+Geometry G(uint32_t L, uint32_t H, uint32_t D, uint32_t T) {
+  Geometry g;
+  g.num_layers = L;
+  g.num_kv_heads = H;
+  g.head_dim = D;
+  g.block_tokens = T;
+  return g;
+}
+
+TEST(Bf16, RoundTripAndRne) {
+  EXPECT_EQ(FloatToBf16(1.0f), 0x3F80);
+  EXPECT_EQ(Bf16ToFloat(0x3F80), 1.0f);
+  // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: goes to even (1.0).
+  EXPECT_EQ(FloatToBf16(1.0f + 1.0f / 256), 0x3F80);
+  EXPECT_EQ(FloatToBf16(1.0f + 3.0f / 256), 0x3F82);
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(std::nanf("")))));
+  EXPECT_EQ(Fp16ToFloat(FloatToFp16(0.5f)), 0.5f);
+}
+
+TEST(QuantizeAppendRef, MatchesCodecAndLayout) {
+  std::mt19937 rng(std::random_device{}());
+  const Geometry g = G(3, 2, 128, 16);
+  Pool p(KvFormat::kNvfp4, g, 5);
+  const std::vector<uint8_t> before = p.bytes;
+  const int n = 7;
+  std::normal_distribution<float> nd(0.f, 2.f);
+  std::vector<float> k(n * 2 * 128), v(n * 2 * 128);
+  for (auto& x : k) x = nd(rng);
+  for (auto& x : v) x = nd(rng);
+  std::vector<int32_t> slots(n), pos(n);
+  for (int i = 0; i < n; ++i) {
+    slots[i] = static_cast<int32_t>(rng() % 5);
+    pos[i] = i * 2;  // distinct positions, so no token overwrites another
+  }
+  ASSERT_TRUE(QuantizeAppendRef(p.hp, k, v, slots, pos, 1, 0.01f, 0.02f, nvfp4::ScaleRule::kMax6).ok());
+  // Every token's row equals the codec's array output at the layout's offsets.
+  const PageLayout pl = MakePageLayout(KvFormat::kNvfp4, g);
+  for (int i = 0; i < n; ++i) {
+    for (uint32_t h = 0; h < 2; ++h) {
+      std::vector<uint8_t> data(64), sc(8);
+      ASSERT_TRUE(nvfp4::Quantize(std::span<const float>(k.data() + (i * 2 + h) * 128, 128), 0.01f,
+                                  nvfp4::ScaleRule::kMax6, data, sc)
+                      .ok());
+      const uint8_t* page = p.hp.Page(slots[i], 1);
+      EXPECT_EQ(0, std::memcmp(page + Nvfp4DataOffset(g, pl.k_data, h, pos[i], 0), data.data(), 64));
+      EXPECT_EQ(0, std::memcmp(page + Nvfp4ScaleOffset(g, pl.k_data, h, pos[i], 0), sc.data(), 8));
+      // And PageValue decodes what the codec decodes.
+      std::vector<float> deq(128);
+      ASSERT_TRUE(nvfp4::Dequantize(data, sc, 0.01f, deq).ok());
+      for (uint32_t d = 0; d < 128; ++d) {
+        EXPECT_FLOAT_EQ(static_cast<float>(PageValue(p.hp, slots[i], 1, 0, h, pos[i], d, 0.01f)), deq[d]);
+      }
+    }
+  }
+  // Layers 0 and 2 are untouched.
+  for (size_t s = 0; s < 5; ++s) {
+    for (uint32_t layer : {0u, 2u}) {
+      const size_t off = s * p.hp.slot_bytes + PageOffset(KvFormat::kNvfp4, g, layer);
+      EXPECT_EQ(0, std::memcmp(p.bytes.data() + off, before.data() + off, PageBytes(KvFormat::kNvfp4, g)));
+    }
+  }
+}
+
+TEST(QuantizeAppendRef, RefusesBadInputAndWritesNothing) {
+  const Geometry g = G(1, 1, 64, 16);
+  Pool p(KvFormat::kNvfp4, g, 2);
+  const std::vector<uint8_t> before = p.bytes;
+  std::vector<float> k(2 * 64, 1.0f), v(2 * 64, 1.0f);
+  std::vector<int32_t> slots = {0, 2}, pos = {0, 1};  // slot 2 out of range
+  EXPECT_TRUE(QuantizeAppendRef(p.hp, k, v, slots, pos, 0, 1.f, 1.f, nvfp4::ScaleRule::kMax6).IsInvalid());
+  slots = {0, 1};
+  pos = {0, 16};  // position out of range
+  EXPECT_TRUE(QuantizeAppendRef(p.hp, k, v, slots, pos, 0, 1.f, 1.f, nvfp4::ScaleRule::kMax6).IsInvalid());
+  pos = {0, 1};
+  k[70] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(QuantizeAppendRef(p.hp, k, v, slots, pos, 0, 1.f, 1.f, nvfp4::ScaleRule::kMax6).IsInvalid());
+  EXPECT_EQ(p.bytes, before);
+}
+
+// Hand-made cache: softmax of known scores.
+TEST(DecodeRef, TwoTokensByHand) {
+  const Geometry g = G(1, 1, 64, 16);
+  Pool p(KvFormat::kBf16, g, 1);
+  const PageLayout pl = MakePageLayout(KvFormat::kBf16, g);
+  auto put = [&](size_t region, uint32_t t, uint32_t d, float x) {
+    const uint16_t b = FloatToBf16(x);
+    std::memcpy(p.hp.Page(0, 0) + region + 2 * (t * 64 + d), &b, 2);
+  };
+  for (uint32_t d = 0; d < 64; ++d) {
+    put(pl.k_data, 0, d, d == 0 ? 1.0f : 0.0f);  // k0 = e0
+    put(pl.k_data, 1, d, d == 1 ? 1.0f : 0.0f);  // k1 = e1
+    put(pl.v_data, 0, d, 2.0f);
+    put(pl.v_data, 1, d, -4.0f);
+  }
+  std::vector<float> q(64, 0.f);
+  q[0] = 3.0f;  // scores (scale 0.5): 1.5 and 0
+  std::vector<int32_t> bt = {0}, lens = {2};
+  DecodeRefArgs a;
+  a.q = q;
+  a.block_table = bt;
+  a.seq_lens = lens;
+  a.batch = 1;
+  a.num_q_heads = 1;
+  a.max_blocks = 1;
+  a.softmax_scale = 0.5f;
+  std::vector<double> out, lse;
+  ASSERT_TRUE(DecodeRef(p.hp, a, &out, &lse).ok());
+  const double w0 = std::exp(1.5) / (std::exp(1.5) + 1.0);
+  for (int d = 0; d < 64; ++d) EXPECT_NEAR(out[d], 2.0 * w0 - 4.0 * (1 - w0), 1e-12);
+  EXPECT_NEAR(lse[0], std::log(std::exp(1.5) + 1.0), 1e-12);
+  // Out-of-range block table entry is refused.
+  bt = {1};
+  a.block_table = bt;
+  EXPECT_TRUE(DecodeRef(p.hp, a, &out, &lse).IsInvalid());
+}
+
+TEST(PageValue, Fp8UsesScale) {
+  const Geometry g = G(1, 1, 64, 16);
+  Pool p(KvFormat::kFp8, g, 1);
+  const PageLayout pl = MakePageLayout(KvFormat::kFp8, g);
+  p.hp.Page(0, 0)[pl.v_data + 5 * 64 + 3] = 0x38;  // 1.0
+  EXPECT_DOUBLE_EQ(PageValue(p.hp, 0, 0, 1, 0, 5, 3, 0.25f), 0.25);
+}
+
+}  // namespace
+}  // namespace kvtier::kernels
