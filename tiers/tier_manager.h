@@ -38,11 +38,14 @@ enum class OnEvict : uint8_t { kDemote = 0, kDrop = 1 };
 enum class Admission : uint8_t { kAlways = 0, kSecondHit = 1 };
 
 struct TierOptions {
-  uint64_t capacity_bytes = 0;   // 0 = tier disabled. Rounded down to whole slots.
+  uint64_t capacity_bytes = 0;   // 0 = tier disabled. Rounded down to whole slots. Default: 0
   PolicyKind policy = PolicyKind::kLru;  // Default: lru (prefix-lru recommended)
   double high_watermark = 0.95;  // start evicting above this fill. Default: 0.95
   double low_watermark = 0.85;   // evict down to this fill. Default: 0.85
   OnEvict on_evict = OnEvict::kDemote;  // demote to the next tier or drop. Default: demote
+
+  // Invalid unless 0 < low_watermark <= high_watermark <= 1.
+  Status Validate(const char* tier_name) const;
 };
 
 struct NvmeOptions {
@@ -58,8 +61,14 @@ struct TierManagerOptions {
   uint64_t slot_bytes = 1474560;  // one block; 4 KiB multiple. Default: 80x8x128x16 NVFP4
   TierOptions hbm;                // needs CUDA and a GPU; ignored (tier absent) otherwise
   int cuda_device = 0;            // Default: 0
-  TierOptions host;
+  TierOptions host;               // required (>= 1 slot): NVMe reads land in host slots
   NvmeOptions nvme;
+  // Batching of the mover: most NVMe reads per io_uring batch (smaller batches let the
+  // host->HBM copy of one batch overlap the NVMe read of the next). Default: 64
+  uint32_t mover_batch = 64;
+  // Bandwidths used for LookupResult::est_seconds_to_hbm until measured. Default: 50, 2
+  double host_to_hbm_gbps = 50.0;
+  double nvme_read_gbps = 2.0;
 
   Status Validate() const;
 };
@@ -101,6 +110,10 @@ class TierManager {
   // memfd of the host arena (size host_arena_bytes()), for SCM_RIGHTS to clients.
   virtual int host_arena_fd() const = 0;
   virtual uint64_t host_arena_bytes() const = 0;
+  // Device pointer of the HBM arena in this process (slot s at + s * slot_bytes()), for
+  // in-process users (tests, benchmarks); nullptr without an HBM tier. Clients use the
+  // IPC handle instead.
+  virtual uint8_t* hbm_base() const { return nullptr; }
   // CUDA IPC handle of the HBM arena (64 bytes). Unsupported without an HBM tier.
   virtual Status hbm_ipc_handle(uint8_t out[64]) const = 0;
 
@@ -137,11 +150,18 @@ class TierManager {
 
   // Operator actions.
   virtual Status Evict(uint64_t contract_id, const Key128& key) = 0;
-  virtual Status Flush() = 0;  // demote every unpinned block of HBM and host to NVMe
+  // Demotes every unpinned block of HBM and host to NVMe (bypassing admission, within the
+  // write budget) and returns when done. An operator action: it blocks its caller, and
+  // must not be called from a completion callback (Invalid if it is).
+  virtual Status Flush() = 0;
   // Applies new eviction/admission settings (sizes and folders cannot change).
   virtual Status Reconfigure(const TierManagerOptions& opts) = 0;
 
   virtual std::vector<TierStats> Stats() const = 0;
+
+  // Waits until the mover has nothing queued or in flight (every promotion, demotion and
+  // pending callback finished). For tests, benchmarks and orderly shutdown.
+  virtual void Drain() {}
 };
 
 }  // namespace kvtier::tiers

@@ -1,0 +1,223 @@
+// HBM tier tests (ctest label `gpu`). They skip, saying why, without a CUDA build or
+// without a device; on the H200 machine they run the HBM pool and the TierManager's
+// HBM paths (NVMe -> host -> HBM promotion, HBM -> host demotion, merged acquires).
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <future>
+
+#include "formats/contract.h"
+#include "tests/tiers/test_util.h"
+#include "tiers/hbm/cuda_env.h"
+#include "tiers/hbm/hbm_pool.h"
+#include "tiers/host/host_pool.h"
+#include "tiers/tier_manager.h"
+
+#if KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace kvtier::tiers {
+namespace {
+
+using testing::K;
+
+#define SKIP_WITHOUT_GPU()                                                      \
+  do {                                                                          \
+    std::string why;                                                            \
+    if (!cuda::Compiled()) GTEST_SKIP() << "built without CUDA";                \
+    if (cuda::DeviceCount(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why; \
+  } while (0)
+
+#if KVTIER_HAVE_CUDA
+bool DeviceMatches(const uint8_t* dev, size_t n, uint64_t seed) {
+  auto buf = testing::Aligned(n);
+  if (cudaMemcpy(buf.get(), dev, n, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+  return testing::Matches(buf.get(), n, seed);
+}
+bool DeviceFill(uint8_t* dev, size_t n, uint64_t seed) {
+  auto buf = testing::Aligned(n);
+  testing::Fill(buf.get(), n, seed);
+  return cudaMemcpy(dev, buf.get(), n, cudaMemcpyHostToDevice) == cudaSuccess;
+}
+#else
+bool DeviceMatches(const uint8_t*, size_t, uint64_t) { return false; }
+bool DeviceFill(uint8_t*, size_t, uint64_t) { return false; }
+#endif
+
+TEST(HbmPool, CopiesRoundTripAndExportsAnIpcHandle) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t slot = 1474560;
+  HostPoolOptions ho;
+  ho.slot_bytes = slot;
+  ho.slots = 4;
+  auto host = HostPool::Create(ho);
+  ASSERT_TRUE(host.ok());
+  EXPECT_TRUE((*host)->cuda_registered());
+  HbmPoolOptions o;
+  o.slot_bytes = slot;
+  o.slots = 8;
+  auto p = HbmPool::Create(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HbmPool& pool = **p;
+  auto s = pool.Alloc();
+  ASSERT_TRUE(s.has_value());
+  testing::Fill((*host)->slot_ptr(0), slot, 5);
+  std::promise<Status> up, down;
+  ASSERT_TRUE(pool.CopyToDevice(*s, (*host)->slot_ptr(0), slot, [&](Status st) { up.set_value(st); }).ok());
+  ASSERT_TRUE(up.get_future().get().ok());
+  EXPECT_TRUE(DeviceMatches(pool.slot_ptr(*s), slot, 5));
+  ASSERT_TRUE(pool.CopyToHost(*s, (*host)->slot_ptr(1), slot, [&](Status st) { down.set_value(st); }).ok());
+  ASSERT_TRUE(down.get_future().get().ok());
+  EXPECT_TRUE(testing::Matches((*host)->slot_ptr(1), slot, 5));
+  uint8_t h[64] = {};
+  ASSERT_TRUE(pool.IpcHandle(h).ok());
+  bool nonzero = false;
+  for (uint8_t b : h) nonzero |= b != 0;
+  EXPECT_TRUE(nonzero);
+  EXPECT_TRUE(pool.Free(*s).ok());
+  EXPECT_TRUE(pool.Free(*s).IsInvalid());
+  EXPECT_TRUE(pool.CopyToDevice(99, (*host)->slot_ptr(0), slot, [](Status) {}).IsInvalid());
+}
+
+class HbmTierManager : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    c_.model_id = "test/model";
+    c_.geometry = Geometry{8, 8, 128, 16};
+    c_.SetUnitScales();
+    cid_ = c_.Id();
+    slot_ = c_.slot_bytes();
+    o_.slot_bytes = slot_;
+    o_.hbm.capacity_bytes = 8 * slot_;
+    o_.hbm.high_watermark = 0.75;
+    o_.hbm.low_watermark = 0.5;
+    o_.host.capacity_bytes = 16 * slot_;
+    o_.nvme.tier.capacity_bytes = 64 * (slot_ + 4096);
+    o_.nvme.dir = dir_.path() + "/nvme";
+  }
+  void OpenTm() {
+    auto tm = TierManager::Open(o_);
+    ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+    tm_ = std::move(tm.value());
+    ASSERT_TRUE(tm_->has_tier(Tier::kHbm));
+    ASSERT_TRUE(tm_->RegisterContract(c_).ok());
+    arena_ = static_cast<uint8_t*>(
+        mmap(nullptr, tm_->host_arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, tm_->host_arena_fd(), 0));
+    ASSERT_NE(arena_, MAP_FAILED);
+  }
+  void TearDown() override {
+    if (arena_) munmap(arena_, tm_->host_arena_bytes());
+    tm_.reset();
+  }
+  std::vector<Key128> Keys(uint64_t a, uint64_t b) {
+    std::vector<Key128> k;
+    for (uint64_t i = a; i < b; ++i) k.push_back(K(i));
+    return k;
+  }
+  std::vector<SlotRef> AcquireSync(const std::vector<Key128>& keys, Tier t) {
+    std::promise<std::vector<SlotRef>> p;
+    tm_->Acquire(cid_, keys, t, [&](Status s, std::vector<SlotRef> v) {
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      p.set_value(std::move(v));
+    });
+    return p.get_future().get();
+  }
+  uint8_t* Hbm(SlotRef r) { return tm_->hbm_base() + uint64_t{r.slot} * slot_; }
+
+  testing::TempDir dir_;
+  ScaleContract c_;
+  uint64_t cid_ = 0, slot_ = 0;
+  TierManagerOptions o_;
+  std::unique_ptr<TierManager> tm_;
+  uint8_t* arena_ = nullptr;
+};
+
+// Stored through host, flushed to NVMe, then acquired into HBM: NVMe -> host -> HBM.
+TEST_F(HbmTierManager, PromotesFromNvmeIntoHbmExactly) {
+  SKIP_WITHOUT_GPU();
+  OpenTm();
+  const size_t n = c_.block_bytes();
+  for (uint64_t i = 0; i < 6; ++i) {
+    std::vector<SlotRef> s;
+    ASSERT_TRUE(tm_->AllocSlots(cid_, 1, Tier::kHost, &s).ok());
+    testing::Fill(arena_ + uint64_t{s[0].slot} * slot_, n, i);
+    ASSERT_TRUE(tm_->Commit(cid_, s[0], K(i), i ? K(i - 1) : Key128{}).ok());
+    ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+  }
+  ASSERT_TRUE(tm_->Flush().ok());
+  auto slots = AcquireSync(Keys(0, 6), Tier::kHbm);
+  ASSERT_EQ(slots.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(slots[i].tier, Tier::kHbm);
+    EXPECT_TRUE(DeviceMatches(Hbm(slots[i]), n, i)) << "block " << i;
+  }
+  for (auto s : slots) ASSERT_TRUE(tm_->Unpin(s).ok());
+}
+
+// Blocks written straight into HBM slots, then pushed out by the watermark: HBM -> host
+// by DMA (and on to NVMe); they come back byte-exact in host.
+TEST_F(HbmTierManager, DemotesFromHbmUnderPressure) {
+  SKIP_WITHOUT_GPU();
+  OpenTm();
+  const size_t n = c_.block_bytes();
+  for (uint64_t i = 0; i < 14; ++i) {
+    std::vector<SlotRef> s;
+    Status st;
+    for (int t = 0; t < 100; ++t) {
+      s.clear();
+      st = tm_->AllocSlots(cid_, 1, Tier::kHbm, &s);
+      if (st.code() != StatusCode::kRetry) break;
+      tm_->Drain();
+    }
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_TRUE(DeviceFill(Hbm(s[0]), n, 100 + i));
+    ASSERT_TRUE(tm_->Commit(cid_, s[0], K(100 + i), i ? K(99 + i) : Key128{}).ok());
+    ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+  }
+  tm_->Drain();
+  auto stats = tm_->Stats();
+  EXPECT_LE(stats[0].slots_used, 6u);
+  EXPECT_GT(stats[0].demotions_out, 0u);
+  EXPECT_EQ(tm_->Lookup(cid_, Keys(100, 114)).hit_blocks, 14u);
+  for (uint64_t i = 100; i < 114; i += 2) {
+    auto slots = AcquireSync(Keys(i, i + 2), Tier::kHost);
+    ASSERT_EQ(slots.size(), 2u);
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_TRUE(testing::Matches(arena_ + uint64_t{slots[k].slot} * slot_, n, i + k)) << i + k;
+      ASSERT_TRUE(tm_->Unpin(slots[k]).ok());
+    }
+  }
+}
+
+TEST_F(HbmTierManager, ConcurrentAcquiresIntoHbmShareOnePromotion) {
+  SKIP_WITHOUT_GPU();
+  OpenTm();
+  const size_t n = c_.block_bytes();
+  for (uint64_t i = 0; i < 3; ++i) {
+    std::vector<SlotRef> s;
+    ASSERT_TRUE(tm_->AllocSlots(cid_, 1, Tier::kHost, &s).ok());
+    testing::Fill(arena_ + uint64_t{s[0].slot} * slot_, n, i);
+    ASSERT_TRUE(tm_->Commit(cid_, s[0], K(i), i ? K(i - 1) : Key128{}).ok());
+    ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+  }
+  ASSERT_TRUE(tm_->Flush().ok());
+  std::promise<std::vector<SlotRef>> a, b;
+  tm_->Acquire(cid_, Keys(0, 3), Tier::kHbm, [&](Status, std::vector<SlotRef> v) { a.set_value(v); });
+  tm_->Acquire(cid_, Keys(0, 3), Tier::kHbm, [&](Status, std::vector<SlotRef> v) { b.set_value(v); });
+  auto va = a.get_future().get(), vb = b.get_future().get();
+  ASSERT_EQ(va.size(), 3u);
+  ASSERT_EQ(vb.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(va[i].slot, vb[i].slot);
+    EXPECT_TRUE(DeviceMatches(Hbm(va[i]), n, i));
+  }
+  EXPECT_EQ(tm_->Stats()[0].promotions_in, 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(tm_->Unpin(va[i]).ok());
+    ASSERT_TRUE(tm_->Unpin(vb[i]).ok());
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::tiers

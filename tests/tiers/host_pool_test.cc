@@ -1,0 +1,79 @@
+#include "tiers/host/host_pool.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <set>
+
+#include "tests/tiers/test_util.h"
+
+namespace kvtier::tiers {
+namespace {
+
+TEST(HostPool, RefusesBadOptions) {
+  HostPoolOptions o;
+  o.slot_bytes = 4096 + 512;
+  o.slots = 4;
+  EXPECT_TRUE(HostPool::Create(o).status().IsInvalid());
+  o.slot_bytes = 4096;
+  o.slots = 0;
+  EXPECT_TRUE(HostPool::Create(o).status().IsInvalid());
+}
+
+TEST(HostPool, SlotsAreAlignedAndAllocationIsExact) {
+  HostPoolOptions o;
+  o.slot_bytes = 1474560;
+  o.slots = 8;
+  auto p = HostPool::Create(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HostPool& pool = **p;
+  EXPECT_EQ(pool.arena_bytes(), 8ull * 1474560);
+  std::set<uint32_t> got;
+  for (int i = 0; i < 8; ++i) {
+    auto s = pool.Alloc();
+    ASSERT_TRUE(s.has_value());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(pool.slot_ptr(*s)) % 4096, 0u);
+    got.insert(*s);
+  }
+  EXPECT_EQ(got.size(), 8u);
+  EXPECT_FALSE(pool.Alloc().has_value());  // full
+  EXPECT_EQ(pool.used(), 8u);
+  EXPECT_TRUE(pool.Free(3).ok());
+  EXPECT_TRUE(pool.Free(3).IsInvalid());  // double free refused
+  EXPECT_TRUE(pool.Free(99).IsInvalid());
+  EXPECT_EQ(pool.used(), 7u);
+  auto again = pool.Alloc();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(*again, 3u);
+}
+
+// The arena is shared memory: another process mapping the fd sees and makes the same bytes.
+TEST(HostPool, FdMapsTheSameBytesInAnotherProcess) {
+  HostPoolOptions o;
+  o.slot_bytes = 8192;
+  o.slots = 4;
+  auto p = HostPool::Create(o);
+  ASSERT_TRUE(p.ok());
+  HostPool& pool = **p;
+  testing::Fill(pool.slot_ptr(1), 8192, 11);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    void* m = mmap(nullptr, pool.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, pool.fd(), 0);
+    if (m == MAP_FAILED) _exit(2);
+    auto* b = static_cast<uint8_t*>(m);
+    if (!testing::Matches(b + 8192, 8192, 11)) _exit(3);
+    testing::Fill(b + 2 * 8192, 8192, 22);  // write slot 2 from the "client"
+    _exit(0);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0);
+  EXPECT_TRUE(testing::Matches(pool.slot_ptr(2), 8192, 22));
+}
+
+}  // namespace
+}  // namespace kvtier::tiers

@@ -1,0 +1,393 @@
+// The TierManager on this CPU machine: host tier (memfd arena, mapped here the way a client
+// maps it) + NVMe tier (real io_uring, real RocksDB in a temp folder). No mocks.
+#include "tiers/tier_manager.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <future>
+
+#include "formats/contract.h"
+#include "tests/tiers/test_util.h"
+#include "tiers/nvme/nvme_store.h"
+#include "tiers/policy/policy.h"
+
+namespace kvtier::tiers {
+namespace {
+
+using testing::K;
+
+ScaleContract SmallContract() {
+  ScaleContract c;
+  c.model_id = "test/model";
+  c.geometry = Geometry{8, 8, 128, 16};  // 147456-byte NVFP4 blocks
+  c.SetUnitScales();
+  return c;
+}
+
+class TierManagerTest : public ::testing::TestWithParam<PolicyKind> {
+ protected:
+  void SetUp() override {
+    contract_ = SmallContract();
+    ASSERT_TRUE(contract_.Validate().ok());
+    cid_ = contract_.Id();
+    slot_ = contract_.slot_bytes();
+    opts_.slot_bytes = slot_;
+    opts_.host.capacity_bytes = 8 * slot_;
+    opts_.host.high_watermark = 0.75;
+    opts_.host.low_watermark = 0.5;
+    opts_.host.policy = GetParam();
+    opts_.nvme.tier.capacity_bytes = 64 * (slot_ + 4096);
+    opts_.nvme.tier.policy = GetParam();
+    opts_.nvme.dir = dir_.path() + "/nvme";
+    opts_.nvme.queue_depth = 32;
+  }
+  void TearDown() override { Close(); }
+
+  void OpenTm() {
+    auto tm = TierManager::Open(opts_);
+    ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+    tm_ = std::move(tm.value());
+    ASSERT_TRUE(tm_->RegisterContract(contract_).ok());
+    arena_ = static_cast<uint8_t*>(
+        mmap(nullptr, tm_->host_arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, tm_->host_arena_fd(), 0));
+    ASSERT_NE(arena_, MAP_FAILED);
+  }
+  void Close() {
+    if (arena_ && tm_) munmap(arena_, tm_->host_arena_bytes());
+    arena_ = nullptr;
+    tm_.reset();
+  }
+  uint8_t* Slot(SlotRef r) { return arena_ + uint64_t{r.slot} * slot_; }
+  uint64_t Bytes() const { return contract_.block_bytes(); }
+
+  // Stores block i (key K(i), parent K(i-1), bytes pattern i) in the host tier and unpins it.
+  // AllocSlots, retrying while the tier is busy demoting (Retry), as a client does.
+  Status Alloc(uint32_t n, std::vector<SlotRef>* s) {
+    Status st;
+    for (int tries = 0; tries < 200; ++tries) {
+      s->clear();
+      st = tm_->AllocSlots(cid_, n, Tier::kHost, s);
+      if (st.code() != StatusCode::kRetry) break;
+      tm_->Drain();
+    }
+    return st;
+  }
+  void Store(uint64_t i, bool unpin = true) {
+    std::vector<SlotRef> s;
+    Status st = Alloc(1, &s);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    testing::Fill(Slot(s[0]), Bytes(), i);
+    ASSERT_TRUE(tm_->Commit(cid_, s[0], K(i), i == 0 ? Key128{} : K(i - 1)).ok());
+    if (unpin) {
+      ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+    }
+  }
+  std::vector<Key128> Keys(uint64_t from, uint64_t to) {
+    std::vector<Key128> k;
+    for (uint64_t i = from; i < to; ++i) k.push_back(K(i));
+    return k;
+  }
+  std::pair<Status, std::vector<SlotRef>> AcquireSync(const std::vector<Key128>& keys, Tier t = Tier::kHost) {
+    std::promise<std::pair<Status, std::vector<SlotRef>>> p;
+    auto f = p.get_future();
+    tm_->Acquire(cid_, keys, t, [&p](Status s, std::vector<SlotRef> v) { p.set_value({s, std::move(v)}); });
+    return f.get();
+  }
+  TierStats StatsOf(Tier t) {
+    for (auto& s : tm_->Stats())
+      if (s.tier == t) return s;
+    return {};
+  }
+  // Acquires keys [from, to) in host in small groups and checks every byte.
+  void CheckAll(uint64_t from, uint64_t to) {
+    for (uint64_t i = from; i < to; i += 3) {
+      auto keys = Keys(i, std::min(to, i + 3));
+      auto [st, slots] = AcquireSync(keys);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      ASSERT_EQ(slots.size(), keys.size()) << "blocks from " << i;
+      for (size_t k = 0; k < slots.size(); ++k) {
+        EXPECT_TRUE(testing::Matches(Slot(slots[k]), Bytes(), i + k)) << "block " << i + k;
+        ASSERT_TRUE(tm_->Unpin(slots[k]).ok());
+      }
+      tm_->Drain();
+    }
+  }
+
+  testing::TempDir dir_;
+  ScaleContract contract_;
+  uint64_t cid_ = 0, slot_ = 0;
+  TierManagerOptions opts_;
+  std::unique_ptr<TierManager> tm_;
+  uint8_t* arena_ = nullptr;
+};
+
+TEST_P(TierManagerTest, StoreLookupAcquire) {
+  OpenTm();
+  EXPECT_TRUE(tm_->has_tier(Tier::kHost));
+  EXPECT_TRUE(tm_->has_tier(Tier::kNvme));
+  for (uint64_t i = 0; i < 4; ++i) Store(i);
+  auto keys = Keys(0, 6);
+  LookupResult r = tm_->Lookup(cid_, keys);
+  EXPECT_EQ(r.hit_blocks, 4u);
+  for (Tier t : r.tiers) EXPECT_EQ(t, Tier::kHost);
+  EXPECT_EQ(tm_->Lookup(cid_ + 1, keys).hit_blocks, 0u);  // unknown contract: a miss
+  auto [st, slots] = AcquireSync(keys);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(slots.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(testing::Matches(Slot(slots[i]), Bytes(), i));
+  EXPECT_EQ(StatsOf(Tier::kHost).pinned, 4u);
+  for (auto s : slots) ASSERT_TRUE(tm_->Unpin(s).ok());
+  EXPECT_EQ(StatsOf(Tier::kHost).pinned, 0u);
+}
+
+// More blocks than the host tier holds: the watermark demotes to NVMe, everything stays
+// findable, and every block comes back byte-exact (NVMe -> host by io_uring).
+TEST_P(TierManagerTest, WatermarksDemoteToNvmeAndRestoreExactly) {
+  OpenTm();
+  for (uint64_t i = 0; i < 24; ++i) Store(i);
+  tm_->Drain();
+  TierStats host = StatsOf(Tier::kHost);
+  EXPECT_LE(host.slots_used, 6u) << "above the high watermark after draining";
+  EXPECT_GT(host.demotions_out, 0u);
+  EXPECT_EQ(host.evictions_dropped, 0u);
+  LookupResult r = tm_->Lookup(cid_, Keys(0, 24));
+  EXPECT_EQ(r.hit_blocks, 24u);
+  CheckAll(0, 24);
+  EXPECT_GT(StatsOf(Tier::kHost).promotions_in, 0u);
+}
+
+TEST_P(TierManagerTest, PinnedBlocksAreNeverEvicted) {
+  OpenTm();
+  std::vector<SlotRef> pinned;
+  for (uint64_t i = 0; i < 8; ++i) Store(i, /*unpin=*/false);
+  tm_->Drain();
+  EXPECT_EQ(StatsOf(Tier::kHost).slots_used, 8u);  // over the watermark, all pinned: stays
+  std::vector<SlotRef> s;
+  EXPECT_EQ(tm_->AllocSlots(cid_, 1, Tier::kHost, &s).code(), StatusCode::kRetry);
+  EXPECT_TRUE(s.empty());
+  auto [st, slots] = AcquireSync(Keys(0, 8));
+  ASSERT_EQ(slots.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_TRUE(testing::Matches(Slot(slots[i]), Bytes(), i));
+    ASSERT_TRUE(tm_->Unpin(slots[i]).ok());  // the acquire's pin
+    ASSERT_TRUE(tm_->Unpin(slots[i]).ok());  // the commit's pin
+  }
+  EXPECT_TRUE(tm_->Unpin(slots[0]).IsInvalid());  // no pin left
+  tm_->Drain();
+  EXPECT_LE(StatsOf(Tier::kHost).slots_used, 6u);
+}
+
+TEST_P(TierManagerTest, WarmRestartFindsEveryCommittedBlockAndNoUncommittedOne) {
+  OpenTm();
+  for (uint64_t i = 0; i < 10; ++i) Store(i);
+  // Two slots written but never committed (the engine died between write and commit).
+  std::vector<SlotRef> loose;
+  ASSERT_TRUE(Alloc(2, &loose).ok());
+  testing::Fill(Slot(loose[0]), Bytes(), 100);
+  testing::Fill(Slot(loose[1]), Bytes(), 101);
+  ASSERT_TRUE(tm_->Flush().ok());
+  EXPECT_EQ(StatsOf(Tier::kNvme).blocks, 10u);
+  Close();
+  OpenTm();
+  LookupResult r = tm_->Lookup(cid_, Keys(0, 10));
+  EXPECT_EQ(r.hit_blocks, 10u);
+  for (Tier t : r.tiers) EXPECT_EQ(t, Tier::kNvme);
+  EXPECT_EQ(tm_->Lookup(cid_, std::vector<Key128>{K(100)}).hit_blocks, 0u);
+  EXPECT_EQ(tm_->Lookup(cid_, std::vector<Key128>{K(101)}).hit_blocks, 0u);
+  CheckAll(0, 10);
+}
+
+TEST_P(TierManagerTest, FlippedRecordOnDiskIsAMissAndCounted) {
+  OpenTm();
+  for (uint64_t i = 0; i < 5; ++i) Store(i);
+  ASSERT_TRUE(tm_->Flush().ok());
+  Close();
+  {  // flip one payload byte of block 2, as a bad disk would
+    NvmeStoreOptions no;
+    no.dir = opts_.nvme.dir;
+    no.slot_bytes = slot_;
+    no.capacity_bytes = opts_.nvme.tier.capacity_bytes;
+    auto s = NvmeStore::Open(no);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    uint32_t file;
+    uint64_t off;
+    (*s)->RecordLocation((*s)->Find(BlockId{cid_, K(2)})->record, &file, &off);
+    std::string path = (*s)->DataPath(file);
+    s->reset();
+    int fd = open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t b;
+    ASSERT_EQ(pread(fd, &b, 1, static_cast<off_t>(off + 4096 + 12345)), 1);
+    b ^= 0xFF;
+    ASSERT_EQ(pwrite(fd, &b, 1, static_cast<off_t>(off + 4096 + 12345)), 1);
+    close(fd);
+  }
+  OpenTm();
+  EXPECT_EQ(tm_->Lookup(cid_, Keys(0, 5)).hit_blocks, 5u);  // not yet read: not yet known bad
+  auto [st, slots] = AcquireSync(Keys(0, 5));
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(slots.size(), 2u) << "the prefix must stop at the corrupt block";
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(testing::Matches(Slot(slots[i]), Bytes(), i));
+    ASSERT_TRUE(tm_->Unpin(slots[i]).ok());
+  }
+  EXPECT_EQ(StatsOf(Tier::kNvme).checksum_failures, 1u);
+  EXPECT_EQ(tm_->Lookup(cid_, Keys(0, 5)).hit_blocks, 2u);
+}
+
+TEST_P(TierManagerTest, ConcurrentAcquiresShareOnePromotion) {
+  OpenTm();
+  for (uint64_t i = 0; i < 4; ++i) Store(i);
+  ASSERT_TRUE(tm_->Flush().ok());
+  EXPECT_EQ(StatsOf(Tier::kHost).slots_used, 0u);
+  const uint64_t before = StatsOf(Tier::kHost).promotions_in;
+  std::promise<std::vector<SlotRef>> p1, p2;
+  auto keys = Keys(0, 4);
+  tm_->Acquire(cid_, keys, Tier::kHost, [&](Status, std::vector<SlotRef> v) { p1.set_value(v); });
+  tm_->Acquire(cid_, keys, Tier::kHost, [&](Status, std::vector<SlotRef> v) { p2.set_value(v); });
+  auto a = p1.get_future().get(), b = p2.get_future().get();
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(a[i].slot, b[i].slot);
+    EXPECT_TRUE(testing::Matches(Slot(a[i]), Bytes(), i));
+  }
+  EXPECT_EQ(StatsOf(Tier::kHost).promotions_in - before, 4u);  // one read per block, not two
+  EXPECT_EQ(StatsOf(Tier::kHost).slots_used, 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(tm_->Unpin(a[i]).ok());
+    ASSERT_TRUE(tm_->Unpin(b[i]).ok());
+  }
+}
+
+TEST_P(TierManagerTest, SecondHitAdmission) {
+  opts_.nvme.admission = Admission::kSecondHit;
+  OpenTm();
+  // Blocks 0..3 are used twice (commit + acquire) before pressure; 10..29 once.
+  for (uint64_t i = 0; i < 4; ++i) Store(i);
+  auto [st, slots] = AcquireSync(Keys(0, 4));
+  ASSERT_EQ(slots.size(), 4u);
+  for (auto s : slots) ASSERT_TRUE(tm_->Unpin(s).ok());
+  for (uint64_t i = 10; i < 30; ++i) Store(i);
+  tm_->Drain();
+  for (uint64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(tm_->Lookup(cid_, std::vector<Key128>{K(i)}).hit_blocks, 1u) << "reused block " << i << " lost";
+  }
+  EXPECT_GT(StatsOf(Tier::kNvme).admission_rejects, 0u);
+  uint64_t on_nvme = 0;
+  for (uint64_t i = 10; i < 30; ++i) {
+    LookupResult r = tm_->Lookup(cid_, std::vector<Key128>{K(i)});
+    on_nvme += r.hit_blocks == 1 && r.tiers[0] == Tier::kNvme;
+  }
+  EXPECT_EQ(on_nvme, 0u) << "single-use blocks must not be written to NVMe";
+}
+
+TEST_P(TierManagerTest, DailyWriteBudgetCapsNvmeWrites) {
+  opts_.nvme.daily_write_budget_bytes = 3 * (slot_ + 4096);
+  OpenTm();
+  for (uint64_t i = 0; i < 20; ++i) Store(i);
+  tm_->Drain();
+  TierStats nv = StatsOf(Tier::kNvme);
+  EXPECT_EQ(nv.blocks, 3u);
+  EXPECT_LE(nv.bytes_written, opts_.nvme.daily_write_budget_bytes);
+  EXPECT_GT(nv.admission_rejects, 0u);
+}
+
+TEST_P(TierManagerTest, DropTierNeverWritesNvme) {
+  opts_.host.on_evict = OnEvict::kDrop;
+  OpenTm();
+  for (uint64_t i = 0; i < 20; ++i) Store(i);
+  tm_->Drain();
+  EXPECT_EQ(StatsOf(Tier::kNvme).blocks, 0u);
+  EXPECT_GT(StatsOf(Tier::kHost).evictions_dropped, 0u);
+  EXPECT_LE(StatsOf(Tier::kHost).slots_used, 6u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, TierManagerTest,
+                         ::testing::Values(PolicyKind::kLru, PolicyKind::kS3Fifo, PolicyKind::kPrefixLru),
+                         [](const auto& info) {
+                           std::string n = PolicyName(info.param);
+                           for (auto& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+class TierManagerInputs : public TierManagerTest {};
+
+TEST_P(TierManagerInputs, BadInputsAreRefusedAndChangeNothing) {
+  OpenTm();
+  Store(0);
+  std::vector<SlotRef> s;
+  EXPECT_TRUE(tm_->AllocSlots(cid_ + 1, 1, Tier::kHost, &s).IsNotFound());
+  EXPECT_TRUE(tm_->AllocSlots(cid_, 1, Tier::kNvme, &s).IsInvalid());
+  EXPECT_TRUE(tm_->AllocSlots(cid_, 99, Tier::kHost, &s).IsInvalid());
+  EXPECT_TRUE(s.empty());
+  EXPECT_TRUE(tm_->Commit(cid_, SlotRef{Tier::kHost, 7}, K(5), K(4)).IsInvalid());  // free slot
+  EXPECT_TRUE(tm_->Commit(cid_, SlotRef{Tier::kHost, 70000}, K(5), K(4)).IsInvalid());
+  EXPECT_TRUE(tm_->Unpin(SlotRef{Tier::kHost, 7}).IsInvalid());
+  EXPECT_TRUE(tm_->FreeSlot(SlotRef{Tier::kHost, 7}).IsInvalid());
+  ASSERT_TRUE(tm_->AllocSlots(cid_, 1, Tier::kHost, &s).ok());
+  EXPECT_TRUE(tm_->Unpin(s[0]).IsInvalid());                                   // not committed
+  EXPECT_TRUE(tm_->Commit(cid_ + 1, s[0], K(5), K(4)).IsInvalid());            // other contract
+  ASSERT_TRUE(tm_->FreeSlot(s[0]).ok());
+  EXPECT_EQ(StatsOf(Tier::kHost).slots_used, 1u);
+
+  ScaleContract big = contract_;
+  big.geometry.num_layers = 80;
+  big.SetUnitScales();
+  EXPECT_EQ(tm_->RegisterContract(big).code(), StatusCode::kUnsupported);
+  EXPECT_FALSE(tm_->HasContract(big.Id()));
+
+  TierManagerOptions o = opts_;
+  o.host.capacity_bytes *= 2;
+  EXPECT_TRUE(tm_->Reconfigure(o).IsInvalid());
+  o = opts_;
+  o.host.low_watermark = 0.9;
+  o.host.high_watermark = 0.8;
+  EXPECT_TRUE(tm_->Reconfigure(o).IsInvalid());
+
+  if (!tm_->has_tier(Tier::kHbm)) {
+    auto [st, slots] = AcquireSync(Keys(0, 1), Tier::kHbm);
+    EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+    uint8_t h[64];
+    EXPECT_EQ(tm_->hbm_ipc_handle(h).code(), StatusCode::kUnsupported);
+  }
+  EXPECT_EQ(tm_->Lookup(cid_, Keys(0, 1)).hit_blocks, 1u);
+}
+
+TEST_P(TierManagerInputs, DuplicateCommitKeepsTheOldBlock) {
+  OpenTm();
+  Store(0);
+  std::vector<SlotRef> s;
+  ASSERT_TRUE(tm_->AllocSlots(cid_, 1, Tier::kHost, &s).ok());
+  testing::Fill(Slot(s[0]), Bytes(), 0);
+  ASSERT_TRUE(tm_->Commit(cid_, s[0], K(0), Key128{}).ok());
+  EXPECT_EQ(StatsOf(Tier::kHost).blocks, 1u);
+  ASSERT_TRUE(tm_->Unpin(s[0]).ok());  // frees the duplicate slot
+  EXPECT_EQ(StatsOf(Tier::kHost).slots_used, 1u);
+}
+
+TEST_P(TierManagerInputs, ReconfigureSwitchesPolicyAndEvictWorks) {
+  OpenTm();
+  for (uint64_t i = 0; i < 5; ++i) Store(i);
+  TierManagerOptions o = opts_;
+  o.host.policy = PolicyKind::kPrefixLru;
+  o.host.high_watermark = 0.5;
+  o.host.low_watermark = 0.25;
+  ASSERT_TRUE(tm_->Reconfigure(o).ok());
+  Store(5);
+  tm_->Drain();
+  EXPECT_LE(StatsOf(Tier::kHost).slots_used, 4u);
+  EXPECT_EQ(tm_->Lookup(cid_, Keys(0, 6)).hit_blocks, 6u);
+  ASSERT_TRUE(tm_->Evict(cid_, K(5)).ok());
+  EXPECT_TRUE(tm_->Evict(cid_, K(5)).IsNotFound());
+  EXPECT_EQ(tm_->Lookup(cid_, Keys(0, 6)).hit_blocks, 5u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Lru, TierManagerInputs, ::testing::Values(PolicyKind::kLru));
+
+}  // namespace
+}  // namespace kvtier::tiers

@@ -1,0 +1,168 @@
+#include "tiers/hbm/hbm_pool.h"
+
+#include <cstring>
+#include <string>
+
+#if KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace kvtier::tiers {
+
+Status HbmPoolOptions::Validate() const {
+  if (slot_bytes == 0 || slot_bytes % 4096) {
+    return Status::Invalid("hbm pool: slot_bytes " + std::to_string(slot_bytes) +
+                           " is not a positive multiple of 4096");
+  }
+  if (slots == 0) return Status::Invalid("hbm pool: zero slots");
+  if (device < 0) return Status::Invalid("hbm pool: negative device ordinal");
+  return Status::Ok();
+}
+
+std::optional<uint32_t> HbmPool::Alloc() {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.Alloc();
+}
+Status HbmPool::Free(uint32_t slot) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!alloc_.Free(slot)) return Status::Invalid("hbm pool: slot " + std::to_string(slot) + " is not allocated");
+  return Status::Ok();
+}
+uint32_t HbmPool::used() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.used();
+}
+uint32_t HbmPool::free_count() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.free_count();
+}
+
+#if KVTIER_HAVE_CUDA
+
+namespace {
+Status CudaErr(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  cudaGetLastError();
+  return Status::IoError(std::string(what) + ": " + cudaGetErrorString(e));
+}
+struct HostFnCtx {
+  HbmPool::CopyDone done;
+};
+void CUDART_CB RunDone(void* p) {
+  auto* c = static_cast<HostFnCtx*>(p);
+  c->done(Status::Ok());
+  delete c;
+}
+}  // namespace
+
+StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
+  KVTIER_RETURN_IF_ERROR(opts.Validate());
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return Status::Unsupported("hbm pool: no CUDA device");
+  }
+  if (opts.device >= n) {
+    return Status::Invalid("hbm pool: device " + std::to_string(opts.device) + " of " + std::to_string(n));
+  }
+  std::unique_ptr<HbmPool> p(new HbmPool());
+  p->opts_ = opts;
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaSetDevice(opts.device), "cudaSetDevice"));
+  void* m = nullptr;
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMalloc(&m, p->arena_bytes()), "cudaMalloc HBM arena"));
+  p->base_ = static_cast<uint8_t*>(m);
+  cudaStream_t a, b;
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), "stream"));
+  p->h2d_ = a;
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), "stream"));
+  p->d2h_ = b;
+  p->alloc_.Reset(opts.slots);
+  return p;
+}
+
+HbmPool::~HbmPool() {
+  cudaSetDevice(opts_.device);
+  if (h2d_) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(h2d_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(h2d_));
+  }
+  if (d2h_) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(d2h_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(d2h_));
+  }
+  if (base_) cudaFree(base_);
+}
+
+Status HbmPool::IpcHandle(uint8_t out[64]) const {
+  static_assert(sizeof(cudaIpcMemHandle_t) == 64, "CUDA IPC handle is 64 bytes");
+  cudaIpcMemHandle_t h;
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaSetDevice(opts_.device), "cudaSetDevice"));
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaIpcGetMemHandle(&h, base_), "cudaIpcGetMemHandle"));
+  std::memcpy(out, &h, 64);
+  return Status::Ok();
+}
+
+Status HbmPool::CopyToDevice(uint32_t slot, const void* src, uint64_t bytes, CopyDone done) {
+  if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
+  cudaSetDevice(opts_.device);
+  auto s = static_cast<cudaStream_t>(h2d_);
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(slot_ptr(slot), src, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync H2D"));
+  auto* c = new HostFnCtx{std::move(done)};
+  cudaError_t e = cudaLaunchHostFunc(s, RunDone, c);
+  if (e != cudaSuccess) {
+    delete c;
+    return CudaErr(e, "cudaLaunchHostFunc");
+  }
+  return Status::Ok();
+}
+
+Status HbmPool::CopyToHost(uint32_t slot, void* dst, uint64_t bytes, CopyDone done) {
+  if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
+  cudaSetDevice(opts_.device);
+  auto s = static_cast<cudaStream_t>(d2h_);
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(dst, slot_ptr(slot), bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync D2H"));
+  auto* c = new HostFnCtx{std::move(done)};
+  cudaError_t e = cudaLaunchHostFunc(s, RunDone, c);
+  if (e != cudaSuccess) {
+    delete c;
+    return CudaErr(e, "cudaLaunchHostFunc");
+  }
+  return Status::Ok();
+}
+
+Status HbmPool::CopyToHostSync(uint32_t slot, void* dst, uint64_t bytes) {
+  if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
+  cudaSetDevice(opts_.device);
+  auto s = static_cast<cudaStream_t>(d2h_);
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(dst, slot_ptr(slot), bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync D2H"));
+  return CudaErr(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+}
+
+Status HbmPool::CopyToDeviceSync(uint32_t slot, const void* src, uint64_t bytes) {
+  if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
+  cudaSetDevice(opts_.device);
+  auto s = static_cast<cudaStream_t>(h2d_);
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(slot_ptr(slot), src, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync H2D"));
+  return CudaErr(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+}
+
+#else  // !KVTIER_HAVE_CUDA
+
+StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
+  KVTIER_RETURN_IF_ERROR(opts.Validate());
+  return Status::Unsupported("hbm pool: built without CUDA");
+}
+HbmPool::~HbmPool() = default;
+Status HbmPool::IpcHandle(uint8_t*) const { return Status::Unsupported("built without CUDA"); }
+Status HbmPool::CopyToDevice(uint32_t, const void*, uint64_t, CopyDone) {
+  return Status::Unsupported("built without CUDA");
+}
+Status HbmPool::CopyToHost(uint32_t, void*, uint64_t, CopyDone) { return Status::Unsupported("built without CUDA"); }
+Status HbmPool::CopyToHostSync(uint32_t, void*, uint64_t) { return Status::Unsupported("built without CUDA"); }
+Status HbmPool::CopyToDeviceSync(uint32_t, const void*, uint64_t) {
+  return Status::Unsupported("built without CUDA");
+}
+
+#endif
+
+}  // namespace kvtier::tiers

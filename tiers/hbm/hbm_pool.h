@@ -1,0 +1,77 @@
+// HbmPool: the HBM tier's arena. One cudaMalloc of `slots * slot_bytes` bytes on one
+// device, exported once by CUDA IPC (cudaIpcGetMemHandle) so every attached engine maps
+// the same arena; HBM slot ids are the block-table entries the decode kernels take
+// (slot s starts at base + s * slot_bytes).
+//
+// Copies between this arena and pinned host memory run as cudaMemcpyAsync on the pool's
+// own two non-blocking streams (one per direction, so promotions and demotions overlap).
+// Completion is reported through a callback run by cudaLaunchHostFunc on a CUDA-owned
+// thread: the callback must not call CUDA (the TierManager's only queues a completion).
+//
+// Only built into a useful form with CUDA (KVTIER_HAVE_CUDA); elsewhere Create() answers
+// Unsupported and the TierManager runs without an HBM tier.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "formats/status.h"
+#include "tiers/slot_allocator.h"
+
+namespace kvtier::tiers {
+
+struct HbmPoolOptions {
+  int device = 0;           // CUDA device ordinal. Default: 0
+  uint64_t slot_bytes = 0;  // bytes per slot, 4096 multiple. Default: 0 (refused)
+  uint32_t slots = 0;       // number of slots. Default: 0 (refused)
+
+  Status Validate() const;
+};
+
+class HbmPool {
+ public:
+  using CopyDone = std::function<void(Status)>;
+
+  // Unsupported without CUDA or without a device; IoError when cudaMalloc fails.
+  static StatusOr<std::unique_ptr<HbmPool>> Create(const HbmPoolOptions& opts);
+  ~HbmPool();
+  HbmPool(const HbmPool&) = delete;
+  HbmPool& operator=(const HbmPool&) = delete;
+
+  int device() const { return opts_.device; }
+  uint8_t* base() const { return base_; }  // device pointer
+  uint64_t slot_bytes() const { return opts_.slot_bytes; }
+  uint32_t slots() const { return opts_.slots; }
+  uint64_t arena_bytes() const { return opts_.slot_bytes * opts_.slots; }
+  uint8_t* slot_ptr(uint32_t slot) const { return base_ + uint64_t{slot} * opts_.slot_bytes; }
+
+  // 64-byte cudaIpcMemHandle_t of the arena.
+  Status IpcHandle(uint8_t out[64]) const;
+
+  std::optional<uint32_t> Alloc();
+  Status Free(uint32_t slot);
+  uint32_t used() const;
+  uint32_t free_count() const;
+
+  // Asynchronous copies of `bytes` (<= slot_bytes) between slot and pinned host memory.
+  // On a launch error `done` is not called and the error is returned.
+  Status CopyToDevice(uint32_t slot, const void* host_src, uint64_t bytes, CopyDone done);
+  Status CopyToHost(uint32_t slot, void* host_dst, uint64_t bytes, CopyDone done);
+  // Synchronous variants (operator paths: Flush).
+  Status CopyToHostSync(uint32_t slot, void* host_dst, uint64_t bytes);
+  Status CopyToDeviceSync(uint32_t slot, const void* host_src, uint64_t bytes);
+
+ private:
+  HbmPool() = default;
+  HbmPoolOptions opts_;
+  uint8_t* base_ = nullptr;
+  void* h2d_ = nullptr;  // cudaStream_t
+  void* d2h_ = nullptr;  // cudaStream_t
+  mutable std::mutex mu_;
+  SlotAllocator alloc_;
+};
+
+}  // namespace kvtier::tiers

@@ -1,0 +1,83 @@
+#include "tiers/host/host_pool.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "tiers/hbm/cuda_env.h"
+
+namespace kvtier::tiers {
+
+Status HostPoolOptions::Validate() const {
+  if (slot_bytes == 0 || slot_bytes % 4096 != 0) {
+    return Status::Invalid("host pool: slot_bytes " + std::to_string(slot_bytes) +
+                           " is not a positive multiple of 4096");
+  }
+  if (slots == 0) return Status::Invalid("host pool: zero slots");
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<HostPool>> HostPool::Create(const HostPoolOptions& opts) {
+  KVTIER_RETURN_IF_ERROR(opts.Validate());
+  std::unique_ptr<HostPool> p(new HostPool());
+  p->opts_ = opts;
+  p->arena_bytes_ = opts.slot_bytes * opts.slots;
+  p->fd_ = memfd_create("kvtier-host-arena", MFD_CLOEXEC);
+  if (p->fd_ < 0) return Status::IoError(std::string("memfd_create: ") + std::strerror(errno));
+  if (ftruncate(p->fd_, static_cast<off_t>(p->arena_bytes_)) != 0) {
+    return Status::IoError(std::string("ftruncate host arena to ") +
+                           std::to_string(p->arena_bytes_) + " bytes: " + std::strerror(errno));
+  }
+  int flags = MAP_SHARED | (opts.populate ? MAP_POPULATE : 0);
+  void* m = mmap(nullptr, p->arena_bytes_, PROT_READ | PROT_WRITE, flags, p->fd_, 0);
+  if (m == MAP_FAILED) return Status::IoError(std::string("mmap host arena: ") + std::strerror(errno));
+  p->base_ = static_cast<uint8_t*>(m);
+  p->alloc_.Reset(opts.slots);
+  if (opts.cuda_register && cuda::DeviceCount() > 0) {
+    Status s = cuda::HostRegister(p->base_, p->arena_bytes_);
+    if (s.ok()) {
+      p->cuda_registered_ = true;
+    } else {
+      spdlog::warn("host pool: {} (host<->HBM copies will be slow)", s.ToString());
+    }
+  }
+  return p;
+}
+
+HostPool::~HostPool() {
+  if (cuda_registered_) (void)cuda::HostUnregister(base_);
+  if (base_) munmap(base_, arena_bytes_);
+  if (fd_ >= 0) close(fd_);
+}
+
+std::optional<uint32_t> HostPool::Alloc() {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.Alloc();
+}
+
+Status HostPool::Free(uint32_t slot) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!alloc_.Free(slot)) {
+    return Status::Invalid("host pool: slot " + std::to_string(slot) + " is not allocated");
+  }
+  return Status::Ok();
+}
+
+bool HostPool::IsAllocated(uint32_t slot) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.IsTaken(slot);
+}
+uint32_t HostPool::used() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.used();
+}
+uint32_t HostPool::free_count() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.free_count();
+}
+
+}  // namespace kvtier::tiers

@@ -1,0 +1,27 @@
+// Test-only sync/kill points (RocksDB's TEST_SYNC_POINT, reduced to what tiers/ needs).
+//
+// KVTIER_TEST_POINT("name") calls the callback a test installed with SetTestPointCallback,
+// if any; crash tests use it to _exit() a child process at an exact point of the commit
+// protocol (e.g. after the payload is durable but before the index entry is written).
+// Without KVTIER_TEST_POINTS (release packages) the macro compiles to nothing.
+#pragma once
+
+#include <functional>
+#include <string_view>
+
+namespace kvtier::tiers {
+
+using TestPointCallback = std::function<void(std::string_view name)>;
+// Installs (or, with an empty function, removes) the process-wide callback.
+void SetTestPointCallback(TestPointCallback cb);
+void RunTestPoint(std::string_view name);
+
+}  // namespace kvtier::tiers
+
+#if KVTIER_TEST_POINTS
+#define KVTIER_TEST_POINT(name) ::kvtier::tiers::RunTestPoint(name)
+#else
+#define KVTIER_TEST_POINT(name) \
+  do {                          \
+  } while (0)
+#endif

@@ -1,0 +1,1175 @@
+// TierManager implementation: the block index over the three tiers, pins, eviction,
+// admission and the mover thread. Design notes in docs/tiers.md.
+//
+// Locking: one mutex (mu_) guards the block map, the per-slot states, the policies and
+// the counters. No I/O or DMA runs under it: the mover thread takes the queued work out
+// under the lock, runs the NVMe batches and launches the copies without it, and applies
+// the results under it again. User callbacks (AcquireDone) are queued in deferred_ and
+// run by the mover with no lock held, so they may call back into the TierManager.
+#include "tiers/tier_manager.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "tiers/hbm/cuda_env.h"
+#include "tiers/hbm/hbm_pool.h"
+#include "tiers/host/host_pool.h"
+#include "tiers/nvme/nvme_store.h"
+#include "tiers/policy/policy.h"
+
+namespace kvtier::tiers {
+
+const char* TierName(Tier t) {
+  switch (t) {
+    case Tier::kHbm: return "hbm";
+    case Tier::kHost: return "host";
+    case Tier::kNvme: return "nvme";
+    case Tier::kRemote: return "remote";
+    case Tier::kNone: return "none";
+  }
+  return "?";
+}
+
+Status TierOptions::Validate(const char* tier_name) const {
+  if (!(low_watermark > 0.0 && low_watermark <= high_watermark && high_watermark <= 1.0)) {
+    return Status::Invalid(std::string(tier_name) + ": watermarks must satisfy 0 < low (" +
+                           std::to_string(low_watermark) + ") <= high (" +
+                           std::to_string(high_watermark) + ") <= 1");
+  }
+  if (policy != PolicyKind::kLru && policy != PolicyKind::kS3Fifo && policy != PolicyKind::kPrefixLru) {
+    return Status::Invalid(std::string(tier_name) + ": unknown eviction policy");
+  }
+  if (on_evict != OnEvict::kDemote && on_evict != OnEvict::kDrop) {
+    return Status::Invalid(std::string(tier_name) + ": unknown on_evict");
+  }
+  return Status::Ok();
+}
+
+Status TierManagerOptions::Validate() const {
+  if (slot_bytes == 0 || slot_bytes % 4096) {
+    return Status::Invalid("slot_bytes " + std::to_string(slot_bytes) + " is not a positive multiple of 4096");
+  }
+  KVTIER_RETURN_IF_ERROR(hbm.Validate("hbm"));
+  KVTIER_RETURN_IF_ERROR(host.Validate("host"));
+  KVTIER_RETURN_IF_ERROR(nvme.tier.Validate("nvme"));
+  if (host.capacity_bytes < slot_bytes) {
+    return Status::Invalid("host tier: capacity " + std::to_string(host.capacity_bytes) +
+                           " bytes holds no slot of " + std::to_string(slot_bytes));
+  }
+  if (host.capacity_bytes / slot_bytes > UINT32_MAX || hbm.capacity_bytes / slot_bytes > UINT32_MAX) {
+    return Status::Invalid("more than 2^32 slots in a tier");
+  }
+  if (hbm.capacity_bytes > 0 && hbm.capacity_bytes < slot_bytes) {
+    return Status::Invalid("hbm tier: capacity holds no slot");
+  }
+  if (cuda_device < 0) return Status::Invalid("cuda_device is negative");
+  if (nvme.tier.capacity_bytes > 0) {
+    if (nvme.dir.empty()) return Status::Invalid("nvme tier: empty dir");
+    if (nvme.admission != Admission::kAlways && nvme.admission != Admission::kSecondHit) {
+      return Status::Invalid("nvme tier: unknown admission");
+    }
+    if (nvme.queue_depth == 0 || nvme.queue_depth > 4096) {
+      return Status::Invalid("nvme tier: queue_depth not in [1, 4096]");
+    }
+  }
+  if (mover_batch == 0) return Status::Invalid("mover_batch is 0");
+  if (!(host_to_hbm_gbps > 0) || !(nvme_read_gbps > 0)) return Status::Invalid("bandwidths must be > 0");
+  return Status::Ok();
+}
+
+namespace {
+
+constexpr int kH = 0, kS = 1, kN = 2;  // tier indices: HBM, host (staging), NVMe
+int Idx(Tier t) { return t == Tier::kHbm ? kH : t == Tier::kHost ? kS : kN; }
+Tier TierOf(int i) { return i == kH ? Tier::kHbm : i == kS ? Tier::kHost : Tier::kNvme; }
+
+struct Block;
+using Waiter = std::function<void(bool ok)>;
+
+struct Promotion {
+  int slot = -1;                // reserved slot in the target tier
+  std::vector<Waiter> waiters;  // run under mu_ when the promotion ends
+};
+
+struct Block {
+  BlockId id;
+  Key128 parent;
+  uint64_t bytes = 0;          // payload bytes (the contract's block size)
+  int32_t slot[2] = {-1, -1};  // valid copy in HBM / host
+  bool nvme = false;           // valid record on NVMe
+  uint32_t pins[2] = {0, 0};   // client pins (leases) in HBM / host
+  uint32_t io_pins[3] = {0, 0, 0};  // source of an in-flight copy
+  bool busy[2] = {false, false};    // a demotion out of HBM / host is in flight
+  std::shared_ptr<Promotion> promo[2];
+  uint32_t uses = 0;
+};
+
+enum class SlotState : uint8_t { kFree, kAlloc, kBlock, kDup, kLoading };
+struct SlotInfo {
+  SlotState state = SlotState::kFree;
+  Block* block = nullptr;  // kBlock, kLoading
+  uint64_t contract = 0;   // kAlloc, kDup
+};
+
+struct Counters {
+  uint64_t hits = 0, misses = 0, promotions_in = 0, demotions_out = 0;
+  uint64_t bytes_read = 0, bytes_written = 0;
+  uint64_t evictions_demoted = 0, evictions_dropped = 0, admission_rejects = 0;
+  double read_gbps = 0, write_gbps = 0;
+};
+
+struct AcquireCtx {
+  TierManager::AcquireDone done;
+  Tier target = Tier::kNone;
+  std::vector<Block*> blocks;
+  std::vector<SlotRef> slots;
+  std::vector<bool> ok;
+  size_t pending = 0;
+};
+
+struct CopyJob {  // host <-> HBM
+  Block* b;
+  int dst_slot;
+  bool to_hbm;    // H2D (promotion) or D2H
+  bool demote;    // D2H as eviction (drop the HBM copy after)
+};
+struct CopyDoneMsg {
+  Block* b;
+  int dst_slot;
+  bool to_hbm, demote;
+  Status st;
+};
+
+}  // namespace
+
+class TierManagerImpl final : public TierManager {
+ public:
+  explicit TierManagerImpl(const TierManagerOptions& o) : opts_(o) {}
+  ~TierManagerImpl() override;
+  Status Init();
+
+  uint64_t slot_bytes() const override { return opts_.slot_bytes; }
+  bool has_tier(Tier t) const override {
+    return (t == Tier::kHbm && hbm_) || (t == Tier::kHost && host_) || (t == Tier::kNvme && nvme_);
+  }
+  int host_arena_fd() const override { return host_->fd(); }
+  uint64_t host_arena_bytes() const override { return host_->arena_bytes(); }
+  uint8_t* hbm_base() const override { return hbm_ ? hbm_->base() : nullptr; }
+  Status hbm_ipc_handle(uint8_t out[64]) const override {
+    if (!hbm_) return Status::Unsupported("no HBM tier");
+    return hbm_->IpcHandle(out);
+  }
+  Status RegisterContract(const ScaleContract& c) override;
+  bool HasContract(uint64_t id) const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return contracts_.count(id) != 0;
+  }
+  LookupResult Lookup(uint64_t contract_id, std::span<const Key128> keys) override;
+  void Acquire(uint64_t contract_id, std::span<const Key128> keys, Tier target, AcquireDone done) override;
+  Status AllocSlots(uint64_t contract_id, uint32_t n, Tier target, std::vector<SlotRef>* out) override;
+  Status Commit(uint64_t contract_id, SlotRef slot, const Key128& key, const Key128& parent) override;
+  Status Unpin(SlotRef slot) override;
+  Status FreeSlot(SlotRef slot) override;
+  void Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) override;
+  Status Evict(uint64_t contract_id, const Key128& key) override;
+  Status Flush() override;
+  Status Reconfigure(const TierManagerOptions& opts) override;
+  std::vector<TierStats> Stats() const override;
+  void Drain() override;
+
+ private:
+  // ---- all *Locked methods run with mu_ held ----
+  uint32_t Slots(int t) const { return t == kH ? (hbm_ ? hbm_->slots() : 0) : t == kS ? host_->slots() : (nvme_ ? nvme_->records_total() : 0); }
+  uint32_t UsedLocked(int t) const {
+    return t == kH ? (hbm_ ? hbm_->used() : 0) : t == kS ? host_->used() : (nvme_ ? nvme_->records_total() - nvme_->free_records() : 0);
+  }
+  std::optional<uint32_t> PoolAlloc(int t) { return t == kH ? hbm_->Alloc() : host_->Alloc(); }
+  void PoolFree(int t, uint32_t s) {
+    (void)(t == kH ? hbm_->Free(s) : host_->Free(s));
+    slots_[t][s] = SlotInfo{};
+  }
+  bool EvictableLocked(int t, const Block& b) const {
+    if (t == kN) return b.io_pins[kN] == 0 && !b.busy[kS] && !b.promo[kS];
+    return b.pins[t] == 0 && b.io_pins[t] == 0 && !b.busy[t] && b.slot[t] >= 0;
+  }
+  Block* FindLocked(const BlockId& id) {
+    auto it = blocks_.find(id);
+    return it == blocks_.end() ? nullptr : it->second.get();
+  }
+  bool CachedLocked(const Block& b) const { return b.slot[kH] >= 0 || b.slot[kS] >= 0 || b.nvme; }
+  void MaybeEraseLocked(Block* b);
+  void DropCopyLocked(int t, Block* b, bool demoted);
+  // Frees up to `need` slots in tier t by dropping victims that need no I/O (a copy exists
+  // below, or the tier drops on eviction). Returns how many were freed.
+  uint32_t EvictCleanLocked(int t, uint32_t need);
+  std::optional<uint32_t> ReserveLocked(int t, Block* loading_for);
+  void EvictOneLocked(int t, Block* b, uint32_t* pending_out);
+  bool AdmitLocked(Block* b, bool force);
+  void MaintainLocked();
+  bool OverHighLocked(int t) const;
+  // Promotions. Each returns false when the promotion could not even start.
+  bool StartPromotionLocked(Block* b, int t, Waiter w);
+  void LaunchLocked(Block* b, int t);
+  void RetrySpaceWaitersLocked(int t);
+  void FinishPromotionLocked(Block* b, int t, bool ok);
+  void FinishAcquireLocked(const std::shared_ptr<AcquireCtx>& ctx);
+  void KickLocked() { work_ = true; cv_.notify_all(); }
+
+  void MoverLoop();
+  bool HasWorkLocked() const {
+    return work_ || !reads_.empty() || !writes_.empty() || !copies_.empty() || !deferred_.empty() ||
+           !copy_done_.empty() || flush_req_ != nullptr;
+  }
+  void RunReads(std::vector<Block*> batch);
+  void RunWrites(std::vector<std::pair<Block*, bool>> batch);
+  void RunCopies(std::vector<CopyJob> batch);
+  void ApplyCopyDone(const CopyDoneMsg& m);
+  Status DoFlush();
+
+  TierManagerOptions opts_;
+  std::unique_ptr<HbmPool> hbm_;
+  std::unique_ptr<HostPool> host_;
+  std::unique_ptr<NvmeStore> nvme_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::unordered_map<uint64_t, ScaleContract> contracts_;
+  std::unordered_map<BlockId, std::unique_ptr<Block>, BlockIdHash> blocks_;
+  std::vector<SlotInfo> slots_[2];
+  std::unique_ptr<EvictionPolicy> policy_[3];
+  Counters c_[3];
+  // Admission state (NVMe).
+  std::deque<BlockId> ghost_;
+  std::unordered_set<BlockId, BlockIdHash> ghost_set_;
+  uint64_t budget_used_ = 0;
+  std::chrono::steady_clock::time_point budget_window_start_ = std::chrono::steady_clock::now();
+  // Mover queues.
+  std::vector<Block*> reads_;                     // NVMe -> host promotions (slot in promo[kS])
+  std::vector<std::pair<Block*, bool>> writes_;   // host -> NVMe (bool: eviction)
+  std::vector<CopyJob> copies_;
+  std::vector<std::function<void()>> deferred_;  // user callbacks, run without mu_
+  std::vector<CopyDoneMsg> copy_done_;            // from CUDA host callbacks
+  uint32_t copies_in_flight_ = 0;
+  uint32_t demoting_[2] = {0, 0};           // demotions in flight out of HBM / host
+  std::vector<Block*> space_wait_[2];       // promotions waiting for a demotion to free a slot
+  bool work_ = false, stop_ = false, busy_step_ = false;
+  std::promise<Status>* flush_req_ = nullptr;
+  std::thread mover_;
+};
+
+// ---------------------------------------------------------------------------------------
+
+StatusOr<std::unique_ptr<TierManager>> TierManager::Open(const TierManagerOptions& opts) {
+  KVTIER_RETURN_IF_ERROR(opts.Validate());
+  auto tm = std::make_unique<TierManagerImpl>(opts);
+  KVTIER_RETURN_IF_ERROR(tm->Init());
+  return std::unique_ptr<TierManager>(std::move(tm));
+}
+
+Status TierManagerImpl::Init() {
+  HostPoolOptions ho;
+  ho.slot_bytes = opts_.slot_bytes;
+  ho.slots = static_cast<uint32_t>(opts_.host.capacity_bytes / opts_.slot_bytes);
+  auto host = HostPool::Create(ho);
+  if (!host.ok()) return host.status();
+  host_ = std::move(host.value());
+
+  std::string hbm_why;
+  if (opts_.hbm.capacity_bytes == 0) {
+    hbm_why = "hbm capacity is 0";
+  } else if (cuda::DeviceCount(&hbm_why) > 0) {
+    HbmPoolOptions hb;
+    hb.device = opts_.cuda_device;
+    hb.slot_bytes = opts_.slot_bytes;
+    hb.slots = static_cast<uint32_t>(opts_.hbm.capacity_bytes / opts_.slot_bytes);
+    auto hbm = HbmPool::Create(hb);
+    if (!hbm.ok()) return hbm.status();  // a GPU is there but unusable: say so at start
+    hbm_ = std::move(hbm.value());
+  }
+
+  if (opts_.nvme.tier.capacity_bytes > 0) {
+    NvmeStoreOptions no;
+    no.dir = opts_.nvme.dir;
+    no.capacity_bytes = opts_.nvme.tier.capacity_bytes;
+    no.slot_bytes = opts_.slot_bytes;
+    no.queue_depth = opts_.nvme.queue_depth;
+    no.verify_on_restart = opts_.nvme.verify_on_restart;
+    no.fixed.push_back({host_->base(), host_->arena_bytes()});
+    auto st = NvmeStore::Open(no);
+    if (!st.ok()) return st.status();
+    nvme_ = std::move(st.value());
+  }
+
+  slots_[kH].assign(hbm_ ? hbm_->slots() : 0, SlotInfo{});
+  slots_[kS].assign(host_->slots(), SlotInfo{});
+  policy_[kH] = EvictionPolicy::Create(opts_.hbm.policy, Slots(kH));
+  policy_[kS] = EvictionPolicy::Create(opts_.host.policy, Slots(kS));
+  policy_[kN] = EvictionPolicy::Create(opts_.nvme.tier.policy, Slots(kN));
+  if (nvme_) {
+    auto ents = nvme_->Entries();
+    std::sort(ents.begin(), ents.end(), [](const NvmeEntry& a, const NvmeEntry& b) { return a.sequence < b.sequence; });
+    for (const NvmeEntry& e : ents) {
+      auto b = std::make_unique<Block>();
+      b->id = e.id;
+      b->parent = e.parent;
+      b->bytes = e.payload_len;
+      b->nvme = true;
+      b->uses = e.hits;
+      policy_[kN]->Insert(e.id, BlockId{e.id.contract, e.parent});
+      blocks_.emplace(e.id, std::move(b));
+    }
+  }
+  spdlog::info("kvtier tiers: hbm {} | host {} slots x {} B ({}) | nvme {}",
+               hbm_ ? fmt::format("{} slots on device {} ({})", hbm_->slots(), opts_.cuda_device,
+                                  cuda::DeviceName(opts_.cuda_device))
+                    : fmt::format("absent ({})", hbm_why),
+               host_->slots(), opts_.slot_bytes,
+               host_->cuda_registered() ? "cudaHostRegister'ed" : "not CUDA-registered",
+               nvme_ ? fmt::format("{} records under {} ({} blocks loaded)", nvme_->records_total(),
+                                   opts_.nvme.dir, blocks_.size())
+                     : std::string("absent"));
+  mover_ = std::thread([this] { MoverLoop(); });
+  return Status::Ok();
+}
+
+TierManagerImpl::~TierManagerImpl() {
+  if (mover_.joinable()) {
+    Drain();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    mover_.join();
+  }
+}
+
+Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
+  KVTIER_RETURN_IF_ERROR(c.Validate());
+  if (c.slot_bytes() > opts_.slot_bytes) {
+    return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
+                               " bytes does not fit a slot of " + std::to_string(opts_.slot_bytes));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  contracts_.emplace(c.Id(), c);
+  return Status::Ok();
+}
+
+LookupResult TierManagerImpl::Lookup(uint64_t contract_id, std::span<const Key128> keys) {
+  LookupResult r;
+  std::lock_guard<std::mutex> l(mu_);
+  if (!contracts_.count(contract_id)) return r;
+  double host_bytes = 0, nvme_bytes = 0;
+  for (const Key128& k : keys) {
+    Block* b = FindLocked({contract_id, k});
+    if (!b || !CachedLocked(*b)) break;
+    Tier t = b->slot[kH] >= 0 ? Tier::kHbm : b->slot[kS] >= 0 ? Tier::kHost : Tier::kNvme;
+    if (t == Tier::kHost) host_bytes += b->bytes;
+    if (t == Tier::kNvme) nvme_bytes += b->bytes, host_bytes += b->bytes;
+    r.tiers.push_back(t);
+    ++r.hit_blocks;
+  }
+  const double h2d = c_[kH].write_gbps > 0 ? c_[kH].write_gbps : opts_.host_to_hbm_gbps;
+  const double nv = c_[kN].read_gbps > 0 ? c_[kN].read_gbps : opts_.nvme_read_gbps;
+  r.est_seconds_to_hbm = host_bytes / (h2d * 1e9) + nvme_bytes / (nv * 1e9);
+  return r;
+}
+
+// ---- eviction ---------------------------------------------------------------------------
+
+void TierManagerImpl::MaybeEraseLocked(Block* b) {
+  if (CachedLocked(*b) || b->pins[0] || b->pins[1] || b->io_pins[0] || b->io_pins[1] || b->io_pins[2] ||
+      b->promo[0] || b->promo[1] || b->busy[0] || b->busy[1]) {
+    return;
+  }
+  blocks_.erase(b->id);
+}
+
+void TierManagerImpl::DropCopyLocked(int t, Block* b, bool demoted) {
+  policy_[t]->Remove(b->id);
+  if (t == kN) {
+    (void)nvme_->Remove(b->id);  // NotFound when the store dropped it itself (corrupt)
+    b->nvme = false;
+  } else {
+    PoolFree(t, static_cast<uint32_t>(b->slot[t]));
+    b->slot[t] = -1;
+  }
+  ++(demoted ? c_[t].evictions_demoted : c_[t].evictions_dropped);
+}
+
+uint32_t TierManagerImpl::EvictCleanLocked(int t, uint32_t need) {
+  uint32_t freed = 0;
+  const bool drop_all = t == kN || (t == kH ? opts_.hbm.on_evict : opts_.host.on_evict) == OnEvict::kDrop ||
+                        (t == kS && !nvme_);
+  while (freed < need) {
+    auto v = policy_[t]->Victim([&](const BlockId& id) {
+      Block* b = FindLocked(id);
+      if (!b || !EvictableLocked(t, *b)) return false;
+      if (drop_all) return true;
+      return t == kH ? b->slot[kS] >= 0 : b->nvme;  // a copy below: no I/O needed
+    });
+    if (!v) break;
+    Block* b = FindLocked(*v);
+    const bool below = t == kH ? b->slot[kS] >= 0 : t == kS ? b->nvme : false;
+    DropCopyLocked(t, b, below);
+    MaybeEraseLocked(b);
+    ++freed;
+  }
+  return freed;
+}
+
+std::optional<uint32_t> TierManagerImpl::ReserveLocked(int t, Block* loading_for) {
+  auto s = PoolAlloc(t);
+  if (!s && EvictCleanLocked(t, 1) > 0) s = PoolAlloc(t);
+  if (!s) {
+    KickLocked();  // let the mover demote dirty blocks; the caller retries or fails
+    return std::nullopt;
+  }
+  slots_[t][*s] = SlotInfo{loading_for ? SlotState::kLoading : SlotState::kAlloc, loading_for, 0};
+  return s;
+}
+
+bool TierManagerImpl::AdmitLocked(Block* b, bool force) {
+  const uint64_t budget = opts_.nvme.daily_write_budget_bytes;
+  const uint64_t bytes = RoundUp4K(b->bytes) + kIoAlign;
+  if (budget > 0) {
+    auto now = std::chrono::steady_clock::now();
+    if (now - budget_window_start_ >= std::chrono::hours(24)) {
+      budget_window_start_ = now;
+      budget_used_ = 0;
+    }
+    if (budget_used_ + bytes > budget) {
+      ++c_[kN].admission_rejects;
+      return false;
+    }
+  }
+  if (!force && opts_.nvme.admission == Admission::kSecondHit && b->uses < 2) {
+    if (ghost_set_.erase(b->id) == 0) {  // first time offered: remember it, refuse it
+      ghost_set_.insert(b->id);
+      ghost_.push_back(b->id);
+      while (ghost_.size() > std::max<size_t>(1024, Slots(kN))) {
+        ghost_set_.erase(ghost_.front());
+        ghost_.pop_front();
+      }
+      ++c_[kN].admission_rejects;
+      return false;
+    }
+  }
+  budget_used_ += bytes;
+  return true;
+}
+
+void TierManagerImpl::EvictOneLocked(int t, Block* b, uint32_t* pending_out) {
+  if (t == kN) {
+    DropCopyLocked(kN, b, false);
+    MaybeEraseLocked(b);
+    return;
+  }
+  const OnEvict oe = t == kH ? opts_.hbm.on_evict : opts_.host.on_evict;
+  const bool below = t == kH ? b->slot[kS] >= 0 : b->nvme;
+  if (below || oe == OnEvict::kDrop) {
+    DropCopyLocked(t, b, below);
+    MaybeEraseLocked(b);
+    return;
+  }
+  if (t == kH) {  // demote HBM -> host by DMA
+    auto s = b->promo[kS] ? std::nullopt : ReserveLocked(kS, b);
+    if (!s) {
+      DropCopyLocked(kH, b, false);
+      MaybeEraseLocked(b);
+      return;
+    }
+    // Out of the policy at once: under prefix-lru its parent becomes a candidate in this
+    // same pass, so a chain demotes in one batch instead of one block per round trip.
+    policy_[kH]->Remove(b->id);
+    ++demoting_[kH];
+    b->busy[kH] = true;
+    b->io_pins[kH]++;
+    copies_.push_back({b, static_cast<int>(*s), false, true});
+    ++*pending_out;
+    return;
+  }
+  // host -> NVMe
+  if (!nvme_ || !AdmitLocked(b, false)) {
+    DropCopyLocked(kS, b, false);
+    MaybeEraseLocked(b);
+    return;
+  }
+  policy_[kS]->Remove(b->id);  // see the HBM case above
+  ++demoting_[kS];
+  b->busy[kS] = true;
+  writes_.emplace_back(b, true);
+  ++*pending_out;
+}
+
+bool TierManagerImpl::OverHighLocked(int t) const {
+  const uint32_t total = Slots(t);
+  if (total == 0) return false;
+  const double hw = t == kH ? opts_.hbm.high_watermark : t == kS ? opts_.host.high_watermark : opts_.nvme.tier.high_watermark;
+  return UsedLocked(t) > hw * total;
+}
+
+void TierManagerImpl::MaintainLocked() {
+  for (int t : {kH, kS, kN}) {
+    if (Slots(t) == 0 || !OverHighLocked(t)) continue;
+    const TierOptions& to = t == kH ? opts_.hbm : t == kS ? opts_.host : opts_.nvme.tier;
+    const double target = to.low_watermark * Slots(t);
+    uint32_t pending = 0;
+    // Demotions already in flight out of this tier count as freed.
+    for (const auto& w : writes_) pending += (t == kS && w.second) ? 1 : 0;
+    for (const auto& c : copies_) pending += (t == kH && c.demote) ? 1 : 0;
+    while (UsedLocked(t) - std::min(pending, UsedLocked(t)) > target) {
+      auto v = policy_[t]->Victim([&](const BlockId& id) {
+        Block* b = FindLocked(id);
+        return b && EvictableLocked(t, *b);
+      });
+      if (!v) break;  // everything left is pinned or in flight
+      EvictOneLocked(t, FindLocked(*v), &pending);
+    }
+  }
+}
+
+// ---- data path ----------------------------------------------------------------------------
+
+Status TierManagerImpl::AllocSlots(uint64_t contract_id, uint32_t n, Tier target, std::vector<SlotRef>* out) {
+  if (!out) return Status::Invalid("AllocSlots: null output");
+  if (target != Tier::kHbm && target != Tier::kHost) {
+    return Status::Invalid(std::string("AllocSlots: tier ") + TierName(target) + " takes no direct writes");
+  }
+  if (!has_tier(target)) return Status::Unsupported(std::string("no ") + TierName(target) + " tier");
+  const int t = Idx(target);
+  std::lock_guard<std::mutex> l(mu_);
+  if (!contracts_.count(contract_id)) return Status::NotFound("AllocSlots: unknown contract " + ContractIdHex(contract_id));
+  if (n == 0) return Status::Ok();
+  if (n > Slots(t)) return Status::Invalid("AllocSlots: " + std::to_string(n) + " slots asked, tier has " + std::to_string(Slots(t)));
+  const uint32_t free = Slots(t) - UsedLocked(t);
+  if (free < n) EvictCleanLocked(t, n - free);
+  if (Slots(t) - UsedLocked(t) < n) {
+    MaintainLocked();
+    KickLocked();
+    return Status::Retry(std::string(TierName(target)) + " tier full (pinned or being demoted)");
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    auto s = PoolAlloc(t);
+    slots_[t][*s] = SlotInfo{SlotState::kAlloc, nullptr, contract_id};
+    out->push_back({target, *s});
+  }
+  if (OverHighLocked(t)) KickLocked();
+  return Status::Ok();
+}
+
+Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& key, const Key128& parent) {
+  if ((ref.tier != Tier::kHbm && ref.tier != Tier::kHost) || !has_tier(ref.tier)) {
+    return Status::Invalid("Commit: bad tier");
+  }
+  const int t = Idx(ref.tier);
+  std::lock_guard<std::mutex> l(mu_);
+  if (ref.slot >= slots_[t].size() || slots_[t][ref.slot].state != SlotState::kAlloc) {
+    return Status::Invalid("Commit: slot " + std::to_string(ref.slot) + " is not an allocated, uncommitted slot");
+  }
+  SlotInfo& si = slots_[t][ref.slot];
+  if (si.contract != contract_id) return Status::Invalid("Commit: slot was allocated for another contract");
+  auto cit = contracts_.find(contract_id);
+  if (cit == contracts_.end()) return Status::NotFound("Commit: unknown contract");
+  const BlockId id{contract_id, key};
+  Block* b = FindLocked(id);
+  if (b && (b->slot[t] >= 0 || b->promo[t])) {
+    si.state = SlotState::kDup;  // equal bytes already cached here: keep the old block
+    return Status::Ok();
+  }
+  if (!b) {
+    auto nb = std::make_unique<Block>();
+    nb->id = id;
+    nb->parent = parent;
+    nb->bytes = cit->second.block_bytes();
+    b = nb.get();
+    blocks_.emplace(id, std::move(nb));
+  }
+  b->uses++;
+  b->slot[t] = static_cast<int32_t>(ref.slot);
+  b->pins[t]++;
+  si = SlotInfo{SlotState::kBlock, b, 0};
+  policy_[t]->Insert(id, BlockId{contract_id, b->parent});
+  if (OverHighLocked(t)) KickLocked();
+  return Status::Ok();
+}
+
+Status TierManagerImpl::Unpin(SlotRef ref) {
+  if (ref.tier != Tier::kHbm && ref.tier != Tier::kHost) return Status::Invalid("Unpin: bad tier");
+  const int t = Idx(ref.tier);
+  std::lock_guard<std::mutex> l(mu_);
+  if (ref.slot >= slots_[t].size()) return Status::Invalid("Unpin: slot out of range");
+  SlotInfo& si = slots_[t][ref.slot];
+  if (si.state == SlotState::kDup) {
+    PoolFree(t, ref.slot);
+    return Status::Ok();
+  }
+  if (si.state != SlotState::kBlock || si.block->pins[t] == 0) {
+    return Status::Invalid("Unpin: slot " + std::to_string(ref.slot) + " holds no pinned block");
+  }
+  si.block->pins[t]--;
+  if (OverHighLocked(t)) KickLocked();
+  return Status::Ok();
+}
+
+Status TierManagerImpl::FreeSlot(SlotRef ref) {
+  if (ref.tier != Tier::kHbm && ref.tier != Tier::kHost) return Status::Invalid("FreeSlot: bad tier");
+  const int t = Idx(ref.tier);
+  std::lock_guard<std::mutex> l(mu_);
+  if (ref.slot >= slots_[t].size() || slots_[t][ref.slot].state != SlotState::kAlloc) {
+    return Status::Invalid("FreeSlot: slot " + std::to_string(ref.slot) + " is not allocated-uncommitted");
+  }
+  PoolFree(t, ref.slot);
+  return Status::Ok();
+}
+
+bool TierManagerImpl::StartPromotionLocked(Block* b, int t, Waiter w) {
+  if (b->promo[t]) {  // merge with the promotion already in flight
+    b->promo[t]->waiters.push_back(std::move(w));
+    return true;
+  }
+  if (b->slot[t] >= 0) {  // already there (e.g. a chained wait)
+    w(true);
+    return true;
+  }
+  if (t == kS) {
+    if (!b->nvme && !(b->slot[kH] >= 0 && !b->busy[kH])) return false;  // no source
+    auto p = std::make_shared<Promotion>();
+    p->waiters.push_back(std::move(w));
+    b->promo[kS] = p;
+    LaunchLocked(b, kS);
+    return true;
+  }
+  // t == kH: from host, or after a host promotion.
+  auto p = std::make_shared<Promotion>();
+  p->waiters.push_back(std::move(w));
+  b->promo[kH] = p;
+  if (b->slot[kS] >= 0 && !b->promo[kS]) {
+    LaunchLocked(b, kH);
+    return true;
+  }
+  const bool ok = StartPromotionLocked(b, kS, [this, b](bool ok) {
+    if (ok) LaunchLocked(b, kH);
+    else FinishPromotionLocked(b, kH, false);
+  });
+  if (!ok) {
+    b->promo[kH].reset();
+    return false;
+  }
+  return true;
+}
+
+// Reserves the target slot of b's promotion into t and queues the copy. Without a free
+// slot it forces one eviction; when that (or an earlier one) is a demotion still in
+// flight, the promotion waits for it (space_wait_) instead of failing: an acquire is only
+// cut short when the tier is full of pinned blocks.
+void TierManagerImpl::LaunchLocked(Block* b, int t) {
+  auto s = ReserveLocked(t, b);
+  if (!s && demoting_[t] == 0) {
+    auto v = policy_[t]->Victim([&](const BlockId& id) {
+      Block* x = FindLocked(id);
+      return x && x != b && EvictableLocked(t, *x);
+    });
+    uint32_t pending = 0;
+    if (v) EvictOneLocked(t, FindLocked(*v), &pending);
+    s = ReserveLocked(t, b);
+  }
+  if (!s) {
+    if (demoting_[t] > 0) {
+      space_wait_[t].push_back(b);
+      KickLocked();
+    } else {
+      FinishPromotionLocked(b, t, false);
+    }
+    return;
+  }
+  b->promo[t]->slot = static_cast<int>(*s);
+  if (t == kH) {
+    if (b->slot[kS] < 0) {  // the host copy went away meanwhile
+      FinishPromotionLocked(b, kH, false);
+      return;
+    }
+    b->io_pins[kS]++;
+    copies_.push_back({b, static_cast<int>(*s), true, false});
+  } else if (b->nvme) {
+    b->io_pins[kN]++;
+    reads_.push_back(b);
+  } else if (b->slot[kH] >= 0 && !b->busy[kH]) {
+    b->io_pins[kH]++;
+    copies_.push_back({b, static_cast<int>(*s), false, false});
+  } else {
+    FinishPromotionLocked(b, kS, false);
+    return;
+  }
+  KickLocked();
+}
+
+void TierManagerImpl::RetrySpaceWaitersLocked(int t) {
+  auto waiting = std::exchange(space_wait_[t], {});
+  for (Block* b : waiting) {
+    if (b->promo[t]) LaunchLocked(b, t);
+  }
+}
+
+void TierManagerImpl::FinishPromotionLocked(Block* b, int t, bool ok) {
+  auto p = std::move(b->promo[t]);
+  b->promo[t].reset();
+  if (!p) return;
+  if (ok) {
+    b->slot[t] = p->slot;
+    slots_[t][p->slot] = SlotInfo{SlotState::kBlock, b, 0};
+    policy_[t]->Insert(b->id, BlockId{b->id.contract, b->parent});
+    c_[t].promotions_in++;
+  } else if (p->slot >= 0 && slots_[t][p->slot].state == SlotState::kLoading) {
+    PoolFree(t, static_cast<uint32_t>(p->slot));
+  }
+  for (auto& w : p->waiters) w(ok);
+  MaybeEraseLocked(b);
+}
+
+void TierManagerImpl::FinishAcquireLocked(const std::shared_ptr<AcquireCtx>& ctx) {
+  size_t n = 0;
+  while (n < ctx->ok.size() && ctx->ok[n]) ++n;
+  const int t = Idx(ctx->target);
+  for (size_t i = n; i < ctx->ok.size(); ++i) {  // past the first loss: not part of the answer
+    if (ctx->ok[i]) {
+      ctx->blocks[i]->pins[t]--;
+      MaybeEraseLocked(ctx->blocks[i]);
+    }
+  }
+  if (n < ctx->ok.size()) c_[kN].misses += ctx->ok.size() - n;
+  std::vector<SlotRef> out(ctx->slots.begin(), ctx->slots.begin() + static_cast<long>(n));
+  auto done = std::move(ctx->done);
+  deferred_.push_back([done = std::move(done), out = std::move(out)]() mutable { done(Status::Ok(), std::move(out)); });
+  KickLocked();
+}
+
+void TierManagerImpl::Acquire(uint64_t contract_id, std::span<const Key128> keys, Tier target, AcquireDone done) {
+  std::lock_guard<std::mutex> l(mu_);
+  if ((target != Tier::kHbm && target != Tier::kHost) || !has_tier(target)) {
+    deferred_.push_back([done = std::move(done), target] {
+      done(Status::Unsupported(std::string("Acquire into ") + TierName(target) + ": no such tier here"), {});
+    });
+    KickLocked();
+    return;
+  }
+  auto ctx = std::make_shared<AcquireCtx>();
+  ctx->done = std::move(done);
+  ctx->target = target;
+  const int t = Idx(target);
+  if (contracts_.count(contract_id)) {
+    for (const Key128& k : keys) {
+      Block* b = FindLocked({contract_id, k});
+      if (!b || !CachedLocked(*b)) break;
+      ctx->blocks.push_back(b);
+    }
+  }
+  const size_t n = ctx->blocks.size();
+  ctx->slots.resize(n);
+  ctx->ok.assign(n, false);
+  ctx->pending = n + 1;  // +1 released below, so that instant completions cannot finish early
+  for (size_t i = 0; i < n; ++i) {
+    Block* b = ctx->blocks[i];
+    b->uses++;
+    const int found = b->slot[kH] >= 0 ? kH : b->slot[kS] >= 0 ? kS : kN;
+    c_[found].hits++;
+    auto on_ready = [this, ctx, i, b, t](bool ok) {
+      if (ok && b->slot[t] >= 0) {
+        b->pins[t]++;
+        policy_[t]->Touch(b->id);
+        ctx->slots[i] = {ctx->target, static_cast<uint32_t>(b->slot[t])};
+        ctx->ok[i] = true;
+      }
+      if (--ctx->pending == 0) FinishAcquireLocked(ctx);
+    };
+    if (b->slot[t] >= 0) {
+      on_ready(true);
+    } else if (!StartPromotionLocked(b, t, on_ready)) {
+      on_ready(false);
+    }
+  }
+  c_[kN].misses += keys.size() - n;
+  if (--ctx->pending == 0) FinishAcquireLocked(ctx);
+}
+
+void TierManagerImpl::Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) {
+  if ((target != Tier::kHbm && target != Tier::kHost) || !has_tier(target)) return;
+  std::lock_guard<std::mutex> l(mu_);
+  if (!contracts_.count(contract_id)) return;
+  const int t = Idx(target);
+  for (const Key128& k : keys) {
+    Block* b = FindLocked({contract_id, k});
+    if (!b || !CachedLocked(*b)) break;
+    if (b->slot[t] < 0) (void)StartPromotionLocked(b, t, [](bool) {});
+  }
+}
+
+Status TierManagerImpl::Evict(uint64_t contract_id, const Key128& key) {
+  std::lock_guard<std::mutex> l(mu_);
+  Block* b = FindLocked({contract_id, key});
+  if (!b || !CachedLocked(*b)) return Status::NotFound("Evict: block not cached");
+  if (b->pins[0] || b->pins[1] || b->io_pins[0] || b->io_pins[1] || b->io_pins[2] || b->busy[0] ||
+      b->busy[1] || b->promo[0] || b->promo[1]) {
+    return Status::Rejected("Evict: block is pinned or being moved");
+  }
+  for (int t : {kH, kS}) {
+    if (b->slot[t] >= 0) DropCopyLocked(t, b, false);
+  }
+  if (b->nvme) DropCopyLocked(kN, b, false);
+  MaybeEraseLocked(b);
+  return Status::Ok();
+}
+
+// ---- the mover --------------------------------------------------------------------------
+
+void TierManagerImpl::MoverLoop() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    cv_.wait(l, [&] { return stop_ || HasWorkLocked(); });
+    if (stop_ && !HasWorkLocked()) break;
+    busy_step_ = true;
+    work_ = false;
+    for (const auto& m : std::exchange(copy_done_, {})) ApplyCopyDone(m);
+    MaintainLocked();
+    std::promise<Status>* fr = std::exchange(flush_req_, nullptr);
+    auto copies = std::exchange(copies_, {});
+    auto writes = std::exchange(writes_, {});
+    std::vector<Block*> reads;
+    const size_t nr = std::min<size_t>(reads_.size(), opts_.mover_batch);
+    reads.assign(reads_.begin(), reads_.begin() + static_cast<long>(nr));
+    reads_.erase(reads_.begin(), reads_.begin() + static_cast<long>(nr));
+    if (!reads_.empty()) work_ = true;
+    auto deferred = std::exchange(deferred_, {});
+    l.unlock();
+    for (auto& f : deferred) f();
+    if (!copies.empty()) RunCopies(std::move(copies));
+    if (!writes.empty()) RunWrites(std::move(writes));
+    if (!reads.empty()) RunReads(std::move(reads));
+    if (fr) fr->set_value(DoFlush());
+    l.lock();
+    busy_step_ = false;
+    if (!HasWorkLocked() && copies_in_flight_ == 0) idle_cv_.notify_all();
+  }
+}
+
+void TierManagerImpl::Drain() {
+  std::unique_lock<std::mutex> l(mu_);
+  if (std::this_thread::get_id() == mover_.get_id()) return;
+  idle_cv_.wait(l, [&] { return !HasWorkLocked() && copies_in_flight_ == 0 && !busy_step_; });
+}
+
+void TierManagerImpl::RunReads(std::vector<Block*> batch) {
+  std::vector<NvmeRead> rd(batch.size());
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int s = batch[i]->promo[kS]->slot;
+      rd[i].id = batch[i]->id;
+      rd[i].dst = host_->slot_ptr(static_cast<uint32_t>(s));
+      rd[i].dst_capacity = host_->slot_bytes();
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  (void)nvme_->ReadBatch(rd);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::mutex> l(mu_);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Block* b = batch[i];
+    b->io_pins[kN]--;
+    const bool ok = rd[i].result.ok();
+    if (ok) {
+      bytes += RoundUp4K(rd[i].len);
+    } else if (rd[i].result.IsCorrupt() || rd[i].result.IsNotFound()) {
+      // The store dropped the record (counted there): the block is gone from NVMe.
+      policy_[kN]->Remove(b->id);
+      b->nvme = false;
+    }
+    FinishPromotionLocked(b, kS, ok);
+  }
+  c_[kN].bytes_read += bytes;
+  if (secs > 0 && bytes > (16u << 20)) c_[kN].read_gbps = bytes / secs / 1e9;
+  KickLocked();
+}
+
+void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
+  std::vector<NvmeWrite> wr;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    // Make room on NVMe first: drop its coldest unpinned records.
+    const uint32_t free = nvme_->free_records();
+    if (free < batch.size()) {
+      for (uint32_t k = 0; k < batch.size() - free; ++k) {
+        auto v = policy_[kN]->Victim([&](const BlockId& id) {
+          Block* b = FindLocked(id);
+          return b && EvictableLocked(kN, *b);
+        });
+        if (!v) break;
+        EvictOneLocked(kN, FindLocked(*v), nullptr);
+      }
+    }
+    wr.resize(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Block* b = batch[i].first;
+      wr[i].id = b->id;
+      wr[i].parent = b->parent;
+      wr[i].payload = host_->slot_ptr(static_cast<uint32_t>(b->slot[kS]));
+      wr[i].len = b->bytes;
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  (void)nvme_->WriteBatch(wr);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::mutex> l(mu_);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Block* b = batch[i].first;
+    b->busy[kS] = false;
+    if (batch[i].second) --demoting_[kS];
+    if (wr[i].result.ok()) {
+      bytes += RoundUp4K(b->bytes) + kIoAlign;
+      if (!b->nvme) {
+        b->nvme = true;
+        policy_[kN]->Insert(b->id, BlockId{b->id.contract, b->parent});
+      }
+      c_[kS].demotions_out++;
+    } else {
+      budget_used_ -= std::min<uint64_t>(budget_used_, RoundUp4K(b->bytes) + kIoAlign);
+    }
+    // An eviction frees the host copy now (kept while a client pinned it meanwhile).
+    if (batch[i].second && b->pins[kS] == 0 && b->io_pins[kS] == 0 && b->slot[kS] >= 0) {
+      DropCopyLocked(kS, b, b->nvme);
+    } else if (b->slot[kS] >= 0 && !policy_[kS]->Contains(b->id)) {
+      policy_[kS]->Insert(b->id, BlockId{b->id.contract, b->parent});  // pinned meanwhile: stays
+    }
+    MaybeEraseLocked(b);
+  }
+  c_[kN].bytes_written += bytes;
+  if (secs > 0 && bytes > (16u << 20)) c_[kN].write_gbps = bytes / secs / 1e9;
+  RetrySpaceWaitersLocked(kS);
+  KickLocked();
+}
+
+void TierManagerImpl::RunCopies(std::vector<CopyJob> batch) {
+  for (const CopyJob& j : batch) {
+    Status st;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ++copies_in_flight_;
+    }
+    auto cb = [this, j](Status s) {
+      std::lock_guard<std::mutex> l(mu_);
+      copy_done_.push_back({j.b, j.dst_slot, j.to_hbm, j.demote, std::move(s)});
+      --copies_in_flight_;
+      KickLocked();
+    };
+    uint32_t hs, ds;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      hs = static_cast<uint32_t>(j.to_hbm ? j.b->slot[kS] : j.dst_slot);
+      ds = static_cast<uint32_t>(j.to_hbm ? j.dst_slot : j.b->slot[kH]);
+    }
+    st = j.to_hbm ? hbm_->CopyToDevice(ds, host_->slot_ptr(hs), j.b->bytes, cb)
+                  : hbm_->CopyToHost(ds, host_->slot_ptr(hs), j.b->bytes, cb);
+    if (!st.ok()) cb(st);
+  }
+}
+
+void TierManagerImpl::ApplyCopyDone(const CopyDoneMsg& m) {
+  Block* b = m.b;
+  const bool ok = m.st.ok();
+  if (!ok) spdlog::warn("tiers: host<->HBM copy failed: {}", m.st.ToString());
+  if (m.to_hbm) {
+    b->io_pins[kS]--;
+    if (ok) c_[kH].bytes_written += b->bytes;
+    FinishPromotionLocked(b, kH, ok);
+    return;
+  }
+  b->io_pins[kH]--;
+  if (m.demote) {
+    b->busy[kH] = false;
+    --demoting_[kH];
+    if (ok) {
+      b->slot[kS] = m.dst_slot;
+      slots_[kS][m.dst_slot] = SlotInfo{SlotState::kBlock, b, 0};
+      policy_[kS]->Insert(b->id, BlockId{b->id.contract, b->parent});
+      c_[kH].demotions_out++;
+    } else {
+      PoolFree(kS, static_cast<uint32_t>(m.dst_slot));
+    }
+    if (b->pins[kH] == 0 && b->slot[kH] >= 0) {
+      DropCopyLocked(kH, b, ok);
+    } else if (b->slot[kH] >= 0 && !policy_[kH]->Contains(b->id)) {
+      policy_[kH]->Insert(b->id, BlockId{b->id.contract, b->parent});  // pinned meanwhile: stays
+    }
+    MaybeEraseLocked(b);
+    RetrySpaceWaitersLocked(kH);
+  } else {
+    FinishPromotionLocked(b, kS, ok);  // HBM -> host promotion (host-only client)
+  }
+}
+
+// ---- operator actions -----------------------------------------------------------------
+
+Status TierManagerImpl::Flush() {
+  if (std::this_thread::get_id() == mover_.get_id()) {
+    return Status::Invalid("Flush from a TierManager callback would deadlock");
+  }
+  std::promise<Status> p;
+  auto f = p.get_future();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    while (flush_req_ != nullptr) {  // one flush at a time
+      mu_.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      mu_.lock();
+    }
+    flush_req_ = &p;
+    KickLocked();
+  }
+  Status s = f.get();
+  Drain();
+  return s;
+}
+
+Status TierManagerImpl::DoFlush() {
+  Status first;
+  // HBM: blocks without a copy below go to host first (synchronous copies: operator path).
+  if (hbm_) {
+    std::vector<std::pair<Block*, uint32_t>> todo;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (auto& [id, up] : blocks_) {
+        Block* b = up.get();
+        if (!EvictableLocked(kH, *b)) continue;
+        if (b->slot[kS] >= 0 || b->promo[kS]) {
+          DropCopyLocked(kH, b, true);
+          continue;
+        }
+        auto s = ReserveLocked(kS, b);
+        if (!s) {
+          if (first.ok()) first = Status::Rejected("flush: host tier full");
+          continue;
+        }
+        b->busy[kH] = true;
+        todo.emplace_back(b, *s);
+      }
+    }
+    for (auto& [b, s] : todo) {
+      Status cs = hbm_->CopyToHostSync(static_cast<uint32_t>(b->slot[kH]), host_->slot_ptr(s), b->bytes);
+      std::lock_guard<std::mutex> l(mu_);
+      b->busy[kH] = false;
+      if (cs.ok()) {
+        b->slot[kS] = static_cast<int32_t>(s);
+        slots_[kS][s] = SlotInfo{SlotState::kBlock, b, 0};
+        policy_[kS]->Insert(b->id, BlockId{b->id.contract, b->parent});
+        if (b->pins[kH] == 0) DropCopyLocked(kH, b, true);
+      } else {
+        PoolFree(kS, s);
+        if (first.ok()) first = cs;
+      }
+    }
+  }
+  if (!nvme_) return first.ok() ? Status::Unsupported("flush: no NVMe tier") : first;
+  std::vector<std::pair<Block*, bool>> writes;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [id, up] : blocks_) {
+      Block* b = up.get();
+      if (!EvictableLocked(kS, *b)) continue;
+      if (b->nvme) {
+        DropCopyLocked(kS, b, true);
+        continue;
+      }
+      if (!AdmitLocked(b, /*force=*/true)) {
+        if (first.ok()) first = Status::Rejected("flush: daily NVMe write budget exhausted");
+        continue;
+      }
+      policy_[kS]->Remove(b->id);
+      ++demoting_[kS];
+      b->busy[kS] = true;
+      writes.emplace_back(b, true);
+    }
+  }
+  for (size_t i = 0; i < writes.size(); i += 256) {
+    std::vector<std::pair<Block*, bool>> chunk(writes.begin() + static_cast<long>(i),
+                                              writes.begin() + static_cast<long>(std::min(writes.size(), i + 256)));
+    RunWrites(std::move(chunk));
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = blocks_.begin(); it != blocks_.end();) {
+      Block* b = (it++)->second.get();
+      MaybeEraseLocked(b);
+    }
+  }
+  return first;
+}
+
+Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
+  KVTIER_RETURN_IF_ERROR(o.Validate());
+  if (o.slot_bytes != opts_.slot_bytes || o.hbm.capacity_bytes != opts_.hbm.capacity_bytes ||
+      o.host.capacity_bytes != opts_.host.capacity_bytes ||
+      o.nvme.tier.capacity_bytes != opts_.nvme.tier.capacity_bytes || o.nvme.dir != opts_.nvme.dir ||
+      o.cuda_device != opts_.cuda_device || o.nvme.queue_depth != opts_.nvme.queue_depth) {
+    return Status::Invalid("Reconfigure: sizes, folders, device and queue depth cannot change at run time");
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  const PolicyKind old[3] = {opts_.hbm.policy, opts_.host.policy, opts_.nvme.tier.policy};
+  const PolicyKind now[3] = {o.hbm.policy, o.host.policy, o.nvme.tier.policy};
+  opts_ = o;
+  for (int t : {kH, kS, kN}) {
+    if (old[t] == now[t]) continue;
+    policy_[t] = EvictionPolicy::Create(now[t], Slots(t));
+    for (auto& [id, b] : blocks_) {
+      const bool in = t == kN ? b->nvme : b->slot[t] >= 0;
+      if (in) policy_[t]->Insert(id, BlockId{id.contract, b->parent});
+    }
+  }
+  KickLocked();
+  return Status::Ok();
+}
+
+std::vector<TierStats> TierManagerImpl::Stats() const {
+  std::vector<TierStats> out;
+  std::lock_guard<std::mutex> l(mu_);
+  for (int t : {kH, kS, kN}) {
+    TierStats s;
+    s.tier = TierOf(t);
+    s.present = has_tier(s.tier);
+    const Counters& c = c_[t];
+    s.slots_total = Slots(t);
+    s.slots_used = s.present ? UsedLocked(t) : 0;
+    const uint64_t unit = t == kN && nvme_ ? nvme_->record_bytes() : opts_.slot_bytes;
+    s.capacity_bytes = s.slots_total * unit;
+    s.used_bytes = s.slots_used * unit;
+    s.blocks = policy_[t] ? policy_[t]->size() : 0;
+    for (auto& [id, b] : blocks_) {
+      if (t < 2 && b->pins[t] > 0) ++s.pinned;
+      if (t == kN && b->io_pins[kN] > 0) ++s.pinned;
+    }
+    s.hits = c.hits;
+    s.misses = c.misses;
+    s.promotions_in = c.promotions_in;
+    s.demotions_out = c.demotions_out;
+    s.bytes_read = c.bytes_read;
+    s.bytes_written = c.bytes_written;
+    s.evictions_demoted = c.evictions_demoted;
+    s.evictions_dropped = c.evictions_dropped;
+    s.admission_rejects = c.admission_rejects;
+    s.read_gbps = c.read_gbps;
+    s.write_gbps = c.write_gbps;
+    if (t == kN && nvme_) s.checksum_failures = nvme_->Stats().checksum_failures;
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace kvtier::tiers
