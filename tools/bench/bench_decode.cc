@@ -1,0 +1,361 @@
+// kvtier-bench decode: the GPU kernels' speed against the pure-read roofline, in one run.
+//
+// Measures, on the current GPU: a streaming-read kernel (the roofline), kvtier's paged
+// decode over BF16, FP8 and NVFP4 pages at (batch, context) in {(1,32K), (1,128K),
+// (16,64K), (64,8K)} with 32 query heads, 8 KV heads, D=128, T=16 and 64, and
+// quantize_append (both scale rules). Bandwidths count the bytes a kernel must move (KV
+// pages read; for quantize, activations read plus pages written). Each configuration
+// rotates over enough distinct slots that its data is several times the L2, and block
+// tables are random permutations (pages scattered as in a real pool). Median of --iters.
+// torch SDPA's baseline is measured by tools/gpu/decode_baseline.py (needs torch).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "formats/layout.h"
+#include "formats/nvfp4.h"
+#include "tools/bench/report.h"
+#include "tools/cli.h"
+
+#if KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/include/kvtier/kernels.h"
+#include "kernels/reference.h"
+#endif
+
+namespace kvtier::bench {
+namespace {
+
+#if KVTIER_HAVE_CUDA
+
+#define BENCH_CUDA(x)                                                                   \
+  do {                                                                                  \
+    const cudaError_t e_ = (x);                                                         \
+    if (e_ != cudaSuccess) {                                                            \
+      return cli::Fail(std::string(#x) + ": " + cudaGetErrorString(e_));                \
+    }                                                                                   \
+  } while (0)
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+};
+
+template <class T>
+cudaError_t Alloc(T** p, size_t n) {
+  return cudaMalloc(reinterpret_cast<void**>(p), n);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Host pattern of `n` slots of valid random pages (no NaN scales / values).
+std::vector<uint8_t> PatternSlots(KvFormat f, const Geometry& g, size_t slot_bytes, size_t n,
+                                  std::mt19937_64& rng) {
+  std::vector<uint8_t> p(slot_bytes * n);
+  for (auto& b : p) b = static_cast<uint8_t>(rng());
+  const PageLayout pl = MakePageLayout(f, g);
+  for (size_t s = 0; s < n; ++s) {
+    uint8_t* page = p.data() + s * slot_bytes;
+    if (f == KvFormat::kNvfp4) {
+      for (size_t r : {pl.k_scale, pl.v_scale}) {
+        for (size_t i = 0; i < pl.v_data - pl.k_scale; ++i) page[r + i] = static_cast<uint8_t>(0x30 + rng() % 0x18);
+      }
+    } else if (f == KvFormat::kFp8) {
+      for (size_t i = 0; i < pl.page_bytes; ++i) page[i] = static_cast<uint8_t>((rng() % 0x50) | (rng() & 0x80));
+    } else {
+      std::normal_distribution<float> nd(0.f, 1.f);
+      for (size_t i = 0; i + 1 < pl.page_bytes; i += 2) {
+        const uint16_t b = kernels::FloatToBf16(nd(rng));
+        std::memcpy(page + i, &b, 2);
+      }
+    }
+  }
+  return p;
+}
+
+struct Row {
+  std::string what;
+  int batch = 0, ctx = 0, T = 0;
+  double us = 0, gbps = 0, frac = 0;
+};
+
+int RunDecodeBench(const std::vector<std::string>& argv) {
+  auto args = cli::Args::Parse(argv, {"quick"});
+  if (!args.ok()) return cli::Fail(args.status().message(), 2);
+  if (Status s = args->CheckKnown({"quick", "iters", "json", "results"}); !s.ok()) return cli::Fail(s.message(), 2);
+  const bool quick = args->Has("quick");
+  auto iters_or = args->GetInt("iters", quick ? 5 : 30);
+  if (!iters_or.ok()) return cli::Fail(iters_or.status().message(), 2);
+  const int iters = static_cast<int>(*iters_or);
+  const std::string json_path = args->Get("json").value_or("");
+  const std::string results = args->Get("results").value_or(Report::DefaultResultsPath());
+
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return cli::Fail("no CUDA device");
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<Row> rows;
+  Timer tm;
+  auto time_it = [&](auto&& fn) -> double {
+    for (int i = 0; i < 3; ++i) fn(i);
+    std::vector<double> ts;
+    for (int i = 0; i < iters; ++i) {
+      cudaEventRecord(tm.a);
+      fn(i);
+      cudaEventRecord(tm.b);
+      cudaEventSynchronize(tm.b);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, tm.a, tm.b);
+      ts.push_back(ms * 1e3);
+    }
+    return Median(ts);
+  };
+
+  // ---- roofline: streaming read of 2 GiB ------------------------------------------------
+  const size_t probe_bytes = size_t{2} << 30;
+  void* probe = nullptr;
+  uint32_t* sink = nullptr;
+  BENCH_CUDA(Alloc(&probe, probe_bytes));
+  BENCH_CUDA(Alloc(&sink, 4));
+  BENCH_CUDA(cudaMemset(probe, 0x5A, probe_bytes));
+  int rc = 0;
+  const double probe_us = time_it([&](int) { rc |= kvt_read_bandwidth_probe(probe, probe_bytes, sink, nullptr); });
+  if (rc != KVT_OK) return cli::Fail(std::string("read probe: ") + kvt_last_error());
+  cudaFree(probe);
+  const double roof = probe_bytes / probe_us / 1e3;  // GB/s
+  rows.push_back({"pure read (roofline)", 0, 0, 0, probe_us, roof, 1.0});
+
+  // ---- decode ---------------------------------------------------------------------------
+  struct Shape {
+    int B, L;
+  };
+  std::vector<Shape> shapes = {{1, 32768}, {1, 131072}, {16, 65536}, {64, 8192}};
+  if (quick) shapes = {{1, 32768}, {16, 8192}};
+  const int Hq = 32, Hkv = 8, D = 128;
+  const size_t l2 = static_cast<size_t>(prop.l2CacheSize);
+  std::vector<double> nvfp4_vs_fp8;
+  for (int T : {16, 64}) {
+    for (const Shape& sh : shapes) {
+      double t_fmt[3] = {0, 0, 0};
+      for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8, KvFormat::kNvfp4}) {
+        Geometry g;
+        g.num_layers = 1;
+        g.num_kv_heads = Hkv;
+        g.head_dim = D;
+        g.block_tokens = static_cast<uint32_t>(T);
+        const size_t slot_bytes = SlotBytes(f, g);
+        const size_t page = PageBytes(f, g);
+        const size_t blocks = static_cast<size_t>(sh.B) * (sh.L / T);
+        const size_t iter_bytes = blocks * page;
+        const size_t nsets = std::max<size_t>(1, (4 * l2 + iter_bytes - 1) / iter_bytes);
+        const size_t slots = blocks * nsets;
+        uint8_t* pool = nullptr;
+        BENCH_CUDA(Alloc(&pool, slots * slot_bytes));
+        const size_t pat_n = std::min<size_t>(64, slots);
+        const std::vector<uint8_t> pat = PatternSlots(f, g, slot_bytes, pat_n, rng);
+        BENCH_CUDA(cudaMemcpy(pool, pat.data(), pat.size(), cudaMemcpyHostToDevice));
+        for (size_t s = pat_n; s < slots; s += pat_n) {
+          const size_t n = std::min(pat_n, slots - s);
+          BENCH_CUDA(cudaMemcpy(pool + s * slot_bytes, pool, n * slot_bytes, cudaMemcpyDeviceToDevice));
+        }
+        // nsets block tables, each a random permutation of its own region of slots.
+        std::vector<int32_t> bt(nsets * blocks);
+        for (size_t k = 0; k < nsets; ++k) {
+          std::iota(bt.begin() + k * blocks, bt.begin() + (k + 1) * blocks, static_cast<int32_t>(k * blocks));
+          std::shuffle(bt.begin() + k * blocks, bt.begin() + (k + 1) * blocks, rng);
+        }
+        std::vector<int32_t> lens(sh.B, sh.L);
+        std::vector<uint16_t> q(static_cast<size_t>(sh.B) * Hq * D);
+        std::normal_distribution<float> nd(0.f, 1.f);
+        for (auto& x : q) x = kernels::FloatToBf16(nd(rng));
+        int32_t *dbt = nullptr, *dlen = nullptr;
+        void *dq = nullptr, *dout = nullptr;
+        BENCH_CUDA(Alloc(&dbt, bt.size() * 4));
+        BENCH_CUDA(Alloc(&dlen, lens.size() * 4));
+        BENCH_CUDA(Alloc(&dq, q.size() * 2));
+        BENCH_CUDA(Alloc(&dout, q.size() * 2));
+        BENCH_CUDA(cudaMemcpy(dbt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
+        BENCH_CUDA(cudaMemcpy(dlen, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+        BENCH_CUDA(cudaMemcpy(dq, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+        kvt_pool pd{};
+        pd.base = pool;
+        pd.slot_bytes = slot_bytes;
+        pd.num_slots = slots;
+        pd.num_layers = 1;
+        pd.num_kv_heads = Hkv;
+        pd.head_dim = D;
+        pd.block_tokens = static_cast<uint32_t>(T);
+        pd.format = static_cast<uint32_t>(f);
+        kvt_decode_params p{};
+        p.q = dq;
+        p.out = dout;
+        p.seq_lens = dlen;
+        p.batch = sh.B;
+        p.num_q_heads = Hq;
+        p.max_blocks = static_cast<int32_t>(sh.L / T);
+        p.max_seq_len = sh.L;
+        p.k_scale = p.v_scale = f == KvFormat::kBf16 ? 1.f : 0.02f;
+        p.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+        p.block_table = dbt;
+        const uint64_t ws = kvt_decode_workspace_bytes(&pd, &p);
+        void* dws = nullptr;
+        if (ws) BENCH_CUDA(Alloc(&dws, ws));
+        p.workspace = dws;
+        p.workspace_bytes = ws;
+        int drc = 0;
+        const double us = time_it([&](int i) {
+          kvt_decode_params pi = p;
+          pi.block_table = dbt + (i % nsets) * blocks;
+          drc |= kvt_decode(&pd, &pi, nullptr);
+        });
+        if (drc != KVT_OK) return cli::Fail(std::string("decode: ") + kvt_last_error());
+        BENCH_CUDA(cudaDeviceSynchronize());
+        const double gbps = static_cast<double>(iter_bytes) / us / 1e3;
+        const int fi = static_cast<int>(f);
+        t_fmt[fi] = us;
+        rows.push_back({std::string("decode ") + KvFormatName(f) + " (splits " +
+                            std::to_string(kvt_decode_num_splits(&pd, &p)) + ")",
+                        sh.B, sh.L, T, us, gbps, gbps / roof});
+        cudaFree(dws);
+        cudaFree(dbt);
+        cudaFree(dlen);
+        cudaFree(dq);
+        cudaFree(dout);
+        cudaFree(pool);
+      }
+      rows.push_back({"  nvfp4/fp8 time, nvfp4/bf16 time", sh.B, sh.L, T, 0,
+                      t_fmt[0] / t_fmt[1], t_fmt[0] / t_fmt[2]});
+    }
+  }
+
+  // ---- quantize_append ----------------------------------------------------------------
+  {
+    const int N = quick ? 8192 : 65536, H = 8, T = 16;
+    Geometry g;
+    g.num_layers = 1;
+    g.num_kv_heads = H;
+    g.head_dim = D;
+    g.block_tokens = T;
+    const size_t slot_bytes = SlotBytes(KvFormat::kNvfp4, g);
+    const size_t slots = N / T;
+    uint8_t* pool = nullptr;
+    void *dk = nullptr, *dv = nullptr;
+    int32_t *ds = nullptr, *dp = nullptr;
+    const size_t n_el = static_cast<size_t>(N) * H * D;
+    BENCH_CUDA(Alloc(&pool, slots * slot_bytes));
+    BENCH_CUDA(Alloc(&dk, n_el * 2));
+    BENCH_CUDA(Alloc(&dv, n_el * 2));
+    BENCH_CUDA(Alloc(&ds, N * 4));
+    BENCH_CUDA(Alloc(&dp, N * 4));
+    std::vector<uint16_t> x(n_el);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (auto& v : x) v = kernels::FloatToBf16(nd(rng));
+    BENCH_CUDA(cudaMemcpy(dk, x.data(), n_el * 2, cudaMemcpyHostToDevice));
+    std::reverse(x.begin(), x.end());
+    BENCH_CUDA(cudaMemcpy(dv, x.data(), n_el * 2, cudaMemcpyHostToDevice));
+    std::vector<int32_t> sl(N), ps(N);
+    std::vector<int32_t> perm(slots);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int i = 0; i < N; ++i) {
+      sl[i] = perm[i / T];
+      ps[i] = i % T;
+    }
+    BENCH_CUDA(cudaMemcpy(ds, sl.data(), N * 4, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(dp, ps.data(), N * 4, cudaMemcpyHostToDevice));
+    kvt_pool pd{};
+    pd.base = pool;
+    pd.slot_bytes = slot_bytes;
+    pd.num_slots = slots;
+    pd.num_layers = 1;
+    pd.num_kv_heads = H;
+    pd.head_dim = D;
+    pd.block_tokens = T;
+    pd.format = KVT_FORMAT_NVFP4;
+    const double bytes = static_cast<double>(n_el) * 2 * 2 + static_cast<double>(N) * PageBytes(KvFormat::kNvfp4, g) / T;
+    for (uint32_t rule : {0u, 1u}) {
+      kvt_quantize_params q{};
+      q.k = dk;
+      q.v = dv;
+      q.num_tokens = N;
+      q.slot_ids = ds;
+      q.positions = dp;
+      q.k_scale = q.v_scale = 0.002f;
+      q.scale_rule = rule;
+      int qrc = 0;
+      const double us = time_it([&](int) { qrc |= kvt_quantize_append(&pd, &q, nullptr); });
+      if (qrc != KVT_OK) return cli::Fail(std::string("quantize_append: ") + kvt_last_error());
+      const double gbps = bytes / us / 1e3;
+      rows.push_back({std::string("quantize_append ") + (rule ? "4over6" : "max6") + " (N=" + std::to_string(N) + ", H=8)",
+                      0, 0, T, us, gbps, gbps / roof});
+    }
+    cudaFree(pool);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(ds);
+    cudaFree(dp);
+  }
+
+  Report rep("decode: kvtier paged decode (BF16 / FP8 / NVFP4) and quantize_append vs pure read",
+             "kvtier-bench decode" + std::string(quick ? " --quick" : "") + " --iters " + std::to_string(iters));
+  rep.SetDevice(prop.name);
+  rep.SetColumns({"kernel", "batch", "context", "T", "time us", "GB/s (bytes it must move)", "of pure read"});
+  for (const Row& r : rows) {
+    if (r.us == 0) {
+      rep.AddRow({r.what, std::to_string(r.batch), std::to_string(r.ctx), std::to_string(r.T), "",
+                  Fmt("fp8/nvfp4 = %.2fx", r.gbps), Fmt("bf16/nvfp4 = %.2fx", r.frac)});
+    } else {
+      rep.AddRow({r.what, r.batch ? std::to_string(r.batch) : "", r.ctx ? std::to_string(r.ctx) : "",
+                  r.T ? std::to_string(r.T) : "", Fmt("%.1f", r.us), Fmt("%.0f", r.gbps), Fmt("%.1f%%", 100 * r.frac)});
+    }
+  }
+  rep.AddNote("32 query heads, 8 KV heads, D=128, one layer; KV bytes per token and head: bf16 512, fp8 256, nvfp4 144. "
+              "Data rotates over >= 4x L2 of distinct slots; block tables are random permutations. Median of " +
+              std::to_string(iters) + " runs.");
+  if (Status s = rep.Emit(results); !s.ok()) return cli::Fail(s.message());
+  if (!json_path.empty()) {
+    std::ofstream js(json_path);
+    js << "{\"device\": \"" << prop.name << "\", \"rows\": [\n";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      js << "  {\"what\": \"" << r.what << "\", \"batch\": " << r.batch << ", \"context\": " << r.ctx
+         << ", \"T\": " << r.T << ", \"us\": " << r.us << ", \"gbps\": " << r.gbps << ", \"frac\": " << r.frac
+         << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+    }
+    js << "]}\n";
+  }
+  return 0;
+}
+
+#else
+
+int RunDecodeBench(const std::vector<std::string>&) {
+  return cli::Fail("kvtier-bench decode needs a CUDA build (this one was built without CUDA)");
+}
+
+#endif
+
+const cli::CommandRegistrar kReg("decode",
+                                 "GPU decode (bf16/fp8/nvfp4 pages) and quantize_append vs pure-read bandwidth",
+                                 RunDecodeBench);
+
+}  // namespace
+}  // namespace kvtier::bench
