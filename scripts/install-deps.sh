@@ -8,6 +8,7 @@ PKGS=(
   liburing-dev librocksdb-dev libxxhash-dev libboost-dev libzstd-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtomlplusplus-dev libhiredis-dev nlohmann-json3-dev
+  python3-numpy
   clang libclang-rt-14-dev
 )
 # Set KVTIER_DEPS_EXTRA="pkg ..." to add packages (e.g. redis-server for the remote tier).
