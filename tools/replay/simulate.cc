@@ -1,0 +1,151 @@
+#include "tools/replay/simulate.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "formats/keys.h"
+#include "tiers/policy/policy.h"
+
+namespace kvtier::replay {
+
+using tiers::BlockId;
+using tiers::BlockIdHash;
+
+Status SimOptions::Validate() const {
+  if (tiers.empty()) return Status::Invalid("simulation needs at least one tier");
+  return geometry.Validate(format);
+}
+
+uint64_t SimResult::token_capacity(uint32_t block_tokens) const {
+  uint64_t blocks_total = 0;
+  for (uint64_t c : capacity_blocks) blocks_total += c;
+  return blocks_total * block_tokens;
+}
+
+namespace {
+
+class Simulator {
+ public:
+  explicit Simulator(const SimOptions& o) : opts_(o) {
+    res_.slot_bytes = SlotBytes(o.format, o.geometry);
+    for (const auto& t : o.tiers) {
+      const uint64_t cap = t.capacity_bytes / res_.slot_bytes;
+      res_.capacity_blocks.push_back(cap);
+      policies_.push_back(tiers::EvictionPolicy::Create(t.policy, std::max<uint64_t>(cap, 1)));
+    }
+    res_.hits_by_tier.assign(o.tiers.size(), 0);
+  }
+
+  void Run(const std::vector<Key128>& keys, uint32_t prompt_tokens) {
+    const uint32_t T = opts_.geometry.block_tokens;
+    ++res_.requests;
+    res_.blocks += keys.size();
+    res_.prompt_tokens += prompt_tokens;
+    size_t hit = 0;
+    for (; hit < keys.size(); ++hit) {
+      auto it = where_.find(Id(keys[hit]));
+      if (it == where_.end()) break;
+      ++res_.hits_by_tier[it->second];
+      policies_[it->second]->Touch(Id(keys[hit]));
+    }
+    res_.prefix_hits += hit;
+    res_.recomputed_tokens += prompt_tokens - hit * T;
+    // Pin the request's blocks while it runs; move them all to the top tier.
+    pinned_.clear();
+    for (const auto& k : keys) pinned_.insert(Id(k));
+    Key128 parent{};
+    for (const auto& k : keys) {
+      const BlockId b = Id(k);
+      auto it = where_.find(b);
+      if (it != where_.end() && it->second != 0) {
+        policies_[it->second]->Remove(b);
+        where_.erase(it);
+        ++res_.promoted_blocks;
+      }
+      if (where_.count(b) == 0) Place(b, Id(parent), 0);
+      parent = k;
+    }
+  }
+
+  SimResult result() const { return res_; }
+
+ private:
+  BlockId Id(const Key128& k) const { return BlockId{opts_.contract_id, k}; }
+
+  // Puts b into tier t (evicting if full), falling through to lower tiers when every
+  // block of t is pinned. Dropped if no tier takes it.
+  void Place(const BlockId& b, const BlockId& parent, size_t t) {
+    for (; t < policies_.size(); ++t) {
+      const uint64_t cap = res_.capacity_blocks[t];
+      if (cap == 0) continue;
+      if (policies_[t]->size() >= cap) {
+        auto victim = policies_[t]->Victim([&](const BlockId& v) { return pinned_.count(v) == 0; });
+        if (!victim) continue;  // everything pinned: try the next tier
+        const BlockId v = *victim;
+        policies_[t]->Remove(v);
+        where_.erase(v);
+        const BlockId vparent = parents_.count(v) ? parents_[v] : BlockId{};
+        if (t + 1 < policies_.size() && res_.capacity_blocks[t + 1] > 0) {
+          ++res_.demoted_blocks;
+          Place(v, vparent, t + 1);
+        } else {
+          ++res_.dropped_blocks;
+          parents_.erase(v);
+        }
+      }
+      policies_[t]->Insert(b, parent);
+      where_[b] = static_cast<int>(t);
+      parents_[b] = parent;
+      return;
+    }
+    ++res_.dropped_blocks;
+  }
+
+  SimOptions opts_;
+  SimResult res_;
+  std::vector<std::unique_ptr<tiers::EvictionPolicy>> policies_;
+  std::unordered_map<BlockId, int, BlockIdHash> where_;
+  std::unordered_map<BlockId, BlockId, BlockIdHash> parents_;
+  std::unordered_set<BlockId, BlockIdHash> pinned_;
+};
+
+}  // namespace
+
+KeyedTrace KeyTrace(const std::vector<Request>& reqs, uint32_t block_tokens, uint64_t contract_id) {
+  KeyedTrace t;
+  t.block_tokens = block_tokens;
+  t.keys.reserve(reqs.size());
+  for (const auto& r : reqs) {
+    t.keys.push_back(KeyChain(contract_id, r.tokens, block_tokens));
+    t.prompt_tokens.push_back(static_cast<uint32_t>(r.tokens.size()));
+  }
+  return t;
+}
+
+SimResult Simulate(const KeyedTrace& trace, const SimOptions& opts) {
+  Simulator s(opts);
+  for (size_t i = 0; i < trace.keys.size(); ++i) s.Run(trace.keys[i], trace.prompt_tokens[i]);
+  return s.result();
+}
+
+SimResult Simulate(const std::vector<Request>& reqs, const SimOptions& opts) {
+  return Simulate(KeyTrace(reqs, opts.geometry.block_tokens, opts.contract_id), opts);
+}
+
+double InfiniteBoundHitRate(const KeyedTrace& trace) {
+  std::unordered_set<Key128, Key128Hash> seen;
+  uint64_t blocks = 0, hits = 0;
+  for (const auto& keys : trace.keys) {
+    for (const auto& k : keys) {
+      ++blocks;
+      hits += !seen.insert(k).second;
+    }
+  }
+  return blocks ? static_cast<double>(hits) / blocks : 0.0;
+}
+
+double InfiniteBoundHitRate(const std::vector<Request>& reqs, uint32_t block_tokens) {
+  return InfiniteBoundHitRate(KeyTrace(reqs, block_tokens));
+}
+
+}  // namespace kvtier::replay

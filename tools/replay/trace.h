@@ -1,0 +1,70 @@
+// Workload traces for the replayer: one Request per prompt, with its token ids.
+//
+// Two file formats are read, and a generator makes agentic multi-turn workloads:
+//
+// 1. kvtier JSON lines (one object per line):
+//      {"session": "s1", "turn": 0, "arrival_ms": 12.5, "tokens": [1, 2, 3, ...],
+//       "output_tokens": 128}
+//    or, instead of "tokens", "segments": [{"id": "sys-a", "tokens": 2048},
+//    {"id": "s1-t0", "tokens": 311}] -- each segment's token ids derive from its id
+//    (SegmentTokens), so equal segment ids give equal tokens and shared prefixes.
+//    "session", "turn" and "output_tokens" are optional.
+// 2. The Mooncake FAST'25 trace format: {"timestamp": ms, "input_length": n,
+//    "output_length": m, "hash_ids": [...]}. Each hash id names 512 tokens; equal ids
+//    mean equal content. Token j of id h is MooncakeToken(h, j); the last id covers
+//    the remainder of input_length. With T dividing 512, a shared id maps to 512/T
+//    shared kvtier blocks.
+//
+// Every malformed line is refused with its line number; nothing is half-loaded.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/status.h"
+
+namespace kvtier::replay {
+
+struct Request {
+  double arrival_s = 0.0;      // seconds from the trace start
+  std::string session;         // "" when the trace has none
+  uint32_t turn = 0;
+  std::vector<uint32_t> tokens;
+  uint32_t output_tokens = 0;
+};
+
+inline constexpr uint32_t kMooncakeBlockTokens = 512;
+inline constexpr size_t kMaxTraceTokens = 4u << 20;  // per request: refuse absurd lengths
+
+// Deterministic token ids (in [1000, 1000 + 2^17)), stable across runs and machines.
+uint32_t MooncakeToken(uint64_t hash_id, uint32_t j);
+std::vector<uint32_t> SegmentTokens(const std::string& segment_id, uint32_t count);
+
+StatusOr<std::vector<Request>> LoadKvtierTrace(const std::string& path);
+StatusOr<std::vector<Request>> LoadMooncakeTrace(const std::string& path);
+// Picks the format from the first line ("hash_ids" -> Mooncake).
+StatusOr<std::vector<Request>> LoadTrace(const std::string& path);
+
+// Agentic multi-turn sessions: shared system prompts, tool-call turns that append to
+// the context, Zipf popularity over sessions.
+struct GeneratorOptions {
+  uint32_t requests = 2000;          // total requests. Default: 2000
+  uint32_t sessions = 200;           // distinct sessions. Default: 200
+  uint32_t system_prompts = 4;       // shared system prompts. Default: 4
+  uint32_t system_tokens = 2048;     // tokens per system prompt. Default: 2048
+  uint32_t first_turn_tokens = 1024; // user/context tokens of a session's first turn. Default: 1024
+  uint32_t turn_tokens = 384;        // tokens a turn appends (tool output + reply). Default: 384
+  uint32_t max_turns = 24;           // a session restarts from turn 0 after this. Default: 24
+  double zipf_alpha = 1.0;           // popularity skew over sessions. Default: 1.0
+  double rate_per_s = 20.0;          // Poisson arrival rate. Default: 20
+  uint64_t seed = 1;                 // Default: 1
+
+  Status Validate() const;
+};
+std::vector<Request> GenerateAgentic(const GeneratorOptions& opts);
+
+// Writes requests in kvtier's JSON-lines format (explicit tokens).
+Status WriteKvtierTrace(const std::string& path, const std::vector<Request>& reqs);
+
+}  // namespace kvtier::replay
