@@ -386,11 +386,20 @@ StatusOr<uint64_t> ParseSize(std::string_view s) {
                            "\" (expected e.g. 4096, 512MiB, 4GiB, 1.5TiB)");
   };
   if (str.empty() || !(std::isdigit(static_cast<unsigned char>(str[0])) || str[0] == '.')) return bad();
+  // Plain decimal only ("1.5"): strtod would also take hex, exponents and "inf".
+  size_t numlen = 0;
+  bool dot = false;
+  while (numlen < str.size() &&
+         (std::isdigit(static_cast<unsigned char>(str[numlen])) || (str[numlen] == '.' && !dot))) {
+    dot = dot || str[numlen] == '.';
+    ++numlen;
+  }
+  const std::string num = str.substr(0, numlen);
   char* end = nullptr;
   errno = 0;
-  const double v = std::strtod(str.c_str(), &end);
-  if (end == str.c_str() || errno != 0 || !std::isfinite(v) || v < 0) return bad();
-  std::string unit(end);
+  const double v = std::strtod(num.c_str(), &end);
+  if (num.empty() || end != num.c_str() + num.size() || errno != 0 || !std::isfinite(v)) return bad();
+  std::string unit = str.substr(numlen);
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   static const std::map<std::string, double> kUnits = {
       {"", 1.0},          {"B", 1.0},

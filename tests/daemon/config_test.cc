@@ -1,0 +1,115 @@
+// kvtier_config: schema, defaults, overrides, validation messages that name the key.
+#include <gtest/gtest.h>
+
+#include "config/config.h"
+
+namespace kvtier::config {
+namespace {
+
+TEST(Config, DefaultsAreValid) {
+  auto c = LoadString("", {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->tiers.slot_bytes, 1474560u);
+  EXPECT_EQ(c->tiers.host.capacity_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(c->tiers.hbm.capacity_bytes, 0u);
+  EXPECT_EQ(c->daemon.ring_entries, 256u);
+}
+
+TEST(Config, ShippedExampleLoads) {
+  auto c = LoadFile(std::string(KVTIER_SOURCE_DIR) + "/config/kvtier.toml", {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->tiers.host.policy, "prefix-lru");
+  EXPECT_EQ(c->tiers.nvme.dir, "./kvtier-data/nvme");
+  EXPECT_EQ(c->tiers.nvme.tier.capacity_bytes, uint64_t{2} << 30);
+}
+
+TEST(Config, ValuesAndOverrides) {
+  auto c = LoadString(
+      "[daemon]\nlog_level = \"debug\"\n[tiers.host]\ncapacity = \"512MiB\"\nlow_watermark = 0.5\n",
+      {{"tiers.host.capacity", "2GiB"}, {"tiers.nvme.dir", "/tmp/x y"}, {"daemon.metrics_port", "0"},
+       {"tiers.nvme.verify_on_restart", "false"}, {"daemon.socket", "\"/tmp/s.sock\""}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->daemon.log_level, "debug");
+  EXPECT_EQ(c->tiers.host.capacity_bytes, uint64_t{2} << 30);  // --set wins over the file
+  EXPECT_DOUBLE_EQ(c->tiers.host.low_watermark, 0.5);
+  EXPECT_EQ(c->tiers.nvme.dir, "/tmp/x y");  // bare string
+  EXPECT_EQ(c->daemon.metrics_port, 0u);
+  EXPECT_FALSE(c->tiers.nvme.verify_on_restart);
+  EXPECT_EQ(c->daemon.socket, "/tmp/s.sock");
+}
+
+struct BadCase {
+  const char* toml;
+  std::vector<Override> overrides;
+  const char* key;  // the message must start with this key
+  const char* also;  // and contain this
+};
+
+TEST(Config, ErrorsNameTheKey) {
+  const BadCase cases[] = {
+      {"[daemon]\nsockett = \"x\"\n", {}, "daemon.sockett", "unknown key"},
+      {"[deamon]\n", {}, "deamon", "unknown section"},
+      {"[tiers.host]\ncapacity = \"4GiX\"\n", {}, "tiers.host.capacity", "bad size"},
+      {"[tiers.host]\ncapacity = \"-1GiB\"\n", {}, "tiers.host.capacity", "bad size"},
+      {"[tiers.host]\nlow_watermark = 0.9\nhigh_watermark = 0.8\n", {}, "tiers.host.low_watermark",
+       "below"},
+      {"[tiers.nvme]\nhigh_watermark = 1.5\n", {}, "tiers.nvme.high_watermark", "(0, 1]"},
+      {"[tiers.hbm]\npolicy = \"fifo\"\n", {}, "tiers.hbm.policy", "prefix-lru"},
+      {"[daemon]\nring_entries = 100\n", {}, "daemon.ring_entries", "power of two"},
+      {"[daemon]\nmetrics_port = 70000\n", {}, "daemon.metrics_port", "65535"},
+      {"[daemon]\nmetrics_address = \"0.0.0.0\"\n", {}, "daemon.metrics_address", "loopback"},
+      {"[daemon]\nlog_level = \"loud\"\n", {}, "daemon.log_level", "trace"},
+      {"[tiers]\nslot_bytes = \"1000\"\n", {}, "tiers.slot_bytes", "4096"},
+      {"[tiers.host]\ncapacity = 0\n", {}, "tiers.host.capacity", "nowhere"},
+      {"[tiers.nvme]\nadmission = \"third-hit\"\n", {}, "tiers.nvme.admission", "second-hit"},
+      {"[tiers.nvme]\non_evict = \"demote\"\n", {}, "tiers.nvme.on_evict", "only drop"},
+      {"[daemon]\nmax_clients = \"many\"\n", {}, "daemon.max_clients", "integer"},
+      {"", {{"tiers.host.capacty", "1GiB"}}, "tiers.host.capacty", "unknown key"},
+      {"", {{"tiers.host.capacity", "lots"}}, "tiers.host.capacity", "bad size"},
+  };
+  for (const auto& bc : cases) {
+    auto c = LoadString(bc.toml, bc.overrides, "test.toml");
+    ASSERT_FALSE(c.ok()) << bc.toml;
+    const std::string& m = c.status().message();
+    EXPECT_EQ(m.rfind(bc.key, 0), 0u) << m;
+    EXPECT_NE(m.find(bc.also), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << "one line: " << m;
+  }
+}
+
+TEST(Config, SyntaxErrorNamesFileAndLine) {
+  auto c = LoadString("[daemon]\nsocket = \n", {}, "my.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message().rfind("my.toml:2:", 0), 0u) << c.status().message();
+}
+
+TEST(Config, ParseSize) {
+  EXPECT_EQ(*ParseSize("4096"), 4096u);
+  EXPECT_EQ(*ParseSize("4KiB"), 4096u);
+  EXPECT_EQ(*ParseSize("1.5GiB"), 1610612736u);
+  EXPECT_EQ(*ParseSize("10GB"), 10000000000u);
+  EXPECT_EQ(*ParseSize("1440KiB"), 1474560u);
+  for (const char* bad : {"", "GiB", "4 GiBs", "1.5B", "-4", "4gib", "0x10"}) {
+    EXPECT_FALSE(ParseSize(bad).ok()) << bad;
+  }
+}
+
+TEST(Config, ParseOverride) {
+  auto o = ParseOverride("tiers.host.capacity=4GiB");
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->key, "tiers.host.capacity");
+  EXPECT_EQ(o->value, "4GiB");
+  EXPECT_FALSE(ParseOverride("novalue").ok());
+  EXPECT_FALSE(ParseOverride("=x").ok());
+}
+
+TEST(Config, CheckPathsRefusesAFileAsFolder) {
+  auto c = LoadString("", {{"tiers.nvme.dir", "/etc/passwd/nvme"}});
+  ASSERT_TRUE(c.ok());
+  Status s = c->CheckPaths();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message().rfind("tiers.nvme.dir", 0), 0u) << s.message();
+}
+
+}  // namespace
+}  // namespace kvtier::config
