@@ -194,6 +194,25 @@ TEST(Nvfp4, FourOverSixNeverWorseThanMax6PerBlock) {
   EXPECT_GT(strictly_better, blocks / 10) << "4over6 should win on a good share of blocks";
 }
 
+TEST(Nvfp4, ScaleHistogramCountsSubnormalAndClampedScales) {
+  // kv 1.0: a block with amax 0.03 wants sf 0.005 (E4M3 subnormal); amax 6000 wants
+  // 1000 > 448 (clamped); amax 2688 wants exactly 448 (not clamped).
+  std::vector<float> x(64, 0.0f);
+  x[0] = 0.03f;
+  x[16] = 6000.0f;
+  x[32] = 2688.0f;
+  x[48] = 1.0f;
+  QuantResult r;
+  ASSERT_TRUE(QuantizeDequantize(Codec::kNvfp4Max6, x, 64, 1.0f, &r).ok());
+  EXPECT_EQ(r.scales.blocks, 4u);
+  EXPECT_EQ(r.scales.subnormal, 1u);
+  EXPECT_EQ(r.scales.clamped, 1u);
+  EXPECT_EQ(r.scales.zero, 0u);
+  EXPECT_EQ(r.flags[16], kFlagClipped | kFlagSaturated);  // 6000 > 6 * 448
+  EXPECT_EQ(r.dq[16], 2688.0f);
+  EXPECT_EQ(r.flags[32], kFlagSaturated);
+}
+
 TEST(Codecs, RefuseBadInput) {
   std::vector<float> x(48, 1.0f);
   QuantResult r;

@@ -130,7 +130,9 @@ void Nvfp4(std::span<const float> x, float kv, nv::ScaleRule rule, QuantResult* 
       r->flags[i] = f;
     }
     const bool sub = (sf[g] & 0x78) == 0 && (sf[g] & 7) != 0;
-    const bool clamped = static_cast<double>(amax) / 6.0 / kv > 448.0;
+    // Clamped: the wanted scale lies beyond 464, the midpoint between 448 and the next
+    // E4M3 step (480) that the format lacks; below that, RNE gives 448 anyway.
+    const bool clamped = static_cast<double>(amax) / 6.0 / kv > 464.0;
     r->scales.Add(s, sub, clamped);
   }
 }

@@ -59,7 +59,8 @@ struct ScaleHistogram {
   uint64_t zero = 0;       // scale 0 (an all-zero block, or a scale that underflowed)
   uint64_t subnormal = 0;  // E4M3 block scale in the subnormal range (NVFP4 only)
   uint64_t clamped = 0;    // the wanted scale was above the format's largest (NVFP4:
-                           // amax / 6 / kv_scale > 448) and got clamped
+                           // amax / 6 / kv_scale > 464, beyond what rounds to 448) and
+                           // got clamped: the global scale is too small
   void Add(double scale, bool is_subnormal, bool is_clamped);
   void Merge(const ScaleHistogram& o);
   // The log2 bin below which fraction q of the non-zero scales lie (q in [0, 1]).
