@@ -1,0 +1,462 @@
+"""kvtier: Python client for kvtierd, over libkvtier's C ABI with ctypes.
+
+Loads in any Python 3 (no compiled extension). The shared library is found through
+$KVTIER_LIB (a path to libkvtier.so), then build/lib/libkvtier.so next to this source
+tree, then the system's library path.
+
+    import kvtier
+    c = kvtier.Client("./kvtier-data/kvtierd.sock", name="my-engine")
+    contract = kvtier.Contract(model_id="meta-llama/Llama-3.1-8B", num_layers=32,
+                               num_kv_heads=8, head_dim=128, block_tokens=16)
+    cid = c.register_contract(contract)
+    keys = kvtier.key_chain(cid, token_ids, 16)
+    hit = c.lookup(cid, keys)                  # LookupResult(hit_blocks, tiers, est_seconds_to_hbm)
+    lease = c.acquire(cid, keys[:hit.hit_blocks], tier="hbm")  # Lease(id, slots)
+    ...                                        # slot ids are the decode kernel's block table
+    c.release(lease)
+
+For torch: HBM slot s of the arena starts at c.hbm_device_ptr() + s * c.slot_bytes
+(pass it to kernels via data_ptr()-style integers); host slot s is c.host_slot(s), a
+writable memoryview, or c.host_slot_address(s) as an integer address.
+Errors raise kvtier.KvtierError carrying the status name and the library's message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+__all__ = [
+    "KvtierError", "Contract", "Key", "Slot", "LookupResult", "Lease", "TierStats", "Client",
+    "key_chain", "contract_id", "library_path", "TIER_HBM", "TIER_HOST", "TIER_NVME", "TIER_NONE",
+]
+
+TIER_HBM, TIER_HOST, TIER_NVME, TIER_REMOTE, TIER_NONE = 0, 1, 2, 3, 255
+_TIER_NAMES = {TIER_HBM: "hbm", TIER_HOST: "host", TIER_NVME: "nvme", TIER_REMOTE: "remote", TIER_NONE: "none"}
+_TIER_BY_NAME = {v: k for k, v in _TIER_NAMES.items()}
+_STATUS = ["OK", "NOT_FOUND", "REJECTED", "RETRY", "IO_ERROR", "CORRUPT", "INVALID", "UNSUPPORTED",
+           "DISCONNECTED", "TIMEOUT"]
+
+
+class KvtierError(RuntimeError):
+    """A libkvtier call failed. `status` is the C status name ("NOT_FOUND", ...)."""
+
+    def __init__(self, code: int, message: str):
+        self.code = code
+        self.status = _STATUS[code] if 0 <= code < len(_STATUS) else str(code)
+        super().__init__(f"{self.status}: {message}")
+
+
+# ---- C structs (must match client/include/kvtier/kvtier.h) ------------------------------
+
+class _Key(ctypes.Structure):
+    _fields_ = [("hi", ctypes.c_uint64), ("lo", ctypes.c_uint64)]
+
+
+class _Slot(ctypes.Structure):
+    _fields_ = [("tier", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 3), ("slot", ctypes.c_uint32)]
+
+
+class _ConnectOptions(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("has_gpu", ctypes.c_int), ("timeout_ms", ctypes.c_uint32),
+                ("spin_us", ctypes.c_uint32)]
+
+
+class _ContractDesc(ctypes.Structure):
+    _fields_ = [("model_id", ctypes.c_char_p), ("model_revision", ctypes.c_char_p),
+                ("tokenizer_revision", ctypes.c_char_p), ("num_layers", ctypes.c_uint32),
+                ("num_kv_heads", ctypes.c_uint32), ("head_dim", ctypes.c_uint32),
+                ("block_tokens", ctypes.c_uint32), ("tp_rank", ctypes.c_uint32), ("tp_size", ctypes.c_uint32),
+                ("kv_format", ctypes.c_uint8), ("scale_rule", ctypes.c_uint8),
+                ("v_scale_swizzle", ctypes.c_uint8), ("reserved", ctypes.c_uint8),
+                ("k_scales", ctypes.POINTER(ctypes.c_float)), ("v_scales", ctypes.POINTER(ctypes.c_float))]
+
+
+class _LookupResult(ctypes.Structure):
+    _fields_ = [("hit_blocks", ctypes.c_size_t), ("est_seconds_to_hbm", ctypes.c_double)]
+
+
+class _CommitItem(ctypes.Structure):
+    _fields_ = [("slot", _Slot), ("key", _Key), ("parent", _Key)]
+
+
+class _TierStats(ctypes.Structure):
+    _fields_ = [("tier", ctypes.c_uint8), ("present", ctypes.c_uint8)] + [
+        (n, ctypes.c_uint64) for n in (
+            "capacity_bytes", "used_bytes", "slots_total", "slots_used", "blocks", "pinned", "hits", "misses",
+            "promotions_in", "demotions_out", "bytes_read", "bytes_written", "checksum_failures",
+            "evictions_demoted", "evictions_dropped", "admission_rejects")
+    ] + [("read_gbps", ctypes.c_double), ("write_gbps", ctypes.c_double)]
+
+
+# ---- Loading ------------------------------------------------------------------------------
+
+def _candidates() -> List[str]:
+    env = os.environ.get("KVTIER_LIB")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.normpath(os.path.join(here, "..", "..", ".."))
+    out = [os.path.join(root, "build", "lib", "libkvtier.so")]
+    found = ctypes.util.find_library("kvtier")
+    if found:
+        out.append(found)
+    return out
+
+
+_lib = None
+_lib_path = None
+
+
+def library_path() -> str:
+    """Path of the libkvtier.so in use (loads it)."""
+    _load()
+    return _lib_path
+
+
+def _load():
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    errors = []
+    for p in _candidates():
+        try:
+            lib = ctypes.CDLL(p)
+        except OSError as e:
+            errors.append(f"{p}: {e}")
+            continue
+        _declare(lib)
+        _lib, _lib_path = lib, p
+        return lib
+    raise OSError("libkvtier.so not found (set KVTIER_LIB): " + "; ".join(errors))
+
+
+def _declare(lib):
+    S = ctypes.c_int
+    P = ctypes.c_void_p
+    u64, u32, sz = ctypes.c_uint64, ctypes.c_uint32, ctypes.c_size_t
+    sig = {
+        "kvtier_status_name": (ctypes.c_char_p, [S]),
+        "kvtier_last_error": (ctypes.c_char_p, []),
+        "kvtier_protocol_version": (u32, []),
+        "kvtier_connect": (S, [ctypes.c_char_p, ctypes.POINTER(_ConnectOptions), ctypes.POINTER(P)]),
+        "kvtier_close": (None, [P]),
+        "kvtier_set_transport": (S, [P, S]),
+        "kvtier_client_id": (u64, [P]),
+        "kvtier_slot_bytes": (u64, [P]),
+        "kvtier_host_arena": (P, [P, ctypes.POINTER(u64)]),
+        "kvtier_hbm_ipc_handle": (S, [P, ctypes.POINTER(ctypes.c_uint8)]),
+        "kvtier_hbm_open": (S, [P, ctypes.POINTER(P)]),
+        "kvtier_contract_id": (S, [ctypes.POINTER(_ContractDesc), ctypes.POINTER(u64)]),
+        "kvtier_contract_block_bytes": (S, [ctypes.POINTER(_ContractDesc), ctypes.POINTER(u64)]),
+        "kvtier_register_contract": (S, [P, ctypes.POINTER(_ContractDesc), ctypes.POINTER(u64)]),
+        "kvtier_key_chain": (S, [u64, ctypes.POINTER(u32), sz, u32, ctypes.POINTER(_Key), sz, ctypes.POINTER(sz)]),
+        "kvtier_lookup": (S, [P, u64, ctypes.POINTER(_Key), sz, ctypes.POINTER(_LookupResult),
+                              ctypes.POINTER(ctypes.c_uint8)]),
+        "kvtier_acquire": (S, [P, u64, ctypes.POINTER(_Key), sz, S, ctypes.POINTER(u64), ctypes.POINTER(_Slot),
+                               ctypes.POINTER(sz)]),
+        "kvtier_alloc": (S, [P, u64, sz, S, ctypes.POINTER(u64), ctypes.POINTER(_Slot)]),
+        "kvtier_commit": (S, [P, u64, u64, ctypes.POINTER(_CommitItem), sz, ctypes.POINTER(sz)]),
+        "kvtier_release": (S, [P, u64]),
+        "kvtier_prefetch": (S, [P, u64, ctypes.POINTER(_Key), sz, S]),
+        "kvtier_stats": (S, [P, ctypes.POINTER(_TierStats), sz, ctypes.POINTER(sz)]),
+        "kvtier_ping": (S, [P]),
+    }
+    for name, (res, args) in sig.items():
+        f = getattr(lib, name)
+        f.restype = res
+        f.argtypes = args
+
+
+def _check(code: int):
+    if code != 0:
+        raise KvtierError(code, _load().kvtier_last_error().decode("utf-8", "replace"))
+
+
+# ---- Public types -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Key:
+    """A 128-bit block key ({hi, lo} words)."""
+    hi: int
+    lo: int
+
+    def hex(self) -> str:
+        return f"{self.hi:016x}{self.lo:016x}"
+
+
+@dataclass(frozen=True)
+class Slot:
+    tier: int
+    slot: int
+
+
+@dataclass
+class LookupResult:
+    hit_blocks: int
+    tiers: List[str]            # "hbm" | "host" | "nvme" | "none", one per key
+    est_seconds_to_hbm: float
+
+
+@dataclass
+class Lease:
+    id: int                     # 0: nothing was acquired
+    slots: List[Slot] = field(default_factory=list)
+
+
+@dataclass
+class TierStats:
+    tier: str
+    present: bool
+    capacity_bytes: int
+    used_bytes: int
+    slots_total: int
+    slots_used: int
+    blocks: int
+    pinned: int
+    hits: int
+    misses: int
+    promotions_in: int
+    demotions_out: int
+    bytes_read: int
+    bytes_written: int
+    checksum_failures: int
+    evictions_demoted: int
+    evictions_dropped: int
+    admission_rejects: int
+    read_gbps: float
+    write_gbps: float
+
+
+@dataclass
+class Contract:
+    """The scale contract (DESIGN.md section 3): what a block's bytes mean."""
+    model_id: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_tokens: int
+    model_revision: str = ""
+    tokenizer_revision: str = ""
+    tp_rank: int = 0
+    tp_size: int = 1
+    kv_format: str = "nvfp4"     # nvfp4 | fp8 | bf16
+    scale_rule: str = "max6"     # max6 | 4over6
+    v_scale_swizzle: bool = False
+    k_scales: Optional[Sequence[float]] = None  # per layer; None = all 1.0
+    v_scales: Optional[Sequence[float]] = None
+
+    def _desc(self):
+        fmts = {"nvfp4": 0, "fp8": 1, "bf16": 2}
+        rules = {"max6": 0, "4over6": 1}
+        if self.kv_format not in fmts:
+            raise KvtierError(6, f"kv_format {self.kv_format!r} is not nvfp4, fp8 or bf16")
+        if self.scale_rule not in rules:
+            raise KvtierError(6, f"scale_rule {self.scale_rule!r} is not max6 or 4over6")
+        keep = []  # keeps the encoded strings and arrays alive with the struct
+
+        def s(v):
+            b = v.encode("utf-8")
+            keep.append(b)
+            return b
+
+        def scales(v):
+            if v is None:
+                return None
+            if len(v) != self.num_layers:
+                raise KvtierError(6, f"scales need {self.num_layers} entries, got {len(v)}")
+            arr = (ctypes.c_float * len(v))(*v)
+            keep.append(arr)
+            return ctypes.cast(arr, ctypes.POINTER(ctypes.c_float))
+
+        d = _ContractDesc(s(self.model_id), s(self.model_revision), s(self.tokenizer_revision),
+                          self.num_layers, self.num_kv_heads, self.head_dim, self.block_tokens, self.tp_rank,
+                          self.tp_size, fmts[self.kv_format], rules[self.scale_rule],
+                          1 if self.v_scale_swizzle else 0, 0, scales(self.k_scales), scales(self.v_scales))
+        return d, keep
+
+    def id(self) -> int:
+        return contract_id(self)
+
+    def block_bytes(self) -> int:
+        d, _keep = self._desc()
+        out = ctypes.c_uint64()
+        _check(_load().kvtier_contract_block_bytes(ctypes.byref(d), ctypes.byref(out)))
+        return out.value
+
+
+def contract_id(contract: Contract) -> int:
+    d, _keep = contract._desc()
+    out = ctypes.c_uint64()
+    _check(_load().kvtier_contract_id(ctypes.byref(d), ctypes.byref(out)))
+    return out.value
+
+
+def key_chain(contract_id: int, tokens: Sequence[int], block_tokens: int) -> List[Key]:
+    """Keys of every full block of `tokens` (the same code the daemon and C++ use)."""
+    lib = _load()
+    n_tok = len(tokens)
+    arr = (ctypes.c_uint32 * n_tok)(*tokens)
+    cap = n_tok // block_tokens if block_tokens > 0 else 0
+    out = (_Key * max(cap, 1))()
+    n = ctypes.c_size_t()
+    _check(lib.kvtier_key_chain(contract_id, arr, n_tok, block_tokens, out, cap, ctypes.byref(n)))
+    return [Key(out[i].hi, out[i].lo) for i in range(n.value)]
+
+
+def _keys_array(keys: Sequence[Key]):
+    arr = (_Key * len(keys))()
+    for i, k in enumerate(keys):
+        arr[i].hi, arr[i].lo = k.hi, k.lo
+    return arr
+
+
+def _tier(t) -> int:
+    if isinstance(t, str):
+        if t not in _TIER_BY_NAME:
+            raise KvtierError(6, f"tier {t!r} is not hbm, host or nvme")
+        return _TIER_BY_NAME[t]
+    return int(t)
+
+
+class Client:
+    """One attachment to kvtierd. Leases are released by the daemon when it closes."""
+
+    def __init__(self, socket_path: str, name: str = "python", has_gpu: bool = False,
+                 timeout_ms: int = 60000, transport: str = "ring"):
+        lib = _load()
+        opts = _ConnectOptions(name.encode("utf-8"), 1 if has_gpu else 0, timeout_ms, 0)
+        h = ctypes.c_void_p()
+        _check(lib.kvtier_connect(socket_path.encode("utf-8"), ctypes.byref(opts), ctypes.byref(h)))
+        self._h = h
+        self._lib = lib
+        if transport != "ring":
+            self.set_transport(transport)
+
+    def close(self):
+        if self._h:
+            self._lib.kvtier_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _handle(self):
+        if not self._h:
+            raise KvtierError(8, "client is closed")
+        return self._h
+
+    def set_transport(self, transport: str):
+        t = {"ring": 0, "socket": 1}.get(transport)
+        if t is None:
+            raise KvtierError(6, f"transport {transport!r} is not ring or socket")
+        _check(self._lib.kvtier_set_transport(self._handle(), t))
+
+    @property
+    def client_id(self) -> int:
+        return self._lib.kvtier_client_id(self._handle())
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._lib.kvtier_slot_bytes(self._handle())
+
+    def host_arena(self) -> Tuple[int, int]:
+        """(address, bytes) of the mapped host arena; (0, 0) without a host tier."""
+        n = ctypes.c_uint64()
+        p = self._lib.kvtier_host_arena(self._handle(), ctypes.byref(n))
+        return (p or 0, n.value)
+
+    def host_slot_address(self, slot) -> int:
+        s = slot.slot if isinstance(slot, Slot) else int(slot)
+        base, size = self.host_arena()
+        sb = self.slot_bytes
+        if not base or (s + 1) * sb > size:
+            raise KvtierError(6, f"host slot {s} is outside the arena")
+        return base + s * sb
+
+    def host_slot(self, slot) -> memoryview:
+        """Writable view of one host slot (slot_bytes long)."""
+        addr = self.host_slot_address(slot)
+        return memoryview((ctypes.c_uint8 * self.slot_bytes).from_address(addr)).cast("B")
+
+    def hbm_device_ptr(self) -> int:
+        """Device address of HBM slot 0 in this process (cudaIpcOpenMemHandle, once)."""
+        p = ctypes.c_void_p()
+        _check(self._lib.kvtier_hbm_open(self._handle(), ctypes.byref(p)))
+        return p.value or 0
+
+    def register_contract(self, contract: Contract) -> int:
+        d, _keep = contract._desc()
+        out = ctypes.c_uint64()
+        _check(self._lib.kvtier_register_contract(self._handle(), ctypes.byref(d), ctypes.byref(out)))
+        return out.value
+
+    def lookup(self, contract_id: int, keys: Sequence[Key]) -> LookupResult:
+        arr = _keys_array(keys)
+        res = _LookupResult()
+        tiers = (ctypes.c_uint8 * max(len(keys), 1))()
+        _check(self._lib.kvtier_lookup(self._handle(), contract_id, arr, len(keys), ctypes.byref(res), tiers))
+        return LookupResult(res.hit_blocks, [_TIER_NAMES.get(tiers[i], "none") for i in range(len(keys))],
+                            res.est_seconds_to_hbm)
+
+    def acquire(self, contract_id: int, keys: Sequence[Key], tier="host") -> Lease:
+        arr = _keys_array(keys)
+        slots = (_Slot * max(len(keys), 1))()
+        lease = ctypes.c_uint64()
+        n = ctypes.c_size_t()
+        _check(self._lib.kvtier_acquire(self._handle(), contract_id, arr, len(keys), _tier(tier),
+                                        ctypes.byref(lease), slots, ctypes.byref(n)))
+        return Lease(lease.value, [Slot(slots[i].tier, slots[i].slot) for i in range(n.value)])
+
+    def alloc(self, contract_id: int, n: int, tier="host") -> Lease:
+        slots = (_Slot * max(n, 1))()
+        lease = ctypes.c_uint64()
+        _check(self._lib.kvtier_alloc(self._handle(), contract_id, n, _tier(tier), ctypes.byref(lease), slots))
+        return Lease(lease.value, [Slot(slots[i].tier, slots[i].slot) for i in range(n)])
+
+    def commit(self, contract_id: int, lease: Lease, items: Sequence[Tuple[Slot, Key, Optional[Key]]]) -> int:
+        """items: (slot, key, parent or None). Returns how many were committed."""
+        arr = (_CommitItem * len(items))()
+        for i, (slot, key, parent) in enumerate(items):
+            arr[i].slot.tier, arr[i].slot.slot = slot.tier, slot.slot
+            arr[i].key.hi, arr[i].key.lo = key.hi, key.lo
+            if parent is not None:
+                arr[i].parent.hi, arr[i].parent.lo = parent.hi, parent.lo
+        done = ctypes.c_size_t()
+        _check(self._lib.kvtier_commit(self._handle(), contract_id, lease.id, arr, len(items), ctypes.byref(done)))
+        return done.value
+
+    def release(self, lease):
+        _check(self._lib.kvtier_release(self._handle(), lease.id if isinstance(lease, Lease) else int(lease)))
+
+    def prefetch(self, contract_id: int, keys: Sequence[Key], tier="host"):
+        arr = _keys_array(keys)
+        _check(self._lib.kvtier_prefetch(self._handle(), contract_id, arr, len(keys), _tier(tier)))
+
+    def stats(self) -> List[TierStats]:
+        out = (_TierStats * 8)()
+        n = ctypes.c_size_t()
+        _check(self._lib.kvtier_stats(self._handle(), out, 8, ctypes.byref(n)))
+        res = []
+        for i in range(n.value):
+            s = out[i]
+            vals = {f: getattr(s, f) for f, _ in _TierStats._fields_}
+            vals["tier"] = _TIER_NAMES.get(s.tier, str(s.tier))
+            vals["present"] = bool(s.present)
+            res.append(TierStats(**vals))
+        return res
+
+    def ping(self):
+        _check(self._lib.kvtier_ping(self._handle()))

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The kvtier Python package (ctypes over libkvtier) against a real kvtierd.
+
+Run by ctest with KVTIER_LIB, KVTIER_BIN_DIR and PYTHONPATH set (tests/client/CMakeLists.txt).
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import kvtier
+
+
+class PythonClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="kvtier-py-")
+        d = cls.tmp.name
+        cls.sock = os.path.join(d, "kvtierd.sock")
+        cfg = os.path.join(d, "kvtier.toml")
+        with open(cfg, "w") as f:
+            f.write(f'[daemon]\nsocket = "{cls.sock}"\nmetrics_port = 0\n[tiers]\nslot_bytes = "4KiB"\n'
+                    f'[tiers.host]\ncapacity = "256KiB"\n[tiers.nvme]\ncapacity = "1MiB"\ndir = "{d}/nvme"\n')
+        binary = os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd")
+        cls.log = open(os.path.join(d, "kvtierd.log"), "w")
+        cls.proc = subprocess.Popen([binary, "--config", cfg], stdout=cls.log, stderr=cls.log)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(cls.sock)
+                s.close()
+                return
+            except OSError:
+                s.close()
+                time.sleep(0.02)
+        raise RuntimeError("kvtierd did not start")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.proc.send_signal(signal.SIGTERM)
+        rc = cls.proc.wait(timeout=20)
+        cls.log.close()
+        cls.tmp.cleanup()
+        assert rc == 0, f"kvtierd exited {rc}"
+
+    def contract(self, model="py/model"):
+        return kvtier.Contract(model_id=model, num_layers=2, num_kv_heads=1, head_dim=16, block_tokens=16,
+                               model_revision="r1", tokenizer_revision="t1")
+
+    def test_store_lookup_acquire_release(self):
+        with kvtier.Client(self.sock, name="py") as c:
+            self.assertEqual(c.slot_bytes, 4096)
+            contract = self.contract()
+            cid = c.register_contract(contract)
+            self.assertEqual(cid, contract.id())
+            self.assertEqual(contract.block_bytes(), 576)
+            tokens = list(range(1000, 1000 + 16 * 6 + 3))
+            keys = kvtier.key_chain(cid, tokens, 16)
+            self.assertEqual(len(keys), 6)
+            self.assertEqual(len({k.hex() for k in keys}), 6)
+            lease = c.alloc(cid, 6, "host")
+            self.assertNotEqual(lease.id, 0)
+            for i, s in enumerate(lease.slots):
+                c.host_slot(s)[:576] = bytes([i + 1]) * 576
+            items = [(s, k, keys[i - 1] if i else None) for i, (s, k) in enumerate(zip(lease.slots, keys))]
+            self.assertEqual(c.commit(cid, lease, items), 6)
+            c.release(lease)
+            longer = kvtier.key_chain(cid, tokens + list(range(50)), 16)
+            for transport in ("ring", "socket"):
+                c.set_transport(transport)
+                r = c.lookup(cid, longer)
+                self.assertEqual(r.hit_blocks, 6, transport)
+                self.assertEqual(r.tiers[:6], ["host"] * 6)
+                self.assertEqual(r.tiers[6:], ["none"] * (len(longer) - 6))
+                got = c.acquire(cid, longer, "host")
+                self.assertEqual(len(got.slots), 6)
+                for i, s in enumerate(got.slots):
+                    self.assertEqual(bytes(c.host_slot(s)[:576]), bytes([i + 1]) * 576)
+                c.release(got)
+                with self.assertRaises(kvtier.KvtierError) as e:
+                    c.release(got)
+                self.assertEqual(e.exception.status, "NOT_FOUND")
+            stats = {s.tier: s for s in c.stats()}
+            self.assertEqual(stats["host"].blocks, 6)
+            self.assertEqual(stats["host"].slots_total, 64)
+
+    def test_errors(self):
+        with kvtier.Client(self.sock) as c:
+            with self.assertRaises(kvtier.KvtierError) as e:
+                c.lookup(self.contract("py/unregistered").id(), [kvtier.Key(1, 2)])
+            self.assertEqual(e.exception.status, "NOT_FOUND")
+            big = kvtier.Contract(model_id="py/big", num_layers=80, num_kv_heads=8, head_dim=128, block_tokens=16)
+            with self.assertRaises(kvtier.KvtierError) as e:
+                c.register_contract(big)
+            self.assertIn(e.exception.status, ("UNSUPPORTED", "REJECTED"))
+            with self.assertRaises(kvtier.KvtierError) as e:
+                c.acquire(c.register_contract(self.contract()), [kvtier.Key(1, 2)], "hbm")
+            self.assertEqual(e.exception.status, "INVALID")
+            with self.assertRaises(kvtier.KvtierError):
+                kvtier.Contract(model_id="x", num_layers=2, num_kv_heads=1, head_dim=17, block_tokens=16).id()
+            c.ping()
+        with self.assertRaises(kvtier.KvtierError) as e:
+            kvtier.Client("/nonexistent/kvtierd.sock")
+        self.assertEqual(e.exception.status, "IO_ERROR")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
