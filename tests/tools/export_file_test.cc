@@ -70,7 +70,9 @@ class ExportFile : public ::testing::Test {
     }
     EXPECT_TRUE((*w)->Finish().ok());
     EXPECT_EQ((*w)->records(), static_cast<uint64_t>(n));
-    if (n >= 3) EXPECT_GT((*w)->compressed_records(), 0u);  // the all-zero blocks
+    if (n >= 3) {
+      EXPECT_GT((*w)->compressed_records(), 0u);  // the all-zero blocks
+    }
     return path;
   }
   std::vector<uint8_t> Slurp(const std::string& p) {
