@@ -2,6 +2,7 @@
 // Everything refused here is refused before any launch, so nothing changes on failure.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -108,6 +109,25 @@ int CheckDecode(const kvt_pool* pool, const kvt_decode_params* p) {
   return KVT_OK;
 }
 
+// Decode warps resident on the whole current GPU, per (format, head_dim); computed once
+// per device (the occupancy query is slow enough to show up in a decode step).
+int ResidentWarps(int format, int head_dim) {
+  constexpr int kMaxDev = 64;
+  static std::atomic<int> cache[kMaxDev][3][3];  // 0 = not computed yet
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const int di = head_dim == 64 ? 0 : (head_dim == 128 ? 1 : 2);
+  if (dev < 0 || dev >= kMaxDev || format < 0 || format > 2) return 132 * 16;
+  int v = cache[dev][format][di].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int sms = 132;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    v = sms * detail::DecodeBlocksPerSm(format, head_dim) * detail::kDecodeWarps;
+    cache[dev][format][di].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 struct SplitPlan {
   int splits = 1;
   int chunk = 16;
@@ -119,12 +139,7 @@ SplitPlan PlanSplits(const kvt_pool* pool, const kvt_decode_params* p) {
   if (len16 == 0) return s;
   int want = p->num_splits;
   if (want == 0) {
-    int dev = 0, sms = 132;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const int resident = sms * detail::DecodeBlocksPerSm(static_cast<int>(pool->format),
-                                                         static_cast<int>(pool->head_dim)) *
-                         detail::kDecodeWarps;
+    const int resident = ResidentWarps(static_cast<int>(pool->format), static_cast<int>(pool->head_dim));
     const int items = p->batch * static_cast<int>(pool->num_kv_heads);
     want = resident / items;  // at most one wave
     if (want < 1) want = 1;
@@ -237,7 +252,9 @@ int kvt_decode(const kvt_pool* pool, const kvt_decode_params* p, void* stream) {
     }
   }
   const SplitPlan s = PlanSplits(pool, p);
-  const uint64_t need = kvt_decode_workspace_bytes(pool, p);
+  const uint64_t need = s.splits > 1 ? static_cast<uint64_t>(p->batch) * p->num_q_heads * s.splits *
+                                           (pool->head_dim + 1) * sizeof(float)
+                                     : 0;
   if (need > 0 && (p->workspace == nullptr || p->workspace_bytes < need)) {
     return Fail(KVT_INVALID, "decode: workspace of " + std::to_string(need) + " bytes required");
   }

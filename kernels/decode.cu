@@ -44,7 +44,6 @@ struct Cfg {
   static constexpr int kVData = kKSc + 16 * kSc;
   static constexpr int kVSc = kVData + 16 * kRow;
   static constexpr int kStage = kVSc + 16 * kSc;        // bytes of one subtile
-  static constexpr int kChunks = kStage / 16;           // 16-byte cp.async chunks
   static constexpr int kStages = FMT == kNvfp4 ? 4 : (FMT == kFp8 ? 3 : 2);
   static constexpr int kSmemPerWarp = kStage * kStages;
   static constexpr int kKWords = kRow / 16;  // 32-bit words of one K row per thread (row/4 B)
@@ -252,24 +251,26 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
     const uint8_t* ks = page + a.k_scale + static_cast<size_t>(row0) * C::kSc;
     const uint8_t* vs = page + a.v_scale + static_cast<size_t>(row0) * C::kSc;
     const uint32_t st = ring_s + (j % C::kStages) * C::kStage;
+    // K and V data: kRow chunks each (16 rows x kRow bytes), lane-strided; the region of
+    // every copy is known at compile time. Then the scale chunks (kSc per side, <= 32).
 #pragma unroll
-    for (int it = 0; it < (C::kChunks + 31) / 32; ++it) {
-      const int c = lane + 32 * it;
-      if (c < C::kChunks) {
-        const int off = 16 * c;
-        if (off < C::kKSc) {
-          cp_async16(st + off, kd + off);
-        } else if (off < C::kVData) {
-          cp_async16(st + off, ks + (off - C::kKSc));
-        } else if (off < C::kVSc) {
-          const int o = off - C::kVData;
-          const int r = o / C::kRow;
-          const int cc = (o % C::kRow) / 16;
-          const int pc = cc ^ ((r >> 1) & C::kSwzMask);
-          cp_async16(st + C::kVData + r * C::kRow + pc * 16, vd + o);
-        } else {
-          cp_async16(st + off, vs + (off - C::kVSc));
-        }
+    for (int it = 0; it < C::kRow / 32; ++it) {
+      const int off = 16 * (lane + 32 * it);
+      cp_async16(st + C::kKData + off, kd + off);
+    }
+#pragma unroll
+    for (int it = 0; it < C::kRow / 32; ++it) {
+      const int off = 16 * (lane + 32 * it);
+      const int r = off / C::kRow;
+      const int cc = (off % C::kRow) / 16;
+      cp_async16(st + C::kVData + r * C::kRow + ((cc ^ ((r >> 1) & C::kSwzMask)) * 16), vd + off);
+    }
+    if constexpr (C::kSc > 0) {
+      static_assert(2 * C::kSc <= 32, "scale chunks must fit one lane pass");
+      if (lane < C::kSc) {
+        cp_async16(st + C::kKSc + 16 * lane, ks + 16 * lane);
+      } else if (lane < 2 * C::kSc) {
+        cp_async16(st + C::kVSc + 16 * (lane - C::kSc), vs + 16 * (lane - C::kSc));
       }
     }
   };
@@ -423,8 +424,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
           uint32_t spair[kVG];
 #pragma unroll
           for (int g = 0; g < kVG; ++g) {
-            const uint32_t sa = lds_u8(st + C::kVSc + ta * C::kSc + goff + g);
-            const uint32_t sb = lds_u8(st + C::kVSc + (ta + 1) * C::kSc + goff + g);
+            uint32_t sa = lds_u8(st + C::kVSc + ta * C::kSc + goff + g);
+            uint32_t sb = lds_u8(st + C::kVSc + (ta + 1) * C::kSc + goff + g);
+            if (tail) {  // a stale scale byte may be 0x7F (NaN): 0 * NaN would poison O
+              sa = t0 + ta >= t_end ? 0u : sa;
+              sb = t0 + ta + 1 >= t_end ? 0u : sb;
+            }
             spair[g] = e4m3x2_to_f16x2(sa | (sb << 8));
           }
 #pragma unroll

@@ -52,18 +52,21 @@ def slot_bytes(fmt, T):
     return (page_bytes(fmt, T) + 4095) // 4096 * 4096
 
 
-def bench(fn, iters, rotate=1):
+def bench(fn, iters, reps=5):
+    """Median over `reps` of the mean time of `iters` back-to-back launches (us): the GPU
+    never waits on the host, so launch gaps stay out of the numbers."""
     for i in range(3):
         fn(i)
     torch.cuda.synchronize()
     ts = []
-    for i in range(iters):
+    for r in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn(i)
+        for i in range(iters):
+            fn(i)
         b.record()
         b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
+        ts.append(a.elapsed_time(b) * 1e3 / iters)
     return statistics.median(ts)
 
 
@@ -92,7 +95,7 @@ class Kvtier:
         else:
             view.copy_(torch.randint(0, 256, (slots, pb), device="cuda", dtype=torch.int32, generator=gen).to(torch.uint8))
             vals = HKV * T * D
-            for off in (vals // 2, vals + vals // 16 + vals // 2):  # K and V scale regions
+            for off in (vals // 2, vals + vals // 16):  # K and V scale regions
                 n = vals // 16
                 view[:, off:off + n] = torch.randint(0x30, 0x48, (slots, n), device="cuda", dtype=torch.int32,
                                                      generator=gen).to(torch.uint8)
@@ -121,6 +124,10 @@ def main():
     ap.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "..", "..", "bench", "RESULTS.md"))
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--formats", default="bf16,fp8,nvfp4", help="kvtier formats to time")
+    ap.add_argument("--shapes", default="", help="e.g. 16x65536,1x131072 (default: the four of the issue)")
+    ap.add_argument("--block-tokens", default="16,64")
+    ap.add_argument("--no-sdpa", action="store_true", help="skip torch SDPA (e.g. under a profiler)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     kv = Kvtier(args.lib)
@@ -171,8 +178,12 @@ def main():
     shapes = [(1, 32768), (1, 131072), (16, 65536), (64, 8192)]
     if args.quick:
         shapes = [(1, 32768), (16, 65536)]
+    if args.shapes:
+        shapes = [tuple(int(v) for v in it.split("x")) for it in args.shapes.split(",")]
+    fmts = [f for f in (BF16, FP8, NVFP4) if NAMES[f] in args.formats.split(",")]
+    tlist = [int(t) for t in args.block_tokens.split(",")]
     sdpa_us = {}
-    for (B, L) in shapes:
+    for (B, L) in ([] if args.no_sdpa else shapes):
         kvbytes = B * HKV * L * D * 2 * 2
         nsets = max(1, math.ceil(4 * l2 / kvbytes))
         q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -183,10 +194,10 @@ def main():
         rows.append(dict(kernel="torch SDPA bf16 (contiguous)", B=B, L=L, us=us, gbps=kvbytes / us / 1e3))
         del ks, vs, q
         torch.cuda.empty_cache()
-    for T in (16, 64):
+    for T in tlist:
         for (B, L) in shapes:
             t = {}
-            for fmt in (BF16, FP8, NVFP4):
+            for fmt in fmts:
                 blocks = B * (L // T)
                 it_bytes = blocks * page_bytes(fmt, T)
                 nsets = max(1, math.ceil(4 * l2 / it_bytes))
@@ -212,6 +223,8 @@ def main():
                                  gbps=it_bytes / us / 1e3, splits=splits))
                 del buf, bts, ps, q, out
                 torch.cuda.empty_cache()
+            if len(t) < 3 or (B, L) not in sdpa_us:
+                continue
             rows.append(dict(kernel="ratios", B=B, L=L, T=T,
                              nvfp4_over_sdpa=t[NVFP4] / sdpa_us[(B, L)], nvfp4_over_fp8=t[NVFP4] / t[FP8],
                              nvfp4_over_bf16=t[NVFP4] / t[BF16]))

@@ -6,11 +6,13 @@
 set -uo pipefail
 OUT=${1:?usage: tools/gpu/run.sh OUT_DIR [--quick] [--no-bench]}
 shift
-QUICK=""; BENCH=1
+QUICK=""; BENCH=1; PROFILE=0; TESTS=1
 for a in "$@"; do
   case "$a" in
     --quick) QUICK="--quick" ;;
     --no-bench) BENCH=0 ;;
+    --no-tests) TESTS=0 ;;
+    --profile) PROFILE=1 ;;  # ncu + SASS of the decode kernels into $OUT/profile.txt
   esac
 done
 REPO=$(pwd)
@@ -26,6 +28,11 @@ SRC_BUILD=$(grep -m1 -o '/[^ "]*/build[^/ "]*' "$BUILD/CTestTestfile.cmake" | he
 SRC_ROOT=$(dirname "$SRC_BUILD")
 if [ ! -e "$SRC_ROOT" ]; then mkdir -p "$(dirname "$SRC_ROOT")"; ln -s "$REPO" "$SRC_ROOT"; fi
 if [ ! -e "$SRC_BUILD" ]; then ln -s "$BUILD" "$SRC_BUILD"; fi
+# ... and load CMake's GoogleTestAddTests.cmake from the build machine's path.
+if [ -f "$REPO/.devcarry/cmake/path.txt" ]; then
+  M=$(cat "$REPO/.devcarry/cmake/path.txt")
+  [ -e "$M" ] || { mkdir -p "$(dirname "$M")"; cp "$REPO/.devcarry/cmake/GoogleTestAddTests.cmake" "$M"; }
+fi
 echo "== $(date -u) on $(hostname): build tree $SRC_BUILD -> $BUILD"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 
@@ -43,11 +50,28 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 } > "$OUT/sass_summary.txt" 2>&1
 cat "$OUT/sass_summary.txt" | cut -c1-220
 
-echo "== gpu-labelled tests"
 RC=0
-ctest --test-dir "$SRC_BUILD" -L gpu -j 8 --output-on-failure --timeout 900 \
+if [ "$PROFILE" = 1 ]; then
+  {
+    for F in nvfp4 fp8; do
+      echo "== ncu: decode $F, batch 16 x 8192, T=16"
+      ncu --clock-control none -k regex:DecodeKernel --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats \
+        --section WarpStateStats --section InstructionStats --section Occupancy --section MemoryWorkloadAnalysis \
+        python3 tools/gpu/decode_baseline.py --lib "$BUILD/lib/libkvtier_kernels.so" --out /tmp/prof --results "" \
+          --formats $F --shapes 16x8192 --block-tokens 16 --iters 2 --no-sdpa 2>&1 \
+        | grep -v "^==PROF==" | sed -n '/DecodeKernel/,$p'
+    done
+    echo "== SASS of DecodeKernel<nvfp4, 128>"
+    cuobjdump --dump-sass "$BUILD/lib/libkvtier_kernels.so" | awk '/Function :/ {p = ($0 ~ /DecodeKernelILi0ELi128/)} p'
+  } > "$OUT/profile.txt" 2>&1
+  grep -E "==|Duration|Throughput|Issue Slots|Issued Ipc|No Eligible|Stall|Warp Cycles|Achieved Occupancy|Registers" "$OUT/profile.txt" | head -80
+fi
+
+[ "$TESTS" = 1 ] && echo "== gpu-labelled tests"
+[ "$TESTS" = 1 ] && { ctest --test-dir "$SRC_BUILD" -L gpu -j 8 --output-on-failure --timeout 900 \
   --output-junit "$OUT/ctest_gpu.xml" > "$OUT/ctest_gpu.log" 2>&1 || RC=1
-tail -n 40 "$OUT/ctest_gpu.log"
+  grep -E "tests passed|\(Failed\)|Not Run|SKIP" "$OUT/ctest_gpu.log" | tail -n 40; }
 
 if [ "$BENCH" = 1 ]; then
   echo "== kvtier-bench decode"

@@ -17,5 +17,9 @@ for f in .devcarry/build/bin/* .devcarry/build/lib/*.so*; do
   ldd "$f" 2>/dev/null | awk '/=> \// {print $3}'
 done | sort -u | grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so' \
   | grep -v "$PWD" | while read -r lib; do cp -L "$lib" .devcarry/lib/; done
+# gtest_discover_tests' include files load this CMake module by its absolute path.
+mkdir -p .devcarry/cmake
+grep -h -o '/[^ "]*GoogleTestAddTests.cmake' -r .devcarry/build --include='*_include.cmake' | sort -u \
+  | while read -r m; do cp "$m" .devcarry/cmake/; echo "$m" > .devcarry/cmake/path.txt; done
 du -sh .devcarry
 ls .devcarry/lib
