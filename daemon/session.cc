@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "formats/contract.h"
+#include "tiers/test_point.h"
 
 namespace kvtier::daemon {
 
@@ -289,6 +290,7 @@ Status Session::DoRelease(uint64_t lease_id) {
   }
   metrics_->leases.fetch_sub(1);
   metrics_->leased_slots.fetch_sub(static_cast<int64_t>(lease.slots.size()));
+  KVTIER_TEST_POINT("Session::Release:BeforeUnpin");
   ReleaseSlots(lease);
   return Status::Ok();
 }
@@ -326,6 +328,7 @@ Status Session::DoCommit(const wire::RequestEntry& req, const std::vector<uint8_
     const Key128 parent{item.parent.hi, item.parent.lo};
     if (key.IsZero()) return Status::Invalid("key 0 is not a block key");
     KVTIER_RETURN_IF_ERROR(tm_->Commit(req.contract_id, ref, key, parent));
+    KVTIER_TEST_POINT("Session::Commit:AfterTierCommit");  // visible, not yet acknowledged
     lease.committed[pos->second] = 1;
     ++*committed;
   }

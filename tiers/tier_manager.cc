@@ -23,6 +23,7 @@
 #include "tiers/host/host_pool.h"
 #include "tiers/nvme/nvme_store.h"
 #include "tiers/policy/policy.h"
+#include "tiers/test_point.h"
 
 namespace kvtier::tiers {
 
@@ -926,6 +927,7 @@ void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   (void)nvme_->WriteBatch(wr);
+  KVTIER_TEST_POINT("TierManager::Demote:AfterNvmeWrite");  // durable, host copy not yet dropped
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> l(mu_);
   uint64_t bytes = 0;

@@ -13,6 +13,7 @@
 
 #include "formats/bytes.h"
 #include "formats/record.h"
+#include "tiers/nvme/fault_device.h"
 #include "tiers/nvme/uring_device.h"
 #include "tiers/test_point.h"
 
@@ -161,6 +162,7 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
   if (!dev.ok()) return dev.status();
   if (!(*dev)->fixed_buffers()) spdlog::warn("nvme: running without registered buffers");
   s->dev_ = std::move(dev.value());
+  if (!wrap) wrap = EnvironmentDeviceWrapper(s->record_bytes_);  // test builds: KVTIER_TEST_FAULTS
   if (wrap) s->dev_ = wrap(std::move(s->dev_));
 
   KVTIER_RETURN_IF_ERROR(s->LoadIndex());
@@ -325,6 +327,7 @@ Status NvmeStore::WriteBatch(std::span<NvmeWrite> writes) {
         ++blocks_written_;
         bytes_written_ += RoundUp4K(w.len) + kIoAlign;
       } else {
+        spdlog::warn("nvme: write of block {} failed: {}; not stored", w.id.key.ToHex(), w.result.message());
         (void)alloc_.Free(ents[i].record);
       }
     }
@@ -429,6 +432,8 @@ Status NvmeStore::ReadBatch(std::span<NvmeRead> reads) {
           wb.Put(IndexKey(r.id), EncodeEntry(it->second));
           ++blocks_read_;
           bytes_read_ += RoundUp4K(r.len);
+        } else {
+          spdlog::warn("nvme: read of block {} failed: {}; a miss", r.id.key.ToHex(), r.result.message());
         }
       }
     }
