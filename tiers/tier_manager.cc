@@ -878,23 +878,31 @@ void TierManagerImpl::RunReads(std::vector<Block*> batch) {
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
-  (void)nvme_->ReadBatch(rd);
+  uint64_t bytes = 0;
+  // Each block is finished as soon as it is read and verified, while the rest of the batch
+  // is still in flight: its waiters are pinned, and a host -> HBM copy it unblocks is
+  // launched at once (NVMe -> host -> HBM pipelines per block, not per batch).
+  (void)nvme_->ReadBatch(rd, [&](size_t i) {
+    std::vector<CopyJob> copies;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      Block* b = batch[i];
+      b->io_pins[kN]--;
+      const bool ok = rd[i].result.ok();
+      if (ok) {
+        bytes += RoundUp4K(rd[i].len);
+      } else if (rd[i].result.IsCorrupt() || rd[i].result.IsNotFound()) {
+        // The store drops the record (and counts it): the block is gone from NVMe.
+        policy_[kN]->Remove(b->id);
+        b->nvme = false;
+      }
+      FinishPromotionLocked(b, kS, ok);
+      copies = std::exchange(copies_, {});
+    }
+    if (!copies.empty()) RunCopies(std::move(copies));
+  });
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> l(mu_);
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    Block* b = batch[i];
-    b->io_pins[kN]--;
-    const bool ok = rd[i].result.ok();
-    if (ok) {
-      bytes += RoundUp4K(rd[i].len);
-    } else if (rd[i].result.IsCorrupt() || rd[i].result.IsNotFound()) {
-      // The store dropped the record (counted there): the block is gone from NVMe.
-      policy_[kN]->Remove(b->id);
-      b->nvme = false;
-    }
-    FinishPromotionLocked(b, kS, ok);
-  }
   c_[kN].bytes_read += bytes;
   if (secs > 0 && bytes > (16u << 20)) c_[kN].read_gbps = bytes / secs / 1e9;
   KickLocked();

@@ -291,6 +291,7 @@ class FailFileDevice : public Device {
     std::vector<IoOp> pass;
     std::vector<size_t> where;
     for (size_t i = 0; i < ops.size(); ++i) {
+      if (!ops[i].result.ok()) continue;
       if (ops[i].kind == IoOp::Kind::kWrite && ops[i].file == bad_) {
         ops[i].result = Status::IoError("injected write error");
       } else {

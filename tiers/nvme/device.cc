@@ -1,10 +1,11 @@
 #include "tiers/nvme/device.h"
 
 #include <string>
+#include <vector>
 
 namespace kvtier::tiers {
 
-Status Device::Batch(std::span<IoOp> ops) {
+Status Device::Batch(std::span<IoOp> ops, const IoDone& done) {
   bool any = false;
   for (IoOp& op : ops) {
     op.result = Status::Ok();
@@ -21,7 +22,23 @@ Status Device::Batch(std::span<IoOp> ops) {
       any = true;
     }
   }
-  if (any) BatchImpl(ops);
+  if (done) {
+    for (const IoOp& op : ops) {
+      if (!op.result.ok()) done(op);  // refused before the device saw it
+    }
+  }
+  if (any) {
+    if (!done) {
+      BatchImpl(ops);
+    } else if (!BatchStreamImpl(ops, done)) {
+      std::vector<bool> active(ops.size());
+      for (size_t i = 0; i < ops.size(); ++i) active[i] = ops[i].result.ok();
+      BatchImpl(ops);
+      for (size_t i = 0; i < ops.size(); ++i) {
+        if (active[i]) done(ops[i]);
+      }
+    }
+  }
   Status first;
   for (const IoOp& op : ops) {
     const bool rd = op.kind == IoOp::Kind::kRead;
@@ -37,12 +54,12 @@ Status Device::Batch(std::span<IoOp> ops) {
 }
 
 Status Device::Read(uint32_t file, uint64_t offset, uint64_t len, void* buf) {
-  IoOp op{IoOp::Kind::kRead, file, offset, len, buf, {}};
+  IoOp op{IoOp::Kind::kRead, file, offset, len, buf, 0, {}};
   return Batch(std::span<IoOp>(&op, 1));
 }
 
 Status Device::Write(uint32_t file, uint64_t offset, uint64_t len, const void* buf) {
-  IoOp op{IoOp::Kind::kWrite, file, offset, len, const_cast<void*>(buf), {}};
+  IoOp op{IoOp::Kind::kWrite, file, offset, len, const_cast<void*>(buf), 0, {}};
   return Batch(std::span<IoOp>(&op, 1));
 }
 

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "formats/status.h"
@@ -29,8 +30,14 @@ struct IoOp {
   uint64_t offset = 0;    // byte offset in the file; kIoAlign multiple
   uint64_t len = 0;       // bytes; positive kIoAlign multiple
   void* buf = nullptr;    // kIoAlign-aligned memory of len bytes
+  uint64_t user = 0;      // caller's tag, untouched by the device
   Status result;          // set by Batch
 };
+
+// Called once per op as it finishes (ok or not), on the thread that called Batch, while
+// later ops are still in flight: lets callers verify or forward a block without waiting
+// for the whole batch.
+using IoDone = std::function<void(const IoOp& op)>;
 
 struct DeviceStats {
   uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0;
@@ -44,7 +51,7 @@ class Device {
 
   // Runs every op; returns the first failure (each op also carries its own result).
   // Misaligned or out-of-range ops fail Invalid without touching the device.
-  Status Batch(std::span<IoOp> ops);
+  Status Batch(std::span<IoOp> ops, const IoDone& done = nullptr);
   Status Read(uint32_t file, uint64_t offset, uint64_t len, void* buf);
   Status Write(uint32_t file, uint64_t offset, uint64_t len, const void* buf);
   // Makes every completed write to the given files durable (fdatasync).
@@ -57,6 +64,11 @@ class Device {
  protected:
   // Performs ops whose Status is still Ok (already validated); sets each op's result.
   virtual void BatchImpl(std::span<IoOp> ops) = 0;
+  // Optional streaming form: performs the ops like BatchImpl and calls done(op) as each
+  // one finishes; returns true. The default returns false without doing anything, and
+  // Batch then runs BatchImpl and reports every op at the end (a wrapper such as a fault
+  // injector only needs BatchImpl).
+  virtual bool BatchStreamImpl(std::span<IoOp> ops, const IoDone& done) { return false; }
   virtual Status SyncImpl(std::span<const uint32_t> files) = 0;
 
  private:

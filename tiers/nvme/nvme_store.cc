@@ -274,10 +274,10 @@ Status NvmeStore::WriteBatch(std::span<NvmeWrite> writes) {
       uint32_t file;
       uint64_t off;
       RecordLocation(e.record, &file, &off);
-      ops.push_back({IoOp::Kind::kWrite, file, off, kIoAlign, hb, {}});
+      ops.push_back({IoOp::Kind::kWrite, file, off, kIoAlign, hb, i, {}});
       op_owner.push_back(i);
       ops.push_back({IoOp::Kind::kWrite, file, off + kIoAlign, RoundUp4K(w.len),
-                     const_cast<uint8_t*>(w.payload), {}});
+                     const_cast<uint8_t*>(w.payload), i, {}});
       op_owner.push_back(i);
     }
     if (ops.empty()) {
@@ -338,7 +338,7 @@ Status NvmeStore::WriteBatch(std::span<NvmeWrite> writes) {
   return first;
 }
 
-Status NvmeStore::ReadBatch(std::span<NvmeRead> reads) {
+Status NvmeStore::ReadBatch(std::span<NvmeRead> reads, const std::function<void(size_t)>& on_ready) {
   std::lock_guard<std::mutex> iol(io_mu_);
   Status first;
   for (size_t base = 0; base < reads.size(); base += kStagingRecords) {
@@ -346,7 +346,6 @@ Status NvmeStore::ReadBatch(std::span<NvmeRead> reads) {
     std::vector<NvmeEntry> ents(n);
     std::vector<bool> active(n, false), check_header(n, false);
     std::vector<IoOp> ops;
-    std::vector<size_t> op_owner;
     {
       std::lock_guard<std::mutex> l(mu_);
       for (size_t i = 0; i < n; ++i) {
@@ -368,30 +367,26 @@ Status NvmeStore::ReadBatch(std::span<NvmeRead> reads) {
         check_header[i] = opts_.verify_on_restart && !ents[i].verified;
       }
     }
+    std::vector<uint8_t> outstanding(n, 0);
     for (size_t i = 0; i < n; ++i) {
       if (!active[i]) continue;
       uint32_t file;
       uint64_t off;
       RecordLocation(ents[i].record, &file, &off);
       if (check_header[i]) {
-        ops.push_back({IoOp::Kind::kRead, file, off, kIoAlign, staging_ + i * kIoAlign, {}});
-        op_owner.push_back(i);
+        ops.push_back({IoOp::Kind::kRead, file, off, kIoAlign, staging_ + i * kIoAlign, i, {}});
+        ++outstanding[i];
       }
       ops.push_back({IoOp::Kind::kRead, file, off + kIoAlign, RoundUp4K(ents[i].payload_len),
-                     reads[base + i].dst, {}});
-      op_owner.push_back(i);
-    }
-    if (!ops.empty()) (void)dev_->Batch(ops);
-    for (size_t k = 0; k < ops.size(); ++k) {
-      NvmeRead& r = reads[base + op_owner[k]];
-      if (!ops[k].result.ok() && r.result.ok()) r.result = ops[k].result;
+                     reads[base + i].dst, i, {}});
+      ++outstanding[i];
     }
     std::vector<bool> corrupt(n, false);
-    for (size_t i = 0; i < n; ++i) {
+    // Verifies block i once its last op finished: runs while later reads are in flight.
+    auto verify = [&](size_t i) {
       NvmeRead& r = reads[base + i];
-      if (!active[i] || !r.result.ok()) continue;
       const NvmeEntry& e = ents[i];
-      if (check_header[i]) {
+      if (r.result.ok() && check_header[i]) {
         auto h = RecordHeader::Decode(std::span<const uint8_t>(staging_ + i * kIoAlign, kRecordHeaderSize));
         uint64_t hx;
         std::memcpy(&hx, staging_ + i * kIoAlign + kRecordHeaderChecksummed, 8);
@@ -403,14 +398,23 @@ Status NvmeStore::ReadBatch(std::span<NvmeRead> reads) {
           r.result = Status::Corrupt("nvme record header does not match its index entry");
         }
       }
-      if (r.result.ok()) {
-        if (PayloadChecksum(std::span<const uint8_t>(r.dst, e.payload_len)) != e.payload_xxh3) {
-          r.result = Status::Corrupt("nvme payload checksum mismatch (record " +
-                                     std::to_string(e.record) + ")");
-        }
+      if (r.result.ok() && PayloadChecksum(std::span<const uint8_t>(r.dst, e.payload_len)) != e.payload_xxh3) {
+        r.result = Status::Corrupt("nvme payload checksum mismatch (record " + std::to_string(e.record) + ")");
       }
       if (r.result.IsCorrupt()) corrupt[i] = true;
       if (r.result.ok()) r.len = e.payload_len;
+      if (on_ready) on_ready(base + i);
+    };
+    if (!ops.empty()) {
+      (void)dev_->Batch(ops, [&](const IoOp& op) {
+        const size_t i = op.user;
+        NvmeRead& r = reads[base + i];
+        if (!op.result.ok() && r.result.ok()) r.result = op.result;
+        if (--outstanding[i] == 0) verify(i);
+      });
+    }
+    for (size_t i = 0; i < n; ++i) {  // refused before any I/O: report them too
+      if (!active[i] && on_ready) on_ready(base + i);
     }
     rocksdb::WriteBatch wb;
     {

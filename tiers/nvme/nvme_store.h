@@ -121,7 +121,10 @@ class NvmeStore {
   ~NvmeStore();
 
   Status WriteBatch(std::span<NvmeWrite> writes);
-  Status ReadBatch(std::span<NvmeRead> reads);
+  // on_ready(i) (optional) runs on the calling thread as soon as reads[i] is finished and
+  // verified (result set), while later reads are still in flight; the index bookkeeping
+  // (hit counts, dropping corrupt entries) is done when the batch returns.
+  Status ReadBatch(std::span<NvmeRead> reads, const std::function<void(size_t)>& on_ready = nullptr);
   // NotFound when absent.
   Status Remove(const BlockId& id);
 

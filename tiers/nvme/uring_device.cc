@@ -86,7 +86,7 @@ int UringDevice::FixedIndex(const void* p, uint64_t len) const {
   return -1;
 }
 
-void UringDevice::BatchImpl(std::span<IoOp> ops) {
+bool UringDevice::BatchStreamImpl(std::span<IoOp> ops, const IoDone& done) {
   std::lock_guard<std::mutex> l(mu_);
   struct Pending {
     IoOp* op;
@@ -101,6 +101,7 @@ void UringDevice::BatchImpl(std::span<IoOp> ops) {
   size_t next = 0;
   std::deque<size_t> again;  // short or -EAGAIN ops, resubmitted first
   uint32_t inflight = 0;
+  std::vector<size_t> finished;  // ops done in this round, reported after the CQ advance
   while (next < pend.size() || !again.empty() || inflight > 0) {
     bool queued = false;
     while (inflight < depth_ && (!again.empty() || next < pend.size())) {
@@ -132,13 +133,25 @@ void UringDevice::BatchImpl(std::span<IoOp> ops) {
       ++inflight;
       queued = true;
     }
-    int r = io_uring_submit_and_wait(&ring_, inflight > 0 ? 1 : 0);
+    // Submit first, then run the callbacks of the previous round while the device works,
+    // then wait: a caller's per-op work (checksums) overlaps the queued I/O.
+    int r = done && !finished.empty() ? io_uring_submit(&ring_) : io_uring_submit_and_wait(&ring_, inflight > 0 ? 1 : 0);
+    if (done && !finished.empty()) {
+      for (size_t idx : finished) done(*pend[idx].op);
+      finished.clear();
+      if (r >= 0 && inflight > 0) {
+        io_uring_cqe* w;
+        int wr = io_uring_wait_cqe(&ring_, &w);
+        if (wr < 0 && wr != -EINTR && wr != -EAGAIN) r = wr;
+      }
+    }
     if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
       // The ring itself failed: every op not yet completed fails with it.
       for (Pending& p : pend) {
         if (p.op->result.ok() && p.done < p.op->len) {
           p.op->result = Status::IoError("io_uring_submit: " + Errno(-r));
           p.done = p.op->len;
+          finished.push_back(static_cast<size_t>(&p - pend.data()));
         }
       }
       break;
@@ -156,6 +169,7 @@ void UringDevice::BatchImpl(std::span<IoOp> ops) {
       if (res == -EAGAIN || res == -EINTR) {
         if (++p.resubmits > kMaxResubmitsPerOp) {
           p.op->result = Status::IoError("io: gave up after repeated EAGAIN");
+          finished.push_back(idx);
         } else {
           ++resubmits_;
           again.push_back(idx);
@@ -164,19 +178,27 @@ void UringDevice::BatchImpl(std::span<IoOp> ops) {
         p.op->result = Status::IoError(std::string(rd ? "read" : "write") + " file " +
                                        std::to_string(p.op->file) + " at " +
                                        std::to_string(p.op->offset + p.done) + ": " + Errno(-res));
+        finished.push_back(idx);
       } else if (res == 0) {
         p.op->result = Status::IoError(std::string(rd ? "read" : "write") + " returned 0 bytes at " +
                                        std::to_string(p.op->offset + p.done));
+        finished.push_back(idx);
       } else {
         p.done += static_cast<uint64_t>(res);
         if (p.done < p.op->len) {
           ++resubmits_;
           again.push_back(idx);  // short transfer: continue from where it stopped
+        } else {
+          finished.push_back(idx);
         }
       }
     }
     io_uring_cq_advance(&ring_, seen);
   }
+  if (done) {
+    for (size_t idx : finished) done(*pend[idx].op);
+  }
+  return true;
 }
 
 Status UringDevice::SyncImpl(std::span<const uint32_t> files) {

@@ -41,7 +41,8 @@ class UringDevice : public Device {
   uint64_t resubmits() const { return resubmits_; }
 
  protected:
-  void BatchImpl(std::span<IoOp> ops) override;
+  void BatchImpl(std::span<IoOp> ops) override { (void)BatchStreamImpl(ops, nullptr); }
+  bool BatchStreamImpl(std::span<IoOp> ops, const IoDone& done) override;
   Status SyncImpl(std::span<const uint32_t> files) override;
 
  private:
