@@ -82,6 +82,34 @@ TEST(Metrics, AttentionHandCase) {
   EXPECT_NEAR(lp2[1], lp[1], 1e-12);
 }
 
+TEST(Metrics, BatchedAttentionIsBitIdenticalToSingleQueries) {
+  const size_t T = 37, D = 64, stride = 3 * D, nq = 5;
+  std::vector<float> k(T * stride), v(T * stride), q(nq * D);
+  uint32_t s = 12345;
+  auto rnd = [&] {
+    s = s * 1664525u + 1013904223u;
+    return static_cast<float>(static_cast<int32_t>(s >> 8) - (1 << 23)) / (1 << 21);
+  };
+  for (auto& x : k) x = rnd();
+  for (auto& x : v) x = rnd();
+  for (auto& x : q) x = rnd();
+  std::vector<const float*> qs;
+  for (size_t i = 0; i < nq; ++i) qs.push_back(&q[i * D]);
+  std::vector<double> blp, bp, bout;
+  BatchAttentionLogProbs(qs, k.data() + D, T, stride, D, &blp, &bp);
+  BatchAttentionOutput(bp, nq, v.data() + D, T, stride, D, &bout);
+  for (size_t i = 0; i < nq; ++i) {
+    std::vector<double> lp, o;
+    AttentionLogProbs(qs[i], k.data() + D, T, stride, D, &lp);
+    AttentionOutput(lp, v.data() + D, stride, D, &o);
+    for (size_t t = 0; t < T; ++t) {
+      ASSERT_EQ(lp[t], blp[i * T + t]);
+      ASSERT_EQ(std::exp(lp[t]), bp[i * T + t]);
+    }
+    for (size_t d = 0; d < D; ++d) ASSERT_EQ(o[d], bout[i * D + d]);
+  }
+}
+
 TEST(Metrics, KlAndRelativeError) {
   const double p[2] = {std::log(0.25), std::log(0.75)};
   const double u[2] = {std::log(0.5), std::log(0.5)};

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "formats/nvfp4.h"
 
@@ -13,6 +14,23 @@ namespace kvtier::quality {
 
 namespace {
 using Json = nlohmann::ordered_json;
+
+// Runs fn(i) for i < n on up to hardware_concurrency threads (contiguous ranges).
+template <typename Fn>
+void ParallelFor(size_t n, Fn&& fn) {
+  const size_t threads = std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (size_t i = t * n / threads; i < (t + 1) * n / threads; ++i) fn(i);
+    });
+  }
+  for (auto& th : pool) th.join();
+}
 
 std::string F(const char* fmt, double v) {
   char b[64];
@@ -88,18 +106,20 @@ StatusOr<LayerResult> AnalyzeLayer(int layer, std::span<const float> k, std::spa
     for (auto& x : rq) x = normal(rng);
   }
 
-  // Reference attention per (head, query).
-  std::vector<std::vector<double>> ref_lp(H * nq), ref_out(H * nq);
+  // Reference attention per head, all its queries at once: log-probabilities and
+  // probabilities nq x T, outputs nq x D.
+  std::vector<std::vector<const float*>> qptr(H);
   for (size_t h = 0; h < H; ++h) {
-    for (size_t i = 0; i < nq; ++i) {
-      auto& lp = ref_lp[h * nq + i];
-      AttentionLogProbs(query(h, i), k.data() + h * D, T, H * D, D, &lp);
-      AttentionOutput(lp, v.data() + h * D, H * D, D, &ref_out[h * nq + i]);
-    }
+    for (size_t i = 0; i < nq; ++i) qptr[h].push_back(query(h, i));
   }
+  std::vector<std::vector<double>> ref_lp(H), ref_p(H), ref_out(H);
+  ParallelFor(H, [&](size_t h) {
+    BatchAttentionLogProbs(qptr[h], k.data() + h * D, T, H * D, D, &ref_lp[h], &ref_p[h]);
+    BatchAttentionOutput(ref_p[h], nq, v.data() + h * D, T, H * D, D, &ref_out[h]);
+  });
 
   QuantResult qk, qv;
-  std::vector<double> lp, out, out_k, out_v;
+  std::vector<AttnStats> k_only(H), v_only(H);
   for (int ci = 0; ci < kNumCodecs; ++ci) {
     const Codec c = kAllCodecs[ci];
     KVTIER_RETURN_IF_ERROR(QuantizeDequantize(c, k, D, k_scale, &qk));
@@ -124,20 +144,32 @@ StatusOr<LayerResult> AnalyzeLayer(int layer, std::span<const float> k, std::spa
       for (const auto& b : s.buckets) s.total.Merge(b);
     }
     r.attn_heads[ci].assign(H, {});
-    for (size_t h = 0; h < H; ++h) {
+    k_only.assign(H, {});
+    v_only.assign(H, {});
+    // Heads are independent: one thread per group of heads, each writing only its own
+    // per-head stats; they are merged in head order afterwards (deterministic).
+    ParallelFor(H, [&](size_t h) {
+      std::vector<double> lp, p, out, out_k, out_v;
+      BatchAttentionLogProbs(qptr[h], qk.dq.data() + h * D, T, H * D, D, &lp, &p);
+      BatchAttentionOutput(p, nq, qv.dq.data() + h * D, T, H * D, D, &out);      // K' and V'
+      BatchAttentionOutput(p, nq, v.data() + h * D, T, H * D, D, &out_k);        // K' only
+      BatchAttentionOutput(ref_p[h], nq, qv.dq.data() + h * D, T, H * D, D, &out_v);  // V' only
       for (size_t i = 0; i < nq; ++i) {
-        AttentionLogProbs(query(h, i), qk.dq.data() + h * D, T, H * D, D, &lp);
-        AttentionOutput(lp, qv.dq.data() + h * D, H * D, D, &out);
-        const double kl = KlDivergence(ref_lp[h * nq + i], lp);
-        const auto& ro = ref_out[h * nq + i];
+        auto row = [&](const std::vector<double>& m, size_t len) {
+          return std::span<const double>(m.data() + i * len, len);
+        };
+        const double kl = KlDivergence(row(ref_lp[h], T), row(lp, T));
+        const auto ro = row(ref_out[h], D);
         const double ref_sq = SquaredNorm(ro);
-        r.attn_heads[ci][h].Add(kl, SquaredDistance(ro, out), ref_sq);
-        AttentionOutput(lp, v.data() + h * D, H * D, D, &out_k);
-        AttentionOutput(ref_lp[h * nq + i], qv.dq.data() + h * D, H * D, D, &out_v);
-        r.attn_k_only[ci].Add(kl, SquaredDistance(ro, out_k), ref_sq);
-        r.attn_v_only[ci].Add(0.0, SquaredDistance(ro, out_v), ref_sq);
+        r.attn_heads[ci][h].Add(kl, SquaredDistance(ro, row(out, D)), ref_sq);
+        k_only[h].Add(kl, SquaredDistance(ro, row(out_k, D)), ref_sq);
+        v_only[h].Add(0.0, SquaredDistance(ro, row(out_v, D)), ref_sq);
       }
+    });
+    for (size_t h = 0; h < H; ++h) {
       r.attn[ci].Merge(r.attn_heads[ci][h]);
+      r.attn_k_only[ci].Merge(k_only[h]);
+      r.attn_v_only[ci].Merge(v_only[h]);
     }
   }
   return r;

@@ -77,9 +77,17 @@ void AttentionLogProbs(const float* q, const float* k, size_t tokens, size_t str
   double mx = -std::numeric_limits<double>::infinity();
   for (size_t t = 0; t < tokens; ++t) {
     const float* kt = k + t * stride;
-    double s = 0;
-    for (size_t d = 0; d < dim; ++d) s += static_cast<double>(q[d]) * kt[d];
-    (*logp)[t] = s * scale;
+    // Four partial sums (the same order as BatchAttentionLogProbs).
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t d = 0;
+    for (; d + 4 <= dim; d += 4) {
+      s0 += static_cast<double>(q[d]) * static_cast<double>(kt[d]);
+      s1 += static_cast<double>(q[d + 1]) * static_cast<double>(kt[d + 1]);
+      s2 += static_cast<double>(q[d + 2]) * static_cast<double>(kt[d + 2]);
+      s3 += static_cast<double>(q[d + 3]) * static_cast<double>(kt[d + 3]);
+    }
+    for (; d < dim; ++d) s0 += static_cast<double>(q[d]) * static_cast<double>(kt[d]);
+    (*logp)[t] = ((s0 + s1) + (s2 + s3)) * scale;
     mx = std::max(mx, (*logp)[t]);
   }
   double sum = 0;
@@ -90,11 +98,90 @@ void AttentionLogProbs(const float* q, const float* k, size_t tokens, size_t str
 
 void AttentionOutput(std::span<const double> logp, const float* v, size_t stride, size_t dim,
                      std::vector<double>* out) {
+  std::vector<double> p(logp.size());
+  for (size_t t = 0; t < logp.size(); ++t) p[t] = std::exp(logp[t]);
+  AttentionOutputFromProbs(p, v, stride, dim, out);
+}
+
+void AttentionOutputFromProbs(std::span<const double> probs, const float* v, size_t stride,
+                              size_t dim, std::vector<double>* out) {
   out->assign(dim, 0.0);
-  for (size_t t = 0; t < logp.size(); ++t) {
-    const double p = std::exp(logp[t]);
+  double* __restrict o = out->data();
+  for (size_t t = 0; t < probs.size(); ++t) {
+    const double p = probs[t];
+    if (p == 0.0) continue;  // underflowed: contributes exactly nothing
+    const float* __restrict vt = v + t * stride;
+    size_t d = 0;
+    for (; d + 4 <= dim; d += 4) {
+      o[d] += p * vt[d];
+      o[d + 1] += p * vt[d + 1];
+      o[d + 2] += p * vt[d + 2];
+      o[d + 3] += p * vt[d + 3];
+    }
+    for (; d < dim; ++d) o[d] += p * vt[d];
+  }
+}
+
+namespace {
+// q . k with four partial sums, the order AttentionLogProbs uses.
+inline double Dot4(const double* q, const double* k, size_t dim) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  size_t d = 0;
+  for (; d + 4 <= dim; d += 4) {
+    s0 += q[d] * k[d];
+    s1 += q[d + 1] * k[d + 1];
+    s2 += q[d + 2] * k[d + 2];
+    s3 += q[d + 3] * k[d + 3];
+  }
+  for (; d < dim; ++d) s0 += q[d] * k[d];
+  return (s0 + s1) + (s2 + s3);
+}
+}  // namespace
+
+void BatchAttentionLogProbs(const std::vector<const float*>& queries, const float* k, size_t tokens,
+                            size_t stride, size_t dim, std::vector<double>* logp,
+                            std::vector<double>* probs) {
+  const size_t nq = queries.size();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+  std::vector<double> qd(nq * dim), kd(dim);
+  for (size_t i = 0; i < nq; ++i) {
+    for (size_t d = 0; d < dim; ++d) qd[i * dim + d] = queries[i][d];
+  }
+  logp->resize(nq * tokens);
+  probs->resize(nq * tokens);
+  double* lp = logp->data();
+  for (size_t t = 0; t < tokens; ++t) {
+    const float* kt = k + t * stride;
+    for (size_t d = 0; d < dim; ++d) kd[d] = kt[d];
+    for (size_t i = 0; i < nq; ++i) lp[i * tokens + t] = Dot4(&qd[i * dim], kd.data(), dim) * scale;
+  }
+  for (size_t i = 0; i < nq; ++i) {
+    double* row = lp + i * tokens;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (size_t t = 0; t < tokens; ++t) mx = std::max(mx, row[t]);
+    double sum = 0;
+    for (size_t t = 0; t < tokens; ++t) sum += std::exp(row[t] - mx);
+    const double lse = mx + std::log(sum);
+    for (size_t t = 0; t < tokens; ++t) {
+      row[t] -= lse;
+      (*probs)[i * tokens + t] = std::exp(row[t]);
+    }
+  }
+}
+
+void BatchAttentionOutput(const std::vector<double>& probs, size_t nq, const float* v, size_t tokens,
+                          size_t stride, size_t dim, std::vector<double>* out) {
+  out->assign(nq * dim, 0.0);
+  std::vector<double> vd(dim);
+  for (size_t t = 0; t < tokens; ++t) {
     const float* vt = v + t * stride;
-    for (size_t d = 0; d < dim; ++d) (*out)[d] += p * vt[d];
+    for (size_t d = 0; d < dim; ++d) vd[d] = vt[d];
+    for (size_t i = 0; i < nq; ++i) {
+      const double p = probs[i * tokens + t];
+      if (p == 0.0) continue;
+      double* __restrict o = out->data() + i * dim;
+      for (size_t d = 0; d < dim; ++d) o[d] += p * vd[d];
+    }
   }
 }
 

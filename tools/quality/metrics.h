@@ -70,6 +70,19 @@ void AttentionLogProbs(const float* q, const float* k, size_t tokens, size_t str
 // o = sum_t exp(logp_t) v_t; value t starts at v + t * stride.
 void AttentionOutput(std::span<const double> logp, const float* v, size_t stride, size_t dim,
                      std::vector<double>* out);
+// The same from probabilities p_t = exp(logp_t) computed once by the caller.
+void AttentionOutputFromProbs(std::span<const double> probs, const float* v, size_t stride,
+                              size_t dim, std::vector<double>* out);
+// Batched forms for nq queries against one KV head: every key and value row is read once
+// for all queries (rows of one head are strided through the cache, so per-query passes
+// are bound by memory traffic). Results are bit-identical to the single-query forms.
+//   logp, probs: nq x tokens, row-major (probs = exp(logp)); out: nq x dim.
+void BatchAttentionLogProbs(const std::vector<const float*>& queries, const float* k, size_t tokens,
+                            size_t stride, size_t dim, std::vector<double>* logp,
+                            std::vector<double>* probs);
+void BatchAttentionOutput(const std::vector<double>& probs, size_t nq, const float* v, size_t tokens,
+                          size_t stride, size_t dim, std::vector<double>* out);
+
 // sum_t exp(lp_t) (lp_t - lq_t) over log-probabilities.
 double KlDivergence(std::span<const double> lp, std::span<const double> lq);
 // |a - b| / |a|; 0 when both are 0, +inf when only a is.
