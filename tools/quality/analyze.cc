@@ -455,7 +455,15 @@ std::string ReportSvg(const AnalyzeReport& r, Codec codec) {
   const int ci = static_cast<int>(codec);
   const size_t H = r.shape.kv_heads, L = r.layers.size();
   const int cw = 36, ch = 22, left = 70, top = 50;
-  const int width = left + static_cast<int>(H) * cw + 200, height = top + static_cast<int>(L) * ch + 60;
+  const int width = std::max(left + static_cast<int>(H) * cw + 200, 640);
+  const int height = top + static_cast<int>(L) * ch + 60;
+  auto is_worst = [&](int layer, size_t h) {
+    if (codec != r.options.rank_codec) return false;
+    for (const auto& w : r.worst_heads) {
+      if (w.layer == layer && w.head == static_cast<int>(h)) return true;
+    }
+    return false;
+  };
   double lo = INFINITY, hi = -INFINITY;
   for (const auto& lr : r.layers) {
     for (const auto& a : lr.attn_heads[ci]) {
@@ -504,14 +512,19 @@ std::string ReportSvg(const AnalyzeReport& r, Codec codec) {
     for (size_t h = 0; h < lr.attn_heads[ci].size(); ++h) {
       const double v = lr.attn_heads[ci][h].pooled_rel();
       o << "<rect x=\"" << left + static_cast<int>(h) * cw << "\" y=\"" << y << "\" width=\"" << cw - 2
-        << "\" height=\"" << ch - 2 << "\" fill=\"" << colour(v) << "\"><title>layer " << lr.layer
-        << " head " << h << ": " << F("%.3e", v) << "</title></rect>\n";
+        << "\" height=\"" << ch - 2 << "\" fill=\"" << colour(v) << "\""
+        << (is_worst(lr.layer, h) ? " stroke=\"black\" stroke-width=\"2\"" : "") << "><title>layer "
+        << lr.layer << " head " << h << ": " << F("%.3e", v) << "</title></rect>\n";
     }
   }
   const int lx = left + static_cast<int>(H) * cw + 20;
-  o << "<text x=\"" << lx << "\" y=\"" << top + 10 << "\">low  1e" << F("%.2f", lo) << "</text>\n";
+  o << "<text x=\"" << lx << "\" y=\"" << top + 10 << "\">low  " << F("%.3g", std::pow(10, lo)) << "</text>\n";
   o << "<rect x=\"" << lx << "\" y=\"" << top + 16 << "\" width=\"20\" height=\"12\" fill=\"" << colour(std::pow(10, lo)) << "\"/>\n";
-  o << "<text x=\"" << lx << "\" y=\"" << top + 46 << "\">high 1e" << F("%.2f", hi) << "</text>\n";
+  o << "<text x=\"" << lx << "\" y=\"" << top + 46 << "\">high " << F("%.3g", std::pow(10, hi)) << "</text>\n";
+  if (codec == r.options.rank_codec && !r.worst_heads.empty()) {
+    o << "<text x=\"" << lx << "\" y=\"" << top + 86 << "\">outlined: worst " << r.worst_heads.size()
+      << "</text>\n";
+  }
   o << "<rect x=\"" << lx << "\" y=\"" << top + 52 << "\" width=\"20\" height=\"12\" fill=\"" << colour(std::pow(10, hi)) << "\"/>\n";
   o << "</svg>\n";
   return o.str();
