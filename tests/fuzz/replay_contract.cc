@@ -1,0 +1,4 @@
+// The contract fuzz target under another name, so that one gcc test binary can replay every
+// target's corpus (tests/fuzz/replay_test.cc).
+#define LLVMFuzzerTestOneInput KvtierFuzz_contract
+#include "tests/fuzz/fuzz_contract.cc"

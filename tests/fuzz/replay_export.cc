@@ -1,0 +1,4 @@
+// The export fuzz target under another name, so that one gcc test binary can replay every
+// target's corpus (tests/fuzz/replay_test.cc).
+#define LLVMFuzzerTestOneInput KvtierFuzz_export
+#include "tests/fuzz/fuzz_export.cc"

@@ -1,0 +1,4 @@
+// The safetensors fuzz target under another name, so that one gcc test binary can replay every
+// target's corpus (tests/fuzz/replay_test.cc).
+#define LLVMFuzzerTestOneInput KvtierFuzz_safetensors
+#include "tests/fuzz/fuzz_safetensors.cc"

@@ -1,0 +1,4 @@
+// The trace fuzz target under another name, so that one gcc test binary can replay every
+// target's corpus (tests/fuzz/replay_test.cc).
+#define LLVMFuzzerTestOneInput KvtierFuzz_trace
+#include "tests/fuzz/fuzz_trace.cc"
