@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <string>
 
@@ -15,6 +16,8 @@ namespace kvtier::kernels {
 namespace {
 
 thread_local std::string g_error;
+// NVFP4 E2M1 decode used unless $KVTIER_NVFP4_DECODE says otherwise: 0 shift, 1 cvt.
+constexpr int kDefaultNvfp4Variant = 0;
 
 int Fail(int code, std::string msg) {
   g_error = std::move(msg);
@@ -122,7 +125,8 @@ int ResidentWarps(int format, int head_dim) {
   if (v == 0) {
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    v = sms * detail::DecodeBlocksPerSm(format, head_dim) * detail::kDecodeWarps;
+    v = sms * detail::DecodeBlocksPerSm(format, head_dim, detail::Nvfp4DecodeVariant()) *
+        detail::kDecodeWarps;
     cache[dev][format][di].store(v, std::memory_order_relaxed);
   }
   return v;
@@ -156,6 +160,18 @@ SplitPlan PlanSplits(const kvt_pool* pool, const kvt_decode_params* p) {
 
 }  // namespace
 }  // namespace kvtier::kernels
+
+namespace kvtier::kernels::detail {
+int Nvfp4DecodeVariant() {
+  static const int v = [] {
+    const char* e = std::getenv("KVTIER_NVFP4_DECODE");
+    if (e != nullptr && std::string(e) == "cvt") return 1;
+    if (e != nullptr && std::string(e) == "shift") return 0;
+    return kDefaultNvfp4Variant;
+  }();
+  return v;
+}
+}  // namespace kvtier::kernels::detail
 
 using namespace kvtier;
 using namespace kvtier::kernels;
@@ -293,7 +309,8 @@ int kvt_decode(const kvt_pool* pool, const kvt_decode_params* p, void* stream) {
     a.ws_lse = a.ws_o + static_cast<uint64_t>(p->batch) * p->num_q_heads * s.splits * g.head_dim;
   }
   a.error_flag = p->error_flag;
-  if (cudaError_t e = detail::LaunchDecode(static_cast<int>(pool->format), static_cast<int>(g.head_dim), a,
+  if (cudaError_t e = detail::LaunchDecode(static_cast<int>(pool->format), static_cast<int>(g.head_dim),
+                                           detail::Nvfp4DecodeVariant(), a,
                                            static_cast<cudaStream_t>(stream));
       e != cudaSuccess) {
     return CudaFail(e, "decode launch");

@@ -112,6 +112,13 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t x) {
   const uint32_t sgn = x << (12 - 4 * J);
   return (mag & 0x0E000E00u) | (sgn & 0x80008000u);
 }
+// E2M1 nibbles of x -> E4M3 bytes holding value * 2^-6 (sign to bit 7, the 3 magnitude
+// bits to bits 4..2: exponent bias 7 instead of 1, subnormal 0.5 included): the odd
+// nibbles 1,3,5,7 into the bytes of `od`, the even nibbles 0,2,4,6 into `ev`.
+__device__ __forceinline__ void e2m1_to_e4m3(uint32_t x, uint32_t& ev, uint32_t& od) {
+  od = (x & 0x80808080u) | ((x >> 2) & 0x1C1C1C1Cu);
+  ev = ((x << 4) & 0x80808080u) | ((x << 2) & 0x1C1C1C1Cu);
+}
 __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
@@ -155,16 +162,21 @@ __device__ __forceinline__ float bf16_to_float(uint16_t b) {
 }
 
 // Head-dim index (relative to the thread's quarter of D) of half `e` of K register `i`.
-template <int FMT>
+template <int FMT, int DEC>
 __device__ __forceinline__ constexpr int KDim(int i, int e) {
-  if constexpr (FMT == kNvfp4) {
+  if constexpr (FMT == kNvfp4 && DEC == 0) {
     return 8 * (i / 4) + (i % 4) + 4 * e;  // word i/4, nibble pair (j, j+4)
+  } else if constexpr (FMT == kNvfp4) {
+    // word i/4 via E4M3 bytes: (0,2) (4,6) (1,3) (5,7)
+    return 8 * (i / 4) + ((i % 4) == 0 ? 0 : (i % 4) == 1 ? 4 : (i % 4) == 2 ? 1 : 5) + 2 * e;
   } else {
     return 2 * i + e;
   }
 }
 
-template <int FMT, int D>
+// DEC (NVFP4 only) picks the E2M1 decode: 0 = shift/mask straight to fp16 (value * 2^-14),
+// 1 = shift/mask to E4M3 bytes then the hardware e4m3x2 -> f16x2 conversion (value * 2^-6).
+template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKernel(const DecodeLaunch a) {
   using C = Cfg<FMT, D>;
   constexpr bool kBf = FMT == kBf16;
@@ -201,7 +213,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
   for (int i = 0; i < C::kRegs; ++i) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      qv[i][e] = gid < a.group ? bf16_to_float(qrow[KDim<FMT>(i, e)]) : 0.f;
+      qv[i][e] = gid < a.group ? bf16_to_float(qrow[KDim<FMT, DEC>(i, e)]) : 0.f;
       qmax = fmaxf(qmax, fabsf(qv[i][e]));
     }
   }
@@ -223,33 +235,29 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
   for (int i = 0; i < C::kRegs; ++i) qb[i] = pack2<kBf>(qv[i][0] * qmul, qv[i][1] * qmul);
 
   constexpr float kLog2e = 1.4426950408889634f;
-  const float fmt_k = FMT == kNvfp4 ? 16384.f : 1.f;  // undo the 2^-14 of the raw decode
+  // Undo the power of two of the raw NVFP4 decode (2^-14, or 2^-6 through E4M3).
+  const float fmt_k = FMT == kNvfp4 ? (DEC == 0 ? 16384.f : 64.f) : 1.f;
   const float qk_scale = a.softmax_scale * kLog2e * a.k_scale_f * fmt_k / qmul;
-  const float v_factor = a.v_scale_f * (FMT == kNvfp4 ? 16384.f : 1.f);
+  const float v_factor = a.v_scale_f * fmt_k;
 
   // ---- cp.async producer: subtile j of this warp into ring stage j % kStages ----------
   const int32_t* bt = a.block_table + static_cast<size_t>(b) * a.max_blocks;
-  int bt_base = -1000000;
-  int32_t bt_reg = 0;
+  // Per-lane constant parts of the copy addresses: the warp's head inside a page, this
+  // lane's chunk offsets (V chunks swizzled), and which side's scales it copies.
+  const uint8_t* pool_l = a.pool + a.page_offset;
+  const uint32_t head_rows = static_cast<uint32_t>(h * a.block_tokens);
   auto issue = [&](int j) {
     const int t0 = t_begin + 16 * j;
-    const int blk = t0 >> a.log2_block_tokens;
-    if (blk >= bt_base + 32 || blk < bt_base) {
-      bt_base = blk;
-      const int e = blk + lane;
-      const int last_blk = (t_end - 1) >> a.log2_block_tokens;
-      bt_reg = e <= last_blk ? bt[e] : 0;
-      const bool oob = e <= last_blk && (bt_reg < 0 || static_cast<uint64_t>(bt_reg) >= a.num_slots);
-      if (__any_sync(0xffffffffu, oob)) bad |= kErrSlotRange;
-    }
-    const int32_t slot = __shfl_sync(0xffffffffu, bt_reg, blk - bt_base);
+    // One uniform load per subtile (cached); checked before any byte of the page is read.
+    const int32_t slot = __ldg(bt + (t0 >> a.log2_block_tokens));
+    if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots) bad |= kErrSlotRange;
     if (bad) return;  // never touch memory through a refused entry
-    const uint8_t* page = a.pool + static_cast<uint64_t>(slot) * a.slot_bytes + a.page_offset;
-    const int row0 = h * a.block_tokens + (t0 & (a.block_tokens - 1));
-    const uint8_t* kd = page + a.k_data + static_cast<size_t>(row0) * C::kRow;
-    const uint8_t* vd = page + a.v_data + static_cast<size_t>(row0) * C::kRow;
-    const uint8_t* ks = page + a.k_scale + static_cast<size_t>(row0) * C::kSc;
-    const uint8_t* vs = page + a.v_scale + static_cast<size_t>(row0) * C::kSc;
+    const uint8_t* page = pool_l + static_cast<uint64_t>(static_cast<uint32_t>(slot)) * a.slot_bytes;
+    const uint32_t row0 = head_rows + static_cast<uint32_t>(t0 & (a.block_tokens - 1));
+    const uint8_t* kd = page + a.k_data + row0 * C::kRow;
+    const uint8_t* vd = page + a.v_data + row0 * C::kRow;
+    const uint8_t* ks = page + a.k_scale + row0 * C::kSc;
+    const uint8_t* vs = page + a.v_scale + row0 * C::kSc;
     const uint32_t st = ring_s + (j % C::kStages) * C::kStage;
     // K and V data: kRow chunks each (16 rows x kRow bytes), lane-strided; the region of
     // every copy is known at compile time. Then the scale chunks (kSc per side, <= 32).
@@ -329,10 +337,19 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
 #pragma unroll
           for (int wi = 0; wi < C::kKWords; ++wi) {
             const uint32_t sc = sfb[wi / 2];
-            kr[r][4 * wi + 0] = hmul2(e2m1_pair<0>(w[wi]), sc);
-            kr[r][4 * wi + 1] = hmul2(e2m1_pair<1>(w[wi]), sc);
-            kr[r][4 * wi + 2] = hmul2(e2m1_pair<2>(w[wi]), sc);
-            kr[r][4 * wi + 3] = hmul2(e2m1_pair<3>(w[wi]), sc);
+            if constexpr (DEC == 0) {
+              kr[r][4 * wi + 0] = hmul2(e2m1_pair<0>(w[wi]), sc);
+              kr[r][4 * wi + 1] = hmul2(e2m1_pair<1>(w[wi]), sc);
+              kr[r][4 * wi + 2] = hmul2(e2m1_pair<2>(w[wi]), sc);
+              kr[r][4 * wi + 3] = hmul2(e2m1_pair<3>(w[wi]), sc);
+            } else {
+              uint32_t ev, od;
+              e2m1_to_e4m3(w[wi], ev, od);
+              kr[r][4 * wi + 0] = hmul2(e4m3x2_to_f16x2(ev), sc);
+              kr[r][4 * wi + 1] = hmul2(e4m3x2_to_f16x2(ev >> 16), sc);
+              kr[r][4 * wi + 2] = hmul2(e4m3x2_to_f16x2(od), sc);
+              kr[r][4 * wi + 3] = hmul2(e4m3x2_to_f16x2(od >> 16), sc);
+            }
           }
         } else if constexpr (FMT == kFp8) {
 #pragma unroll
@@ -434,9 +451,25 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
           }
 #pragma unroll
           for (int w = 0; w < C::kVWords; ++w) {
+            const uint32_t sc = spair[(8 * w) / 16];
+            if constexpr (DEC == 1) {
+              uint32_t ea, oa, eb, ob;
+              e2m1_to_e4m3(wa[w], ea, oa);
+              e2m1_to_e4m3(wb[w], eb, ob);
+              const uint32_t p0 = prmt(ea, eb, 0x5140), p1 = prmt(ea, eb, 0x7362);  // dims 0,2 | 4,6
+              const uint32_t p2 = prmt(oa, ob, 0x5140), p3 = prmt(oa, ob, 0x7362);  // dims 1,3 | 5,7
+              vr[pr][8 * w + 0] = hmul2(e4m3x2_to_f16x2(p0), sc);
+              vr[pr][8 * w + 2] = hmul2(e4m3x2_to_f16x2(p0 >> 16), sc);
+              vr[pr][8 * w + 4] = hmul2(e4m3x2_to_f16x2(p1), sc);
+              vr[pr][8 * w + 6] = hmul2(e4m3x2_to_f16x2(p1 >> 16), sc);
+              vr[pr][8 * w + 1] = hmul2(e4m3x2_to_f16x2(p2), sc);
+              vr[pr][8 * w + 3] = hmul2(e4m3x2_to_f16x2(p2 >> 16), sc);
+              vr[pr][8 * w + 5] = hmul2(e4m3x2_to_f16x2(p3), sc);
+              vr[pr][8 * w + 7] = hmul2(e4m3x2_to_f16x2(p3 >> 16), sc);
+              continue;
+            }
             const uint32_t x0 = prmt(wa[w], wb[w], 0x5410);  // dims 8w..8w+3
             const uint32_t x1 = prmt(wa[w], wb[w], 0x7632);  // dims 8w+4..8w+7
-            const uint32_t sc = spair[(8 * w) / 16];
             vr[pr][8 * w + 0] = hmul2(e2m1_pair<0>(x0), sc);
             vr[pr][8 * w + 1] = hmul2(e2m1_pair<1>(x0), sc);
             vr[pr][8 * w + 2] = hmul2(e2m1_pair<2>(x0), sc);
@@ -544,33 +577,33 @@ __global__ void __launch_bounds__(D) MergeKernel(const DecodeLaunch a) {
   if (a.lse != nullptr && d == 0) a.lse[row] = lse;
 }
 
-template <int FMT, int D>
+template <int FMT, int D, int DEC>
 cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
   using C = Cfg<FMT, D>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   static bool attr_set = false;  // benign race: setting it twice is harmless
   if (!attr_set) {
-    cudaError_t e = cudaFuncSetAttribute(DecodeKernel<FMT, D>,
+    cudaError_t e = cudaFuncSetAttribute(DecodeKernel<FMT, D, DEC>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
   const int total = a.batch * a.num_kv_heads * a.num_splits;
   const int blocks = (total + kDecodeWarps - 1) / kDecodeWarps;
-  DecodeKernel<FMT, D><<<blocks, kDecodeWarps * 32, smem, stream>>>(a);
+  DecodeKernel<FMT, D, DEC><<<blocks, kDecodeWarps * 32, smem, stream>>>(a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || a.num_splits == 1) return e;
   MergeKernel<D><<<a.batch * a.num_q_heads, D, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
-template <int FMT, int D>
+template <int FMT, int D, int DEC>
 int Occupancy() {
   using C = Cfg<FMT, D>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
-  cudaFuncSetAttribute(DecodeKernel<FMT, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaFuncSetAttribute(DecodeKernel<FMT, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, DecodeKernel<FMT, D>, kDecodeWarps * 32,
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, DecodeKernel<FMT, D, DEC>, kDecodeWarps * 32,
                                                     smem) != cudaSuccess) {
     return 1;
   }
@@ -579,24 +612,30 @@ int Occupancy() {
 
 }  // namespace
 
+// The one place runtime (format, head_dim, nvfp4 decode variant) become template constants;
+// anything else is refused (the host API has already said why).
 #define KVT_DECODE_DISPATCH(FN, ...)                                          \
-  switch (format * 1000 + head_dim) {                                         \
-    case 0 * 1000 + 64: return FN<kNvfp4, 64>(__VA_ARGS__);                   \
-    case 0 * 1000 + 128: return FN<kNvfp4, 128>(__VA_ARGS__);                 \
-    case 0 * 1000 + 256: return FN<kNvfp4, 256>(__VA_ARGS__);                 \
-    case 1 * 1000 + 64: return FN<kFp8, 64>(__VA_ARGS__);                     \
-    case 1 * 1000 + 128: return FN<kFp8, 128>(__VA_ARGS__);                   \
-    case 2 * 1000 + 64: return FN<kBf16, 64>(__VA_ARGS__);                    \
-    case 2 * 1000 + 128: return FN<kBf16, 128>(__VA_ARGS__);                  \
+  switch (format * 10000 + head_dim * 10 + (format == kNvfp4 ? variant : 0)) { \
+    case 640: return FN<kNvfp4, 64, 0>(__VA_ARGS__);                          \
+    case 1280: return FN<kNvfp4, 128, 0>(__VA_ARGS__);                        \
+    case 2560: return FN<kNvfp4, 256, 0>(__VA_ARGS__);                        \
+    case 641: return FN<kNvfp4, 64, 1>(__VA_ARGS__);                          \
+    case 1281: return FN<kNvfp4, 128, 1>(__VA_ARGS__);                        \
+    case 2561: return FN<kNvfp4, 256, 1>(__VA_ARGS__);                        \
+    case 10640: return FN<kFp8, 64, 0>(__VA_ARGS__);                          \
+    case 11280: return FN<kFp8, 128, 0>(__VA_ARGS__);                         \
+    case 20640: return FN<kBf16, 64, 0>(__VA_ARGS__);                         \
+    case 21280: return FN<kBf16, 128, 0>(__VA_ARGS__);                        \
     default: break;                                                           \
   }
 
-cudaError_t LaunchDecode(int format, int head_dim, const DecodeLaunch& a, cudaStream_t stream) {
+cudaError_t LaunchDecode(int format, int head_dim, int variant, const DecodeLaunch& a,
+                         cudaStream_t stream) {
   KVT_DECODE_DISPATCH(Launch, a, stream)
   return cudaErrorInvalidValue;
 }
 
-int DecodeBlocksPerSm(int format, int head_dim) {
+int DecodeBlocksPerSm(int format, int head_dim, int variant) {
   KVT_DECODE_DISPATCH(Occupancy)
   return 1;
 }

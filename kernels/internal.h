@@ -30,10 +30,16 @@ struct DecodeLaunch {
   int32_t* error_flag;      // or null
 };
 
-// format: 0 nvfp4, 1 fp8, 2 bf16. Returns the launch error.
-cudaError_t LaunchDecode(int format, int head_dim, const DecodeLaunch& a, cudaStream_t stream);
+// format: 0 nvfp4, 1 fp8, 2 bf16. variant (nvfp4 only): 0 = E2M1 decoded by shift/mask
+// straight to fp16, 1 = shift/mask to E4M3 bytes + hardware cvt to f16x2. Returns the
+// launch error.
+cudaError_t LaunchDecode(int format, int head_dim, int variant, const DecodeLaunch& a,
+                         cudaStream_t stream);
 // Blocks of the decode kernel resident per SM (occupancy), for the split choice.
-int DecodeBlocksPerSm(int format, int head_dim);
+int DecodeBlocksPerSm(int format, int head_dim, int variant);
+// The NVFP4 decode variant in use: $KVTIER_NVFP4_DECODE ("shift" or "cvt", read once),
+// else the default measured fastest on H200 (docs/kernels.md).
+int Nvfp4DecodeVariant();
 inline constexpr int kDecodeWarps = 4;  // warps per CTA; one warp per (b, kv head, split)
 
 struct QuantizeLaunch {
