@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -55,7 +56,7 @@ struct kvtier_client {
   bool broken = false;
   kvtier_transport transport = KVTIER_TRANSPORT_RING;
   uint32_t timeout_ms = 60000;
-  uint32_t spin_us = 20;
+  uint32_t spin_us = 50;
   void* hbm_ptr = nullptr;
 };
 
@@ -213,6 +214,7 @@ kvtier_status Call(kvtier_client* c, w::RequestEntry req, const void* in, size_t
     if (c->req.ConsumerSleeping()) FutexWake(c->req.tail_word());
     const auto spin_end = Clock::now() + std::chrono::microseconds(c->spin_us);
     bool got = false;
+    uint32_t spins = 0;
     while (!got) {
       uint32_t n = 0;
       if (!c->cmp.Available(&n)) {
@@ -226,7 +228,10 @@ kvtier_status Call(kvtier_client* c, w::RequestEntry req, const void* in, size_t
       }
       const auto now = Clock::now();
       if (now < spin_end) {
-        CpuRelax();
+        // On a machine with more runnable threads than cores, yielding now and then
+        // lets the daemon's ring thread run instead of this spinner.
+        if ((++spins & 63) == 0) ::sched_yield();
+        else CpuRelax();
         continue;
       }
       if (now > deadline) {

@@ -156,7 +156,7 @@ void Session::RingLoop() {
       if (stopping) break;  // drained
       if (Clock::now() - idle_start < spin) {
         CpuRelax();
-        if (++spins % 256 == 0) ::sched_yield();
+        if (++spins % 64 == 0) ::sched_yield();
         continue;
       }
       // Sleep protocol (wire.h): flag, re-check, wait on the tail word.
@@ -209,7 +209,7 @@ void Session::HandleRingRequest(const wire::RequestEntry& e) {
     return;
   }
   const uint16_t op = e.op;
-  Execute(e, std::vector<uint8_t>(data_ + e.in_off, data_ + e.in_off + e.in_len),
+  Execute(e, std::span<const uint8_t>(data_ + e.in_off, e.in_len),
           e.out_len ? data_ + e.out_off : nullptr, Transport::kRing,
           [this, t0, op](const wire::CompletionEntry& c) {
             metrics_->ObserveRequest(op, Transport::kRing, NowNs() - t0, c.status == 0);
@@ -221,7 +221,7 @@ void Session::ExecuteSocket(const wire::RequestEntry& req, std::vector<uint8_t> 
                             Done done) {
   const uint64_t t0 = NowNs();
   const uint16_t op = req.op;
-  Execute(req, std::move(in), out, Transport::kSocket,
+  Execute(req, in, out, Transport::kSocket,
           [this, t0, op, done = std::move(done)](const wire::CompletionEntry& c) {
             metrics_->ObserveRequest(op, Transport::kSocket, NowNs() - t0, c.status == 0);
             done(c);
@@ -295,7 +295,7 @@ Status Session::DoRelease(uint64_t lease_id) {
   return Status::Ok();
 }
 
-Status Session::DoCommit(const wire::RequestEntry& req, const std::vector<uint8_t>& in,
+Status Session::DoCommit(const wire::RequestEntry& req, std::span<const uint8_t> in,
                          uint32_t* committed) {
   *committed = 0;
   const auto items = CopyArray<wire::CommitItem>(in.data(), req.count);
@@ -335,7 +335,7 @@ Status Session::DoCommit(const wire::RequestEntry& req, const std::vector<uint8_
   return Status::Ok();
 }
 
-void Session::Execute(const wire::RequestEntry& req, std::vector<uint8_t> in, uint8_t* out,
+void Session::Execute(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
                       Transport transport, Done done) {
   wire::CompletionEntry c;
   c.tag = req.tag;
@@ -349,7 +349,8 @@ void Session::Execute(const wire::RequestEntry& req, std::vector<uint8_t> in, ui
       done(c);
       return;
     case wire::Op::kRegisterContract: {
-      auto ct = ScaleContract::Deserialize(in);
+      const std::vector<uint8_t> bytes(in.begin(), in.end());
+      auto ct = ScaleContract::Deserialize(bytes);
       if (!ct.ok()) return fail(ct.status());
       Status s = tm_->RegisterContract(*ct);
       if (!s.ok()) return fail(s);

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -88,15 +89,16 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void RingLoop();
   void HandleRingRequest(const wire::RequestEntry& e);
-  // Validated request; `in` is a daemon-private copy of the input.
-  void Execute(const wire::RequestEntry& req, std::vector<uint8_t> in, uint8_t* out,
+  // Validated request. `in` may point into the client's shared memory: every op copies
+  // what it reads out of it exactly once, before using it (no double fetch).
+  void Execute(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
                Transport transport, Done done);
   Status CheckContract(uint64_t contract_id) const;
   Status CheckTarget(uint8_t tier) const;
   // Adds a lease; returns its id (0 when the lease table is full: slots are returned).
   StatusOr<uint64_t> AddLease(Lease lease);
   void ReleaseSlots(const Lease& lease);
-  Status DoCommit(const wire::RequestEntry& req, const std::vector<uint8_t>& in,
+  Status DoCommit(const wire::RequestEntry& req, std::span<const uint8_t> in,
                   uint32_t* committed);
   Status DoRelease(uint64_t lease_id);
 
@@ -125,7 +127,6 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<bool> drain_{false};
   std::atomic<bool> kicked_{false};
   uint32_t bad_requests_ = 0;           // ring thread only
-  std::vector<uint8_t> scratch_;        // ring thread only: input copies of sync ops
 
   mutable std::mutex mu_;               // protects leases_, closed_, inflight_
   std::unordered_map<uint64_t, Lease> leases_;

@@ -447,6 +447,7 @@ TEST_F(DaemonTest, SighupReloadsEvictionSettingsWithoutDroppingBlocks) {
   WriteText(d_.config_path(), cfg);
   d_.Signal(SIGHUP);
   EXPECT_EQ(d_.WaitMetric("kvtier_config_reloads_total{result=\"ok\"}", 1), 1) << d_.log();
+  EXPECT_NE(d_.log().find("host policy lru, watermarks 0.6/0.9"), std::string::npos) << d_.log();
   kvtier_lookup_result lr{};
   ASSERT_EQ(kvtier_lookup(c, cid, keys.data(), keys.size(), &lr, nullptr), KVTIER_OK);
   EXPECT_EQ(lr.hit_blocks, 3u);

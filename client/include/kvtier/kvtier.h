@@ -78,7 +78,7 @@ typedef struct kvtier_connect_options {
   const char* name;    /* shown in the daemon's logs; NULL = "libkvtier" */
   int has_gpu;         /* 1: this process maps HBM (may target KVTIER_TIER_HBM) */
   uint32_t timeout_ms; /* per request; 0 = 60000 */
-  uint32_t spin_us;    /* busy-poll for a completion before sleeping; 0 = 20 */
+  uint32_t spin_us;    /* busy-poll for a completion before sleeping; 0 = 50 */
 } kvtier_connect_options;
 
 /* Everything that decides what a block's bytes mean (DESIGN.md section 3). */
