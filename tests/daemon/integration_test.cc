@@ -366,6 +366,72 @@ TEST_F(DaemonTest, MalformedRingMessagesAreRefused) {
   kvtier_close(good);
 }
 
+// Random bytes as ring entries (half of them with in-range regions so that they get
+// past the bounds checks and reach the operations): every one gets a completion with its
+// tag, the daemon survives, and another client is served throughout.
+TEST(DaemonFuzz, RandomRingEntriesNeverCrashTheDaemon) {
+  DaemonConfig cfg;
+  cfg.max_bad_requests = 1000000;
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_client* good = Connect(d.socket(), "good");
+  ASSERT_NE(good, nullptr);
+  const auto desc = SmallContract();
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_register_contract(good, &desc, &cid), KVTIER_OK);
+  RawClient raw;
+  wire::AttachReply reply;
+  ASSERT_TRUE(raw.Attach(d.socket(), &reply));
+  ASSERT_EQ(reply.status, 0);
+  const uint32_t data_bytes = static_cast<uint32_t>(raw.header().data_bytes);
+  uint64_t x = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(::getpid());
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  // Random junk in the data area too (keys, items, contract bytes).
+  for (uint32_t i = 0; i + 8 <= data_bytes; i += 8) {
+    const uint64_t v = next();
+    std::memcpy(raw.data() + i, &v, 8);
+  }
+  int ok = 0, refused = 0;
+  for (int i = 0; i < 3000; ++i) {
+    wire::RequestEntry e;
+    uint64_t words[8];
+    for (auto& w : words) w = next();
+    std::memcpy(&e, words, sizeof e);
+    if (i % 2 == 0) {  // plausible: a real op, sane count, regions inside the data area
+      e.op = static_cast<uint16_t>(1 + next() % wire::kMaxOp);
+      e.flags = 0;
+      std::memset(e.reserved, 0, sizeof e.reserved);
+      e.count = static_cast<uint32_t>(next() % 64);
+      e.contract_id = (next() % 2) ? cid : e.contract_id;
+      e.tier = static_cast<uint8_t>(next() % 3);
+      e.in_off = static_cast<uint32_t>((next() % (data_bytes / 2)) & ~7u);
+      e.in_len = static_cast<uint32_t>(wire::RequiredInBytes(e));
+      e.out_off = static_cast<uint32_t>((data_bytes / 2 + next() % (data_bytes / 4)) & ~7u);
+      e.out_len = 4096;
+    }
+    e.tag = 1000000 + static_cast<uint64_t>(i);
+    wire::CompletionEntry c;
+    ASSERT_TRUE(raw.Submit(e, &c)) << "no completion for entry " << i << "\n" << d.log();
+    ASSERT_EQ(c.tag, e.tag);
+    (c.status == 0 ? ok : refused)++;
+  }
+  EXPECT_GT(refused, 1000);
+  EXPECT_TRUE(d.Alive());
+  EXPECT_EQ(kvtier_ping(good), KVTIER_OK);
+  raw.Close();  // whatever the random allocs leased goes back with the socket
+  EXPECT_EQ(d.WaitMetric("kvtier_leases", 0), 0);
+  std::vector<kvtier_key> keys{{77, 1}};
+  EXPECT_EQ(StoreChain(good, cid, keys), 0);
+  kvtier_close(good);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+  std::printf("random entries: %d answered OK, %d refused\n", ok, refused);
+}
+
 TEST_F(DaemonTest, CorruptRingIndicesDisconnectOnlyThatClient) {
   kvtier_client* good = Connect(d_.socket(), "good");
   ASSERT_NE(good, nullptr);
