@@ -176,6 +176,7 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 
 // DEC (NVFP4 only) picks the E2M1 decode: 0 = shift/mask straight to fp16 (value * 2^-14),
 // 1 = shift/mask to E4M3 bytes then the hardware e4m3x2 -> f16x2 conversion (value * 2^-6).
+// Both are tested; 0 is the default because it measured faster (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKernel(const DecodeLaunch a) {
   using C = Cfg<FMT, D>;
@@ -547,27 +548,52 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
   }
 }
 
-// Merges the splits of one (b, hq): weights 2^(lse_s - max), one thread per head dim.
+// Merges the splits of one (b, hq): weights 2^(lse_s - max). Block = D x P threads (P a
+// power of two <= 1024 / D, about the split count): thread (d, part) sums splits part,
+// part + P, ...; the P partial sums meet in shared memory. (One thread per d looping over
+// all splits was latency-bound: at batch 1 only Hq blocks run.)
 template <int D>
-__global__ void __launch_bounds__(D) MergeKernel(const DecodeLaunch a) {
+__global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a) {
+  constexpr int kMaxP = 1024 / D;
+  __shared__ float red[kMaxP][D];
+  __shared__ float red2[kMaxP][D];
+  const int P = static_cast<int>(blockDim.x) / D;
+  __shared__ float smax[32];
   const int row = blockIdx.x;  // b * Hq + hq
-  const int d = threadIdx.x;
+  const int d = threadIdx.x % D, part = threadIdx.x / D;
   const float* ls = a.ws_lse + static_cast<size_t>(row) * a.num_splits;
   float mx = -INFINITY;
-  bool nan = false;
-  for (int s = 0; s < a.num_splits; ++s) {
+  int nan = 0;
+  for (int s = threadIdx.x; s < a.num_splits; s += blockDim.x) {
     const float v = ls[s];
     nan |= isnan(v);
     mx = fmaxf(mx, v);
   }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  nan = __syncthreads_or(nan);
+  if ((threadIdx.x & 31) == 0) smax[threadIdx.x >> 5] = mx;
+  __syncthreads();
+  mx = smax[0];
+  for (int i = 1; i < static_cast<int>(blockDim.x >> 5); ++i) mx = fmaxf(mx, smax[i]);
   float num = 0.f, den = 0.f;
   if (mx != -INFINITY) {
     const float* o = a.ws_o + static_cast<size_t>(row) * a.num_splits * D + d;
-    for (int s = 0; s < a.num_splits; ++s) {
+#pragma unroll 4
+    for (int s = part; s < a.num_splits; s += P) {
       const float w = exp2f(ls[s] - mx);
       den += w;
       num += w * o[static_cast<size_t>(s) * D];
     }
+  }
+  red[part][d] = num;
+  red2[part][d] = den;
+  __syncthreads();
+  if (part != 0) return;
+  num = den = 0.f;
+  for (int p = 0; p < P; ++p) {
+    num += red[p][d];
+    den += red2[p][d];
   }
   float res = den > 0.f ? num / den : 0.f;
   float lse = mx == -INFINITY ? -INFINITY : (mx + __log2f(den)) * 0.6931471805599453f;
@@ -593,7 +619,9 @@ cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
   DecodeKernel<FMT, D, DEC><<<blocks, kDecodeWarps * 32, smem, stream>>>(a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || a.num_splits == 1) return e;
-  MergeKernel<D><<<a.batch * a.num_q_heads, D, 0, stream>>>(a);
+  int parts = 1;
+  while (parts < a.num_splits && parts * 2 * D <= 1024) parts *= 2;
+  MergeKernel<D><<<a.batch * a.num_q_heads, D * parts, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
