@@ -279,6 +279,28 @@ TEST(NvmeStore, CrashBeforeIndexWriteLeavesNoBlock) {
   }
 }
 
+// A data file cut short under the store (another process, a bad restore): the kernel
+// returns a short read for the record that straddles the new end and 0 bytes after it.
+// The device resubmits the remainder, gets 0, and fails that read; it never treats the
+// partial buffer as a block. The records before the cut still read fine.
+TEST(NvmeStore, ShortReadAtATruncatedFileFailsThatBlockOnly) {
+  testing::TempDir d;
+  auto s = NvmeStore::Open(Opts(d.path()));
+  ASSERT_TRUE(s.ok());
+  WriteBlocks(**s, 0, 3);
+  uint32_t file;
+  uint64_t off;
+  (*s)->RecordLocation((*s)->Find(Id(2))->record, &file, &off);
+  const uint64_t cut = off + 4096 + 8 * 4096;  // inside block 2's payload, 4 KiB aligned
+  ASSERT_EQ(truncate((*s)->DataPath(file).c_str(), static_cast<off_t>(cut)), 0);
+  Status r2 = ReadBlock(**s, 2);
+  EXPECT_EQ(r2.code(), StatusCode::kIoError) << r2.ToString();
+  EXPECT_NE(r2.message().find("returned 0 bytes"), std::string::npos) << r2.ToString();
+  EXPECT_TRUE(ReadBlock(**s, 0).ok());
+  EXPECT_TRUE(ReadBlock(**s, 1).ok());
+  EXPECT_GE((*s)->device()->stats().read_errors, 1u);
+}
+
 // Fault injection behind the real device: writes of one file fail; those blocks are not
 // indexed, the others are, and the failure is reported per block.
 class FailFileDevice : public Device {
