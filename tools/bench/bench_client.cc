@@ -10,6 +10,7 @@
 // Targets (issue 5): ring round trip >= 10x faster than the socket round trip, and a
 // 1,000-block lookup p99 <= 50 us.
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -63,7 +64,7 @@ struct Daemon {
   }
 };
 
-Status StartDaemon(Daemon* d) {
+Status StartDaemon(Daemon* d, int pin_cpu) {
   char tmpl[] = "/tmp/kvtier-bench-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) return Status::IoError("mkdtemp failed");
   d->dir = tmpl;
@@ -82,6 +83,12 @@ Status StartDaemon(Daemon* d) {
   if (::access(bin.c_str(), X_OK) != 0) return Status::NotFound(bin + " not found (build kvtierd)");
   d->pid = ::fork();
   if (d->pid == 0) {
+    if (pin_cpu >= 0) {  // its ring threads inherit this mask when clients attach
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(pin_cpu, &set);
+      ::sched_setaffinity(0, sizeof set, &set);
+    }
     const int fd = ::open((d->dir + "/kvtierd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
@@ -99,6 +106,17 @@ Status StartDaemon(Daemon* d) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return Status::IoError("kvtierd did not start; see " + d->dir + "/kvtierd.log");
+}
+
+// Pins `pid` (0: this thread) to one CPU, or to all of them with cpu < 0.
+void Pin(pid_t pid, int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  for (long i = 0; i < n; ++i) {
+    if (cpu < 0 || i == cpu) CPU_SET(static_cast<int>(i), &set);
+  }
+  ::sched_setaffinity(pid, sizeof set, &set);
 }
 
 kvtier_contract_desc Contract() {
@@ -241,9 +259,9 @@ double Throughput(const std::string& sock, uint64_t cid, const std::vector<kvtie
 }
 
 int Run(const std::vector<std::string>& argv) {
-  auto args = cli::Args::Parse(argv, {"no-append"});
+  auto args = cli::Args::Parse(argv, {"no-append", "no-pin"});
   if (!args.ok()) return cli::Fail(args.status().message(), 2);
-  if (Status s = args->CheckKnown({"blocks", "iters", "seconds", "results", "no-append"}); !s.ok()) {
+  if (Status s = args->CheckKnown({"blocks", "iters", "seconds", "results", "no-append", "no-pin"}); !s.ok()) {
     return cli::Fail(s.message(), 2);
   }
   auto blocks = args->GetInt("blocks", 1000);
@@ -252,8 +270,13 @@ int Run(const std::vector<std::string>& argv) {
   if (!blocks.ok() || !iters.ok() || !seconds.ok() || *blocks < 1 || *blocks > 3000 || *iters < 10) {
     return cli::Fail("--blocks in [1, 3000], --iters >= 10, --seconds > 0", 2);
   }
+  // Latency runs pin kvtierd to CPU 1 and this process to CPU 0: the two busy-polling ends
+  // of a ring must not be time-sliced on one core (on a 2-core machine the scheduler
+  // otherwise often puts them together). --no-pin measures without.
+  const bool pin = !args->Has("no-pin") && ::sysconf(_SC_NPROCESSORS_ONLN) >= 2;
   Daemon d;
-  if (Status s = StartDaemon(&d); !s.ok()) return cli::Fail(s.ToString());
+  if (Status s = StartDaemon(&d, pin ? 1 : -1); !s.ok()) return cli::Fail(s.ToString());
+  if (pin) Pin(0, 0);
   kvtier_client* c = Connect(d.socket);
   if (c == nullptr) return cli::Fail(std::string("connect: ") + kvtier_last_error());
   const auto desc = Contract();
@@ -291,10 +314,14 @@ int Run(const std::vector<std::string>& argv) {
   if (kvtier_set_transport(c, KVTIER_TRANSPORT_SOCKET) != KVTIER_OK) return cli::Fail(kvtier_last_error());
   if (Status s = Measure(c, cid, keys, static_cast<int>(*iters), &sock); !s.ok()) return cli::Fail(s.ToString());
   kvtier_close(c);
+  if (pin) {  // throughput: every process and new ring thread may run anywhere
+    Pin(0, -1);
+    Pin(d.pid, -1);
+  }
 
   Report rep("client: ring vs unix-socket round trips through kvtierd",
              "kvtier-bench client --blocks " + std::to_string(n) + " --iters " + std::to_string(*iters) +
-                 " --seconds " + Fmt("%g", *seconds));
+                 " --seconds " + Fmt("%g", *seconds) + (pin ? "" : " --no-pin"));
   rep.SetColumns({"measure", "ring", "socket (baseline)", "socket / ring"});
   auto row = [&](const char* name, const std::vector<double>& r, const std::vector<double>& s, double p) {
     const double a = Pct(r, p), b = Pct(s, p);
@@ -334,6 +361,9 @@ int Run(const std::vector<std::string>& argv) {
                       la[0], la[1], la[2], ::sysconf(_SC_NPROCESSORS_ONLN)));
     }
   }
+  rep.AddNote(pin ? "latency rows: kvtierd pinned to CPU 1, the measuring client to CPU 0 (its TierManager "
+                    "threads share CPU 1 with the ring thread); throughput rows: unpinned"
+                  : "nothing pinned (--no-pin)");
   rep.AddNote("kvtierd and the client processes share the machine's cores; host tier only "
               "(no GPU), 4 KiB slots, daemon spin 50 us, client spin 50 us before futex sleep.");
   const std::string path = args->Has("no-append") ? "" : args->Get("results").value_or(Report::DefaultResultsPath());
