@@ -26,8 +26,9 @@ void SetTestPointCallback(TestPointCallback cb) {
   Cb() = std::move(cb);
 }
 
+#if KVTIER_TEST_POINTS
 namespace {
-// Kill points from the environment (see test_point.h); read once.
+// Kill points from the environment (see test_point.h); read once. Only in test builds.
 struct EnvKill {
   std::vector<std::string> names;  // empty: no named kill point
   uint64_t after = 1;              // kill at this hit of a named point
@@ -83,6 +84,8 @@ struct EnvKill {
 };
 }  // namespace
 
+#endif  // KVTIER_TEST_POINTS
+
 void RunTestPoint(std::string_view name) {
   TestPointCallback cb;
   {
@@ -93,8 +96,10 @@ void RunTestPoint(std::string_view name) {
     cb(name);
     return;
   }
+#if KVTIER_TEST_POINTS
   static EnvKill env;
   env.Hit(name);
+#endif
 }
 
 }  // namespace kvtier::tiers
