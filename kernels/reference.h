@@ -24,11 +24,11 @@ namespace kvtier::kernels {
 
 // A host image of the slot pool (same bytes as the device pool).
 struct HostPool {
-  uint8_t* base = nullptr;     // slot s at base + s * slot_bytes
-  size_t slot_bytes = 0;       // Default: 0 (refused)
-  size_t num_slots = 0;        // Default: 0 (refused)
-  Geometry geometry;           // L, H, D, T
-  KvFormat format = KvFormat::kNvfp4;  // Default: nvfp4
+  uint8_t* base = nullptr;     // slot s at base + s * slot_bytes. Default: null (refused)
+  size_t slot_bytes = 0;       // >= BlockBytes(format, geometry). Default: 0 (refused)
+  size_t num_slots = 0;        // slots in the image. Default: 0 (refused)
+  Geometry geometry;           // L, H, D, T. Default: all zero (refused)
+  KvFormat format = KvFormat::kNvfp4;  // page format. Default: nvfp4
 
   // Invalid unless the geometry is valid for the format and a slot holds a block.
   Status Validate() const;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -125,6 +126,12 @@ struct QuantCase {
   bool fp16;
   nvfp4::ScaleRule rule;
 };
+
+// Readable parameter names in test listings (ctest -N).
+void PrintTo(const QuantCase& c, std::ostream* os) {
+  *os << "D=" << c.D << " T=" << c.T << (c.fp16 ? " fp16" : " bf16")
+      << (c.rule == nvfp4::ScaleRule::kMax6 ? " max6" : " 4over6");
+}
 
 class QuantizeAppend : public ::testing::TestWithParam<QuantCase> {};
 
@@ -314,6 +321,8 @@ std::string CaseName(const DecodeCase& c) {
          "_G" + std::to_string(c.group) + "_H" + std::to_string(c.H) + "_B" + std::to_string(c.batch) +
          "_L" + std::to_string(c.max_len);
 }
+
+void PrintTo(const DecodeCase& c, std::ostream* os) { *os << CaseName(c) << " splits=" << c.splits; }
 
 // Writes token t of (slot, layer) in `pool` with fresh random K and V values.
 void WriteToken(TestPool& pool, size_t slot, uint32_t layer, uint32_t t, float ks, float vs,
