@@ -110,6 +110,7 @@ struct Block {
   bool busy[2] = {false, false};    // a demotion out of HBM / host is in flight
   std::shared_ptr<Promotion> promo[2];
   uint32_t uses = 0;
+  uint32_t holds = 0;  // held by a method walking several blocks: neither evicted nor erased
 };
 
 enum class SlotState : uint8_t { kFree, kAlloc, kBlock, kDup, kLoading };
@@ -197,6 +198,7 @@ class TierManagerImpl final : public TierManager {
     slots_[t][s] = SlotInfo{};
   }
   bool EvictableLocked(int t, const Block& b) const {
+    if (b.holds > 0) return false;
     if (t == kN) return b.io_pins[kN] == 0 && !b.busy[kS] && !b.promo[kS];
     return b.pins[t] == 0 && b.io_pins[t] == 0 && !b.busy[t] && b.slot[t] >= 0;
   }
@@ -387,7 +389,7 @@ LookupResult TierManagerImpl::Lookup(uint64_t contract_id, std::span<const Key12
 
 void TierManagerImpl::MaybeEraseLocked(Block* b) {
   if (CachedLocked(*b) || b->pins[0] || b->pins[1] || b->io_pins[0] || b->io_pins[1] || b->io_pins[2] ||
-      b->promo[0] || b->promo[1] || b->busy[0] || b->busy[1]) {
+      b->promo[0] || b->promo[1] || b->busy[0] || b->busy[1] || b->holds) {
     return;
   }
   blocks_.erase(b->id);
@@ -773,6 +775,8 @@ void TierManagerImpl::Acquire(uint64_t contract_id, std::span<const Key128> keys
     }
   }
   const size_t n = ctx->blocks.size();
+  // Making room for one block's promotion must not evict or erase another of this prefix.
+  for (Block* b : ctx->blocks) b->holds++;
   ctx->slots.resize(n);
   ctx->ok.assign(n, false);
   ctx->pending = n + 1;  // +1 released below, so that instant completions cannot finish early
@@ -797,7 +801,9 @@ void TierManagerImpl::Acquire(uint64_t contract_id, std::span<const Key128> keys
     }
   }
   c_[kN].misses += keys.size() - n;
+  for (Block* b : ctx->blocks) b->holds--;
   if (--ctx->pending == 0) FinishAcquireLocked(ctx);
+  for (Block* b : ctx->blocks) MaybeEraseLocked(b);
 }
 
 void TierManagerImpl::Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) {
@@ -805,11 +811,18 @@ void TierManagerImpl::Prefetch(uint64_t contract_id, std::span<const Key128> key
   std::lock_guard<std::mutex> l(mu_);
   if (!contracts_.count(contract_id)) return;
   const int t = Idx(target);
+  std::vector<Block*> prefix;
   for (const Key128& k : keys) {
     Block* b = FindLocked({contract_id, k});
     if (!b || !CachedLocked(*b)) break;
+    b->holds++;
+    prefix.push_back(b);
+  }
+  for (Block* b : prefix) {
     if (b->slot[t] < 0) (void)StartPromotionLocked(b, t, [](bool) {});
   }
+  for (Block* b : prefix) b->holds--;
+  for (Block* b : prefix) MaybeEraseLocked(b);
 }
 
 Status TierManagerImpl::Evict(uint64_t contract_id, const Key128& key) {
@@ -1056,9 +1069,13 @@ Status TierManagerImpl::DoFlush() {
     std::vector<std::pair<Block*, uint32_t>> todo;
     {
       std::lock_guard<std::mutex> l(mu_);
+      // Collected first: making room in host (below) may erase other blocks from the map.
+      std::vector<Block*> in_hbm;
       for (auto& [id, up] : blocks_) {
-        Block* b = up.get();
-        if (!EvictableLocked(kH, *b)) continue;
+        if (EvictableLocked(kH, *up)) in_hbm.push_back(up.get());
+      }
+      for (Block* b : in_hbm) {
+        if (b->slot[kH] < 0 || !EvictableLocked(kH, *b)) continue;
         if (b->slot[kS] >= 0 || b->promo[kS]) {
           DropCopyLocked(kH, b, true);
           continue;

@@ -354,6 +354,27 @@ TEST_P(TierManagerTest, ConcurrentAcquireFlushEvictStress) {
   EXPECT_EQ(tm_->Lookup(cid_, Keys(0, 14)).hit_blocks, 14u);
 }
 
+// Making room for one block of a prefix must not evict another block of the same prefix
+// (here the coldest host block, a drop tier, is exactly the second block of the acquire).
+TEST_P(TierManagerTest, RoomForOneBlockNeverEvictsAnotherOfTheSamePrefix) {
+  opts_.host.on_evict = OnEvict::kDrop;
+  opts_.host.high_watermark = 1.0;
+  opts_.host.low_watermark = 0.99;
+  OpenTm();
+  Store(0);
+  ASSERT_TRUE(tm_->Flush().ok());  // block 0: NVMe only
+  Store(1);                        // block 1: host only, the coldest host block
+  for (uint64_t i = 100; i < 107; ++i) Store(i);
+  ASSERT_EQ(StatsOf(Tier::kHost).slots_used, 8u);
+  auto [st, slots] = AcquireSync(Keys(0, 2));
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(slots.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(testing::Matches(Slot(slots[i]), Bytes(), i));
+    ASSERT_TRUE(tm_->Unpin(slots[i]).ok());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Policies, TierManagerTest,
                          ::testing::Values(PolicyKind::kLru, PolicyKind::kS3Fifo, PolicyKind::kPrefixLru),
                          [](const auto& info) {
