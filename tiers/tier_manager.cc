@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -87,7 +88,14 @@ Status TierManagerOptions::Validate() const {
 
 namespace {
 
-constexpr int kH = 0, kS = 1, kN = 2;  // tier indices: HBM, host (staging), NVMe
+constexpr int kH = 0, kS = 1, kN = 2;
+struct Block;
+// Each block once (an acquire may name a key twice), for a final pass that may erase.
+std::vector<Block*> UniqueBlocks(std::vector<Block*> v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}  // tier indices: HBM, host (staging), NVMe
 int Idx(Tier t) { return t == Tier::kHbm ? kH : t == Tier::kHost ? kS : kN; }
 Tier TierOf(int i) { return i == kH ? Tier::kHbm : i == kS ? Tier::kHost : Tier::kNvme; }
 
@@ -733,7 +741,9 @@ void TierManagerImpl::FinishPromotionLocked(Block* b, int t, bool ok) {
   } else if (p->slot >= 0 && slots_[t][p->slot].state == SlotState::kLoading) {
     PoolFree(t, static_cast<uint32_t>(p->slot));
   }
+  b->holds++;  // a waiter may finish a chained promotion of b, which must not erase it
   for (auto& w : p->waiters) w(ok);
+  b->holds--;
   MaybeEraseLocked(b);
 }
 
@@ -776,7 +786,8 @@ void TierManagerImpl::Acquire(uint64_t contract_id, std::span<const Key128> keys
   }
   const size_t n = ctx->blocks.size();
   // Making room for one block's promotion must not evict or erase another of this prefix.
-  for (Block* b : ctx->blocks) b->holds++;
+  std::vector<Block*> held = UniqueBlocks(ctx->blocks);  // keys may repeat
+  for (Block* b : held) b->holds++;
   ctx->slots.resize(n);
   ctx->ok.assign(n, false);
   ctx->pending = n + 1;  // +1 released below, so that instant completions cannot finish early
@@ -801,9 +812,9 @@ void TierManagerImpl::Acquire(uint64_t contract_id, std::span<const Key128> keys
     }
   }
   c_[kN].misses += keys.size() - n;
-  for (Block* b : ctx->blocks) b->holds--;
   if (--ctx->pending == 0) FinishAcquireLocked(ctx);
-  for (Block* b : ctx->blocks) MaybeEraseLocked(b);
+  for (Block* b : held) b->holds--;
+  for (Block* b : held) MaybeEraseLocked(b);
 }
 
 void TierManagerImpl::Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) {
@@ -822,7 +833,7 @@ void TierManagerImpl::Prefetch(uint64_t contract_id, std::span<const Key128> key
     if (b->slot[t] < 0) (void)StartPromotionLocked(b, t, [](bool) {});
   }
   for (Block* b : prefix) b->holds--;
-  for (Block* b : prefix) MaybeEraseLocked(b);
+  for (Block* b : UniqueBlocks(prefix)) MaybeEraseLocked(b);
 }
 
 Status TierManagerImpl::Evict(uint64_t contract_id, const Key128& key) {

@@ -1,8 +1,10 @@
 // HBM tier tests (ctest label `gpu`). They skip, saying why, without a CUDA build or
 // without a device; on the H200 machine they run the HBM pool and the TierManager's
 // HBM paths (NVMe -> host -> HBM promotion, HBM -> host demotion, merged acquires).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <future>
 
@@ -11,6 +13,7 @@
 #include "tiers/hbm/cuda_env.h"
 #include "tiers/hbm/hbm_pool.h"
 #include "tiers/host/host_pool.h"
+#include "tiers/nvme/nvme_store.h"
 #include "tiers/tier_manager.h"
 
 #if KVTIER_HAVE_CUDA
@@ -217,6 +220,52 @@ TEST_F(HbmTierManager, ConcurrentAcquiresIntoHbmShareOnePromotion) {
     ASSERT_TRUE(tm_->Unpin(va[i]).ok());
     ASSERT_TRUE(tm_->Unpin(vb[i]).ok());
   }
+}
+
+// A record flipped on disk, acquired into HBM: the NVMe -> host step refuses it, the
+// chained host -> HBM promotion ends with it, and the prefix stops there.
+TEST_F(HbmTierManager, CorruptRecordEndsAnHbmAcquire) {
+  SKIP_WITHOUT_GPU();
+  OpenTm();
+  const size_t n = c_.block_bytes();
+  for (uint64_t i = 0; i < 3; ++i) {
+    std::vector<SlotRef> s;
+    ASSERT_TRUE(tm_->AllocSlots(cid_, 1, Tier::kHost, &s).ok());
+    testing::Fill(arena_ + uint64_t{s[0].slot} * slot_, n, i);
+    ASSERT_TRUE(tm_->Commit(cid_, s[0], K(i), i ? K(i - 1) : Key128{}).ok());
+    ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+  }
+  ASSERT_TRUE(tm_->Flush().ok());
+  munmap(arena_, tm_->host_arena_bytes());
+  arena_ = nullptr;
+  tm_.reset();
+  {
+    NvmeStoreOptions no;
+    no.dir = o_.nvme.dir;
+    no.slot_bytes = slot_;
+    no.capacity_bytes = o_.nvme.tier.capacity_bytes;
+    auto st = NvmeStore::Open(no);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    uint32_t file;
+    uint64_t off;
+    (*st)->RecordLocation((*st)->Find(BlockId{cid_, K(1)})->record, &file, &off);
+    const std::string path = (*st)->DataPath(file);
+    st->reset();
+    int fd = open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t b = 0;
+    ASSERT_EQ(pread(fd, &b, 1, static_cast<off_t>(off + 4096 + 4321)), 1);
+    b ^= 0x40;
+    ASSERT_EQ(pwrite(fd, &b, 1, static_cast<off_t>(off + 4096 + 4321)), 1);
+    close(fd);
+  }
+  OpenTm();
+  auto slots = AcquireSync(Keys(0, 3), Tier::kHbm);
+  ASSERT_EQ(slots.size(), 1u);
+  EXPECT_TRUE(DeviceMatches(Hbm(slots[0]), n, 0));
+  ASSERT_TRUE(tm_->Unpin(slots[0]).ok());
+  EXPECT_EQ(tm_->Stats()[2].checksum_failures, 1u);
+  EXPECT_EQ(tm_->Lookup(cid_, Keys(0, 3)).hit_blocks, 1u);
 }
 
 }  // namespace

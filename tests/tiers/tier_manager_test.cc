@@ -375,6 +375,22 @@ TEST_P(TierManagerTest, RoomForOneBlockNeverEvictsAnotherOfTheSamePrefix) {
   }
 }
 
+TEST_P(TierManagerTest, RepeatedKeysInOneAcquire) {
+  OpenTm();
+  for (uint64_t i = 0; i < 2; ++i) Store(i);
+  ASSERT_TRUE(tm_->Flush().ok());  // both on NVMe only: the repeats share one promotion
+  std::vector<Key128> keys = {K(0), K(0), K(1)};
+  auto [st, slots] = AcquireSync(keys);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(slots.size(), 3u);
+  EXPECT_EQ(slots[0].slot, slots[1].slot);
+  EXPECT_TRUE(testing::Matches(Slot(slots[0]), Bytes(), 0));
+  EXPECT_TRUE(testing::Matches(Slot(slots[2]), Bytes(), 1));
+  for (auto x : slots) ASSERT_TRUE(tm_->Unpin(x).ok());
+  EXPECT_TRUE(tm_->Unpin(slots[0]).IsInvalid());
+  EXPECT_EQ(StatsOf(Tier::kHost).pinned, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Policies, TierManagerTest,
                          ::testing::Values(PolicyKind::kLru, PolicyKind::kS3Fifo, PolicyKind::kPrefixLru),
                          [](const auto& info) {
