@@ -14,6 +14,13 @@ namespace kvtier::cli {
 
 namespace {
 std::string g_program = "kvtier";
+std::string g_socket;
+}
+
+std::string SocketPath() {
+  if (!g_socket.empty()) return g_socket;
+  if (const char* e = std::getenv("KVTIER_SOCKET"); e && *e) return e;
+  return "./kvtier-data/kvtierd.sock";
 }
 
 StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
@@ -109,24 +116,37 @@ int Fail(const std::string& message, int code) {
 int Main(const char* program, int argc, char** argv) {
   g_program = program;
   auto usage = [&](FILE* f) {
-    std::fprintf(f, "usage: %s COMMAND [ARGS...]\n\ncommands:\n", program);
+    std::fprintf(f, "usage: %s [--socket PATH] COMMAND [ARGS...]\n\ncommands:\n", program);
     for (const auto& [name, c] : Registry()) {
       std::fprintf(f, "  %-12s %s\n", name.c_str(), c.summary.c_str());
     }
     std::fprintf(f, "\nRun '%s COMMAND --help' for a command's options.\n", program);
   };
-  if (argc < 2) {
+  int first = 1;
+  while (first < argc && std::strncmp(argv[first], "--socket", 8) == 0) {
+    const std::string opt = argv[first];
+    if (opt == "--socket" && first + 1 < argc) {
+      g_socket = argv[first + 1];
+      first += 2;
+    } else if (opt.rfind("--socket=", 0) == 0) {
+      g_socket = opt.substr(9);
+      first += 1;
+    } else {
+      return Fail("--socket needs a path", 2);
+    }
+  }
+  if (first >= argc) {
     usage(stderr);
     return 2;
   }
-  const std::string cmd = argv[1];
+  const std::string cmd = argv[first];
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     usage(stdout);
     return 0;
   }
   auto it = Registry().find(cmd);
   if (it == Registry().end()) return Fail("unknown command '" + cmd + "' (try --help)", 2);
-  std::vector<std::string> rest(argv + 2, argv + argc);
+  std::vector<std::string> rest(argv + first + 1, argv + argc);
   return it->second.fn(rest);
 }
 

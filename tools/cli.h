@@ -56,7 +56,12 @@ struct CommandRegistrar {
 };
 
 // Runs argv[1] as a command from the registry; prints usage for --help / no command.
+// Leading global options: --socket PATH (the daemon's control socket).
 int Main(const char* program, int argc, char** argv);
+
+// The daemon socket: --socket given before the command, else $KVTIER_SOCKET, else the
+// default config's "./kvtier-data/kvtierd.sock".
+std::string SocketPath();
 
 // Prints "program: message" to stderr and returns 2 (bad usage) or 1 (failure).
 int Fail(const std::string& message, int code = 1);

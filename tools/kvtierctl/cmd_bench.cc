@@ -19,12 +19,20 @@
 #include <string>
 #include <vector>
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "formats/layout.h"
 #include "tiers/policy/policy.h"
 #include "tools/bench/report.h"
 #include "tools/cli.h"
+#include "tools/replay/driver.h"
 #include "tools/replay/simulate.h"
 #include "tools/replay/trace.h"
 
@@ -36,6 +44,8 @@ using nlohmann::json;
 
 constexpr const char* kUsage = R"(usage:
   kvtierctl bench replay --simulate [--trace FILE | generator options] [options]
+  kvtierctl bench replay --spawn [--nvme SIZE] [...]      one kvtierd per format
+  kvtierctl [--socket PATH] bench replay [...]          a running kvtierd (one format)
   kvtierctl bench policies [--trace FILE | generator options] [options]
 
 workload (default: the built-in agentic generator):
@@ -60,7 +70,7 @@ const std::vector<std::string> kKnown = {
     "trace", "requests", "sessions", "system-prompts", "system-tokens", "first-turn-tokens",
     "turn-tokens", "max-turns", "zipf", "seed", "save-trace", "layers", "kv-heads", "head-dim",
     "block-tokens", "hbm", "host", "policy", "formats", "sweep", "prefill-tok-s", "json", "plot",
-    "append", "simulate", "results"};
+    "append", "simulate", "results", "spawn", "socket", "nvme", "verify-full", "max-requests"};
 
 struct Setup {
   std::vector<replay::Request> reqs;
@@ -229,12 +239,151 @@ Status WritePlot(const std::string& path, const std::vector<uint64_t>& budgets,
   return cli::WriteFileAtomic(path, svg.data(), svg.size());
 }
 
-int Replay(const cli::Args& a) {
-  if (!a.Has("simulate")) {
-    return Fail("bench replay: driving a running daemon is not available in this build yet; "
-                "use --simulate for the in-process replay", 2);
+// Starts kvtierd (the binary beside this kvtierctl) on a temporary folder with slots of
+// the format's block size and the given budgets; returns its pid and socket.
+struct Spawned {
+  pid_t pid = -1;
+  std::string dir, socket;
+};
+
+StatusOr<Spawned> SpawnDaemon(KvFormat f, const Geometry& g, uint64_t host, uint64_t nvme) {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return Status::IoError("cannot find kvtierctl's own path");
+  self[n] = 0;
+  const std::string bin = std::filesystem::path(self).parent_path() / "kvtierd";
+  if (::access(bin.c_str(), X_OK) != 0) return Status::IoError("kvtierd not found beside kvtierctl (" + bin + ")");
+  char tmpl[] = "/tmp/kvtier-replay-XXXXXX";
+  if (!::mkdtemp(tmpl)) return Status::IoError("cannot create a temporary folder");
+  Spawned sp;
+  sp.dir = tmpl;
+  sp.socket = sp.dir + "/kvtierd.sock";
+  const uint64_t slot = SlotBytes(f, g);
+  std::vector<std::string> args = {bin, "--config", "/dev/null",
+      "--set", "daemon.socket=\"" + sp.socket + "\"",
+      "--set", "daemon.metrics_port=0",
+      "--set", "daemon.log_level=\"warn\"",
+      "--set", "tiers.slot_bytes=\"" + std::to_string(slot) + "B\"",
+      "--set", "tiers.host.capacity=\"" + std::to_string(host / slot * slot) + "B\"",
+      "--set", "tiers.nvme.capacity=\"" + std::to_string(nvme / slot * slot) + "B\"",
+      "--set", "tiers.nvme.dir=\"" + sp.dir + "/nvme\""};
+  sp.pid = ::fork();
+  if (sp.pid < 0) return Status::IoError("fork failed");
+  if (sp.pid == 0) {
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    ::execv(bin.c_str(), argv.data());
+    ::_exit(127);
   }
+  for (int i = 0; i < 300; ++i) {  // up to 15 s for the socket
+    struct stat st;
+    if (::stat(sp.socket.c_str(), &st) == 0) return sp;
+    int status;
+    if (::waitpid(sp.pid, &status, WNOHANG) == sp.pid) {
+      return Status::IoError("kvtierd exited at start (status " + std::to_string(status) + ")");
+    }
+    ::usleep(50000);
+  }
+  ::kill(sp.pid, SIGKILL);
+  ::waitpid(sp.pid, nullptr, 0);
+  return Status::IoError("kvtierd did not open its socket within 15 s");
+}
+
+void StopDaemon(const Spawned& sp) {
+  if (sp.pid > 0) {
+    ::kill(sp.pid, SIGTERM);
+    int status;
+    for (int i = 0; i < 200 && ::waitpid(sp.pid, &status, WNOHANG) == 0; ++i) ::usleep(50000);
+    ::kill(sp.pid, SIGKILL);
+    ::waitpid(sp.pid, nullptr, WNOHANG);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(sp.dir, ec);
+}
+
+int ReplayDaemon(const cli::Args& a, const Setup& s) {
+  const bool spawn = a.Has("spawn");
+  uint64_t nvme = 0;
+  if (auto v = a.Get("nvme")) {
+    auto n = cli::ParseSize(*v);
+    if (!n.ok()) return Fail("bench replay: --nvme: " + n.status().message(), 2);
+    nvme = *n;
+  }
+  std::vector<replay::Request> reqs = s.reqs;
+  if (auto m = a.GetInt("max-requests", 0); m.ok() && *m > 0 && static_cast<size_t>(*m) < reqs.size()) reqs.resize(*m);
+  const std::string socket = a.Get("socket").value_or(cli::SocketPath());
+  bench::Report rep(std::string("replay through kvtierd: KV formats at the same budgets") +
+                        (spawn ? " (one daemon per format)" : ""),
+                    "build/bin/kvtierctl bench replay " + std::string(spawn ? "--spawn" : "--socket " + socket) +
+                        " --host " + GiB(s.host) + (nvme ? " --nvme " + GiB(nvme) : ""));
+  rep.SetColumns({"format", "slot bytes", "tokens held", "vs fp8", "hit rate", "hbm/host/nvme hits",
+                  "recomputed tokens", "promoted", "demoted", "stores declined", "wrong blocks", "errors", "req/s"});
+  json doc;
+  std::map<KvFormat, replay::DriveResult> res;
+  for (KvFormat f : s.formats) {
+    Spawned sp;
+    replay::DriveOptions o;
+    o.format = f;
+    o.geometry = s.geo;
+    o.verify_full = a.Has("verify-full");
+    o.socket = socket;
+    if (spawn) {
+      auto d = SpawnDaemon(f, s.geo, s.host, nvme);
+      if (!d.ok()) return Fail("bench replay: " + d.status().message());
+      sp = *d;
+      o.socket = sp.socket;
+    }
+    std::fprintf(stderr, "replaying %zu requests as %s through %s ...\n", reqs.size(), KvFormatName(f), o.socket.c_str());
+    auto r = replay::Drive(reqs, o);
+    if (spawn) StopDaemon(sp);
+    if (!r.ok()) return Fail("bench replay: " + std::string(KvFormatName(f)) + ": " + r.status().message());
+    res[f] = *r;
+  }
+  const uint64_t fp8_blocks = res.count(KvFormat::kFp8) ? res[KvFormat::kFp8].total_capacity_blocks : 0;
+  int rc = 0;
+  for (KvFormat f : s.formats) {
+    const auto& r = res[f];
+    const uint64_t tokens = r.total_capacity_blocks * s.geo.block_tokens;
+    json j;
+    j["format"] = KvFormatName(f);
+    j["slot_bytes"] = r.slot_bytes;
+    j["tokens_held"] = tokens;
+    j["hit_rate"] = r.hit_rate();
+    j["hits_by_tier"] = {{"hbm", r.hits_by_tier[0]}, {"host", r.hits_by_tier[1]}, {"nvme", r.hits_by_tier[2]}};
+    j["recomputed_tokens"] = r.recomputed_tokens;
+    j["prefill_seconds_saved"] = (r.prompt_tokens - r.recomputed_tokens) / s.prefill_tok_s;
+    j["promoted_bytes"] = r.promoted_bytes;
+    j["demoted_bytes"] = r.demoted_bytes;
+    j["wrong_blocks"] = r.wrong_blocks;
+    j["stores_declined"] = r.stores_declined;
+    j["errors"] = r.errors;
+    if (!r.first_error.empty()) j["first_error"] = r.first_error;
+    doc["formats"].push_back(j);
+    rep.AddRow({KvFormatName(f), std::to_string(r.slot_bytes), std::to_string(tokens),
+                fp8_blocks ? bench::Fmt("%.3fx", static_cast<double>(r.total_capacity_blocks) / fp8_blocks) : "-",
+                bench::Fmt("%.4f", r.hit_rate()),
+                std::to_string(r.hits_by_tier[0]) + "/" + std::to_string(r.hits_by_tier[1]) + "/" + std::to_string(r.hits_by_tier[2]),
+                std::to_string(r.recomputed_tokens), GiB(r.promoted_bytes), GiB(r.demoted_bytes),
+                std::to_string(r.stores_declined), std::to_string(r.wrong_blocks), std::to_string(r.errors), bench::Fmt("%.0f", r.requests / r.seconds)});
+    if (r.wrong_blocks || r.errors) rc = 1;
+    if (!r.first_error.empty()) rep.AddNote(std::string(KvFormatName(f)) + " first error: " + r.first_error);
+  }
+  rep.AddNote("Workload: " + s.workload + " (" + std::to_string(reqs.size()) + " requests). Every acquired block is checked against the content derived from its key.");
+  if (a.Has("json")) {
+    std::printf("%s\n", doc.dump(2).c_str());
+  } else {
+    const std::string path = a.Has("append") ? a.Get("results").value_or(bench::Report::DefaultResultsPath()) : "";
+    if (auto st = rep.Emit(path); !st.ok()) return Fail("bench replay: " + st.message());
+  }
+  if (rc) std::fprintf(stderr, "kvtierctl: bench replay: wrong blocks or errors (see table)\n");
+  return rc;
+}
+
+int Replay(const cli::Args& a) {
   auto s = ParseSetup(a);
+  if (!s.ok()) return Fail("bench replay: " + s.status().message(), 2);
+  if (!a.Has("simulate")) return ReplayDaemon(a, *s);
   if (!s.ok()) return Fail("bench replay: " + s.status().message(), 2);
   const bool as_json = a.Has("json");
   json doc;
@@ -387,7 +536,7 @@ int Run(const std::vector<std::string>& argv) {
     std::fputs(kUsage, argv.empty() ? stderr : stdout);
     return argv.empty() ? 2 : 0;
   }
-  auto a = cli::Args::Parse(std::vector<std::string>(argv.begin() + 1, argv.end()), {"json", "append", "simulate"});
+  auto a = cli::Args::Parse(std::vector<std::string>(argv.begin() + 1, argv.end()), {"json", "append", "simulate", "spawn", "verify-full"});
   if (!a.ok()) return Fail("bench: " + a.status().message(), 2);
   if (auto st = a->CheckKnown(kKnown); !st.ok()) return Fail("bench " + argv[0] + ": " + st.message(), 2);
   if (!a->positional().empty()) return Fail("bench " + argv[0] + ": unexpected argument '" + a->positional()[0] + "'", 2);
