@@ -117,6 +117,35 @@ TEST_P(PolicyTest, PrefixChainsRule) {
   }
 }
 
+// Whenever some block is evictable, Victim must name one, however many pinned blocks sit
+// in front of it (a request pins the blocks it is writing; they must not hide the rest).
+TEST_P(PolicyTest, PinnedBlocksNeverHideAnEvictableOne) {
+  auto p = EvictionPolicy::Create(GetParam(), 100);
+  // 60 old blocks, each used twice (so S3-FIFO moves them to its main queue)...
+  for (uint64_t i = 0; i < 60; ++i) p->Insert(B(i), None());
+  for (int round = 0; round < 2; ++round) {
+    for (uint64_t i = 0; i < 60; ++i) p->Touch(B(i));
+  }
+  auto all = [](const BlockId&) { return true; };
+  auto index = [](const BlockId& b) { return (b.key.hi & 0xFFFFFFFFull) - 1; };  // B(i) -> i
+  for (int i = 0; i < 5; ++i) {  // cycle small: touched blocks move to main
+    auto v = p->Victim([&](const BlockId& b) { return index(b) >= 1000; });
+    (void)v;
+  }
+  // ...then 40 new blocks, all pinned, in one chain (as one request writes them).
+  for (uint64_t i = 1000; i < 1040; ++i) p->Insert(B(i), i == 1000 ? None() : B(i - 1));
+  auto pinned = [&](const BlockId& b) { return index(b) < 1000; };  // only old ones evictable
+  for (int n = 0; n < 60; ++n) {
+    auto v = p->Victim(pinned);
+    ASSERT_TRUE(v.has_value()) << PolicyName(GetParam()) << ": " << n << " evicted, "
+                               << (60 - n) << " evictable blocks remain";
+    ASSERT_LT(index(*v), 1000u);
+    p->Remove(*v);
+  }
+  EXPECT_FALSE(p->Victim(pinned).has_value());
+  EXPECT_TRUE(p->Victim(all).has_value());
+}
+
 INSTANTIATE_TEST_SUITE_P(All, PolicyTest,
                          ::testing::Values(PolicyKind::kLru, PolicyKind::kS3Fifo, PolicyKind::kPrefixLru),
                          [](const auto& info) {
@@ -182,3 +211,4 @@ TEST(PrefixLru, ParentBecomesCandidateWhenLastChildLeaves) {
 
 }  // namespace
 }  // namespace kvtier::tiers
+

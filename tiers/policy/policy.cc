@@ -66,17 +66,24 @@ class S3FifoPolicy final : public EvictionPolicy {
     map_.erase(it);
   }
   std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& ok) override {
-    // Each queue is walked at most twice around (freq drops to 0 in <= 3 passes for main,
-    // skipped blocks rotate), so a tier full of pinned blocks answers nullopt, not a hang.
+    // Each queue is walked at most a few times around (freq drops to 0 in <= 3 passes for
+    // main; skipped blocks rotate), so a tier full of pinned blocks answers nullopt, not a
+    // hang. Once every block of one queue has been skipped as pinned, the other queue is
+    // used: blocks pinned in small (say, the prefix a request is writing) must not hide
+    // evictable blocks in main.
     size_t budget = 4 * (small_.size() + main_.size()) + 4;
+    size_t small_skips = 0, main_skips = 0;
     while (budget-- > 0 && !map_.empty()) {
-      const bool from_small = !small_.empty() && (small_.size() >= small_target_ || main_.empty());
+      const bool small_open = !small_.empty() && small_skips < small_.size();
+      const bool main_open = !main_.empty() && main_skips < main_.size();
+      bool from_small = small_open && (small_.size() >= small_target_ || !main_open);
+      if (!from_small && !main_open) break;
       auto& q = from_small ? small_ : main_;
-      if (q.empty()) break;
       BlockId b = q.front();
       Entry& e = map_[b];
       if (!ok(b)) {  // pinned or busy: rotate past it, keep its frequency
         q.splice(q.end(), q, q.begin());
+        ++(from_small ? small_skips : main_skips);
         continue;
       }
       if (from_small) {
