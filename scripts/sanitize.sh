@@ -13,7 +13,10 @@
 #               client_test export_file_test reliability_test (crash test at
 #               KVTIER_CRASH_CYCLES=20)
 #   TSan:       tiers_test daemon_unit_test daemon_integration_test client_test
-#               reliability_test (crash test at 10 cycles)
+#               reliability_test (crash test at 10 cycles); without
+#               NvmeStore.CrashBeforeIndexWriteLeavesNoBlock, which opens RocksDB (new
+#               threads) in a child forked from a threaded process: TSan cannot follow
+#               that ("dup thread with used id"); the ASan run has it
 #   left out:   kernels_ref_test, quality_test (single-threaded float loops: slow under
 #               sanitizers, covered by the normal build), replay_test, kvtierctl_cli_test,
 #               reliability_soak_test (its RSS rule means nothing under a sanitizer; it
@@ -45,12 +48,17 @@ run_one() {  # kind build_dir flags tests...
     -DKVTIER_WERROR=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
     -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" -DCMAKE_C_FLAGS="$flags" \
     -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
-  ninja -C "$dir" -j"$jobs" kvtierd "$@"
+  # A test may carry a gtest filter: name:filter.
+  local names=()
+  for t in "$@"; do names+=("${t%%:*}"); done
+  ninja -C "$dir" -j"$jobs" kvtierd "${names[@]}"
   t1=$(date +%s)
   echo "sanitize $kind: built in $((t1 - t0)) s"
-  for t in "$@"; do
+  for spec in "$@"; do
+    local t=${spec%%:*} filter='*'
+    [ "$spec" = "$t" ] || filter=${spec#*:}
     set +e
-    "$dir/bin/$t" --gtest_brief=1 >"$dir/$t.log" 2>&1
+    "$dir/bin/$t" --gtest_brief=1 --gtest_filter="$filter" >"$dir/$t.log" 2>&1
     local rc=$?
     set -e
     if [ $rc -ne 0 ] || grep -q "ERROR: AddressSanitizer\|runtime error:\|WARNING: ThreadSanitizer" "$dir/$t.log"; then
@@ -58,7 +66,7 @@ run_one() {  # kind build_dir flags tests...
       grep -m5 -A20 "ERROR: AddressSanitizer\|runtime error:\|WARNING: ThreadSanitizer\|FAILED\|Failure" "$dir/$t.log" | head -60
       status=1
     else
-      echo "sanitize $kind: $t ok ($(grep -c '^\[       OK \]' "$dir/$t.log" || true) tests; $(grep -m1 -o '[0-9]* tests\?, listed below\|PASSED.*' "$dir/$t.log" | head -1))"
+      echo "sanitize $kind: $t ok ($(grep -m1 -o 'PASSED.*' "$dir/$t.log" | tr -d ']' | tr -s ' '))"
     fi
     # kvtierd's own sanitizer reports go to its log in the test's temp folder; a report
     # there kills the daemon (halt_on_error), which fails the test above.
@@ -76,10 +84,13 @@ for k in "${kinds[@]}"; do
     run_one asan build-asan "-fsanitize=address,undefined -fno-sanitize-recover=undefined" "${tests[@]}" || status=1
     unset ASAN_OPTIONS
   else
-    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
+    # die_after_fork=0: tests fork children (crash points, client processes) from a
+    # multi-threaded gtest process; the children only exec or run single client loops.
+    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0:suppressions=$PWD/scripts/tsan-suppressions.txt"
     export KVTIER_CRASH_CYCLES=$([ $long = 1 ] && echo 50 || echo 10)
     run_one tsan build-tsan "-fsanitize=thread" \
-      tiers_test daemon_unit_test daemon_integration_test client_test reliability_test || status=1
+      tiers_test:-NvmeStore.CrashBeforeIndexWriteLeavesNoBlock \
+      daemon_unit_test daemon_integration_test client_test reliability_test || status=1
     unset TSAN_OPTIONS
   fi
 done
