@@ -1,6 +1,8 @@
 #include "tiers/host/host_pool.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,6 +75,23 @@ TEST(HostPool, FdMapsTheSameBytesInAnotherProcess) {
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 0);
   EXPECT_TRUE(testing::Matches(pool.slot_ptr(2), 8192, 22));
+}
+
+// Clients map the arena fd; none may resize it under the daemon and the other clients.
+TEST(HostPool, ArenaSizeIsSealedAgainstClients) {
+  HostPoolOptions o;
+  o.slot_bytes = 8192;
+  o.slots = 4;
+  auto p = HostPool::Create(o);
+  ASSERT_TRUE(p.ok());
+  HostPool& pool = **p;
+  testing::Fill(pool.slot_ptr(3), 8192, 5);
+  const int fd = pool.fd();
+  EXPECT_NE(ftruncate(fd, 4096), 0) << "a client could shrink the host arena";
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(ftruncate(fd, static_cast<off_t>(pool.arena_bytes()) * 2), 0);
+  EXPECT_NE(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), 0) << "seals must be final";
+  EXPECT_TRUE(testing::Matches(pool.slot_ptr(3), 8192, 5));
 }
 
 }  // namespace

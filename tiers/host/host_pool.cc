@@ -1,6 +1,7 @@
 #include "tiers/host/host_pool.h"
 
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -26,11 +27,16 @@ StatusOr<std::unique_ptr<HostPool>> HostPool::Create(const HostPoolOptions& opts
   std::unique_ptr<HostPool> p(new HostPool());
   p->opts_ = opts;
   p->arena_bytes_ = opts.slot_bytes * opts.slots;
-  p->fd_ = memfd_create("kvtier-host-arena", MFD_CLOEXEC);
+  p->fd_ = memfd_create("kvtier-host-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (p->fd_ < 0) return Status::IoError(std::string("memfd_create: ") + std::strerror(errno));
   if (ftruncate(p->fd_, static_cast<off_t>(p->arena_bytes_)) != 0) {
     return Status::IoError(std::string("ftruncate host arena to ") +
                            std::to_string(p->arena_bytes_) + " bytes: " + std::strerror(errno));
+  }
+  // Every client maps this fd: seal its size, so that no client can shrink the arena
+  // under the daemon and the other clients (a SIGBUS for everyone touching the pages).
+  if (fcntl(p->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return Status::IoError(std::string("sealing the host arena: ") + std::strerror(errno));
   }
   int flags = MAP_SHARED | (opts.populate ? MAP_POPULATE : 0);
   void* m = mmap(nullptr, p->arena_bytes_, PROT_READ | PROT_WRITE, flags, p->fd_, 0);
