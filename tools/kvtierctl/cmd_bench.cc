@@ -158,7 +158,10 @@ StatusOr<Setup> ParseSetup(const cli::Args& a) {
   if (!tiers::ParsePolicy(a.Get("policy").value_or("prefix-lru"), &s.policy)) {
     return Status::Invalid("--policy must be lru, s3fifo or prefix-lru");
   }
-  std::stringstream fs(a.Get("formats").value_or("nvfp4,fp8,bf16"));
+  // Against one running daemon (fixed slot size) the default is the format it is sized
+  // for; the simulation and --spawn compare all three.
+  const bool one_daemon = !a.Has("simulate") && !a.Has("spawn");
+  std::stringstream fs(a.Get("formats").value_or(one_daemon ? "nvfp4" : "nvfp4,fp8,bf16"));
   std::string f;
   while (std::getline(fs, f, ',')) {
     KvFormat k;
