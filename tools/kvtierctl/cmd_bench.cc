@@ -52,6 +52,7 @@ workload (default: the built-in agentic generator):
   --trace FILE            kvtier JSON lines or a Mooncake FAST'25 trace
   --requests N --sessions N --system-prompts N --system-tokens N
   --first-turn-tokens N --turn-tokens N --max-turns N --zipf A --seed N
+  --quick                 a small generated workload (200 requests) that runs in seconds
   --save-trace FILE       write the generated workload as kvtier JSON lines
 model geometry (the block size comes from it and the format):
   --layers L (32) --kv-heads H (8) --head-dim D (128) --block-tokens T (16)
@@ -70,7 +71,7 @@ const std::vector<std::string> kKnown = {
     "trace", "requests", "sessions", "system-prompts", "system-tokens", "first-turn-tokens",
     "turn-tokens", "max-turns", "zipf", "seed", "save-trace", "layers", "kv-heads", "head-dim",
     "block-tokens", "hbm", "host", "policy", "formats", "sweep", "prefill-tok-s", "json", "plot",
-    "append", "simulate", "results", "spawn", "socket", "nvme", "verify-full", "max-requests"};
+    "append", "simulate", "results", "spawn", "socket", "nvme", "verify-full", "max-requests", "quick"};
 
 struct Setup {
   std::vector<replay::Request> reqs;
@@ -128,6 +129,14 @@ StatusOr<Setup> ParseSetup(const cli::Args& a) {
     s.workload = "trace " + *t;
   } else {
     replay::GeneratorOptions g;
+    if (a.Has("quick")) {  // a small workload that finishes in seconds (README one-liner)
+      g.requests = 200;
+      g.sessions = 20;
+      g.system_tokens = 512;
+      g.first_turn_tokens = 256;
+      g.turn_tokens = 128;
+      g.max_turns = 8;
+    }
     KVT_U32(g.requests, "requests", g.requests, 1, 10'000'000);
     KVT_U32(g.sessions, "sessions", g.sessions, 1, 10'000'000);
     KVT_U32(g.system_prompts, "system-prompts", g.system_prompts, 1, 100000);
@@ -539,7 +548,7 @@ int Run(const std::vector<std::string>& argv) {
     std::fputs(kUsage, argv.empty() ? stderr : stdout);
     return argv.empty() ? 2 : 0;
   }
-  auto a = cli::Args::Parse(std::vector<std::string>(argv.begin() + 1, argv.end()), {"json", "append", "simulate", "spawn", "verify-full"});
+  auto a = cli::Args::Parse(std::vector<std::string>(argv.begin() + 1, argv.end()), {"json", "append", "simulate", "spawn", "verify-full", "quick"});
   if (!a.ok()) return Fail("bench: " + a.status().message(), 2);
   if (auto st = a->CheckKnown(kKnown); !st.ok()) return Fail("bench " + argv[0] + ": " + st.message(), 2);
   if (!a->positional().empty()) return Fail("bench " + argv[0] + ": unexpected argument '" + a->positional()[0] + "'", 2);
