@@ -12,3 +12,17 @@ jobs="${KVTIER_JOBS:-$(nproc)}"
 cmake -S . -B "$build" -G Ninja -DKVTIER_WERROR=ON ${KVTIER_CMAKE_ARGS:-}
 ninja -C "$build" -j"$jobs"
 ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 600 "$@"
+
+# Reliability extras (docs/reliability.md), each in its own build folder, after the main
+# suite passed:
+#   scripts/sanitize.sh  ASan+UBSan (build-asan) and TSan (build-tsan) builds of the unit
+#                        and integration tests: 16 min here on 2 cores shared with other
+#                        builds (10 CPU-minutes; about 7 min on 2 idle cores)
+#   scripts/fuzz.sh      libFuzzer targets (build-fuzz), 30 s each: 5.5 min (2.3 min build)
+# KVTIER_SKIP_SANITIZERS=1 / KVTIER_SKIP_FUZZ=1 skip them (e.g. for a quick local run).
+if [ "${KVTIER_SKIP_SANITIZERS:-0}" != 1 ]; then
+  scripts/sanitize.sh
+fi
+if [ "${KVTIER_SKIP_FUZZ:-0}" != 1 ]; then
+  scripts/fuzz.sh
+fi
