@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <chrono>
 #include <climits>
 #include <cstring>
@@ -725,6 +726,147 @@ kvtier_status kvtier_ping(kvtier_client* c) {
   w::CompletionEntry cmp;
   std::lock_guard<std::mutex> l(c->mu);
   return Call(c, req, nullptr, 0, nullptr, 0, &cmp);
+  KVTIER_GUARD_END
+}
+
+
+// ---- operator requests ---------------------------------------------------------------
+
+static_assert(sizeof(kvtier_block_info) == sizeof(w::AdminBlockInfo));
+static_assert(offsetof(kvtier_block_info, header_xxh3) == offsetof(w::AdminBlockInfo, header_xxh3));
+static_assert(offsetof(kvtier_block_info, where) == offsetof(w::AdminBlockInfo, where));
+static_assert(sizeof(kvtier_verify_report) == sizeof(w::AdminVerifyReport));
+static_assert(sizeof(kvtier_contract_info) == sizeof(w::AdminContractInfo));
+
+static kvtier_status Admin(kvtier_client* c, const w::AdminRequest& a, void* out, size_t out_cap,
+                           w::CompletionEntry* cmp) {
+  if (CheckClient(c)) return KVTIER_INVALID;
+  kvtier::Status v = w::ValidateAdminRequest(a);
+  if (!v.ok()) return Fail(KVTIER_INVALID, v.message());
+  if (out_cap > UINT32_MAX) out_cap = UINT32_MAX;
+  w::RequestEntry req;
+  req.op = static_cast<uint16_t>(w::Op::kAdmin);
+  std::lock_guard<std::mutex> l(c->mu);
+  return Call(c, req, &a, sizeof a, out, out_cap, cmp);
+}
+
+kvtier_status kvtier_list_contracts(kvtier_client* c, uint64_t offset, uint32_t limit, void* out,
+                                    size_t out_cap, size_t* out_bytes, uint32_t* n, uint64_t* total) {
+  KVTIER_GUARD_BEGIN
+  if (out == nullptr || out_bytes == nullptr || n == nullptr || total == nullptr) {
+    return Fail(KVTIER_INVALID, "out, out_bytes, n and total are required");
+  }
+  w::AdminRequest a;
+  a.action = static_cast<uint16_t>(w::AdminAction::kListContracts);
+  a.offset = offset;
+  a.limit = limit;
+  w::CompletionEntry cmp;
+  kvtier_status st = Admin(c, a, out, out_cap, &cmp);
+  if (st != KVTIER_OK) return st;
+  *out_bytes = cmp.out_bytes;
+  *n = cmp.count;
+  *total = cmp.value;
+  return Ok();
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_list_blocks(kvtier_client* c, uint64_t contract_id, kvtier_tier tier, uint64_t offset,
+                                 uint32_t limit, kvtier_block_info* out, uint32_t* n, uint64_t* total) {
+  KVTIER_GUARD_BEGIN
+  if (out == nullptr || n == nullptr || total == nullptr) return Fail(KVTIER_INVALID, "out, n and total are required");
+  w::AdminRequest a;
+  a.action = static_cast<uint16_t>(w::AdminAction::kListBlocks);
+  a.contract_id = contract_id;
+  a.tier = static_cast<uint8_t>(tier);
+  a.offset = offset;
+  a.limit = limit;
+  w::CompletionEntry cmp;
+  kvtier_status st = Admin(c, a, out, size_t{limit} * sizeof(kvtier_block_info), &cmp);
+  if (st != KVTIER_OK) return st;
+  *n = std::min<uint32_t>(cmp.count, limit);
+  *total = cmp.value;
+  return Ok();
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_inspect(kvtier_client* c, uint64_t contract_id, kvtier_key key, kvtier_block_info* out) {
+  KVTIER_GUARD_BEGIN
+  if (out == nullptr) return Fail(KVTIER_INVALID, "out is required");
+  w::AdminRequest a;
+  a.action = static_cast<uint16_t>(w::AdminAction::kInspect);
+  a.contract_id = contract_id;
+  a.key = {key.hi, key.lo};
+  w::CompletionEntry cmp;
+  kvtier_status st = Admin(c, a, out, sizeof *out, &cmp);
+  if (st != KVTIER_OK) return st;
+  if (cmp.count != 1) return Fail(KVTIER_IO_ERROR, "inspect reply holds no block");
+  return Ok();
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_verify_nvme(kvtier_client* c, uint64_t offset, uint32_t limit, kvtier_verify_report* out) {
+  KVTIER_GUARD_BEGIN
+  if (out == nullptr) return Fail(KVTIER_INVALID, "out is required");
+  w::AdminRequest a;
+  a.action = static_cast<uint16_t>(w::AdminAction::kVerifyNvme);
+  a.offset = offset;
+  a.limit = limit;
+  w::CompletionEntry cmp;
+  kvtier_status st = Admin(c, a, out, sizeof *out, &cmp);
+  if (st != KVTIER_OK) return st;
+  if (cmp.count != 1) return Fail(KVTIER_IO_ERROR, "verify reply holds no report");
+  return Ok();
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_evict(kvtier_client* c, uint64_t contract_id, kvtier_key key) {
+  KVTIER_GUARD_BEGIN
+  w::AdminRequest a;
+  a.action = static_cast<uint16_t>(w::AdminAction::kEvictKey);
+  a.contract_id = contract_id;
+  a.key = {key.hi, key.lo};
+  w::CompletionEntry cmp;
+  return Admin(c, a, nullptr, 0, &cmp);
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_evict_contract(kvtier_client* c, uint64_t contract_id, uint64_t* evicted, uint64_t* skipped) {
+  KVTIER_GUARD_BEGIN
+  w::AdminRequest a;
+  a.action = static_cast<uint16_t>(w::AdminAction::kEvictContract);
+  a.contract_id = contract_id;
+  w::CompletionEntry cmp;
+  kvtier_status st = Admin(c, a, nullptr, 0, &cmp);
+  if (st != KVTIER_OK) return st;
+  if (evicted) *evicted = cmp.value;
+  if (skipped) *skipped = cmp.count;
+  return Ok();
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_flush(kvtier_client* c) {
+  KVTIER_GUARD_BEGIN
+  w::AdminRequest a;
+  a.action = static_cast<uint16_t>(w::AdminAction::kFlush);
+  w::CompletionEntry cmp;
+  return Admin(c, a, nullptr, 0, &cmp);
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_reload_config(kvtier_client* c, char* msg, size_t msg_cap) {
+  KVTIER_GUARD_BEGIN
+  w::AdminRequest a;
+  a.action = static_cast<uint16_t>(w::AdminAction::kReloadConfig);
+  std::vector<char> buf(1024);
+  w::CompletionEntry cmp;
+  kvtier_status st = Admin(c, a, buf.data(), buf.size(), &cmp);
+  if (st != KVTIER_OK) return st;
+  if (msg != nullptr && msg_cap > 0) {
+    const size_t n = std::min<size_t>(cmp.out_bytes, msg_cap - 1);
+    std::memcpy(msg, buf.data(), n);
+    msg[n] = '\0';
+  }
+  return Ok();
   KVTIER_GUARD_END
 }
 

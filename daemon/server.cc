@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <mutex>
 
@@ -80,7 +81,10 @@ class Daemon::Impl {
   Status Start();
   int Run();
   void Shutdown();
-  void Reload();
+  // Re-reads the config (SIGHUP, or kvtierctl config reload). Runs on the io thread.
+  Status Reload(std::string* summary = nullptr);
+  // The same from any thread: posts to the io thread and waits (direct when already there).
+  Status ReloadFromAnyThread(std::string* summary);
   void WaitSignal();
 
   // Connections.
@@ -236,7 +240,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
         }
       });
     };
-    auto sess = Session::Create(client_id, name, a.pid, has_gpu, d_->tm_.get(), &d_->metrics_, lim, kick);
+    Daemon::Impl* impl = d_;
+    auto reload = [impl](std::string* summary) { return impl->ReloadFromAnyThread(summary); };
+    auto sess = Session::Create(client_id, name, a.pid, has_gpu, d_->tm_.get(), &d_->metrics_, lim, kick,
+                                reload);
     if (!sess.ok()) return RefuseAttach(&r, sess.status());
     tiers::TierManager* tm = d_->tm_.get();
     r.status = 0;
@@ -556,7 +563,7 @@ void Daemon::Impl::WaitSignal() {
   signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
     if (ec) return;
     if (sig == SIGHUP) {
-      Reload();
+      (void)Reload();
       WaitSignal();
       return;
     }
@@ -565,21 +572,40 @@ void Daemon::Impl::WaitSignal() {
   });
 }
 
-void Daemon::Impl::Reload() {
+Status Daemon::Impl::ReloadFromAnyThread(std::string* summary) {
+  if (io_.get_executor().running_in_this_thread()) return Reload(summary);
+  auto p = std::make_shared<std::promise<std::pair<Status, std::string>>>();
+  auto f = p->get_future();
+  asio::post(io_, [this, p] {
+    std::string sum;
+    Status s = Reload(&sum);
+    p->set_value({s, sum});
+  });
+  if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    return Status::Retry("config reload did not finish within 30 s");
+  }
+  auto [s, sum] = f.get();
+  if (summary) *summary = sum;
+  return s;
+}
+
+Status Daemon::Impl::Reload(std::string* summary) {
   if (opts_.config_path.empty()) {
     spdlog::warn("SIGHUP: no config file to reload");
-    return;
+    return Status::Unsupported("the daemon was started without a config file: nothing to reload");
   }
   auto nc = config::LoadFile(opts_.config_path, opts_.overrides);
   if (!nc.ok()) {
     metrics_.reload_failures.fetch_add(1);
     spdlog::error("SIGHUP: config error, nothing changed: {}", nc.status().message());
-    return;
+    return Status::Invalid("config error, nothing changed: " + nc.status().message());
   }
   const config::Config& o = opts_.config;
   const config::Config& n = *nc;
-  auto ignored = [](const char* key) {
+  std::string notes;
+  auto ignored = [&notes](const char* key) {
     spdlog::warn("SIGHUP: {} changed; it needs a restart and is ignored", key);
+    notes += std::string(notes.empty() ? "" : "; ") + key + " changed: needs a restart, ignored";
   };
   if (n.tiers.slot_bytes != o.tiers.slot_bytes) ignored("tiers.slot_bytes");
   if (n.tiers.hbm.capacity_bytes != o.tiers.hbm.capacity_bytes) ignored("tiers.hbm.capacity");
@@ -612,7 +638,7 @@ void Daemon::Impl::Reload() {
   if (!s.ok()) {
     metrics_.reload_failures.fetch_add(1);
     spdlog::error("SIGHUP: tiers refused the new settings, nothing changed: {}", s.ToString());
-    return;
+    return Status::Rejected("tiers refused the new settings, nothing changed: " + s.ToString());
   }
   spdlog::set_level(LevelOf(merged.daemon.log_level));
   opts_.config = merged;
@@ -620,6 +646,11 @@ void Daemon::Impl::Reload() {
   spdlog::info("SIGHUP: reloaded eviction/admission settings from {} (host policy {}, watermarks {}/{}; nvme admission {})",
                opts_.config_path, merged.tiers.host.policy, merged.tiers.host.low_watermark,
                merged.tiers.host.high_watermark, merged.tiers.nvme.admission);
+  if (summary) {
+    *summary = "reloaded eviction/admission settings from " + opts_.config_path;
+    if (!notes.empty()) *summary += " (" + notes + ")";
+  }
+  return Status::Ok();
 }
 
 void Daemon::Impl::Shutdown() {

@@ -50,12 +50,15 @@ class Session : public std::enable_shared_from_this<Session> {
   // Called (once) when the session decides the client must go (misbehaviour); the
   // control server then closes the socket, which ends in Close().
   using KickFn = std::function<void(const std::string& why)>;
+  // Re-reads the daemon's config (kvtierctl config reload); *summary gets what changed.
+  using ReloadFn = std::function<Status(std::string* summary)>;
 
   // Creates the ring region (a sealed memfd) and maps it. Does not start the thread.
   static StatusOr<std::shared_ptr<Session>> Create(uint64_t client_id, const std::string& name,
                                                    uint32_t pid, bool has_gpu,
                                                    tiers::TierManager* tm, Metrics* metrics,
-                                                   const SessionLimits& limits, KickFn kick);
+                                                   const SessionLimits& limits, KickFn kick,
+                                                   ReloadFn reload = nullptr);
   ~Session();
 
   void Start();  // starts the ring thread
@@ -94,6 +97,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void Execute(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
                Transport transport, Done done);
   Status CheckContract(uint64_t contract_id) const;
+  // Op::kAdmin (operator requests): runs the action, fills the completion.
+  Status DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
+                 wire::CompletionEntry* c);
   Status CheckTarget(uint8_t tier) const;
   // Adds a lease; returns its id (0 when the lease table is full: slots are returned).
   StatusOr<uint64_t> AddLease(Lease lease);
@@ -114,6 +120,7 @@ class Session : public std::enable_shared_from_this<Session> {
   Metrics* const metrics_;
   const SessionLimits limits_;
   KickFn kick_;
+  ReloadFn reload_;
 
   int ring_fd_ = -1;
   uint8_t* base_ = nullptr;

@@ -150,8 +150,9 @@ enum class Op : uint16_t {
   kStats = 7,             // out: up to count WireTierStats -> count = tiers written
   kRegisterContract = 8,  // in: in_len bytes of canonical contract -> value = contract id
   kNop = 9,               // nothing; for round-trip measurements
+  kAdmin = 10,            // in: one AdminRequest (count 0). out: by action (see AdminAction)
 };
-inline constexpr uint16_t kMaxOp = 9;
+inline constexpr uint16_t kMaxOp = 10;
 
 inline const char* OpName(uint16_t op) {
   switch (static_cast<Op>(op)) {
@@ -164,6 +165,7 @@ inline const char* OpName(uint16_t op) {
     case Op::kStats: return "stats";
     case Op::kRegisterContract: return "register_contract";
     case Op::kNop: return "nop";
+    case Op::kAdmin: return "admin";
   }
   return "unknown";
 }
@@ -239,6 +241,130 @@ struct WireTierStats {
 };
 static_assert(sizeof(WireTierStats) == 8 + 16 * 8 + 2 * 8);
 
+// ---- Operator (admin) requests: Op::kAdmin ------------------------------------------
+// kvtierctl's requests. They travel like every other op (ring or socket); the input is
+// one AdminRequest whose fields are checked per action (ValidateAdminRequest), and the
+// output is action-specific:
+//   kListContracts  out: count x (AdminContractInfo + contract bytes, padded to 8);
+//                   value = contracts in total. offset/limit page over them.
+//   kListBlocks     filter: contract_id (0 = all), tier (kTierNone = all).
+//                   out: count x AdminBlockInfo; value = matching blocks in total.
+//                   offset/limit page over the (unordered) index; a listing while blocks
+//                   come and go may skip or repeat some.
+//   kInspect        key (contract_id 0 = any contract). out: one AdminBlockInfo.
+//   kVerifyNvme     offset/limit over the NVMe records (record order): re-reads and checks
+//                   each. out: one AdminVerifyReport.
+//   kEvictKey       key (contract_id 0 = any contract holding it).
+//   kEvictContract  contract_id. value = blocks evicted, count = pinned blocks skipped.
+//   kFlush          demote everything unpinned from HBM and host to NVMe (blocks the
+//                   transport until done: TierManager::Flush).
+//   kReloadConfig   re-read the config file, as SIGHUP does. Output: the outcome as text.
+enum class AdminAction : uint16_t {
+  kListContracts = 1,
+  kListBlocks = 2,
+  kInspect = 3,
+  kVerifyNvme = 4,
+  kEvictKey = 5,
+  kEvictContract = 6,
+  kFlush = 7,
+  kReloadConfig = 8,
+};
+inline constexpr uint16_t kMaxAdminAction = 8;
+inline constexpr uint32_t kMaxAdminLimit = 65536;  // entries per page
+
+struct AdminRequest {
+  uint16_t action = 0;       // AdminAction
+  uint8_t tier = kTierNone;  // kListBlocks filter; kTierNone elsewhere
+  uint8_t reserved0 = 0;     // must be 0
+  uint32_t limit = 0;        // page size (list, verify): [1, kMaxAdminLimit]; else 0
+  uint64_t contract_id = 0;  // filter / target; see the action
+  uint64_t offset = 0;       // first entry of the page (list, verify); else 0
+  WireKey key;               // kInspect, kEvictKey; else zero
+  uint8_t reserved[24] = {};  // must be 0
+};
+static_assert(sizeof(AdminRequest) == 64);
+
+struct AdminContractInfo {
+  uint64_t contract_id = 0;
+  uint64_t block_bytes = 0;     // bytes of one block of this contract
+  uint64_t blocks[3] = {};      // blocks cached per tier (hbm, host, nvme)
+  uint32_t contract_bytes = 0;  // canonical serialization bytes that follow
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(AdminContractInfo) == 48);
+
+inline constexpr uint8_t kBlockInHbm = 1u << 0, kBlockInHost = 1u << 1, kBlockInNvme = 1u << 2,
+                         kBlockNvmeVerified = 1u << 3;
+
+struct AdminBlockInfo {
+  uint64_t contract_id = 0;
+  WireKey key;
+  WireKey parent;
+  uint64_t bytes = 0;          // payload bytes
+  uint8_t where = 0;           // kBlockIn* bits
+  uint8_t reserved[3] = {};
+  uint32_t uses = 0;           // hits since it was indexed (this daemon's life)
+  int32_t hbm_slot = -1, host_slot = -1;
+  uint32_t pins_hbm = 0, pins_host = 0;
+  uint32_t nvme_record = 0;    // kInspect only (with kBlockInNvme)
+  uint32_t nvme_hits = 0;      // kInspect only: reads counted by the NVMe index
+  uint64_t payload_xxh3 = 0;   // kInspect only: checksums stored in the NVMe record
+  uint64_t header_xxh3 = 0;
+};
+static_assert(sizeof(AdminBlockInfo) == 96);
+
+struct AdminVerifyReport {
+  uint64_t total = 0;    // NVMe records in the index
+  uint64_t checked = 0;  // read in this call
+  uint64_t ok = 0;
+  uint64_t corrupt = 0;  // failed a checksum: dropped from the index, counted in stats
+  uint64_t missing = 0;  // gone between listing and reading (evicted meanwhile)
+  uint64_t io_errors = 0;
+};
+static_assert(sizeof(AdminVerifyReport) == 48);
+
+// Checks an AdminRequest's fields for its action. Ids and keys are checked by the daemon.
+inline Status ValidateAdminRequest(const AdminRequest& a) {
+  if (a.action == 0 || a.action > kMaxAdminAction) {
+    return Status::Invalid("admin action " + std::to_string(a.action) + " unknown");
+  }
+  if (a.reserved0 != 0) return Status::Invalid("admin reserved bytes must be 0");
+  for (uint8_t b : a.reserved) {
+    if (b != 0) return Status::Invalid("admin reserved bytes must be 0");
+  }
+  const auto act = static_cast<AdminAction>(a.action);
+  const bool paged = act == AdminAction::kListContracts || act == AdminAction::kListBlocks ||
+                     act == AdminAction::kVerifyNvme;
+  if (paged) {
+    if (a.limit == 0 || a.limit > kMaxAdminLimit) {
+      return Status::Invalid("admin limit " + std::to_string(a.limit) + " not in [1, " +
+                             std::to_string(kMaxAdminLimit) + "]");
+    }
+  } else if (a.limit != 0 || a.offset != 0) {
+    return Status::Invalid("admin limit and offset must be 0 for this action");
+  }
+  if (act == AdminAction::kListBlocks) {
+    if (a.tier != kTierHbm && a.tier != kTierHost && a.tier != kTierNvme && a.tier != kTierNone) {
+      return Status::Invalid("admin tier filter " + std::to_string(a.tier) + " unknown");
+    }
+  } else if (a.tier != kTierNone) {
+    return Status::Invalid("admin tier must be 255 (none) for this action");
+  }
+  const bool keyed = act == AdminAction::kInspect || act == AdminAction::kEvictKey;
+  const bool zero_key = a.key.hi == 0 && a.key.lo == 0;
+  if (keyed && zero_key) return Status::Invalid("key 0 is not a block key");
+  if (!keyed && !zero_key) return Status::Invalid("admin key must be 0 for this action");
+  if (act == AdminAction::kEvictContract && a.contract_id == 0) {
+    return Status::Invalid("contract id 0 is never a contract");
+  }
+  if ((act == AdminAction::kListContracts || act == AdminAction::kVerifyNvme ||
+       act == AdminAction::kFlush || act == AdminAction::kReloadConfig) &&
+      a.contract_id != 0) {
+    return Status::Invalid("admin contract id must be 0 for this action");
+  }
+  return Status::Ok();
+}
+
 // ---- Layout of a ring region -----------------------------------------------------------
 
 // Computes the region layout for `entries` per ring and `data_bytes` of data area.
@@ -300,6 +426,7 @@ inline uint64_t RequiredInBytes(const RequestEntry& req) {
     case Op::kPrefetch: return uint64_t{req.count} * sizeof(WireKey);
     case Op::kCommit: return uint64_t{req.count} * sizeof(CommitItem);
     case Op::kRegisterContract: return req.count;
+    case Op::kAdmin: return sizeof(AdminRequest);
     default: return 0;
   }
 }
@@ -349,6 +476,7 @@ inline Status CheckRequestFields(const RequestEntry& req, const RequestLimits& l
       break;
     case Op::kRelease:
     case Op::kNop:
+    case Op::kAdmin:
       if (req.count != 0) return Status::Invalid("count must be 0 for " + std::string(OpName(req.op)));
       break;
   }

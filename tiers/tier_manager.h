@@ -97,6 +97,36 @@ struct TierStats {
   double read_gbps = 0.0, write_gbps = 0.0;  // measured (or configured) bandwidth
 };
 
+// Operator views (kvtierctl): one registered contract and what it holds per tier.
+struct ContractInfo {
+  uint64_t id = 0;
+  ScaleContract contract;
+  uint64_t block_bytes = 0;
+  uint64_t blocks[3] = {0, 0, 0};  // cached copies per tier: hbm, host, nvme
+};
+
+// One indexed block. The NVMe fields are filled by InspectBlock only (they need a lookup
+// in the NVMe index); ListBlocks leaves them zero.
+struct BlockInfo {
+  uint64_t contract_id = 0;
+  Key128 key, parent;
+  uint64_t bytes = 0;
+  int32_t hbm_slot = -1, host_slot = -1;
+  bool in_nvme = false;
+  uint32_t pins_hbm = 0, pins_host = 0;
+  uint32_t uses = 0;
+  bool nvme_verified = false;
+  uint32_t nvme_record = 0, nvme_hits = 0;
+  uint64_t payload_xxh3 = 0, header_xxh3 = 0;
+};
+
+// Outcome of one VerifyNvme page.
+struct VerifyReport {
+  uint64_t total = 0;      // NVMe records indexed
+  uint64_t checked = 0;    // records read in this page
+  uint64_t ok = 0, corrupt = 0, missing = 0, io_errors = 0;
+};
+
 class TierManager {
  public:
   virtual ~TierManager() = default;
@@ -158,6 +188,37 @@ class TierManager {
   virtual Status Reconfigure(const TierManagerOptions& opts) = 0;
 
   virtual std::vector<TierStats> Stats() const = 0;
+
+  // ---- Operator views and actions (kvtierctl). Additive: the defaults say Unsupported.
+  // Every registered contract with its block size and cached blocks per tier.
+  virtual std::vector<ContractInfo> Contracts() const { return {}; }
+  // A page of the block index: blocks of `contract_id` (0 = all) with a copy in `tier`
+  // (kNone = any), skipping `offset` matches, at most `limit`. *total gets the number of
+  // matches. The order is the index's (stable while no block is added or erased).
+  virtual Status ListBlocks(uint64_t contract_id, Tier tier, uint64_t offset, uint32_t limit,
+                            std::vector<BlockInfo>* out, uint64_t* total) const {
+    (void)contract_id, (void)tier, (void)offset, (void)limit, (void)out, (void)total;
+    return Status::Unsupported("ListBlocks");
+  }
+  // One block, with its NVMe record's checksums. contract_id 0 = the first contract found
+  // holding the key (a scan). NotFound when no cached block has the key.
+  virtual StatusOr<BlockInfo> InspectBlock(uint64_t contract_id, const Key128& key) const {
+    (void)contract_id, (void)key;
+    return Status::Unsupported("InspectBlock");
+  }
+  // Re-reads NVMe records [offset, offset + limit) (record order) and checks their
+  // checksums; a corrupt record is dropped (as on a read) and counted. Blocks its caller
+  // on I/O (an operator action, like Flush); never call it from a completion callback.
+  virtual Status VerifyNvme(uint64_t offset, uint32_t limit, VerifyReport* report) {
+    (void)offset, (void)limit, (void)report;
+    return Status::Unsupported("VerifyNvme");
+  }
+  // Evicts every unpinned block of a contract from every tier. *evicted / *skipped (either
+  // may be null) get the blocks evicted and the pinned or moving blocks left in place.
+  virtual Status EvictContract(uint64_t contract_id, uint64_t* evicted, uint64_t* skipped) {
+    (void)contract_id, (void)evicted, (void)skipped;
+    return Status::Unsupported("EvictContract");
+  }
 
   // Waits until the mover has nothing queued or in flight (every promotion, demotion and
   // pending callback finished). For tests, benchmarks and orderly shutdown.

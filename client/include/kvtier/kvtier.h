@@ -181,6 +181,69 @@ KVTIER_API kvtier_status kvtier_stats(kvtier_client* c, kvtier_tier_stats* out, 
 /* One empty round trip (benchmarks, health checks). */
 KVTIER_API kvtier_status kvtier_ping(kvtier_client* c);
 
+/* ---- operator requests (kvtierctl) -------------------------------------------------
+ * Additive: a daemon that predates them answers KVTIER_INVALID ("op 10 unknown").
+ * Pages: offset/limit (1..65536); *total gets the number of matches, so a caller loops
+ * until offset reaches it. Listing, inspecting and verifying change nothing but the
+ * verification's own outcome (a corrupt NVMe record is dropped, as a read would). */
+
+#define KVTIER_BLOCK_IN_HBM 0x1u
+#define KVTIER_BLOCK_IN_HOST 0x2u
+#define KVTIER_BLOCK_IN_NVME 0x4u
+#define KVTIER_BLOCK_NVME_VERIFIED 0x8u
+
+typedef struct kvtier_block_info {
+  uint64_t contract_id;
+  kvtier_key key, parent;
+  uint64_t bytes;          /* payload bytes */
+  uint8_t where;           /* KVTIER_BLOCK_* bits */
+  uint8_t reserved[3];
+  uint32_t uses;           /* hits since the daemon indexed it */
+  int32_t hbm_slot, host_slot; /* -1 when no copy there */
+  uint32_t pins_hbm, pins_host;
+  uint32_t nvme_record, nvme_hits;      /* kvtier_inspect only */
+  uint64_t payload_xxh3, header_xxh3;   /* kvtier_inspect only: the NVMe record's checksums */
+} kvtier_block_info;
+
+typedef struct kvtier_verify_report {
+  uint64_t total, checked, ok, corrupt, missing, io_errors;
+} kvtier_verify_report;
+
+/* Header of one contract in kvtier_list_contracts' output; contract_bytes of canonical
+ * contract serialization follow it, padded to a multiple of 8. */
+typedef struct kvtier_contract_info {
+  uint64_t contract_id, block_bytes;
+  uint64_t blocks[3]; /* cached blocks per tier: hbm, host, nvme */
+  uint32_t contract_bytes, reserved;
+} kvtier_contract_info;
+
+/* Registered contracts [offset, offset + limit) as consecutive (kvtier_contract_info +
+ * bytes) records in out (out_cap bytes); *n records, *out_bytes bytes, *total contracts. */
+KVTIER_API kvtier_status kvtier_list_contracts(kvtier_client* c, uint64_t offset, uint32_t limit,
+                                               void* out, size_t out_cap, size_t* out_bytes,
+                                               uint32_t* n, uint64_t* total);
+/* A page of the block index: blocks of contract_id (0 = all) held in tier (KVTIER_TIER_NONE
+ * = any). out has room for limit entries. */
+KVTIER_API kvtier_status kvtier_list_blocks(kvtier_client* c, uint64_t contract_id, kvtier_tier tier,
+                                            uint64_t offset, uint32_t limit, kvtier_block_info* out,
+                                            uint32_t* n, uint64_t* total);
+/* One block (contract_id 0 = any contract holding the key); NOT_FOUND when not cached. */
+KVTIER_API kvtier_status kvtier_inspect(kvtier_client* c, uint64_t contract_id, kvtier_key key,
+                                        kvtier_block_info* out);
+/* Re-reads and checks NVMe records [offset, offset + limit) (record order). */
+KVTIER_API kvtier_status kvtier_verify_nvme(kvtier_client* c, uint64_t offset, uint32_t limit,
+                                            kvtier_verify_report* out);
+/* Evicts one block from every tier (contract_id 0 = any); REJECTED while it is pinned. */
+KVTIER_API kvtier_status kvtier_evict(kvtier_client* c, uint64_t contract_id, kvtier_key key);
+/* Evicts every unpinned block of a contract; *evicted and *skipped (pinned) may be NULL. */
+KVTIER_API kvtier_status kvtier_evict_contract(kvtier_client* c, uint64_t contract_id,
+                                               uint64_t* evicted, uint64_t* skipped);
+/* Demotes every unpinned block of HBM and host to NVMe; returns when done. */
+KVTIER_API kvtier_status kvtier_flush(kvtier_client* c);
+/* Re-reads the daemon's config file as SIGHUP does; msg (msg_cap bytes, may be NULL) gets
+ * a one-line summary. INVALID (and nothing changed) when the file does not validate. */
+KVTIER_API kvtier_status kvtier_reload_config(kvtier_client* c, char* msg, size_t msg_cap);
+
 #ifdef __cplusplus
 }
 #endif
