@@ -172,6 +172,16 @@ TEST_F(TierManagerOps, EvictContractLeavesPinnedBlocks) {
   });
   done.get_future().wait();
   ASSERT_EQ(pinned.size(), 1u);
+  auto host_pinned = [&] {
+    for (const auto& t : tm_->Stats()) {
+      if (t.tier == Tier::kHost) return t.pinned;
+    }
+    return uint64_t{999};
+  };
+  EXPECT_EQ(host_pinned(), 1u);
+  auto cs = tm_->Contracts();
+  ASSERT_EQ(cs.size(), 2u);
+  for (const auto& c : cs) EXPECT_EQ(c.blocks[1], c.id == cid_ ? 6u : 3u);
   uint64_t ev = 0, sk = 0;
   ASSERT_TRUE(tm_->EvictContract(cid_, &ev, &sk).ok());
   EXPECT_EQ(ev, 5u);
@@ -183,7 +193,9 @@ TEST_F(TierManagerOps, EvictContractLeavesPinnedBlocks) {
   ASSERT_TRUE(tm_->ListBlocks(other.Id(), Tier::kNone, 0, 100, &out, &total).ok());
   EXPECT_EQ(total, 3u);  // the other contract is untouched
   ASSERT_TRUE(tm_->Unpin(pinned[0]).ok());
+  EXPECT_EQ(host_pinned(), 0u);
   ASSERT_TRUE(tm_->EvictContract(cid_, &ev, &sk).ok());
+  for (const auto& c : tm_->Contracts()) EXPECT_EQ(c.blocks[1], c.id == cid_ ? 0u : 3u);
   EXPECT_EQ(ev, 1u);
   EXPECT_TRUE(tm_->EvictContract(777, &ev, &sk).IsNotFound());
 }
