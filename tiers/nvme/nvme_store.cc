@@ -130,8 +130,9 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
   ro.keep_log_file_num = 2;
   // The index is small (about 100 bytes per block) but churns with every demotion and
   // eviction: RocksDB's default 64 MiB memtable (x2 while flushing) made the daemon's RSS
-  // climb ~1 MiB/s under load (tests/reliability/soak_test.cc). 4 MiB flushes early.
-  ro.write_buffer_size = 4 << 20;
+  // climb ~1 MiB/s under load (tests/reliability/soak_test.cc). 2 MiB (~20k entries)
+  // flushes early and keeps RSS flat.
+  ro.write_buffer_size = 2 << 20;
   rocksdb::DB* db = nullptr;
   KVTIER_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(ro, opts.dir + "/index", &db), "open RocksDB index"));
   s->db_.reset(db);
