@@ -130,6 +130,35 @@ Status HbmPool::CopyToHost(uint32_t slot, void* dst, uint64_t bytes, CopyDone do
   return Status::Ok();
 }
 
+Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, CopyDone done) {
+  for (const auto& it : items) {
+    if (it.slot >= opts_.slots || it.bytes > opts_.slot_bytes) {
+      return Status::Invalid("hbm copy: slot or size out of range");
+    }
+  }
+  cudaSetDevice(opts_.device);
+  auto s = static_cast<cudaStream_t>(to_device ? h2d_ : d2h_);
+  for (const auto& it : items) {
+    const cudaError_t e = to_device
+        ? cudaMemcpyAsync(slot_ptr(it.slot), it.host, it.bytes, cudaMemcpyHostToDevice, s)
+        : cudaMemcpyAsync(it.host, slot_ptr(it.slot), it.bytes, cudaMemcpyDeviceToHost, s);
+    if (e != cudaSuccess) {
+      // Copies already queued finish on their own; wait for them so that the caller may
+      // reuse the buffers once it has the error.
+      cudaStreamSynchronize(s);
+      return CudaErr(e, to_device ? "cudaMemcpyAsync H2D" : "cudaMemcpyAsync D2H");
+    }
+  }
+  auto* c = new HostFnCtx{std::move(done)};
+  cudaError_t e = cudaLaunchHostFunc(s, RunDone, c);
+  if (e != cudaSuccess) {
+    delete c;
+    cudaStreamSynchronize(s);
+    return CudaErr(e, "cudaLaunchHostFunc");
+  }
+  return Status::Ok();
+}
+
 Status HbmPool::CopyToHostSync(uint32_t slot, void* dst, uint64_t bytes) {
   if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
   cudaSetDevice(opts_.device);
@@ -159,6 +188,9 @@ Status HbmPool::CopyToDevice(uint32_t, const void*, uint64_t, CopyDone) {
 }
 Status HbmPool::CopyToHost(uint32_t, void*, uint64_t, CopyDone) { return Status::Unsupported("built without CUDA"); }
 Status HbmPool::CopyToHostSync(uint32_t, void*, uint64_t) { return Status::Unsupported("built without CUDA"); }
+Status HbmPool::CopyBatch(const std::vector<CopyItem>&, bool, CopyDone) {
+  return Status::Unsupported("built without CUDA");
+}
 Status HbmPool::CopyToDeviceSync(uint32_t, const void*, uint64_t) {
   return Status::Unsupported("built without CUDA");
 }
