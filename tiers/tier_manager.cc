@@ -122,6 +122,41 @@ struct Block {
   uint32_t holds = 0;  // held by a method walking several blocks: neither evicted nor erased
 };
 
+// The tier's eviction policy, counting its blocks per contract on the way (for the
+// operator views: per-contract counts without a scan of the block index).
+class CountingPolicy {
+ public:
+  explicit CountingPolicy(std::unique_ptr<EvictionPolicy> p) : p_(std::move(p)) {}
+  void Insert(const BlockId& b, const BlockId& parent) {
+    if (!p_->Contains(b)) ++per_contract_[b.contract];
+    p_->Insert(b, parent);
+  }
+  void Touch(const BlockId& b) { p_->Touch(b); }
+  void Remove(const BlockId& b) {
+    if (p_->Contains(b)) {
+      auto it = per_contract_.find(b.contract);
+      if (it != per_contract_.end() && --it->second == 0) per_contract_.erase(it);
+    }
+    p_->Remove(b);
+  }
+  std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& evictable) {
+    return p_->Victim(evictable);
+  }
+  size_t size() const { return p_->size(); }
+  bool Contains(const BlockId& b) const { return p_->Contains(b); }
+  uint64_t Count(uint64_t contract) const {
+    auto it = per_contract_.find(contract);
+    return it == per_contract_.end() ? 0 : it->second;
+  }
+
+ private:
+  std::unique_ptr<EvictionPolicy> p_;
+  std::unordered_map<uint64_t, uint64_t> per_contract_;
+};
+std::unique_ptr<CountingPolicy> MakePolicy(PolicyKind kind, uint64_t capacity) {
+  return std::make_unique<CountingPolicy>(EvictionPolicy::Create(kind, capacity));
+}
+
 enum class SlotState : uint8_t { kFree, kAlloc, kBlock, kDup, kLoading };
 struct SlotInfo {
   SlotState state = SlotState::kFree;
@@ -261,7 +296,8 @@ class TierManagerImpl final : public TierManager {
   std::unordered_map<uint64_t, ScaleContract> contracts_;
   std::unordered_map<BlockId, std::unique_ptr<Block>, BlockIdHash> blocks_;
   std::vector<SlotInfo> slots_[2];
-  std::unique_ptr<EvictionPolicy> policy_[3];
+  std::unique_ptr<CountingPolicy> policy_[3];
+  uint64_t pinned_[3] = {0, 0, 0};  // blocks with pins[t] > 0 (hbm, host); io_pins[kN] > 0 (nvme)
   Counters c_[3];
   // Admission state (NVMe).
   std::deque<BlockId> ghost_;
@@ -327,9 +363,9 @@ Status TierManagerImpl::Init() {
 
   slots_[kH].assign(hbm_ ? hbm_->slots() : 0, SlotInfo{});
   slots_[kS].assign(host_->slots(), SlotInfo{});
-  policy_[kH] = EvictionPolicy::Create(opts_.hbm.policy, Slots(kH));
-  policy_[kS] = EvictionPolicy::Create(opts_.host.policy, Slots(kS));
-  policy_[kN] = EvictionPolicy::Create(opts_.nvme.tier.policy, Slots(kN));
+  policy_[kH] = MakePolicy(opts_.hbm.policy, Slots(kH));
+  policy_[kS] = MakePolicy(opts_.host.policy, Slots(kS));
+  policy_[kN] = MakePolicy(opts_.nvme.tier.policy, Slots(kN));
   if (nvme_) {
     auto ents = nvme_->Entries();
     std::sort(ents.begin(), ents.end(), [](const NvmeEntry& a, const NvmeEntry& b) { return a.sequence < b.sequence; });
@@ -612,7 +648,7 @@ Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& 
   }
   b->uses++;
   b->slot[t] = static_cast<int32_t>(ref.slot);
-  b->pins[t]++;
+  if (b->pins[t]++ == 0) ++pinned_[t];
   si = SlotInfo{SlotState::kBlock, b, 0};
   policy_[t]->Insert(id, BlockId{contract_id, b->parent});
   if (OverHighLocked(t)) KickLocked();
@@ -632,7 +668,7 @@ Status TierManagerImpl::Unpin(SlotRef ref) {
   if (si.state != SlotState::kBlock || si.block->pins[t] == 0) {
     return Status::Invalid("Unpin: slot " + std::to_string(ref.slot) + " holds no pinned block");
   }
-  si.block->pins[t]--;
+  if (--si.block->pins[t] == 0) --pinned_[t];
   if (OverHighLocked(t)) KickLocked();
   return Status::Ok();
 }
@@ -717,7 +753,7 @@ void TierManagerImpl::LaunchLocked(Block* b, int t) {
     b->io_pins[kS]++;
     copies_.push_back({b, static_cast<int>(*s), true, false});
   } else if (b->nvme) {
-    b->io_pins[kN]++;
+    if (b->io_pins[kN]++ == 0) ++pinned_[kN];
     reads_.push_back(b);
   } else if (b->slot[kH] >= 0 && !b->busy[kH]) {
     b->io_pins[kH]++;
@@ -760,7 +796,7 @@ void TierManagerImpl::FinishAcquireLocked(const std::shared_ptr<AcquireCtx>& ctx
   const int t = Idx(ctx->target);
   for (size_t i = n; i < ctx->ok.size(); ++i) {  // past the first loss: not part of the answer
     if (ctx->ok[i]) {
-      ctx->blocks[i]->pins[t]--;
+      if (--ctx->blocks[i]->pins[t] == 0) --pinned_[t];
       MaybeEraseLocked(ctx->blocks[i]);
     }
   }
@@ -805,7 +841,7 @@ void TierManagerImpl::Acquire(uint64_t contract_id, std::span<const Key128> keys
     c_[found].hits++;
     auto on_ready = [this, ctx, i, b, t](bool ok) {
       if (ok && b->slot[t] >= 0) {
-        b->pins[t]++;
+        if (b->pins[t]++ == 0) ++pinned_[t];
         policy_[t]->Touch(b->id);
         ctx->slots[i] = {ctx->target, static_cast<uint32_t>(b->slot[t])};
         ctx->ok[i] = true;
@@ -918,7 +954,7 @@ void TierManagerImpl::RunReads(std::vector<Block*> batch) {
     {
       std::lock_guard<std::mutex> l(mu_);
       Block* b = batch[i];
-      b->io_pins[kN]--;
+      if (--b->io_pins[kN] == 0) --pinned_[kN];
       const bool ok = rd[i].result.ok();
       if (ok) {
         bytes += RoundUp4K(rd[i].len);
@@ -1178,7 +1214,7 @@ Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
   opts_ = o;
   for (int t : {kH, kS, kN}) {
     if (old[t] == now[t]) continue;
-    policy_[t] = EvictionPolicy::Create(now[t], Slots(t));
+    policy_[t] = MakePolicy(now[t], Slots(t));
     for (auto& [id, b] : blocks_) {
       const bool in = t == kN ? b->nvme : b->slot[t] >= 0;
       if (in) policy_[t]->Insert(id, BlockId{id.contract, b->parent});
@@ -1202,10 +1238,7 @@ std::vector<TierStats> TierManagerImpl::Stats() const {
     s.capacity_bytes = s.slots_total * unit;
     s.used_bytes = s.slots_used * unit;
     s.blocks = policy_[t] ? policy_[t]->size() : 0;
-    for (auto& [id, b] : blocks_) {
-      if (t < 2 && b->pins[t] > 0) ++s.pinned;
-      if (t == kN && b->io_pins[kN] > 0) ++s.pinned;
-    }
+    s.pinned = pinned_[t];  // kept as pins change: no scan of the block index
     s.hits = c.hits;
     s.misses = c.misses;
     s.promotions_in = c.promotions_in;
@@ -1252,23 +1285,15 @@ bool InTier(const Block& b, Tier t) {
 
 std::vector<ContractInfo> TierManagerImpl::Contracts() const {
   std::lock_guard<std::mutex> l(mu_);
-  std::unordered_map<uint64_t, size_t> pos;
   std::vector<ContractInfo> out;
   for (const auto& [id, c] : contracts_) {
-    pos[id] = out.size();
     ContractInfo ci;
     ci.id = id;
     ci.contract = c;
     ci.block_bytes = c.block_bytes();
+    // Counted by the tiers' policies as blocks enter and leave: no scan of the index.
+    for (int t : {kH, kS, kN}) ci.blocks[t] = policy_[t] ? policy_[t]->Count(id) : 0;
     out.push_back(std::move(ci));
-  }
-  for (const auto& [id, b] : blocks_) {
-    auto it = pos.find(id.contract);
-    if (it == pos.end()) continue;
-    ContractInfo& ci = out[it->second];
-    if (b->slot[kH] >= 0) ++ci.blocks[kH];
-    if (b->slot[kS] >= 0) ++ci.blocks[kS];
-    if (b->nvme) ++ci.blocks[kN];
   }
   std::sort(out.begin(), out.end(), [](const ContractInfo& a, const ContractInfo& b) { return a.id < b.id; });
   return out;
@@ -1358,7 +1383,7 @@ Status TierManagerImpl::VerifyNvme(uint64_t offset, uint32_t limit, VerifyReport
           ++report->missing;
           continue;
         }
-        b->io_pins[kN]++;
+        if (b->io_pins[kN]++ == 0) ++pinned_[kN];
         NvmeRead r;
         r.id = b->id;
         r.dst = buf.get() + rd.size() * cap;
@@ -1371,7 +1396,7 @@ Status TierManagerImpl::VerifyNvme(uint64_t offset, uint32_t limit, VerifyReport
     std::lock_guard<std::mutex> l(mu_);
     for (size_t j = 0; j < rd.size(); ++j) {
       Block* b = held[j];
-      b->io_pins[kN]--;
+      if (--b->io_pins[kN] == 0) --pinned_[kN];
       ++report->checked;
       const Status& r = rd[j].result;
       if (r.ok()) {
