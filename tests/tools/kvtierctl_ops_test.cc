@@ -422,6 +422,89 @@ TEST_F(KvtierctlOps, CorruptOrRefusedExportStoresNothing) {
   EXPECT_EQ(TierBlocks(s, "host"), 0u);
 }
 
+// The same operator requests over the unix-socket transport (validated and served on
+// the daemon's control thread instead of a ring thread).
+TEST_F(KvtierctlOps, AdminRequestsOverTheSocketTransport) {
+  Store(5);
+  ASSERT_EQ(kvtier_set_transport(c_, KVTIER_TRANSPORT_SOCKET), KVTIER_OK);
+  std::vector<kvtier_block_info> page(8);
+  uint32_t n = 0;
+  uint64_t total = 0;
+  ASSERT_EQ(kvtier_list_blocks(c_, cid_, KVTIER_TIER_HOST, 0, 8, page.data(), &n, &total), KVTIER_OK)
+      << kvtier_last_error();
+  EXPECT_EQ(n, 5u);
+  EXPECT_EQ(total, 5u);
+  ASSERT_EQ(kvtier_list_blocks(c_, cid_, KVTIER_TIER_HOST, 3, 8, page.data(), &n, &total), KVTIER_OK);
+  EXPECT_EQ(n, 2u);
+  kvtier_block_info b{};
+  ASSERT_EQ(kvtier_inspect(c_, 0, keys_[2], &b), KVTIER_OK) << kvtier_last_error();
+  EXPECT_EQ(b.contract_id, cid_);
+  EXPECT_EQ(b.parent.lo, keys_[1].lo);
+  EXPECT_EQ(kvtier_inspect(c_, 0, kvtier_key{9, 9}, &b), KVTIER_NOT_FOUND);
+  EXPECT_EQ(kvtier_list_blocks(c_, cid_, KVTIER_TIER_HOST, 0, 0, page.data(), &n, &total), KVTIER_INVALID);
+  ASSERT_EQ(kvtier_flush(c_), KVTIER_OK) << kvtier_last_error();
+  kvtier_verify_report r{};
+  ASSERT_EQ(kvtier_verify_nvme(c_, 0, 100, &r), KVTIER_OK) << kvtier_last_error();
+  EXPECT_EQ(r.ok, 5u);
+  char msg[256];
+  ASSERT_EQ(kvtier_reload_config(c_, msg, sizeof msg), KVTIER_OK) << kvtier_last_error();
+  EXPECT_NE(std::string(msg).find("reloaded"), std::string::npos) << msg;
+  uint64_t ev = 0, sk = 0;
+  ASSERT_EQ(kvtier_evict_contract(c_, cid_, &ev, &sk), KVTIER_OK);
+  EXPECT_EQ(ev, 5u);
+  EXPECT_EQ(sk, 0u);
+}
+
+// Admin requests libkvtier would never send, straight on the wire: each is refused with
+// Invalid (or NotFound) and changes nothing; the daemon keeps serving.
+TEST_F(KvtierctlOps, MalformedAdminRequestsRefusedByTheDaemon) {
+  Store(3);
+  testing::RawClient raw;
+  wire::AttachReply rep;
+  ASSERT_TRUE(raw.Attach(d_->socket(), &rep));
+  ASSERT_EQ(rep.status, 0);
+  auto send = [&](const wire::AdminRequest& a, uint32_t out_len, uint32_t count = 0) {
+    wire::RequestEntry e;
+    e.tag = 77;
+    e.op = static_cast<uint16_t>(wire::Op::kAdmin);
+    e.count = count;
+    e.in_len = sizeof a;
+    e.out_len = out_len;
+    wire::CompletionEntry c;
+    std::string body;
+    EXPECT_TRUE(raw.SocketRequest(e, &a, sizeof a, wire::kProtocolVersion, &c, &body));
+    return std::pair{c.status, body.substr(0, c.msg_len)};
+  };
+  wire::AdminRequest ls;
+  ls.action = static_cast<uint16_t>(wire::AdminAction::kListBlocks);
+  ls.limit = 10;
+  EXPECT_EQ(send(ls, 10 * sizeof(wire::AdminBlockInfo)).first, 0);
+  wire::AdminRequest bad = ls;
+  bad.reserved[5] = 1;
+  auto r = send(bad, 1024);
+  EXPECT_EQ(r.first, static_cast<int32_t>(StatusCode::kInvalid));
+  EXPECT_NE(r.second.find("reserved"), std::string::npos) << r.second;
+  bad = ls;
+  bad.action = 99;
+  EXPECT_EQ(send(bad, 1024).first, static_cast<int32_t>(StatusCode::kInvalid));
+  bad = ls;
+  bad.tier = 7;
+  EXPECT_EQ(send(bad, 1024).first, static_cast<int32_t>(StatusCode::kInvalid));
+  EXPECT_EQ(send(ls, 1024, /*count=*/3).first, static_cast<int32_t>(StatusCode::kInvalid));
+  // An unregistered contract filter, an evict of a key nobody has.
+  bad = ls;
+  bad.contract_id = 0x1234;
+  EXPECT_EQ(send(bad, 1024).first, static_cast<int32_t>(StatusCode::kNotFound));
+  wire::AdminRequest ev;
+  ev.action = static_cast<uint16_t>(wire::AdminAction::kEvictKey);
+  ev.key = {5, 5};
+  EXPECT_EQ(send(ev, 1024).first, static_cast<int32_t>(StatusCode::kNotFound));
+  wire::AdminRequest ec;
+  ec.action = static_cast<uint16_t>(wire::AdminAction::kEvictContract);
+  EXPECT_EQ(send(ec, 1024).first, static_cast<int32_t>(StatusCode::kInvalid));  // contract 0
+  EXPECT_EQ(RunJson({"ls", "--json"})["total"].get<uint64_t>(), 3u);  // nothing changed
+}
+
 TEST(KvtierctlOpsErrors, NoDaemonWrongSocketUnknownKey) {
   TempDir dir;
   Result r = Ctl(dir.path() + "/absent.sock", {"stats"}, dir.path());
