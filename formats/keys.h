@@ -33,8 +33,16 @@ struct Key128 {
   static std::optional<Key128> FromHex(std::string_view hex);
 };
 
+// Hash for in-memory maps. Real keys are XXH3 output, but tests and tools make up
+// structured keys ({i, i * c}); a full 64-bit finalizer (splitmix64) over both halves
+// keeps those from colliding into a few buckets.
 struct Key128Hash {
-  size_t operator()(const Key128& k) const noexcept { return static_cast<size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull)); }
+  size_t operator()(const Key128& k) const noexcept {
+    uint64_t x = k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull) ^ (k.hi >> 29);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return static_cast<size_t>(x ^ (x >> 31));
+  }
 };
 
 // Key of the first block: XXH3-128(contract_id LE || tokens LE).
