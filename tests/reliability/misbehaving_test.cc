@@ -89,33 +89,47 @@ TEST(Misbehaving, ClientsKilledHoldingLeasesGiveEverythingBack) {
       // Committed + acquired blocks, a half-committed alloc lease, an uncommitted one.
       std::vector<kvtier_key> keys{MakeKey(10 + v, 0), MakeKey(10 + v, 1)};
       size_t done = 0;
-      CHILD_CHECK(c.Store(keys, [](const kvtier_key&) {}, &done) == KVTIER_OK);
+      kvtier_status st = KVTIER_RETRY;
+      for (int i = 0; i < 500 && st == KVTIER_RETRY; ++i) {
+        st = c.Store(keys, [](const kvtier_key&) {}, &done);
+        if (st == KVTIER_RETRY) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      CHILD_CHECK(st == KVTIER_OK);
       uint64_t la = 0, lb = 0, lc = 0;
       std::vector<kvtier_slot> s(4);
       size_t n = 0;
       CHILD_CHECK(kvtier_acquire(c.c, c.contract, keys.data(), 2, KVTIER_TIER_HOST, &la, s.data(), &n) == KVTIER_OK);
-      CHILD_CHECK(kvtier_alloc(c.c, c.contract, 4, KVTIER_TIER_HOST, &lb, s.data()) == KVTIER_OK);
+      // RETRY is back-pressure (the bystander's blocks are being demoted): retry.
+      auto alloc = [&](size_t n, uint64_t* lease) {
+        kvtier_status st = KVTIER_RETRY;
+        for (int i = 0; i < 500 && st == KVTIER_RETRY; ++i) {
+          st = kvtier_alloc(c.c, c.contract, n, KVTIER_TIER_HOST, lease, s.data());
+          if (st == KVTIER_RETRY) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return st;
+      };
+      CHILD_CHECK(alloc(4, &lb) == KVTIER_OK);
       kvtier_commit_item it{};
       it.slot = s[0];
       it.key = MakeKey(10 + v, 2);
       FillBlock(c.host + uint64_t{s[0].slot} * c.slot_bytes, c.block_bytes, c.contract, it.key);
       CHILD_CHECK(kvtier_commit(c.c, c.contract, lb, &it, 1, &n) == KVTIER_OK);
-      CHILD_CHECK(kvtier_alloc(c.c, c.contract, 3, KVTIER_TIER_HOST, &lc, s.data()) == KVTIER_OK);
+      CHILD_CHECK(alloc(3, &lc) == KVTIER_OK);
       char b = 1;
       CHILD_CHECK(::write(ready[1], &b, 1) == 1);
       // Keep the daemon busy until the kill lands mid-request.
       for (;;) (void)kvtier_ping(c.c);
       return 0;
     });
+    ::close(ready[1]);  // a victim that fails its checks closes the pipe: read returns 0
     char b;
-    ASSERT_EQ(::read(ready[0], &b, 1), 1);
+    ASSERT_EQ(::read(ready[0], &b, 1), 1) << "victim " << v << " failed before holding its leases";
     EXPECT_GE(MetricValue(d.Metrics(), "kvtier_leases"), 3);
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
     victim.Kill(SIGKILL);
     EXPECT_EQ(victim.Wait(), 128 + SIGKILL);
     ++killed;
     ::close(ready[0]);
-    ::close(ready[1]);
   }
   by.Stop();
   EXPECT_EQ(d.WaitMetric("kvtier_leases", 0), 0) << d.log();
