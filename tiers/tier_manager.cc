@@ -267,6 +267,9 @@ class TierManagerImpl final : public TierManager {
   bool AdmitLocked(Block* b, bool force);
   void MaintainLocked();
   bool OverHighLocked(int t) const;
+  // Free slots a Retry'd AllocSlots is waiting for, per tier (0: none); MaintainLocked
+  // demotes until they exist, watermarks or not. Guarded by mu_.
+  uint32_t want_free_[3] = {0, 0, 0};
   // Promotions. Each returns false when the promotion could not even start.
   bool StartPromotionLocked(Block* b, int t, Waiter w);
   void LaunchLocked(Block* b, int t);
@@ -572,9 +575,16 @@ bool TierManagerImpl::OverHighLocked(int t) const {
 
 void TierManagerImpl::MaintainLocked() {
   for (int t : {kH, kS, kN}) {
-    if (Slots(t) == 0 || !OverHighLocked(t)) continue;
+    if (Slots(t) == 0) continue;
+    // Demote above the high watermark, and also when an alloc is waiting for more free
+    // slots than the watermarks would ever leave (a tier of unpinned blocks that are not
+    // on the next tier yet: only demotion can free them).
+    const bool over = OverHighLocked(t);
+    const bool demand = want_free_[t] > 0 && Slots(t) - UsedLocked(t) < want_free_[t];
+    if (!over && !demand) continue;
     const TierOptions& to = t == kH ? opts_.hbm : t == kS ? opts_.host : opts_.nvme.tier;
-    const double target = to.low_watermark * Slots(t);
+    double target = over ? to.low_watermark * Slots(t) : static_cast<double>(Slots(t));
+    if (demand) target = std::min(target, static_cast<double>(Slots(t) - want_free_[t]));
     uint32_t pending = 0;
     // Demotions already in flight out of this tier count as freed.
     for (const auto& w : writes_) pending += (t == kS && w.second) ? 1 : 0;
@@ -606,10 +616,12 @@ Status TierManagerImpl::AllocSlots(uint64_t contract_id, uint32_t n, Tier target
   const uint32_t free = Slots(t) - UsedLocked(t);
   if (free < n) EvictCleanLocked(t, n - free);
   if (Slots(t) - UsedLocked(t) < n) {
+    want_free_[t] = std::max(want_free_[t], n);
     MaintainLocked();
     KickLocked();
     return Status::Retry(std::string(TierName(target)) + " tier full (pinned or being demoted)");
   }
+  want_free_[t] = 0;
   for (uint32_t i = 0; i < n; ++i) {
     auto s = PoolAlloc(t);
     slots_[t][*s] = SlotInfo{SlotState::kAlloc, nullptr, contract_id};

@@ -1,6 +1,6 @@
-// Bugs found by the reliability work in code owned by others, each as a test that fails
-// today. They are DISABLED_ so that CI stays green for everyone while the owner fixes
-// them; run them with --gtest_also_run_disabled_tests. Remove DISABLED_ with the fix.
+// Bugs found by the reliability work in code owned by others, each kept as a regression
+// test once fixed. A bug not fixed yet is DISABLED_ (run with
+// --gtest_also_run_disabled_tests); remove DISABLED_ with the fix.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -19,7 +19,9 @@ using testing::DaemonProcess;
 // and only down to the low one. A request for more slots than (free + clean + the
 // high->low margin) therefore returns RETRY forever although nothing is pinned
 // (tier_manager.h promises RETRY only "when the tier is full of pinned blocks").
-TEST(KnownBugs, DISABLED_AllocRetriesForeverOnATierOfUnpinnedDirtyBlocks) {
+// Fixed: a Retry'd alloc records the free slots it waits for (want_free_), and
+// MaintainLocked demotes until they exist.
+TEST(KnownBugs, AllocOfMoreThanTheWatermarkMarginDemotesUnpinnedBlocks) {
   DaemonProcess d;  // host: 64 slots, watermarks 0.95 / 0.85
   ASSERT_TRUE(d.Start()) << d.log();
   Conn c;
