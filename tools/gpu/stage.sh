@@ -21,5 +21,7 @@ done | sort -u | grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|l
 mkdir -p .devcarry/cmake
 grep -h -o '/[^ "]*GoogleTestAddTests.cmake' -r .devcarry/build --include='*_include.cmake' | sort -u \
   | while read -r m; do cp "$m" .devcarry/cmake/; echo "$m" > .devcarry/cmake/path.txt; done
+# Debug info makes a full build ~200 MB; the device tool carries at most 64 MiB.
+strip --strip-debug .devcarry/build/bin/* .devcarry/build/lib/*.so* .devcarry/lib/*.so* 2>/dev/null || true
 du -sh .devcarry
 ls .devcarry/lib
