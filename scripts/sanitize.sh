@@ -58,8 +58,10 @@ run_one() {  # kind build_dir flags tests...
     local t=${spec%%:*} filter='*'
     [ "$spec" = "$t" ] || filter=${spec#*:}
     set +e
-    "$dir/bin/$t" --gtest_brief=1 --gtest_filter="$filter" >"$dir/$t.log" 2>&1
+    # A hang must fail the run, not eat CI's 90 minutes: 15 min per test binary.
+    timeout --kill-after=30 900 "$dir/bin/$t" --gtest_brief=1 --gtest_filter="$filter" >"$dir/$t.log" 2>&1
     local rc=$?
+    [ $rc -eq 124 ] && echo "sanitize $kind: $t timed out after 900 s" >>"$dir/$t.log"
     set -e
     if [ $rc -ne 0 ] || grep -q "ERROR: AddressSanitizer\|runtime error:\|WARNING: ThreadSanitizer" "$dir/$t.log"; then
       echo "sanitize $kind: $t FAILED (rc $rc); see $dir/$t.log"
