@@ -177,5 +177,33 @@ TEST_F(ExportFile, WriterRefusesOversizedPayloadAndLeavesNoPartialFile) {
   EXPECT_FALSE(fs::exists(path + ".tmp"));
 }
 
+// tests/data/export_v1.kvt was written by export format version 1 (3 blocks of the
+// SmallContract: bytes i * 7 + 13 b for blocks 0 and 1, zeros for block 2, chained keys).
+// Every later version must read it or refuse it by name.
+TEST(ExportFileCompat, ReadsVersion1File) {
+  auto r = ExportReader::Open(std::string(KVTIER_TEST_DATA_DIR) + "/export_v1.kvt");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)->contract(), SmallContract());
+  uint64_t n = 0;
+  ASSERT_TRUE((*r)->VerifyAll(nullptr, &n).ok());
+  ASSERT_EQ(n, 3u);
+  RecordHeader rec;
+  std::vector<uint8_t> payload;
+  bool eof = false;
+  Key128 parent{};
+  for (int b = 0; b < 3; ++b) {
+    ASSERT_TRUE((*r)->Next(&rec, &payload, &eof).ok());
+    ASSERT_FALSE(eof);
+    const Key128 k{static_cast<uint64_t>(b) + 1, 0x5151ull * (b + 3)};
+    EXPECT_EQ(rec.key, k);
+    EXPECT_EQ(rec.parent, parent);
+    ASSERT_EQ(payload.size(), SmallContract().block_bytes());
+    for (size_t i = 0; i < payload.size(); ++i) {
+      ASSERT_EQ(payload[i], b == 2 ? 0 : static_cast<uint8_t>(i * 7 + b * 13)) << b << " " << i;
+    }
+    parent = k;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier
