@@ -31,6 +31,7 @@
 #include "formats/contract.h"
 #include "kvtier/kvtier.h"
 #include "tiers/tier_manager.h"
+#include "tools/bench/daemon_proc.h"
 #include "tools/bench/report.h"
 #include "tools/cli.h"
 
@@ -46,66 +47,6 @@ double Pct(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
   return v[i];
-}
-
-struct Daemon {
-  pid_t pid = -1;
-  std::string dir, socket;
-  ~Daemon() {
-    if (pid > 0) {
-      ::kill(pid, SIGTERM);
-      int st;
-      ::waitpid(pid, &st, 0);
-    }
-    if (!dir.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  }
-};
-
-Status StartDaemon(Daemon* d, int pin_cpu) {
-  char tmpl[] = "/tmp/kvtier-bench-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return Status::IoError("mkdtemp failed");
-  d->dir = tmpl;
-  d->socket = d->dir + "/kvtierd.sock";
-  const std::string cfg = d->dir + "/kvtier.toml";
-  {
-    std::ofstream o(cfg);
-    o << "[daemon]\nsocket = \"" << d->socket
-      << "\"\nlog_level = \"warn\"\nmetrics_port = 0\nring_data_bytes = \"1MiB\"\n"
-         "[tiers]\nslot_bytes = \"4KiB\"\n[tiers.host]\ncapacity = \"16MiB\"\n"
-         "[tiers.nvme]\ncapacity = \"16MiB\"\ndir = \""
-      << d->dir << "/nvme\"\n";
-  }
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const std::string bin = std::filesystem::path(self).parent_path().string() + "/kvtierd";
-  if (::access(bin.c_str(), X_OK) != 0) return Status::NotFound(bin + " not found (build kvtierd)");
-  d->pid = ::fork();
-  if (d->pid == 0) {
-    if (pin_cpu >= 0) {  // its ring threads inherit this mask when clients attach
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      CPU_SET(pin_cpu, &set);
-      ::sched_setaffinity(0, sizeof set, &set);
-    }
-    const int fd = ::open((d->dir + "/kvtierd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execl(bin.c_str(), bin.c_str(), "--config", cfg.c_str(), nullptr);
-    ::_exit(98);
-  }
-  for (int i = 0; i < 1000; ++i) {
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", d->socket.c_str());
-    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(fd);
-    if (ok) return Status::Ok();
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return Status::IoError("kvtierd did not start; see " + d->dir + "/kvtierd.log");
 }
 
 // Pins `pid` (0: this thread) to one CPU, or to all of them with cpu < 0.
@@ -274,8 +215,14 @@ int Run(const std::vector<std::string>& argv) {
   // of a ring must not be time-sliced on one core (on a 2-core machine the scheduler
   // otherwise often puts them together). --no-pin measures without.
   const bool pin = !args->Has("no-pin") && ::sysconf(_SC_NPROCESSORS_ONLN) >= 2;
-  Daemon d;
-  if (Status s = StartDaemon(&d, pin ? 1 : -1); !s.ok()) return cli::Fail(s.ToString());
+  bench::DaemonProc d;
+  if (Status s = bench::StartDaemon(&d,
+                                    "[tiers]\nslot_bytes = \"4KiB\"\n[tiers.host]\ncapacity = \"16MiB\"\n"
+                                    "[tiers.nvme]\ncapacity = \"16MiB\"\ndir = \"{dir}/nvme\"",
+                                    "ring_data_bytes = \"1MiB\"", pin ? 1 : -1, 10.0);
+      !s.ok()) {
+    return cli::Fail(s.ToString());
+  }
   if (pin) Pin(0, 0);
   kvtier_client* c = Connect(d.socket);
   if (c == nullptr) return cli::Fail(std::string("connect: ") + kvtier_last_error());

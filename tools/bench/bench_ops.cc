@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kvtier/kvtier.h"
+#include "tools/bench/daemon_proc.h"
 #include "tools/bench/report.h"
 #include "tools/cli.h"
 
@@ -48,60 +49,8 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-struct Daemon {
-  pid_t pid = -1;
-  std::string dir, socket;
-  ~Daemon() {
-    if (pid > 0) {
-      ::kill(pid, SIGTERM);
-      int st;
-      ::waitpid(pid, &st, 0);
-    }
-    if (!dir.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  }
-};
-
 std::string BinDir() {
   return std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
-}
-
-Status StartDaemon(Daemon* d, uint64_t host_bytes) {
-  char tmpl[] = "/tmp/kvtier-bench-ops-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return Status::IoError("mkdtemp failed");
-  d->dir = tmpl;
-  d->socket = d->dir + "/kvtierd.sock";
-  const std::string cfg = d->dir + "/kvtier.toml";
-  {
-    std::ofstream o(cfg);
-    o << "[daemon]\nsocket = \"" << d->socket
-      << "\"\nlog_level = \"warn\"\nmetrics_port = 0\nring_data_bytes = \"1MiB\"\n"
-         "[tiers]\nslot_bytes = \"4KiB\"\n[tiers.host]\ncapacity = \""
-      << host_bytes << "\"\n[tiers.nvme]\ncapacity = \"16MiB\"\ndir = \"" << d->dir << "/nvme\"\n";
-  }
-  const std::string bin = BinDir() + "/kvtierd";
-  if (::access(bin.c_str(), X_OK) != 0) return Status::NotFound(bin + " not found (build kvtierd)");
-  d->pid = ::fork();
-  if (d->pid == 0) {
-    const int fd = ::open((d->dir + "/kvtierd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execl(bin.c_str(), bin.c_str(), "--config", cfg.c_str(), nullptr);
-    ::_exit(98);
-  }
-  for (int i = 0; i < 3000; ++i) {
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", d->socket.c_str());
-    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(fd);
-    if (ok) return Status::Ok();
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return Status::IoError("kvtierd did not start; see " + d->dir + "/kvtierd.log");
 }
 
 // Wall time of one `kvtierctl --socket S stats --json` process (output discarded).
@@ -164,8 +113,15 @@ int Run(const std::vector<std::string>& argv) {
   const uint64_t n = static_cast<uint64_t>(*blocks);
   // Host tier: n blocks fill it to ~90%, under the 95% high watermark (nothing evicted).
   const uint64_t host_bytes = (n * 10 / 9 + 64) * 4096;
-  Daemon d;
-  if (Status s = StartDaemon(&d, host_bytes); !s.ok()) return cli::Fail(s.ToString());
+  bench::DaemonProc d;
+  if (Status s = bench::StartDaemon(&d,
+                                    "[tiers]\nslot_bytes = \"4KiB\"\n[tiers.host]\ncapacity = \"" +
+                                        std::to_string(host_bytes) +
+                                        "\"\n[tiers.nvme]\ncapacity = \"16MiB\"\ndir = \"{dir}/nvme\"",
+                                    "ring_data_bytes = \"1MiB\"", -1, 30.0);
+      !s.ok()) {
+    return cli::Fail(s.ToString());
+  }
   kvtier_client* c = nullptr;
   kvtier_connect_options o{};
   o.name = "bench-ops";

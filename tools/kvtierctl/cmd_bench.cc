@@ -30,6 +30,7 @@
 
 #include "formats/layout.h"
 #include "tiers/policy/policy.h"
+#include "tools/bench/daemon_proc.h"
 #include "tools/bench/report.h"
 #include "tools/cli.h"
 #include "tools/replay/driver.h"
@@ -251,67 +252,13 @@ Status WritePlot(const std::string& path, const std::vector<uint64_t>& budgets,
   return cli::WriteFileAtomic(path, svg.data(), svg.size());
 }
 
-// Starts kvtierd (the binary beside this kvtierctl) on a temporary folder with slots of
-// the format's block size and the given budgets; returns its pid and socket.
-struct Spawned {
-  pid_t pid = -1;
-  std::string dir, socket;
-};
-
-StatusOr<Spawned> SpawnDaemon(KvFormat f, const Geometry& g, uint64_t host, uint64_t nvme) {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return Status::IoError("cannot find kvtierctl's own path");
-  self[n] = 0;
-  const std::string bin = std::filesystem::path(self).parent_path() / "kvtierd";
-  if (::access(bin.c_str(), X_OK) != 0) return Status::IoError("kvtierd not found beside kvtierctl (" + bin + ")");
-  char tmpl[] = "/tmp/kvtier-replay-XXXXXX";
-  if (!::mkdtemp(tmpl)) return Status::IoError("cannot create a temporary folder");
-  Spawned sp;
-  sp.dir = tmpl;
-  sp.socket = sp.dir + "/kvtierd.sock";
+// Tiers of a kvtierd spawned for one format: slots of that format's block size, the
+// same host and NVMe budgets for every format, no HBM.
+std::string SpawnTiers(KvFormat f, const Geometry& g, uint64_t host, uint64_t nvme) {
   const uint64_t slot = SlotBytes(f, g);
-  std::vector<std::string> args = {bin, "--config", "/dev/null",
-      "--set", "daemon.socket=\"" + sp.socket + "\"",
-      "--set", "daemon.metrics_port=0",
-      "--set", "daemon.log_level=\"warn\"",
-      "--set", "tiers.slot_bytes=\"" + std::to_string(slot) + "B\"",
-      "--set", "tiers.host.capacity=\"" + std::to_string(host / slot * slot) + "B\"",
-      "--set", "tiers.nvme.capacity=\"" + std::to_string(nvme / slot * slot) + "B\"",
-      "--set", "tiers.nvme.dir=\"" + sp.dir + "/nvme\""};
-  sp.pid = ::fork();
-  if (sp.pid < 0) return Status::IoError("fork failed");
-  if (sp.pid == 0) {
-    std::vector<char*> argv;
-    for (auto& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    ::execv(bin.c_str(), argv.data());
-    ::_exit(127);
-  }
-  for (int i = 0; i < 300; ++i) {  // up to 15 s for the socket
-    struct stat st;
-    if (::stat(sp.socket.c_str(), &st) == 0) return sp;
-    int status;
-    if (::waitpid(sp.pid, &status, WNOHANG) == sp.pid) {
-      return Status::IoError("kvtierd exited at start (status " + std::to_string(status) + ")");
-    }
-    ::usleep(50000);
-  }
-  ::kill(sp.pid, SIGKILL);
-  ::waitpid(sp.pid, nullptr, 0);
-  return Status::IoError("kvtierd did not open its socket within 15 s");
-}
-
-void StopDaemon(const Spawned& sp) {
-  if (sp.pid > 0) {
-    ::kill(sp.pid, SIGTERM);
-    int status;
-    for (int i = 0; i < 200 && ::waitpid(sp.pid, &status, WNOHANG) == 0; ++i) ::usleep(50000);
-    ::kill(sp.pid, SIGKILL);
-    ::waitpid(sp.pid, nullptr, WNOHANG);
-  }
-  std::error_code ec;
-  std::filesystem::remove_all(sp.dir, ec);
+  return "[tiers]\nslot_bytes = \"" + std::to_string(slot) + "B\"\n[tiers.host]\ncapacity = \"" +
+         std::to_string(host / slot * slot) + "B\"\n[tiers.nvme]\ncapacity = \"" +
+         std::to_string(nvme / slot * slot) + "B\"\ndir = \"{dir}/nvme\"";
 }
 
 int ReplayDaemon(const cli::Args& a, const Setup& s) {
@@ -334,21 +281,20 @@ int ReplayDaemon(const cli::Args& a, const Setup& s) {
   json doc;
   std::map<KvFormat, replay::DriveResult> res;
   for (KvFormat f : s.formats) {
-    Spawned sp;
+    bench::DaemonProc sp;
     replay::DriveOptions o;
     o.format = f;
     o.geometry = s.geo;
     o.verify_full = a.Has("verify-full");
     o.socket = socket;
     if (spawn) {
-      auto d = SpawnDaemon(f, s.geo, s.host, nvme);
-      if (!d.ok()) return Fail("bench replay: " + d.status().message());
-      sp = *d;
+      if (Status st = bench::StartDaemon(&sp, SpawnTiers(f, s.geo, s.host, nvme)); !st.ok()) {
+        return Fail("bench replay: " + st.message());
+      }
       o.socket = sp.socket;
     }
     std::fprintf(stderr, "replaying %zu requests as %s through %s ...\n", reqs.size(), KvFormatName(f), o.socket.c_str());
     auto r = replay::Drive(reqs, o);
-    if (spawn) StopDaemon(sp);
     if (!r.ok()) return Fail("bench replay: " + std::string(KvFormatName(f)) + ": " + r.status().message());
     res[f] = *r;
   }
