@@ -215,7 +215,6 @@ kvtier_status Call(kvtier_client* c, w::RequestEntry req, const void* in, size_t
     if (c->req.ConsumerSleeping()) FutexWake(c->req.tail_word());
     const auto spin_end = Clock::now() + std::chrono::microseconds(c->spin_us);
     bool got = false;
-    uint32_t spins = 0;
     while (!got) {
       uint32_t n = 0;
       if (!c->cmp.Available(&n)) {
@@ -229,10 +228,9 @@ kvtier_status Call(kvtier_client* c, w::RequestEntry req, const void* in, size_t
       }
       const auto now = Clock::now();
       if (now < spin_end) {
-        // On a machine with more runnable threads than cores, yielding now and then
-        // lets the daemon's ring thread run instead of this spinner.
-        if ((++spins & 63) == 0) ::sched_yield();
-        else CpuRelax();
+        // Bounded spin, then futex sleep; no sched_yield (it gives the CPU to any other
+        // runnable task for a whole CFS slice: milliseconds on a busy machine).
+        CpuRelax();
         continue;
       }
       if (now > deadline) {

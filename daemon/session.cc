@@ -137,7 +137,6 @@ size_t Session::lease_count() const {
 void Session::RingLoop() {
   const auto spin = std::chrono::microseconds(limits_.spin_us);
   auto idle_start = Clock::now();
-  uint32_t spins = 0;
   while (true) {
     const bool stopping = stop_.load(std::memory_order_acquire);
     if (stopping && !drain_.load()) break;
@@ -156,9 +155,12 @@ void Session::RingLoop() {
     }
     if (n == 0) {
       if (stopping) break;  // drained
+      // Spin, then sleep. No sched_yield in the spin: under CFS it hands the CPU to any
+      // other runnable task (another process's compile job) for a whole time slice, which
+      // put multi-millisecond stalls into the p99 of a busy machine; a bounded spin and a
+      // futex sleep cost at most spin_us when the client shares this CPU.
       if (Clock::now() - idle_start < spin) {
         CpuRelax();
-        if (++spins % 64 == 0) ::sched_yield();
         continue;
       }
       // Sleep protocol (wire.h): flag, re-check, wait on the tail word.

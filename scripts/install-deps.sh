@@ -7,7 +7,7 @@ PKGS=(
   build-essential cmake ninja-build pkg-config git python3
   liburing-dev librocksdb-dev libxxhash-dev libboost-dev libzstd-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libtomlplusplus-dev libhiredis-dev nlohmann-json3-dev
+  libtomlplusplus-dev libhiredis-dev nlohmann-json3-dev libabsl-dev
   python3-numpy
   clang libclang-rt-14-dev
 )

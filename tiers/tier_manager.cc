@@ -5,9 +5,12 @@
 // the counters. No I/O or DMA runs under it: the mover thread takes the queued work out
 // under the lock, runs the NVMe batches and launches the copies without it, and applies
 // the results under it again. User callbacks (AcquireDone) are queued in deferred_ and
-// run by the mover with no lock held, so they may call back into the TierManager.
+// run by the mover with no lock held, so they may call back into the TierManager; an
+// acquire that completes inside Acquire (nothing to move) runs its callback on the
+// caller's thread after mu_ is released, which is just as safe.
 #include "tiers/tier_manager.h"
 
+#include <absl/container/flat_hash_map.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -90,13 +93,7 @@ Status TierManagerOptions::Validate() const {
 namespace {
 
 constexpr int kH = 0, kS = 1, kN = 2;
-struct Block;
-// Each block once (an acquire may name a key twice), for a final pass that may erase.
-std::vector<Block*> UniqueBlocks(std::vector<Block*> v) {
-  std::sort(v.begin(), v.end());
-  v.erase(std::unique(v.begin(), v.end()), v.end());
-  return v;
-}  // tier indices: HBM, host (staging), NVMe
+// tier indices: HBM, host (staging), NVMe
 int Idx(Tier t) { return t == Tier::kHbm ? kH : t == Tier::kHost ? kS : kN; }
 Tier TierOf(int i) { return i == kH ? Tier::kHbm : i == kS ? Tier::kHost : Tier::kNvme; }
 
@@ -258,6 +255,14 @@ class TierManagerImpl final : public TierManager {
   }
   bool CachedLocked(const Block& b) const { return b.slot[kH] >= 0 || b.slot[kS] >= 0 || b.nvme; }
   void MaybeEraseLocked(Block* b);
+  // Drops one hold per entry of `blocks` (a block may appear several times) and erases a
+  // block no longer needed once its last hold is gone. Linear: a block is looked at for
+  // erasure only at its last occurrence, so no pass touches an erased block.
+  void ReleaseHoldsLocked(const std::vector<Block*>& blocks) {
+    for (Block* b : blocks) {
+      if (--b->holds == 0) MaybeEraseLocked(b);
+    }
+  }
   void DropCopyLocked(int t, Block* b, bool demoted);
   // Frees up to `need` slots in tier t by dropping victims that need no I/O (a copy exists
   // below, or the tier drops on eviction). Returns how many were freed.
@@ -275,7 +280,9 @@ class TierManagerImpl final : public TierManager {
   void LaunchLocked(Block* b, int t);
   void RetrySpaceWaitersLocked(int t);
   void FinishPromotionLocked(Block* b, int t, bool ok);
-  void FinishAcquireLocked(const std::shared_ptr<AcquireCtx>& ctx);
+  // Queues ctx's answer for the mover to deliver, or, with `now` (an acquire that finished
+  // inside Acquire: nothing had to move), hands it to the caller to run after unlocking.
+  void FinishAcquireLocked(const std::shared_ptr<AcquireCtx>& ctx, std::function<void()>* now = nullptr);
   void KickLocked() { work_ = true; cv_.notify_all(); }
 
   void MoverLoop();
@@ -297,7 +304,11 @@ class TierManagerImpl final : public TierManager {
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::unordered_map<uint64_t, ScaleContract> contracts_;
-  std::unordered_map<BlockId, std::unique_ptr<Block>, BlockIdHash> blocks_;
+  // The block index. An open-addressing table (abseil's SwissTable): a find is a probe of
+  // one 16-byte control group and one slot, against the three dependent pointer loads and
+  // a 64-bit division of std::unordered_map (a 1,000-block lookup: 15.6 -> 7.5 us), and it
+  // can prefetch ahead (Lookup). Blocks stay put (unique_ptr): Block* survive rehashing.
+  absl::flat_hash_map<BlockId, std::unique_ptr<Block>, BlockIdHash> blocks_;
   std::vector<SlotInfo> slots_[2];
   std::unique_ptr<CountingPolicy> policy_[3];
   uint64_t pinned_[3] = {0, 0, 0};  // blocks with pins[t] > 0 (hbm, host); io_pins[kN] > 0 (nvme)
@@ -421,11 +432,21 @@ Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
 
 LookupResult TierManagerImpl::Lookup(uint64_t contract_id, std::span<const Key128> keys) {
   LookupResult r;
+  r.tiers.reserve(keys.size());
   std::lock_guard<std::mutex> l(mu_);
   if (!contracts_.count(contract_id)) return r;
   double host_bytes = 0, nvme_bytes = 0;
-  for (const Key128& k : keys) {
-    Block* b = FindLocked({contract_id, k});
+  // The probes of a long prefix are independent: on an index too big for the caches,
+  // prefetching the table memory a few keys ahead overlaps their misses (1,000 lookups in
+  // 1M blocks: 38.7 -> 32.3 us). On a small index the second hash costs more than it
+  // saves (1,000 blocks: 7.5 -> 10.7 us), hence the size threshold (~8 MiB of table).
+  constexpr size_t kAhead = 8;
+  const size_t n = keys.size();
+  const bool prefetch = blocks_.size() >= (size_t{1} << 18);
+  for (size_t i = 0; prefetch && i < std::min(n, kAhead); ++i) blocks_.prefetch(BlockId{contract_id, keys[i]});
+  for (size_t i = 0; i < n; ++i) {
+    if (prefetch && i + kAhead < n) blocks_.prefetch(BlockId{contract_id, keys[i + kAhead]});
+    Block* b = FindLocked({contract_id, keys[i]});
     if (!b || !CachedLocked(*b)) break;
     Tier t = b->slot[kH] >= 0 ? Tier::kHbm : b->slot[kS] >= 0 ? Tier::kHost : Tier::kNvme;
     if (t == Tier::kHost) host_bytes += b->bytes;
@@ -802,7 +823,7 @@ void TierManagerImpl::FinishPromotionLocked(Block* b, int t, bool ok) {
   MaybeEraseLocked(b);
 }
 
-void TierManagerImpl::FinishAcquireLocked(const std::shared_ptr<AcquireCtx>& ctx) {
+void TierManagerImpl::FinishAcquireLocked(const std::shared_ptr<AcquireCtx>& ctx, std::function<void()>* now) {
   size_t n = 0;
   while (n < ctx->ok.size() && ctx->ok[n]) ++n;
   const int t = Idx(ctx->target);
@@ -815,12 +836,17 @@ void TierManagerImpl::FinishAcquireLocked(const std::shared_ptr<AcquireCtx>& ctx
   if (n < ctx->ok.size()) c_[kN].misses += ctx->ok.size() - n;
   std::vector<SlotRef> out(ctx->slots.begin(), ctx->slots.begin() + static_cast<long>(n));
   auto done = std::move(ctx->done);
-  deferred_.push_back([done = std::move(done), out = std::move(out)]() mutable { done(Status::Ok(), std::move(out)); });
+  auto answer = [done = std::move(done), out = std::move(out)]() mutable { done(Status::Ok(), std::move(out)); };
+  if (now != nullptr) {
+    *now = std::move(answer);
+    return;
+  }
+  deferred_.push_back(std::move(answer));
   KickLocked();
 }
 
 void TierManagerImpl::Acquire(uint64_t contract_id, std::span<const Key128> keys, Tier target, AcquireDone done) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::unique_lock<std::mutex> l(mu_);
   if ((target != Tier::kHbm && target != Tier::kHost) || !has_tier(target)) {
     deferred_.push_back([done = std::move(done), target] {
       done(Status::Unsupported(std::string("Acquire into ") + TierName(target) + ": no such tier here"), {});
@@ -841,8 +867,8 @@ void TierManagerImpl::Acquire(uint64_t contract_id, std::span<const Key128> keys
   }
   const size_t n = ctx->blocks.size();
   // Making room for one block's promotion must not evict or erase another of this prefix.
-  std::vector<Block*> held = UniqueBlocks(ctx->blocks);  // keys may repeat
-  for (Block* b : held) b->holds++;
+  // A block named twice (keys may repeat) is held twice.
+  for (Block* b : ctx->blocks) b->holds++;
   ctx->slots.resize(n);
   ctx->ok.assign(n, false);
   ctx->pending = n + 1;  // +1 released below, so that instant completions cannot finish early
@@ -867,9 +893,14 @@ void TierManagerImpl::Acquire(uint64_t contract_id, std::span<const Key128> keys
     }
   }
   c_[kN].misses += keys.size() - n;
-  if (--ctx->pending == 0) FinishAcquireLocked(ctx);
-  for (Block* b : held) b->holds--;
-  for (Block* b : held) MaybeEraseLocked(b);
+  // Every block already in `target` (or a miss at once): the answer is complete here, and
+  // the caller gets it on its own thread instead of after a round trip through the mover
+  // (a wake-up and a context switch: most of a 1,000-block host acquire's 120 us).
+  std::function<void()> now;
+  if (--ctx->pending == 0) FinishAcquireLocked(ctx, &now);
+  ReleaseHoldsLocked(ctx->blocks);
+  l.unlock();
+  if (now) now();
 }
 
 void TierManagerImpl::Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) {
@@ -887,8 +918,7 @@ void TierManagerImpl::Prefetch(uint64_t contract_id, std::span<const Key128> key
   for (Block* b : prefix) {
     if (b->slot[t] < 0) (void)StartPromotionLocked(b, t, [](bool) {});
   }
-  for (Block* b : prefix) b->holds--;
-  for (Block* b : UniqueBlocks(prefix)) MaybeEraseLocked(b);
+  ReleaseHoldsLocked(prefix);
 }
 
 Status TierManagerImpl::Evict(uint64_t contract_id, const Key128& key) {

@@ -15,6 +15,9 @@
 // Threading: every public method is thread-safe. Methods that may wait on I/O or DMA
 // complete through a callback that runs on a TierManager worker thread; they never
 // block the caller. Everything else returns quickly (no I/O under the caller's thread).
+// Exception: an Acquire with nothing to move (every block of the prefix already in the
+// target tier, or no hit) runs its callback on the caller's thread before returning, with
+// no TierManager lock held; a caller must not hold a lock there that its callback takes.
 #pragma once
 
 #include <cstdint>
@@ -157,7 +160,8 @@ class TierManager {
   // Promotes the longest cached prefix of `keys` into `target` (kHbm, or kHost for
   // clients without a GPU) and pins each block there. `done` gets the pinned slots of the
   // prefix (possibly shorter than keys: a block lost on the way ends the prefix).
-  // Concurrent acquires of the same block share one promotion.
+  // Concurrent acquires of the same block share one promotion. When nothing has to move,
+  // `done` runs inline, before Acquire returns (see Threading above).
   using AcquireDone = std::function<void(Status, std::vector<SlotRef>)>;
   virtual void Acquire(uint64_t contract_id, std::span<const Key128> keys, Tier target,
                        AcquireDone done) = 0;

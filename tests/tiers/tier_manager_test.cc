@@ -391,6 +391,61 @@ TEST_P(TierManagerTest, RepeatedKeysInOneAcquire) {
   EXPECT_EQ(StatsOf(Tier::kHost).pinned, 0u);
 }
 
+// Blocks already in the target tier: the answer comes inline, on the caller's thread,
+// before Acquire returns, with no TierManager lock held (the callback calls back in).
+// Blocks that must move still complete on the mover.
+TEST_P(TierManagerTest, ResidentAcquireAnswersInlineAndMovingOneOnTheMover) {
+  OpenTm();
+  for (uint64_t i = 0; i < 3; ++i) Store(i);
+  const auto caller = std::this_thread::get_id();
+  bool ran = false;
+  std::thread::id where;
+  std::vector<SlotRef> got;
+  std::vector<Key128> keys = {K(0), K(1), K(1), K(2)};  // a repeat: held and pinned twice
+  tm_->Acquire(cid_, keys, Tier::kHost, [&](Status s, std::vector<SlotRef> v) {
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    where = std::this_thread::get_id();
+    EXPECT_EQ(tm_->Lookup(cid_, Keys(0, 3)).hit_blocks, 3u);  // would deadlock under mu_
+    got = std::move(v);
+    ran = true;
+  });
+  ASSERT_TRUE(ran) << "an acquire with nothing to move must answer before Acquire returns";
+  EXPECT_EQ(where, caller);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[1].slot, got[2].slot);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(testing::Matches(Slot(got[i]), Bytes(), i == 0 ? 0 : i == 3 ? 2 : 1));
+  }
+  EXPECT_EQ(StatsOf(Tier::kHost).pinned, 3u);
+  for (auto x : got) ASSERT_TRUE(tm_->Unpin(x).ok());
+  EXPECT_EQ(StatsOf(Tier::kHost).pinned, 0u);
+  EXPECT_EQ(tm_->Lookup(cid_, Keys(0, 3)).hit_blocks, 3u);  // the held blocks were not erased
+
+  // A miss is answered inline too (nothing to move), with no slots.
+  ran = false;
+  tm_->Acquire(cid_, Keys(50, 52), Tier::kHost, [&](Status s, std::vector<SlotRef> v) {
+    EXPECT_TRUE(s.ok());
+    EXPECT_TRUE(v.empty());
+    ran = true;
+  });
+  EXPECT_TRUE(ran);
+
+  // On NVMe only: the promotion runs on the mover, and so does the answer.
+  ASSERT_TRUE(tm_->Flush().ok());
+  std::promise<std::pair<std::thread::id, std::vector<SlotRef>>> p;
+  auto f = p.get_future();
+  tm_->Acquire(cid_, Keys(0, 2), Tier::kHost, [&](Status, std::vector<SlotRef> v) {
+    p.set_value({std::this_thread::get_id(), std::move(v)});
+  });
+  auto [tid, slots] = f.get();
+  EXPECT_NE(tid, caller);
+  ASSERT_EQ(slots.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(testing::Matches(Slot(slots[i]), Bytes(), i));
+    ASSERT_TRUE(tm_->Unpin(slots[i]).ok());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Policies, TierManagerTest,
                          ::testing::Values(PolicyKind::kLru, PolicyKind::kS3Fifo, PolicyKind::kPrefixLru),
                          [](const auto& info) {

@@ -1,5 +1,8 @@
 #include "tiers/policy/policy.h"
 
+#include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
+
 #include <list>
 #include <set>
 #include <unordered_map>
@@ -8,6 +11,9 @@
 namespace kvtier::tiers {
 
 namespace {
+
+// The per-policy maps are abseil SwissTables (as the TierManager's block index): an
+// acquire touches every block it pins, so their finds are on the request path.
 
 // ---- LRU ---------------------------------------------------------------------------
 class LruPolicy final : public EvictionPolicy {
@@ -39,7 +45,7 @@ class LruPolicy final : public EvictionPolicy {
 
  private:
   std::list<BlockId> list_;  // front = most recent
-  std::unordered_map<BlockId, std::list<BlockId>::iterator, BlockIdHash> map_;
+  absl::flat_hash_map<BlockId, std::list<BlockId>::iterator, BlockIdHash> map_;
 };
 
 // ---- S3-FIFO -----------------------------------------------------------------------
@@ -123,8 +129,8 @@ class S3FifoPolicy final : public EvictionPolicy {
   }
   const uint64_t small_target_, ghost_cap_;
   std::list<BlockId> small_, main_, ghost_;
-  std::unordered_set<BlockId, BlockIdHash> ghost_set_;
-  std::unordered_map<BlockId, Entry, BlockIdHash> map_;
+  absl::flat_hash_set<BlockId, BlockIdHash> ghost_set_;
+  absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
 };
 
 // ---- prefix-LRU --------------------------------------------------------------------
@@ -204,8 +210,8 @@ class PrefixLruPolicy final : public EvictionPolicy {
     }
   };
   uint64_t clock_ = 0;
-  std::unordered_map<BlockId, Entry, BlockIdHash> map_;
-  std::unordered_map<BlockId, uint32_t, BlockIdHash> children_;
+  absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
+  absl::flat_hash_map<BlockId, uint32_t, BlockIdHash> children_;
   std::set<std::pair<uint64_t, BlockId>, TickLess> leaves_;
 };
 
