@@ -1082,6 +1082,31 @@ void TierManagerImpl::RunCopies(std::vector<CopyJob> batch) {
   std::vector<HbmPool::CopyItem> items[2];
   {
     std::lock_guard<std::mutex> l(mu_);
+    // Promotions into HBM: hand the batch's reserved HBM slots out again in the order of
+    // the blocks' host slots, so that neighbouring host slots land in neighbouring HBM
+    // slots and HbmPool coalesces their copies (the slots were reserved in key order, from
+    // a free list that eviction order has shuffled). Nothing but the promotion knows a
+    // reserved slot yet: its SlotInfo and promo[kH]->slot are rewritten together.
+    std::vector<CopyJob*> up;
+    bool plain = true;  // every promotion as LaunchLocked left it (else leave the batch as is)
+    for (CopyJob& j : batch) {
+      if (!j.to_hbm) continue;
+      up.push_back(&j);
+      const SlotInfo& si = slots_[kH][static_cast<size_t>(j.dst_slot)];
+      plain = plain && j.b->promo[kH] && j.b->promo[kH]->slot == j.dst_slot && j.b->slot[kS] >= 0 &&
+              si.state == SlotState::kLoading && si.block == j.b;
+    }
+    if (plain && up.size() > 1) {
+      std::vector<int> dst;
+      for (CopyJob* j : up) dst.push_back(j->dst_slot);
+      std::sort(dst.begin(), dst.end());
+      std::sort(up.begin(), up.end(), [](const CopyJob* a, const CopyJob* b) { return a->b->slot[kS] < b->b->slot[kS]; });
+      for (size_t k = 0; k < up.size(); ++k) {
+        up[k]->dst_slot = dst[k];
+        up[k]->b->promo[kH]->slot = dst[k];
+        slots_[kH][static_cast<size_t>(dst[k])] = SlotInfo{SlotState::kLoading, up[k]->b, 0};
+      }
+    }
     for (const CopyJob& j : batch) {
       const int d = j.to_hbm ? 0 : 1;
       const auto hs = static_cast<uint32_t>(j.to_hbm ? j.b->slot[kS] : j.dst_slot);

@@ -83,6 +83,71 @@ TEST(HbmPool, CopiesRoundTripAndExportsAnIpcHandle) {
   EXPECT_TRUE(pool.CopyToDevice(99, (*host)->slot_ptr(0), slot, [](Status) {}).IsInvalid());
 }
 
+// CopyBatch merges adjacent slots with adjacent host buffers into one copy. Pure: runs
+// without a GPU.
+TEST(HbmPool, CoalesceMergesOnlyAdjacentFullSlotsWithAdjacentHostBuffers) {
+  const uint64_t S = 8192;
+  std::vector<uint8_t> h(16 * S);
+  auto at = [&](size_t i) { return static_cast<void*>(h.data() + i * S); };
+  // slots 3,4,5 <- host 0,1,2 (one run); slot 6 <- host 7 (host gap: new run); slot 8 <-
+  // host 8 (slot gap); slots 10,11 <- host 10,11 but 10 is partial (no merge past it).
+  std::vector<HbmPool::CopyItem> items = {
+      {5, at(2), S}, {3, at(0), S}, {4, at(1), S}, {6, at(7), S}, {8, at(8), S - 100},
+      {10, at(10), S - 4096}, {11, at(11), S}};
+  auto runs = HbmPool::CoalesceCopies(items, S);
+  ASSERT_EQ(runs.size(), 5u);
+  EXPECT_EQ(runs[0].slot, 3u);
+  EXPECT_EQ(runs[0].host, at(0));
+  EXPECT_EQ(runs[0].bytes, 3 * S);
+  EXPECT_EQ(runs[1].slot, 6u);
+  EXPECT_EQ(runs[1].bytes, S);
+  EXPECT_EQ(runs[2].slot, 8u);
+  EXPECT_EQ(runs[2].bytes, S - 100);
+  EXPECT_EQ(runs[3].slot, 10u);
+  EXPECT_EQ(runs[3].bytes, S - 4096);
+  EXPECT_EQ(runs[4].slot, 11u);
+  // A partial slot may end a run: slot 12 (full) + 13 (partial) <- host 12, 13.
+  runs = HbmPool::CoalesceCopies({{13, at(13), 100}, {12, at(12), S}}, S);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].slot, 12u);
+  EXPECT_EQ(runs[0].bytes, S + 100);
+  EXPECT_TRUE(HbmPool::CoalesceCopies({}, S).empty());
+}
+
+// A batch whose copies coalesce (and one that does not) lands every byte where it belongs.
+TEST(HbmPool, CoalescedBatchCopiesRoundTripExactly) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t slot = 1474560;
+  HostPoolOptions ho;
+  ho.slot_bytes = slot;
+  ho.slots = 12;
+  auto host = HostPool::Create(ho);
+  ASSERT_TRUE(host.ok());
+  HbmPoolOptions o;
+  o.slot_bytes = slot;
+  o.slots = 8;
+  auto p = HbmPool::Create(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HbmPool& pool = **p;
+  // host 0..3 -> hbm 2..5 (one run), host 5 -> hbm 0, host 7 -> hbm 1 (partial block).
+  std::vector<HbmPool::CopyItem> up = {{4, (*host)->slot_ptr(2), slot}, {2, (*host)->slot_ptr(0), slot},
+                                       {5, (*host)->slot_ptr(3), slot}, {3, (*host)->slot_ptr(1), slot},
+                                       {0, (*host)->slot_ptr(5), slot}, {1, (*host)->slot_ptr(7), slot - 8192}};
+  for (const auto& it : up) testing::Fill(static_cast<uint8_t*>(it.host), it.bytes, 100 + it.slot);
+  std::promise<Status> a;
+  ASSERT_TRUE(pool.CopyBatch(up, true, [&](Status st) { a.set_value(st); }).ok());
+  ASSERT_TRUE(a.get_future().get().ok());
+  for (const auto& it : up) EXPECT_TRUE(DeviceMatches(pool.slot_ptr(it.slot), it.bytes, 100 + it.slot)) << it.slot;
+  // Back down into other host slots 8..11 (a run) and 6.
+  std::vector<HbmPool::CopyItem> down = {{3, (*host)->slot_ptr(9), slot}, {2, (*host)->slot_ptr(8), slot},
+                                         {5, (*host)->slot_ptr(11), slot}, {4, (*host)->slot_ptr(10), slot},
+                                         {0, (*host)->slot_ptr(6), slot}};
+  std::promise<Status> b;
+  ASSERT_TRUE(pool.CopyBatch(down, false, [&](Status st) { b.set_value(st); }).ok());
+  ASSERT_TRUE(b.get_future().get().ok());
+  for (const auto& it : down) EXPECT_TRUE(testing::Matches(static_cast<uint8_t*>(it.host), slot, 100 + it.slot)) << it.slot;
+}
+
 class HbmTierManager : public ::testing::Test {
  protected:
   void SetUp() override {

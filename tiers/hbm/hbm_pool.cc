@@ -1,5 +1,6 @@
 #include "tiers/hbm/hbm_pool.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -35,6 +36,23 @@ uint32_t HbmPool::used() const {
 uint32_t HbmPool::free_count() const {
   std::lock_guard<std::mutex> l(mu_);
   return alloc_.free_count();
+}
+
+std::vector<HbmPool::CopyRun> HbmPool::CoalesceCopies(std::vector<CopyItem> items, uint64_t slot_bytes) {
+  std::sort(items.begin(), items.end(), [](const CopyItem& a, const CopyItem& b) { return a.slot < b.slot; });
+  std::vector<CopyRun> runs;
+  for (size_t i = 0; i < items.size();) {
+    CopyRun r{items[i].slot, items[i].host, items[i].bytes};
+    size_t j = i;
+    while (j + 1 < items.size() && items[j].bytes == slot_bytes && items[j + 1].slot == items[j].slot + 1 &&
+           static_cast<uint8_t*>(items[j + 1].host) == static_cast<uint8_t*>(items[j].host) + slot_bytes) {
+      ++j;
+      r.bytes += items[j].bytes;
+    }
+    runs.push_back(r);
+    i = j + 1;
+  }
+  return runs;
 }
 
 #if KVTIER_HAVE_CUDA
@@ -138,7 +156,7 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
   }
   cudaSetDevice(opts_.device);
   auto s = static_cast<cudaStream_t>(to_device ? h2d_ : d2h_);
-  for (const auto& it : items) {
+  for (const CopyRun& it : CoalesceCopies(items, opts_.slot_bytes)) {
     const cudaError_t e = to_device
         ? cudaMemcpyAsync(slot_ptr(it.slot), it.host, it.bytes, cudaMemcpyHostToDevice, s)
         : cudaMemcpyAsync(it.host, slot_ptr(it.slot), it.bytes, cudaMemcpyDeviceToHost, s);

@@ -70,7 +70,21 @@ class HbmPool {
     void* host;
     uint64_t bytes;
   };
+  // Adjacent slots whose host buffers are adjacent too are copied as one cudaMemcpyAsync
+  // (CoalesceCopies): each copy on a stream costs a few microseconds of DMA setup, which
+  // for 1.4 MiB blocks is ~20% of the link (H200: 0.80 of one cudaMemcpy, one copy per
+  // block).
   Status CopyBatch(const std::vector<CopyItem>& items, bool to_device, CopyDone done);
+  // One copy of a coalesced batch: `bytes` from host to slot `slot` onwards (or back).
+  struct CopyRun {
+    uint32_t slot;
+    void* host;
+    uint64_t bytes;
+  };
+  // Sorts `items` by slot and merges runs: item k+1 joins item k's run when its slot is
+  // k's + 1, its host buffer starts slot_bytes after k's, and k fills its slot (so the
+  // merged copy moves no byte that the separate copies would not). Pure; no CUDA.
+  static std::vector<CopyRun> CoalesceCopies(std::vector<CopyItem> items, uint64_t slot_bytes);
   // Synchronous variants (operator paths: Flush).
   Status CopyToHostSync(uint32_t slot, void* host_dst, uint64_t bytes);
   Status CopyToDeviceSync(uint32_t slot, const void* host_src, uint64_t bytes);

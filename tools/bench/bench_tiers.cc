@@ -27,6 +27,7 @@
 
 #include "formats/contract.h"
 #include "tiers/hbm/cuda_env.h"
+#include "tiers/hbm/hbm_pool.h"
 #include "tiers/host/host_pool.h"
 #include "tiers/nvme/nvme_store.h"
 #include "tiers/tier_manager.h"
@@ -307,9 +308,40 @@ int Run(const std::vector<std::string>& argv) {
       for (auto s : got) (void)tm.Unpin(s);
       if (Status st = tm.Flush(); !st.ok()) return cli::Fail("flush: " + st.ToString());
     }
+    // The copy path alone, HbmPool::CopyBatch of the same bytes from a registered host
+    // arena: blocks in neighbouring slots (coalesced into one copy) and in every other
+    // slot (nothing coalesces: one cudaMemcpyAsync per block, the path before coalescing).
+    std::vector<double> cb_run, cb_apart;
+    {
+      HostPoolOptions hpo;
+      hpo.slot_bytes = slot;
+      hpo.slots = 2 * nblocks;
+      HbmPoolOptions dpo;
+      dpo.slot_bytes = slot;
+      dpo.slots = 2 * nblocks;
+      auto hp = HostPool::Create(hpo);
+      auto dp = HbmPool::Create(dpo);
+      if (!hp.ok() || !dp.ok()) return cli::Fail("bench tiers: pools for the CopyBatch rows failed");
+      for (uint32_t stride : {1u, 2u}) {
+        std::vector<HbmPool::CopyItem> items;
+        for (uint32_t i = 0; i < nblocks; ++i) items.push_back({i * stride, (*hp)->slot_ptr(i * stride), block});
+        for (int r = 0; r < reps + 1; ++r) {
+          std::promise<Status> done;
+          auto a = Clock::now();
+          Status st = (*dp)->CopyBatch(items, true, [&](Status x) { done.set_value(x); });
+          if (st.ok()) st = done.get_future().get();
+          if (!st.ok()) return cli::Fail("bench tiers: CopyBatch: " + st.ToString());
+          if (r > 0) (stride == 1 ? cb_run : cb_apart).push_back(Secs(a));  // first: warm-up
+        }
+      }
+    }
     const double h2d_gbps = gb / Median(h2d);
     const double slower = std::min(Median(tm_r), h2d_gbps);
     row("one cudaMemcpy from pinned memory (baseline)", base_h2d, 1.0, "");
+    row("HbmPool::CopyBatch, blocks in every other slot (one copy per block)", gb / Median(cb_apart),
+        gb / Median(cb_apart) / base_h2d, "");
+    row("HbmPool::CopyBatch, blocks in neighbouring slots (coalesced)", gb / Median(cb_run),
+        gb / Median(cb_run) / base_h2d, "");
     row("TierManager Acquire, host -> HBM (batch)", h2d_gbps, h2d_gbps / base_h2d, ">= 0.90");
     row("TierManager Acquire, NVMe -> host -> HBM (pipelined; ratio to the slower stage)", gb / Median(n2d),
         gb / Median(n2d) / slower, ">= 0.85");
