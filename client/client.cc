@@ -215,6 +215,8 @@ kvtier_status Call(kvtier_client* c, w::RequestEntry req, const void* in, size_t
     if (c->req.ConsumerSleeping()) FutexWake(c->req.tail_word());
     const auto spin_end = Clock::now() + std::chrono::microseconds(c->spin_us);
     bool got = false;
+    uint32_t spins = 0;
+    c->cmp.SetConsumerCpu(::sched_getcpu());
     while (!got) {
       uint32_t n = 0;
       if (!c->cmp.Available(&n)) {
@@ -228,9 +230,15 @@ kvtier_status Call(kvtier_client* c, w::RequestEntry req, const void* in, size_t
       }
       const auto now = Clock::now();
       if (now < spin_end) {
-        // Bounded spin, then futex sleep; no sched_yield (it gives the CPU to any other
-        // runnable task for a whole CFS slice: milliseconds on a busy machine).
+        // Bounded spin, then futex sleep. Yield now and then only while the daemon's ring
+        // thread last ran on this same CPU (it cannot answer while we spin here); else
+        // never: a yield gives the CPU to any runnable task for a whole CFS slice (wire.h).
         CpuRelax();
+        if ((++spins & 63) == 0) {
+          const int cpu = ::sched_getcpu();
+          c->cmp.SetConsumerCpu(cpu);
+          if (cpu >= 0 && cpu == c->req.ConsumerCpu()) ::sched_yield();
+        }
         continue;
       }
       if (now > deadline) {

@@ -137,6 +137,8 @@ size_t Session::lease_count() const {
 void Session::RingLoop() {
   const auto spin = std::chrono::microseconds(limits_.spin_us);
   auto idle_start = Clock::now();
+  uint32_t spins = 0;
+  req_ring_.SetConsumerCpu(::sched_getcpu());
   while (true) {
     const bool stopping = stop_.load(std::memory_order_acquire);
     if (stopping && !drain_.load()) break;
@@ -155,12 +157,17 @@ void Session::RingLoop() {
     }
     if (n == 0) {
       if (stopping) break;  // drained
-      // Spin, then sleep. No sched_yield in the spin: under CFS it hands the CPU to any
-      // other runnable task (another process's compile job) for a whole time slice, which
-      // put multi-millisecond stalls into the p99 of a busy machine; a bounded spin and a
-      // futex sleep cost at most spin_us when the client shares this CPU.
+      // Spin, then sleep. Yield now and then only while the client last ran on this very
+      // CPU (it cannot submit while we spin here); otherwise never: under CFS a yield
+      // hands the CPU to any other runnable task (another process's compile job) for a
+      // whole time slice, which put multi-millisecond stalls into the p99 (wire.h).
       if (Clock::now() - idle_start < spin) {
         CpuRelax();
+        if ((++spins & 63) == 0) {
+          const int cpu = ::sched_getcpu();
+          req_ring_.SetConsumerCpu(cpu);
+          if (cpu >= 0 && cpu == cmp_ring_.ConsumerCpu()) ::sched_yield();
+        }
         continue;
       }
       // Sleep protocol (wire.h): flag, re-check, wait on the tail word.

@@ -37,7 +37,12 @@
 // re-checks, and futex-waits on `tail` (a shared futex: the mapping is MAP_SHARED). A
 // producer publishes `tail` and then reads `sleeping`; when set it futex-wakes `tail`.
 // Both sides use sequentially consistent operations on these two words, so either the
-// producer sees the flag or the consumer sees the new tail (no lost wake-up).
+// producer sees the flag or the consumer sees the new tail (no lost wake-up). While it
+// spins, a consumer publishes its CPU (`consumer_cpu`) and reads its peer's from the other
+// ring: it calls sched_yield (every 64 polls) only when both last ran on the same CPU,
+// where spinning would keep the peer from running. Elsewhere it never yields: a yield
+// hands the CPU to any runnable task (another process's build) for a whole CFS slice,
+// which is milliseconds of latency for a request that needed microseconds.
 //
 // The daemon never trusts the region: it copies an entry out of the ring before
 // checking it, copies input bytes out of the data area before using them, and refuses
@@ -137,6 +142,11 @@ struct alignas(kCacheLine) RingControl {
   alignas(kCacheLine) uint32_t tail;      // producer: next index to write (futex word)
   alignas(kCacheLine) uint32_t head;      // consumer: next index to read
   alignas(kCacheLine) uint32_t sleeping;  // consumer: 1 while (about to be) futex-waiting
+  // Consumer: 1 + the CPU it last spun on (0 = unknown; a hint, never trusted). The other
+  // side, spinning for its own ring, yields its CPU now and then only when the peer it is
+  // waiting for last ran on that same CPU (see "Wake-up" above). In padding that protocol
+  // 1 left zero: a peer that never writes it reads as unknown.
+  uint32_t consumer_cpu;
 };
 static_assert(sizeof(RingControl) == 3 * kCacheLine);
 
@@ -609,6 +619,16 @@ class RingView {
     return std::atomic_ref<uint32_t>(ctl_->tail).load(std::memory_order_seq_cst);
   }
   uint32_t* tail_word() const { return &ctl_->tail; }
+  // Consumer: publishes the CPU it spins on (cpu < 0: unknown). Any side: reads the
+  // consumer's last CPU (-1: unknown). Relaxed: a scheduling hint, not synchronisation.
+  void SetConsumerCpu(int cpu) {
+    std::atomic_ref<uint32_t>(ctl_->consumer_cpu).store(cpu < 0 ? 0u : static_cast<uint32_t>(cpu) + 1,
+                                                        std::memory_order_relaxed);
+  }
+  int ConsumerCpu() const {
+    const uint32_t v = std::atomic_ref<uint32_t>(ctl_->consumer_cpu).load(std::memory_order_relaxed);
+    return v == 0 ? -1 : static_cast<int>(v - 1);
+  }
 
  private:
   RingControl* ctl_ = nullptr;

@@ -4,6 +4,7 @@
 
 #include <sys/mman.h>
 
+#include <cstddef>
 #include <thread>
 
 #include "formats/wire.h"
@@ -27,6 +28,25 @@ TEST(Wire, RingLayout) {
   EXPECT_FALSE(MakeRingLayout(100, 4096, &h).ok());
   EXPECT_FALSE(MakeRingLayout(4, 4096, &h).ok());
   EXPECT_FALSE(MakeRingLayout(64, 1000, &h).ok());
+}
+
+// The consumer's CPU hint lives in the padding of the consumer's cache line (the layout of
+// protocol 1 is unchanged) and reads as unknown until a consumer writes it.
+TEST(Wire, ConsumerCpuHintInPadding) {
+  static_assert(offsetof(RingControl, consumer_cpu) == 2 * kCacheLine + sizeof(uint32_t));
+  static_assert(sizeof(RingControl) == 3 * kCacheLine);
+  alignas(kCacheLine) RingControl ctl{};
+  RingView<RequestEntry> v(&ctl, nullptr, 8);
+  EXPECT_EQ(v.ConsumerCpu(), -1);
+  v.SetConsumerCpu(0);
+  EXPECT_EQ(v.ConsumerCpu(), 0);
+  EXPECT_EQ(ctl.consumer_cpu, 1u);
+  v.SetConsumerCpu(17);
+  EXPECT_EQ(v.ConsumerCpu(), 17);
+  v.SetConsumerCpu(-1);  // sched_getcpu failed
+  EXPECT_EQ(v.ConsumerCpu(), -1);
+  EXPECT_EQ(ctl.sleeping, 0u);
+  EXPECT_EQ(ctl.tail, 0u);
 }
 
 RequestEntry Lookup(uint32_t count) {
