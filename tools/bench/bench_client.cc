@@ -330,7 +330,7 @@ int Run(const std::vector<std::string>& argv) {
                   : "nothing pinned (--no-pin)");
   rep.AddNote("kvtierd and the client processes share the machine's cores; host tier only "
               "(no GPU), 4 KiB slots, daemon spin 50 us, client spin 50 us before futex sleep "
-              "(no sched_yield while spinning).");
+              "(a spinner yields only when its peer last ran on its CPU).");
   const std::string path = args->Has("no-append") ? "" : args->Get("results").value_or(Report::DefaultResultsPath());
   if (Status s = rep.Emit(path); !s.ok()) return cli::Fail(s.ToString());
   return 0;
