@@ -225,7 +225,7 @@ class TierManagerImpl final : public TierManager {
   Status FreeSlot(SlotRef slot) override;
   void Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) override;
   Status Evict(uint64_t contract_id, const Key128& key) override;
-  Status Flush() override;
+  Status Flush(Tier to) override;
   Status Reconfigure(const TierManagerOptions& opts) override;
   std::vector<TierStats> Stats() const override;
   void Drain() override;
@@ -287,7 +287,7 @@ class TierManagerImpl final : public TierManager {
   void RunWrites(std::vector<std::pair<Block*, bool>> batch);
   void RunCopies(std::vector<CopyJob> batch);
   void ApplyCopyDone(const CopyDoneMsg& m);
-  Status DoFlush();
+  Status DoFlush(Tier to);
 
   TierManagerOptions opts_;
   std::unique_ptr<HbmPool> hbm_;
@@ -318,6 +318,7 @@ class TierManagerImpl final : public TierManager {
   std::vector<Block*> space_wait_[2];       // promotions waiting for a demotion to free a slot
   bool work_ = false, stop_ = false, busy_step_ = false;
   std::promise<Status>* flush_req_ = nullptr;
+  Tier flush_to_ = Tier::kNvme;  // with flush_req_
   std::thread mover_;
 };
 
@@ -932,7 +933,7 @@ void TierManagerImpl::MoverLoop() {
     if (!copies.empty()) RunCopies(std::move(copies));
     if (!writes.empty()) RunWrites(std::move(writes));
     if (!reads.empty()) RunReads(std::move(reads));
-    if (fr) fr->set_value(DoFlush());
+    if (fr) fr->set_value(DoFlush(flush_to_));
     l.lock();
     busy_step_ = false;
     if (!HasWorkLocked() && copies_in_flight_ == 0) idle_cv_.notify_all();
@@ -1113,10 +1114,11 @@ void TierManagerImpl::ApplyCopyDone(const CopyDoneMsg& m) {
 
 // ---- operator actions -----------------------------------------------------------------
 
-Status TierManagerImpl::Flush() {
+Status TierManagerImpl::Flush(Tier to) {
   if (std::this_thread::get_id() == mover_.get_id()) {
     return Status::Invalid("Flush from a TierManager callback would deadlock");
   }
+  if (to != Tier::kHost && to != Tier::kNvme) return Status::Invalid("flush: target must be host or nvme");
   std::promise<Status> p;
   auto f = p.get_future();
   {
@@ -1127,6 +1129,7 @@ Status TierManagerImpl::Flush() {
       mu_.lock();
     }
     flush_req_ = &p;
+    flush_to_ = to;
     KickLocked();
   }
   Status s = f.get();
@@ -1134,7 +1137,7 @@ Status TierManagerImpl::Flush() {
   return s;
 }
 
-Status TierManagerImpl::DoFlush() {
+Status TierManagerImpl::DoFlush(Tier to) {
   Status first;
   // HBM: blocks without a copy below go to host first (synchronous copies: operator path).
   if (hbm_) {
@@ -1176,6 +1179,7 @@ Status TierManagerImpl::DoFlush() {
       }
     }
   }
+  if (to == Tier::kHost) return first;
   if (!nvme_) return first.ok() ? Status::Unsupported("flush: no NVMe tier") : first;
   std::vector<std::pair<Block*, bool>> writes;
   {
