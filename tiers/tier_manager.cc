@@ -1062,19 +1062,28 @@ void TierManagerImpl::RunCopies(std::vector<CopyJob> batch) {
       ++copies_in_flight_;
     }
   }
+  // Copies go out in groups of kCopyGroup blocks, each with its own completion: the mover
+  // finishes the promotions of one group (slot tables, policy, waiters) while the next
+  // groups are still on the wire, instead of after the whole batch.
+  constexpr size_t kCopyGroup = 128;
   for (int d = 0; d < 2; ++d) {
-    if (jobs[d].empty()) continue;
-    auto group = std::make_shared<std::vector<CopyJob>>(std::move(jobs[d]));
-    auto cb = [this, group](Status s) {
-      std::lock_guard<std::mutex> l(mu_);
-      for (const CopyJob& j : *group) {
-        copy_done_.push_back({j.b, j.dst_slot, j.to_hbm, j.demote, s});
-        --copies_in_flight_;
-      }
-      KickLocked();
-    };
-    Status st = hbm_->CopyBatch(items[d], d == 0, cb);
-    if (!st.ok()) cb(st);
+    for (size_t g = 0; g < jobs[d].size(); g += kCopyGroup) {
+      const size_t e = std::min(jobs[d].size(), g + kCopyGroup);
+      auto group = std::make_shared<std::vector<CopyJob>>(jobs[d].begin() + static_cast<long>(g),
+                                                          jobs[d].begin() + static_cast<long>(e));
+      std::vector<HbmPool::CopyItem> part(items[d].begin() + static_cast<long>(g),
+                                          items[d].begin() + static_cast<long>(e));
+      auto cb = [this, group](Status s) {
+        std::lock_guard<std::mutex> l(mu_);
+        for (const CopyJob& j : *group) {
+          copy_done_.push_back({j.b, j.dst_slot, j.to_hbm, j.demote, s});
+          --copies_in_flight_;
+        }
+        KickLocked();
+      };
+      Status st = hbm_->CopyBatch(part, d == 0, cb);
+      if (!st.ok()) cb(st);
+    }
   }
 }
 

@@ -18,6 +18,7 @@ Usage: python3 examples/torch_engine/bench_ttft.py [--contexts 8192,32768,131072
 import argparse
 import json
 import mmap
+import shutil
 import os
 import socket
 import statistics
@@ -110,7 +111,9 @@ def main():
             ks, vs = E.calibrate(model, fmt)
             bb = kvtier.Contract(model_id="probe", num_layers=c.layers, num_kv_heads=c.kv_heads, head_dim=c.head_dim,
                                  block_tokens=a.block_tokens, kv_format=fmt).block_bytes()
-            d = Daemon(slot_bytes=bb, hbm=a.hbm, host=a.host, nvme=a.nvme, nvme_dir=a.nvme_dir)
+            # One NVMe folder per format: a store is tied to its slot size.
+            fmt_dir = os.path.join(a.nvme_dir, f"{fmt}-{int(time.time())}") if a.nvme_dir else None
+            d = Daemon(slot_bytes=bb, hbm=a.hbm, host=a.host, nvme=a.nvme, nvme_dir=fmt_dir)
             try:
                 client = kvtier.Client(d.socket, name=f"bench-{fmt}", has_gpu=True)
                 eng = E.KvtierEngine(model, client, fmt, a.block_tokens, ks, vs)
@@ -150,10 +153,12 @@ def main():
                     client.evict_contract(eng.cid)
                 client.close()
                 if fmt == formats[0]:
-                    nvme_dir = a.nvme_dir or os.path.join(d.dir, "nvme")
+                    nvme_dir = fmt_dir or os.path.join(d.dir, "nvme")
                     odirect = odirect_read_gbps(nvme_dir, min(max_bytes, 2 << 30))
             finally:
                 d.stop()
+                if fmt_dir:
+                    shutil.rmtree(fmt_dir, ignore_errors=True)
         pinned = pinned_copy_gbps(min(max_bytes, 2 << 30))
     gpu = torch.cuda.get_device_name(0)
     machine = f"{gpu}, host {socket.gethostname()}, torch {torch.__version__}"

@@ -162,6 +162,7 @@ class KvtierEngine:
         keys = kvtier.key_chain_array(self.cid, tokens, T)
         acq = None
         hit = 0
+        hit_ids = np.zeros(0, np.int32)
         if use_cache:
             usable = (n_prompt - 1) // T  # the last prompt token is always computed (its logits)
             lk = self.client.lookup(self.cid, keys[:usable])
@@ -169,17 +170,19 @@ class KvtierEngine:
             res.est_restore_s = lk.est_seconds_to_hbm
             if lk.hit_blocks:
                 acq = self.client.acquire(self.cid, keys[:lk.hit_blocks], tier="hbm")
-                hit = len(acq.slots)
-                bad = [s for s in acq.slots if s.tier != kvtier.TIER_HBM]
+                hit_ids = acq.slot_ids()
+                hit = len(hit_ids)
+                tiers = acq.tiers() if hasattr(acq, "tiers") else np.asarray([s.tier for s in acq.slots])
+                bad = int((tiers != kvtier.TIER_HBM).sum())
                 if bad:
-                    raise EngineError(f"acquire returned {len(bad)} slots outside HBM: decode needs HBM slots")
+                    raise EngineError(f"acquire returned {bad} slots outside HBM: decode needs HBM slots")
         res.hit_blocks = hit
         res.restore_s = time.perf_counter() - t0
         P = hit * T
         total_blocks = -(-(n_prompt + max_new) // T)
         alloc = self.client.alloc(self.cid, total_blocks - hit, tier="hbm")
-        table = [s.slot for s in (acq.slots if acq else [])] + [s.slot for s in alloc.slots]
-        table_dev = torch.tensor(table, dtype=torch.int32, device="cuda")
+        table = np.concatenate([hit_ids, alloc.slot_ids()]).astype(np.int32)
+        table_dev = torch.from_numpy(table).to("cuda")
         try:
             # Prefill of the new tokens.
             t1 = time.perf_counter()
@@ -248,16 +251,16 @@ class KvtierEngine:
         keys = kvtier.key_chain_array(self.cid, np.asarray(tokens, dtype=np.uint32), T)
         acq = self.client.acquire(self.cid, keys, tier="hbm")
         try:
-            n = len(acq.slots) * T
+            n = len(acq.slot_ids()) * T
             if n == 0:
                 raise EngineError("nothing cached to check")
-            table = torch.tensor([s.slot for s in acq.slots], dtype=torch.int32, device="cuda")
+            table = torch.from_numpy(acq.slot_ids()).to("cuda")
             g = torch.Generator(device="cuda")
             g.manual_seed(seed)
             q = torch.randn(1, c.heads, c.head_dim, generator=g, device="cuda").to(torch.bfloat16)
             out = torch.empty_like(q)
             seq = torch.tensor([n], dtype=torch.int32, device="cuda")
-            self.decoder(len(acq.slots))(q, out, table, seq, layer, self.k_scales[layer], self.v_scales[layer])
+            self.decoder(n // T)(q, out, table, seq, layer, self.k_scales[layer], self.v_scales[layer])
             pos = torch.arange(n, device="cuda")
             k, v = self.read_kv(layer, table[pos // T].contiguous(), (pos % T).to(torch.int32).contiguous())
             rep = c.heads // c.kv_heads

@@ -151,16 +151,17 @@ def attention_prefill(q, k, v, prefix_len, softmax_scale):
     n, hq, d = q.shape
     hkv = k.shape[1]
     rep = hq // hkv
-    kk = k.transpose(0, 1).repeat_interleave(rep, dim=0)  # [Hq, S, D]
-    vv = v.transpose(0, 1).repeat_interleave(rep, dim=0)
-    qq = q.transpose(0, 1)  # [Hq, n, D]
+    # [1, heads, S, D]: 4-D inputs, so that SDPA picks flash / memory-efficient attention.
+    kk = k.transpose(0, 1).repeat_interleave(rep, dim=0)[None]
+    vv = v.transpose(0, 1).repeat_interleave(rep, dim=0)[None]
+    qq = q.transpose(0, 1)[None]
     if prefix_len == 0:  # a square causal problem: one flash-attention call
         out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=softmax_scale)
-        return out.transpose(0, 1).contiguous()
+        return out[0].transpose(0, 1).contiguous()
     if _causal_lower_right is not None:  # queries aligned to the end of the keys
         out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=_causal_lower_right(n, k.shape[0]),
                                              scale=softmax_scale)
-        return out.transpose(0, 1).contiguous()
+        return out[0].transpose(0, 1).contiguous()
     out = torch.empty_like(qq)
     chunk = 4096
     for s in range(0, n, chunk):
@@ -169,9 +170,9 @@ def attention_prefill(q, k, v, prefix_len, softmax_scale):
         qpos = torch.arange(prefix_len + s, prefix_len + e, device=q.device)
         kpos = torch.arange(kv_end, device=q.device)
         mask = kpos[None, :] <= qpos[:, None]
-        out[:, s:e] = F.scaled_dot_product_attention(qq[:, s:e], kk[:, :kv_end], vv[:, :kv_end],
-                                                     attn_mask=mask, scale=softmax_scale)
-    return out.transpose(0, 1).contiguous()
+        out[:, :, s:e] = F.scaled_dot_product_attention(qq[:, :, s:e], kk[:, :, :kv_end], vv[:, :, :kv_end],
+                                                        attn_mask=mask, scale=softmax_scale)
+    return out[0].transpose(0, 1).contiguous()
 
 
 try:

@@ -208,6 +208,53 @@ class Lease:
     id: int                     # 0: nothing was acquired
     slots: List[Slot] = field(default_factory=list)
 
+    def slot_ids(self):
+        """Slot numbers as a numpy int32 array (the decode kernels' block table row)."""
+        import numpy as np
+        return np.fromiter((s.slot for s in self.slots), dtype=np.int32, count=len(self.slots))
+
+
+def _lease_from_array(lease_id: int, arr, n: int) -> Lease:
+    try:
+        import numpy as np
+    except ImportError:
+        return Lease(lease_id, [Slot(arr[i].tier, arr[i].slot) for i in range(n)])
+    rec = np.frombuffer(arr, dtype=np.dtype([("tier", "u1"), ("r", "u1", 3), ("slot", "<u4")]), count=n)
+    lease = _ArrayLease(lease_id)
+    lease._rec = rec
+    return lease
+
+
+class _ArrayLease(Lease):
+    """A Lease whose slots live in a numpy record array (see _lease_from_array)."""
+
+    def __init__(self, lease_id: int):
+        self.id = lease_id
+        self._rec = None
+        self._slots = None
+
+    @property
+    def slots(self):
+        if self._slots is None:
+            self._slots = [Slot(int(t), int(s)) for t, s in zip(self._rec["tier"], self._rec["slot"])]
+        return self._slots
+
+    @slots.setter
+    def slots(self, v):
+        self._slots = v
+
+    def slot_ids(self):
+        return self._rec["slot"].astype("int32")
+
+    def tiers(self):
+        return self._rec["tier"]
+
+    def __repr__(self):
+        return f"Lease(id={self.id}, slots={len(self._rec)})"
+
+    def __eq__(self, other):
+        return isinstance(other, Lease) and self.id == other.id and list(self.slots) == list(other.slots)
+
 
 @dataclass
 class TierStats:
@@ -464,7 +511,8 @@ class Client:
         res = _LookupResult()
         tiers = (ctypes.c_uint8 * max(len(keys), 1))()
         _check(self._lib.kvtier_lookup(self._handle(), contract_id, arr, len(keys), ctypes.byref(res), tiers))
-        return LookupResult(res.hit_blocks, [_TIER_NAMES.get(tiers[i], "none") for i in range(len(keys))],
+        names = _TIER_NAMES
+        return LookupResult(res.hit_blocks, [names.get(t, "none") for t in bytes(tiers)[:len(keys)]],
                             res.est_seconds_to_hbm)
 
     def acquire(self, contract_id: int, keys: Sequence[Key], tier="host") -> Lease:
@@ -474,13 +522,13 @@ class Client:
         n = ctypes.c_size_t()
         _check(self._lib.kvtier_acquire(self._handle(), contract_id, arr, len(keys), _tier(tier),
                                         ctypes.byref(lease), slots, ctypes.byref(n)))
-        return Lease(lease.value, [Slot(slots[i].tier, slots[i].slot) for i in range(n.value)])
+        return _lease_from_array(lease.value, slots, n.value)
 
     def alloc(self, contract_id: int, n: int, tier="host") -> Lease:
         slots = (_Slot * max(n, 1))()
         lease = ctypes.c_uint64()
         _check(self._lib.kvtier_alloc(self._handle(), contract_id, n, _tier(tier), ctypes.byref(lease), slots))
-        return Lease(lease.value, [Slot(slots[i].tier, slots[i].slot) for i in range(n)])
+        return _lease_from_array(lease.value, slots, n)
 
     def commit(self, contract_id: int, lease: Lease, items: Sequence[Tuple[Slot, Key, Optional[Key]]]) -> int:
         """items: (slot, key, parent or None). Returns how many were committed."""
