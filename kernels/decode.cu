@@ -119,6 +119,20 @@ __device__ __forceinline__ void e2m1_to_e4m3(uint32_t x, uint32_t& ev, uint32_t&
   od = (x & 0x80808080u) | ((x >> 2) & 0x1C1C1C1Cu);
   ev = ((x << 4) & 0x80808080u) | ((x << 2) & 0x1C1C1C1Cu);
 }
+// E2M1 nibbles of x -> clean bytes [s 0 0 0 e e m 0], i.e. the high byte of an fp16 that
+// holds value * 2^-14 (as e2m1_pair, subnormal 0.5 included): the even nibbles 0,2,4,6
+// into the bytes of `ev`, the odd nibbles 1,3,5,7 into `od`. 7 ops for 8 values; every
+// half2 is then one PRMT (hibytes) that moves two such bytes into the high bytes of the
+// halves and zeros the low bytes.
+__device__ __forceinline__ void e2m1_spread(uint32_t x, uint32_t& ev, uint32_t& od) {
+  ev = ((x << 1) & 0x0E0E0E0Eu) | ((x << 4) & 0x80808080u);
+  od = ((x >> 3) & 0x0E0E0E0Eu) | (x & 0x80808080u);
+}
+// Byte A of w -> bits 15..8, byte B -> bits 31..24, zeros elsewhere (one PRMT with RZ).
+template <int A, int B>
+__device__ __forceinline__ uint32_t hibytes(uint32_t w) {
+  return prmt(w, 0u, (B << 12) | (4 << 8) | (A << 4) | 4);
+}
 __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
@@ -167,7 +181,7 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
   if constexpr (FMT == kNvfp4 && DEC == 0) {
     return 8 * (i / 4) + (i % 4) + 4 * e;  // word i/4, nibble pair (j, j+4)
   } else if constexpr (FMT == kNvfp4) {
-    // word i/4 via E4M3 bytes: (0,2) (4,6) (1,3) (5,7)
+    // word i/4 via E4M3 bytes (DEC 1) or spread bytes (DEC 2): (0,2) (4,6) (1,3) (5,7)
     return 8 * (i / 4) + ((i % 4) == 0 ? 0 : (i % 4) == 1 ? 4 : (i % 4) == 2 ? 1 : 5) + 2 * e;
   } else {
     return 2 * i + e;
@@ -175,8 +189,9 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 }
 
 // DEC (NVFP4 only) picks the E2M1 decode: 0 = shift/mask straight to fp16 (value * 2^-14),
-// 1 = shift/mask to E4M3 bytes then the hardware e4m3x2 -> f16x2 conversion (value * 2^-6).
-// Both are tested; 0 is the default because it measured faster (docs/kernels.md).
+// 1 = shift/mask to E4M3 bytes then the hardware e4m3x2 -> f16x2 conversion (value * 2^-6),
+// 2 = spread into clean fp16 high bytes (e2m1_spread) + one PRMT per half2 (value * 2^-14).
+// All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKernel(const DecodeLaunch a) {
   using C = Cfg<FMT, D>;
@@ -237,7 +252,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
 
   constexpr float kLog2e = 1.4426950408889634f;
   // Undo the power of two of the raw NVFP4 decode (2^-14, or 2^-6 through E4M3).
-  const float fmt_k = FMT == kNvfp4 ? (DEC == 0 ? 16384.f : 64.f) : 1.f;
+  const float fmt_k = FMT == kNvfp4 ? (DEC == 1 ? 64.f : 16384.f) : 1.f;
   const float qk_scale = a.softmax_scale * kLog2e * a.k_scale_f * fmt_k / qmul;
   const float v_factor = a.v_scale_f * fmt_k;
 
@@ -338,7 +353,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
 #pragma unroll
           for (int wi = 0; wi < C::kKWords; ++wi) {
             const uint32_t sc = sfb[wi / 2];
-            if constexpr (DEC == 0) {
+            if constexpr (DEC == 2) {
+              uint32_t ev, od;
+              e2m1_spread(w[wi], ev, od);
+              kr[r][4 * wi + 0] = hmul2(hibytes<0, 1>(ev), sc);  // nibbles 0, 2
+              kr[r][4 * wi + 1] = hmul2(hibytes<2, 3>(ev), sc);  // 4, 6
+              kr[r][4 * wi + 2] = hmul2(hibytes<0, 1>(od), sc);  // 1, 3
+              kr[r][4 * wi + 3] = hmul2(hibytes<2, 3>(od), sc);  // 5, 7
+            } else if constexpr (DEC == 0) {
               kr[r][4 * wi + 0] = hmul2(e2m1_pair<0>(w[wi]), sc);
               kr[r][4 * wi + 1] = hmul2(e2m1_pair<1>(w[wi]), sc);
               kr[r][4 * wi + 2] = hmul2(e2m1_pair<2>(w[wi]), sc);
@@ -471,6 +493,21 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
             }
             const uint32_t x0 = prmt(wa[w], wb[w], 0x5410);  // dims 8w..8w+3
             const uint32_t x1 = prmt(wa[w], wb[w], 0x7632);  // dims 8w+4..8w+7
+            if constexpr (DEC == 2) {
+              // spread bytes of x0: ev = [a0 a2 b0 b2], od = [a1 a3 b1 b3] (dims of tokens a, b)
+              uint32_t ev, od;
+              e2m1_spread(x0, ev, od);
+              vr[pr][8 * w + 0] = hmul2(hibytes<0, 2>(ev), sc);
+              vr[pr][8 * w + 2] = hmul2(hibytes<1, 3>(ev), sc);
+              vr[pr][8 * w + 1] = hmul2(hibytes<0, 2>(od), sc);
+              vr[pr][8 * w + 3] = hmul2(hibytes<1, 3>(od), sc);
+              e2m1_spread(x1, ev, od);
+              vr[pr][8 * w + 4] = hmul2(hibytes<0, 2>(ev), sc);
+              vr[pr][8 * w + 6] = hmul2(hibytes<1, 3>(ev), sc);
+              vr[pr][8 * w + 5] = hmul2(hibytes<0, 2>(od), sc);
+              vr[pr][8 * w + 7] = hmul2(hibytes<1, 3>(od), sc);
+              continue;
+            }
             vr[pr][8 * w + 0] = hmul2(e2m1_pair<0>(x0), sc);
             vr[pr][8 * w + 1] = hmul2(e2m1_pair<1>(x0), sc);
             vr[pr][8 * w + 2] = hmul2(e2m1_pair<2>(x0), sc);
@@ -650,6 +687,9 @@ int Occupancy() {
     case 641: return FN<kNvfp4, 64, 1>(__VA_ARGS__);                          \
     case 1281: return FN<kNvfp4, 128, 1>(__VA_ARGS__);                        \
     case 2561: return FN<kNvfp4, 256, 1>(__VA_ARGS__);                        \
+    case 642: return FN<kNvfp4, 64, 2>(__VA_ARGS__);                          \
+    case 1282: return FN<kNvfp4, 128, 2>(__VA_ARGS__);                        \
+    case 2562: return FN<kNvfp4, 256, 2>(__VA_ARGS__);                        \
     case 10640: return FN<kFp8, 64, 0>(__VA_ARGS__);                          \
     case 11280: return FN<kFp8, 128, 0>(__VA_ARGS__);                         \
     case 20640: return FN<kBf16, 64, 0>(__VA_ARGS__);                         \
