@@ -35,7 +35,7 @@ namespace {
 
 constexpr int kNvfp4 = 0, kFp8 = 1, kBf16 = 2;
 
-template <int FMT, int D>
+template <int FMT, int D, bool PAIR = false>
 struct Cfg {
   static constexpr int kRow = FMT == kNvfp4 ? D / 2 : (FMT == kFp8 ? D : 2 * D);  // bytes/token
   static constexpr int kSc = FMT == kNvfp4 ? D / 16 : 0;  // scale bytes per token
@@ -44,7 +44,7 @@ struct Cfg {
   static constexpr int kVData = kKSc + 16 * kSc;
   static constexpr int kVSc = kVData + 16 * kRow;
   static constexpr int kStage = kVSc + 16 * kSc;        // bytes of one subtile
-  static constexpr int kStages = FMT == kNvfp4 ? 4 : (FMT == kFp8 ? 3 : 2);
+  static constexpr int kStages = FMT == kNvfp4 ? (PAIR ? 5 : 4) : (FMT == kFp8 ? 3 : 2);
   static constexpr int kSmemPerWarp = kStage * kStages;
   static constexpr int kKWords = kRow / 16;  // 32-bit words of one K row per thread (row/4 B)
   static constexpr int kVWords = kRow / 32;  // words of one V row per thread (row/8 B), >= 1
@@ -190,11 +190,14 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 
 // DEC (NVFP4 only) picks the E2M1 decode: 0 = shift/mask straight to fp16 (value * 2^-14),
 // 1 = shift/mask to E4M3 bytes then the hardware e4m3x2 -> f16x2 conversion (value * 2^-6),
-// 2 = spread into clean fp16 high bytes (e2m1_spread) + one PRMT per half2 (value * 2^-14).
+// 2 = spread into clean fp16 high bytes (e2m1_spread) + one PRMT per half2 (value * 2^-14),
+// 3 = the decode of 2 with 32 tokens (two subtiles) per online-softmax step.
 // All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKernel(const DecodeLaunch a) {
-  using C = Cfg<FMT, D>;
+  constexpr bool kPair = DEC == 3;          // 32 tokens per softmax step
+  constexpr int kDec = DEC == 3 ? 2 : DEC;  // the E2M1 decode
+  using C = Cfg<FMT, D, kPair>;
   constexpr bool kBf = FMT == kBf16;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5;
@@ -300,7 +303,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
   };
 
 #pragma unroll
-  for (int j = 0; j < C::kStages - 1; ++j) {
+  for (int j = 0; j < C::kStages - (kPair ? 2 : 1); ++j) {
     if (j < n_sub) issue(j);
     cp_commit();
   }
@@ -311,18 +314,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
   float mrun[2] = {-1e30f, -1e30f};  // running max (log2 units) of query cols 2tq, 2tq+1
   float lrun[2] = {0.f, 0.f};        // this thread's partial denominators
 
-  for (int j = 0; j < n_sub; ++j) {
-    if (j + C::kStages - 1 < n_sub) issue(j + C::kStages - 1);
-    cp_commit();
-    cp_wait<C::kStages - 1>();
-    __syncwarp();
-    if (bad) break;
-    const uint32_t st = ring_s + (j % C::kStages) * C::kStage;
-    const int t0 = t_begin + 16 * j;
-    const bool tail = t0 + 16 > t_end;
-
-    // ---- K rows gid and gid+8 -> A fragments; S^T = K . Q^T ----------------------------
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
+  // ---- K rows gid and gid+8 of the subtile at `st` -> A fragments; S^T = K . Q^T -----
+  auto qk = [&](const uint32_t st, float (&s)[4]) {
+    s[0] = s[1] = s[2] = s[3] = 0.f;
     {
       uint32_t kr[2][C::kRegs];
 #pragma unroll
@@ -353,14 +347,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
 #pragma unroll
           for (int wi = 0; wi < C::kKWords; ++wi) {
             const uint32_t sc = sfb[wi / 2];
-            if constexpr (DEC == 2) {
+            if constexpr (kDec == 2) {
               uint32_t ev, od;
               e2m1_spread(w[wi], ev, od);
               kr[r][4 * wi + 0] = hmul2(hibytes<0, 1>(ev), sc);  // nibbles 0, 2
               kr[r][4 * wi + 1] = hmul2(hibytes<2, 3>(ev), sc);  // 4, 6
               kr[r][4 * wi + 2] = hmul2(hibytes<0, 1>(od), sc);  // 1, 3
               kr[r][4 * wi + 3] = hmul2(hibytes<2, 3>(od), sc);  // 5, 7
-            } else if constexpr (DEC == 0) {
+            } else if constexpr (kDec == 0) {
               kr[r][4 * wi + 0] = hmul2(e2m1_pair<0>(w[wi]), sc);
               kr[r][4 * wi + 1] = hmul2(e2m1_pair<1>(w[wi]), sc);
               kr[r][4 * wi + 2] = hmul2(e2m1_pair<2>(w[wi]), sc);
@@ -391,46 +385,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
                  qb[2 * ks], qb[2 * ks + 1]);
       }
     }
+  };
 
-    // ---- online softmax over the 16 tokens (rows gid, gid+8) ---------------------------
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s[i] *= qk_scale;
-      if (tail) {
-        const int tok = t0 + gid + (i >= 2 ? 8 : 0);
-        if (tok >= t_end) s[i] = -INFINITY;
-      }
-    }
-    float tmax[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {
-      tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
-      tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
-    }
-    float alpha[2];
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const float mn = fmaxf(mrun[c], tmax[c]);
-      alpha[c] = exp2f(mrun[c] - mn);
-      mrun[c] = mn;
-    }
-    const float p0 = exp2f(s[0] - mrun[0]), p1 = exp2f(s[1] - mrun[1]);
-    const float p2 = exp2f(s[2] - mrun[0]), p3 = exp2f(s[3] - mrun[1]);
-    lrun[0] = lrun[0] * alpha[0] + (p0 + p2);
-    lrun[1] = lrun[1] * alpha[1] + (p1 + p3);
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int m = 0; m < D / 16; ++m) {
-        acc[m][0] *= alpha[0];
-        acc[m][1] *= alpha[1];
-        acc[m][2] *= alpha[0];
-        acc[m][3] *= alpha[1];
-      }
-    }
-    const uint32_t pb0 = movtrans(pack2<kBf>(p0, p1));  // tokens 2tq, 2tq+1 of query gid
-    const uint32_t pb1 = movtrans(pack2<kBf>(p2, p3));  // tokens 2tq+8, 2tq+9
-
-    // ---- V of tokens (2tq, 2tq+1) and (2tq+8, 2tq+9), rows of D/8 head dims ------------
+  // ---- V of tokens (2tq, 2tq+1) and (2tq+8, 2tq+9), rows of D/8 head dims; O^T += V^T . P^T
+  // (subtile at `st`, first token t0, `tail` when it holds tokens >= t_end).
+  auto pv = [&](const uint32_t st, const int t0, const bool tail, const uint32_t pb0,
+                const uint32_t pb1) {
     {
       uint32_t vr[2][C::kRegs];
 #pragma unroll
@@ -475,7 +435,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
 #pragma unroll
           for (int w = 0; w < C::kVWords; ++w) {
             const uint32_t sc = spair[(8 * w) / 16];
-            if constexpr (DEC == 1) {
+            if constexpr (kDec == 1) {
               uint32_t ea, oa, eb, ob;
               e2m1_to_e4m3(wa[w], ea, oa);
               e2m1_to_e4m3(wb[w], eb, ob);
@@ -493,7 +453,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
             }
             const uint32_t x0 = prmt(wa[w], wb[w], 0x5410);  // dims 8w..8w+3
             const uint32_t x1 = prmt(wa[w], wb[w], 0x7632);  // dims 8w+4..8w+7
-            if constexpr (DEC == 2) {
+            if constexpr (kDec == 2) {
               // spread bytes of x0: ev = [a0 a2 b0 b2], od = [a1 a3 b1 b3] (dims of tokens a, b)
               uint32_t ev, od;
               e2m1_spread(x0, ev, od);
@@ -540,7 +500,127 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
         mma<kBf>(acc[m], vr[0][2 * m], vr[0][2 * m + 1], vr[1][2 * m], vr[1][2 * m + 1], pb0, pb1);
       }
     }
-    __syncwarp();
+  };
+
+  if constexpr (kPair) {
+    // 32 tokens (two subtiles, ring slots j and j+1) per softmax step: one max/shuffle,
+    // one alpha and one rescale vote per 32 tokens. The ring has kStages = 5 slots and 3
+    // subtiles stay in flight: iteration j issues j+3 and j+4 into the slots of j-2, j-1.
+    for (int j = 0; j < n_sub; j += 2) {
+      if (j + C::kStages - 2 < n_sub) issue(j + C::kStages - 2);
+      cp_commit();
+      if (j + C::kStages - 1 < n_sub) issue(j + C::kStages - 1);
+      cp_commit();
+      cp_wait<C::kStages - 2>();
+      __syncwarp();
+      if (bad) break;
+      const bool has2 = j + 1 < n_sub;  // warp-uniform
+      const uint32_t sta = ring_s + (j % C::kStages) * C::kStage;
+      const uint32_t stb = ring_s + ((j + 1) % C::kStages) * C::kStage;
+      const int t0 = t_begin + 16 * j;
+      float sa[4], sb[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+      qk(sta, sa);
+      if (has2) qk(stb, sb);
+      float s[8] = {sa[0], sa[1], sa[2], sa[3], sb[0], sb[1], sb[2], sb[3]};
+      const bool tail = t0 + 32 > t_end;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        s[i] *= qk_scale;
+        if (tail) {
+          const int tok = t0 + gid + ((i & 2) ? 8 : 0) + ((i & 4) ? 16 : 0);
+          if (tok >= t_end) s[i] = -INFINITY;
+        }
+      }
+      float tmax[2] = {fmaxf(fmaxf(s[0], s[2]), fmaxf(s[4], s[6])),
+                       fmaxf(fmaxf(s[1], s[3]), fmaxf(s[5], s[7]))};
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
+        tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
+      }
+      float alpha[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float mn = fmaxf(mrun[c], tmax[c]);
+        alpha[c] = exp2f(mrun[c] - mn);
+        mrun[c] = mn;
+      }
+      float p[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) p[i] = exp2f(s[i] - mrun[i & 1]);
+      lrun[0] = lrun[0] * alpha[0] + ((p[0] + p[2]) + (p[4] + p[6]));
+      lrun[1] = lrun[1] * alpha[1] + ((p[1] + p[3]) + (p[5] + p[7]));
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int m = 0; m < D / 16; ++m) {
+          acc[m][0] *= alpha[0];
+          acc[m][1] *= alpha[1];
+          acc[m][2] *= alpha[0];
+          acc[m][3] *= alpha[1];
+        }
+      }
+      pv(sta, t0, t0 + 16 > t_end, movtrans(pack2<kBf>(p[0], p[1])), movtrans(pack2<kBf>(p[2], p[3])));
+      if (has2) {
+        pv(stb, t0 + 16, t0 + 32 > t_end, movtrans(pack2<kBf>(p[4], p[5])),
+           movtrans(pack2<kBf>(p[6], p[7])));
+      }
+      __syncwarp();
+    }
+  } else {
+    for (int j = 0; j < n_sub; ++j) {
+      if (j + C::kStages - 1 < n_sub) issue(j + C::kStages - 1);
+      cp_commit();
+      cp_wait<C::kStages - 1>();
+      __syncwarp();
+      if (bad) break;
+      const uint32_t st = ring_s + (j % C::kStages) * C::kStage;
+      const int t0 = t_begin + 16 * j;
+      const bool tail = t0 + 16 > t_end;
+
+      float s[4];
+      qk(st, s);
+
+      // ---- online softmax over the 16 tokens (rows gid, gid+8) ---------------------------
+  #pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s[i] *= qk_scale;
+        if (tail) {
+          const int tok = t0 + gid + (i >= 2 ? 8 : 0);
+          if (tok >= t_end) s[i] = -INFINITY;
+        }
+      }
+      float tmax[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
+  #pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
+        tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
+      }
+      float alpha[2];
+  #pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float mn = fmaxf(mrun[c], tmax[c]);
+        alpha[c] = exp2f(mrun[c] - mn);
+        mrun[c] = mn;
+      }
+      const float p0 = exp2f(s[0] - mrun[0]), p1 = exp2f(s[1] - mrun[1]);
+      const float p2 = exp2f(s[2] - mrun[0]), p3 = exp2f(s[3] - mrun[1]);
+      lrun[0] = lrun[0] * alpha[0] + (p0 + p2);
+      lrun[1] = lrun[1] * alpha[1] + (p1 + p3);
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+  #pragma unroll
+        for (int m = 0; m < D / 16; ++m) {
+          acc[m][0] *= alpha[0];
+          acc[m][1] *= alpha[1];
+          acc[m][2] *= alpha[0];
+          acc[m][3] *= alpha[1];
+        }
+      }
+      const uint32_t pb0 = movtrans(pack2<kBf>(p0, p1));  // tokens 2tq, 2tq+1 of query gid
+      const uint32_t pb1 = movtrans(pack2<kBf>(p2, p3));  // tokens 2tq+8, 2tq+9
+
+      pv(st, t0, tail, pb0, pb1);
+      __syncwarp();
+    }
   }
   cp_wait<0>();
 
@@ -642,7 +722,7 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a) {
 
 template <int FMT, int D, int DEC>
 cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
-  using C = Cfg<FMT, D>;
+  using C = Cfg<FMT, D, DEC == 3>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   static bool attr_set = false;  // benign race: setting it twice is harmless
   if (!attr_set) {
@@ -664,7 +744,7 @@ cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
 
 template <int FMT, int D, int DEC>
 int Occupancy() {
-  using C = Cfg<FMT, D>;
+  using C = Cfg<FMT, D, DEC == 3>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   cudaFuncSetAttribute(DecodeKernel<FMT, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   int n = 0;
@@ -690,6 +770,9 @@ int Occupancy() {
     case 642: return FN<kNvfp4, 64, 2>(__VA_ARGS__);                          \
     case 1282: return FN<kNvfp4, 128, 2>(__VA_ARGS__);                        \
     case 2562: return FN<kNvfp4, 256, 2>(__VA_ARGS__);                        \
+    case 643: return FN<kNvfp4, 64, 3>(__VA_ARGS__);                          \
+    case 1283: return FN<kNvfp4, 128, 3>(__VA_ARGS__);                        \
+    case 2563: return FN<kNvfp4, 256, 3>(__VA_ARGS__);                        \
     case 10640: return FN<kFp8, 64, 0>(__VA_ARGS__);                          \
     case 11280: return FN<kFp8, 128, 0>(__VA_ARGS__);                         \
     case 20640: return FN<kBf16, 64, 0>(__VA_ARGS__);                         \
