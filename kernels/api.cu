@@ -17,7 +17,8 @@ namespace {
 
 thread_local std::string g_error;
 // NVFP4 E2M1 decode used unless $KVTIER_NVFP4_DECODE says otherwise: 0 shift, 1 cvt,
-// 2 prmt, 3 prmt32 (prmt, 32 tokens per softmax step); docs/kernels.md has the measurements.
+// 2 prmt, 3 prmt32 (prmt, 32 tokens per softmax step), 4 prmt32x (prmt32, QK as two
+// HMMA chains); docs/kernels.md has the measurements.
 constexpr int kDefaultNvfp4Variant = 3;
 
 int Fail(int code, std::string msg) {
@@ -170,6 +171,7 @@ int Nvfp4DecodeVariant() {
     if (e != nullptr && std::string(e) == "shift") return 0;
     if (e != nullptr && std::string(e) == "prmt") return 2;
     if (e != nullptr && std::string(e) == "prmt32") return 3;
+    if (e != nullptr && std::string(e) == "prmt32x") return 4;
     return kDefaultNvfp4Variant;
   }();
   return v;

@@ -192,12 +192,14 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // DEC (NVFP4 only) picks the E2M1 decode: 0 = shift/mask straight to fp16 (value * 2^-14),
 // 1 = shift/mask to E4M3 bytes then the hardware e4m3x2 -> f16x2 conversion (value * 2^-6),
 // 2 = spread into clean fp16 high bytes (e2m1_spread) + one PRMT per half2 (value * 2^-14),
-// 3 = the decode of 2 with 32 tokens (two subtiles) per online-softmax step.
+// 3 = the decode of 2 with 32 tokens (two subtiles) per online-softmax step,
+// 4 = 3 with the QK product split into two independent HMMA chains (even / odd k-steps).
 // All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKernel(const DecodeLaunch a) {
-  constexpr bool kPair = DEC == 3;          // 32 tokens per softmax step
-  constexpr int kDec = DEC == 3 ? 2 : DEC;  // the E2M1 decode
+  constexpr bool kPair = DEC >= 3;          // 32 tokens per softmax step
+  constexpr int kDec = DEC >= 3 ? 2 : DEC;  // the E2M1 decode
+  constexpr bool kSplitQk = DEC == 4;       // QK as two independent HMMA chains
   using C = Cfg<FMT, D, kPair>;
   constexpr bool kBf = FMT == kBf16;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -380,10 +382,25 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
           for (int wi = 0; wi < C::kKWords; ++wi) kr[r][wi] = w[wi];
         }
       }
+      if constexpr (kSplitQk) {
+        // even and odd k-steps accumulate separately: two dependent chains of D/32 HMMAs
+        // instead of one of D/16, joined by 4 FADD.
+        float s2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        mma<kBf>(s, kr[0][2 * ks], kr[1][2 * ks], kr[0][2 * ks + 1], kr[1][2 * ks + 1],
-                 qb[2 * ks], qb[2 * ks + 1]);
+        for (int ks = 0; ks < D / 16; ks += 2) {
+          mma<kBf>(s, kr[0][2 * ks], kr[1][2 * ks], kr[0][2 * ks + 1], kr[1][2 * ks + 1],
+                   qb[2 * ks], qb[2 * ks + 1]);
+          mma<kBf>(s2, kr[0][2 * ks + 2], kr[1][2 * ks + 2], kr[0][2 * ks + 3], kr[1][2 * ks + 3],
+                   qb[2 * ks + 2], qb[2 * ks + 3]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] += s2[i];
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          mma<kBf>(s, kr[0][2 * ks], kr[1][2 * ks], kr[0][2 * ks + 1], kr[1][2 * ks + 1],
+                   qb[2 * ks], qb[2 * ks + 1]);
+        }
       }
     }
   };
@@ -723,7 +740,7 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a) {
 
 template <int FMT, int D, int DEC>
 cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
-  using C = Cfg<FMT, D, DEC == 3>;
+  using C = Cfg<FMT, D, DEC >= 3>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   static bool attr_set = false;  // benign race: setting it twice is harmless
   if (!attr_set) {
@@ -745,7 +762,7 @@ cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
 
 template <int FMT, int D, int DEC>
 int Occupancy() {
-  using C = Cfg<FMT, D, DEC == 3>;
+  using C = Cfg<FMT, D, DEC >= 3>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   cudaFuncSetAttribute(DecodeKernel<FMT, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   int n = 0;
@@ -774,6 +791,9 @@ int Occupancy() {
     case 643: return FN<kNvfp4, 64, 3>(__VA_ARGS__);                          \
     case 1283: return FN<kNvfp4, 128, 3>(__VA_ARGS__);                        \
     case 2563: return FN<kNvfp4, 256, 3>(__VA_ARGS__);                        \
+    case 644: return FN<kNvfp4, 64, 4>(__VA_ARGS__);                          \
+    case 1284: return FN<kNvfp4, 128, 4>(__VA_ARGS__);                        \
+    case 2564: return FN<kNvfp4, 256, 4>(__VA_ARGS__);                        \
     case 10640: return FN<kFp8, 64, 0>(__VA_ARGS__);                          \
     case 11280: return FN<kFp8, 128, 0>(__VA_ARGS__);                         \
     case 20640: return FN<kBf16, 64, 0>(__VA_ARGS__);                         \

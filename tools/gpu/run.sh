@@ -12,7 +12,7 @@ for a in "$@"; do
     --quick) QUICK="--quick" ;;
     --no-bench) BENCH=0 ;;
     --no-tests) TESTS=0 ;;
-    --profile) PROFILE=1 ;;  # ncu + SASS of the decode kernels into $OUT/profile.txt
+    --profile) PROFILE=1 ;;  # ncu of decode (nvfp4, fp8) and quantize + SASS into $OUT/profile.txt
     --compare) COMPARE=1 ;;  # time the NVFP4 decode variants ($COMPARE_VARIANTS, default shift prmt prmt32)
   esac
 done
@@ -63,6 +63,11 @@ if [ "$PROFILE" = 1 ]; then
           --formats $F --shapes 16x8192 --block-tokens 16 --iters 2 --no-sdpa 2>&1 \
         | grep -v "^==PROF==" | sed -n '/DecodeKernel/,$p'
     done
+    echo "== ncu: quantize_append max6 (kvtier-bench decode --quick: N=8192, H=8, D=128)"
+    ncu --clock-control none -k regex:QuantizeKernel --launch-count 1 \
+      --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+      "$BUILD/bin/kvtier-bench" decode --quick --formats nvfp4 --shapes 16x8192 --block-tokens 16 \
+        --results /tmp/prof_results.md 2>&1 | grep -v "^==PROF==" | sed -n '/QuantizeKernel/,$p'
     echo "== SASS of DecodeKernel<nvfp4, 128>"
     cuobjdump --dump-sass "$BUILD/lib/libkvtier_kernels.so" | awk '/Function :/ {p = ($0 ~ /DecodeKernelILi0ELi128/)} p'
   } > "$OUT/profile.txt" 2>&1
