@@ -19,7 +19,7 @@ thread_local std::string g_error;
 // NVFP4 E2M1 decode used unless $KVTIER_NVFP4_DECODE says otherwise: 0 shift, 1 cvt,
 // 2 prmt, 3 prmt32 (prmt, 32 tokens per softmax step), 4 prmt32x (prmt32, QK as two
 // HMMA chains); docs/kernels.md has the measurements.
-constexpr int kDefaultNvfp4Variant = 3;
+constexpr int kDefaultNvfp4Variant = 4;
 
 int Fail(int code, std::string msg) {
   g_error = std::move(msg);

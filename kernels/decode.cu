@@ -17,8 +17,9 @@
 //
 // NVFP4 values are decoded in registers from whole 32-bit words straight to fp16 *without*
 // the exponent-bias multiply: the half holds e2m1 * 2^-14 (subnormal for 0.5). The
-// default decode (DEC 3, "prmt32") spreads a word into clean fp16 high bytes and builds
-// each half2 with one PRMT, and runs the online softmax over 32 tokens (two subtiles). Multiplying by the E4M3 block scale (converted exactly by cvt.f16x2.e4m3x2) is
+// default decode (DEC 4, "prmt32x") spreads a word into clean fp16 high bytes and builds
+// each half2 with one PRMT, runs the online softmax over 32 tokens (two subtiles), and
+// splits the QK product into two independent HMMA chains. Multiplying by the E4M3 block scale (converted exactly by cvt.f16x2.e4m3x2) is
 // then exact in fp16 (the product's lowest bit is >= 2^-24, the fp16 subnormal step), and
 // the 2^14 and the per-layer scales are folded into the fp32 score scale and the output.
 // The order of head_dim inside a thread's registers is permuted to match whole loaded
