@@ -25,6 +25,13 @@ ports_of() {  # the ports recorded at start
   cat "$1/ports" 2>/dev/null || true
 }
 
+alive() {  # a running process (a zombie, killed but not yet reaped, is not)
+  local st
+  st="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  st="${st##*) }"
+  [ "${st%% *}" != Z ]
+}
+
 stop_nodes() {
   local d="$1" p pid
   for p in $(ports_of "$d"); do
@@ -37,7 +44,7 @@ stop_nodes() {
   for _ in $(seq 50); do
     local alive=0
     for p in $(ports_of "$d"); do
-      [ -f "$d/$p/redis.pid" ] && kill -0 "$(cat "$d/$p/redis.pid")" 2>/dev/null && alive=1
+      [ -f "$d/$p/redis.pid" ] && alive "$(cat "$d/$p/redis.pid")" && alive=1
     done
     [ "$alive" = 0 ] && break
     sleep 0.1
@@ -62,11 +69,13 @@ case "$cmd" in
         die "port $p is already served by another redis; pick another BASE_PORT"
       fi
       mkdir -p "$dir/$p"
-      # No RDB/AOF: a cache. cluster-node-timeout is short so that a killed master's
+      # No RDB/AOF: a cache. No diskless-sync delay: replicas are in sync within a second.
+      # cluster-node-timeout is short so that a killed master's
       # replica takes over in a couple of seconds (the failover test relies on it).
       if ! redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
           --cluster-config-file "$dir/$p/nodes.conf" --cluster-node-timeout 1000 \
           --cluster-replica-validity-factor 0 --save "" --appendonly no \
+          --repl-diskless-sync-delay 0 \
           --dir "$dir/$p" --daemonize yes --pidfile "$dir/$p/redis.pid" \
           --logfile "$dir/$p/redis.log" --protected-mode no >/dev/null; then
         stop_nodes "$dir"
