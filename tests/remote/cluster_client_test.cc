@@ -102,6 +102,37 @@ TEST(ClusterClient, PipelinedBatchAcrossEveryMaster) {
   EXPECT_EQ(c->stats().moved, 0u);
 }
 
+// A GET with a sink: a value of exactly prefix + sink bytes lands in the sink (reply keeps
+// the prefix); a value of another length is an ordinary reply and the sink is not used.
+TEST(ClusterClient, SinkTakesTheTailOfAValueOfTheExpectedLength) {
+  KVTIER_REQUIRE_SHARED_CLUSTER();
+  auto c = Open(SharedNodes());
+  std::mt19937_64 rng(std::random_device{}());
+  const std::string k1 = "sink:" + std::to_string(rng()), k2 = "sink:" + std::to_string(rng());
+  const std::string v1 = Rand(rng, 16 + 100000), v2 = Rand(rng, 16 + 99999);
+  std::vector<Command> set(2);
+  set[0].argv = {"SET", k1, v1};
+  set[1].argv = {"SET", k2, v2};
+  c->Exec(set);
+  ASSERT_TRUE(set[0].status.ok() && set[1].status.ok());
+  std::vector<uint8_t> s1(100000, 0), s2(100000, 0);
+  std::vector<Command> get(2);
+  get[0].argv = {"GET", k1};
+  get[0].sink = s1;
+  get[0].sink_prefix = 16;
+  get[1].argv = {"GET", k2};
+  get[1].sink = s2;
+  get[1].sink_prefix = 16;
+  c->Exec(get);
+  ASSERT_TRUE(get[0].status.ok() && get[1].status.ok());
+  EXPECT_TRUE(get[0].sunk);
+  EXPECT_EQ(std::string(get[0].reply->str, get[0].reply->len), v1.substr(0, 16));
+  EXPECT_EQ(std::string(s1.begin(), s1.end()), v1.substr(16));
+  EXPECT_FALSE(get[1].sunk);
+  EXPECT_EQ(std::string(get[1].reply->str, get[1].reply->len), v2);
+  EXPECT_EQ(s2, std::vector<uint8_t>(100000, 0));
+}
+
 // A slot is moved from one master to another under a client that cached the old map:
 // while migrating, a moved key is answered ASK (followed with ASKING); after, MOVED.
 TEST(ClusterClient, FollowsAskDuringAndMovedAfterAResharding) {

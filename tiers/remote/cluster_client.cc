@@ -7,6 +7,7 @@
 
 #include <array>
 #include <charconv>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -45,6 +46,30 @@ timeval Tv(uint32_t ms) {
 }
 
 using Clock = std::chrono::steady_clock;
+
+// The reader's default reply functions, with createString replaced by one that honours
+// Command::sink (the command being read is the reader's privdata). Copied by value from
+// the library's own table, so every other function stays hiredis's.
+redisReplyObjectFunctions g_default_fns;
+void* SinkCreateString(const redisReadTask* task, char* str, size_t len) {
+  auto* cmd = static_cast<Command*>(task->privdata);
+  if (cmd && task->parent == nullptr && task->type == REDIS_REPLY_STRING && !cmd->sink.empty() &&
+      len == cmd->sink_prefix + cmd->sink.size()) {
+    std::memcpy(cmd->sink.data(), str + cmd->sink_prefix, cmd->sink.size());
+    cmd->sunk = true;
+    return g_default_fns.createString(task, str, cmd->sink_prefix);
+  }
+  return g_default_fns.createString(task, str, len);
+}
+redisReplyObjectFunctions* SinkFunctions(const redisReplyObjectFunctions* defaults) {
+  static redisReplyObjectFunctions fns = [&] {
+    g_default_fns = *defaults;
+    redisReplyObjectFunctions f = *defaults;
+    f.createString = SinkCreateString;
+    return f;
+  }();
+  return &fns;
+}
 
 }  // namespace
 
@@ -150,6 +175,7 @@ struct ClusterClient::Impl {
       return nullptr;
     }
     c->reader->maxbuf = 0;  // keep the read buffer: values are ~1.4 MiB
+    c->reader->fn = SinkFunctions(c->reader->fn);
     std::lock_guard<std::mutex> l(mu);
     ++st.connects;
     return c;
@@ -362,7 +388,11 @@ void ClusterClient::Exec(std::span<Command> cmds) {
           freeReplyObject(a);
         }
         void* raw = nullptr;
-        if (redisGetReply(cn.ctx, &raw) != REDIS_OK || !raw) {
+        c.sunk = false;
+        cn.ctx->reader->privdata = &c;
+        const int rc = redisGetReply(cn.ctx, &raw);
+        cn.ctx->reader->privdata = nullptr;
+        if (rc != REDIS_OK || !raw) {
           cn.ok = false;
           c.status = Status::IoError("remote: node " + cn.node + ": " + (cn.ctx->err ? cn.ctx->errstr : "no reply"));
           continue;

@@ -64,6 +64,14 @@ using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 struct Command {
   std::vector<std::string_view> argv;  // must outlive Exec()
   size_t key_index = 1;
+  // Optional zero-copy sink for a GET of a large value: a string reply of exactly
+  // sink_prefix + sink.size() bytes has its tail copied by the hiredis reader straight
+  // from its input buffer into `sink` (no intermediate reply string), reply->str keeps
+  // only the first sink_prefix bytes, and `sunk` is set. Other replies are untouched.
+  // `sink` may be written even when the reply is then found invalid.
+  std::span<uint8_t> sink;
+  size_t sink_prefix = 0;
+  bool sunk = false;
   // Results: status is Ok with a reply (which may be a nil or an integer reply), or
   // IoError (node down, timeout, too many redirects, error reply).
   Status status;

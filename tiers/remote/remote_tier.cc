@@ -69,17 +69,54 @@ std::string EncodeValue(const PutItem& item, bool compress) {
   return v;
 }
 
-Status DecodeValue(std::string_view value, uint64_t contract_id, const Key128& key, std::span<uint8_t> out,
-                   Key128* parent) {
-  if (value.size() < kEnvelopeSize) return Status::Corrupt("remote value shorter than its envelope");
-  const auto* p = reinterpret_cast<const uint8_t*>(value.data());
+namespace {
+
+// Checks the envelope of a value of `value_len` bytes whose first bytes are `p`.
+Status CheckEnvelope(const uint8_t* p, uint64_t value_len, size_t out_size, uint16_t* codec) {
+  if (value_len < kEnvelopeSize) return Status::Corrupt("remote value shorter than its envelope");
   if (Get<uint32_t>(p, 0) != kRemoteMagic) return Status::Corrupt("remote value: bad magic");
   if (Get<uint64_t>(p, 24) != XXH3_64bits(p, 24)) return Status::Corrupt("remote value: envelope checksum mismatch");
   if (Get<uint16_t>(p, 4) != kRemoteFormatVersion) return Status::Corrupt("remote value: unknown version");
-  const uint16_t codec = Get<uint16_t>(p, 6);
+  *codec = Get<uint16_t>(p, 6);
   const uint64_t body_len = Get<uint64_t>(p, 8), record_len = Get<uint64_t>(p, 16);
-  if (body_len != value.size() - kEnvelopeSize) return Status::Corrupt("remote value: body length mismatch");
-  if (record_len != kRecordHeaderSize + out.size()) return Status::Corrupt("remote value: record length is not the block size");
+  if (body_len != value_len - kEnvelopeSize) return Status::Corrupt("remote value: body length mismatch");
+  if (record_len != kRecordHeaderSize + out_size) return Status::Corrupt("remote value: record length is not the block size");
+  if (*codec != 1 && (*codec != 0 || body_len != record_len)) return Status::Corrupt("remote value: bad codec or length");
+  return Status::Ok();
+}
+
+// Checks a record header against the identity asked for.
+StatusOr<RecordHeader> CheckHeader(const uint8_t* rec, uint64_t contract_id, const Key128& key) {
+  auto h = RecordHeader::Decode(std::span<const uint8_t>(rec, kRecordHeaderSize));
+  if (!h.ok()) return Status::Corrupt("remote value: " + h.status().message());
+  if (h->contract_id != contract_id) return Status::Corrupt("remote value: another contract's record");
+  if (h->key != key) return Status::Corrupt("remote value: another key's record");
+  return h;
+}
+
+}  // namespace
+
+Status DecodeSunkValue(std::string_view head, uint64_t contract_id, const Key128& key, std::span<const uint8_t> out,
+                       Key128* parent) {
+  if (head.size() != kEnvelopeSize + kRecordHeaderSize) return Status::Corrupt("remote value: bad head");
+  const auto* p = reinterpret_cast<const uint8_t*>(head.data());
+  uint16_t codec = 0;
+  KVTIER_RETURN_IF_ERROR(CheckEnvelope(p, head.size() + out.size(), out.size(), &codec));
+  if (codec != 0) return Status::Corrupt("remote value: compressed body of the stored size");
+  auto h = CheckHeader(p + kEnvelopeSize, contract_id, key);
+  if (!h.ok()) return h.status();
+  Status s = VerifyPayload(*h, out);
+  if (!s.ok()) return Status::Corrupt("remote value: " + s.message());
+  if (parent) *parent = h->parent;
+  return Status::Ok();
+}
+
+Status DecodeValue(std::string_view value, uint64_t contract_id, const Key128& key, std::span<uint8_t> out,
+                   Key128* parent) {
+  const auto* p = reinterpret_cast<const uint8_t*>(value.data());
+  uint16_t codec = 0;
+  KVTIER_RETURN_IF_ERROR(CheckEnvelope(p, value.size(), out.size(), &codec));
+  const uint64_t record_len = kRecordHeaderSize + out.size();
   std::string_view body = value.substr(kEnvelopeSize);
   std::string inflated;
   if (codec == 1) {
@@ -87,14 +124,10 @@ Status DecodeValue(std::string_view value, uint64_t contract_id, const Key128& k
     const size_t n = ZSTD_decompress(inflated.data(), inflated.size(), body.data(), body.size());
     if (ZSTD_isError(n) || n != record_len) return Status::Corrupt("remote value: zstd body does not decode");
     body = inflated;
-  } else if (codec != 0 || body_len != record_len) {
-    return Status::Corrupt("remote value: bad codec or length");
   }
   const auto* rec = reinterpret_cast<const uint8_t*>(body.data());
-  auto h = RecordHeader::Decode(std::span<const uint8_t>(rec, kRecordHeaderSize));
-  if (!h.ok()) return Status::Corrupt("remote value: " + h.status().message());
-  if (h->contract_id != contract_id) return Status::Corrupt("remote value: another contract's record");
-  if (h->key != key) return Status::Corrupt("remote value: another key's record");
+  auto h = CheckHeader(rec, contract_id, key);
+  if (!h.ok()) return h.status();
   std::span<const uint8_t> payload(rec + kRecordHeaderSize, out.size());
   Status s = VerifyPayload(*h, payload);
   if (!s.ok()) return Status::Corrupt("remote value: " + s.message());
@@ -123,6 +156,8 @@ void RemoteTier::GetBatch(std::span<GetItem> items) {
   for (size_t i = 0; i < items.size(); ++i) {
     keys[i] = RedisKey(items[i].contract_id, items[i].key);
     cmds[i].argv = {"GET", keys[i]};
+    cmds[i].sink = items[i].out;  // a stored (uncompressed) value lands in out directly
+    cmds[i].sink_prefix = kEnvelopeSize + kRecordHeaderSize;
   }
   const auto t0 = std::chrono::steady_clock::now();
   client_->Exec(cmds);
@@ -145,8 +180,10 @@ void RemoteTier::GetBatch(std::span<GetItem> items) {
       corrupt_++;
       continue;
     }
-    got += c.reply->len;
-    it.status = DecodeValue(std::string_view(c.reply->str, c.reply->len), it.contract_id, it.key, it.out, &it.parent);
+    const std::string_view v(c.reply->str, c.reply->len);
+    got += c.reply->len + (c.sunk ? it.out.size() : 0);
+    it.status = c.sunk ? DecodeSunkValue(v, it.contract_id, it.key, it.out, &it.parent)
+                       : DecodeValue(v, it.contract_id, it.key, it.out, &it.parent);
     if (it.status.ok()) {
       hits_++;
       bytes_read_ += it.out.size();

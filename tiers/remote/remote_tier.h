@@ -51,7 +51,9 @@ struct PutItem {
 struct GetItem {
   uint64_t contract_id = 0;
   Key128 key;
-  std::span<uint8_t> out;  // receives the payload; its size is the expected block size
+  // Receives the payload; its size is the expected block size. Scratch until status is
+  // Ok: a refused value may have been written into it.
+  std::span<uint8_t> out;
   // Results:
   Status status;  // Ok, NotFound (no value), Corrupt (refused), IoError (node down/slow)
   Key128 parent;  // from the record, when Ok
@@ -68,6 +70,10 @@ std::string EncodeValue(const PutItem& item, bool compress);
 // Verifies one value as described above and copies the payload into `out`.
 Status DecodeValue(std::string_view value, uint64_t contract_id, const Key128& key,
                    std::span<uint8_t> out, Key128* parent);
+// The same for a stored value whose payload the cluster client already wrote into `out`
+// (Command::sink): `head` is its envelope and record header.
+Status DecodeSunkValue(std::string_view head, uint64_t contract_id, const Key128& key,
+                       std::span<const uint8_t> out, Key128* parent);
 
 class RemoteTier {
  public:
