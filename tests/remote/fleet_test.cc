@@ -208,6 +208,27 @@ TEST(FleetCorruption, ValueCorruptedInRedisIsRefusedAndCounted) {
   EXPECT_TRUE(b->Alive());
 }
 
+// No cluster at all: the daemon starts, serves its local tiers as before, and the remote
+// tier is fast misses and counted errors, never an error for the client.
+TEST(FleetDown, ClusterDownIsMissesAndCountersNeverErrors) {
+  auto a = StartDaemon({"127.0.0.1:1", "127.0.0.1:2"}, "write-through", 200);
+  ASSERT_TRUE(a->Alive()) << a->log();
+  Client ca(a->socket());
+  const uint64_t cid = ca.Register("fleet/down");
+  const auto keys = Chain(cid, 6);
+  const std::vector<kvtier_key> stored(keys.begin(), keys.begin() + 3);
+  ca.Store(cid, stored);
+  kvtier_lookup_result lr{};
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(kvtier_lookup(ca.c, cid, keys.data(), keys.size(), &lr, nullptr), KVTIER_OK);
+  EXPECT_EQ(lr.hit_blocks, 3u);
+  EXPECT_EQ(ca.AcquireChecked(cid, keys, cid), 3);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  EXPECT_GE(a->WaitMetric("kvtier_tier_write_errors_total{tier=\"remote\"}", 3), 3);
+  EXPECT_GE(Metric(*a, "kvtier_tier_errors_total"), 1);
+  EXPECT_TRUE(a->Alive());
+}
+
 // A master is killed; its replica takes over. Reads go on (misses while the slot has no
 // master, never errors), no wrong block is ever served, and after the failover every
 // block is served again from the promoted replica.
