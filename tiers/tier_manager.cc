@@ -252,7 +252,7 @@ class TierManagerImpl final : public TierManager {
   Status FreeSlot(SlotRef slot) override;
   void Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) override;
   Status Evict(uint64_t contract_id, const Key128& key) override;
-  Status Flush() override;
+  Status Flush(Tier to) override;
   Status Reconfigure(const TierManagerOptions& opts) override;
   std::vector<TierStats> Stats() const override;
   void Drain() override;
@@ -343,7 +343,7 @@ class TierManagerImpl final : public TierManager {
   void RunWrites(std::vector<std::pair<Block*, bool>> batch);
   void RunCopies(std::vector<CopyJob> batch);
   void ApplyCopyDone(const CopyDoneMsg& m);
-  Status DoFlush();
+  Status DoFlush(Tier to);
 
   TierManagerOptions opts_;
   std::unique_ptr<HbmPool> hbm_;
@@ -374,6 +374,7 @@ class TierManagerImpl final : public TierManager {
   std::vector<Block*> space_wait_[2];       // promotions waiting for a demotion to free a slot
   bool work_ = false, stop_ = false, busy_step_ = false;
   std::promise<Status>* flush_req_ = nullptr;
+  Tier flush_to_ = Tier::kNvme;  // with flush_req_
   std::thread mover_;
 };
 
@@ -1046,7 +1047,7 @@ void TierManagerImpl::MoverLoop() {
     if (!copies.empty()) RunCopies(std::move(copies));
     if (!writes.empty()) RunWrites(std::move(writes));
     if (!reads.empty()) RunReads(std::move(reads));
-    if (fr) fr->set_value(DoFlush());
+    if (fr) fr->set_value(DoFlush(flush_to_));
     l.lock();
     busy_step_ = false;
     if (!HasWorkLocked() && copies_in_flight_ == 0) idle_cv_.notify_all();
@@ -1191,19 +1192,28 @@ void TierManagerImpl::RunCopies(std::vector<CopyJob> batch) {
       ++copies_in_flight_;
     }
   }
+  // Copies go out in groups of kCopyGroup blocks, each with its own completion: the mover
+  // finishes the promotions of one group (slot tables, policy, waiters) while the next
+  // groups are still on the wire, instead of after the whole batch.
+  constexpr size_t kCopyGroup = 128;
   for (int d = 0; d < 2; ++d) {
-    if (jobs[d].empty()) continue;
-    auto group = std::make_shared<std::vector<CopyJob>>(std::move(jobs[d]));
-    auto cb = [this, group](Status s) {
-      std::lock_guard<std::mutex> l(mu_);
-      for (const CopyJob& j : *group) {
-        copy_done_.push_back({j.b, j.dst_slot, j.to_hbm, j.demote, s});
-        --copies_in_flight_;
-      }
-      KickLocked();
-    };
-    Status st = hbm_->CopyBatch(items[d], d == 0, cb);
-    if (!st.ok()) cb(st);
+    for (size_t g = 0; g < jobs[d].size(); g += kCopyGroup) {
+      const size_t e = std::min(jobs[d].size(), g + kCopyGroup);
+      auto group = std::make_shared<std::vector<CopyJob>>(jobs[d].begin() + static_cast<long>(g),
+                                                          jobs[d].begin() + static_cast<long>(e));
+      std::vector<HbmPool::CopyItem> part(items[d].begin() + static_cast<long>(g),
+                                          items[d].begin() + static_cast<long>(e));
+      auto cb = [this, group](Status s) {
+        std::lock_guard<std::mutex> l(mu_);
+        for (const CopyJob& j : *group) {
+          copy_done_.push_back({j.b, j.dst_slot, j.to_hbm, j.demote, s});
+          --copies_in_flight_;
+        }
+        KickLocked();
+      };
+      Status st = hbm_->CopyBatch(part, d == 0, cb);
+      if (!st.ok()) cb(st);
+    }
   }
 }
 
@@ -1244,10 +1254,11 @@ void TierManagerImpl::ApplyCopyDone(const CopyDoneMsg& m) {
 
 // ---- operator actions -----------------------------------------------------------------
 
-Status TierManagerImpl::Flush() {
+Status TierManagerImpl::Flush(Tier to) {
   if (std::this_thread::get_id() == mover_.get_id()) {
     return Status::Invalid("Flush from a TierManager callback would deadlock");
   }
+  if (to != Tier::kHost && to != Tier::kNvme) return Status::Invalid("flush: target must be host or nvme");
   std::promise<Status> p;
   auto f = p.get_future();
   {
@@ -1258,6 +1269,7 @@ Status TierManagerImpl::Flush() {
       mu_.lock();
     }
     flush_req_ = &p;
+    flush_to_ = to;
     KickLocked();
   }
   Status s = f.get();
@@ -1265,7 +1277,7 @@ Status TierManagerImpl::Flush() {
   return s;
 }
 
-Status TierManagerImpl::DoFlush() {
+Status TierManagerImpl::DoFlush(Tier to) {
   Status first;
   // HBM: blocks without a copy below go to host first (synchronous copies: operator path).
   if (hbm_) {
@@ -1307,6 +1319,7 @@ Status TierManagerImpl::DoFlush() {
       }
     }
   }
+  if (to == Tier::kHost) return first;
   if (!nvme_) return first.ok() ? Status::Unsupported("flush: no NVMe tier") : first;
   std::vector<std::pair<Block*, bool>> writes;
   {

@@ -192,9 +192,11 @@ class TierManager {
   // Operator actions.
   virtual Status Evict(uint64_t contract_id, const Key128& key) = 0;
   // Demotes every unpinned block of HBM and host to NVMe (bypassing admission, within the
-  // write budget) and returns when done. An operator action: it blocks its caller, and
-  // must not be called from a completion callback (Invalid if it is).
-  virtual Status Flush() = 0;
+  // write budget) and returns when done. With to = Tier::kHost only HBM is emptied (its
+  // blocks go to host; host and NVMe are left as they are). An operator action: it blocks
+  // its caller, and must not be called from a completion callback (Invalid if it is).
+  // Invalid for to = Tier::kHbm.
+  virtual Status Flush(Tier to = Tier::kNvme) = 0;
   // Applies new eviction/admission settings (sizes and folders cannot change).
   virtual Status Reconfigure(const TierManagerOptions& opts) = 0;
 

@@ -12,6 +12,7 @@
 // Unsupported and the TierManager runs without an HBM tier.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -83,6 +84,11 @@ class HbmPool {
   void* d2h_ = nullptr;  // cudaStream_t
   mutable std::mutex mu_;
   SlotAllocator alloc_;
+  // How CopyBatch moves host -> HBM batches: the gather kernel (hbm/gather.cu; needs host
+  // pointers usable on the device), cudaMemcpyBatchAsync, or one cudaMemcpyAsync per
+  // block. KVTIER_HBM_COPY=kernel|batch|loop picks one (benchmarks); default kernel.
+  std::atomic<bool> gather_kernel_{true};
+  std::atomic<bool> batch_api_{true};
 };
 
 }  // namespace kvtier::tiers
