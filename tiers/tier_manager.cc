@@ -989,6 +989,22 @@ void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128>
 
 void TierManagerImpl::Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) {
   if ((target != Tier::kHbm && target != Tier::kHost) || !has_tier(target)) return;
+  if (remote_) {  // past the local prefix: an acquire on the remote thread, unpinned when done
+    bool go_remote = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      go_remote = contracts_.count(contract_id) && LocalPrefixLocked(contract_id, keys) < keys.size();
+    }
+    if (go_remote) {
+      std::lock_guard<std::mutex> l(rmu_);
+      rfetch_.push_back(RemoteFetch{contract_id, std::vector<Key128>(keys.begin(), keys.end()), target,
+                                    [this](Status, std::vector<SlotRef> slots) {
+                                      for (const SlotRef& s : slots) (void)Unpin(s);
+                                    }});
+      rcv_.notify_all();
+      return;
+    }
+  }
   std::lock_guard<std::mutex> l(mu_);
   if (!contracts_.count(contract_id)) return;
   const int t = Idx(target);

@@ -186,7 +186,8 @@ class TierManager {
   virtual Status Unpin(SlotRef slot) = 0;
   virtual Status FreeSlot(SlotRef slot) = 0;
 
-  // Starts promotion of the cached prefix of keys into target; returns at once.
+  // Starts promotion of the cached prefix of keys into target; returns at once. With a
+  // remote tier, keys past the local prefix are fetched from it as by Acquire.
   virtual void Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) = 0;
 
   // Operator actions.

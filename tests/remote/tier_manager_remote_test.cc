@@ -144,6 +144,30 @@ TEST(TierManagerRemote, EvictionWritesOnDemoteAndAnotherHostRestores) {
   EXPECT_EQ(RemoteStats(*b->tm).promotions_in, 10u);
 }
 
+// Prefetch goes remote too: returns at once, and after Drain the blocks are local and
+// unpinned (evictable).
+TEST(TierManagerRemote, PrefetchFetchesRemoteBlocksAndLeavesThemUnpinned) {
+  KVTIER_REQUIRE_SHARED_CLUSTER();
+  const ScaleContract c = Contract("tmr/prefetch");
+  const uint64_t cid = c.Id(), block = c.block_bytes();
+  auto a = Open(remote::RemoteWrite::kWriteThrough, 16, 0, c);
+  auto b = Open(remote::RemoteWrite::kOff, 16, 0, c);
+  const auto keys = Keys(6);
+  Store(*a->tm, cid, block, keys);
+  a->tm->Drain();
+  b->tm->Prefetch(cid, keys, Tier::kHost);
+  b->tm->Drain();
+  const LookupResult lr = b->tm->Lookup(cid, keys);
+  ASSERT_EQ(lr.hit_blocks, 6u);
+  for (Tier t : lr.tiers) EXPECT_EQ(t, Tier::kHost);
+  for (const auto& s : b->tm->Stats()) {
+    if (s.tier == Tier::kHost) {
+      EXPECT_EQ(s.pinned, 0u);
+    }
+  }
+  EXPECT_EQ(AcquireChecked(*b->tm, cid, block, keys), 6);
+}
+
 // Several threads acquire overlapping prefixes of remote blocks at once while the writer
 // keeps writing: every served block is right, and the prefix only grows.
 TEST(TierManagerRemote, ConcurrentAcquiresWhileWriting) {
