@@ -1053,7 +1053,8 @@ void TierManagerImpl::MoverLoop() {
     auto copies = std::exchange(copies_, {});
     auto writes = std::exchange(writes_, {});
     std::vector<Block*> reads;
-    const size_t nr = std::min<size_t>(reads_.size(), opts_.mover_batch);
+    const size_t per_batch = std::max<size_t>(opts_.mover_batch, (size_t{32} << 20) / std::max<uint64_t>(1, opts_.slot_bytes));
+    const size_t nr = std::min<size_t>(reads_.size(), per_batch);
     reads.assign(reads_.begin(), reads_.begin() + static_cast<long>(nr));
     reads_.erase(reads_.begin(), reads_.begin() + static_cast<long>(nr));
     if (!reads_.empty()) work_ = true;
@@ -1106,10 +1107,12 @@ void TierManagerImpl::RunReads(std::vector<Block*> batch) {
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t bytes = 0;
   // Each block is finished as soon as it is read and verified, while the rest of the batch
-  // is still in flight: its waiters are pinned, and a host -> HBM copy it unblocks is
-  // launched at once (NVMe -> host -> HBM pipelines per block, not per batch).
+  // is still in flight: its waiters are pinned, and the host -> HBM copies it unblocks go
+  // out in groups of kReadCopyGroup (NVMe -> host -> HBM pipelines per few blocks, not per
+  // batch; a copy launch per block would cost the mover more than the copy).
+  constexpr size_t kReadCopyGroup = 8;
+  std::vector<CopyJob> pending_copies;
   (void)nvme_->ReadBatch(rd, [&](size_t i) {
-    std::vector<CopyJob> copies;
     {
       std::lock_guard<std::mutex> l(mu_);
       Block* b = batch[i];
@@ -1123,10 +1126,11 @@ void TierManagerImpl::RunReads(std::vector<Block*> batch) {
         b->nvme = false;
       }
       FinishPromotionLocked(b, kS, ok);
-      copies = std::exchange(copies_, {});
+      for (auto& c : std::exchange(copies_, {})) pending_copies.push_back(c);
     }
-    if (!copies.empty()) RunCopies(std::move(copies));
+    if (pending_copies.size() >= kReadCopyGroup) RunCopies(std::exchange(pending_copies, {}));
   });
+  if (!pending_copies.empty()) RunCopies(std::move(pending_copies));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> l(mu_);
   c_[kN].bytes_read += bytes;

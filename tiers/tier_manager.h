@@ -64,8 +64,9 @@ struct TierManagerOptions {
   int cuda_device = 0;            // Default: 0
   TierOptions host;               // required (>= 1 slot): NVMe reads land in host slots
   NvmeOptions nvme;
-  // Batching of the mover: most NVMe reads per io_uring batch (smaller batches let the
-  // host->HBM copy of one batch overlap the NVMe read of the next). Default: 64
+  // Batching of the mover: NVMe reads per io_uring batch, at least mover_batch blocks and
+  // at least 32 MiB of slots (small blocks need more reads in flight to keep the disk
+  // busy; the copies to HBM start per block as reads complete). Default: 64
   uint32_t mover_batch = 64;
   // Bandwidths used for LookupResult::est_seconds_to_hbm until measured. Default: 50, 2
   double host_to_hbm_gbps = 50.0;
