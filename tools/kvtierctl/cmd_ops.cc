@@ -249,7 +249,8 @@ int RunStatsOrTiers(const std::vector<std::string>& argv, bool full) {
       json per = json::array();
       uint64_t payload = 0, scales = 0;
       for (const auto& r : rows) {
-        const uint64_t blocks = r.info.blocks[std::min<int>(t.tier, 2)];
+        // The remote tier keeps no per-contract index here (it is shared by the fleet).
+        const uint64_t blocks = t.tier <= KVTIER_TIER_NVME ? r.info.blocks[t.tier] : 0;
         const uint64_t sb = BlockScaleBytes(r.contract.format, r.contract.geometry);
         payload += blocks * (r.info.block_bytes - sb);
         scales += blocks * sb;
