@@ -850,10 +850,16 @@ kvtier_status kvtier_evict_contract(kvtier_client* c, uint64_t contract_id, uint
   KVTIER_GUARD_END
 }
 
-kvtier_status kvtier_flush(kvtier_client* c) {
+kvtier_status kvtier_flush(kvtier_client* c) { return kvtier_flush_to(c, KVTIER_TIER_NVME); }
+
+kvtier_status kvtier_flush_to(kvtier_client* c, kvtier_tier to) {
   KVTIER_GUARD_BEGIN
+  if (to != KVTIER_TIER_HOST && to != KVTIER_TIER_NVME) {
+    return Fail(KVTIER_INVALID, "kvtier_flush_to: target must be KVTIER_TIER_HOST or KVTIER_TIER_NVME");
+  }
   w::AdminRequest a;
   a.action = static_cast<uint16_t>(w::AdminAction::kFlush);
+  a.tier = static_cast<uint8_t>(to);
   w::CompletionEntry cmp;
   return Admin(c, a, nullptr, 0, &cmp);
   KVTIER_GUARD_END

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -93,6 +94,30 @@ Apply BoolField(Get get) {
   };
 }
 
+// An array of strings, or one string of comma-separated items (handy for --set).
+template <typename Get>
+Apply StringListField(Get get) {
+  return [get](const toml::node& n, const std::string& key, Config& c) -> Status {
+    std::vector<std::string> out;
+    if (n.is_string()) {
+      std::stringstream ss(*n.value<std::string>());
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        if (!item.empty()) out.push_back(item);
+      }
+    } else if (n.is_array()) {
+      for (const auto& e : *n.as_array()) {
+        if (!e.is_string()) return TypeError(key, "an array of strings");
+        out.push_back(*e.value<std::string>());
+      }
+    } else {
+      return TypeError(key, "an array of strings such as [\"127.0.0.1:7000\"]");
+    }
+    *get(c) = std::move(out);
+    return Status::Ok();
+  };
+}
+
 void AddTier(std::vector<Entry>& s, const std::string& prefix, TierConfig* (*tier)(Config&)) {
   s.push_back({prefix + ".capacity", SizeField([tier](Config& c) { return &tier(c)->capacity_bytes; })});
   s.push_back({prefix + ".policy", StringField([tier](Config& c) { return &tier(c)->policy; })});
@@ -144,6 +169,15 @@ const std::vector<Entry>& Schema() {
                  IntField<uint32_t>([](Config& c) { return &c.tiers.nvme.queue_depth; }, 1, 4096)});
     s.push_back({"tiers.nvme.verify_on_restart",
                  BoolField([](Config& c) { return &c.tiers.nvme.verify_on_restart; })});
+    s.push_back({"tiers.remote.nodes", StringListField([](Config& c) { return &c.tiers.remote.nodes; })});
+    s.push_back({"tiers.remote.connect_timeout_ms",
+                 IntField<uint32_t>([](Config& c) { return &c.tiers.remote.connect_timeout_ms; }, 1, 60000)});
+    s.push_back({"tiers.remote.command_timeout_ms",
+                 IntField<uint32_t>([](Config& c) { return &c.tiers.remote.command_timeout_ms; }, 1, 60000)});
+    s.push_back({"tiers.remote.pool_size",
+                 IntField<uint32_t>([](Config& c) { return &c.tiers.remote.pool_size; }, 1, 256)});
+    s.push_back({"tiers.remote.write", StringField([](Config& c) { return &c.tiers.remote.write; })});
+    s.push_back({"tiers.remote.compress", BoolField([](Config& c) { return &c.tiers.remote.compress; })});
     return s;
   }();
   return schema;
@@ -158,7 +192,7 @@ const Entry* FindEntry(const std::string& key) {
 
 bool IsSection(const std::string& path) {
   return path == "daemon" || path == "tiers" || path == "tiers.hbm" || path == "tiers.host" ||
-         path == "tiers.nvme";
+         path == "tiers.nvme" || path == "tiers.remote";
 }
 
 std::string Where(const std::string& source, const toml::node& n) {
@@ -308,6 +342,18 @@ Status Config::Validate() const {
   if (!InSet(t.nvme.admission, {"always", "second-hit"})) {
     return Status::Invalid("tiers.nvme.admission: \"" + t.nvme.admission +
                            "\" is not always or second-hit");
+  }
+  if (!InSet(t.remote.write, {"on-demote", "write-through", "off"})) {
+    return Status::Invalid("tiers.remote.write: \"" + t.remote.write + "\" is not on-demote, write-through or off");
+  }
+  for (const std::string& n : t.remote.nodes) {
+    const size_t colon = n.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : n.substr(colon + 1);
+    const bool digits = !port.empty() && port.size() <= 5 &&
+                        std::all_of(port.begin(), port.end(), [](unsigned char ch) { return std::isdigit(ch); });
+    if (colon == std::string::npos || colon == 0 || !digits || std::stoul(port) == 0 || std::stoul(port) > 65535) {
+      return Status::Invalid("tiers.remote.nodes: \"" + n + "\" is not host:port (port in [1, 65535])");
+    }
   }
   return Status::Ok();
 }

@@ -41,6 +41,16 @@ struct NvmeConfig {
   bool verify_on_restart = true;          // verify blocks before first serve. Default: true
 };
 
+// [tiers.remote]: a Redis Cluster shared by a fleet of daemons (docs/remote.md).
+struct RemoteConfig {
+  std::vector<std::string> nodes;     // seeds "host:port"; empty = no remote tier. Default: []
+  uint32_t connect_timeout_ms = 200;  // [1, 60000]. Default: 200
+  uint32_t command_timeout_ms = 500;  // [1, 60000]. Default: 500
+  uint32_t pool_size = 4;             // idle connections per node, [1, 256]. Default: 4
+  std::string write = "on-demote";    // on-demote | write-through | off. Default: "on-demote"
+  bool compress = true;               // zstd a value when it saves >= 1/8. Default: true
+};
+
 struct TiersConfig {
   uint64_t slot_bytes = 1474560;  // one block; multiple of 4096. Default: 1440KiB
                                   // (80 layers x 8 heads x 128 dim x 16 tokens NVFP4)
@@ -48,6 +58,7 @@ struct TiersConfig {
   int32_t cuda_device = 0;        // GPU for the HBM tier, >= 0. Default: 0
   TierConfig host;                // capacity Default: 1GiB
   NvmeConfig nvme;
+  RemoteConfig remote;
 };
 
 struct DaemonConfig {

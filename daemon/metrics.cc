@@ -99,6 +99,11 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
        "Blocks whose checksum failed (served as misses).", &tiers::TierStats::checksum_failures},
       {"kvtier_tier_admission_rejects_total", "counter", "Blocks refused by admission.",
        &tiers::TierStats::admission_rejects},
+      {"kvtier_tier_errors_total", "counter",
+       "Remote tier: answers lost to a down or slow node (served as misses).", &tiers::TierStats::errors},
+      {"kvtier_tier_write_errors_total", "counter",
+       "Remote tier: block writes that failed or were dropped by a full queue.",
+       &tiers::TierStats::write_errors},
   };
   for (const auto& m : kTierMetrics) {
     Family(&o, m.name, m.type, m.help);

@@ -69,6 +69,14 @@ tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
   o.nvme.daily_write_budget_bytes = c.tiers.nvme.daily_write_budget_bytes;
   o.nvme.queue_depth = c.tiers.nvme.queue_depth;
   o.nvme.verify_on_restart = c.tiers.nvme.verify_on_restart;
+  o.remote.nodes = c.tiers.remote.nodes;
+  o.remote.connect_timeout_ms = c.tiers.remote.connect_timeout_ms;
+  o.remote.command_timeout_ms = c.tiers.remote.command_timeout_ms;
+  o.remote.pool_size = c.tiers.remote.pool_size;
+  o.remote.compress = c.tiers.remote.compress;
+  o.remote.write = c.tiers.remote.write == "write-through" ? remote::RemoteWrite::kWriteThrough
+                   : c.tiers.remote.write == "off"         ? remote::RemoteWrite::kOff
+                                                           : remote::RemoteWrite::kOnDemote;
   return o;
 }
 

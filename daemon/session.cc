@@ -689,8 +689,9 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
       return Status::Ok();
     }
     case wire::AdminAction::kFlush: {
-      KVTIER_RETURN_IF_ERROR(tm_->Flush());
-      spdlog::info("client {} ({}): flush done", id_, name_);
+      const tiers::Tier to = a.tier == wire::kTierHost ? tiers::Tier::kHost : tiers::Tier::kNvme;
+      KVTIER_RETURN_IF_ERROR(tm_->Flush(to));
+      spdlog::info("client {} ({}): flush to {} done", id_, name_, tiers::TierName(to));
       return Status::Ok();
     }
     case wire::AdminAction::kReloadConfig: {

@@ -267,7 +267,8 @@ static_assert(sizeof(WireTierStats) == 8 + 16 * 8 + 2 * 8);
 //   kEvictKey       key (contract_id 0 = any contract holding it).
 //   kEvictContract  contract_id. value = blocks evicted, count = pinned blocks skipped.
 //   kFlush          demote everything unpinned from HBM and host to NVMe (blocks the
-//                   transport until done: TierManager::Flush).
+//                   transport until done: TierManager::Flush). tier = kTierHost: only
+//                   HBM is emptied, into host; kTierNvme or kTierNone: down to NVMe.
 //   kReloadConfig   re-read the config file, as SIGHUP does. Output: the outcome as text.
 enum class AdminAction : uint16_t {
   kListContracts = 1,
@@ -356,6 +357,10 @@ inline Status ValidateAdminRequest(const AdminRequest& a) {
   if (act == AdminAction::kListBlocks) {
     if (a.tier != kTierHbm && a.tier != kTierHost && a.tier != kTierNvme && a.tier != kTierNone) {
       return Status::Invalid("admin tier filter " + std::to_string(a.tier) + " unknown");
+    }
+  } else if (act == AdminAction::kFlush) {
+    if (a.tier != kTierHost && a.tier != kTierNvme && a.tier != kTierNone) {
+      return Status::Invalid("admin flush target " + std::to_string(a.tier) + " must be host (1), nvme (2) or 255");
     }
   } else if (a.tier != kTierNone) {
     return Status::Invalid("admin tier must be 255 (none) for this action");

@@ -16,8 +16,10 @@ namespace kvtier::kernels {
 namespace {
 
 thread_local std::string g_error;
-// NVFP4 E2M1 decode used unless $KVTIER_NVFP4_DECODE says otherwise: 0 shift, 1 cvt.
-constexpr int kDefaultNvfp4Variant = 0;
+// NVFP4 E2M1 decode used unless $KVTIER_NVFP4_DECODE says otherwise: 0 shift, 1 cvt,
+// 2 prmt, 3 prmt32 (prmt, 32 tokens per softmax step), 4 prmt32x (prmt32, QK as two
+// HMMA chains); docs/kernels.md has the measurements.
+constexpr int kDefaultNvfp4Variant = 4;
 
 int Fail(int code, std::string msg) {
   g_error = std::move(msg);
@@ -167,6 +169,9 @@ int Nvfp4DecodeVariant() {
     const char* e = std::getenv("KVTIER_NVFP4_DECODE");
     if (e != nullptr && std::string(e) == "cvt") return 1;
     if (e != nullptr && std::string(e) == "shift") return 0;
+    if (e != nullptr && std::string(e) == "prmt") return 2;
+    if (e != nullptr && std::string(e) == "prmt32") return 3;
+    if (e != nullptr && std::string(e) == "prmt32x") return 4;
     return kDefaultNvfp4Variant;
   }();
   return v;

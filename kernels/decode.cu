@@ -15,9 +15,11 @@
 //   O^T[D x 8] += V^T[D x 16] . P^T                (V^T is the A operand)
 // Queries beyond the group size are zero columns and are not written.
 //
-// NVFP4 values are decoded in registers with shift/mask on whole 32-bit words straight
-// to fp16 *without* the exponent-bias multiply: the half holds e2m1 * 2^-14 (subnormal for
-// 0.5). Multiplying by the E4M3 block scale (converted exactly by cvt.f16x2.e4m3x2) is
+// NVFP4 values are decoded in registers from whole 32-bit words straight to fp16 *without*
+// the exponent-bias multiply: the half holds e2m1 * 2^-14 (subnormal for 0.5). The
+// default decode (DEC 4, "prmt32x") spreads a word into clean fp16 high bytes and builds
+// each half2 with one PRMT, runs the online softmax over 32 tokens (two subtiles), and
+// splits the QK product into two independent HMMA chains. Multiplying by the E4M3 block scale (converted exactly by cvt.f16x2.e4m3x2) is
 // then exact in fp16 (the product's lowest bit is >= 2^-24, the fp16 subnormal step), and
 // the 2^14 and the per-layer scales are folded into the fp32 score scale and the output.
 // The order of head_dim inside a thread's registers is permuted to match whole loaded
@@ -35,7 +37,7 @@ namespace {
 
 constexpr int kNvfp4 = 0, kFp8 = 1, kBf16 = 2;
 
-template <int FMT, int D>
+template <int FMT, int D, bool PAIR = false>
 struct Cfg {
   static constexpr int kRow = FMT == kNvfp4 ? D / 2 : (FMT == kFp8 ? D : 2 * D);  // bytes/token
   static constexpr int kSc = FMT == kNvfp4 ? D / 16 : 0;  // scale bytes per token
@@ -44,7 +46,7 @@ struct Cfg {
   static constexpr int kVData = kKSc + 16 * kSc;
   static constexpr int kVSc = kVData + 16 * kRow;
   static constexpr int kStage = kVSc + 16 * kSc;        // bytes of one subtile
-  static constexpr int kStages = FMT == kNvfp4 ? 4 : (FMT == kFp8 ? 3 : 2);
+  static constexpr int kStages = FMT == kNvfp4 ? (PAIR ? 5 : 4) : (FMT == kFp8 ? 3 : 2);
   static constexpr int kSmemPerWarp = kStage * kStages;
   static constexpr int kKWords = kRow / 16;  // 32-bit words of one K row per thread (row/4 B)
   static constexpr int kVWords = kRow / 32;  // words of one V row per thread (row/8 B), >= 1
@@ -119,6 +121,20 @@ __device__ __forceinline__ void e2m1_to_e4m3(uint32_t x, uint32_t& ev, uint32_t&
   od = (x & 0x80808080u) | ((x >> 2) & 0x1C1C1C1Cu);
   ev = ((x << 4) & 0x80808080u) | ((x << 2) & 0x1C1C1C1Cu);
 }
+// E2M1 nibbles of x -> clean bytes [s 0 0 0 e e m 0], i.e. the high byte of an fp16 that
+// holds value * 2^-14 (as e2m1_pair, subnormal 0.5 included): the even nibbles 0,2,4,6
+// into the bytes of `ev`, the odd nibbles 1,3,5,7 into `od`. 7 ops for 8 values; every
+// half2 is then one PRMT (hibytes) that moves two such bytes into the high bytes of the
+// halves and zeros the low bytes.
+__device__ __forceinline__ void e2m1_spread(uint32_t x, uint32_t& ev, uint32_t& od) {
+  ev = ((x << 1) & 0x0E0E0E0Eu) | ((x << 4) & 0x80808080u);
+  od = ((x >> 3) & 0x0E0E0E0Eu) | (x & 0x80808080u);
+}
+// Byte A of w -> bits 15..8, byte B -> bits 31..24, zeros elsewhere (one PRMT with RZ).
+template <int A, int B>
+__device__ __forceinline__ uint32_t hibytes(uint32_t w) {
+  return prmt(w, 0u, (B << 12) | (4 << 8) | (A << 4) | 4);
+}
 __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
@@ -167,7 +183,7 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
   if constexpr (FMT == kNvfp4 && DEC == 0) {
     return 8 * (i / 4) + (i % 4) + 4 * e;  // word i/4, nibble pair (j, j+4)
   } else if constexpr (FMT == kNvfp4) {
-    // word i/4 via E4M3 bytes: (0,2) (4,6) (1,3) (5,7)
+    // word i/4 via E4M3 bytes (DEC 1) or spread bytes (DEC 2): (0,2) (4,6) (1,3) (5,7)
     return 8 * (i / 4) + ((i % 4) == 0 ? 0 : (i % 4) == 1 ? 4 : (i % 4) == 2 ? 1 : 5) + 2 * e;
   } else {
     return 2 * i + e;
@@ -175,11 +191,17 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 }
 
 // DEC (NVFP4 only) picks the E2M1 decode: 0 = shift/mask straight to fp16 (value * 2^-14),
-// 1 = shift/mask to E4M3 bytes then the hardware e4m3x2 -> f16x2 conversion (value * 2^-6).
-// Both are tested; 0 is the default because it measured faster (docs/kernels.md).
+// 1 = shift/mask to E4M3 bytes then the hardware e4m3x2 -> f16x2 conversion (value * 2^-6),
+// 2 = spread into clean fp16 high bytes (e2m1_spread) + one PRMT per half2 (value * 2^-14),
+// 3 = the decode of 2 with 32 tokens (two subtiles) per online-softmax step,
+// 4 = 3 with the QK product split into two independent HMMA chains (even / odd k-steps).
+// All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKernel(const DecodeLaunch a) {
-  using C = Cfg<FMT, D>;
+  constexpr bool kPair = DEC >= 3;          // 32 tokens per softmax step
+  constexpr int kDec = DEC >= 3 ? 2 : DEC;  // the E2M1 decode
+  constexpr bool kSplitQk = DEC == 4;       // QK as two independent HMMA chains
+  using C = Cfg<FMT, D, kPair>;
   constexpr bool kBf = FMT == kBf16;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5;
@@ -237,7 +259,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
 
   constexpr float kLog2e = 1.4426950408889634f;
   // Undo the power of two of the raw NVFP4 decode (2^-14, or 2^-6 through E4M3).
-  const float fmt_k = FMT == kNvfp4 ? (DEC == 0 ? 16384.f : 64.f) : 1.f;
+  const float fmt_k = FMT == kNvfp4 ? (DEC == 1 ? 64.f : 16384.f) : 1.f;
   const float qk_scale = a.softmax_scale * kLog2e * a.k_scale_f * fmt_k / qmul;
   const float v_factor = a.v_scale_f * fmt_k;
 
@@ -285,7 +307,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
   };
 
 #pragma unroll
-  for (int j = 0; j < C::kStages - 1; ++j) {
+  for (int j = 0; j < C::kStages - (kPair ? 2 : 1); ++j) {
     if (j < n_sub) issue(j);
     cp_commit();
   }
@@ -296,18 +318,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
   float mrun[2] = {-1e30f, -1e30f};  // running max (log2 units) of query cols 2tq, 2tq+1
   float lrun[2] = {0.f, 0.f};        // this thread's partial denominators
 
-  for (int j = 0; j < n_sub; ++j) {
-    if (j + C::kStages - 1 < n_sub) issue(j + C::kStages - 1);
-    cp_commit();
-    cp_wait<C::kStages - 1>();
-    __syncwarp();
-    if (bad) break;
-    const uint32_t st = ring_s + (j % C::kStages) * C::kStage;
-    const int t0 = t_begin + 16 * j;
-    const bool tail = t0 + 16 > t_end;
-
-    // ---- K rows gid and gid+8 -> A fragments; S^T = K . Q^T ----------------------------
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
+  // ---- K rows gid and gid+8 of the subtile at `st` -> A fragments; S^T = K . Q^T -----
+  auto qk = [&](const uint32_t st, float (&s)[4]) {
+    s[0] = s[1] = s[2] = s[3] = 0.f;
     {
       uint32_t kr[2][C::kRegs];
 #pragma unroll
@@ -338,7 +351,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
 #pragma unroll
           for (int wi = 0; wi < C::kKWords; ++wi) {
             const uint32_t sc = sfb[wi / 2];
-            if constexpr (DEC == 0) {
+            if constexpr (kDec == 2) {
+              uint32_t ev, od;
+              e2m1_spread(w[wi], ev, od);
+              kr[r][4 * wi + 0] = hmul2(hibytes<0, 1>(ev), sc);  // nibbles 0, 2
+              kr[r][4 * wi + 1] = hmul2(hibytes<2, 3>(ev), sc);  // 4, 6
+              kr[r][4 * wi + 2] = hmul2(hibytes<0, 1>(od), sc);  // 1, 3
+              kr[r][4 * wi + 3] = hmul2(hibytes<2, 3>(od), sc);  // 5, 7
+            } else if constexpr (kDec == 0) {
               kr[r][4 * wi + 0] = hmul2(e2m1_pair<0>(w[wi]), sc);
               kr[r][4 * wi + 1] = hmul2(e2m1_pair<1>(w[wi]), sc);
               kr[r][4 * wi + 2] = hmul2(e2m1_pair<2>(w[wi]), sc);
@@ -363,52 +383,33 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
           for (int wi = 0; wi < C::kKWords; ++wi) kr[r][wi] = w[wi];
         }
       }
+      if constexpr (kSplitQk) {
+        // even and odd k-steps accumulate separately: two dependent chains of D/32 HMMAs
+        // instead of one of D/16, joined by 4 FADD.
+        float s2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        mma<kBf>(s, kr[0][2 * ks], kr[1][2 * ks], kr[0][2 * ks + 1], kr[1][2 * ks + 1],
-                 qb[2 * ks], qb[2 * ks + 1]);
+        for (int ks = 0; ks < D / 16; ks += 2) {
+          mma<kBf>(s, kr[0][2 * ks], kr[1][2 * ks], kr[0][2 * ks + 1], kr[1][2 * ks + 1],
+                   qb[2 * ks], qb[2 * ks + 1]);
+          mma<kBf>(s2, kr[0][2 * ks + 2], kr[1][2 * ks + 2], kr[0][2 * ks + 3], kr[1][2 * ks + 3],
+                   qb[2 * ks + 2], qb[2 * ks + 3]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] += s2[i];
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          mma<kBf>(s, kr[0][2 * ks], kr[1][2 * ks], kr[0][2 * ks + 1], kr[1][2 * ks + 1],
+                   qb[2 * ks], qb[2 * ks + 1]);
+        }
       }
     }
+  };
 
-    // ---- online softmax over the 16 tokens (rows gid, gid+8) ---------------------------
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s[i] *= qk_scale;
-      if (tail) {
-        const int tok = t0 + gid + (i >= 2 ? 8 : 0);
-        if (tok >= t_end) s[i] = -INFINITY;
-      }
-    }
-    float tmax[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {
-      tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
-      tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
-    }
-    float alpha[2];
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const float mn = fmaxf(mrun[c], tmax[c]);
-      alpha[c] = exp2f(mrun[c] - mn);
-      mrun[c] = mn;
-    }
-    const float p0 = exp2f(s[0] - mrun[0]), p1 = exp2f(s[1] - mrun[1]);
-    const float p2 = exp2f(s[2] - mrun[0]), p3 = exp2f(s[3] - mrun[1]);
-    lrun[0] = lrun[0] * alpha[0] + (p0 + p2);
-    lrun[1] = lrun[1] * alpha[1] + (p1 + p3);
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int m = 0; m < D / 16; ++m) {
-        acc[m][0] *= alpha[0];
-        acc[m][1] *= alpha[1];
-        acc[m][2] *= alpha[0];
-        acc[m][3] *= alpha[1];
-      }
-    }
-    const uint32_t pb0 = movtrans(pack2<kBf>(p0, p1));  // tokens 2tq, 2tq+1 of query gid
-    const uint32_t pb1 = movtrans(pack2<kBf>(p2, p3));  // tokens 2tq+8, 2tq+9
-
-    // ---- V of tokens (2tq, 2tq+1) and (2tq+8, 2tq+9), rows of D/8 head dims ------------
+  // ---- V of tokens (2tq, 2tq+1) and (2tq+8, 2tq+9), rows of D/8 head dims; O^T += V^T . P^T
+  // (subtile at `st`, first token t0, `tail` when it holds tokens >= t_end).
+  auto pv = [&](const uint32_t st, const int t0, const bool tail, const uint32_t pb0,
+                const uint32_t pb1) {
     {
       uint32_t vr[2][C::kRegs];
 #pragma unroll
@@ -453,7 +454,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
 #pragma unroll
           for (int w = 0; w < C::kVWords; ++w) {
             const uint32_t sc = spair[(8 * w) / 16];
-            if constexpr (DEC == 1) {
+            if constexpr (kDec == 1) {
               uint32_t ea, oa, eb, ob;
               e2m1_to_e4m3(wa[w], ea, oa);
               e2m1_to_e4m3(wb[w], eb, ob);
@@ -471,6 +472,21 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
             }
             const uint32_t x0 = prmt(wa[w], wb[w], 0x5410);  // dims 8w..8w+3
             const uint32_t x1 = prmt(wa[w], wb[w], 0x7632);  // dims 8w+4..8w+7
+            if constexpr (kDec == 2) {
+              // spread bytes of x0: ev = [a0 a2 b0 b2], od = [a1 a3 b1 b3] (dims of tokens a, b)
+              uint32_t ev, od;
+              e2m1_spread(x0, ev, od);
+              vr[pr][8 * w + 0] = hmul2(hibytes<0, 2>(ev), sc);
+              vr[pr][8 * w + 2] = hmul2(hibytes<1, 3>(ev), sc);
+              vr[pr][8 * w + 1] = hmul2(hibytes<0, 2>(od), sc);
+              vr[pr][8 * w + 3] = hmul2(hibytes<1, 3>(od), sc);
+              e2m1_spread(x1, ev, od);
+              vr[pr][8 * w + 4] = hmul2(hibytes<0, 2>(ev), sc);
+              vr[pr][8 * w + 6] = hmul2(hibytes<1, 3>(ev), sc);
+              vr[pr][8 * w + 5] = hmul2(hibytes<0, 2>(od), sc);
+              vr[pr][8 * w + 7] = hmul2(hibytes<1, 3>(od), sc);
+              continue;
+            }
             vr[pr][8 * w + 0] = hmul2(e2m1_pair<0>(x0), sc);
             vr[pr][8 * w + 1] = hmul2(e2m1_pair<1>(x0), sc);
             vr[pr][8 * w + 2] = hmul2(e2m1_pair<2>(x0), sc);
@@ -503,7 +519,127 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
         mma<kBf>(acc[m], vr[0][2 * m], vr[0][2 * m + 1], vr[1][2 * m], vr[1][2 * m + 1], pb0, pb1);
       }
     }
-    __syncwarp();
+  };
+
+  if constexpr (kPair) {
+    // 32 tokens (two subtiles, ring slots j and j+1) per softmax step: one max/shuffle,
+    // one alpha and one rescale vote per 32 tokens. The ring has kStages = 5 slots and 3
+    // subtiles stay in flight: iteration j issues j+3 and j+4 into the slots of j-2, j-1.
+    for (int j = 0; j < n_sub; j += 2) {
+      if (j + C::kStages - 2 < n_sub) issue(j + C::kStages - 2);
+      cp_commit();
+      if (j + C::kStages - 1 < n_sub) issue(j + C::kStages - 1);
+      cp_commit();
+      cp_wait<C::kStages - 2>();
+      __syncwarp();
+      if (bad) break;
+      const bool has2 = j + 1 < n_sub;  // warp-uniform
+      const uint32_t sta = ring_s + (j % C::kStages) * C::kStage;
+      const uint32_t stb = ring_s + ((j + 1) % C::kStages) * C::kStage;
+      const int t0 = t_begin + 16 * j;
+      float sa[4], sb[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+      qk(sta, sa);
+      if (has2) qk(stb, sb);
+      float s[8] = {sa[0], sa[1], sa[2], sa[3], sb[0], sb[1], sb[2], sb[3]};
+      const bool tail = t0 + 32 > t_end;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        s[i] *= qk_scale;
+        if (tail) {
+          const int tok = t0 + gid + ((i & 2) ? 8 : 0) + ((i & 4) ? 16 : 0);
+          if (tok >= t_end) s[i] = -INFINITY;
+        }
+      }
+      float tmax[2] = {fmaxf(fmaxf(s[0], s[2]), fmaxf(s[4], s[6])),
+                       fmaxf(fmaxf(s[1], s[3]), fmaxf(s[5], s[7]))};
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
+        tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
+      }
+      float alpha[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float mn = fmaxf(mrun[c], tmax[c]);
+        alpha[c] = exp2f(mrun[c] - mn);
+        mrun[c] = mn;
+      }
+      float p[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) p[i] = exp2f(s[i] - mrun[i & 1]);
+      lrun[0] = lrun[0] * alpha[0] + ((p[0] + p[2]) + (p[4] + p[6]));
+      lrun[1] = lrun[1] * alpha[1] + ((p[1] + p[3]) + (p[5] + p[7]));
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int m = 0; m < D / 16; ++m) {
+          acc[m][0] *= alpha[0];
+          acc[m][1] *= alpha[1];
+          acc[m][2] *= alpha[0];
+          acc[m][3] *= alpha[1];
+        }
+      }
+      pv(sta, t0, t0 + 16 > t_end, movtrans(pack2<kBf>(p[0], p[1])), movtrans(pack2<kBf>(p[2], p[3])));
+      if (has2) {
+        pv(stb, t0 + 16, t0 + 32 > t_end, movtrans(pack2<kBf>(p[4], p[5])),
+           movtrans(pack2<kBf>(p[6], p[7])));
+      }
+      __syncwarp();
+    }
+  } else {
+    for (int j = 0; j < n_sub; ++j) {
+      if (j + C::kStages - 1 < n_sub) issue(j + C::kStages - 1);
+      cp_commit();
+      cp_wait<C::kStages - 1>();
+      __syncwarp();
+      if (bad) break;
+      const uint32_t st = ring_s + (j % C::kStages) * C::kStage;
+      const int t0 = t_begin + 16 * j;
+      const bool tail = t0 + 16 > t_end;
+
+      float s[4];
+      qk(st, s);
+
+      // ---- online softmax over the 16 tokens (rows gid, gid+8) ---------------------------
+  #pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s[i] *= qk_scale;
+        if (tail) {
+          const int tok = t0 + gid + (i >= 2 ? 8 : 0);
+          if (tok >= t_end) s[i] = -INFINITY;
+        }
+      }
+      float tmax[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
+  #pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
+        tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
+      }
+      float alpha[2];
+  #pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float mn = fmaxf(mrun[c], tmax[c]);
+        alpha[c] = exp2f(mrun[c] - mn);
+        mrun[c] = mn;
+      }
+      const float p0 = exp2f(s[0] - mrun[0]), p1 = exp2f(s[1] - mrun[1]);
+      const float p2 = exp2f(s[2] - mrun[0]), p3 = exp2f(s[3] - mrun[1]);
+      lrun[0] = lrun[0] * alpha[0] + (p0 + p2);
+      lrun[1] = lrun[1] * alpha[1] + (p1 + p3);
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+  #pragma unroll
+        for (int m = 0; m < D / 16; ++m) {
+          acc[m][0] *= alpha[0];
+          acc[m][1] *= alpha[1];
+          acc[m][2] *= alpha[0];
+          acc[m][3] *= alpha[1];
+        }
+      }
+      const uint32_t pb0 = movtrans(pack2<kBf>(p0, p1));  // tokens 2tq, 2tq+1 of query gid
+      const uint32_t pb1 = movtrans(pack2<kBf>(p2, p3));  // tokens 2tq+8, 2tq+9
+
+      pv(st, t0, tail, pb0, pb1);
+      __syncwarp();
+    }
   }
   cp_wait<0>();
 
@@ -605,7 +741,7 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a) {
 
 template <int FMT, int D, int DEC>
 cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
-  using C = Cfg<FMT, D>;
+  using C = Cfg<FMT, D, DEC >= 3>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   static bool attr_set = false;  // benign race: setting it twice is harmless
   if (!attr_set) {
@@ -627,7 +763,7 @@ cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
 
 template <int FMT, int D, int DEC>
 int Occupancy() {
-  using C = Cfg<FMT, D>;
+  using C = Cfg<FMT, D, DEC >= 3>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   cudaFuncSetAttribute(DecodeKernel<FMT, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   int n = 0;
@@ -650,6 +786,15 @@ int Occupancy() {
     case 641: return FN<kNvfp4, 64, 1>(__VA_ARGS__);                          \
     case 1281: return FN<kNvfp4, 128, 1>(__VA_ARGS__);                        \
     case 2561: return FN<kNvfp4, 256, 1>(__VA_ARGS__);                        \
+    case 642: return FN<kNvfp4, 64, 2>(__VA_ARGS__);                          \
+    case 1282: return FN<kNvfp4, 128, 2>(__VA_ARGS__);                        \
+    case 2562: return FN<kNvfp4, 256, 2>(__VA_ARGS__);                        \
+    case 643: return FN<kNvfp4, 64, 3>(__VA_ARGS__);                          \
+    case 1283: return FN<kNvfp4, 128, 3>(__VA_ARGS__);                        \
+    case 2563: return FN<kNvfp4, 256, 3>(__VA_ARGS__);                        \
+    case 644: return FN<kNvfp4, 64, 4>(__VA_ARGS__);                          \
+    case 1284: return FN<kNvfp4, 128, 4>(__VA_ARGS__);                        \
+    case 2564: return FN<kNvfp4, 256, 4>(__VA_ARGS__);                        \
     case 10640: return FN<kFp8, 64, 0>(__VA_ARGS__);                          \
     case 11280: return FN<kFp8, 128, 0>(__VA_ARGS__);                         \
     case 20640: return FN<kBf16, 64, 0>(__VA_ARGS__);                         \

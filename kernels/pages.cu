@@ -2,8 +2,9 @@
 //
 // quantize_append: one thread per group of 16 values (one E4M3 block scale) of K or V.
 // It reads 32 contiguous bytes, runs the group rule of formats/nvfp4_math.h (the same
-// source the CPU codec compiles, with __fmul_rn/__fdiv_rn on the device), and writes 8
-// data bytes and 1 scale byte. Consecutive threads take consecutive groups of one token's
+// source the CPU codec compiles, with __fmul_rn/__fdiv_rn on the device) with the
+// per-value division replaced by an exact threshold test (QuantizeWithScaleNoDiv), and
+// writes 8 data bytes and 1 scale byte. Consecutive threads take consecutive groups of one token's
 // row, so loads and stores coalesce.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -12,6 +13,7 @@
 #include <cstdint>
 
 #include "formats/nvfp4_math.h"
+#include "kernels/e2m1_ladder.h"
 #include "kernels/internal.h"
 
 namespace kvtier::kernels::detail {
@@ -20,6 +22,55 @@ namespace {
 __device__ __forceinline__ float to_float(uint16_t x, bool fp16) {
   if (fp16) return __half2float(__ushort_as_half(x));
   return __uint_as_float(static_cast<uint32_t>(x) << 16);
+}
+
+// ---- Division-free group rule (kernels/e2m1_ladder.h explains why it is exact) -------
+// Same codes and (when kErr) the same error sum as nvfp4::QuantizeWithScale.
+template <bool kErr>
+__device__ __forceinline__ float QuantizeWithScaleNoDiv(const float* x, uint8_t sf, float kv_scale,
+                                                        uint8_t* codes) {
+  using namespace nvfp4;
+  const float s = kvt_mul(E4M3ToFloat(sf), kv_scale);
+  if (!LadderApplies(s)) return QuantizeWithScale(x, sf, kv_scale, codes);
+  const E2M1Ladder l = MakeLadder(s);
+  float err = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kGroupSize; ++i) {
+    const uint8_t q = LadderCode(l, x[i]);
+    codes[i] = q;
+    if constexpr (kErr) {
+      const float d = kvt_sub(kvt_mul(E2M1ToFloat(q), s), x[i]);
+      err = kvt_add(err, kvt_mul(d, d));
+    }
+  }
+  return err;
+}
+
+// nvfp4::QuantizeGroup with QuantizeWithScaleNoDiv in place of QuantizeWithScale.
+template <int RULE>
+__device__ __forceinline__ uint8_t QuantizeGroupNoDiv(const float* x, float kv_scale, uint8_t* packed) {
+  using namespace nvfp4;
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kGroupSize; ++i) amax = kvt_max(amax, kvt_abs(x[i]));
+  uint8_t sf = FloatToE4M3(kvt_div(kvt_div(amax, 6.0f), kv_scale));
+  uint8_t codes[kGroupSize];
+  const float err6 = QuantizeWithScaleNoDiv<RULE == 1>(x, sf, kv_scale, codes);
+  if constexpr (RULE == 1) {
+    const uint8_t sf4 = FloatToE4M3(kvt_div(kvt_div(amax, 4.0f), kv_scale));
+    uint8_t codes4[kGroupSize];
+    const float err4 = QuantizeWithScaleNoDiv<true>(x, sf4, kv_scale, codes4);
+    if (err4 < err6) {
+      sf = sf4;
+#pragma unroll
+      for (int i = 0; i < kGroupSize; ++i) codes[i] = codes4[i];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kGroupSize / 2; ++j) {
+    packed[j] = static_cast<uint8_t>((codes[2 * j] & 0xFu) | ((codes[2 * j + 1] & 0xFu) << 4));
+  }
+  return sf;
 }
 
 // RULE is a template constant so that, for max6, the squared-error sums that only 4over6
@@ -59,7 +110,7 @@ __global__ void __launch_bounds__(256) QuantizeKernel(const QuantizeLaunch a) {
   }
   const float gs = side == 0 ? a.k_scale_f : a.v_scale_f;
   uint8_t packed[8];
-  const uint8_t sf = nvfp4::QuantizeGroup(x, gs, static_cast<nvfp4::ScaleRule>(RULE), packed);
+  const uint8_t sf = QuantizeGroupNoDiv<RULE>(x, gs, packed);
   uint8_t* page = a.pool + static_cast<uint64_t>(slot) * a.slot_bytes + a.page_offset;
   const size_t row = static_cast<size_t>(h) * a.block_tokens + pos;
   uint8_t* data = page + (side == 0 ? a.k_data : a.v_data) + row * (a.head_dim / 2) + g * 8;

@@ -8,10 +8,11 @@ PKGS=(
   liburing-dev librocksdb-dev libxxhash-dev libboost-dev libzstd-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtomlplusplus-dev libhiredis-dev nlohmann-json3-dev libabsl-dev
+  redis-server redis-tools
   python3-numpy
   clang libclang-rt-14-dev
 )
-# Set KVTIER_DEPS_EXTRA="pkg ..." to add packages (e.g. redis-server for the remote tier).
+# Set KVTIER_DEPS_EXTRA="pkg ..." to add packages (e.g. a debugger).
 read -r -a EXTRA <<<"${KVTIER_DEPS_EXTRA:-}"
 PKGS+=("${EXTRA[@]}")
 

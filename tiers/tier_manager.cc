@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -28,6 +29,7 @@
 #include "tiers/host/host_pool.h"
 #include "tiers/nvme/nvme_store.h"
 #include "tiers/policy/policy.h"
+#include "tiers/remote/remote_tier.h"
 #include "tiers/test_point.h"
 
 namespace kvtier::tiers {
@@ -87,6 +89,17 @@ Status TierManagerOptions::Validate() const {
   }
   if (mover_batch == 0) return Status::Invalid("mover_batch is 0");
   if (!(host_to_hbm_gbps > 0) || !(nvme_read_gbps > 0)) return Status::Invalid("bandwidths must be > 0");
+  if (remote.enabled()) {
+    remote::ClusterOptions co;
+    co.nodes = remote.nodes;
+    co.connect_timeout_ms = remote.connect_timeout_ms;
+    co.command_timeout_ms = remote.command_timeout_ms;
+    co.pool_size = remote.pool_size;
+    Status s = co.Validate();
+    if (!s.ok()) return Status::Invalid("remote tier: " + s.message());
+    if (remote.batch == 0 || remote.batch > 1024) return Status::Invalid("remote tier: batch not in [1, 1024]");
+    if (!(remote.read_gbps > 0)) return Status::Invalid("remote tier: read_gbps must be > 0");
+  }
   return Status::Ok();
 }
 
@@ -117,6 +130,7 @@ struct Block {
   std::shared_ptr<Promotion> promo[2];
   uint32_t uses = 0;
   uint32_t holds = 0;  // held by a method walking several blocks: neither evicted nor erased
+  bool remote = false;  // fetched from, or queued for writing to, the remote tier
 };
 
 // The tier's eviction policy, counting its blocks per contract on the way (for the
@@ -177,6 +191,18 @@ struct AcquireCtx {
   size_t pending = 0;
 };
 
+struct RemoteFetch {  // an Acquire waiting for the remote tier
+  uint64_t contract = 0;
+  std::vector<Key128> keys;
+  Tier target = Tier::kNone;
+  TierManager::AcquireDone done;
+};
+struct RemoteWriteJob {  // a block's bytes, copied out of its host slot
+  uint64_t contract = 0;
+  Key128 key, parent;
+  std::vector<uint8_t> payload;
+};
+
 struct CopyJob {  // host <-> HBM
   Block* b;
   int dst_slot;
@@ -200,7 +226,8 @@ class TierManagerImpl final : public TierManager {
 
   uint64_t slot_bytes() const override { return opts_.slot_bytes; }
   bool has_tier(Tier t) const override {
-    return (t == Tier::kHbm && hbm_) || (t == Tier::kHost && host_) || (t == Tier::kNvme && nvme_);
+    return (t == Tier::kHbm && hbm_) || (t == Tier::kHost && host_) || (t == Tier::kNvme && nvme_) ||
+           (t == Tier::kRemote && remote_);
   }
   int host_arena_fd() const override { return host_->fd(); }
   uint64_t host_arena_bytes() const override { return host_->arena_bytes(); }
@@ -222,7 +249,7 @@ class TierManagerImpl final : public TierManager {
   Status FreeSlot(SlotRef slot) override;
   void Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) override;
   Status Evict(uint64_t contract_id, const Key128& key) override;
-  Status Flush() override;
+  Status Flush(Tier to) override;
   Status Reconfigure(const TierManagerOptions& opts) override;
   std::vector<TierStats> Stats() const override;
   void Drain() override;
@@ -283,9 +310,38 @@ class TierManagerImpl final : public TierManager {
   // Queues ctx's answer for the mover to deliver, or, with `now` (an acquire that finished
   // inside Acquire: nothing had to move), hands it to the caller to run after unlocking.
   void FinishAcquireLocked(const std::shared_ptr<AcquireCtx>& ctx, std::function<void()>* now = nullptr);
+  void AcquireLocal(uint64_t contract_id, std::span<const Key128> keys, Tier target, AcquireDone done);
+  size_t LocalPrefixLocked(uint64_t contract_id, std::span<const Key128> keys) {
+    size_t n = 0;
+    for (const Key128& k : keys) {
+      Block* b = FindLocked({contract_id, k});
+      if (!b || !CachedLocked(*b)) break;
+      ++n;
+    }
+    return n;
+  }
+  // Remote tier (docs/remote.md). The reader thread serves RemoteFetch jobs, the writer
+  // thread RemoteWriteJobs; both take rmu_ only (never mu_ while holding it).
+  void QueueRemoteWriteLocked(Block* b);
+  Status CommitImpl(uint64_t contract_id, SlotRef slot, const Key128& key, const Key128& parent, bool from_remote);
+  void RemoteReaderLoop();
+  void RemoteWriterLoop();
+  void FetchRemote(RemoteFetch& job);
+  std::unique_ptr<remote::RemoteTier> remote_;
+  std::mutex rmu_;
+  std::condition_variable rcv_, ridle_cv_;
+  std::deque<RemoteFetch> rfetch_;
+  std::deque<RemoteWriteJob> rwrite_;
+  uint64_t rwrite_bytes_ = 0;                   // guarded by rmu_
+  std::atomic<uint64_t> rwrite_dropped_{0};     // writes refused by a full queue
+  uint64_t remote_promotions_ = 0;              // guarded by mu_
+  int rbusy_ = 0;                               // guarded by rmu_
+  std::atomic<bool> rstop_{false};
+  std::thread rreader_, rwriter_;
   void KickLocked() { work_ = true; cv_.notify_all(); }
 
   void MoverLoop();
+  void DrainMover();
   bool HasWorkLocked() const {
     return work_ || !reads_.empty() || !writes_.empty() || !copies_.empty() || !deferred_.empty() ||
            !copy_done_.empty() || flush_req_ != nullptr;
@@ -294,7 +350,7 @@ class TierManagerImpl final : public TierManager {
   void RunWrites(std::vector<std::pair<Block*, bool>> batch);
   void RunCopies(std::vector<CopyJob> batch);
   void ApplyCopyDone(const CopyDoneMsg& m);
-  Status DoFlush();
+  Status DoFlush(Tier to);
 
   TierManagerOptions opts_;
   std::unique_ptr<HbmPool> hbm_;
@@ -329,6 +385,7 @@ class TierManagerImpl final : public TierManager {
   std::vector<Block*> space_wait_[2];       // promotions waiting for a demotion to free a slot
   bool work_ = false, stop_ = false, busy_step_ = false;
   std::promise<Status>* flush_req_ = nullptr;
+  Tier flush_to_ = Tier::kNvme;  // with flush_req_
   std::thread mover_;
 };
 
@@ -403,11 +460,31 @@ Status TierManagerImpl::Init() {
                nvme_ ? fmt::format("{} records under {} ({} blocks loaded)", nvme_->records_total(),
                                    opts_.nvme.dir, blocks_.size())
                      : std::string("absent"));
+  if (opts_.remote.enabled()) {
+    auto r = remote::RemoteTier::Open(opts_.remote);
+    if (!r.ok()) return r.status();
+    remote_ = std::move(r.value());
+    const char* w[] = {"off", "on-demote", "write-through"};
+    spdlog::info("kvtier tiers: remote Redis Cluster via {} ({} seeds, write {}, timeouts {}/{} ms)",
+                 opts_.remote.nodes[0], opts_.remote.nodes.size(), w[static_cast<int>(opts_.remote.write)],
+                 opts_.remote.connect_timeout_ms, opts_.remote.command_timeout_ms);
+    rreader_ = std::thread([this] { RemoteReaderLoop(); });
+    rwriter_ = std::thread([this] { RemoteWriterLoop(); });
+  }
   mover_ = std::thread([this] { MoverLoop(); });
   return Status::Ok();
 }
 
 TierManagerImpl::~TierManagerImpl() {
+  if (rreader_.joinable()) {
+    {
+      std::lock_guard<std::mutex> l(rmu_);
+      rstop_ = true;
+      rcv_.notify_all();
+    }
+    rreader_.join();
+    rwriter_.join();
+  }
   if (mover_.joinable()) {
     Drain();
     {
@@ -433,19 +510,19 @@ Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
 LookupResult TierManagerImpl::Lookup(uint64_t contract_id, std::span<const Key128> keys) {
   LookupResult r;
   r.tiers.reserve(keys.size());
-  std::lock_guard<std::mutex> l(mu_);
+  std::unique_lock<std::mutex> l(mu_);
   if (!contracts_.count(contract_id)) return r;
-  double host_bytes = 0, nvme_bytes = 0;
+  double host_bytes = 0, nvme_bytes = 0, remote_bytes = 0;
   // The probes of a long prefix are independent: on an index too big for the caches,
   // prefetching the table memory a few keys ahead overlaps their misses (1,000 lookups in
   // 1M blocks: 38.7 -> 32.3 us). On a small index the second hash costs more than it
   // saves (1,000 blocks: 7.5 -> 10.7 us), hence the size threshold (~8 MiB of table).
   constexpr size_t kAhead = 8;
-  const size_t n = keys.size();
+  const size_t nk = keys.size();
   const bool prefetch = blocks_.size() >= (size_t{1} << 18);
-  for (size_t i = 0; prefetch && i < std::min(n, kAhead); ++i) blocks_.prefetch(BlockId{contract_id, keys[i]});
-  for (size_t i = 0; i < n; ++i) {
-    if (prefetch && i + kAhead < n) blocks_.prefetch(BlockId{contract_id, keys[i + kAhead]});
+  for (size_t i = 0; prefetch && i < std::min(nk, kAhead); ++i) blocks_.prefetch(BlockId{contract_id, keys[i]});
+  for (size_t i = 0; i < nk; ++i) {
+    if (prefetch && i + kAhead < nk) blocks_.prefetch(BlockId{contract_id, keys[i + kAhead]});
     Block* b = FindLocked({contract_id, keys[i]});
     if (!b || !CachedLocked(*b)) break;
     Tier t = b->slot[kH] >= 0 ? Tier::kHbm : b->slot[kS] >= 0 ? Tier::kHost : Tier::kNvme;
@@ -456,7 +533,18 @@ LookupResult TierManagerImpl::Lookup(uint64_t contract_id, std::span<const Key12
   }
   const double h2d = c_[kH].write_gbps > 0 ? c_[kH].write_gbps : opts_.host_to_hbm_gbps;
   const double nv = c_[kN].read_gbps > 0 ? c_[kN].read_gbps : opts_.nvme_read_gbps;
-  r.est_seconds_to_hbm = host_bytes / (h2d * 1e9) + nvme_bytes / (nv * 1e9);
+  if (remote_ && r.hit_blocks < keys.size()) {
+    const uint64_t block = contracts_.at(contract_id).block_bytes();
+    l.unlock();  // network I/O, bounded by the remote command timeout
+    const size_t n = remote_->ExistsPrefix(contract_id, keys.subspan(r.hit_blocks));
+    for (size_t i = 0; i < n; ++i) r.tiers.push_back(Tier::kRemote);
+    r.hit_blocks += n;
+    remote_bytes = static_cast<double>(n * block);
+    host_bytes += remote_bytes;
+  }
+  double rg = remote_ ? remote_->stats().read_gbps : 0.0;
+  if (!(rg > 0)) rg = opts_.remote.read_gbps;
+  r.est_seconds_to_hbm = host_bytes / (h2d * 1e9) + nvme_bytes / (nv * 1e9) + remote_bytes / (rg * 1e9);
   return r;
 }
 
@@ -496,6 +584,7 @@ uint32_t TierManagerImpl::EvictCleanLocked(int t, uint32_t need) {
     if (!v) break;
     Block* b = FindLocked(*v);
     const bool below = t == kH ? b->slot[kS] >= 0 : t == kS ? b->nvme : false;
+    if (t == kS) QueueRemoteWriteLocked(b);
     DropCopyLocked(t, b, below);
     MaybeEraseLocked(b);
     ++freed;
@@ -545,6 +634,7 @@ bool TierManagerImpl::AdmitLocked(Block* b, bool force) {
 }
 
 void TierManagerImpl::EvictOneLocked(int t, Block* b, uint32_t* pending_out) {
+  if (t == kS) QueueRemoteWriteLocked(b);  // leaving host: its bytes are still there
   if (t == kN) {
     DropCopyLocked(kN, b, false);
     MaybeEraseLocked(b);
@@ -653,6 +743,11 @@ Status TierManagerImpl::AllocSlots(uint64_t contract_id, uint32_t n, Tier target
 }
 
 Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& key, const Key128& parent) {
+  return CommitImpl(contract_id, ref, key, parent, false);
+}
+
+Status TierManagerImpl::CommitImpl(uint64_t contract_id, SlotRef ref, const Key128& key, const Key128& parent,
+                                   bool from_remote) {
   if ((ref.tier != Tier::kHbm && ref.tier != Tier::kHost) || !has_tier(ref.tier)) {
     return Status::Invalid("Commit: bad tier");
   }
@@ -684,6 +779,8 @@ Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& 
   if (b->pins[t]++ == 0) ++pinned_[t];
   si = SlotInfo{SlotState::kBlock, b, 0};
   policy_[t]->Insert(id, BlockId{contract_id, b->parent});
+  if (from_remote) b->remote = true;  // never written back
+  if (t == kS && opts_.remote.write == remote::RemoteWrite::kWriteThrough) QueueRemoteWriteLocked(b);
   if (OverHighLocked(t)) KickLocked();
   return Status::Ok();
 }
@@ -846,6 +943,24 @@ void TierManagerImpl::FinishAcquireLocked(const std::shared_ptr<AcquireCtx>& ctx
 }
 
 void TierManagerImpl::Acquire(uint64_t contract_id, std::span<const Key128> keys, Tier target, AcquireDone done) {
+  if (remote_ && (target == Tier::kHbm || target == Tier::kHost) && has_tier(target)) {
+    bool go_remote = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      go_remote = contracts_.count(contract_id) && LocalPrefixLocked(contract_id, keys) < keys.size();
+    }
+    if (go_remote) {  // the remote thread fetches the rest, then runs the local acquire
+      std::lock_guard<std::mutex> l(rmu_);
+      rfetch_.push_back(RemoteFetch{contract_id, std::vector<Key128>(keys.begin(), keys.end()), target, std::move(done)});
+      rcv_.notify_all();
+      return;
+    }
+  }
+  AcquireLocal(contract_id, keys, target, std::move(done));
+}
+
+void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128> keys, Tier target,
+                                   AcquireDone done) {
   std::unique_lock<std::mutex> l(mu_);
   if ((target != Tier::kHbm && target != Tier::kHost) || !has_tier(target)) {
     deferred_.push_back([done = std::move(done), target] {
@@ -905,6 +1020,22 @@ void TierManagerImpl::Acquire(uint64_t contract_id, std::span<const Key128> keys
 
 void TierManagerImpl::Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) {
   if ((target != Tier::kHbm && target != Tier::kHost) || !has_tier(target)) return;
+  if (remote_) {  // past the local prefix: an acquire on the remote thread, unpinned when done
+    bool go_remote = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      go_remote = contracts_.count(contract_id) && LocalPrefixLocked(contract_id, keys) < keys.size();
+    }
+    if (go_remote) {
+      std::lock_guard<std::mutex> l(rmu_);
+      rfetch_.push_back(RemoteFetch{contract_id, std::vector<Key128>(keys.begin(), keys.end()), target,
+                                    [this](Status, std::vector<SlotRef> slots) {
+                                      for (const SlotRef& s : slots) (void)Unpin(s);
+                                    }});
+      rcv_.notify_all();
+      return;
+    }
+  }
   std::lock_guard<std::mutex> l(mu_);
   if (!contracts_.count(contract_id)) return;
   const int t = Idx(target);
@@ -952,7 +1083,8 @@ void TierManagerImpl::MoverLoop() {
     auto copies = std::exchange(copies_, {});
     auto writes = std::exchange(writes_, {});
     std::vector<Block*> reads;
-    const size_t nr = std::min<size_t>(reads_.size(), opts_.mover_batch);
+    const size_t per_batch = std::max<size_t>(opts_.mover_batch, (size_t{32} << 20) / std::max<uint64_t>(1, opts_.slot_bytes));
+    const size_t nr = std::min<size_t>(reads_.size(), per_batch);
     reads.assign(reads_.begin(), reads_.begin() + static_cast<long>(nr));
     reads_.erase(reads_.begin(), reads_.begin() + static_cast<long>(nr));
     if (!reads_.empty()) work_ = true;
@@ -962,7 +1094,7 @@ void TierManagerImpl::MoverLoop() {
     if (!copies.empty()) RunCopies(std::move(copies));
     if (!writes.empty()) RunWrites(std::move(writes));
     if (!reads.empty()) RunReads(std::move(reads));
-    if (fr) fr->set_value(DoFlush());
+    if (fr) fr->set_value(DoFlush(flush_to_));
     l.lock();
     busy_step_ = false;
     if (!HasWorkLocked() && copies_in_flight_ == 0) idle_cv_.notify_all();
@@ -970,6 +1102,22 @@ void TierManagerImpl::MoverLoop() {
 }
 
 void TierManagerImpl::Drain() {
+  // Remote work, then the mover, then remote work again (the mover's demotions queue
+  // remote writes; remote fetches end in local acquires).
+  if (remote_ && std::this_thread::get_id() != rreader_.get_id() && std::this_thread::get_id() != rwriter_.get_id() &&
+      std::this_thread::get_id() != mover_.get_id()) {
+    {
+      std::unique_lock<std::mutex> rl(rmu_);
+      ridle_cv_.wait(rl, [&] { return rfetch_.empty() && rwrite_.empty() && rbusy_ == 0; });
+    }
+    DrainMover();
+    std::unique_lock<std::mutex> rl(rmu_);
+    ridle_cv_.wait(rl, [&] { return rfetch_.empty() && rwrite_.empty() && rbusy_ == 0; });
+  }
+  DrainMover();
+}
+
+void TierManagerImpl::DrainMover() {
   std::unique_lock<std::mutex> l(mu_);
   if (std::this_thread::get_id() == mover_.get_id()) return;
   idle_cv_.wait(l, [&] { return !HasWorkLocked() && copies_in_flight_ == 0 && !busy_step_; });
@@ -989,10 +1137,12 @@ void TierManagerImpl::RunReads(std::vector<Block*> batch) {
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t bytes = 0;
   // Each block is finished as soon as it is read and verified, while the rest of the batch
-  // is still in flight: its waiters are pinned, and a host -> HBM copy it unblocks is
-  // launched at once (NVMe -> host -> HBM pipelines per block, not per batch).
+  // is still in flight: its waiters are pinned, and the host -> HBM copies it unblocks go
+  // out in groups of kReadCopyGroup (NVMe -> host -> HBM pipelines per few blocks, not per
+  // batch; a copy launch per block would cost the mover more than the copy).
+  constexpr size_t kReadCopyGroup = 8;
+  std::vector<CopyJob> pending_copies;
   (void)nvme_->ReadBatch(rd, [&](size_t i) {
-    std::vector<CopyJob> copies;
     {
       std::lock_guard<std::mutex> l(mu_);
       Block* b = batch[i];
@@ -1006,10 +1156,11 @@ void TierManagerImpl::RunReads(std::vector<Block*> batch) {
         b->nvme = false;
       }
       FinishPromotionLocked(b, kS, ok);
-      copies = std::exchange(copies_, {});
+      for (auto& c : std::exchange(copies_, {})) pending_copies.push_back(c);
     }
-    if (!copies.empty()) RunCopies(std::move(copies));
+    if (pending_copies.size() >= kReadCopyGroup) RunCopies(std::exchange(pending_copies, {}));
   });
+  if (!pending_copies.empty()) RunCopies(std::move(pending_copies));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> l(mu_);
   c_[kN].bytes_read += bytes;
@@ -1116,19 +1267,28 @@ void TierManagerImpl::RunCopies(std::vector<CopyJob> batch) {
       ++copies_in_flight_;
     }
   }
+  // Copies go out in groups of kCopyGroup blocks, each with its own completion: the mover
+  // finishes the promotions of one group (slot tables, policy, waiters) while the next
+  // groups are still on the wire, instead of after the whole batch.
+  constexpr size_t kCopyGroup = 128;
   for (int d = 0; d < 2; ++d) {
-    if (jobs[d].empty()) continue;
-    auto group = std::make_shared<std::vector<CopyJob>>(std::move(jobs[d]));
-    auto cb = [this, group](Status s) {
-      std::lock_guard<std::mutex> l(mu_);
-      for (const CopyJob& j : *group) {
-        copy_done_.push_back({j.b, j.dst_slot, j.to_hbm, j.demote, s});
-        --copies_in_flight_;
-      }
-      KickLocked();
-    };
-    Status st = hbm_->CopyBatch(items[d], d == 0, cb);
-    if (!st.ok()) cb(st);
+    for (size_t g = 0; g < jobs[d].size(); g += kCopyGroup) {
+      const size_t e = std::min(jobs[d].size(), g + kCopyGroup);
+      auto group = std::make_shared<std::vector<CopyJob>>(jobs[d].begin() + static_cast<long>(g),
+                                                          jobs[d].begin() + static_cast<long>(e));
+      std::vector<HbmPool::CopyItem> part(items[d].begin() + static_cast<long>(g),
+                                          items[d].begin() + static_cast<long>(e));
+      auto cb = [this, group](Status s) {
+        std::lock_guard<std::mutex> l(mu_);
+        for (const CopyJob& j : *group) {
+          copy_done_.push_back({j.b, j.dst_slot, j.to_hbm, j.demote, s});
+          --copies_in_flight_;
+        }
+        KickLocked();
+      };
+      Status st = hbm_->CopyBatch(part, d == 0, cb);
+      if (!st.ok()) cb(st);
+    }
   }
 }
 
@@ -1151,6 +1311,7 @@ void TierManagerImpl::ApplyCopyDone(const CopyDoneMsg& m) {
       slots_[kS][m.dst_slot] = SlotInfo{SlotState::kBlock, b, 0};
       policy_[kS]->Insert(b->id, BlockId{b->id.contract, b->parent});
       c_[kH].demotions_out++;
+      if (opts_.remote.write == remote::RemoteWrite::kWriteThrough) QueueRemoteWriteLocked(b);
     } else {
       PoolFree(kS, static_cast<uint32_t>(m.dst_slot));
     }
@@ -1168,10 +1329,11 @@ void TierManagerImpl::ApplyCopyDone(const CopyDoneMsg& m) {
 
 // ---- operator actions -----------------------------------------------------------------
 
-Status TierManagerImpl::Flush() {
+Status TierManagerImpl::Flush(Tier to) {
   if (std::this_thread::get_id() == mover_.get_id()) {
     return Status::Invalid("Flush from a TierManager callback would deadlock");
   }
+  if (to != Tier::kHost && to != Tier::kNvme) return Status::Invalid("flush: target must be host or nvme");
   std::promise<Status> p;
   auto f = p.get_future();
   {
@@ -1182,6 +1344,7 @@ Status TierManagerImpl::Flush() {
       mu_.lock();
     }
     flush_req_ = &p;
+    flush_to_ = to;
     KickLocked();
   }
   Status s = f.get();
@@ -1189,7 +1352,7 @@ Status TierManagerImpl::Flush() {
   return s;
 }
 
-Status TierManagerImpl::DoFlush() {
+Status TierManagerImpl::DoFlush(Tier to) {
   Status first;
   // HBM: blocks without a copy below go to host first (synchronous copies: operator path).
   if (hbm_) {
@@ -1231,6 +1394,7 @@ Status TierManagerImpl::DoFlush() {
       }
     }
   }
+  if (to == Tier::kHost) return first;
   if (!nvme_) return first.ok() ? Status::Unsupported("flush: no NVMe tier") : first;
   std::vector<std::pair<Block*, bool>> writes;
   {
@@ -1238,6 +1402,7 @@ Status TierManagerImpl::DoFlush() {
     for (auto& [id, up] : blocks_) {
       Block* b = up.get();
       if (!EvictableLocked(kS, *b)) continue;
+      QueueRemoteWriteLocked(b);
       if (b->nvme) {
         DropCopyLocked(kS, b, true);
         continue;
@@ -1274,6 +1439,10 @@ Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
       o.nvme.tier.capacity_bytes != opts_.nvme.tier.capacity_bytes || o.nvme.dir != opts_.nvme.dir ||
       o.cuda_device != opts_.cuda_device || o.nvme.queue_depth != opts_.nvme.queue_depth) {
     return Status::Invalid("Reconfigure: sizes, folders, device and queue depth cannot change at run time");
+  }
+  if (o.remote.nodes != opts_.remote.nodes || o.remote.connect_timeout_ms != opts_.remote.connect_timeout_ms ||
+      o.remote.command_timeout_ms != opts_.remote.command_timeout_ms || o.remote.pool_size != opts_.remote.pool_size) {
+    return Status::Invalid("Reconfigure: the remote tier's nodes, timeouts and pool cannot change at run time");
   }
   std::lock_guard<std::mutex> l(mu_);
   const PolicyKind old[3] = {opts_.hbm.policy, opts_.host.policy, opts_.nvme.tier.policy};
@@ -1318,6 +1487,23 @@ std::vector<TierStats> TierManagerImpl::Stats() const {
     s.read_gbps = c.read_gbps;
     s.write_gbps = c.write_gbps;
     if (t == kN && nvme_) s.checksum_failures = nvme_->Stats().checksum_failures;
+    out.push_back(s);
+  }
+  if (remote_) {
+    const remote::RemoteStats rs = remote_->stats();
+    TierStats s;
+    s.tier = Tier::kRemote;
+    s.present = true;
+    s.hits = rs.hits;
+    s.misses = rs.misses;
+    s.errors = rs.errors;
+    s.checksum_failures = rs.corrupt;
+    s.bytes_read = rs.bytes_read;
+    s.bytes_written = rs.bytes_written;
+    s.read_gbps = rs.read_gbps;
+    s.promotions_in = remote_promotions_;
+    s.demotions_out = rs.writes;
+    s.write_errors = rs.write_errors + rwrite_dropped_;
     out.push_back(s);
   }
   return out;
@@ -1512,6 +1698,114 @@ Status TierManagerImpl::EvictContract(uint64_t contract_id, uint64_t* evicted, u
   if (evicted) *evicted = ev;
   if (skipped) *skipped = sk;
   return Status::Ok();
+}
+
+
+// ---- the remote tier (docs/remote.md) ----------------------------------------------------
+
+// Copies the host copy of b into the write queue (the slot may be reused once b leaves
+// host, so the bytes are taken now, under mu_). Once per block; dropped and counted when
+// the queue is full.
+void TierManagerImpl::QueueRemoteWriteLocked(Block* b) {
+  if (!remote_ || opts_.remote.write == remote::RemoteWrite::kOff || b->remote || b->slot[kS] < 0) return;
+  b->remote = true;
+  std::lock_guard<std::mutex> l(rmu_);
+  if (rwrite_bytes_ + b->bytes > opts_.remote.write_queue_bytes) {
+    ++rwrite_dropped_;
+    return;
+  }
+  const uint8_t* p = host_->slot_ptr(static_cast<uint32_t>(b->slot[kS]));
+  rwrite_.push_back(RemoteWriteJob{b->id.contract, b->id.key, b->parent, std::vector<uint8_t>(p, p + b->bytes)});
+  rwrite_bytes_ += b->bytes;
+  rcv_.notify_all();
+}
+
+void TierManagerImpl::RemoteWriterLoop() {
+  std::unique_lock<std::mutex> l(rmu_);
+  while (true) {
+    rcv_.wait(l, [&] { return rstop_ || !rwrite_.empty(); });
+    if (rwrite_.empty()) break;  // stopping and nothing left
+    std::vector<RemoteWriteJob> batch;
+    while (!rwrite_.empty() && batch.size() < opts_.remote.batch) {
+      rwrite_bytes_ -= rwrite_.front().payload.size();
+      batch.push_back(std::move(rwrite_.front()));
+      rwrite_.pop_front();
+    }
+    ++rbusy_;
+    l.unlock();
+    std::vector<remote::PutItem> items;
+    for (const auto& j : batch) items.push_back({j.contract, j.key, j.parent, j.payload});
+    const size_t ok = remote_->PutBatch(items);
+    if (ok < items.size()) spdlog::debug("remote tier: {} of {} writes failed", items.size() - ok, items.size());
+    l.lock();
+    --rbusy_;
+    if (rfetch_.empty() && rwrite_.empty() && rbusy_ == 0) ridle_cv_.notify_all();
+  }
+}
+
+void TierManagerImpl::RemoteReaderLoop() {
+  std::unique_lock<std::mutex> l(rmu_);
+  while (true) {
+    rcv_.wait(l, [&] { return rstop_ || !rfetch_.empty(); });
+    if (rfetch_.empty()) break;
+    RemoteFetch job = std::move(rfetch_.front());
+    rfetch_.pop_front();
+    ++rbusy_;
+    l.unlock();
+    if (!rstop_) FetchRemote(job);
+    AcquireLocal(job.contract, job.keys, job.target, std::move(job.done));
+    l.lock();
+    --rbusy_;
+    if (rfetch_.empty() && rwrite_.empty() && rbusy_ == 0) ridle_cv_.notify_all();
+  }
+}
+
+// Fetches the keys past the local prefix, in pipelined batches, each verified straight
+// into a host slot and committed there (unpinned: the local acquire that follows pins
+// it). Stops at the first block the remote tier does not hand back intact.
+void TierManagerImpl::FetchRemote(RemoteFetch& job) {
+  size_t next = 0;
+  uint64_t block = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = contracts_.find(job.contract);
+    if (it == contracts_.end()) return;
+    block = it->second.block_bytes();
+    next = LocalPrefixLocked(job.contract, job.keys);
+  }
+  while (next < job.keys.size()) {
+    const uint32_t n = static_cast<uint32_t>(std::min<size_t>(opts_.remote.batch, job.keys.size() - next));
+    std::vector<SlotRef> slots;
+    if (!AllocSlots(job.contract, n, Tier::kHost, &slots).ok()) {
+      slots.clear();
+      if (!AllocSlots(job.contract, 1, Tier::kHost, &slots).ok()) return;  // host full of pinned blocks
+    }
+    std::vector<remote::GetItem> items(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      items[i].contract_id = job.contract;
+      items[i].key = job.keys[next + i];
+      items[i].out = std::span<uint8_t>(host_->slot_ptr(slots[i].slot), block);
+    }
+    remote_->GetBatch(items);
+    size_t good = 0;
+    while (good < items.size() && items[good].status.ok()) ++good;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i >= good) {
+        (void)FreeSlot(slots[i]);
+        continue;
+      }
+      const Key128& key = items[i].key;
+      if (CommitImpl(job.contract, slots[i], key, items[i].parent, true).ok()) {
+        (void)Unpin(slots[i]);
+        std::lock_guard<std::mutex> l(mu_);
+        ++remote_promotions_;
+      } else {
+        (void)FreeSlot(slots[i]);
+      }
+    }
+    if (good < items.size()) return;
+    next += good;
+  }
 }
 
 }  // namespace kvtier::tiers

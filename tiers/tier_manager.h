@@ -30,6 +30,7 @@
 #include "formats/contract.h"
 #include "formats/keys.h"
 #include "formats/status.h"
+#include "tiers/remote/remote_options.h"
 
 namespace kvtier::tiers {
 
@@ -66,12 +67,16 @@ struct TierManagerOptions {
   int cuda_device = 0;            // Default: 0
   TierOptions host;               // required (>= 1 slot): NVMe reads land in host slots
   NvmeOptions nvme;
-  // Batching of the mover: most NVMe reads per io_uring batch (smaller batches let the
-  // host->HBM copy of one batch overlap the NVMe read of the next). Default: 64
+  // Batching of the mover: NVMe reads per io_uring batch, at least mover_batch blocks and
+  // at least 32 MiB of slots (small blocks need more reads in flight to keep the disk
+  // busy; the copies to HBM start per block as reads complete). Default: 64
   uint32_t mover_batch = 64;
   // Bandwidths used for LookupResult::est_seconds_to_hbm until measured. Default: 50, 2
   double host_to_hbm_gbps = 50.0;
   double nvme_read_gbps = 2.0;
+  // The remote tier (a Redis Cluster shared by a fleet, docs/remote.md), below NVMe.
+  // Disabled while remote.nodes is empty. Default: disabled
+  remote::RemoteOptions remote;
 
   Status Validate() const;
 };
@@ -98,6 +103,9 @@ struct TierStats {
   uint64_t bytes_read = 0, bytes_written = 0, checksum_failures = 0;
   uint64_t evictions_demoted = 0, evictions_dropped = 0, admission_rejects = 0;
   double read_gbps = 0.0, write_gbps = 0.0;  // measured (or configured) bandwidth
+  // Remote tier only: node down/slow (IoError) answers, and writes dropped or failed.
+  // Its corrupt values are counted in checksum_failures.
+  uint64_t errors = 0, write_errors = 0;
 };
 
 // Operator views (kvtierctl): one registered contract and what it holds per tier.
@@ -154,14 +162,19 @@ class TierManager {
   virtual Status RegisterContract(const ScaleContract& c) = 0;
   virtual bool HasContract(uint64_t contract_id) const = 0;
 
-  // Longest cached prefix of `keys` and where each block lives. No I/O.
+  // Longest cached prefix of `keys` and where each block lives. No local I/O; with a
+  // remote tier, the keys past the local prefix are asked of it (one pipelined EXISTS
+  // batch, bounded by its command timeout) and reported as Tier::kRemote.
   virtual LookupResult Lookup(uint64_t contract_id, std::span<const Key128> keys) = 0;
 
   // Promotes the longest cached prefix of `keys` into `target` (kHbm, or kHost for
   // clients without a GPU) and pins each block there. `done` gets the pinned slots of the
   // prefix (possibly shorter than keys: a block lost on the way ends the prefix).
-  // Concurrent acquires of the same block share one promotion. When nothing has to move,
-  // `done` runs inline, before Acquire returns (see Threading above).
+  // Concurrent acquires of the same block share one promotion. With a remote tier, the
+  // keys past the local prefix are first fetched from it (verified, then committed to
+  // host) on the remote thread; a remote miss, error or corrupt value ends the prefix.
+  // When nothing has to move (and nothing is fetched), `done` runs inline, before Acquire
+  // returns (see Threading above).
   using AcquireDone = std::function<void(Status, std::vector<SlotRef>)>;
   virtual void Acquire(uint64_t contract_id, std::span<const Key128> keys, Tier target,
                        AcquireDone done) = 0;
@@ -179,15 +192,18 @@ class TierManager {
   virtual Status Unpin(SlotRef slot) = 0;
   virtual Status FreeSlot(SlotRef slot) = 0;
 
-  // Starts promotion of the cached prefix of keys into target; returns at once.
+  // Starts promotion of the cached prefix of keys into target; returns at once. With a
+  // remote tier, keys past the local prefix are fetched from it as by Acquire.
   virtual void Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) = 0;
 
   // Operator actions.
   virtual Status Evict(uint64_t contract_id, const Key128& key) = 0;
   // Demotes every unpinned block of HBM and host to NVMe (bypassing admission, within the
-  // write budget) and returns when done. An operator action: it blocks its caller, and
-  // must not be called from a completion callback (Invalid if it is).
-  virtual Status Flush() = 0;
+  // write budget) and returns when done. With to = Tier::kHost only HBM is emptied (its
+  // blocks go to host; host and NVMe are left as they are). An operator action: it blocks
+  // its caller, and must not be called from a completion callback (Invalid if it is).
+  // Invalid for to = Tier::kHbm.
+  virtual Status Flush(Tier to = Tier::kNvme) = 0;
   // Applies new eviction/admission settings (sizes and folders cannot change).
   virtual Status Reconfigure(const TierManagerOptions& opts) = 0;
 

@@ -88,6 +88,26 @@ class PythonClientTest(unittest.TestCase):
             stats = {s.tier: s for s in c.stats()}
             self.assertEqual(stats["host"].blocks, 6)
             self.assertEqual(stats["host"].slots_total, 64)
+            # key_chain_array: the same keys without a per-key Python loop; its slices
+            # go to lookup/acquire as they are.
+            arr = kvtier.key_chain_array(cid, tokens + list(range(50)), 16)
+            self.assertEqual(list(arr), longer)
+            self.assertEqual(list(arr[2:5]), longer[2:5])
+            self.assertEqual(c.lookup(cid, arr).hit_blocks, 6)
+            self.assertEqual(c.lookup(cid, arr[:3]).hit_blocks, 3)
+            # Operator flushes: to host is a no-op without HBM; to NVMe moves them all.
+            c.flush("host")
+            self.assertEqual(c.lookup(cid, keys).tiers, ["host"] * 6)
+            c.flush("nvme")
+            self.assertEqual(c.lookup(cid, keys).tiers, ["nvme"] * 6)
+            with self.assertRaises(ValueError):
+                c.flush("hbm")
+            got = c.acquire(cid, keys, "host")  # back from NVMe, byte for byte
+            for i, s in enumerate(got.slots):
+                self.assertEqual(bytes(c.host_slot(s)[:576]), bytes([i + 1]) * 576)
+            c.release(got)
+            self.assertEqual(c.evict_contract(cid), (6, 0))
+            self.assertEqual(c.lookup(cid, keys).hit_blocks, 0)
 
     def test_errors(self):
         with kvtier.Client(self.sock) as c:

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "formats/nvfp4.h"
+#include "kernels/e2m1_ladder.h"
 #include "kernels/reference.h"
 
 namespace kvtier::kernels {
@@ -150,6 +151,51 @@ TEST(PageValue, Fp8UsesScale) {
   const PageLayout pl = MakePageLayout(KvFormat::kFp8, g);
   p.hp.Page(0, 0)[pl.v_data + 5 * 64 + 3] = 0x38;  // 1.0
   EXPECT_DOUBLE_EQ(PageValue(p.hp, 0, 0, 1, 0, 5, 3, 0.25f), 0.25);
+}
+
+// The division-free E2M1 rounding of quantize_append (kernels/e2m1_ladder.h) against the
+// codec's own x / s rounding: random values, and values within a few ulps of every
+// threshold product t*s and of every rounding midpoint (t +- ulp(t)/2)*s, both signs,
+// scales over the whole range the ladder is used for.
+TEST(E2M1Ladder, EqualsCodecDivisionAtEveryBoundary) {
+  std::mt19937_64 rng(std::random_device{}());
+  const float ts[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  auto bits = [](float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; };
+  auto from = [](uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; };
+  int64_t checked = 0, boundary = 0;
+  for (int it = 0; it < 400000; ++it) {
+    const uint8_t sf = static_cast<uint8_t>(1 + rng() % 0x7E);
+    float kv = std::ldexp(1.0f + static_cast<float>(rng() % 1000000) / 1e6f, static_cast<int>(rng() % 140) - 70);
+    if (rng() % 4 == 0) kv = std::ldexp(1.0f, static_cast<int>(rng() % 140) - 70);
+    const float s = nvfp4::E4M3ToFloat(sf) * kv;
+    if (!LadderApplies(s)) continue;
+    const E2M1Ladder l = MakeLadder(s);
+    for (int k = 0; k < 16; ++k) {
+      float x;
+      const int mode = static_cast<int>(rng() % 3);
+      if (mode == 0) {
+        x = static_cast<float>(static_cast<int64_t>(rng() % 1400001) - 700000) / 1e5f * s;
+      } else {
+        const float t = ts[rng() % 7];
+        double m = static_cast<double>(t) * s;
+        if (mode == 2) {
+          const double u = std::ldexp(1.0, std::ilogb(t) - 23);
+          m = (rng() % 2 ? t + u / 2 : t - u / 2) * static_cast<double>(s);
+        }
+        x = from(bits(static_cast<float>(m)) + static_cast<uint32_t>(static_cast<int>(rng() % 9) - 4));
+        if (rng() % 2) x = -x;
+        ++boundary;
+      }
+      const uint8_t want = nvfp4::FloatToE2M1(x / s);
+      ASSERT_EQ(LadderCode(l, x), want) << "x=" << x << " s=" << s;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 4000000);
+  EXPECT_GT(boundary, 2000000);
+  EXPECT_FALSE(LadderApplies(0.0f));
+  EXPECT_FALSE(LadderApplies(-1.0f));
+  EXPECT_FALSE(LadderApplies(0x1p-90f));
 }
 
 }  // namespace

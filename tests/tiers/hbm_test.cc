@@ -223,6 +223,44 @@ TEST_F(HbmTierManager, PromotesFromNvmeIntoHbmExactly) {
   for (auto s : slots) ASSERT_TRUE(tm_->Unpin(s).ok());
 }
 
+// Flush(kHost) empties HBM into host and stops there (the torch engine's
+// --evict-between-turns host); Flush(kNvme) then takes them on to NVMe only.
+TEST_F(HbmTierManager, FlushToHostStopsAtHost) {
+  SKIP_WITHOUT_GPU();
+  OpenTm();
+  const size_t n = c_.block_bytes();
+  for (uint64_t i = 0; i < 4; ++i) {
+    std::vector<SlotRef> s;
+    ASSERT_TRUE(tm_->AllocSlots(cid_, 1, Tier::kHost, &s).ok());
+    testing::Fill(arena_ + uint64_t{s[0].slot} * slot_, n, i);
+    ASSERT_TRUE(tm_->Commit(cid_, s[0], K(i), i ? K(i - 1) : Key128{}).ok());
+    ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+  }
+  auto slots = AcquireSync(Keys(0, 4), Tier::kHbm);  // now in HBM (and host)
+  ASSERT_EQ(slots.size(), 4u);
+  for (auto s : slots) ASSERT_TRUE(tm_->Unpin(s).ok());
+  EXPECT_TRUE(tm_->Flush(Tier::kHbm).IsInvalid());
+  ASSERT_TRUE(tm_->Flush(Tier::kHost).ok());
+  for (uint64_t i = 0; i < 4; ++i) {
+    auto info = tm_->InspectBlock(cid_, K(i));
+    ASSERT_TRUE(info.ok());
+    EXPECT_LT(info->hbm_slot, 0) << i;
+    EXPECT_GE(info->host_slot, 0) << i;
+    EXPECT_FALSE(info->in_nvme) << i;
+  }
+  ASSERT_TRUE(tm_->Flush(Tier::kNvme).ok());
+  for (uint64_t i = 0; i < 4; ++i) {
+    auto info = tm_->InspectBlock(cid_, K(i));
+    ASSERT_TRUE(info.ok());
+    EXPECT_LT(info->host_slot, 0) << i;
+    EXPECT_TRUE(info->in_nvme) << i;
+  }
+  slots = AcquireSync(Keys(0, 4), Tier::kHbm);
+  ASSERT_EQ(slots.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(DeviceMatches(Hbm(slots[i]), n, i)) << "block " << i;
+  for (auto s : slots) ASSERT_TRUE(tm_->Unpin(s).ok());
+}
+
 // Blocks written straight into HBM slots, then pushed out by the watermark: HBM -> host
 // by DMA (and on to NVMe); they come back byte-exact in host.
 TEST_F(HbmTierManager, DemotesFromHbmUnderPressure) {

@@ -98,6 +98,14 @@ TEST_F(TierManagerOps, ContractsListAndInspect) {
   EXPECT_FALSE(info->in_nvme);
   EXPECT_TRUE(tm_->InspectBlock(cid_, K(99)).status().IsNotFound());
 
+  // Flush down to host only: nothing here is in HBM, so nothing moves.
+  ASSERT_TRUE(tm_->Flush(Tier::kHost).ok());
+  EXPECT_TRUE(tm_->Flush(Tier::kHbm).IsInvalid());
+  info = tm_->InspectBlock(cid_, K(4));
+  ASSERT_TRUE(info.ok());
+  EXPECT_GE(info->host_slot, 0);
+  EXPECT_FALSE(info->in_nvme);
+
   ASSERT_TRUE(tm_->Flush().ok());
   info = tm_->InspectBlock(cid_, K(4));
   ASSERT_TRUE(info.ok());

@@ -560,6 +560,15 @@ TEST(AdminRequestValidation, EveryFieldChecked) {
   wire::AdminRequest f;
   f.action = static_cast<uint16_t>(wire::AdminAction::kFlush);
   EXPECT_TRUE(wire::ValidateAdminRequest(f).ok());
+  f.tier = wire::kTierHost;  // flush --to host
+  EXPECT_TRUE(wire::ValidateAdminRequest(f).ok());
+  f.tier = wire::kTierNvme;
+  EXPECT_TRUE(wire::ValidateAdminRequest(f).ok());
+  f.tier = wire::kTierHbm;  // nothing is flushed "to HBM"
+  EXPECT_FALSE(wire::ValidateAdminRequest(f).ok());
+  f.tier = 7;
+  EXPECT_FALSE(wire::ValidateAdminRequest(f).ok());
+  f.tier = wire::kTierNone;
   f.offset = 1;
   EXPECT_FALSE(wire::ValidateAdminRequest(f).ok());
   wire::AdminRequest i;

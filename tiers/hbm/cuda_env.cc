@@ -28,7 +28,8 @@ std::string DeviceName(int dev) {
 }
 
 Status HostRegister(void* ptr, size_t bytes) {
-  cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+  // Mapped: the HBM pool's gather kernel reads host slots directly (hbm/gather.cu).
+  cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
   if (e != cudaSuccess) {
     cudaGetLastError();
     return Status::IoError(std::string("cudaHostRegister: ") + cudaGetErrorString(e));

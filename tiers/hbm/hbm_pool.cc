@@ -1,11 +1,14 @@
 #include "tiers/hbm/hbm_pool.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #if KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "tiers/hbm/gather.h"
 #endif
 
 namespace kvtier::tiers {
@@ -95,6 +98,15 @@ StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), "stream"));
   p->d2h_ = b;
   p->alloc_.Reset(opts.slots);
+  // KVTIER_HBM_COPY=loop: one cudaMemcpyAsync per block, or per coalesced run of neighbouring
+  // slots (the benchmark's comparison).
+  const char* env = std::getenv("KVTIER_HBM_COPY");
+  const std::string mode = env != nullptr ? env : "kernel";
+  int host_ptr_ok = 0;
+  cudaDeviceGetAttribute(&host_ptr_ok, cudaDevAttrCanUseHostPointerForRegisteredMem, opts.device);
+  cudaGetLastError();
+  p->gather_kernel_.store(mode == "kernel" && host_ptr_ok == 1);
+  p->batch_api_.store(mode != "loop");
   return p;
 }
 
@@ -156,7 +168,71 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
   }
   cudaSetDevice(opts_.device);
   auto s = static_cast<cudaStream_t>(to_device ? h2d_ : d2h_);
-  for (const CopyRun& it : CoalesceCopies(items, opts_.slot_bytes)) {
+  const char* what = to_device ? "cudaMemcpyAsync H2D" : "cudaMemcpyAsync D2H";
+  bool queued = false;
+  if (to_device && gather_kernel_.load(std::memory_order_relaxed)) {
+    // SM loads straight from the (mapped) host slots: no per-block DMA setup.
+    auto args = std::make_unique<detail::GatherArgs>();
+    args->dst_base = base_;
+    args->slot_bytes = opts_.slot_bytes;
+    const uint32_t chunk = detail::GatherChunkBytes();
+    cudaError_t e = cudaSuccess;
+    for (size_t i = 0; i < items.size() && e == cudaSuccess; i += detail::kMaxGatherItems) {
+      const size_t n = std::min<size_t>(items.size() - i, detail::kMaxGatherItems);
+      uint64_t max_bytes = 0;
+      for (size_t j = 0; j < n; ++j) {
+        const auto& it = items[i + j];
+        args->items[j] = {static_cast<const uint8_t*>(it.host), it.slot, static_cast<uint32_t>(it.bytes)};
+        max_bytes = std::max<uint64_t>(max_bytes, it.bytes);
+      }
+      args->n = static_cast<uint32_t>(n);
+      args->chunks_per_item = static_cast<uint32_t>(std::max<uint64_t>(1, (max_bytes + chunk - 1) / chunk));
+      e = detail::LaunchGather(*args, s);
+    }
+    if (e == cudaSuccess) {
+      queued = true;
+    } else if (e == cudaErrorInvalidValue || e == cudaErrorInvalidConfiguration ||
+               e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction) {
+      // A launch was refused (nothing of it ran): copy engines from now on. Launches of
+      // this batch already queued rewrite the same bytes; harmless.
+      cudaGetLastError();
+      gather_kernel_.store(false, std::memory_order_relaxed);
+    } else {
+      cudaStreamSynchronize(s);
+      return CudaErr(e, "hbm gather kernel");
+    }
+  }
+  // The copy-engine paths move coalesced runs (CoalesceCopies): neighbouring slots whose
+  // host buffers are neighbours too go as one copy.
+  const std::vector<CopyRun> runs = queued ? std::vector<CopyRun>{} : CoalesceCopies(items, opts_.slot_bytes);
+  if (!queued && runs.size() > 1 && batch_api_.load(std::memory_order_relaxed)) {
+    // One driver call for the whole batch (CUDA 12.8+): the per-call cost of
+    // cudaMemcpyAsync (a few microseconds) is as long as the DMA of a 144 KiB block, so a
+    // loop of them leaves the copy engine idle between blocks.
+    std::vector<void*> dst(runs.size());
+    std::vector<const void*> src(runs.size());
+    std::vector<size_t> len(runs.size());
+    for (size_t i = 0; i < runs.size(); ++i) {
+      void* dev = slot_ptr(runs[i].slot);
+      dst[i] = to_device ? dev : runs[i].host;
+      src[i] = to_device ? static_cast<const void*>(runs[i].host) : dev;
+      len[i] = runs[i].bytes;
+    }
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t attr_idx = 0;
+    const cudaError_t e =
+        cudaMemcpyBatchAsync(dst.data(), src.data(), len.data(), runs.size(), &attr, &attr_idx, 1, s);
+    if (e == cudaSuccess) {
+      queued = true;
+    } else {
+      // Unsupported here (older driver, ...): nothing was queued; use the loop from now on.
+      cudaGetLastError();
+      batch_api_.store(false, std::memory_order_relaxed);
+    }
+  }
+  for (size_t i = 0; !queued && i < runs.size(); ++i) {
+    const auto& it = runs[i];
     const cudaError_t e = to_device
         ? cudaMemcpyAsync(slot_ptr(it.slot), it.host, it.bytes, cudaMemcpyHostToDevice, s)
         : cudaMemcpyAsync(it.host, slot_ptr(it.slot), it.bytes, cudaMemcpyDeviceToHost, s);
@@ -164,7 +240,7 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
       // Copies already queued finish on their own; wait for them so that the caller may
       // reuse the buffers once it has the error.
       cudaStreamSynchronize(s);
-      return CudaErr(e, to_device ? "cudaMemcpyAsync H2D" : "cudaMemcpyAsync D2H");
+      return CudaErr(e, what);
     }
   }
   auto* c = new HostFnCtx{std::move(done)};

@@ -12,6 +12,7 @@
 // Unsupported and the TierManager runs without an HBM tier.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -70,10 +71,11 @@ class HbmPool {
     void* host;
     uint64_t bytes;
   };
-  // Adjacent slots whose host buffers are adjacent too are copied as one cudaMemcpyAsync
-  // (CoalesceCopies): each copy on a stream costs a few microseconds of DMA setup, which
-  // for 1.4 MiB blocks is ~20% of the link (H200: 0.80 of one cudaMemcpy, one copy per
-  // block).
+  // On the copy-engine paths (cudaMemcpyBatchAsync, the loop; D2H always), adjacent slots
+  // whose host buffers are adjacent too are copied as one copy (CoalesceCopies): each copy
+  // on a stream costs a few microseconds of DMA setup, ~13% of the link for 1.4 MiB blocks
+  // (H200, loop: 0.86 of one cudaMemcpy one copy per block, 0.91-0.97 coalesced). The
+  // gather kernel (the default H2D path) takes the items as they are.
   Status CopyBatch(const std::vector<CopyItem>& items, bool to_device, CopyDone done);
   // One copy of a coalesced batch: `bytes` from host to slot `slot` onwards (or back).
   struct CopyRun {
@@ -97,6 +99,11 @@ class HbmPool {
   void* d2h_ = nullptr;  // cudaStream_t
   mutable std::mutex mu_;
   SlotAllocator alloc_;
+  // How CopyBatch moves host -> HBM batches: the gather kernel (hbm/gather.cu; needs host
+  // pointers usable on the device), cudaMemcpyBatchAsync, or one cudaMemcpyAsync per
+  // block. KVTIER_HBM_COPY=kernel|batch|loop picks one (benchmarks); default kernel.
+  std::atomic<bool> gather_kernel_{true};
+  std::atomic<bool> batch_api_{true};
 };
 
 }  // namespace kvtier::tiers

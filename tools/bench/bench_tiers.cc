@@ -308,9 +308,10 @@ int Run(const std::vector<std::string>& argv) {
       for (auto s : got) (void)tm.Unpin(s);
       if (Status st = tm.Flush(); !st.ok()) return cli::Fail("flush: " + st.ToString());
     }
-    // The copy path alone, HbmPool::CopyBatch of the same bytes from a registered host
+    // The copy-engine path alone (KVTIER_HBM_COPY=loop for this pool: the default gather
+    // kernel does not coalesce), HbmPool::CopyBatch of the same bytes from a registered host
     // arena: blocks in neighbouring slots (coalesced into one copy) and in every other
-    // slot (nothing coalesces: one cudaMemcpyAsync per block, the path before coalescing).
+    // slot (nothing coalesces: one cudaMemcpyAsync per block).
     std::vector<double> cb_run, cb_apart;
     {
       HostPoolOptions hpo;
@@ -320,7 +321,12 @@ int Run(const std::vector<std::string>& argv) {
       dpo.slot_bytes = slot;
       dpo.slots = 2 * nblocks;
       auto hp = HostPool::Create(hpo);
+      const char* mode = std::getenv("KVTIER_HBM_COPY");
+      const std::string saved = mode ? mode : "";
+      ::setenv("KVTIER_HBM_COPY", "loop", 1);
       auto dp = HbmPool::Create(dpo);
+      if (mode) ::setenv("KVTIER_HBM_COPY", saved.c_str(), 1);
+      else ::unsetenv("KVTIER_HBM_COPY");
       if (!hp.ok() || !dp.ok()) return cli::Fail("bench tiers: pools for the CopyBatch rows failed");
       for (uint32_t stride : {1u, 2u}) {
         std::vector<HbmPool::CopyItem> items;
@@ -338,9 +344,9 @@ int Run(const std::vector<std::string>& argv) {
     const double h2d_gbps = gb / Median(h2d);
     const double slower = std::min(Median(tm_r), h2d_gbps);
     row("one cudaMemcpy from pinned memory (baseline)", base_h2d, 1.0, "");
-    row("HbmPool::CopyBatch, blocks in every other slot (one copy per block)", gb / Median(cb_apart),
+    row("HbmPool::CopyBatch, copy engine, blocks in every other slot (one copy per block)", gb / Median(cb_apart),
         gb / Median(cb_apart) / base_h2d, "");
-    row("HbmPool::CopyBatch, blocks in neighbouring slots (coalesced)", gb / Median(cb_run),
+    row("HbmPool::CopyBatch, copy engine, blocks in neighbouring slots (coalesced)", gb / Median(cb_run),
         gb / Median(cb_run) / base_h2d, "");
     row("TierManager Acquire, host -> HBM (batch)", h2d_gbps, h2d_gbps / base_h2d, ">= 0.90");
     row("TierManager Acquire, NVMe -> host -> HBM (pipelined; ratio to the slower stage)", gb / Median(n2d),

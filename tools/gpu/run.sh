@@ -12,8 +12,8 @@ for a in "$@"; do
     --quick) QUICK="--quick" ;;
     --no-bench) BENCH=0 ;;
     --no-tests) TESTS=0 ;;
-    --profile) PROFILE=1 ;;  # ncu + SASS of the decode kernels into $OUT/profile.txt
-    --compare) COMPARE=1 ;;  # time both NVFP4 decode variants (shift / cvt)
+    --profile) PROFILE=1 ;;  # ncu of decode (nvfp4, fp8) and quantize + SASS into $OUT/profile.txt
+    --compare) COMPARE=1 ;;  # time the NVFP4 decode variants ($COMPARE_VARIANTS, default shift prmt32 prmt32x)
   esac
 done
 REPO=$(pwd)
@@ -63,6 +63,11 @@ if [ "$PROFILE" = 1 ]; then
           --formats $F --shapes 16x8192 --block-tokens 16 --iters 2 --no-sdpa 2>&1 \
         | grep -v "^==PROF==" | sed -n '/DecodeKernel/,$p'
     done
+    echo "== ncu: quantize_append max6 (kvtier-bench decode --quick: N=8192, H=8, D=128)"
+    ncu --clock-control none -k regex:QuantizeKernel --launch-count 1 \
+      --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+      "$BUILD/bin/kvtier-bench" decode --quick --formats nvfp4 --shapes 16x8192 --block-tokens 16 \
+        --results /tmp/prof_results.md 2>&1 | grep -v "^==PROF==" | sed -n '/QuantizeKernel/,$p'
     echo "== SASS of DecodeKernel<nvfp4, 128>"
     cuobjdump --dump-sass "$BUILD/lib/libkvtier_kernels.so" | awk '/Function :/ {p = ($0 ~ /DecodeKernelILi0ELi128/)} p'
   } > "$OUT/profile.txt" 2>&1
@@ -73,16 +78,17 @@ fi
 [ "$TESTS" = 1 ] && { ctest --test-dir "$SRC_BUILD" -L gpu -j 8 --output-on-failure --timeout 900 \
   --output-junit "$OUT/ctest_gpu.xml" > "$OUT/ctest_gpu.log" 2>&1 || RC=1
   grep -E "tests passed|\(Failed\)|Not Run|SKIP" "$OUT/ctest_gpu.log" | tail -n 40; }
-# The NVFP4 decode tests once more with the other E2M1 decode variant.
-[ "$TESTS" = 1 ] && { echo "== NVFP4 decode tests again with KVTIER_NVFP4_DECODE=cvt"
-  for V in cvt; do
+# The NVFP4 decode tests once more with the other E2M1 decode variants in $NVFP4_RETEST
+# (default "shift prmt32"; the default variant, prmt32x, ran above).
+[ "$TESTS" = 1 ] && { echo "== NVFP4 decode tests again with KVTIER_NVFP4_DECODE=${NVFP4_RETEST:-shift prmt32}"
+  for V in ${NVFP4_RETEST:-shift prmt32}; do
     KVTIER_NVFP4_DECODE=$V ctest --test-dir "$SRC_BUILD" -L gpu -R 'nvfp4|DecodeGuards' -j 8 --timeout 900 \
       >> "$OUT/ctest_gpu.log" 2>&1 || RC=1
     echo "variant $V: $(grep -E 'tests passed' "$OUT/ctest_gpu.log" | tail -1)"
   done; }
 
 if [ "$COMPARE" = 1 ]; then
-  for V in shift cvt; do
+  for V in ${COMPARE_VARIANTS:-shift prmt32 prmt32x}; do
     echo "== NVFP4 decode variant $V"
     KVTIER_NVFP4_DECODE=$V python3 tools/gpu/decode_baseline.py --lib "$BUILD/lib/libkvtier_kernels.so" \
       --out /tmp/cmp_$V --results "" --formats nvfp4 --shapes 16x65536,1x131072,64x8192 --block-tokens 16 --no-sdpa \

@@ -10,7 +10,7 @@
 //   inspect KEY [--contract ID]
 //   verify                    re-reads and checks every NVMe record (progress on stderr)
 //   evict KEY [--contract ID] | evict --contract ID
-//   flush                     demote everything unpinned from HBM and host to NVMe
+//   flush [--to host|nvme]    demote everything unpinned down to NVMe (or HBM -> host)
 //   config check PATH         parse and validate a config file (no daemon needed)
 //   config reload             the daemon re-reads its config (as SIGHUP)
 //   export --contract ID --out FILE.kvt
@@ -249,7 +249,8 @@ int RunStatsOrTiers(const std::vector<std::string>& argv, bool full) {
       json per = json::array();
       uint64_t payload = 0, scales = 0;
       for (const auto& r : rows) {
-        const uint64_t blocks = r.info.blocks[std::min<int>(t.tier, 2)];
+        // The remote tier keeps no per-contract index here (it is shared by the fleet).
+        const uint64_t blocks = t.tier <= KVTIER_TIER_NVME ? r.info.blocks[t.tier] : 0;
         const uint64_t sb = BlockScaleBytes(r.contract.format, r.contract.geometry);
         payload += blocks * (r.info.block_bytes - sb);
         scales += blocks * sb;
@@ -562,14 +563,19 @@ int RunEvict(const std::vector<std::string>& argv) {
 }
 
 int RunFlush(const std::vector<std::string>& argv) {
-  if (WantsHelp(argv, "flush [--json]")) return 0;
-  auto args = ParseArgs(argv, {});
+  if (WantsHelp(argv, "flush [--to host|nvme] [--json]")) return 0;
+  auto args = ParseArgs(argv, {"to"});
   if (!args.ok()) return Fail("flush: " + args.status().message(), 2);
+  const std::string to = args->Get("to").value_or("nvme");
+  if (to != "host" && to != "nvme") return Fail("flush: --to must be host or nvme, not '" + to + "'", 2);
   Conn conn;
   int code = 0;
   if (!Connect("flush", &conn, &code)) return code;
-  if (kvtier_flush(conn.c) != KVTIER_OK) return ApiFail("flush");
-  if (args->Has("json")) std::printf("%s\n", json{{"flushed", true}}.dump(2).c_str());
+  if (kvtier_flush_to(conn.c, to == "host" ? KVTIER_TIER_HOST : KVTIER_TIER_NVME) != KVTIER_OK) {
+    return ApiFail("flush");
+  }
+  if (args->Has("json")) std::printf("%s\n", json{{"flushed", true}, {"to", to}}.dump(2).c_str());
+  else if (to == "host") std::printf("flushed: every unpinned block of HBM is in host memory\n");
   else std::printf("flushed: every unpinned block of HBM and host is on NVMe\n");
   return 0;
 }

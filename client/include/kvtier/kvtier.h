@@ -240,6 +240,9 @@ KVTIER_API kvtier_status kvtier_evict_contract(kvtier_client* c, uint64_t contra
                                                uint64_t* evicted, uint64_t* skipped);
 /* Demotes every unpinned block of HBM and host to NVMe; returns when done. */
 KVTIER_API kvtier_status kvtier_flush(kvtier_client* c);
+/* Demotes every unpinned block down to `to`: KVTIER_TIER_HOST empties HBM into host (host
+ * and NVMe unchanged), KVTIER_TIER_NVME is kvtier_flush. Returns when done. */
+KVTIER_API kvtier_status kvtier_flush_to(kvtier_client* c, kvtier_tier to);
 /* Re-reads the daemon's config file as SIGHUP does; msg (msg_cap bytes, may be NULL) gets
  * a one-line summary. INVALID (and nothing changed) when the file does not validate. */
 KVTIER_API kvtier_status kvtier_reload_config(kvtier_client* c, char* msg, size_t msg_cap);

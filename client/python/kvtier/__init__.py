@@ -31,7 +31,7 @@ from typing import List, Optional, Sequence, Tuple
 
 __all__ = [
     "KvtierError", "Contract", "Key", "Slot", "LookupResult", "Lease", "TierStats", "Client",
-    "key_chain", "contract_id", "library_path", "TIER_HBM", "TIER_HOST", "TIER_NVME", "TIER_NONE",
+    "key_chain", "key_chain_array", "KeyArray", "contract_id", "library_path", "TIER_HBM", "TIER_HOST", "TIER_NVME", "TIER_NONE",
 ]
 
 TIER_HBM, TIER_HOST, TIER_NVME, TIER_REMOTE, TIER_NONE = 0, 1, 2, 3, 255
@@ -164,6 +164,8 @@ def _declare(lib):
         "kvtier_prefetch": (S, [P, u64, ctypes.POINTER(_Key), sz, S]),
         "kvtier_stats": (S, [P, ctypes.POINTER(_TierStats), sz, ctypes.POINTER(sz)]),
         "kvtier_ping": (S, [P]),
+        "kvtier_flush_to": (S, [P, S]),
+        "kvtier_evict_contract": (S, [P, u64, ctypes.POINTER(u64), ctypes.POINTER(u64)]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
@@ -205,6 +207,53 @@ class LookupResult:
 class Lease:
     id: int                     # 0: nothing was acquired
     slots: List[Slot] = field(default_factory=list)
+
+    def slot_ids(self):
+        """Slot numbers as a numpy int32 array (the decode kernels' block table row)."""
+        import numpy as np
+        return np.fromiter((s.slot for s in self.slots), dtype=np.int32, count=len(self.slots))
+
+
+def _lease_from_array(lease_id: int, arr, n: int) -> Lease:
+    try:
+        import numpy as np
+    except ImportError:
+        return Lease(lease_id, [Slot(arr[i].tier, arr[i].slot) for i in range(n)])
+    rec = np.frombuffer(arr, dtype=np.dtype([("tier", "u1"), ("r", "u1", 3), ("slot", "<u4")]), count=n)
+    lease = _ArrayLease(lease_id)
+    lease._rec = rec
+    return lease
+
+
+class _ArrayLease(Lease):
+    """A Lease whose slots live in a numpy record array (see _lease_from_array)."""
+
+    def __init__(self, lease_id: int):
+        self.id = lease_id
+        self._rec = None
+        self._slots = None
+
+    @property
+    def slots(self):
+        if self._slots is None:
+            self._slots = [Slot(int(t), int(s)) for t, s in zip(self._rec["tier"], self._rec["slot"])]
+        return self._slots
+
+    @slots.setter
+    def slots(self, v):
+        self._slots = v
+
+    def slot_ids(self):
+        return self._rec["slot"].astype("int32")
+
+    def tiers(self):
+        return self._rec["tier"]
+
+    def __repr__(self):
+        return f"Lease(id={self.id}, slots={len(self._rec)})"
+
+    def __eq__(self, other):
+        return isinstance(other, Lease) and self.id == other.id and list(self.slots) == list(other.slots)
 
 
 @dataclass
@@ -307,7 +356,61 @@ def key_chain(contract_id: int, tokens: Sequence[int], block_tokens: int) -> Lis
     return [Key(out[i].hi, out[i].lo) for i in range(n.value)]
 
 
+class KeyArray:
+    """Block keys in one C array (what key_chain_array returns): lookup, acquire and
+    prefetch pass it to the library without a per-key Python loop, which matters for
+    long prompts (8,192 keys at 128K tokens). Slicing with step 1 gives a view."""
+
+    def __init__(self, arr, n: int, off: int = 0):
+        self._arr, self._n, self._off = arr, n, off
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self._n)
+            if step != 1:
+                return [self[j] for j in range(start, stop, step)]
+            return KeyArray(self._arr, max(0, stop - start), self._off + start)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        k = self._arr[self._off + i]
+        return Key(k.hi, k.lo)
+
+    def __iter__(self):
+        return (self[i] for i in range(self._n))
+
+    def _ptr(self):
+        return ctypes.cast(ctypes.byref(self._arr, self._off * ctypes.sizeof(_Key)), ctypes.POINTER(_Key))
+
+
+def key_chain_array(contract_id: int, tokens, block_tokens: int) -> KeyArray:
+    """key_chain for long prompts: `tokens` may be a numpy array (any integer dtype,
+    converted to uint32) or a sequence; returns a KeyArray."""
+    lib = _load()
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        a = np.ascontiguousarray(np.asarray(tokens), dtype=np.uint32)
+        ptr, n_tok = a.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)), a.size
+    else:
+        a = (ctypes.c_uint32 * len(tokens))(*tokens)
+        ptr, n_tok = a, len(tokens)
+    cap = n_tok // block_tokens if block_tokens > 0 else 0
+    out = (_Key * max(cap, 1))()
+    n = ctypes.c_size_t()
+    _check(lib.kvtier_key_chain(contract_id, ptr, n_tok, block_tokens, out, cap, ctypes.byref(n)))
+    return KeyArray(out, n.value)
+
+
 def _keys_array(keys: Sequence[Key]):
+    if isinstance(keys, KeyArray):
+        return keys._ptr()
     arr = (_Key * len(keys))()
     for i, k in enumerate(keys):
         arr[i].hi, arr[i].lo = k.hi, k.lo
@@ -408,7 +511,8 @@ class Client:
         res = _LookupResult()
         tiers = (ctypes.c_uint8 * max(len(keys), 1))()
         _check(self._lib.kvtier_lookup(self._handle(), contract_id, arr, len(keys), ctypes.byref(res), tiers))
-        return LookupResult(res.hit_blocks, [_TIER_NAMES.get(tiers[i], "none") for i in range(len(keys))],
+        names = _TIER_NAMES
+        return LookupResult(res.hit_blocks, [names.get(t, "none") for t in bytes(tiers)[:len(keys)]],
                             res.est_seconds_to_hbm)
 
     def acquire(self, contract_id: int, keys: Sequence[Key], tier="host") -> Lease:
@@ -418,13 +522,13 @@ class Client:
         n = ctypes.c_size_t()
         _check(self._lib.kvtier_acquire(self._handle(), contract_id, arr, len(keys), _tier(tier),
                                         ctypes.byref(lease), slots, ctypes.byref(n)))
-        return Lease(lease.value, [Slot(slots[i].tier, slots[i].slot) for i in range(n.value)])
+        return _lease_from_array(lease.value, slots, n.value)
 
     def alloc(self, contract_id: int, n: int, tier="host") -> Lease:
         slots = (_Slot * max(n, 1))()
         lease = ctypes.c_uint64()
         _check(self._lib.kvtier_alloc(self._handle(), contract_id, n, _tier(tier), ctypes.byref(lease), slots))
-        return Lease(lease.value, [Slot(slots[i].tier, slots[i].slot) for i in range(n)])
+        return _lease_from_array(lease.value, slots, n)
 
     def commit(self, contract_id: int, lease: Lease, items: Sequence[Tuple[Slot, Key, Optional[Key]]]) -> int:
         """items: (slot, key, parent or None). Returns how many were committed."""
@@ -460,3 +564,17 @@ class Client:
 
     def ping(self):
         _check(self._lib.kvtier_ping(self._handle()))
+
+    def flush(self, to="nvme"):
+        """Operator action: demotes every unpinned block down to `to` ("host": HBM is
+        emptied into host memory; "nvme": HBM and host go to NVMe). Returns when done."""
+        if to not in ("host", "nvme"):
+            raise ValueError(f"flush target must be 'host' or 'nvme', not {to!r}")
+        _check(self._lib.kvtier_flush_to(self._handle(), _tier(to)))
+
+    def evict_contract(self, contract_id: int) -> Tuple[int, int]:
+        """Operator action: drops every unpinned block of a contract from every tier.
+        Returns (evicted, skipped because pinned)."""
+        ev, sk = ctypes.c_uint64(), ctypes.c_uint64()
+        _check(self._lib.kvtier_evict_contract(self._handle(), contract_id, ctypes.byref(ev), ctypes.byref(sk)))
+        return ev.value, sk.value

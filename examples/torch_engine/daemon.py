@@ -1,0 +1,93 @@
+"""Starts a kvtierd for one engine run: a temp folder with a config sized for the run,
+the daemon's log in it, and a stop() that sends SIGTERM (clean drain) and removes it.
+
+The binary comes from $KVTIER_BIN_DIR, else the repo's build/bin or build-gpu/bin.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+
+
+def kvtierd_path():
+    cands = []
+    if os.environ.get("KVTIER_BIN_DIR"):
+        cands.append(os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd"))
+    cands += [os.path.join(ROOT, b, "bin", "kvtierd") for b in ("build", "build-gpu")]
+    for c in cands:
+        if os.access(c, os.X_OK):
+            return c
+    raise FileNotFoundError("kvtierd not found (set KVTIER_BIN_DIR): tried " + ", ".join(cands))
+
+
+class Daemon:
+    def __init__(self, slot_bytes, hbm="8GiB", host="16GiB", nvme="32GiB", nvme_dir=None, policy="prefix-lru",
+                 log_level="warn", timeout_s=120):
+        self.dir = tempfile.mkdtemp(prefix="kvtier-engine-")
+        self.socket = os.path.join(self.dir, "kvtierd.sock")
+        self.log = os.path.join(self.dir, "kvtierd.log")
+        slot = (int(slot_bytes) + 4095) // 4096 * 4096
+        nvme_dir = nvme_dir or os.path.join(self.dir, "nvme")
+        os.makedirs(nvme_dir, exist_ok=True)
+        cfg = f"""[daemon]
+socket = "{self.socket}"
+log_level = "{log_level}"
+metrics_port = 0
+ring_data_bytes = "16MiB"
+[tiers]
+slot_bytes = {slot}
+[tiers.hbm]
+capacity = "{hbm}"
+policy = "{policy}"
+on_evict = "demote"
+[tiers.host]
+capacity = "{host}"
+policy = "{policy}"
+on_evict = "demote"
+[tiers.nvme]
+capacity = "{nvme}"
+dir = "{nvme_dir}"
+policy = "lru"
+admission = "always"
+"""
+        self.config = os.path.join(self.dir, "kvtier.toml")
+        with open(self.config, "w") as f:
+            f.write(cfg)
+        self.proc = subprocess.Popen([kvtierd_path(), "--config", self.config], stdout=open(self.log, "w"),
+                                     stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout_s  # a large host tier takes a while to pin
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kvtierd exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(self.socket)
+                s.close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"kvtierd did not listen within {timeout_s} s: {self.tail()}")
+
+    def tail(self, n=20):
+        try:
+            with open(self.log) as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,204 @@
+// The TierManager's remote wiring, in process: two TierManagers (two "hosts", each with
+// its own host arena and NVMe folder) sharing the fixture's Redis Cluster. Also run under
+// ThreadSanitizer (docs/remote.md): the remote threads, the mover and callers race here.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <atomic>
+#include <filesystem>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "formats/contract.h"
+#include "tests/remote/redis_env.h"
+#include "tiers/tier_manager.h"
+
+namespace kvtier::tiers {
+namespace {
+
+using remote::testing::SharedNodes;
+
+struct Host {
+  std::string dir;
+  std::unique_ptr<TierManager> tm;
+  ~Host() {
+    tm.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
+ScaleContract Contract(const std::string& model) {
+  ScaleContract c;
+  c.model_id = model;
+  c.geometry = Geometry{2, 1, 64, 16};  // 2 layers x 1 head x 64 dim x 16 tokens
+  c.SetUnitScales();
+  return c;
+}
+
+std::unique_ptr<Host> Open(remote::RemoteWrite write, uint32_t host_slots, uint32_t nvme_slots,
+                           const ScaleContract& c) {
+  auto h = std::make_unique<Host>();
+  char tmpl[] = "/tmp/kvtier-tmr-XXXXXX";
+  h->dir = mkdtemp(tmpl);
+  TierManagerOptions o;
+  o.slot_bytes = 4096;
+  o.host.capacity_bytes = uint64_t{host_slots} * 4096;
+  o.host.high_watermark = 0.75;
+  o.host.low_watermark = 0.5;
+  o.nvme.tier.capacity_bytes = uint64_t{nvme_slots} * 8192;
+  o.nvme.dir = h->dir + "/nvme";
+  o.remote.nodes = SharedNodes();
+  o.remote.write = write;
+  o.remote.batch = 4;
+  auto tm = TierManager::Open(o);
+  EXPECT_TRUE(tm.ok()) << tm.status().ToString();
+  h->tm = std::move(tm.value());
+  EXPECT_TRUE(h->tm->RegisterContract(c).ok());
+  return h;
+}
+
+uint8_t ByteOf(const Key128& k, size_t i) { return static_cast<uint8_t>((k.lo >> (i % 64)) ^ k.hi ^ i); }
+
+// Stores keys through alloc / fill / commit / unpin, a few at a time.
+void Store(TierManager& tm, uint64_t cid, uint64_t block, const std::vector<Key128>& keys) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::vector<SlotRef> s;
+    Status st;
+    for (int tries = 0; tries < 200; ++tries) {
+      st = tm.AllocSlots(cid, 1, Tier::kHost, &s);
+      if (st.code() != StatusCode::kRetry) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    // Host slot s is at offset s * slot_bytes of the host arena; the TierManager maps it.
+    uint8_t* p = static_cast<uint8_t*>(mmap(nullptr, tm.host_arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED,
+                                            tm.host_arena_fd(), 0));
+    ASSERT_NE(p, MAP_FAILED);
+    for (size_t j = 0; j < block; ++j) p[s[0].slot * tm.slot_bytes() + j] = ByteOf(keys[i], j);
+    munmap(p, tm.host_arena_bytes());
+    ASSERT_TRUE(tm.Commit(cid, s[0], keys[i], i ? keys[i - 1] : Key128{}).ok());
+    ASSERT_TRUE(tm.Unpin(s[0]).ok());
+  }
+}
+
+// Acquires into host and checks bytes; returns blocks served or -1 on a wrong block.
+long AcquireChecked(TierManager& tm, uint64_t cid, uint64_t block, const std::vector<Key128>& keys) {
+  std::promise<std::vector<SlotRef>> pr;
+  tm.Acquire(cid, keys, Tier::kHost, [&](Status, std::vector<SlotRef> v) { pr.set_value(std::move(v)); });
+  auto got = pr.get_future().get();
+  uint8_t* p = static_cast<uint8_t*>(mmap(nullptr, tm.host_arena_bytes(), PROT_READ, MAP_SHARED, tm.host_arena_fd(), 0));
+  long ok = static_cast<long>(got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    for (size_t j = 0; j < block; ++j) {
+      if (p[got[i].slot * tm.slot_bytes() + j] != ByteOf(keys[i], j)) {
+        ok = -1;
+        break;
+      }
+    }
+  }
+  munmap(p, tm.host_arena_bytes());
+  for (auto s : got) EXPECT_TRUE(tm.Unpin(s).ok());
+  return ok;
+}
+
+std::vector<Key128> Keys(size_t n) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<Key128> k(n);
+  for (auto& x : k) x = Key128{rng(), rng()};
+  return k;
+}
+
+TierStats RemoteStats(TierManager& tm) {
+  for (const auto& s : tm.Stats()) {
+    if (s.tier == Tier::kRemote) return s;
+  }
+  ADD_FAILURE() << "no remote tier in Stats()";
+  return {};
+}
+
+// Host evictions under the watermarks (not a flush) write blocks on their way out; with
+// NVMe absent they are dropped locally and survive only remotely.
+TEST(TierManagerRemote, EvictionWritesOnDemoteAndAnotherHostRestores) {
+  KVTIER_REQUIRE_SHARED_CLUSTER();
+  const ScaleContract c = Contract("tmr/evict");
+  const uint64_t cid = c.Id(), block = c.block_bytes();
+  auto a = Open(remote::RemoteWrite::kOnDemote, 8, 0, c);
+  auto b = Open(remote::RemoteWrite::kOff, 32, 0, c);
+  const auto keys = Keys(20);
+  Store(*a->tm, cid, block, keys);
+  a->tm->Drain();
+  const TierStats ra = RemoteStats(*a->tm);
+  EXPECT_GE(ra.demotions_out, 12u);  // at least the 20 - 8 that left host
+  EXPECT_EQ(ra.write_errors, 0u);
+  // The first blocks are the coldest: evicted from A, so on the cluster.
+  const std::vector<Key128> head(keys.begin(), keys.begin() + 10);
+  LookupResult lr = b->tm->Lookup(cid, head);
+  ASSERT_EQ(lr.hit_blocks, 10u);
+  for (Tier t : lr.tiers) EXPECT_EQ(t, Tier::kRemote);
+  EXPECT_GT(lr.est_seconds_to_hbm, 0.0);
+  EXPECT_EQ(AcquireChecked(*b->tm, cid, block, head), 10);
+  lr = b->tm->Lookup(cid, head);
+  EXPECT_EQ(lr.tiers[0], Tier::kHost);
+  EXPECT_EQ(RemoteStats(*b->tm).promotions_in, 10u);
+}
+
+// Prefetch goes remote too: returns at once, and after Drain the blocks are local and
+// unpinned (evictable).
+TEST(TierManagerRemote, PrefetchFetchesRemoteBlocksAndLeavesThemUnpinned) {
+  KVTIER_REQUIRE_SHARED_CLUSTER();
+  const ScaleContract c = Contract("tmr/prefetch");
+  const uint64_t cid = c.Id(), block = c.block_bytes();
+  auto a = Open(remote::RemoteWrite::kWriteThrough, 16, 0, c);
+  auto b = Open(remote::RemoteWrite::kOff, 16, 0, c);
+  const auto keys = Keys(6);
+  Store(*a->tm, cid, block, keys);
+  a->tm->Drain();
+  b->tm->Prefetch(cid, keys, Tier::kHost);
+  b->tm->Drain();
+  const LookupResult lr = b->tm->Lookup(cid, keys);
+  ASSERT_EQ(lr.hit_blocks, 6u);
+  for (Tier t : lr.tiers) EXPECT_EQ(t, Tier::kHost);
+  for (const auto& s : b->tm->Stats()) {
+    if (s.tier == Tier::kHost) {
+      EXPECT_EQ(s.pinned, 0u);
+    }
+  }
+  EXPECT_EQ(AcquireChecked(*b->tm, cid, block, keys), 6);
+}
+
+// Several threads acquire overlapping prefixes of remote blocks at once while the writer
+// keeps writing: every served block is right, and the prefix only grows.
+TEST(TierManagerRemote, ConcurrentAcquiresWhileWriting) {
+  KVTIER_REQUIRE_SHARED_CLUSTER();
+  const ScaleContract c = Contract("tmr/concurrent");
+  const uint64_t cid = c.Id(), block = c.block_bytes();
+  auto a = Open(remote::RemoteWrite::kWriteThrough, 64, 64, c);
+  auto b = Open(remote::RemoteWrite::kOff, 64, 0, c);
+  const auto keys = Keys(24);
+  std::atomic<bool> wrong{false};
+  std::thread writer([&] { Store(*a->tm, cid, block, keys); });
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&, t] {
+      for (int r = 0; r < 6; ++r) {
+        const std::vector<Key128> pre(keys.begin(), keys.begin() + 6 + 3 * t);
+        if (AcquireChecked(*b->tm, cid, block, pre) < 0) wrong = true;
+        if (r % 2) {
+          for (const Key128& k : pre) (void)b->tm->Evict(cid, k);  // read remotely again
+        }
+      }
+    });
+  }
+  writer.join();
+  for (auto& t : readers) t.join();
+  EXPECT_FALSE(wrong) << "a wrong block was served";
+  a->tm->Drain();
+  for (const Key128& k : keys) (void)b->tm->Evict(cid, k);
+  EXPECT_EQ(AcquireChecked(*b->tm, cid, block, keys), 24);
+  EXPECT_EQ(RemoteStats(*b->tm).checksum_failures, 0u);
+}
+
+}  // namespace
+}  // namespace kvtier::tiers
