@@ -1272,6 +1272,21 @@ void TierManagerImpl::RunCopies(std::vector<CopyJob> batch) {
   // groups are still on the wire, instead of after the whole batch.
   constexpr size_t kCopyGroup = 128;
   for (int d = 0; d < 2; ++d) {
+    // In HBM slot order, so that a group holds neighbouring slots and its copies coalesce
+    // (HbmPool::CoalesceCopies works within one CopyBatch).
+    std::vector<size_t> ord(jobs[d].size());
+    for (size_t i = 0; i < ord.size(); ++i) ord[i] = i;
+    std::sort(ord.begin(), ord.end(), [&](size_t a, size_t b) { return items[d][a].slot < items[d][b].slot; });
+    std::vector<CopyJob> js;
+    std::vector<HbmPool::CopyItem> is;
+    for (size_t i : ord) {
+      js.push_back(jobs[d][i]);
+      is.push_back(items[d][i]);
+    }
+    jobs[d] = std::move(js);
+    items[d] = std::move(is);
+  }
+  for (int d = 0; d < 2; ++d) {
     for (size_t g = 0; g < jobs[d].size(); g += kCopyGroup) {
       const size_t e = std::min(jobs[d].size(), g + kCopyGroup);
       auto group = std::make_shared<std::vector<CopyJob>>(jobs[d].begin() + static_cast<long>(g),
