@@ -99,10 +99,15 @@ class HbmPool {
   void* d2h_ = nullptr;  // cudaStream_t
   mutable std::mutex mu_;
   SlotAllocator alloc_;
-  // How CopyBatch moves host -> HBM batches: the gather kernel (hbm/gather.cu; needs host
-  // pointers usable on the device), cudaMemcpyBatchAsync, or one cudaMemcpyAsync per
-  // block. KVTIER_HBM_COPY=kernel|batch|loop picks one (benchmarks); default kernel.
-  std::atomic<bool> gather_kernel_{true};
+  // How CopyBatch moves host -> HBM batches. Default ("auto"): neighbouring slots are
+  // coalesced into runs first; runs of 1 MiB or more on average go to the copy engines
+  // (a loop of cudaMemcpyAsync for up to 64 runs, else cudaMemcpyBatchAsync), shorter runs
+  // to the gather kernel (hbm/gather.cu), which has no per-copy setup. KVTIER_HBM_COPY=
+  // kernel|batch|loop forces one method (benchmarks). HBM -> host never uses the kernel.
+  std::atomic<bool> gather_kernel_{true};   // the kernel may be used (host pointers usable)
+  std::atomic<bool> gather_always_{false};  // KVTIER_HBM_COPY=kernel
+  std::atomic<bool> loop_only_{false};      // KVTIER_HBM_COPY=loop
+  std::atomic<bool> batch_always_{false};   // KVTIER_HBM_COPY=batch
   std::atomic<bool> batch_api_{true};
 };
 
