@@ -147,7 +147,13 @@ Status ExportReader::VerifyAll(const std::function<void(uint64_t, uint64_t)>& pr
   uint64_t n = 0;
   while (true) {
     Status s = Next(&rec, &payload, &eof);
-    if (!s.ok()) return Status(s.code(), s.message());
+    if (!s.ok()) {
+      // Back to the first record either way: a caller that reads on after a failed
+      // verification must meet the same bad record again, not continue mid-file (the
+      // fuzzer found a file whose tail, read from the failure point, looked whole).
+      (void)Rewind();
+      return Status(s.code(), s.message());
+    }
     if (eof) break;
     ++n;
     if (progress) progress(static_cast<uint64_t>(std::ftell(f_)), file_bytes_);

@@ -62,7 +62,7 @@ class ExportReader {
   // Rewinds to the first record.
   Status Rewind();
   // Reads and checks every record and the trailer. progress(bytes_done, file_bytes) is
-  // called after each record. Leaves the reader rewound.
+  // called after each record. Leaves the reader rewound, also when a record fails.
   Status VerifyAll(const std::function<void(uint64_t, uint64_t)>& progress, uint64_t* records);
 
  private:
