@@ -11,6 +11,19 @@
 
 namespace kvtier {
 
+// Fixed-offset little-endian store/load into a buffer the caller has sized (the fixed
+// layouts of the record header and the remote envelope).
+template <typename T>
+inline void PutAt(uint8_t* p, size_t off, T v) {
+  std::memcpy(p + off, &v, sizeof(T));
+}
+template <typename T>
+inline T GetAt(const uint8_t* p, size_t off) {
+  T v;
+  std::memcpy(&v, p + off, sizeof(T));
+  return v;
+}
+
 class ByteWriter {
  public:
   void PutU8(uint8_t v) { buf_.push_back(v); }

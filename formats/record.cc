@@ -5,36 +5,23 @@
 #include <cstring>
 #include <string>
 
+#include "formats/bytes.h"
+
 namespace kvtier {
-
-namespace {
-
-template <typename T>
-void Put(uint8_t* p, size_t off, T v) {
-  std::memcpy(p + off, &v, sizeof(T));
-}
-template <typename T>
-T Get(const uint8_t* p, size_t off) {
-  T v;
-  std::memcpy(&v, p + off, sizeof(T));
-  return v;
-}
-
-}  // namespace
 
 void RecordHeader::Encode(uint8_t out[kRecordHeaderSize]) const {
   std::memset(out, 0, kRecordHeaderSize);
-  Put<uint32_t>(out, 0, kRecordMagic);
-  Put<uint16_t>(out, 4, kRecordFormatVersion);
-  Put<uint16_t>(out, 6, static_cast<uint16_t>(kRecordHeaderSize));
-  Put<uint64_t>(out, 8, contract_id);
+  PutAt<uint32_t>(out, 0, kRecordMagic);
+  PutAt<uint16_t>(out, 4, kRecordFormatVersion);
+  PutAt<uint16_t>(out, 6, static_cast<uint16_t>(kRecordHeaderSize));
+  PutAt<uint64_t>(out, 8, contract_id);
   key.ToCanonical(out + 16);
   parent.ToCanonical(out + 32);
-  Put<uint64_t>(out, 48, payload_len);
-  Put<uint64_t>(out, 56, payload_xxh3);
-  Put<uint64_t>(out, 64, sequence);
+  PutAt<uint64_t>(out, 48, payload_len);
+  PutAt<uint64_t>(out, 56, payload_xxh3);
+  PutAt<uint64_t>(out, 64, sequence);
   // flags (72) and reserved (76..88) stay zero.
-  Put<uint64_t>(out, 88, XXH3_64bits(out, kRecordHeaderChecksummed));
+  PutAt<uint64_t>(out, 88, XXH3_64bits(out, kRecordHeaderChecksummed));
 }
 
 StatusOr<RecordHeader> RecordHeader::Decode(std::span<const uint8_t> bytes) {
@@ -43,31 +30,31 @@ StatusOr<RecordHeader> RecordHeader::Decode(std::span<const uint8_t> bytes) {
                            " of 96 bytes");
   }
   const uint8_t* p = bytes.data();
-  if (Get<uint32_t>(p, 0) != kRecordMagic) return Status::Corrupt("record header: bad magic");
-  const uint16_t version = Get<uint16_t>(p, 4);
+  if (GetAt<uint32_t>(p, 0) != kRecordMagic) return Status::Corrupt("record header: bad magic");
+  const uint16_t version = GetAt<uint16_t>(p, 4);
   if (version != kRecordFormatVersion) {
     return Status::Unsupported("record format version " + std::to_string(version) +
                                " (this build reads version " +
                                std::to_string(kRecordFormatVersion) + ")");
   }
-  if (Get<uint16_t>(p, 6) != kRecordHeaderSize) {
-    return Status::Corrupt("record header: header_size " + std::to_string(Get<uint16_t>(p, 6)) +
+  if (GetAt<uint16_t>(p, 6) != kRecordHeaderSize) {
+    return Status::Corrupt("record header: header_size " + std::to_string(GetAt<uint16_t>(p, 6)) +
                            " is not 96");
   }
-  if (Get<uint64_t>(p, 88) != XXH3_64bits(p, kRecordHeaderChecksummed)) {
+  if (GetAt<uint64_t>(p, 88) != XXH3_64bits(p, kRecordHeaderChecksummed)) {
     return Status::Corrupt("record header: checksum mismatch");
   }
-  if (Get<uint32_t>(p, 72) != 0) return Status::Corrupt("record header: unknown flags");
+  if (GetAt<uint32_t>(p, 72) != 0) return Status::Corrupt("record header: unknown flags");
   for (size_t i = 76; i < 88; ++i) {
     if (p[i] != 0) return Status::Corrupt("record header: reserved bytes are not zero");
   }
   RecordHeader h;
-  h.contract_id = Get<uint64_t>(p, 8);
+  h.contract_id = GetAt<uint64_t>(p, 8);
   h.key = Key128::FromCanonical(p + 16);
   h.parent = Key128::FromCanonical(p + 32);
-  h.payload_len = Get<uint64_t>(p, 48);
-  h.payload_xxh3 = Get<uint64_t>(p, 56);
-  h.sequence = Get<uint64_t>(p, 64);
+  h.payload_len = GetAt<uint64_t>(p, 48);
+  h.payload_xxh3 = GetAt<uint64_t>(p, 56);
+  h.sequence = GetAt<uint64_t>(p, 64);
   if (h.payload_len == 0 || h.payload_len > kMaxRecordPayload) {
     return Status::Corrupt("record header: payload_len " + std::to_string(h.payload_len) +
                            " out of range");

@@ -10,30 +10,20 @@
 #include <cstring>
 
 #include "formats/contract.h"
+#include "formats/bytes.h"
 #include "formats/record.h"
 
 namespace kvtier::remote {
 
 namespace {
 
-template <typename T>
-void Put(uint8_t* p, size_t off, T v) {
-  std::memcpy(p + off, &v, sizeof(T));
-}
-template <typename T>
-T Get(const uint8_t* p, size_t off) {
-  T v;
-  std::memcpy(&v, p + off, sizeof(T));
-  return v;
-}
-
 void WriteEnvelope(uint8_t* p, uint16_t codec, uint64_t body_len, uint64_t record_len) {
-  Put<uint32_t>(p, 0, kRemoteMagic);
-  Put<uint16_t>(p, 4, kRemoteFormatVersion);
-  Put<uint16_t>(p, 6, codec);
-  Put<uint64_t>(p, 8, body_len);
-  Put<uint64_t>(p, 16, record_len);
-  Put<uint64_t>(p, 24, XXH3_64bits(p, 24));
+  PutAt<uint32_t>(p, 0, kRemoteMagic);
+  PutAt<uint16_t>(p, 4, kRemoteFormatVersion);
+  PutAt<uint16_t>(p, 6, codec);
+  PutAt<uint64_t>(p, 8, body_len);
+  PutAt<uint64_t>(p, 16, record_len);
+  PutAt<uint64_t>(p, 24, XXH3_64bits(p, 24));
 }
 
 }  // namespace
@@ -74,11 +64,11 @@ namespace {
 // Checks the envelope of a value of `value_len` bytes whose first bytes are `p`.
 Status CheckEnvelope(const uint8_t* p, uint64_t value_len, size_t out_size, uint16_t* codec) {
   if (value_len < kEnvelopeSize) return Status::Corrupt("remote value shorter than its envelope");
-  if (Get<uint32_t>(p, 0) != kRemoteMagic) return Status::Corrupt("remote value: bad magic");
-  if (Get<uint64_t>(p, 24) != XXH3_64bits(p, 24)) return Status::Corrupt("remote value: envelope checksum mismatch");
-  if (Get<uint16_t>(p, 4) != kRemoteFormatVersion) return Status::Corrupt("remote value: unknown version");
-  *codec = Get<uint16_t>(p, 6);
-  const uint64_t body_len = Get<uint64_t>(p, 8), record_len = Get<uint64_t>(p, 16);
+  if (GetAt<uint32_t>(p, 0) != kRemoteMagic) return Status::Corrupt("remote value: bad magic");
+  if (GetAt<uint64_t>(p, 24) != XXH3_64bits(p, 24)) return Status::Corrupt("remote value: envelope checksum mismatch");
+  if (GetAt<uint16_t>(p, 4) != kRemoteFormatVersion) return Status::Corrupt("remote value: unknown version");
+  *codec = GetAt<uint16_t>(p, 6);
+  const uint64_t body_len = GetAt<uint64_t>(p, 8), record_len = GetAt<uint64_t>(p, 16);
   if (body_len != value_len - kEnvelopeSize) return Status::Corrupt("remote value: body length mismatch");
   if (record_len != kRecordHeaderSize + out_size) return Status::Corrupt("remote value: record length is not the block size");
   if (*codec != 1 && (*codec != 0 || body_len != record_len)) return Status::Corrupt("remote value: bad codec or length");

@@ -60,11 +60,6 @@ cudaError_t Alloc(T** p, size_t n) {
   return cudaMalloc(reinterpret_cast<void**>(p), n);
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // Host pattern of `n` slots of valid random pages (no NaN scales / values).
 std::vector<uint8_t> PatternSlots(KvFormat f, const Geometry& g, size_t slot_bytes, size_t n,
                                   std::mt19937_64& rng) {

@@ -40,11 +40,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace kvtier::tiers;
 
-double Secs(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+double Secs(Clock::time_point a) { return SecondsSince(a); }
 
 // Raw pipelined GET/SET over one hiredis connection per master.
 class RawCluster {

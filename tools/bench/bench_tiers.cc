@@ -44,11 +44,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace kvtier::tiers;
 
-double Secs(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+double Secs(Clock::time_point a) { return SecondsSince(a); }
 Key128 BenchKey(uint64_t i) { return Key128{0xBE7C000000000000ull | i, i * 0x9E3779B97F4A7C15ull + 1}; }
 
 // Plain O_DIRECT sequential I/O on one file: the baseline.

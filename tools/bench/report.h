@@ -5,12 +5,25 @@
 // (host name, CPU model, GPU when given) and the date, then the table.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
 #include "formats/status.h"
 
 namespace kvtier::bench {
+
+// Seconds since t0 (steady clock), and the median of a sample (0 when empty): what every
+// suite times with.
+inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 class Report {
  public:

@@ -22,20 +22,10 @@ import torch
 import torch.nn.functional as F
 
 
-class Pool(C.Structure):
-    _fields_ = [("base", C.c_void_p), ("slot_bytes", C.c_uint64), ("num_slots", C.c_uint64),
-                ("num_layers", C.c_uint32), ("num_kv_heads", C.c_uint32), ("head_dim", C.c_uint32),
-                ("block_tokens", C.c_uint32), ("format", C.c_uint32)]
-
-
-class DecodeParams(C.Structure):
-    _fields_ = [("q", C.c_void_p), ("out", C.c_void_p), ("lse", C.c_void_p),
-                ("block_table", C.c_void_p), ("seq_lens", C.c_void_p),
-                ("block_table_host", C.c_void_p), ("seq_lens_host", C.c_void_p),
-                ("batch", C.c_int32), ("num_q_heads", C.c_int32), ("max_blocks", C.c_int32),
-                ("max_seq_len", C.c_int32), ("layer", C.c_uint32), ("k_scale", C.c_float),
-                ("v_scale", C.c_float), ("softmax_scale", C.c_float), ("num_splits", C.c_int32),
-                ("workspace", C.c_void_p), ("workspace_bytes", C.c_uint64), ("error_flag", C.c_void_p)]
+# The C structs come from the Python package (client/python/kvtier/kernels.py), so the
+# benchmark and the engines share one definition of kernels.h.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "client", "python"))
+from kvtier.kernels import DecodeParams, Pool  # noqa: E402
 
 
 NVFP4, FP8, BF16 = 0, 1, 2

@@ -47,7 +47,7 @@ class _QuantizeParams(ctypes.Structure):
                 ("scale_rule", ctypes.c_uint32), ("error_flag", ctypes.c_void_p)]
 
 
-class _DecodeParams(ctypes.Structure):
+class DecodeParams(ctypes.Structure):
     _fields_ = [("q", ctypes.c_void_p), ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
                 ("block_table", ctypes.c_void_p), ("seq_lens", ctypes.c_void_p),
                 ("block_table_host", ctypes.c_void_p), ("seq_lens_host", ctypes.c_void_p),
@@ -156,7 +156,7 @@ class Decoder:
                  num_splits: int = 0, with_lse: bool = False):
         import torch
         self.pool = pool
-        self.p = _DecodeParams()
+        self.p = DecodeParams()
         self.p.batch, self.p.num_q_heads, self.p.max_blocks = batch, num_q_heads, max_blocks
         self.p.max_seq_len = max_blocks * pool.block_tokens
         self.p.softmax_scale = softmax_scale
