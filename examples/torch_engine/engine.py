@@ -172,8 +172,7 @@ class KvtierEngine:
                 acq = self.client.acquire(self.cid, keys[:lk.hit_blocks], tier="hbm")
                 hit_ids = acq.slot_ids()
                 hit = len(hit_ids)
-                tiers = acq.tiers() if hasattr(acq, "tiers") else np.asarray([s.tier for s in acq.slots])
-                bad = int((tiers != kvtier.TIER_HBM).sum())
+                bad = int((acq.tiers() != kvtier.TIER_HBM).sum())
                 if bad:
                     raise EngineError(f"acquire returned {bad} slots outside HBM: decode needs HBM slots")
         res.hit_blocks = hit

@@ -213,6 +213,11 @@ class Lease:
         import numpy as np
         return np.fromiter((s.slot for s in self.slots), dtype=np.int32, count=len(self.slots))
 
+    def tiers(self):
+        """Tier of each slot as a numpy uint8 array (TIER_HBM, TIER_HOST)."""
+        import numpy as np
+        return np.fromiter((s.tier for s in self.slots), dtype=np.uint8, count=len(self.slots))
+
 
 def _lease_from_array(lease_id: int, arr, n: int) -> Lease:
     try:
