@@ -17,11 +17,12 @@ for a in "$@"; do
   esac
 done
 REPO=$(pwd)
-BUILD=$REPO/.devcarry/build
+DC=$REPO/${DEVCARRY:-.devcarry}   # the folder tools/gpu/stage.sh filled (carried)
+BUILD=$DC/build
 mkdir -p "$OUT"
 LOG=$OUT/run.log
 exec > >(tee -a "$LOG") 2>&1
-export LD_LIBRARY_PATH=$BUILD/lib:$REPO/.devcarry/lib:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$BUILD/lib:$DC/lib:${LD_LIBRARY_PATH:-}
 
 # The CTest files hold the build machine's absolute paths (/work/main/build-kernels):
 # make them resolve here.
@@ -30,9 +31,9 @@ SRC_ROOT=$(dirname "$SRC_BUILD")
 if [ ! -e "$SRC_ROOT" ]; then mkdir -p "$(dirname "$SRC_ROOT")"; ln -s "$REPO" "$SRC_ROOT"; fi
 if [ ! -e "$SRC_BUILD" ]; then ln -s "$BUILD" "$SRC_BUILD"; fi
 # ... and load CMake's GoogleTestAddTests.cmake from the build machine's path.
-if [ -f "$REPO/.devcarry/cmake/path.txt" ]; then
-  M=$(cat "$REPO/.devcarry/cmake/path.txt")
-  [ -e "$M" ] || { mkdir -p "$(dirname "$M")"; cp "$REPO/.devcarry/cmake/GoogleTestAddTests.cmake" "$M"; }
+if [ -f "$DC/cmake/path.txt" ]; then
+  M=$(cat "$DC/cmake/path.txt")
+  [ -e "$M" ] || { mkdir -p "$(dirname "$M")"; cp "$DC/cmake/GoogleTestAddTests.cmake" "$M"; }
 fi
 echo "== $(date -u) on $(hostname): build tree $SRC_BUILD -> $BUILD"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
