@@ -2,6 +2,9 @@
 the daemon's log in it, and a stop() that sends SIGTERM (clean drain) and removes it.
 
 The binary comes from $KVTIER_BIN_DIR, else the repo's build/bin or build-gpu/bin.
+$KVTIER_ENGINE_LOG_LEVEL overrides the daemon's log level (default warn), and
+$KVTIER_ENGINE_LOG names a file that stop() appends the daemon's log to before the temp
+folder goes (e.g. with KVTIER_TRACE_COPIES=1, which logs every acquire and copy batch).
 """
 import os
 import shutil
@@ -28,7 +31,8 @@ def kvtierd_path():
 
 class Daemon:
     def __init__(self, slot_bytes, hbm="8GiB", host="16GiB", nvme="32GiB", nvme_dir=None, policy="prefix-lru",
-                 log_level="warn", timeout_s=120):
+                 log_level=None, timeout_s=120):
+        log_level = log_level or os.environ.get("KVTIER_ENGINE_LOG_LEVEL", "warn")
         self.dir = tempfile.mkdtemp(prefix="kvtier-engine-")
         self.socket = os.path.join(self.dir, "kvtierd.sock")
         self.log = os.path.join(self.dir, "kvtierd.log")
@@ -90,4 +94,11 @@ admission = "always"
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        keep = os.environ.get("KVTIER_ENGINE_LOG")
+        if keep:
+            try:
+                with open(self.log) as src, open(keep, "a") as dst:
+                    dst.write(src.read())
+            except OSError:
+                pass
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -160,6 +160,7 @@ class KvtierEngine:
         res = TurnResult([], [])
         t0 = now()
         keys = kvtier.key_chain_array(self.cid, tokens, T)
+        t_restore = time.perf_counter()  # restore_s = lookup + acquire, as TurnResult says
         acq = None
         hit = 0
         hit_ids = np.zeros(0, np.int32)
@@ -176,7 +177,7 @@ class KvtierEngine:
                 if bad:
                     raise EngineError(f"acquire returned {bad} slots outside HBM: decode needs HBM slots")
         res.hit_blocks = hit
-        res.restore_s = time.perf_counter() - t0
+        res.restore_s = time.perf_counter() - t_restore
         P = hit * T
         total_blocks = -(-(n_prompt + max_new) // T)
         alloc = self.client.alloc(self.cid, total_blocks - hit, tier="hbm")

@@ -1,12 +1,15 @@
 #include "tiers/hbm/hbm_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #if KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include <spdlog/spdlog.h>
 
 #include "tiers/hbm/gather.h"
 #endif
@@ -68,9 +71,24 @@ Status CudaErr(cudaError_t e, const char* what) {
 }
 struct HostFnCtx {
   HbmPool::CopyDone done;
+  // KVTIER_TRACE_COPIES: what the batch was and when it was issued.
+  bool trace = false;
+  std::chrono::steady_clock::time_point t0{};
+  double issue_us = 0;
+  size_t items = 0, runs = 0, streams = 0;
+  uint64_t bytes = 0;
+  const char* method = "";
+  bool to_device = true;
 };
 void CUDART_CB RunDone(void* p) {
   auto* c = static_cast<HostFnCtx*>(p);
+  if (c->trace) {
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - c->t0).count();
+    spdlog::info("hbm copy batch {}: {} items, {} runs, {} streams, {:.2f} MB, {}: issued in {:.0f} us, done after "
+                 "{:.0f} us ({:.1f} GB/s)",
+                 c->to_device ? "H2D" : "D2H", c->items, c->runs, c->streams, c->bytes / 1e6, c->method, c->issue_us,
+                 us, us > 0 ? c->bytes / us / 1e3 : 0.0);
+  }
   c->done(Status::Ok());
   delete c;
 }
@@ -97,6 +115,37 @@ StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
   p->h2d_ = a;
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), "stream"));
   p->d2h_ = b;
+  if (const char* sn = std::getenv("KVTIER_HBM_STREAMS"); sn != nullptr) {
+    char* end = nullptr;
+    const long v = std::strtol(sn, &end, 10);
+    if (end == sn || *end != '\0' || v < 1 || v > kMaxStreams) {
+      return Status::Invalid(std::string("KVTIER_HBM_STREAMS=") + sn + ": must be an integer from 1 to " +
+                             std::to_string(kMaxStreams));
+    }
+    p->streams_ = static_cast<int>(v);
+  } else {
+    p->streams_ = kDefaultStreams;
+  }
+  for (int d = 0; d < 2; ++d) {
+    for (int i = 1; i < p->streams_; ++i) {
+      cudaStream_t fs;
+      cudaEvent_t fe;
+      KVTIER_RETURN_IF_ERROR(CudaErr(cudaStreamCreateWithFlags(&fs, cudaStreamNonBlocking), "stream"));
+      p->fan_[d][i] = fs;
+      KVTIER_RETURN_IF_ERROR(CudaErr(cudaEventCreateWithFlags(&fe, cudaEventDisableTiming), "event"));
+      p->fan_done_[d][i] = fe;
+    }
+  }
+  for (int d = 0; d < 2; ++d) {
+    cudaStream_t cs;
+    cudaEvent_t ce;
+    KVTIER_RETURN_IF_ERROR(CudaErr(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking), "stream"));
+    p->cb_stream_[d] = cs;
+    KVTIER_RETURN_IF_ERROR(CudaErr(cudaEventCreateWithFlags(&ce, cudaEventDisableTiming), "event"));
+    p->cb_event_[d] = ce;
+  }
+  const char* tr = std::getenv("KVTIER_TRACE_COPIES");
+  p->trace_ = tr != nullptr && std::string(tr) == "1";
   p->alloc_.Reset(opts.slots);
   // KVTIER_HBM_COPY (hbm_pool.h): auto (default), or one method forced for a benchmark.
   const char* env = std::getenv("KVTIER_HBM_COPY");
@@ -124,6 +173,26 @@ HbmPool::~HbmPool() {
   if (d2h_) {
     cudaStreamSynchronize(static_cast<cudaStream_t>(d2h_));
     cudaStreamDestroy(static_cast<cudaStream_t>(d2h_));
+  }
+  for (auto& dir : fan_) {
+    for (void*& fs : dir) {
+      if (fs != nullptr) {
+        cudaStreamSynchronize(static_cast<cudaStream_t>(fs));
+        cudaStreamDestroy(static_cast<cudaStream_t>(fs));
+      }
+    }
+  }
+  for (int d = 0; d < 2; ++d) {
+    if (cb_stream_[d] != nullptr) {
+      cudaStreamSynchronize(static_cast<cudaStream_t>(cb_stream_[d]));
+      cudaStreamDestroy(static_cast<cudaStream_t>(cb_stream_[d]));
+    }
+    if (cb_event_[d] != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(cb_event_[d]));
+  }
+  for (auto& dir : fan_done_) {
+    for (void* fe : dir) {
+      if (fe != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(fe));
+    }
   }
   if (base_) cudaFree(base_);
 }
@@ -166,6 +235,7 @@ Status HbmPool::CopyToHost(uint32_t slot, void* dst, uint64_t bytes, CopyDone do
 }
 
 Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, CopyDone done) {
+  const auto t0 = std::chrono::steady_clock::now();
   for (const auto& it : items) {
     if (it.slot >= opts_.slots || it.bytes > opts_.slot_bytes) {
       return Status::Invalid("hbm copy: slot or size out of range");
@@ -215,50 +285,101 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
     }
   }
   if (queued) runs.clear();
-  // A few long runs: a loop of cudaMemcpyAsync keeps the engines busiest (H200, 1.4 MiB
-  // blocks: 0.895 of one cudaMemcpy against 0.87 for the batch call); many: one call.
-  const bool use_batch = !loop_only_.load(std::memory_order_relaxed) &&
-                         (runs.size() > 64 || batch_always_.load(std::memory_order_relaxed));
-  if (!queued && runs.size() > 1 && use_batch && batch_api_.load(std::memory_order_relaxed)) {
-    // One driver call for the whole batch (CUDA 12.8+): the per-call cost of
-    // cudaMemcpyAsync (a few microseconds) is as long as the DMA of a 144 KiB block, so a
-    // loop of them leaves the copy engine idle between blocks.
-    std::vector<void*> dst(runs.size());
-    std::vector<const void*> src(runs.size());
-    std::vector<size_t> len(runs.size());
-    for (size_t i = 0; i < runs.size(); ++i) {
-      void* dev = slot_ptr(runs[i].slot);
-      dst[i] = to_device ? dev : runs[i].host;
-      src[i] = to_device ? static_cast<const void*>(runs[i].host) : dev;
-      len[i] = runs[i].bytes;
-    }
-    cudaMemcpyAttributes attr{};
-    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    size_t attr_idx = 0;
-    const cudaError_t e =
-        cudaMemcpyBatchAsync(dst.data(), src.data(), len.data(), runs.size(), &attr, &attr_idx, 1, s);
-    if (e == cudaSuccess) {
-      queued = true;
-    } else {
+  // The copy engines: runs [b, e) on stream `cs`, as one cudaMemcpyBatchAsync or a loop of
+  // cudaMemcpyAsync. A few long runs: the loop keeps the engines busiest (H200, 1.4 MiB
+  // blocks: 0.895 of one cudaMemcpy against 0.87 for the batch call); many: one call (the
+  // per-call cost of cudaMemcpyAsync, a few microseconds, is as long as the DMA of a
+  // 144 KiB block, so a loop of them leaves the copy engine idle between blocks).
+  const char* method = queued ? "gather kernel" : "";
+  auto issue_runs = [&](cudaStream_t cs, size_t b, size_t e) -> Status {
+    const size_t n = e - b;
+    const bool use_batch = !loop_only_.load(std::memory_order_relaxed) &&
+                           (n > 64 || batch_always_.load(std::memory_order_relaxed));
+    if (n > 1 && use_batch && batch_api_.load(std::memory_order_relaxed)) {
+      std::vector<void*> dst(n);
+      std::vector<const void*> src(n);
+      std::vector<size_t> len(n);
+      for (size_t i = 0; i < n; ++i) {
+        void* dev = slot_ptr(runs[b + i].slot);
+        dst[i] = to_device ? dev : runs[b + i].host;
+        src[i] = to_device ? static_cast<const void*>(runs[b + i].host) : dev;
+        len[i] = runs[b + i].bytes;
+      }
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t attr_idx = 0;
+      if (cudaMemcpyBatchAsync(dst.data(), src.data(), len.data(), n, &attr, &attr_idx, 1, cs) == cudaSuccess) {
+        method = "cudaMemcpyBatchAsync";
+        return Status::Ok();
+      }
       // Unsupported here (older driver, ...): nothing was queued; use the loop from now on.
       cudaGetLastError();
       batch_api_.store(false, std::memory_order_relaxed);
     }
-  }
-  for (size_t i = 0; !queued && i < runs.size(); ++i) {
-    const auto& it = runs[i];
-    const cudaError_t e = to_device
-        ? cudaMemcpyAsync(slot_ptr(it.slot), it.host, it.bytes, cudaMemcpyHostToDevice, s)
-        : cudaMemcpyAsync(it.host, slot_ptr(it.slot), it.bytes, cudaMemcpyDeviceToHost, s);
-    if (e != cudaSuccess) {
+    method = "cudaMemcpyAsync loop";
+    for (size_t i = b; i < e; ++i) {
+      const auto& it = runs[i];
+      const cudaError_t ce = to_device
+          ? cudaMemcpyAsync(slot_ptr(it.slot), it.host, it.bytes, cudaMemcpyHostToDevice, cs)
+          : cudaMemcpyAsync(it.host, slot_ptr(it.slot), it.bytes, cudaMemcpyDeviceToHost, cs);
+      if (ce != cudaSuccess) return CudaErr(ce, what);
+    }
+    return Status::Ok();
+  };
+  // Several runs and several streams (KVTIER_HBM_STREAMS): the runs are split into
+  // contiguous parts of about equal bytes, part k on stream k, so that one copy's DMA setup
+  // overlaps another's transfer; the parts join `s` by events before the completion.
+  std::lock_guard<std::mutex> fan_lock(fan_mu_);
+  const int d = to_device ? 0 : 1;
+  const size_t parts = std::min<size_t>(static_cast<size_t>(streams_), runs.size());
+  size_t used_streams = queued ? 1 : std::max<size_t>(1, parts);
+  if (!queued && !runs.empty()) {
+    std::vector<size_t> cut{0};
+    if (parts > 1) {
+      uint64_t acc = 0;
+      for (size_t i = 0; i < runs.size() && cut.size() < parts; ++i) {
+        acc += runs[i].bytes;
+        if (acc * parts >= total * cut.size() && i + 1 < runs.size()) cut.push_back(i + 1);
+      }
+    }
+    cut.push_back(runs.size());
+    used_streams = cut.size() - 1;
+    Status st = Status::Ok();
+    for (size_t k = 0; k + 1 < cut.size() && st.ok(); ++k) {
+      cudaStream_t cs = k == 0 ? s : static_cast<cudaStream_t>(fan_[d][k]);
+      st = issue_runs(cs, cut[k], cut[k + 1]);
+      if (st.ok() && k > 0) {
+        auto ev = static_cast<cudaEvent_t>(fan_done_[d][k]);
+        st = CudaErr(cudaEventRecord(ev, cs), "cudaEventRecord");
+        if (st.ok()) st = CudaErr(cudaStreamWaitEvent(s, ev, 0), "cudaStreamWaitEvent");
+      }
+    }
+    if (!st.ok()) {
       // Copies already queued finish on their own; wait for them so that the caller may
       // reuse the buffers once it has the error.
-      cudaStreamSynchronize(s);
-      return CudaErr(e, what);
+      for (size_t k = 0; k + 1 < cut.size(); ++k) {
+        cudaStreamSynchronize(k == 0 ? s : static_cast<cudaStream_t>(fan_[d][k]));
+      }
+      return st;
     }
   }
   auto* c = new HostFnCtx{std::move(done)};
-  cudaError_t e = cudaLaunchHostFunc(s, RunDone, c);
+  if (trace_) {
+    c->trace = true;
+    c->t0 = t0;
+    c->issue_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    c->items = items.size();
+    c->runs = queued ? items.size() : runs.size();
+    c->streams = used_streams;
+    for (const auto& it : items) c->bytes += it.bytes;
+    c->method = method;
+    c->to_device = to_device;
+  }
+  // The completion waits for the copy stream by an event, on the callback stream.
+  auto cbs = static_cast<cudaStream_t>(cb_stream_[d]);
+  cudaError_t e = cudaEventRecord(static_cast<cudaEvent_t>(cb_event_[d]), s);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(cbs, static_cast<cudaEvent_t>(cb_event_[d]), 0);
+  if (e == cudaSuccess) e = cudaLaunchHostFunc(cbs, RunDone, c);
   if (e != cudaSuccess) {
     delete c;
     cudaStreamSynchronize(s);

@@ -308,7 +308,7 @@ int Run(const std::vector<std::string>& argv) {
     // kernel does not coalesce), HbmPool::CopyBatch of the same bytes from a registered host
     // arena: blocks in neighbouring slots (coalesced into one copy) and in every other
     // slot (nothing coalesces: one cudaMemcpyAsync per block).
-    std::vector<double> cb_run, cb_apart;
+    std::vector<double> cb_run, cb_apart, cb_conf;
     {
       HostPoolOptions hpo;
       hpo.slot_bytes = slot;
@@ -336,6 +336,22 @@ int Run(const std::vector<std::string>& argv) {
           if (r > 0) (stride == 1 ? cb_run : cb_apart).push_back(Secs(a));  // first: warm-up
         }
       }
+      // The same scattered blocks through a pool made as the daemon makes it (the
+      // environment's KVTIER_HBM_COPY / KVTIER_HBM_STREAMS): the copy method alone, without
+      // the TierManager around it.
+      (*dp).reset();  // one arena at a time
+      dp = HbmPool::Create(dpo);
+      if (!dp.ok()) return cli::Fail("bench tiers: pool for the configured CopyBatch row failed");
+      std::vector<HbmPool::CopyItem> items;
+      for (uint32_t i = 0; i < nblocks; ++i) items.push_back({i * 2, (*hp)->slot_ptr(i * 2), block});
+      for (int r = 0; r < reps + 1; ++r) {
+        std::promise<Status> done;
+        auto a = Clock::now();
+        Status st = (*dp)->CopyBatch(items, true, [&](Status x) { done.set_value(x); });
+        if (st.ok()) st = done.get_future().get();
+        if (!st.ok()) return cli::Fail("bench tiers: CopyBatch: " + st.ToString());
+        if (r > 0) cb_conf.push_back(Secs(a));
+      }
     }
     const double h2d_gbps = gb / Median(h2d);
     const double slower = std::min(Median(tm_r), h2d_gbps);
@@ -344,6 +360,13 @@ int Run(const std::vector<std::string>& argv) {
         gb / Median(cb_apart) / base_h2d, "");
     row("HbmPool::CopyBatch, copy engine, blocks in neighbouring slots (coalesced)", gb / Median(cb_run),
         gb / Median(cb_run) / base_h2d, "");
+    {
+      const char* m = std::getenv("KVTIER_HBM_COPY");
+      const char* ns = std::getenv("KVTIER_HBM_STREAMS");
+      row(Fmt("HbmPool::CopyBatch as the daemon runs it (KVTIER_HBM_COPY=%s, KVTIER_HBM_STREAMS=%s), every other slot",
+              m ? m : "auto", ns ? ns : "default"),
+          gb / Median(cb_conf), gb / Median(cb_conf) / base_h2d, "");
+    }
     row("TierManager Acquire, host -> HBM (batch)", h2d_gbps, h2d_gbps / base_h2d, ">= 0.90");
     row("TierManager Acquire, NVMe -> host -> HBM (pipelined; ratio to the slower stage)", gb / Median(n2d),
         gb / Median(n2d) / slower, ">= 0.85");

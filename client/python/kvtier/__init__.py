@@ -36,6 +36,7 @@ __all__ = [
 
 TIER_HBM, TIER_HOST, TIER_NVME, TIER_REMOTE, TIER_NONE = 0, 1, 2, 3, 255
 _TIER_NAMES = {TIER_HBM: "hbm", TIER_HOST: "host", TIER_NVME: "nvme", TIER_REMOTE: "remote", TIER_NONE: "none"}
+_TIER_BY_CODE = [_TIER_NAMES.get(i, "none") for i in range(256)]
 _TIER_BY_NAME = {v: k for k, v in _TIER_NAMES.items()}
 _STATUS = ["OK", "NOT_FOUND", "REJECTED", "RETRY", "IO_ERROR", "CORRUPT", "INVALID", "UNSUPPORTED",
            "DISCONNECTED", "TIMEOUT"]
@@ -516,9 +517,8 @@ class Client:
         res = _LookupResult()
         tiers = (ctypes.c_uint8 * max(len(keys), 1))()
         _check(self._lib.kvtier_lookup(self._handle(), contract_id, arr, len(keys), ctypes.byref(res), tiers))
-        names = _TIER_NAMES
-        return LookupResult(res.hit_blocks, [names.get(t, "none") for t in bytes(tiers)[:len(keys)]],
-                            res.est_seconds_to_hbm)
+        names = _TIER_BY_CODE  # a 256-entry list: one index per block, no dict lookups
+        return LookupResult(res.hit_blocks, [names[t] for t in bytes(tiers)[:len(keys)]], res.est_seconds_to_hbm)
 
     def acquire(self, contract_id: int, keys: Sequence[Key], tier="host") -> Lease:
         arr = _keys_array(keys)
