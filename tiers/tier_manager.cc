@@ -192,6 +192,7 @@ struct AcquireCtx {
   // KVTIER_TRACE_COPIES=1: when the acquire came in, and how long its set-up took.
   std::chrono::steady_clock::time_point t0{};
   double setup_us = 0;
+  double found_us = 0, first_send_us = -1;  // prefix found and held; first copies sent
   size_t promoted = 0;
 };
 
@@ -949,8 +950,9 @@ void TierManagerImpl::FinishAcquireLocked(const std::shared_ptr<AcquireCtx>& ctx
   }
   if (n < ctx->ok.size()) c_[kN].misses += ctx->ok.size() - n;
   if (TraceCopies() && ctx->ok.size() >= 64) {
-    spdlog::info("acquire {} blocks into {} ({} promoted): set-up {:.0f} us (copies sent on the way), answered after {:.0f} us",
-                 ctx->ok.size(), TierName(ctx->target), ctx->promoted, ctx->setup_us,
+    spdlog::info("acquire {} blocks into {} ({} promoted): prefix found in {:.0f} us, first copies sent at {:.0f} us, "
+                 "set-up done at {:.0f} us, answered after {:.0f} us",
+                 ctx->ok.size(), TierName(ctx->target), ctx->promoted, ctx->found_us, ctx->first_send_us, ctx->setup_us,
                  std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - ctx->t0).count());
   }
   std::vector<SlotRef> out(ctx->slots.begin(), ctx->slots.begin() + static_cast<long>(n));
@@ -1004,6 +1006,7 @@ void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128>
     }
   }
   const size_t n = ctx->blocks.size();
+  if (TraceCopies()) ctx->found_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - ctx->t0).count();
   // Making room for one block's promotion must not evict or erase another of this prefix.
   // A block named twice (keys may repeat) is held twice.
   for (Block* b : ctx->blocks) b->holds++;
@@ -1061,6 +1064,9 @@ void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128>
       ready(false);
     }
     if (k + 1 >= next_send && copies_.size() >= kInlineFirst) {
+      if (TraceCopies() && ctx->first_send_us < 0) {
+        ctx->first_send_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - ctx->t0).count();
+      }
       SendCopiesInlineLocked(l);
       next_send = k + 1 + kInlineCopies;
     }

@@ -142,11 +142,13 @@ def main():
                     med = {m: statistics.median([x.ttft_s for x in v]) for m, v in res.items()}
                     rst = {m: statistics.median([x.restore_s for x in v]) for m, v in res.items()}
                     est = {m: statistics.median([x.est_restore_s for x in v]) for m, v in res.items()}
+                    lkp = {m: statistics.median([x.lookup_s for x in v]) for m, v in res.items()}
                     row = {"format": fmt, "context": ctx, "prefix_blocks": r1.committed_blocks,
                            "prefix_bytes": prefix_bytes, "slot_bytes": client.slot_bytes,
                            "ttft_ms": {m: v * 1e3 for m, v in med.items()},
                            "restore_ms": {m: rst[m] * 1e3 for m in ("hbm", "host", "nvme")},
                            "est_restore_ms": {m: est[m] * 1e3 for m in ("hbm", "host", "nvme")},
+                           "lookup_ms": {m: lkp[m] * 1e3 for m in ("hbm", "host", "nvme")},
                            "tiers_seen": tiers_seen}
                     rows.append(row)
                     print(json.dumps(row), flush=True)

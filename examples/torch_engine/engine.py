@@ -69,6 +69,7 @@ class TurnResult:
     est_restore_s: float = 0.0        # the daemon's estimate for the hit blocks
     ttft_s: float = 0.0               # request start -> first token on the host
     restore_s: float = 0.0            # lookup + acquire (promotion into HBM)
+    lookup_s: float = 0.0             # the lookup part of restore_s
     prefill_s: float = 0.0
     decode_s: float = 0.0
     prefill_tokens: int = 0
@@ -167,6 +168,7 @@ class KvtierEngine:
         if use_cache:
             usable = (n_prompt - 1) // T  # the last prompt token is always computed (its logits)
             lk = self.client.lookup(self.cid, keys[:usable])
+            res.lookup_s = time.perf_counter() - t_restore
             res.tiers = lk.tiers[:lk.hit_blocks]
             res.est_restore_s = lk.est_seconds_to_hbm
             if lk.hit_blocks:
