@@ -44,6 +44,14 @@ inline void CpuRelax() {
 #endif
 }
 
+// Lookup replies copy tiers::Tier values into the wire's tier bytes as they are.
+static_assert(sizeof(tiers::Tier) == 1);
+static_assert(static_cast<uint8_t>(tiers::Tier::kHbm) == wire::kTierHbm &&
+              static_cast<uint8_t>(tiers::Tier::kHost) == wire::kTierHost &&
+              static_cast<uint8_t>(tiers::Tier::kNvme) == wire::kTierNvme &&
+              static_cast<uint8_t>(tiers::Tier::kRemote) == wire::kTierRemote &&
+              static_cast<uint8_t>(tiers::Tier::kNone) == wire::kTierNone);
+
 uint64_t SlotKey(const tiers::SlotRef& s) {
   return (static_cast<uint64_t>(s.tier) << 32) | s.slot;
 }
@@ -381,15 +389,25 @@ void Session::Execute(const wire::RequestEntry& req, std::span<const uint8_t> in
     case wire::Op::kLookup: {
       Status s = CheckContract(req.contract_id);
       if (!s.ok()) return fail(s);
-      const auto keys = CopyArray<Key128>(in.data(), req.count);
-      const tiers::LookupResult r = tm_->Lookup(req.contract_id, keys);
-      const size_t hit = std::min<size_t>(r.hit_blocks, req.count);
-      for (size_t i = 0; i < req.count; ++i) {
-        out[i] = i < hit && i < r.tiers.size() ? static_cast<uint8_t>(r.tiers[i]) : wire::kTierNone;
+      // Keys and tiers in buffers of this thread that keep their size: no allocation per
+      // lookup. The keys are copied out of the request (the ring's data area is the
+      // client's to change while we read); out has room for count bytes (validated).
+      thread_local std::vector<Key128> keys;
+      thread_local std::vector<tiers::Tier> tiers;
+      if (keys.size() < req.count) {
+        keys.resize(req.count);
+        tiers.resize(req.count);
       }
+      std::memcpy(keys.data(), in.data(), sizeof(Key128) * req.count);
+      double est = 0.0;
+      const size_t hit = std::min<size_t>(
+          tm_->LookupInto(req.contract_id, std::span<const Key128>(keys.data(), req.count), tiers.data(), &est),
+          req.count);
+      std::memcpy(out, tiers.data(), hit);
+      std::memset(out + hit, wire::kTierNone, req.count - hit);
       c.count = static_cast<uint32_t>(hit);
       c.out_bytes = req.count;
-      c.est_seconds = r.est_seconds_to_hbm;
+      c.est_seconds = est;
       done(c);
       return;
     }

@@ -10,7 +10,7 @@
 // caller's thread after mu_ is released, which is just as safe.
 #include "tiers/tier_manager.h"
 
-#include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "tiers/block_index.h"
 #include "tiers/hbm/cuda_env.h"
 #include "tiers/hbm/hbm_pool.h"
 #include "tiers/host/host_pool.h"
@@ -118,7 +119,9 @@ struct Promotion {
   std::vector<Waiter> waiters;  // run under mu_ when the promotion ends
 };
 
-struct Block {
+// Aligned to a cache line: the fields a lookup reads (id, bytes, slot, nvme) share the
+// first one, so a probe of the index touches one line of the Block.
+struct alignas(64) Block {
   BlockId id;
   Key128 parent;
   uint64_t bytes = 0;          // payload bytes (the contract's block size)
@@ -131,6 +134,21 @@ struct Block {
   uint32_t uses = 0;
   uint32_t holds = 0;  // held by a method walking several blocks: neither evicted nor erased
   bool remote = false;  // fetched from, or queued for writing to, the remote tier
+};
+
+// Hash and equality of the block index (TierManagerImpl::blocks_), a set of the Blocks
+// keyed by their own id; transparent, so a BlockId finds its Block.
+struct BlockIndexHash {
+  using is_transparent = void;
+  size_t operator()(const BlockId& id) const noexcept { return BlockIndexHashOf(id); }
+  size_t operator()(const std::unique_ptr<Block>& b) const noexcept { return (*this)(b->id); }
+};
+struct BlockIndexEq {
+  using is_transparent = void;
+  static const BlockId& Id(const BlockId& id) { return id; }
+  static const BlockId& Id(const std::unique_ptr<Block>& b) { return b->id; }
+  template <typename A, typename B>
+  bool operator()(const A& a, const B& b) const noexcept { return Id(a) == Id(b); }
 };
 
 // The tier's eviction policy, counting its blocks per contract on the way (for the
@@ -257,6 +275,8 @@ class TierManagerImpl final : public TierManager {
     return contracts_.count(id) != 0;
   }
   LookupResult Lookup(uint64_t contract_id, std::span<const Key128> keys) override;
+  size_t LookupInto(uint64_t contract_id, std::span<const Key128> keys, Tier* tiers_out,
+                    double* est_seconds_to_hbm) override;
   void Acquire(uint64_t contract_id, std::span<const Key128> keys, Tier target, AcquireDone done) override;
   Status AllocSlots(uint64_t contract_id, uint32_t n, Tier target, std::vector<SlotRef>* out) override;
   Status Commit(uint64_t contract_id, SlotRef slot, const Key128& key, const Key128& parent) override;
@@ -293,7 +313,7 @@ class TierManagerImpl final : public TierManager {
   }
   Block* FindLocked(const BlockId& id) {
     auto it = blocks_.find(id);
-    return it == blocks_.end() ? nullptr : it->second.get();
+    return it == blocks_.end() ? nullptr : it->get();
   }
   bool CachedLocked(const Block& b) const { return b.slot[kH] >= 0 || b.slot[kS] >= 0 || b.nvme; }
   void MaybeEraseLocked(Block* b);
@@ -378,9 +398,13 @@ class TierManagerImpl final : public TierManager {
   std::unordered_map<uint64_t, ScaleContract> contracts_;
   // The block index. An open-addressing table (abseil's SwissTable): a find is a probe of
   // one 16-byte control group and one slot, against the three dependent pointer loads and
-  // a 64-bit division of std::unordered_map (a 1,000-block lookup: 15.6 -> 7.5 us), and it
-  // can prefetch ahead (Lookup). Blocks stay put (unique_ptr): Block* survive rehashing.
-  absl::flat_hash_map<BlockId, std::unique_ptr<Block>, BlockIdHash> blocks_;
+  // a 64-bit division of std::unordered_map (a 1,000-block lookup: 15.6 -> 7.5 us). Its
+  // slots hold only the Block pointer (8 bytes, found by the Block's own id): a probe
+  // reads the control bytes, the pointer and the Block's first line, where the map of
+  // (id -> pointer) it replaced read a 32-byte slot and then the Block as well (1,000
+  // blocks: the slots fit L1; with the cheaper hash, block_index.h, 7.5 -> 4.9 us).
+  // Blocks stay put (unique_ptr): Block* survive rehashing.
+  absl::flat_hash_set<std::unique_ptr<Block>, BlockIndexHash, BlockIndexEq> blocks_;
   std::vector<SlotInfo> slots_[2];
   std::unique_ptr<CountingPolicy> policy_[3];
   uint64_t pinned_[3] = {0, 0, 0};  // blocks with pins[t] > 0 (hbm, host); io_pins[kN] > 0 (nvme)
@@ -466,7 +490,7 @@ Status TierManagerImpl::Init() {
       b->nvme = true;
       b->uses = e.hits;
       policy_[kN]->Insert(e.id, BlockId{e.id.contract, e.parent});
-      blocks_.emplace(e.id, std::move(b));
+      blocks_.insert(std::move(b));
     }
   }
   spdlog::info("kvtier tiers: hbm {} | host {} slots x {} B ({}) | nvme {}",
@@ -527,43 +551,56 @@ Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
 
 LookupResult TierManagerImpl::Lookup(uint64_t contract_id, std::span<const Key128> keys) {
   LookupResult r;
-  r.tiers.reserve(keys.size());
+  r.tiers.resize(keys.size());
+  r.hit_blocks = LookupInto(contract_id, keys, r.tiers.data(), &r.est_seconds_to_hbm);
+  r.tiers.resize(r.hit_blocks);
+  return r;
+}
+
+size_t TierManagerImpl::LookupInto(uint64_t contract_id, std::span<const Key128> keys, Tier* tiers_out,
+                                   double* est_seconds_to_hbm) {
+  *est_seconds_to_hbm = 0.0;
   std::unique_lock<std::mutex> l(mu_);
-  if (!contracts_.count(contract_id)) return r;
-  double host_bytes = 0, nvme_bytes = 0, remote_bytes = 0;
-  // The probes of a long prefix are independent: on an index too big for the caches,
-  // prefetching the table memory a few keys ahead overlaps their misses (1,000 lookups in
-  // 1M blocks: 38.7 -> 32.3 us). On a small index the second hash costs more than it
-  // saves (1,000 blocks: 7.5 -> 10.7 us), hence the size threshold (~8 MiB of table).
+  if (!contracts_.count(contract_id)) return 0;
+  // Byte sums and the hit count stay in registers: summed into the result's fields (or a
+  // double) they were a chain through memory from each block to the next.
+  uint64_t host_bytes = 0, nvme_bytes = 0;
+  double remote_bytes = 0;
+  // On an index too big for the caches, prefetching the table a few keys ahead overlaps
+  // the misses of independent probes (measured with the map this replaced: 1 M blocks
+  // 38.7 -> 32.3 us; below 256 K the second hash cost more than it saved). It brings the
+  // control bytes and the pointer, not the Block; kept, as neither size measured worse.
   constexpr size_t kAhead = 8;
   const size_t nk = keys.size();
   const bool prefetch = blocks_.size() >= (size_t{1} << 18);
   for (size_t i = 0; prefetch && i < std::min(nk, kAhead); ++i) blocks_.prefetch(BlockId{contract_id, keys[i]});
-  for (size_t i = 0; i < nk; ++i) {
-    if (prefetch && i + kAhead < nk) blocks_.prefetch(BlockId{contract_id, keys[i + kAhead]});
-    Block* b = FindLocked({contract_id, keys[i]});
+  size_t hit = 0;
+  for (; hit < nk; ++hit) {
+    if (prefetch && hit + kAhead < nk) blocks_.prefetch(BlockId{contract_id, keys[hit + kAhead]});
+    const Block* b = FindLocked({contract_id, keys[hit]});
     if (!b || !CachedLocked(*b)) break;
-    Tier t = b->slot[kH] >= 0 ? Tier::kHbm : b->slot[kS] >= 0 ? Tier::kHost : Tier::kNvme;
+    const Tier t = b->slot[kH] >= 0 ? Tier::kHbm : b->slot[kS] >= 0 ? Tier::kHost : Tier::kNvme;
     if (t == Tier::kHost) host_bytes += b->bytes;
-    if (t == Tier::kNvme) nvme_bytes += b->bytes, host_bytes += b->bytes;
-    r.tiers.push_back(t);
-    ++r.hit_blocks;
+    if (t == Tier::kNvme) nvme_bytes += b->bytes;
+    tiers_out[hit] = t;
   }
+  host_bytes += nvme_bytes;
+  double host_d = static_cast<double>(host_bytes);
   const double h2d = c_[kH].write_gbps > 0 ? c_[kH].write_gbps : opts_.host_to_hbm_gbps;
   const double nv = c_[kN].read_gbps > 0 ? c_[kN].read_gbps : opts_.nvme_read_gbps;
-  if (remote_ && r.hit_blocks < keys.size()) {
+  if (remote_ && hit < keys.size()) {
     const uint64_t block = contracts_.at(contract_id).block_bytes();
     l.unlock();  // network I/O, bounded by the remote command timeout
-    const size_t n = remote_->ExistsPrefix(contract_id, keys.subspan(r.hit_blocks));
-    for (size_t i = 0; i < n; ++i) r.tiers.push_back(Tier::kRemote);
-    r.hit_blocks += n;
+    const size_t n = remote_->ExistsPrefix(contract_id, keys.subspan(hit));
+    for (size_t i = 0; i < n; ++i) tiers_out[hit + i] = Tier::kRemote;
+    hit += n;
     remote_bytes = static_cast<double>(n * block);
-    host_bytes += remote_bytes;
+    host_d += remote_bytes;
   }
   double rg = remote_ ? remote_->stats().read_gbps : 0.0;
   if (!(rg > 0)) rg = opts_.remote.read_gbps;
-  r.est_seconds_to_hbm = host_bytes / (h2d * 1e9) + nvme_bytes / (nv * 1e9) + remote_bytes / (rg * 1e9);
-  return r;
+  *est_seconds_to_hbm = host_d / (h2d * 1e9) + static_cast<double>(nvme_bytes) / (nv * 1e9) + remote_bytes / (rg * 1e9);
+  return hit;
 }
 
 // ---- eviction ---------------------------------------------------------------------------
@@ -790,7 +827,7 @@ Status TierManagerImpl::CommitImpl(uint64_t contract_id, SlotRef ref, const Key1
     nb->parent = parent;
     nb->bytes = cit->second.block_bytes();
     b = nb.get();
-    blocks_.emplace(id, std::move(nb));
+    blocks_.insert(std::move(nb));
   }
   b->uses++;
   b->slot[t] = static_cast<int32_t>(ref.slot);
@@ -1453,7 +1490,7 @@ Status TierManagerImpl::DoFlush(Tier to) {
       std::lock_guard<std::mutex> l(mu_);
       // Collected first: making room in host (below) may erase other blocks from the map.
       std::vector<Block*> in_hbm;
-      for (auto& [id, up] : blocks_) {
+      for (const auto& up : blocks_) {
         if (EvictableLocked(kH, *up)) in_hbm.push_back(up.get());
       }
       for (Block* b : in_hbm) {
@@ -1491,7 +1528,7 @@ Status TierManagerImpl::DoFlush(Tier to) {
   std::vector<std::pair<Block*, bool>> writes;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (auto& [id, up] : blocks_) {
+    for (const auto& up : blocks_) {
       Block* b = up.get();
       if (!EvictableLocked(kS, *b)) continue;
       QueueRemoteWriteLocked(b);
@@ -1517,7 +1554,7 @@ Status TierManagerImpl::DoFlush(Tier to) {
   {
     std::lock_guard<std::mutex> l(mu_);
     for (auto it = blocks_.begin(); it != blocks_.end();) {
-      Block* b = (it++)->second.get();
+      Block* b = (it++)->get();
       MaybeEraseLocked(b);
     }
   }
@@ -1543,9 +1580,9 @@ Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
   for (int t : {kH, kS, kN}) {
     if (old[t] == now[t]) continue;
     policy_[t] = MakePolicy(now[t], Slots(t));
-    for (auto& [id, b] : blocks_) {
+    for (const auto& b : blocks_) {
       const bool in = t == kN ? b->nvme : b->slot[t] >= 0;
-      if (in) policy_[t]->Insert(id, BlockId{id.contract, b->parent});
+      if (in) policy_[t]->Insert(b->id, BlockId{b->id.contract, b->parent});
     }
   }
   KickLocked();
@@ -1655,8 +1692,8 @@ Status TierManagerImpl::ListBlocks(uint64_t contract_id, Tier tier, uint64_t off
   if (contract_id != 0 && contracts_.count(contract_id) == 0) {
     return Status::NotFound("contract " + ContractIdHex(contract_id) + " is not registered");
   }
-  for (const auto& [id, b] : blocks_) {
-    if (contract_id != 0 && id.contract != contract_id) continue;
+  for (const auto& b : blocks_) {
+    if (contract_id != 0 && b->id.contract != contract_id) continue;
     if (!InTier(*b, tier)) continue;
     if (n >= offset && out->size() < limit) out->push_back(InfoOf(*b));
     ++n;
@@ -1671,11 +1708,11 @@ StatusOr<BlockInfo> TierManagerImpl::InspectBlock(uint64_t contract_id, const Ke
     std::lock_guard<std::mutex> l(mu_);
     const Block* found = nullptr;
     if (contract_id != 0) {
-      auto it = blocks_.find({contract_id, key});
-      if (it != blocks_.end()) found = it->second.get();
+      auto it = blocks_.find(BlockId{contract_id, key});
+      if (it != blocks_.end()) found = it->get();
     } else {
-      for (const auto& [id, b] : blocks_) {
-        if (id.key == key && InTier(*b, Tier::kNone)) {
+      for (const auto& b : blocks_) {
+        if (b->id.key == key && InTier(*b, Tier::kNone)) {
           found = b.get();
           break;
         }
@@ -1770,8 +1807,8 @@ Status TierManagerImpl::EvictContract(uint64_t contract_id, uint64_t* evicted, u
       return Status::NotFound("contract " + ContractIdHex(contract_id) + " is not registered");
     }
     std::vector<Block*> victims;
-    for (auto& [id, b] : blocks_) {
-      if (id.contract == contract_id && CachedLocked(*b)) victims.push_back(b.get());
+    for (const auto& b : blocks_) {
+      if (b->id.contract == contract_id && CachedLocked(*b)) victims.push_back(b.get());
     }
     for (Block* b : victims) {
       if (b->pins[0] || b->pins[1] || b->io_pins[0] || b->io_pins[1] || b->io_pins[2] || b->busy[0] ||

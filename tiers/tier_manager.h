@@ -166,6 +166,10 @@ class TierManager {
   // remote tier, the keys past the local prefix are asked of it (one pipelined EXISTS
   // batch, bounded by its command timeout) and reported as Tier::kRemote.
   virtual LookupResult Lookup(uint64_t contract_id, std::span<const Key128> keys) = 0;
+  // The same lookup without allocating: writes tiers_out[i] for i < the returned hit
+  // count (tiers_out has room for keys.size()); entries past it are left as they were.
+  virtual size_t LookupInto(uint64_t contract_id, std::span<const Key128> keys, Tier* tiers_out,
+                            double* est_seconds_to_hbm) = 0;
 
   // Promotes the longest cached prefix of `keys` into `target` (kHbm, or kHost for
   // clients without a GPU) and pins each block there. `done` gets the pinned slots of the

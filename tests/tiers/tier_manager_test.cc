@@ -11,9 +11,11 @@
 #include <future>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "formats/contract.h"
 #include "tests/tiers/test_util.h"
+#include "tiers/block_index.h"
 #include "tiers/nvme/nvme_store.h"
 #include "tiers/policy/policy.h"
 
@@ -443,6 +445,67 @@ TEST_P(TierManagerTest, ResidentAcquireAnswersInlineAndMovingOneOnTheMover) {
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_TRUE(testing::Matches(Slot(slots[i]), Bytes(), i));
     ASSERT_TRUE(tm_->Unpin(slots[i]).ok());
+  }
+}
+
+// The block index hashes (contract, key) to 64 bits (tiers/block_index.h), so ids of
+// different contracts or keys can share a hash; each must still find only its own block,
+// by Lookup and by LookupInto.
+TEST_P(TierManagerTest, BlockIndexCollisionsNeverMixBlocks) {
+  OpenTm();
+  ScaleContract other = SmallContract();
+  other.model_id = "test/other-model";
+  ASSERT_TRUE(tm_->RegisterContract(other).ok());
+  const uint64_t cid2 = other.Id();
+  ASSERT_NE(cid2, cid_);
+  const Key128 a = K(1);
+  const Key128 b{a.hi, a.lo ^ cid_ ^ cid2};                // other contract, same hash
+  const Key128 c{a.hi ^ 1, a.lo ^ (uint64_t{1} << 32)};  // same contract, same hash
+  ASSERT_EQ(BlockIndexHashOf({cid_, a}), BlockIndexHashOf({cid2, b}));
+  ASSERT_EQ(BlockIndexHashOf({cid_, a}), BlockIndexHashOf({cid_, c}));
+  auto store = [&](uint64_t cid, const Key128& k, uint64_t seed) {
+    std::vector<SlotRef> s;
+    ASSERT_TRUE(tm_->AllocSlots(cid, 1, Tier::kHost, &s).ok());
+    testing::Fill(Slot(s[0]), Bytes(), seed);
+    ASSERT_TRUE(tm_->Commit(cid, s[0], k, Key128{}).ok());
+    ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+  };
+  auto hits = [&](uint64_t cid, const Key128& k) { return tm_->Lookup(cid, std::vector<Key128>{k}).hit_blocks; };
+
+  store(cid_, a, 10);
+  EXPECT_EQ(hits(cid_, a), 1u);
+  EXPECT_EQ(hits(cid2, b), 0u);
+  EXPECT_EQ(hits(cid_, c), 0u);
+  EXPECT_EQ(hits(cid2, a), 0u);
+
+  store(cid2, b, 20);
+  store(cid_, c, 30);
+  EXPECT_EQ(hits(cid_, a), 1u);
+  EXPECT_EQ(hits(cid2, b), 1u);
+  EXPECT_EQ(hits(cid_, c), 1u);
+  EXPECT_EQ(hits(cid2, a), 0u);
+  EXPECT_EQ(hits(cid2, c), 0u);
+  EXPECT_EQ(hits(cid_, b), 0u);
+
+  // Evicting one leaves the others, and each one's bytes are its own.
+  ASSERT_TRUE(tm_->Evict(cid_, a).ok());
+  EXPECT_EQ(hits(cid_, a), 0u);
+  const std::vector<Key128> prefix{c, a};
+  Tier out[3] = {Tier::kNone, Tier::kNone, Tier::kNone};
+  double est = -1;
+  EXPECT_EQ(tm_->LookupInto(cid_, prefix, out, &est), 1u);
+  EXPECT_EQ(out[0], Tier::kHost);
+  EXPECT_EQ(out[1], Tier::kNone);  // past the hits: left as it was
+  EXPECT_GT(est, 0.0);
+  EXPECT_EQ(tm_->LookupInto(cid2, std::vector<Key128>{b, c}, out, &est), 1u);
+  for (auto [cid, k, seed] : {std::tuple{cid2, b, 20}, std::tuple{cid_, c, 30}}) {
+    std::promise<std::vector<SlotRef>> p;
+    auto f = p.get_future();
+    tm_->Acquire(cid, std::vector<Key128>{k}, Tier::kHost, [&p](Status, std::vector<SlotRef> v) { p.set_value(v); });
+    auto slots = f.get();
+    ASSERT_EQ(slots.size(), 1u);
+    EXPECT_TRUE(testing::Matches(Slot(slots[0]), Bytes(), seed)) << "block of seed " << seed;
+    ASSERT_TRUE(tm_->Unpin(slots[0]).ok());
   }
 }
 
