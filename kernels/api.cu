@@ -172,6 +172,8 @@ int Nvfp4DecodeVariant() {
     if (e != nullptr && std::string(e) == "prmt") return 2;
     if (e != nullptr && std::string(e) == "prmt32") return 3;
     if (e != nullptr && std::string(e) == "prmt32x") return 4;
+    if (e != nullptr && std::string(e) == "lean32") return 5;
+    if (e != nullptr && std::string(e) == "pipe32") return 6;
     return kDefaultNvfp4Variant;
   }();
   return v;

@@ -37,7 +37,8 @@ namespace {
 
 constexpr int kNvfp4 = 0, kFp8 = 1, kBf16 = 2;
 
-template <int FMT, int D, bool PAIR = false>
+// MODE: 0 one subtile per softmax step, 1 two (DEC 3..5), 2 two, software-pipelined (DEC 6).
+template <int FMT, int D, int MODE = 0>
 struct Cfg {
   static constexpr int kRow = FMT == kNvfp4 ? D / 2 : (FMT == kFp8 ? D : 2 * D);  // bytes/token
   static constexpr int kSc = FMT == kNvfp4 ? D / 16 : 0;  // scale bytes per token
@@ -46,7 +47,8 @@ struct Cfg {
   static constexpr int kVData = kKSc + 16 * kSc;
   static constexpr int kVSc = kVData + 16 * kRow;
   static constexpr int kStage = kVSc + 16 * kSc;        // bytes of one subtile
-  static constexpr int kStages = FMT == kNvfp4 ? (PAIR ? 5 : 4) : (FMT == kFp8 ? 3 : 2);
+  static constexpr int kStages =
+      FMT == kNvfp4 ? (MODE == 2 ? 6 : MODE == 1 ? 5 : 4) : (FMT == kFp8 ? 3 : 2);
   static constexpr int kSmemPerWarp = kStage * kStages;
   static constexpr int kKWords = kRow / 16;  // 32-bit words of one K row per thread (row/4 B)
   static constexpr int kVWords = kRow / 32;  // words of one V row per thread (row/8 B), >= 1
@@ -63,6 +65,20 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// cp.async that only runs where `pred` is set (no branch: one predicated LDGSTS).
+__device__ __forceinline__ void cp_async16_if(uint32_t dst, const void* src, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(dst),
+      "l"(src), "r"(static_cast<int>(pred))
+      : "memory");
+}
+// 2^x, flushing results below 2^-126 to 0 (one MUFU.EX2; exp2f adds a denormal fix-up of
+// 3 instructions per call). Softmax weights that small do not change an fp32 sum.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -140,6 +156,24 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
   return r;
 }
+// a * (low half of b, in both halves) and a * (high half of b): ptxas can fold the
+// broadcast into the HMUL2 operand (.H0_H0 / .H1_H1) instead of a PRMT per scale.
+__device__ __forceinline__ uint32_t hmul2_lo(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("{\n .reg .f16 l, h;\n .reg .b32 t;\n mov.b32 {l, h}, %2;\n mov.b32 t, {l, l};\n"
+      " mul.rn.f16x2 %0, %1, t;\n}\n"
+      : "=r"(r)
+      : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t hmul2_hi(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("{\n .reg .f16 l, h;\n .reg .b32 t;\n mov.b32 {l, h}, %2;\n mov.b32 t, {h, h};\n"
+      " mul.rn.f16x2 %0, %1, t;\n}\n"
+      : "=r"(r)
+      : "r"(a), "r"(b));
+  return r;
+}
 
 template <bool BF16>
 __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -200,8 +234,13 @@ template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKernel(const DecodeLaunch a) {
   constexpr bool kPair = DEC >= 3;          // 32 tokens per softmax step
   constexpr int kDec = DEC >= 3 ? 2 : DEC;  // the E2M1 decode
-  constexpr bool kSplitQk = DEC == 4;       // QK as two independent HMMA chains
-  using C = Cfg<FMT, D, kPair>;
+  constexpr bool kSplitQk = DEC >= 4;       // QK as two independent HMMA chains
+  // DEC 5: the pair loop without branches on its common path (full pairs; the last,
+  // partial pair runs the DEC 4 body once), cheaper cp.async issue, qk_scale folded into
+  // one FFMA per score, MUFU.EX2 without the denormal fix-up.
+  constexpr bool kOpt = DEC >= 5;
+  constexpr bool kPipe = DEC == 6;  // QK of the next pair in the block of this pair's PV
+  using C = Cfg<FMT, D, kPipe ? 2 : kPair ? 1 : 0>;
   constexpr bool kBf = FMT == kBf16;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5;
@@ -252,6 +291,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
       ex = max(-120, min(120, 8 - ex));
     }
     qmul = ldexpf(1.f, ex);
+  }
+  // kOpt folds qk_scale into the exp2 argument, which needs qk_scale >= 0 (the max of the
+  // scaled scores is then the scaled max): a negative softmax scale negates Q instead.
+  if constexpr (kOpt) {
+    if (a.softmax_scale < 0.f) qmul = -qmul;
   }
   uint32_t qb[C::kRegs];
 #pragma unroll
@@ -306,9 +350,62 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
     }
   };
 
+  // kOpt issue: the same copies, with the per-lane parts of every address (region
+  // offsets, lane chunk, V swizzle, which side's scales) computed once, 32-bit offsets
+  // from one 64-bit page pointer, the ring slot passed in (no % kStages), and the
+  // scale copies and the refusal as predicates instead of branches.
+  constexpr int kDataIt = C::kRow / 32;  // 16-byte data chunks per lane and side
+  uint32_t o_gk = 0, o_gv = 0, o_gs = 0, o_ds = 0;
+  uint32_t o_dv[kDataIt];
+  bool o_ps = false;
+  if constexpr (kOpt) {
+    o_gk = a.k_data + 16u * lane;
+    o_gv = a.v_data + 16u * lane;
 #pragma unroll
-  for (int j = 0; j < C::kStages - (kPair ? 2 : 1); ++j) {
-    if (j < n_sub) issue(j);
+    for (int it = 0; it < kDataIt; ++it) {
+      const int off = 16 * (lane + 32 * it);
+      const int r = off / C::kRow;
+      const int cc = (off % C::kRow) / 16;
+      o_dv[it] = C::kVData + r * C::kRow + ((cc ^ ((r >> 1) & C::kSwzMask)) * 16);
+    }
+    if constexpr (C::kSc > 0) {
+      o_ps = lane < 2 * C::kSc;
+      const bool ks = lane < C::kSc;
+      o_gs = ks ? a.k_scale + 16u * lane : a.v_scale + 16u * (lane - C::kSc);
+      o_ds = ks ? C::kKSc + 16 * lane : C::kVSc + 16 * (lane - C::kSc);
+    }
+  }
+  auto issue_opt = [&](int j, uint32_t st) {
+    const int t0 = t_begin + 16 * j;
+    const bool want = j < n_sub;
+    int32_t slot = 0;
+    if (want) slot = __ldg(bt + (t0 >> a.log2_block_tokens));
+    const bool ok = slot >= 0 && static_cast<uint64_t>(slot) < a.num_slots;
+    if (!ok) bad |= kErrSlotRange;
+    const bool go = want && !bad;  // never touch memory through a refused entry
+    const uint8_t* page =
+        pool_l + static_cast<uint64_t>(static_cast<uint32_t>(ok ? slot : 0)) * a.slot_bytes;
+    const uint32_t row0 = head_rows + static_cast<uint32_t>(t0 & (a.block_tokens - 1));
+    const uint8_t* kd = page + (o_gk + row0 * C::kRow);
+    const uint8_t* vd = page + (o_gv + row0 * C::kRow);
+#pragma unroll
+    for (int it = 0; it < kDataIt; ++it) {
+      cp_async16_if(st + C::kKData + 16 * lane + 512 * it, kd + 512 * it, go);
+    }
+#pragma unroll
+    for (int it = 0; it < kDataIt; ++it) cp_async16_if(st + o_dv[it], vd + 512 * it, go);
+    if constexpr (C::kSc > 0) {
+      cp_async16_if(st + o_ds, page + (o_gs + row0 * C::kSc), go && o_ps);
+    }
+  };
+
+#pragma unroll
+  for (int j = 0; j < C::kStages - (kPipe ? 2 : kPair ? 2 : 1); ++j) {
+    if constexpr (kOpt) {
+      issue_opt(j, ring_s + j * C::kStage);
+    } else {
+      if (j < n_sub) issue(j);
+    }
     cp_commit();
   }
 
@@ -332,9 +429,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
           constexpr int kG = D / 64;  // scale groups per thread-row
           const uint32_t sa = st + C::kKSc + row * C::kSc + tq * kG;
           uint32_t sfb[kG];
+          // kOpt, kG >= 2: sfb[g] holds the pair of groups (g & ~1, g | 1), and the
+          // multiply broadcasts the half it needs (hmul2_lo / hmul2_hi).
           if constexpr (kG == 1) {
             const uint32_t x = lds_u8(sa);
             sfb[0] = e4m3x2_to_f16x2(x | (x << 8));
+          } else if constexpr (kG == 2 && kOpt) {
+            sfb[0] = sfb[1] = e4m3x2_to_f16x2(lds_u16(sa));
+          } else if constexpr (kG == 4 && kOpt) {
+            uint32_t x[1];
+            lds<1>(sa, x);
+            sfb[0] = sfb[1] = e4m3x2_to_f16x2(x[0]);
+            sfb[2] = sfb[3] = e4m3x2_to_f16x2(x[0] >> 16);
           } else if constexpr (kG == 2) {
             const uint32_t pr = e4m3x2_to_f16x2(lds_u16(sa));
             sfb[0] = prmt(pr, pr, 0x1010);
@@ -351,7 +457,21 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
 #pragma unroll
           for (int wi = 0; wi < C::kKWords; ++wi) {
             const uint32_t sc = sfb[wi / 2];
-            if constexpr (kDec == 2) {
+            if constexpr (kOpt && kG >= 2) {
+              uint32_t ev, od;
+              e2m1_spread(w[wi], ev, od);
+              if ((wi / 2) % 2 == 0) {
+                kr[r][4 * wi + 0] = hmul2_lo(hibytes<0, 1>(ev), sc);
+                kr[r][4 * wi + 1] = hmul2_lo(hibytes<2, 3>(ev), sc);
+                kr[r][4 * wi + 2] = hmul2_lo(hibytes<0, 1>(od), sc);
+                kr[r][4 * wi + 3] = hmul2_lo(hibytes<2, 3>(od), sc);
+              } else {
+                kr[r][4 * wi + 0] = hmul2_hi(hibytes<0, 1>(ev), sc);
+                kr[r][4 * wi + 1] = hmul2_hi(hibytes<2, 3>(ev), sc);
+                kr[r][4 * wi + 2] = hmul2_hi(hibytes<0, 1>(od), sc);
+                kr[r][4 * wi + 3] = hmul2_hi(hibytes<2, 3>(od), sc);
+              }
+            } else if constexpr (kDec == 2) {
               uint32_t ev, od;
               e2m1_spread(w[wi], ev, od);
               kr[r][4 * wi + 0] = hmul2(hibytes<0, 1>(ev), sc);  // nibbles 0, 2
@@ -521,7 +641,196 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
     }
   };
 
-  if constexpr (kPair) {
+  // One 32-token softmax step over subtiles j (ring slot `sta`) and j+1 (`stb`), j+1
+  // possibly past the split's end (has2) and tokens >= t_end masked (tail).
+  auto pair_step = [&](const int j, const uint32_t sta, const uint32_t stb) {
+    const bool has2 = j + 1 < n_sub;  // warp-uniform
+    const int t0 = t_begin + 16 * j;
+    float sa[4], sb[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    qk(sta, sa);
+    if (has2) qk(stb, sb);
+    float s[8] = {sa[0], sa[1], sa[2], sa[3], sb[0], sb[1], sb[2], sb[3]};
+    const bool tail = t0 + 32 > t_end;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      s[i] *= qk_scale;
+      if (tail) {
+        const int tok = t0 + gid + ((i & 2) ? 8 : 0) + ((i & 4) ? 16 : 0);
+        if (tok >= t_end) s[i] = -INFINITY;
+      }
+    }
+    float tmax[2] = {fmaxf(fmaxf(s[0], s[2]), fmaxf(s[4], s[6])),
+                     fmaxf(fmaxf(s[1], s[3]), fmaxf(s[5], s[7]))};
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
+      tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
+    }
+    float alpha[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float mn = fmaxf(mrun[c], tmax[c]);
+      alpha[c] = exp2f(mrun[c] - mn);
+      mrun[c] = mn;
+    }
+    float p[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) p[i] = exp2f(s[i] - mrun[i & 1]);
+    lrun[0] = lrun[0] * alpha[0] + ((p[0] + p[2]) + (p[4] + p[6]));
+    lrun[1] = lrun[1] * alpha[1] + ((p[1] + p[3]) + (p[5] + p[7]));
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int m = 0; m < D / 16; ++m) {
+        acc[m][0] *= alpha[0];
+        acc[m][1] *= alpha[1];
+        acc[m][2] *= alpha[0];
+        acc[m][3] *= alpha[1];
+      }
+    }
+    pv(sta, t0, t0 + 16 > t_end, movtrans(pack2<kBf>(p[0], p[1])), movtrans(pack2<kBf>(p[2], p[3])));
+    if (has2) {
+      pv(stb, t0 + 16, t0 + 32 > t_end, movtrans(pack2<kBf>(p[4], p[5])),
+         movtrans(pack2<kBf>(p[6], p[7])));
+    }
+  };
+
+  // kOpt building blocks: QK of a full pair (one basic block), the softmax step with
+  // qk_scale folded into one FFMA per score (qk_scale >= 0, so the scaled max is
+  // qk_scale * the max), PV of a full pair.
+  auto qk_pair = [&](const uint32_t sta, const uint32_t stb, float (&s)[8]) {
+    float sa[4], sb[4];
+    qk(sta, sa);
+    qk(stb, sb);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s[i] = sa[i];
+      s[4 + i] = sb[i];
+    }
+  };
+  auto softmax_pair = [&](const float (&s)[8], uint32_t (&pb)[4]) {
+    float tmax[2] = {fmaxf(fmaxf(s[0], s[2]), fmaxf(s[4], s[6])),
+                     fmaxf(fmaxf(s[1], s[3]), fmaxf(s[5], s[7]))};
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
+      tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
+    }
+    float alpha[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float mn = fmaxf(mrun[c], tmax[c] * qk_scale);
+      alpha[c] = ex2_ftz(mrun[c] - mn);
+      mrun[c] = mn;
+    }
+    float p[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) p[i] = ex2_ftz(fmaf(s[i], qk_scale, -mrun[i & 1]));
+    lrun[0] = lrun[0] * alpha[0] + ((p[0] + p[2]) + (p[4] + p[6]));
+    lrun[1] = lrun[1] * alpha[1] + ((p[1] + p[3]) + (p[5] + p[7]));
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int m = 0; m < D / 16; ++m) {
+        acc[m][0] *= alpha[0];
+        acc[m][1] *= alpha[1];
+        acc[m][2] *= alpha[0];
+        acc[m][3] *= alpha[1];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pb[i] = movtrans(pack2<kBf>(p[2 * i], p[2 * i + 1]));
+  };
+  auto pv_pair = [&](const uint32_t sta, const uint32_t stb, const uint32_t (&pb)[4]) {
+    pv(sta, 0, false, pb[0], pb[1]);
+    pv(stb, 0, false, pb[2], pb[3]);
+  };
+  auto nxt = [](int x) { return x + 1 == C::kStages ? 0 : x + 1; };
+  // Subtiles in full pairs (no token of them is >= t_end).
+  const int n_full = n_sub > 0 ? ((t_end - t_begin) >> 5) * 2 : 0;
+
+  if constexpr (kPipe) {
+    // Software-pipelined full pairs over a 6-slot ring: iteration q (pair q = subtiles
+    // 2q, 2q+1, its scores s already computed) issues 2q+4, 2q+5 into pair q-1's slots,
+    // runs q's softmax, then QK of pair q+1 and PV of pair q in one basic block, so the
+    // two independent decode/HMMA chains interleave. 2 subtiles stay in flight.
+    int j = 0;
+    if (n_full > 0) {
+      cp_wait<C::kStages - 4>();  // subtiles 0, 1 (4 were issued)
+      __syncwarp();
+      float s[8];
+      int rs = 0;                     // ring slot of subtile j
+      int ws = 4;                     // ring slot of subtile j + 4
+      if (!bad) qk_pair(ring_s, ring_s + C::kStage, s);
+      for (; j + 2 < n_full; j += 2) {
+        issue_opt(j + 4, ring_s + ws * C::kStage);
+        cp_commit();
+        ws = nxt(ws);
+        issue_opt(j + 5, ring_s + ws * C::kStage);
+        cp_commit();
+        ws = nxt(ws);
+        if (bad) break;
+        uint32_t pb[4];
+        softmax_pair(s, pb);
+        cp_wait<2>();  // subtiles j+2, j+3
+        __syncwarp();
+        const uint32_t sta = ring_s + rs * C::kStage;
+        rs = nxt(rs);
+        const uint32_t stb = ring_s + rs * C::kStage;
+        rs = nxt(rs);
+        qk_pair(ring_s + rs * C::kStage, ring_s + nxt(rs) * C::kStage, s);
+        pv_pair(sta, stb, pb);
+        __syncwarp();
+      }
+      if (!bad) {  // the last full pair: its scores are in s
+        uint32_t pb[4];
+        softmax_pair(s, pb);
+        pv_pair(ring_s + rs * C::kStage, ring_s + nxt(rs) * C::kStage, pb);
+        rs = nxt(nxt(rs));
+        j += 2;
+        __syncwarp();
+      }
+      if (j < n_sub && !bad) {
+        cp_wait<0>();
+        __syncwarp();
+        pair_step(j, ring_s + rs * C::kStage, ring_s + nxt(rs) * C::kStage);
+      }
+    } else if (n_sub > 0 && !bad) {
+      cp_wait<0>();
+      __syncwarp();
+      pair_step(0, ring_s, ring_s + C::kStage);
+    }
+  } else if constexpr (kOpt) {
+    // Full pairs: no has2 / tail / masking, so both subtiles' QK (and both PVs) are one
+    // basic block each. The last, partial pair (at most 2 subtiles) runs pair_step.
+    int rs = 0, ws = C::kStages - 2;  // ring slots of subtile j and of j + kStages - 2
+    int j = 0;
+    for (; j < n_full; j += 2) {
+      issue_opt(j + C::kStages - 2, ring_s + ws * C::kStage);
+      cp_commit();
+      ws = nxt(ws);
+      issue_opt(j + C::kStages - 1, ring_s + ws * C::kStage);
+      cp_commit();
+      ws = nxt(ws);
+      cp_wait<C::kStages - 2>();
+      __syncwarp();
+      if (bad) break;
+      const uint32_t sta = ring_s + rs * C::kStage;
+      rs = nxt(rs);
+      const uint32_t stb = ring_s + rs * C::kStage;
+      rs = nxt(rs);
+      float s[8];
+      qk_pair(sta, stb, s);
+      uint32_t pb[4];
+      softmax_pair(s, pb);
+      pv_pair(sta, stb, pb);
+      __syncwarp();
+    }
+    if (j < n_sub && !bad) {
+      // Nothing is left to issue (at most 2 subtiles remain): wait for all of them.
+      cp_wait<0>();
+      __syncwarp();
+      pair_step(j, ring_s + rs * C::kStage, ring_s + nxt(rs) * C::kStage);
+    }
+  } else if constexpr (kPair) {
     // 32 tokens (two subtiles, ring slots j and j+1) per softmax step: one max/shuffle,
     // one alpha and one rescale vote per 32 tokens. The ring has kStages = 5 slots and 3
     // subtiles stay in flight: iteration j issues j+3 and j+4 into the slots of j-2, j-1.
@@ -533,56 +842,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
       cp_wait<C::kStages - 2>();
       __syncwarp();
       if (bad) break;
-      const bool has2 = j + 1 < n_sub;  // warp-uniform
-      const uint32_t sta = ring_s + (j % C::kStages) * C::kStage;
-      const uint32_t stb = ring_s + ((j + 1) % C::kStages) * C::kStage;
-      const int t0 = t_begin + 16 * j;
-      float sa[4], sb[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-      qk(sta, sa);
-      if (has2) qk(stb, sb);
-      float s[8] = {sa[0], sa[1], sa[2], sa[3], sb[0], sb[1], sb[2], sb[3]};
-      const bool tail = t0 + 32 > t_end;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        s[i] *= qk_scale;
-        if (tail) {
-          const int tok = t0 + gid + ((i & 2) ? 8 : 0) + ((i & 4) ? 16 : 0);
-          if (tok >= t_end) s[i] = -INFINITY;
-        }
-      }
-      float tmax[2] = {fmaxf(fmaxf(s[0], s[2]), fmaxf(s[4], s[6])),
-                       fmaxf(fmaxf(s[1], s[3]), fmaxf(s[5], s[7]))};
-#pragma unroll
-      for (int o = 4; o < 32; o <<= 1) {
-        tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
-        tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
-      }
-      float alpha[2];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float mn = fmaxf(mrun[c], tmax[c]);
-        alpha[c] = exp2f(mrun[c] - mn);
-        mrun[c] = mn;
-      }
-      float p[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) p[i] = exp2f(s[i] - mrun[i & 1]);
-      lrun[0] = lrun[0] * alpha[0] + ((p[0] + p[2]) + (p[4] + p[6]));
-      lrun[1] = lrun[1] * alpha[1] + ((p[1] + p[3]) + (p[5] + p[7]));
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-        for (int m = 0; m < D / 16; ++m) {
-          acc[m][0] *= alpha[0];
-          acc[m][1] *= alpha[1];
-          acc[m][2] *= alpha[0];
-          acc[m][3] *= alpha[1];
-        }
-      }
-      pv(sta, t0, t0 + 16 > t_end, movtrans(pack2<kBf>(p[0], p[1])), movtrans(pack2<kBf>(p[2], p[3])));
-      if (has2) {
-        pv(stb, t0 + 16, t0 + 32 > t_end, movtrans(pack2<kBf>(p[4], p[5])),
-           movtrans(pack2<kBf>(p[6], p[7])));
-      }
+      pair_step(j, ring_s + (j % C::kStages) * C::kStage, ring_s + ((j + 1) % C::kStages) * C::kStage);
       __syncwarp();
     }
   } else {
@@ -741,7 +1001,7 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a) {
 
 template <int FMT, int D, int DEC>
 cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
-  using C = Cfg<FMT, D, DEC >= 3>;
+  using C = Cfg<FMT, D, DEC == 6 ? 2 : DEC >= 3 ? 1 : 0>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   static bool attr_set = false;  // benign race: setting it twice is harmless
   if (!attr_set) {
@@ -763,7 +1023,7 @@ cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
 
 template <int FMT, int D, int DEC>
 int Occupancy() {
-  using C = Cfg<FMT, D, DEC >= 3>;
+  using C = Cfg<FMT, D, DEC == 6 ? 2 : DEC >= 3 ? 1 : 0>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   cudaFuncSetAttribute(DecodeKernel<FMT, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   int n = 0;
@@ -795,6 +1055,12 @@ int Occupancy() {
     case 644: return FN<kNvfp4, 64, 4>(__VA_ARGS__);                          \
     case 1284: return FN<kNvfp4, 128, 4>(__VA_ARGS__);                        \
     case 2564: return FN<kNvfp4, 256, 4>(__VA_ARGS__);                        \
+    case 645: return FN<kNvfp4, 64, 5>(__VA_ARGS__);                          \
+    case 1285: return FN<kNvfp4, 128, 5>(__VA_ARGS__);                        \
+    case 2565: return FN<kNvfp4, 256, 5>(__VA_ARGS__);                        \
+    case 646: return FN<kNvfp4, 64, 6>(__VA_ARGS__);                          \
+    case 1286: return FN<kNvfp4, 128, 6>(__VA_ARGS__);                        \
+    case 2566: return FN<kNvfp4, 256, 6>(__VA_ARGS__);                        \
     case 10640: return FN<kFp8, 64, 0>(__VA_ARGS__);                          \
     case 11280: return FN<kFp8, 128, 0>(__VA_ARGS__);                         \
     case 20640: return FN<kBf16, 64, 0>(__VA_ARGS__);                         \

@@ -19,6 +19,12 @@
 namespace kvtier::kernels::detail {
 namespace {
 
+__device__ __forceinline__ uint32_t prmt_b32(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
 __device__ __forceinline__ float to_float(uint16_t x, bool fp16) {
   if (fp16) return __half2float(__ushort_as_half(x));
   return __uint_as_float(static_cast<uint32_t>(x) << 16);
@@ -122,6 +128,116 @@ __global__ void __launch_bounds__(256) QuantizeKernel(const QuantizeLaunch a) {
   *sc = sf;
 }
 
+// ---- max6, fast path: 32-bit indices, amax and the finite check on packed 16-bit
+// magnitudes, and the ladder on pairs of values at once ----------------------------------
+//
+// For a 16-bit input value (bf16 or fp16) the ladder test |x| >= X (X a float bound) is
+// exactly |x| >= H with H the smallest 16-bit value >= X (bf16: the float bits rounded up
+// to 16 bits; fp16: X converted rounding up), and |x| >= H on the magnitude bits is an
+// integer compare. Two values (v, v+4) share a 32-bit register; with bit 15 of each lane
+// forced on, (p | 0x80008000) - (H | H << 16) leaves bit 15 of a lane set iff that
+// lane's |x| >= H (no borrow crosses lanes). The 7 flags are a thermometer code, so the
+// E2M1 index is (f4, f2^f4^f6, f1^...^f7).
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("max.u16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// Codes of values v and v+4 (lanes of p), as nibbles at bits 4v and 4v+16.
+template <int V>
+__device__ __forceinline__ uint32_t LadderPair(uint32_t p, const uint32_t (&hb)[7]) {
+  const uint32_t g = p | 0x80008000u;
+  uint32_t f[7];
+#pragma unroll
+  for (int k = 0; k < 7; ++k) f[k] = g - hb[k];
+  const uint32_t b2 = f[3];
+  const uint32_t b1 = f[1] ^ f[3] ^ f[5];
+  const uint32_t b0 = f[0] ^ f[1] ^ f[2] ^ f[3] ^ f[4] ^ f[5] ^ f[6];
+  // bit 15 (31) of each of p, b2, b1, b0 -> bits 4V+3, 4V+2, 4V+1, 4V of the lane.
+  constexpr uint32_t m = 0x00010001u << (4 * V);
+  return ((p >> (12 - 4 * V)) & (m << 3)) | ((b2 >> (13 - 4 * V)) & (m << 2)) |
+         ((b1 >> (14 - 4 * V)) & (m << 1)) | ((b0 >> (15 - 4 * V)) & m);
+}
+
+__global__ void __launch_bounds__(256) QuantizeMax6Kernel(const QuantizeLaunch a, uint32_t per_side,
+                                                          int log2_gpr) {
+  const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
+  const int side = blockIdx.y;
+  if (idx >= per_side) return;
+  const uint32_t groups_per_row = 1u << log2_gpr;
+  const uint32_t g = idx & (groups_per_row - 1);
+  const uint32_t th = idx >> log2_gpr;
+  const uint32_t H = static_cast<uint32_t>(a.num_kv_heads);
+  const uint32_t tok = th / H;
+  const uint32_t h = th - tok * H;
+  const int32_t slot = a.slot_ids[tok];
+  const int32_t pos = a.positions[tok];
+  if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || pos < 0 || pos >= a.block_tokens) {
+    if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrSlotRange);
+    return;
+  }
+  const uint16_t* src = (side == 0 ? a.k : a.v) + static_cast<size_t>(idx) * 16;
+  const uint4 r0 = __ldg(reinterpret_cast<const uint4*>(src));
+  const uint4 r1 = __ldg(reinterpret_cast<const uint4*>(src) + 1);
+  const uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+  uint32_t mx = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) mx = max_u16x2(mx, w[i] & 0x7fff7fffu);
+  const uint32_t amax16 = max(mx & 0xffffu, mx >> 16);
+  if (amax16 >= (a.fp16 ? 0x7c00u : 0x7f80u)) {  // an inf or NaN among the 16 values
+    if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrNonFinite);
+    return;
+  }
+  using namespace nvfp4;
+  const float gs = side == 0 ? a.k_scale_f : a.v_scale_f;
+  const float amax = to_float(static_cast<uint16_t>(amax16), a.fp16);
+  const uint8_t sf = FloatToE4M3(kvt_div(kvt_div(amax, 6.0f), gs));
+  const float s = kvt_mul(E4M3ToFloat(sf), gs);
+  uint32_t pk0, pk1;
+  if (LadderApplies(s)) {
+    const E2M1Ladder l = MakeLadder(s);
+    uint32_t hb[7];
+#pragma unroll
+    for (int k = 0; k < 7; ++k) {
+      uint32_t b16;
+      if (a.fp16) {
+        b16 = __half_as_ushort(__float2half_ru(__uint_as_float(l.b[k])));
+      } else {
+        b16 = (l.b[k] + 0xffffu) >> 16;
+      }
+      hb[k] = b16 | (b16 << 16);
+    }
+    // word 0 holds values 0..7 (w[0..3]), word 1 values 8..15 (w[4..7]); value 2i is the
+    // low half of w[i].
+    pk0 = LadderPair<0>(prmt_b32(w[0], w[2], 0x5410), hb) | LadderPair<1>(prmt_b32(w[0], w[2], 0x7632), hb) |
+          LadderPair<2>(prmt_b32(w[1], w[3], 0x5410), hb) | LadderPair<3>(prmt_b32(w[1], w[3], 0x7632), hb);
+    pk1 = LadderPair<0>(prmt_b32(w[4], w[6], 0x5410), hb) | LadderPair<1>(prmt_b32(w[4], w[6], 0x7632), hb) |
+          LadderPair<2>(prmt_b32(w[5], w[7], 0x5410), hb) | LadderPair<3>(prmt_b32(w[5], w[7], 0x7632), hb);
+  } else {
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      x[2 * i] = to_float(static_cast<uint16_t>(w[i] & 0xffffu), a.fp16);
+      x[2 * i + 1] = to_float(static_cast<uint16_t>(w[i] >> 16), a.fp16);
+    }
+    uint8_t codes[kGroupSize];
+    QuantizeWithScale(x, sf, gs, codes);
+    pk0 = pk1 = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      pk0 |= static_cast<uint32_t>(codes[i] & 0xFu) << (4 * i);
+      pk1 |= static_cast<uint32_t>(codes[8 + i] & 0xFu) << (4 * i);
+    }
+  }
+  uint8_t* page = a.pool + static_cast<uint64_t>(slot) * a.slot_bytes + a.page_offset;
+  const uint32_t row = h * static_cast<uint32_t>(a.block_tokens) + static_cast<uint32_t>(pos);
+  uint8_t* data = page + (side == 0 ? a.k_data : a.v_data) + static_cast<size_t>(row) * (a.head_dim / 2) + g * 8;
+  uint8_t* sc = page + (side == 0 ? a.k_scale : a.v_scale) + static_cast<size_t>(row) * groups_per_row + g;
+  *reinterpret_cast<uint2*>(data) = make_uint2(pk0, pk1);
+  *sc = sf;
+}
+
 // One thread per 16 values of one side; writes 16 bf16 (32 bytes).
 __global__ void __launch_bounds__(256) DequantKernel(const DequantLaunch a) {
   const int groups_per_row = a.head_dim / 16;
@@ -200,7 +316,12 @@ cudaError_t LaunchQuantize(const QuantizeLaunch& a, cudaStream_t stream) {
   const int64_t per_side = static_cast<int64_t>(a.num_tokens) * a.num_kv_heads * (a.head_dim / 16);
   if (per_side == 0) return cudaSuccess;
   dim3 grid(static_cast<unsigned>((per_side + 255) / 256), 2);
-  if (a.rule == 0) {
+  const int gpr = a.head_dim / 16;
+  if (a.rule == 0 && per_side <= 0xffffffffLL && (gpr & (gpr - 1)) == 0) {
+    int log2_gpr = 0;
+    while ((1 << log2_gpr) < gpr) ++log2_gpr;
+    QuantizeMax6Kernel<<<grid, 256, 0, stream>>>(a, static_cast<uint32_t>(per_side), log2_gpr);
+  } else if (a.rule == 0) {
     QuantizeKernel<0><<<grid, 256, 0, stream>>>(a);
   } else {
     QuantizeKernel<1><<<grid, 256, 0, stream>>>(a);

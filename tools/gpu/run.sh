@@ -6,7 +6,7 @@
 set -uo pipefail
 OUT=${1:?usage: tools/gpu/run.sh OUT_DIR [--quick] [--no-bench]}
 shift
-QUICK=""; BENCH=1; PROFILE=0; TESTS=1; COMPARE=0
+QUICK=""; BENCH=1; PROFILE=0; TESTS=1; COMPARE=0; QBENCH=0
 for a in "$@"; do
   case "$a" in
     --quick) QUICK="--quick" ;;
@@ -14,6 +14,7 @@ for a in "$@"; do
     --no-tests) TESTS=0 ;;
     --profile) PROFILE=1 ;;  # ncu of decode (nvfp4, fp8) and quantize + SASS into $OUT/profile.txt
     --compare) COMPARE=1 ;;  # time the NVFP4 decode variants ($COMPARE_VARIANTS, default shift prmt32 prmt32x)
+    --qbench) QBENCH=1 ;;    # kvtier-bench decode: quantize_append (N=65536) + nvfp4 decode at 16x8192 only
   esac
 done
 REPO=$(pwd)
@@ -55,24 +56,30 @@ cat "$OUT/sass_summary.txt" | cut -c1-220
 RC=0
 if [ "$PROFILE" = 1 ]; then
   {
-    for F in nvfp4 fp8; do
-      echo "== ncu: decode $F, batch 16 x 8192, T=16"
-      ncu --clock-control none -k regex:DecodeKernel --launch-skip 3 --launch-count 1 \
+    # $PROFILE_VARIANTS: NVFP4 decode variants to profile (default: the default variant),
+    # with the per-instruction-issue stall reasons (warps stalled per issued instruction).
+    for V in ${PROFILE_VARIANTS:-default} fp8; do
+      F=nvfp4; [ "$V" = fp8 ] && F=fp8
+      echo "== ncu: decode $F (variant $V), batch 16 x 8192, T=16"
+      KVTIER_NVFP4_DECODE=$V ncu --clock-control none -k regex:DecodeKernel --launch-skip 3 --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats \
         --section WarpStateStats --section InstructionStats --section Occupancy --section MemoryWorkloadAnalysis \
+        --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_fp16.avg.pct_of_peak_sustained_active \
         python3 tools/gpu/decode_baseline.py --lib "$BUILD/lib/libkvtier_kernels.so" --out /tmp/prof --results "" \
           --formats $F --shapes 16x8192 --block-tokens 16 --iters 2 --no-sdpa 2>&1 \
         | grep -v "^==PROF==" | sed -n '/DecodeKernel/,$p'
     done
     echo "== ncu: quantize_append max6 (kvtier-bench decode --quick: N=8192, H=8, D=128)"
-    ncu --clock-control none -k regex:QuantizeKernel --launch-count 1 \
+    ncu --clock-control none -k regex:Quantize --launch-count 1 \
       --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
       "$BUILD/bin/kvtier-bench" decode --quick --formats nvfp4 --shapes 16x8192 --block-tokens 16 \
-        --results /tmp/prof_results.md 2>&1 | grep -v "^==PROF==" | sed -n '/QuantizeKernel/,$p'
-    echo "== SASS of DecodeKernel<nvfp4, 128>"
-    cuobjdump --dump-sass "$BUILD/lib/libkvtier_kernels.so" | awk '/Function :/ {p = ($0 ~ /DecodeKernelILi0ELi128/)} p'
+        --results /tmp/prof_results.md 2>&1 | grep -v "^==PROF==" | sed -n "/Quantize/,\$p"
+    echo "== SASS of DecodeKernel<nvfp4, 128> (variants matching \$SASS_DEC, default all) and QuantizeMax6Kernel"
+    cuobjdump --dump-sass "$BUILD/lib/libkvtier_kernels.so" | \
+      awk -v re="DecodeKernelILi0ELi128ELi${SASS_DEC:-[0-9]}E|QuantizeMax6Kernel" '/Function :/ {p = ($0 ~ re)} p'
   } > "$OUT/profile.txt" 2>&1
-  grep -E "==|Duration|Throughput|Issue Slots|Issued Ipc|No Eligible|Stall|Warp Cycles|Achieved Occupancy|Registers" "$OUT/profile.txt" | head -80
+  grep -E "==|Duration|Throughput|Issue Slots|Issued Ipc|No Eligible|Stall|Warp Cycles|Achieved Occupancy|Registers|Eligible Warps|issue_stalled|pipe_" "$OUT/profile.txt" \
+    | cut -c1-150 | head -150
 fi
 
 [ "$TESTS" = 1 ] && echo "== gpu-labelled tests"
@@ -95,6 +102,11 @@ if [ "$COMPARE" = 1 ]; then
       --out /tmp/cmp_$V --results "" --formats nvfp4 --shapes 16x65536,1x131072,64x8192 --block-tokens 16 --no-sdpa \
       2>&1 | grep -E "kvtier decode|cross-check"
   done
+fi
+
+if [ "$QBENCH" = 1 ]; then
+  echo "== kvtier-bench decode --formats nvfp4 --shapes 16x8192 --block-tokens 16 (quantize_append N=65536)"
+  "$BUILD/bin/kvtier-bench" decode --formats nvfp4 --shapes 16x8192 --block-tokens 16 --results "$OUT/qbench.md" 2>&1 | tail -n 12
 fi
 
 if [ "$BENCH" = 1 ]; then
