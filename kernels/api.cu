@@ -18,8 +18,11 @@ namespace {
 thread_local std::string g_error;
 // NVFP4 E2M1 decode used unless $KVTIER_NVFP4_DECODE says otherwise: 0 shift, 1 cvt,
 // 2 prmt, 3 prmt32 (prmt, 32 tokens per softmax step), 4 prmt32x (prmt32, QK as two
-// HMMA chains); docs/kernels.md has the measurements.
-constexpr int kDefaultNvfp4Variant = 4;
+// HMMA chains), 5 lean32 (prmt32x, branch-free full pairs, lean cp.async issue, folded
+// qk_scale), 6 pipe32 (lean32 software-pipelined), 7 lean32p (lean32, block table read
+// ahead), 8 lean32h (lean32p, IMAD.HI in the spread); docs/kernels.md has the measurements.
+// Default lean32 since 2026-11-29 12:38 (44/44 NVFP4 decode tests on the H200, fastest).
+constexpr int kDefaultNvfp4Variant = 5;
 
 int Fail(int code, std::string msg) {
   g_error = std::move(msg);
@@ -174,6 +177,8 @@ int Nvfp4DecodeVariant() {
     if (e != nullptr && std::string(e) == "prmt32x") return 4;
     if (e != nullptr && std::string(e) == "lean32") return 5;
     if (e != nullptr && std::string(e) == "pipe32") return 6;
+    if (e != nullptr && std::string(e) == "lean32p") return 7;
+    if (e != nullptr && std::string(e) == "lean32h") return 8;
     return kDefaultNvfp4Variant;
   }();
   return v;

@@ -142,9 +142,16 @@ __device__ __forceinline__ void e2m1_to_e4m3(uint32_t x, uint32_t& ev, uint32_t&
 // into the bytes of `ev`, the odd nibbles 1,3,5,7 into `od`. 7 ops for 8 values; every
 // half2 is then one PRMT (hibytes) that moves two such bytes into the high bytes of the
 // halves and zeros the low bytes.
+// HI (DEC 8): the odd nibbles' right shift as the high word of a multiply by 2^29
+// (IMAD.HI, FMA pipe) instead of SHF (ALU pipe, the busiest one).
+template <bool HI = false>
 __device__ __forceinline__ void e2m1_spread(uint32_t x, uint32_t& ev, uint32_t& od) {
   ev = ((x << 1) & 0x0E0E0E0Eu) | ((x << 4) & 0x80808080u);
-  od = ((x >> 3) & 0x0E0E0E0Eu) | (x & 0x80808080u);
+  if constexpr (HI) {
+    od = __umulhi(x & 0x70707070u, 0x20000000u) | (x & 0x80808080u);
+  } else {
+    od = ((x >> 3) & 0x0E0E0E0Eu) | (x & 0x80808080u);
+  }
 }
 // Byte A of w -> bits 15..8, byte B -> bits 31..24, zeros elsewhere (one PRMT with RZ).
 template <int A, int B>
@@ -239,6 +246,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
   // partial pair runs the DEC 4 body once), cheaper cp.async issue, qk_scale folded into
   // one FFMA per score, MUFU.EX2 without the denormal fix-up.
   constexpr bool kOpt = DEC >= 5;
+  // DEC 7: DEC 5 with the block-table entry of each subtile loaded two issues ahead (its
+  // load no longer stalls the cp.async issue); DEC 8: 7 with e2m1_spread<true>.
+  constexpr bool kPref = DEC >= 7;
+  constexpr bool kSpreadHi = DEC == 8;
   constexpr bool kPipe = DEC == 6;  // QK of the next pair in the block of this pair's PV
   using C = Cfg<FMT, D, kPipe ? 2 : kPair ? 1 : 0>;
   constexpr bool kBf = FMT == kBf16;
@@ -375,11 +386,26 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
       o_ds = ks ? C::kKSc + 16 * lane : C::kVSc + 16 * (lane - C::kSc);
     }
   }
+  auto bt_entry = [&](int jj) -> int32_t {
+    return jj < n_sub ? __ldg(bt + ((t_begin + 16 * jj) >> a.log2_block_tokens)) : 0;
+  };
+  int32_t pf0 = 0, pf1 = 0;  // kPref: entries of the next two subtiles to issue
+  if constexpr (kPref) {
+    pf0 = bt_entry(0);
+    pf1 = bt_entry(1);
+  }
+  // Subtiles are issued in order j = 0, 1, 2, ...
   auto issue_opt = [&](int j, uint32_t st) {
     const int t0 = t_begin + 16 * j;
     const bool want = j < n_sub;
     int32_t slot = 0;
-    if (want) slot = __ldg(bt + (t0 >> a.log2_block_tokens));
+    if constexpr (kPref) {
+      slot = pf0;
+      pf0 = pf1;
+      pf1 = bt_entry(j + 2);
+    } else {
+      if (want) slot = __ldg(bt + (t0 >> a.log2_block_tokens));
+    }
     const bool ok = slot >= 0 && static_cast<uint64_t>(slot) < a.num_slots;
     if (!ok) bad |= kErrSlotRange;
     const bool go = want && !bad;  // never touch memory through a refused entry
@@ -459,7 +485,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
             const uint32_t sc = sfb[wi / 2];
             if constexpr (kOpt && kG >= 2) {
               uint32_t ev, od;
-              e2m1_spread(w[wi], ev, od);
+              e2m1_spread<kSpreadHi>(w[wi], ev, od);
               if ((wi / 2) % 2 == 0) {
                 kr[r][4 * wi + 0] = hmul2_lo(hibytes<0, 1>(ev), sc);
                 kr[r][4 * wi + 1] = hmul2_lo(hibytes<2, 3>(ev), sc);
@@ -595,12 +621,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4) DecodeKer
             if constexpr (kDec == 2) {
               // spread bytes of x0: ev = [a0 a2 b0 b2], od = [a1 a3 b1 b3] (dims of tokens a, b)
               uint32_t ev, od;
-              e2m1_spread(x0, ev, od);
+              e2m1_spread<kSpreadHi>(x0, ev, od);
               vr[pr][8 * w + 0] = hmul2(hibytes<0, 2>(ev), sc);
               vr[pr][8 * w + 2] = hmul2(hibytes<1, 3>(ev), sc);
               vr[pr][8 * w + 1] = hmul2(hibytes<0, 2>(od), sc);
               vr[pr][8 * w + 3] = hmul2(hibytes<1, 3>(od), sc);
-              e2m1_spread(x1, ev, od);
+              e2m1_spread<kSpreadHi>(x1, ev, od);
               vr[pr][8 * w + 4] = hmul2(hibytes<0, 2>(ev), sc);
               vr[pr][8 * w + 6] = hmul2(hibytes<1, 3>(ev), sc);
               vr[pr][8 * w + 5] = hmul2(hibytes<0, 2>(od), sc);
@@ -1061,6 +1087,12 @@ int Occupancy() {
     case 646: return FN<kNvfp4, 64, 6>(__VA_ARGS__);                          \
     case 1286: return FN<kNvfp4, 128, 6>(__VA_ARGS__);                        \
     case 2566: return FN<kNvfp4, 256, 6>(__VA_ARGS__);                        \
+    case 647: return FN<kNvfp4, 64, 7>(__VA_ARGS__);                          \
+    case 1287: return FN<kNvfp4, 128, 7>(__VA_ARGS__);                        \
+    case 2567: return FN<kNvfp4, 256, 7>(__VA_ARGS__);                        \
+    case 648: return FN<kNvfp4, 64, 8>(__VA_ARGS__);                          \
+    case 1288: return FN<kNvfp4, 128, 8>(__VA_ARGS__);                        \
+    case 2568: return FN<kNvfp4, 256, 8>(__VA_ARGS__);                        \
     case 10640: return FN<kFp8, 64, 0>(__VA_ARGS__);                          \
     case 11280: return FN<kFp8, 128, 0>(__VA_ARGS__);                         \
     case 20640: return FN<kBf16, 64, 0>(__VA_ARGS__);                         \

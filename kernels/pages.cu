@@ -160,48 +160,24 @@ __device__ __forceinline__ uint32_t LadderPair(uint32_t p, const uint32_t (&hb)[
          ((b1 >> (14 - 4 * V)) & (m << 1)) | ((b0 >> (15 - 4 * V)) & m);
 }
 
-__global__ void __launch_bounds__(256) QuantizeMax6Kernel(const QuantizeLaunch a, uint32_t per_side,
-                                                          int log2_gpr) {
-  const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
-  const int side = blockIdx.y;
-  if (idx >= per_side) return;
-  const uint32_t groups_per_row = 1u << log2_gpr;
-  const uint32_t g = idx & (groups_per_row - 1);
-  const uint32_t th = idx >> log2_gpr;
-  const uint32_t H = static_cast<uint32_t>(a.num_kv_heads);
-  const uint32_t tok = th / H;
-  const uint32_t h = th - tok * H;
-  const int32_t slot = a.slot_ids[tok];
-  const int32_t pos = a.positions[tok];
-  if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || pos < 0 || pos >= a.block_tokens) {
-    if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrSlotRange);
-    return;
-  }
-  const uint16_t* src = (side == 0 ? a.k : a.v) + static_cast<size_t>(idx) * 16;
-  const uint4 r0 = __ldg(reinterpret_cast<const uint4*>(src));
-  const uint4 r1 = __ldg(reinterpret_cast<const uint4*>(src) + 1);
-  const uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+// Per group of one side: the scale byte and the 8 data bytes (codes of values 0..7, 8..15).
+__device__ __forceinline__ uint8_t QuantizeMax6Group(const uint32_t (&w)[8], float gs, bool fp16,
+                                                     uint32_t& pk0, uint32_t& pk1) {
+  using namespace nvfp4;
   uint32_t mx = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) mx = max_u16x2(mx, w[i] & 0x7fff7fffu);
-  const uint32_t amax16 = max(mx & 0xffffu, mx >> 16);
-  if (amax16 >= (a.fp16 ? 0x7c00u : 0x7f80u)) {  // an inf or NaN among the 16 values
-    if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrNonFinite);
-    return;
-  }
-  using namespace nvfp4;
-  const float gs = side == 0 ? a.k_scale_f : a.v_scale_f;
-  const float amax = to_float(static_cast<uint16_t>(amax16), a.fp16);
+  const uint32_t amax16 = max(mx & 0xffffu, mx >> 16);  // finite: checked by the caller
+  const float amax = to_float(static_cast<uint16_t>(amax16), fp16);
   const uint8_t sf = FloatToE4M3(kvt_div(kvt_div(amax, 6.0f), gs));
   const float s = kvt_mul(E4M3ToFloat(sf), gs);
-  uint32_t pk0, pk1;
   if (LadderApplies(s)) {
     const E2M1Ladder l = MakeLadder(s);
     uint32_t hb[7];
 #pragma unroll
     for (int k = 0; k < 7; ++k) {
       uint32_t b16;
-      if (a.fp16) {
+      if (fp16) {
         b16 = __half_as_ushort(__float2half_ru(__uint_as_float(l.b[k])));
       } else {
         b16 = (l.b[k] + 0xffffu) >> 16;
@@ -218,8 +194,8 @@ __global__ void __launch_bounds__(256) QuantizeMax6Kernel(const QuantizeLaunch a
     float x[16];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      x[2 * i] = to_float(static_cast<uint16_t>(w[i] & 0xffffu), a.fp16);
-      x[2 * i + 1] = to_float(static_cast<uint16_t>(w[i] >> 16), a.fp16);
+      x[2 * i] = to_float(static_cast<uint16_t>(w[i] & 0xffffu), fp16);
+      x[2 * i + 1] = to_float(static_cast<uint16_t>(w[i] >> 16), fp16);
     }
     uint8_t codes[kGroupSize];
     QuantizeWithScale(x, sf, gs, codes);
@@ -230,12 +206,52 @@ __global__ void __launch_bounds__(256) QuantizeMax6Kernel(const QuantizeLaunch a
       pk1 |= static_cast<uint32_t>(codes[8 + i] & 0xFu) << (4 * i);
     }
   }
+  return sf;
+}
+
+// One thread per (token, head, group): the group of K and the same group of V (one slot
+// lookup, two independent chains). The inputs are loaded before the slot check, so the
+// two global round trips overlap.
+__global__ void __launch_bounds__(256) QuantizeMax6Kernel(const QuantizeLaunch a, uint32_t per_side,
+                                                          int log2_gpr) {
+  const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= per_side) return;
+  const uint4* srck = reinterpret_cast<const uint4*>(a.k + static_cast<size_t>(idx) * 16);
+  const uint4* srcv = reinterpret_cast<const uint4*>(a.v + static_cast<size_t>(idx) * 16);
+  const uint4 k0 = __ldg(srck), k1 = __ldg(srck + 1), v0 = __ldg(srcv), v1 = __ldg(srcv + 1);
+  const uint32_t groups_per_row = 1u << log2_gpr;
+  const uint32_t g = idx & (groups_per_row - 1);
+  const uint32_t th = idx >> log2_gpr;
+  const uint32_t H = static_cast<uint32_t>(a.num_kv_heads);
+  const uint32_t tok = th / H;
+  const uint32_t h = th - tok * H;
+  const int32_t slot = a.slot_ids[tok];
+  const int32_t pos = a.positions[tok];
+  if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || pos < 0 || pos >= a.block_tokens) {
+    if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrSlotRange);
+    return;
+  }
   uint8_t* page = a.pool + static_cast<uint64_t>(slot) * a.slot_bytes + a.page_offset;
   const uint32_t row = h * static_cast<uint32_t>(a.block_tokens) + static_cast<uint32_t>(pos);
-  uint8_t* data = page + (side == 0 ? a.k_data : a.v_data) + static_cast<size_t>(row) * (a.head_dim / 2) + g * 8;
-  uint8_t* sc = page + (side == 0 ? a.k_scale : a.v_scale) + static_cast<size_t>(row) * groups_per_row + g;
-  *reinterpret_cast<uint2*>(data) = make_uint2(pk0, pk1);
-  *sc = sf;
+  const uint32_t lim = a.fp16 ? 0x7c00u : 0x7f80u;  // |x| bits at or above: inf or NaN
+#pragma unroll
+  for (int side = 0; side < 2; ++side) {
+    const uint4 r0 = side == 0 ? k0 : v0, r1 = side == 0 ? k1 : v1;
+    const uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+    uint32_t mx = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) mx = max_u16x2(mx, w[i] & 0x7fff7fffu);
+    if (max(mx & 0xffffu, mx >> 16) >= lim) {  // this side's group keeps its old bytes
+      if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrNonFinite);
+      continue;
+    }
+    uint32_t pk0, pk1;
+    const uint8_t sf = QuantizeMax6Group(w, side == 0 ? a.k_scale_f : a.v_scale_f, a.fp16, pk0, pk1);
+    uint8_t* data = page + (side == 0 ? a.k_data : a.v_data) + static_cast<size_t>(row) * (a.head_dim / 2) + g * 8;
+    uint8_t* sc = page + (side == 0 ? a.k_scale : a.v_scale) + static_cast<size_t>(row) * groups_per_row + g;
+    *reinterpret_cast<uint2*>(data) = make_uint2(pk0, pk1);
+    *sc = sf;
+  }
 }
 
 // One thread per 16 values of one side; writes 16 bf16 (32 bytes).
@@ -320,7 +336,8 @@ cudaError_t LaunchQuantize(const QuantizeLaunch& a, cudaStream_t stream) {
   if (a.rule == 0 && per_side <= 0xffffffffLL && (gpr & (gpr - 1)) == 0) {
     int log2_gpr = 0;
     while ((1 << log2_gpr) < gpr) ++log2_gpr;
-    QuantizeMax6Kernel<<<grid, 256, 0, stream>>>(a, static_cast<uint32_t>(per_side), log2_gpr);
+    QuantizeMax6Kernel<<<static_cast<unsigned>((per_side + 255) / 256), 256, 0, stream>>>(
+        a, static_cast<uint32_t>(per_side), log2_gpr);
   } else if (a.rule == 0) {
     QuantizeKernel<0><<<grid, 256, 0, stream>>>(a);
   } else {
