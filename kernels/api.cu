@@ -20,11 +20,11 @@ thread_local std::string g_error;
 // 2 prmt, 3 prmt32 (prmt, 32 tokens per softmax step), 4 prmt32x (prmt32, QK as two
 // HMMA chains), 5 lean32 (prmt32x, branch-free full pairs, lean cp.async issue, folded
 // qk_scale), 6 pipe32 (lean32 software-pipelined), 7 lean32p (lean32, block table read
-// ahead), 8 lean32h (lean32p, IMAD.HI in the spread), 9 lean32o (lean32 at 96 registers
-// and 5 CTAs/SM: Q fragments in shared memory, 4-slot ring, one QK chain); docs/kernels.md
-// has the measurements.
-// Default lean32 since 2026-11-29 12:38 (44/44 NVFP4 decode tests on the H200, fastest).
-constexpr int kDefaultNvfp4Variant = 5;
+// ahead), 8 lean32h (lean32p, IMAD.HI in the spread),
+// 9 lean32o (lean32 at 96 registers, 5 CTAs/SM), 10 lean32a (lean32p, per-lane shared
+// memory offsets). Default lean32p since 2026-11-29 12:49 (44/44 NVFP4 decode tests on
+// the H200; fastest of the variants timed in that run).
+constexpr int kDefaultNvfp4Variant = 7;
 
 int Fail(int code, std::string msg) {
   g_error = std::move(msg);
@@ -182,6 +182,7 @@ int Nvfp4DecodeVariant() {
     if (e != nullptr && std::string(e) == "lean32p") return 7;
     if (e != nullptr && std::string(e) == "lean32h") return 8;
     if (e != nullptr && std::string(e) == "lean32o") return 9;
+    if (e != nullptr && std::string(e) == "lean32a") return 10;
     return kDefaultNvfp4Variant;
   }();
   return v;

@@ -17,9 +17,10 @@
 //
 // NVFP4 values are decoded in registers from whole 32-bit words straight to fp16 *without*
 // the exponent-bias multiply: the half holds e2m1 * 2^-14 (subnormal for 0.5). The
-// default decode (DEC 4, "prmt32x") spreads a word into clean fp16 high bytes and builds
-// each half2 with one PRMT, runs the online softmax over 32 tokens (two subtiles), and
-// splits the QK product into two independent HMMA chains. Multiplying by the E4M3 block scale (converted exactly by cvt.f16x2.e4m3x2) is
+// default decode (DEC 7, "lean32p") spreads a word into clean fp16 high bytes and builds
+// each half2 with one PRMT, runs the online softmax over 32 tokens (two subtiles), splits
+// the QK product into two independent HMMA chains, and keeps the common path of the
+// 32-token step free of branches (the last, partial step runs separately). Multiplying by the E4M3 block scale (converted exactly by cvt.f16x2.e4m3x2) is
 // then exact in fp16 (the product's lowest bit is >= 2^-24, the fp16 subnormal step), and
 // the 2^14 and the per-layer scales are folded into the fp32 score scale and the output.
 // The order of head_dim inside a thread's registers is permuted to match whole loaded
@@ -238,7 +239,11 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // 1 = shift/mask to E4M3 bytes then the hardware e4m3x2 -> f16x2 conversion (value * 2^-6),
 // 2 = spread into clean fp16 high bytes (e2m1_spread) + one PRMT per half2 (value * 2^-14),
 // 3 = the decode of 2 with 32 tokens (two subtiles) per online-softmax step,
-// 4 = 3 with the QK product split into two independent HMMA chains (even / odd k-steps).
+// 4 = 3 with the QK product split into two independent HMMA chains (even / odd k-steps),
+// 5 = 4 with branch-free full pairs, a lean cp.async issue, qk_scale folded into the exp2
+// FFMA and MUFU.EX2 without the denormal fix-up ("lean32"), 6 = 5 software-pipelined,
+// 7 = 5 with the block table read ahead, 8 = 7 with IMAD.HI in the spread, 9 = 5 at 96
+// registers (5 CTAs/SM), 10 = 7 with per-lane shared-memory offsets.
 // All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 5 : 4))
@@ -254,7 +259,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 
   // load no longer stalls the cp.async issue); DEC 8: 7 with e2m1_spread<true>; DEC 9:
   // DEC 5 at 96 registers for 5 CTAs/SM (Q fragments in shared memory, a 4-slot ring,
   // per-lane copy offsets recomputed, one QK chain).
-  constexpr bool kPref = DEC == 7 || DEC == 8;
+  constexpr bool kPref = DEC == 7 || DEC == 8 || DEC == 10;
+  // DEC 10: DEC 7 with the per-lane part of the V data / V scale shared-memory addresses
+  // computed once (the V swizzle term does not depend on the token pair), so each load
+  // is the slot base plus a lane register plus an immediate.
+  constexpr bool kLaneOff = DEC == 10;
   constexpr bool kSpreadHi = DEC == 8;
   constexpr bool kPipe = DEC == 6;  // QK of the next pair in the block of this pair's PV
   using C = Cfg<FMT, D, DEC == 9 ? 3 : kPipe ? 2 : kPair ? 1 : 0>;
@@ -494,6 +503,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 
   float mrun[2] = {-1e30f, -1e30f};  // running max (log2 units) of query cols 2tq, 2tq+1
   float lrun[2] = {0.f, 0.f};        // this thread's partial denominators
 
+  // kLaneOff: per-lane K data / K scale offsets (row gid; row gid+8 is an immediate away)
+  const uint32_t k_lane = kLaneOff ? C::kKData + gid * C::kRow + tq * (C::kRow / 4) : 0;
+  const uint32_t ks_lane = kLaneOff ? C::kKSc + gid * C::kSc + tq * (D / 64) : 0;
   // ---- K rows gid and gid+8 of the subtile at `st` -> A fragments; S^T = K . Q^T -----
   auto qk = [&](const uint32_t st, float (&s)[4]) {
     s[0] = s[1] = s[2] = s[3] = 0.f;
@@ -503,10 +515,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 
       for (int r = 0; r < 2; ++r) {
         const int row = gid + 8 * r;
         uint32_t w[C::kKWords];
-        lds<C::kKWords>(st + C::kKData + row * C::kRow + tq * (C::kRow / 4), w);
+        if constexpr (kLaneOff) {
+          lds<C::kKWords>(st + k_lane + r * 8 * C::kRow, w);
+        } else {
+          lds<C::kKWords>(st + C::kKData + row * C::kRow + tq * (C::kRow / 4), w);
+        }
         if constexpr (FMT == kNvfp4) {
           constexpr int kG = D / 64;  // scale groups per thread-row
-          const uint32_t sa = st + C::kKSc + row * C::kSc + tq * kG;
+          const uint32_t sa =
+              kLaneOff ? st + ks_lane + r * 8 * C::kSc : st + C::kKSc + row * C::kSc + tq * kG;
           uint32_t sfb[kG];
           // kOpt, kG >= 2: sfb[g] holds the pair of groups (g & ~1, g | 1), and the
           // multiply broadcasts the half it needs (hmul2_lo / hmul2_hi).
@@ -609,6 +626,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 
 
   // ---- V of tokens (2tq, 2tq+1) and (2tq+8, 2tq+9), rows of D/8 head dims; O^T += V^T . P^T
   // (subtile at `st`, first token t0, `tail` when it holds tokens >= t_end).
+  uint32_t v_lane = 0, vs_lane = 0;  // kLaneOff: per-lane V data / V scale offsets
+  if constexpr (kLaneOff && FMT == kNvfp4) {
+    const int boff = gid * (C::kRow / 8);
+    v_lane = C::kVData + 2 * tq * C::kRow + (((boff / 16) ^ (tq & C::kSwzMask)) * 16) + boff % 16;
+    vs_lane = C::kVSc + 2 * tq * C::kSc + (gid * (D / 8)) / 16;
+  }
   auto pv = [&](const uint32_t st, const int t0, const bool tail, const uint32_t pb0,
                 const uint32_t pb1) {
     {
@@ -618,7 +641,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 
         const int ta = 2 * tq + 8 * pr;  // tokens ta, ta+1
         uint32_t wa[C::kVWords], wb[C::kVWords];
         const int boff = gid * (C::kRow / 8);
-        if constexpr (FMT == kNvfp4) {
+        if constexpr (FMT == kNvfp4 && kLaneOff) {
+          // (ta >> 1) & mask == tq & mask for both rows of every pair (ta = 2 tq + 8 pr)
+          const uint32_t va = st + v_lane + pr * 8 * C::kRow;
+          lds<C::kVWords>(va, wa);
+          lds<C::kVWords>(va + C::kRow, wb);
+        } else if constexpr (FMT == kNvfp4) {
           const int cc = boff / 16, inner = boff % 16;
           lds<C::kVWords>(st + C::kVData + ta * C::kRow +
                               ((cc ^ ((ta >> 1) & C::kSwzMask)) * 16) + inner, wa);
@@ -644,13 +672,21 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 
           uint32_t spair[kVG];
 #pragma unroll
           for (int g = 0; g < kVG; ++g) {
-            uint32_t sa = lds_u8(st + C::kVSc + ta * C::kSc + goff + g);
-            uint32_t sb = lds_u8(st + C::kVSc + (ta + 1) * C::kSc + goff + g);
+            uint32_t sa, sb;
+            if constexpr (kLaneOff) {
+              const uint32_t vs = st + vs_lane + pr * 8 * C::kSc + g;
+              sa = lds_u8(vs);
+              sb = lds_u8(vs + C::kSc);
+            } else {
+              sa = lds_u8(st + C::kVSc + ta * C::kSc + goff + g);
+              sb = lds_u8(st + C::kVSc + (ta + 1) * C::kSc + goff + g);
+            }
             if (tail) {  // a stale scale byte may be 0x7F (NaN): 0 * NaN would poison O
               sa = t0 + ta >= t_end ? 0u : sa;
               sb = t0 + ta + 1 >= t_end ? 0u : sb;
             }
-            spair[g] = e4m3x2_to_f16x2(sa | (sb << 8));
+            // kLaneOff: the two bytes side by side with one PRMT (cvt reads the low 16 bits)
+            spair[g] = e4m3x2_to_f16x2(kLaneOff ? prmt(sa, sb, 0x0040) : (sa | (sb << 8)));
           }
 #pragma unroll
           for (int w = 0; w < C::kVWords; ++w) {
@@ -1120,41 +1156,44 @@ int Occupancy() {
 // The one place runtime (format, head_dim, nvfp4 decode variant) become template constants;
 // anything else is refused (the host API has already said why).
 #define KVT_DECODE_DISPATCH(FN, ...)                                          \
-  switch (format * 10000 + head_dim * 10 + (format == kNvfp4 ? variant : 0)) { \
-    case 640: return FN<kNvfp4, 64, 0>(__VA_ARGS__);                          \
-    case 1280: return FN<kNvfp4, 128, 0>(__VA_ARGS__);                        \
-    case 2560: return FN<kNvfp4, 256, 0>(__VA_ARGS__);                        \
-    case 641: return FN<kNvfp4, 64, 1>(__VA_ARGS__);                          \
-    case 1281: return FN<kNvfp4, 128, 1>(__VA_ARGS__);                        \
-    case 2561: return FN<kNvfp4, 256, 1>(__VA_ARGS__);                        \
-    case 642: return FN<kNvfp4, 64, 2>(__VA_ARGS__);                          \
-    case 1282: return FN<kNvfp4, 128, 2>(__VA_ARGS__);                        \
-    case 2562: return FN<kNvfp4, 256, 2>(__VA_ARGS__);                        \
-    case 643: return FN<kNvfp4, 64, 3>(__VA_ARGS__);                          \
-    case 1283: return FN<kNvfp4, 128, 3>(__VA_ARGS__);                        \
-    case 2563: return FN<kNvfp4, 256, 3>(__VA_ARGS__);                        \
-    case 644: return FN<kNvfp4, 64, 4>(__VA_ARGS__);                          \
-    case 1284: return FN<kNvfp4, 128, 4>(__VA_ARGS__);                        \
-    case 2564: return FN<kNvfp4, 256, 4>(__VA_ARGS__);                        \
-    case 645: return FN<kNvfp4, 64, 5>(__VA_ARGS__);                          \
-    case 1285: return FN<kNvfp4, 128, 5>(__VA_ARGS__);                        \
-    case 2565: return FN<kNvfp4, 256, 5>(__VA_ARGS__);                        \
-    case 646: return FN<kNvfp4, 64, 6>(__VA_ARGS__);                          \
-    case 1286: return FN<kNvfp4, 128, 6>(__VA_ARGS__);                        \
-    case 2566: return FN<kNvfp4, 256, 6>(__VA_ARGS__);                        \
-    case 647: return FN<kNvfp4, 64, 7>(__VA_ARGS__);                          \
-    case 1287: return FN<kNvfp4, 128, 7>(__VA_ARGS__);                        \
-    case 2567: return FN<kNvfp4, 256, 7>(__VA_ARGS__);                        \
-    case 648: return FN<kNvfp4, 64, 8>(__VA_ARGS__);                          \
-    case 1288: return FN<kNvfp4, 128, 8>(__VA_ARGS__);                        \
-    case 2568: return FN<kNvfp4, 256, 8>(__VA_ARGS__);                        \
-    case 649: return FN<kNvfp4, 64, 9>(__VA_ARGS__);                          \
-    case 1289: return FN<kNvfp4, 128, 9>(__VA_ARGS__);                        \
-    case 2569: return FN<kNvfp4, 256, 9>(__VA_ARGS__);                        \
-    case 10640: return FN<kFp8, 64, 0>(__VA_ARGS__);                          \
-    case 11280: return FN<kFp8, 128, 0>(__VA_ARGS__);                         \
-    case 20640: return FN<kBf16, 64, 0>(__VA_ARGS__);                         \
-    case 21280: return FN<kBf16, 128, 0>(__VA_ARGS__);                        \
+  switch (format * 100000 + head_dim * 100 + (format == kNvfp4 ? variant : 0)) { \
+    case 6400: return FN<kNvfp4, 64, 0>(__VA_ARGS__);                         \
+    case 12800: return FN<kNvfp4, 128, 0>(__VA_ARGS__);                       \
+    case 25600: return FN<kNvfp4, 256, 0>(__VA_ARGS__);                       \
+    case 6401: return FN<kNvfp4, 64, 1>(__VA_ARGS__);                         \
+    case 12801: return FN<kNvfp4, 128, 1>(__VA_ARGS__);                       \
+    case 25601: return FN<kNvfp4, 256, 1>(__VA_ARGS__);                       \
+    case 6402: return FN<kNvfp4, 64, 2>(__VA_ARGS__);                         \
+    case 12802: return FN<kNvfp4, 128, 2>(__VA_ARGS__);                       \
+    case 25602: return FN<kNvfp4, 256, 2>(__VA_ARGS__);                       \
+    case 6403: return FN<kNvfp4, 64, 3>(__VA_ARGS__);                         \
+    case 12803: return FN<kNvfp4, 128, 3>(__VA_ARGS__);                       \
+    case 25603: return FN<kNvfp4, 256, 3>(__VA_ARGS__);                       \
+    case 6404: return FN<kNvfp4, 64, 4>(__VA_ARGS__);                         \
+    case 12804: return FN<kNvfp4, 128, 4>(__VA_ARGS__);                       \
+    case 25604: return FN<kNvfp4, 256, 4>(__VA_ARGS__);                       \
+    case 6405: return FN<kNvfp4, 64, 5>(__VA_ARGS__);                         \
+    case 12805: return FN<kNvfp4, 128, 5>(__VA_ARGS__);                       \
+    case 25605: return FN<kNvfp4, 256, 5>(__VA_ARGS__);                       \
+    case 6406: return FN<kNvfp4, 64, 6>(__VA_ARGS__);                         \
+    case 12806: return FN<kNvfp4, 128, 6>(__VA_ARGS__);                       \
+    case 25606: return FN<kNvfp4, 256, 6>(__VA_ARGS__);                       \
+    case 6407: return FN<kNvfp4, 64, 7>(__VA_ARGS__);                         \
+    case 12807: return FN<kNvfp4, 128, 7>(__VA_ARGS__);                       \
+    case 25607: return FN<kNvfp4, 256, 7>(__VA_ARGS__);                       \
+    case 6408: return FN<kNvfp4, 64, 8>(__VA_ARGS__);                         \
+    case 12808: return FN<kNvfp4, 128, 8>(__VA_ARGS__);                       \
+    case 25608: return FN<kNvfp4, 256, 8>(__VA_ARGS__);                       \
+    case 6409: return FN<kNvfp4, 64, 9>(__VA_ARGS__);                         \
+    case 12809: return FN<kNvfp4, 128, 9>(__VA_ARGS__);                       \
+    case 25609: return FN<kNvfp4, 256, 9>(__VA_ARGS__);                       \
+    case 6410: return FN<kNvfp4, 64, 10>(__VA_ARGS__);                        \
+    case 12810: return FN<kNvfp4, 128, 10>(__VA_ARGS__);                      \
+    case 25610: return FN<kNvfp4, 256, 10>(__VA_ARGS__);                      \
+    case 106400: return FN<kFp8, 64, 0>(__VA_ARGS__);                         \
+    case 112800: return FN<kFp8, 128, 0>(__VA_ARGS__);                        \
+    case 206400: return FN<kBf16, 64, 0>(__VA_ARGS__);                        \
+    case 212800: return FN<kBf16, 128, 0>(__VA_ARGS__);                       \
     default: break;                                                           \
   }
 

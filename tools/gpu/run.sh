@@ -13,7 +13,7 @@ for a in "$@"; do
     --no-bench) BENCH=0 ;;
     --no-tests) TESTS=0 ;;
     --profile) PROFILE=1 ;;  # ncu of decode (nvfp4, fp8) and quantize + SASS into $OUT/profile.txt
-    --compare) COMPARE=1 ;;  # time the NVFP4 decode variants ($COMPARE_VARIANTS, default shift prmt32 prmt32x)
+    --compare) COMPARE=1 ;;  # time the NVFP4 decode variants ($COMPARE_VARIANTS, default prmt32x lean32 lean32p)
     --qbench) QBENCH=1 ;;    # kvtier-bench decode: quantize_append (N=65536) + nvfp4 decode at 16x8192 only
   esac
 done
@@ -87,16 +87,16 @@ fi
   --output-junit "$OUT/ctest_gpu.xml" > "$OUT/ctest_gpu.log" 2>&1 || RC=1
   grep -E "tests passed|\(Failed\)|Not Run|SKIP" "$OUT/ctest_gpu.log" | tail -n 40; }
 # The NVFP4 decode tests once more with the other E2M1 decode variants in $NVFP4_RETEST
-# (default "shift prmt32"; the default variant, prmt32x, ran above).
-[ "$TESTS" = 1 ] && { echo "== NVFP4 decode tests again with KVTIER_NVFP4_DECODE=${NVFP4_RETEST:-shift prmt32}"
-  for V in ${NVFP4_RETEST:-shift prmt32}; do
+# (default "shift prmt32x lean32"; the default variant, lean32p, ran above).
+[ "$TESTS" = 1 ] && { echo "== NVFP4 decode tests again with KVTIER_NVFP4_DECODE=${NVFP4_RETEST:-shift prmt32x lean32}"
+  for V in ${NVFP4_RETEST:-shift prmt32x lean32}; do
     KVTIER_NVFP4_DECODE=$V ctest --test-dir "$SRC_BUILD" -L gpu -R 'nvfp4|DecodeGuards' -j 8 --timeout 900 \
       >> "$OUT/ctest_gpu.log" 2>&1 || RC=1
     echo "variant $V: $(grep -E 'tests passed' "$OUT/ctest_gpu.log" | tail -1)"
   done; }
 
 if [ "$COMPARE" = 1 ]; then
-  for V in ${COMPARE_VARIANTS:-shift prmt32 prmt32x}; do
+  for V in ${COMPARE_VARIANTS:-prmt32x lean32 lean32p}; do
     echo "== NVFP4 decode variant $V"
     KVTIER_NVFP4_DECODE=$V python3 tools/gpu/decode_baseline.py --lib "$BUILD/lib/libkvtier_kernels.so" \
       --out /tmp/cmp_$V --results "" --formats nvfp4 --shapes 16x65536,1x131072,64x8192 --block-tokens 16 --no-sdpa \
