@@ -22,7 +22,7 @@ thread_local std::string g_error;
 // qk_scale), 6 pipe32 (lean32 software-pipelined), 7 lean32p (lean32, block table read
 // ahead), 8 lean32h (lean32p, IMAD.HI in the spread),
 // 9 lean32o (lean32 at 96 registers, 5 CTAs/SM), 10 lean32a (lean32p, per-lane shared
-// memory offsets). Default lean32p since 2026-11-29 12:49 (44/44 NVFP4 decode tests on
+// memory offsets), 11 lean32d (lean32a, 6-slot ring). Default lean32p since 2026-11-29 12:49 (44/44 NVFP4 decode tests on
 // the H200; fastest of the variants timed in that run).
 constexpr int kDefaultNvfp4Variant = 7;
 
@@ -183,6 +183,7 @@ int Nvfp4DecodeVariant() {
     if (e != nullptr && std::string(e) == "lean32h") return 8;
     if (e != nullptr && std::string(e) == "lean32o") return 9;
     if (e != nullptr && std::string(e) == "lean32a") return 10;
+    if (e != nullptr && std::string(e) == "lean32d") return 11;
     return kDefaultNvfp4Variant;
   }();
   return v;

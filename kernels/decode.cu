@@ -243,7 +243,8 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // 5 = 4 with branch-free full pairs, a lean cp.async issue, qk_scale folded into the exp2
 // FFMA and MUFU.EX2 without the denormal fix-up ("lean32"), 6 = 5 software-pipelined,
 // 7 = 5 with the block table read ahead, 8 = 7 with IMAD.HI in the spread, 9 = 5 at 96
-// registers (5 CTAs/SM), 10 = 7 with per-lane shared-memory offsets.
+// registers (5 CTAs/SM), 10 = 7 with per-lane shared-memory offsets, 11 = 10 over a
+// 6-slot ring.
 // All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 5 : 4))
@@ -259,14 +260,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 
   // load no longer stalls the cp.async issue); DEC 8: 7 with e2m1_spread<true>; DEC 9:
   // DEC 5 at 96 registers for 5 CTAs/SM (Q fragments in shared memory, a 4-slot ring,
   // per-lane copy offsets recomputed, one QK chain).
-  constexpr bool kPref = DEC == 7 || DEC == 8 || DEC == 10;
+  constexpr bool kPref = DEC == 7 || DEC == 8 || DEC >= 10;
   // DEC 10: DEC 7 with the per-lane part of the V data / V scale shared-memory addresses
   // computed once (the V swizzle term does not depend on the token pair), so each load
   // is the slot base plus a lane register plus an immediate.
-  constexpr bool kLaneOff = DEC == 10;
+  constexpr bool kLaneOff = DEC >= 10;
+  // DEC 11: DEC 10 over a 6-slot ring (4 subtiles in flight instead of 3).
   constexpr bool kSpreadHi = DEC == 8;
   constexpr bool kPipe = DEC == 6;  // QK of the next pair in the block of this pair's PV
-  using C = Cfg<FMT, D, DEC == 9 ? 3 : kPipe ? 2 : kPair ? 1 : 0>;
+  using C = Cfg<FMT, D, DEC == 9 ? 3 : (kPipe || DEC == 11) ? 2 : kPair ? 1 : 0>;
   constexpr bool kBf = FMT == kBf16;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5;
@@ -1118,7 +1120,7 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a) {
 
 template <int FMT, int D, int DEC>
 cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
-  using C = Cfg<FMT, D, DEC == 9 ? 3 : DEC == 6 ? 2 : DEC >= 3 ? 1 : 0>;
+  using C = Cfg<FMT, D, DEC == 9 ? 3 : (DEC == 6 || DEC == 11) ? 2 : DEC >= 3 ? 1 : 0>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   static bool attr_set = false;  // benign race: setting it twice is harmless
   if (!attr_set) {
@@ -1140,7 +1142,7 @@ cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
 
 template <int FMT, int D, int DEC>
 int Occupancy() {
-  using C = Cfg<FMT, D, DEC == 9 ? 3 : DEC == 6 ? 2 : DEC >= 3 ? 1 : 0>;
+  using C = Cfg<FMT, D, DEC == 9 ? 3 : (DEC == 6 || DEC == 11) ? 2 : DEC >= 3 ? 1 : 0>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   cudaFuncSetAttribute(DecodeKernel<FMT, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   int n = 0;
@@ -1190,6 +1192,9 @@ int Occupancy() {
     case 6410: return FN<kNvfp4, 64, 10>(__VA_ARGS__);                        \
     case 12810: return FN<kNvfp4, 128, 10>(__VA_ARGS__);                      \
     case 25610: return FN<kNvfp4, 256, 10>(__VA_ARGS__);                      \
+    case 6411: return FN<kNvfp4, 64, 11>(__VA_ARGS__);                        \
+    case 12811: return FN<kNvfp4, 128, 11>(__VA_ARGS__);                      \
+    case 25611: return FN<kNvfp4, 256, 11>(__VA_ARGS__);                      \
     case 106400: return FN<kFp8, 64, 0>(__VA_ARGS__);                         \
     case 112800: return FN<kFp8, 128, 0>(__VA_ARGS__);                        \
     case 206400: return FN<kBf16, 64, 0>(__VA_ARGS__);                        \

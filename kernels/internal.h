@@ -32,14 +32,14 @@ struct DecodeLaunch {
 
 // format: 0 nvfp4, 1 fp8, 2 bf16. variant (nvfp4 only): 0 = E2M1 decoded by shift/mask
 // straight to fp16, 1 = shift/mask to E4M3 bytes + hardware cvt to f16x2, 2 = spread to
-// clean fp16 high bytes + one PRMT per half2, 3..10 = 2 with 32 tokens per softmax step
+// clean fp16 high bytes + one PRMT per half2, 3..11 = 2 with 32 tokens per softmax step
 // (decode.cu and api.cu list them). Returns the launch error.
 cudaError_t LaunchDecode(int format, int head_dim, int variant, const DecodeLaunch& a,
                          cudaStream_t stream);
 // Blocks of the decode kernel resident per SM (occupancy), for the split choice.
 int DecodeBlocksPerSm(int format, int head_dim, int variant);
 // The NVFP4 decode variant in use: $KVTIER_NVFP4_DECODE ("shift", "cvt", "prmt", "prmt32",
-// "prmt32x", "lean32", "pipe32", "lean32p", "lean32h", "lean32o", "lean32a"; read once),
+// "prmt32x", "lean32", "pipe32", "lean32p", "lean32h", "lean32o", "lean32a", "lean32d"; read once),
 // else the default measured fastest on H200 (docs/kernels.md).
 int Nvfp4DecodeVariant();
 inline constexpr int kDecodeWarps = 4;  // warps per CTA; one warp per (b, kv head, split)
