@@ -22,9 +22,10 @@ thread_local std::string g_error;
 // qk_scale), 6 pipe32 (lean32 software-pipelined), 7 lean32p (lean32, block table read
 // ahead), 8 lean32h (lean32p, IMAD.HI in the spread),
 // 9 lean32o (lean32 at 96 registers, 5 CTAs/SM), 10 lean32a (lean32p, per-lane shared
-// memory offsets), 11 lean32d (lean32a, 6-slot ring). Default lean32p since 2026-11-29 12:49 (44/44 NVFP4 decode tests on
-// the H200; fastest of the variants timed in that run).
-constexpr int kDefaultNvfp4Variant = 7;
+// memory offsets), 11 lean32d (lean32a, 6-slot ring). Default lean32a since 2026-11-29
+// 12:57: 44/44 NVFP4 decode tests on the H200 and the fastest variant of that run (1.1%
+// ahead of lean32p at 16 x 64K, within run-to-run spread; docs/kernels.md).
+constexpr int kDefaultNvfp4Variant = 10;
 
 int Fail(int code, std::string msg) {
   g_error = std::move(msg);

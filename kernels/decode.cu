@@ -17,7 +17,7 @@
 //
 // NVFP4 values are decoded in registers from whole 32-bit words straight to fp16 *without*
 // the exponent-bias multiply: the half holds e2m1 * 2^-14 (subnormal for 0.5). The
-// default decode (DEC 7, "lean32p") spreads a word into clean fp16 high bytes and builds
+// default decode (DEC 10, "lean32a") spreads a word into clean fp16 high bytes and builds
 // each half2 with one PRMT, runs the online softmax over 32 tokens (two subtiles), splits
 // the QK product into two independent HMMA chains, and keeps the common path of the
 // 32-token step free of branches (the last, partial step runs separately). Multiplying by the E4M3 block scale (converted exactly by cvt.f16x2.e4m3x2) is
