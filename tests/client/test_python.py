@@ -77,6 +77,18 @@ class PythonClientTest(unittest.TestCase):
                 self.assertEqual(r.hit_blocks, 6, transport)
                 self.assertEqual(r.tiers[:6], ["host"] * 6)
                 self.assertEqual(r.tiers[6:], ["none"] * (len(longer) - 6))
+                # TierNames: a lazy sequence of names that behaves like the list it replaced
+                self.assertIsInstance(r.tiers, kvtier.TierNames)
+                self.assertEqual(len(r.tiers), len(longer))
+                self.assertEqual(list(r.tiers), ["host"] * 6 + ["none"] * (len(longer) - 6))
+                self.assertEqual(r.tiers[0], "host")
+                self.assertEqual(r.tiers[-1], "none")
+                self.assertEqual(r.tiers.count("host"), 6)
+                self.assertEqual(set(r.tiers), {"host", "none"})
+                self.assertNotEqual(r.tiers[:6], ["host"] * 5 + ["nvme"])
+                self.assertNotEqual(r.tiers[:6], ["host"] * 5)
+                self.assertEqual(r.tiers.codes()[:6], bytes([kvtier.TIER_HOST]) * 6)
+                self.assertEqual(r.tiers[:6], r.tiers[:6])
                 got = c.acquire(cid, longer, "host")
                 self.assertEqual(len(got.slots), 6)
                 for i, s in enumerate(got.slots):

@@ -23,6 +23,7 @@ Errors raise kvtier.KvtierError carrying the status name and the library's messa
 
 from __future__ import annotations
 
+import collections.abc
 import ctypes
 import ctypes.util
 import os
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 __all__ = [
-    "KvtierError", "Contract", "Key", "Slot", "LookupResult", "Lease", "TierStats", "Client",
+    "KvtierError", "Contract", "Key", "Slot", "LookupResult", "TierNames", "Lease", "TierStats", "Client",
     "key_chain", "key_chain_array", "KeyArray", "contract_id", "library_path", "TIER_HBM", "TIER_HOST", "TIER_NVME", "TIER_NONE",
 ]
 
@@ -200,8 +201,48 @@ class Slot:
 @dataclass
 class LookupResult:
     hit_blocks: int
-    tiers: List[str]            # "hbm" | "host" | "nvme" | "none", one per key
+    tiers: "TierNames"          # "hbm" | "host" | "nvme" | "remote" | "none", one per key
     est_seconds_to_hbm: float
+
+
+class TierNames(collections.abc.Sequence):
+    """The tier of each looked-up key, by name ("hbm", "host", "nvme", "remote", "none"):
+    a read-only sequence over the reply's bytes. Names are made when read, so the lookup of
+    a long prompt (2,048 keys at 32K tokens) costs no per-key Python work until someone
+    reads them (a list of names cost ~70 us there, on the restore's critical path). Slices
+    are TierNames too; it compares equal to a list of the same names."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: bytes):
+        self._raw = bytes(raw)
+
+    def __len__(self):
+        return len(self._raw)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return TierNames(self._raw[i])
+        return _TIER_BY_CODE[self._raw[i]]
+
+    def __iter__(self):
+        return map(_TIER_BY_CODE.__getitem__, self._raw)
+
+    def codes(self) -> bytes:
+        """The raw tier codes (TIER_HBM, TIER_HOST, ...), one byte per key."""
+        return self._raw
+
+    def __eq__(self, other):
+        if isinstance(other, TierNames):
+            return self._raw == other._raw
+        if isinstance(other, (list, tuple)):
+            return len(other) == len(self._raw) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self):
+        return repr(list(self))
 
 
 @dataclass
@@ -517,8 +558,7 @@ class Client:
         res = _LookupResult()
         tiers = (ctypes.c_uint8 * max(len(keys), 1))()
         _check(self._lib.kvtier_lookup(self._handle(), contract_id, arr, len(keys), ctypes.byref(res), tiers))
-        names = _TIER_BY_CODE  # a 256-entry list: one index per block, no dict lookups
-        return LookupResult(res.hit_blocks, [names[t] for t in bytes(tiers)[:len(keys)]], res.est_seconds_to_hbm)
+        return LookupResult(res.hit_blocks, TierNames(bytes(tiers)[:len(keys)]), res.est_seconds_to_hbm)
 
     def acquire(self, contract_id: int, keys: Sequence[Key], tier="host") -> Lease:
         arr = _keys_array(keys)
