@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cmath>
 #include <string>
@@ -21,7 +22,7 @@ thread_local std::string g_error;
 // HMMA chains), 5 lean32 (prmt32x, branch-free full pairs, lean cp.async issue, folded
 // qk_scale), 6 pipe32 (lean32 software-pipelined), 7 lean32p (lean32, block table read
 // ahead), 8 lean32h (lean32p, IMAD.HI in the spread),
-// 9 lean32o (lean32 at 96 registers, 5 CTAs/SM), 10 lean32a (lean32p, per-lane shared
+// 10 lean32a (lean32p, per-lane shared
 // memory offsets), 11 lean32d (lean32a, 6-slot ring). Default lean32a since 2026-11-29
 // 12:57: 44/44 NVFP4 decode tests on the H200 and the fastest variant of that run (1.1%
 // ahead of lean32p at 16 x 64K, within run-to-run spread; docs/kernels.md).
@@ -182,9 +183,12 @@ int Nvfp4DecodeVariant() {
     if (e != nullptr && std::string(e) == "pipe32") return 6;
     if (e != nullptr && std::string(e) == "lean32p") return 7;
     if (e != nullptr && std::string(e) == "lean32h") return 8;
-    if (e != nullptr && std::string(e) == "lean32o") return 9;
     if (e != nullptr && std::string(e) == "lean32a") return 10;
     if (e != nullptr && std::string(e) == "lean32d") return 11;
+    if (e != nullptr && *e != '\0') {
+      std::fprintf(stderr, "kvtier kernels: KVTIER_NVFP4_DECODE=%s is not a decode variant (shift, cvt, prmt, "
+                   "prmt32, prmt32x, lean32, pipe32, lean32p, lean32h, lean32a, lean32d); using the default\n", e);
+    }
     return kDefaultNvfp4Variant;
   }();
   return v;

@@ -50,10 +50,7 @@ struct Cfg {
   static constexpr int kStage = kVSc + 16 * kSc;        // bytes of one subtile
   static constexpr int kStages =
       FMT == kNvfp4 ? (MODE == 2 ? 6 : MODE == 1 ? 5 : 4) : (FMT == kFp8 ? 3 : 2);
-  // MODE 3 (DEC 9): 4-slot ring plus the warp's Q B-fragments (D/8 words per lane) in
-  // shared memory instead of registers, for 5 CTAs per SM.
-  static constexpr int kQSmem = MODE == 3 ? (D / 8) * 4 * 32 : 0;
-  static constexpr int kSmemPerWarp = kStage * kStages + kQSmem;
+  static constexpr int kSmemPerWarp = kStage * kStages;
   static constexpr int kKWords = kRow / 16;  // 32-bit words of one K row per thread (row/4 B)
   static constexpr int kVWords = kRow / 32;  // words of one V row per thread (row/8 B), >= 1
   static constexpr int kRegs = D / 8;        // half2 registers per row per thread
@@ -242,24 +239,23 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // 4 = 3 with the QK product split into two independent HMMA chains (even / odd k-steps),
 // 5 = 4 with branch-free full pairs, a lean cp.async issue, qk_scale folded into the exp2
 // FFMA and MUFU.EX2 without the denormal fix-up ("lean32"), 6 = 5 software-pipelined,
-// 7 = 5 with the block table read ahead, 8 = 7 with IMAD.HI in the spread, 9 = 5 at 96
-// registers (5 CTAs/SM), 10 = 7 with per-lane shared-memory offsets, 11 = 10 over a
-// 6-slot ring.
+// 7 = 5 with the block table read ahead, 8 = 7 with IMAD.HI in the spread, 10 = 7 with
+// per-lane shared-memory offsets, 11 = 10 over a 6-slot ring. (9, "lean32o", 5 at 96
+// registers for 5 CTAs/SM with Q in shared memory, was measured 2-9% slower and spilled
+// when built for sm_100; it was removed, and its number is not reused.)
 // All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
-__global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 5 : 4))
+__global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     DecodeKernel(const DecodeLaunch a) {
   constexpr bool kPair = DEC >= 3;          // 32 tokens per softmax step
   constexpr int kDec = DEC >= 3 ? 2 : DEC;  // the E2M1 decode
-  constexpr bool kSplitQk = DEC >= 4 && DEC != 9;  // QK as two independent HMMA chains
+  constexpr bool kSplitQk = DEC >= 4;  // QK as two independent HMMA chains
   // DEC 5: the pair loop without branches on its common path (full pairs; the last,
   // partial pair runs the DEC 4 body once), cheaper cp.async issue, qk_scale folded into
   // one FFMA per score, MUFU.EX2 without the denormal fix-up.
   constexpr bool kOpt = DEC >= 5;
   // DEC 7: DEC 5 with the block-table entry of each subtile loaded two issues ahead (its
-  // load no longer stalls the cp.async issue); DEC 8: 7 with e2m1_spread<true>; DEC 9:
-  // DEC 5 at 96 registers for 5 CTAs/SM (Q fragments in shared memory, a 4-slot ring,
-  // per-lane copy offsets recomputed, one QK chain).
+  // load no longer stalls the cp.async issue); DEC 8: 7 with e2m1_spread<true>.
   constexpr bool kPref = DEC == 7 || DEC == 8 || DEC >= 10;
   // DEC 10: DEC 7 with the per-lane part of the V data / V scale shared-memory addresses
   // computed once (the V swizzle term does not depend on the token pair), so each load
@@ -268,7 +264,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 
   // DEC 11: DEC 10 over a 6-slot ring (4 subtiles in flight instead of 3).
   constexpr bool kSpreadHi = DEC == 8;
   constexpr bool kPipe = DEC == 6;  // QK of the next pair in the block of this pair's PV
-  using C = Cfg<FMT, D, DEC == 9 ? 3 : (kPipe || DEC == 11) ? 2 : kPair ? 1 : 0>;
+  using C = Cfg<FMT, D, (kPipe || DEC == 11) ? 2 : kPair ? 1 : 0>;
   constexpr bool kBf = FMT == kBf16;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5;
@@ -325,32 +321,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 
   if constexpr (kOpt) {
     if (a.softmax_scale < 0.f) qmul = -qmul;
   }
-  // kQsm (DEC 9): the fragments live in shared memory after the ring, as [i/2][lane][2]
-  // words, and each k-step loads its pair (one conflict-free LDS.64).
-  constexpr bool kQsm = DEC == 9;
-  uint32_t qb[kQsm ? 1 : C::kRegs];
-  const uint32_t q_s = ring_s + C::kStage * C::kStages + 8 * lane;
-  if constexpr (kQsm) {
+  uint32_t qb[C::kRegs];
 #pragma unroll
-    for (int i = 0; i < C::kRegs; i += 2) {
-      const uint32_t lo = pack2<kBf>(qv[i][0] * qmul, qv[i][1] * qmul);
-      const uint32_t hi = pack2<kBf>(qv[i + 1][0] * qmul, qv[i + 1][1] * qmul);
-      asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(q_s + (i / 2) * 256), "r"(lo), "r"(hi)
-                   : "memory");
-    }
-    __syncwarp();
-  } else {
-#pragma unroll
-    for (int i = 0; i < C::kRegs; ++i) qb[i] = pack2<kBf>(qv[i][0] * qmul, qv[i][1] * qmul);
-  }
+  for (int i = 0; i < C::kRegs; ++i) qb[i] = pack2<kBf>(qv[i][0] * qmul, qv[i][1] * qmul);
   // Q B-fragment words 2k and 2k+1.
   auto qpair = [&](int k, uint32_t& b0, uint32_t& b1) {
-    if constexpr (kQsm) {
-      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(q_s + k * 256));
-    } else {
-      b0 = qb[2 * k];
-      b1 = qb[2 * k + 1];
-    }
+    b0 = qb[2 * k];
+    b1 = qb[2 * k + 1];
   };
 
   constexpr float kLog2e = 1.4426950408889634f;
@@ -410,7 +387,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 
   uint32_t o_gk = 0, o_gv = 0, o_gs = 0, o_ds = 0;
   uint32_t o_dv[kDataIt];
   bool o_ps = false;
-  if constexpr (kOpt && DEC != 9) {
+  if constexpr (kOpt) {
     o_gk = a.k_data + 16u * lane;
     o_gv = a.v_data + 16u * lane;
 #pragma unroll
@@ -453,29 +430,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : (DEC == 9 ? 
     const uint8_t* page =
         pool_l + static_cast<uint64_t>(static_cast<uint32_t>(ok ? slot : 0)) * a.slot_bytes;
     const uint32_t row0 = head_rows + static_cast<uint32_t>(t0 & (a.block_tokens - 1));
-    if constexpr (DEC == 9) {
-      // Registers are short at 5 CTAs/SM: recompute the per-lane parts here.
-      const uint8_t* kd = page + (a.k_data + 16u * lane + row0 * C::kRow);
-      const uint8_t* vd = page + (a.v_data + 16u * lane + row0 * C::kRow);
-#pragma unroll
-      for (int it = 0; it < kDataIt; ++it) {
-        cp_async16_if(st + C::kKData + 16 * lane + 512 * it, kd + 512 * it, go);
-      }
-#pragma unroll
-      for (int it = 0; it < kDataIt; ++it) {
-        const int off = 16 * (lane + 32 * it);
-        const int r = off / C::kRow;
-        const int cc = (off % C::kRow) / 16;
-        cp_async16_if(st + C::kVData + r * C::kRow + ((cc ^ ((r >> 1) & C::kSwzMask)) * 16), vd + 512 * it, go);
-      }
-      if constexpr (C::kSc > 0) {
-        const bool ks = lane < C::kSc;
-        const uint32_t gs = ks ? a.k_scale + 16u * lane : a.v_scale + 16u * (lane - C::kSc);
-        const uint32_t ds = ks ? C::kKSc + 16 * lane : C::kVSc + 16 * (lane - C::kSc);
-        cp_async16_if(st + ds, page + (gs + row0 * C::kSc), go && lane < 2 * C::kSc);
-      }
-      return;
-    }
     const uint8_t* kd = page + (o_gk + row0 * C::kRow);
     const uint8_t* vd = page + (o_gv + row0 * C::kRow);
 #pragma unroll
@@ -1120,7 +1074,7 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a) {
 
 template <int FMT, int D, int DEC>
 cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
-  using C = Cfg<FMT, D, DEC == 9 ? 3 : (DEC == 6 || DEC == 11) ? 2 : DEC >= 3 ? 1 : 0>;
+  using C = Cfg<FMT, D, (DEC == 6 || DEC == 11) ? 2 : DEC >= 3 ? 1 : 0>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   static bool attr_set = false;  // benign race: setting it twice is harmless
   if (!attr_set) {
@@ -1142,7 +1096,7 @@ cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
 
 template <int FMT, int D, int DEC>
 int Occupancy() {
-  using C = Cfg<FMT, D, DEC == 9 ? 3 : (DEC == 6 || DEC == 11) ? 2 : DEC >= 3 ? 1 : 0>;
+  using C = Cfg<FMT, D, (DEC == 6 || DEC == 11) ? 2 : DEC >= 3 ? 1 : 0>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   cudaFuncSetAttribute(DecodeKernel<FMT, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   int n = 0;
@@ -1186,9 +1140,6 @@ int Occupancy() {
     case 6408: return FN<kNvfp4, 64, 8>(__VA_ARGS__);                         \
     case 12808: return FN<kNvfp4, 128, 8>(__VA_ARGS__);                       \
     case 25608: return FN<kNvfp4, 256, 8>(__VA_ARGS__);                       \
-    case 6409: return FN<kNvfp4, 64, 9>(__VA_ARGS__);                         \
-    case 12809: return FN<kNvfp4, 128, 9>(__VA_ARGS__);                       \
-    case 25609: return FN<kNvfp4, 256, 9>(__VA_ARGS__);                       \
     case 6410: return FN<kNvfp4, 64, 10>(__VA_ARGS__);                        \
     case 12810: return FN<kNvfp4, 128, 10>(__VA_ARGS__);                      \
     case 25610: return FN<kNvfp4, 256, 10>(__VA_ARGS__);                      \
