@@ -1,12 +1,14 @@
 // Hash of the TierManager's block index (tier_manager.cc: blocks_), here so that tests can
 // build (contract, key) pairs that collide in it.
 //
-// A key is an XXH3-128 output, already uniform: one 64x64 -> 128-bit multiply of its
-// halves and the contract id, folded (the mix absl::Hash uses), is hash enough. It spreads
-// the structured keys tests and tools make up ({i, i * c}) too. Different ids may share a
-// hash (a contract id xor-ed into the low half gives the same value as another contract's
-// key with that half changed); the index compares the whole id, so a collision costs a
-// probe, never a wrong answer (test BlockIndexCollisionsNeverMixBlocks).
+// A key is an XXH3-128 output, already uniform, but it comes from a client, which may send
+// any 128 bits. The hash is one 64x64 -> 128-bit multiply of the key's two halves, each
+// mixed with a secret per-daemon seed (and the high half with the contract id), folded
+// (the core of wyhash): cheap, and with the seed unknown a client cannot aim keys at one
+// bucket of the index (a flood of colliding keys would make every probe linear). The
+// index compares whole ids, so a collision costs a probe, never a wrong answer (test
+// BlockIndexCollisionsNeverMixBlocks, which knows its seed: a low half equal to the seed
+// zeroes the product, for any high half and contract).
 #pragma once
 
 #include <cstddef>
@@ -16,10 +18,10 @@
 
 namespace kvtier::tiers {
 
-inline size_t BlockIndexHashOf(const BlockId& id) {
-  const uint64_t hi = id.key.hi;
-  const uint64_t x = id.key.lo ^ id.contract ^ ((hi << 32) | (hi >> 32));
-  const unsigned __int128 m = static_cast<unsigned __int128>(x) * 0x9E3779B97F4A7C15ull;
+inline size_t BlockIndexHashOf(const BlockId& id, uint64_t seed) {
+  const uint64_t a = id.key.lo ^ seed;
+  const uint64_t b = id.key.hi ^ id.contract ^ (seed * 0x9E3779B97F4A7C15ull) ^ 0xA0761D6478BD642Full;
+  const unsigned __int128 m = static_cast<unsigned __int128>(a) * b;
   return static_cast<size_t>(static_cast<uint64_t>(m) ^ static_cast<uint64_t>(m >> 64));
 }
 

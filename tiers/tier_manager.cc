@@ -20,6 +20,7 @@
 #include <deque>
 #include <future>
 #include <memory>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -140,7 +141,8 @@ struct alignas(64) Block {
 // keyed by their own id; transparent, so a BlockId finds its Block.
 struct BlockIndexHash {
   using is_transparent = void;
-  size_t operator()(const BlockId& id) const noexcept { return BlockIndexHashOf(id); }
+  uint64_t seed = 0;  // TierManagerOptions::index_seed, or a random one
+  size_t operator()(const BlockId& id) const noexcept { return BlockIndexHashOf(id, seed); }
   size_t operator()(const std::unique_ptr<Block>& b) const noexcept { return (*this)(b->id); }
 };
 struct BlockIndexEq {
@@ -214,6 +216,12 @@ struct AcquireCtx {
   size_t promoted = 0;
 };
 
+uint64_t RandomSeed() {
+  std::random_device rd;
+  const uint64_t s = (uint64_t{rd()} << 32) ^ rd();
+  return s != 0 ? s : 0x9E3779B97F4A7C15ull;
+}
+
 // KVTIER_TRACE_COPIES=1 (read once): acquires of 64 blocks or more log their timeline
 // (set-up under the lock, answer), and HbmPool logs each copy batch.
 bool TraceCopies() {
@@ -253,7 +261,8 @@ struct CopyDoneMsg {
 
 class TierManagerImpl final : public TierManager {
  public:
-  explicit TierManagerImpl(const TierManagerOptions& o) : opts_(o) {}
+  explicit TierManagerImpl(const TierManagerOptions& o)
+      : opts_(o), blocks_(0, BlockIndexHash{o.index_seed != 0 ? o.index_seed : RandomSeed()}) {}
   ~TierManagerImpl() override;
   Status Init();
 

@@ -77,6 +77,10 @@ struct TierManagerOptions {
   // The remote tier (a Redis Cluster shared by a fleet, docs/remote.md), below NVMe.
   // Disabled while remote.nodes is empty. Default: disabled
   remote::RemoteOptions remote;
+  // Seed of the block index's hash (tiers/block_index.h). 0 (the default): a random one per
+  // TierManager, so that no client can pick keys that collide in the index of another
+  // daemon. Tests set it to build keys that collide on purpose.
+  uint64_t index_seed = 0;
 
   Status Validate() const;
 };

@@ -452,17 +452,23 @@ TEST_P(TierManagerTest, ResidentAcquireAnswersInlineAndMovingOneOnTheMover) {
 // different contracts or keys can share a hash; each must still find only its own block,
 // by Lookup and by LookupInto.
 TEST_P(TierManagerTest, BlockIndexCollisionsNeverMixBlocks) {
+  // With the index's seed known, keys whose low half is the seed collide (the product in
+  // the hash is zero) whatever their high half and contract.
+  constexpr uint64_t kSeed = 0x5eed5eed12345678ull;
+  opts_.index_seed = kSeed;
   OpenTm();
   ScaleContract other = SmallContract();
   other.model_id = "test/other-model";
   ASSERT_TRUE(tm_->RegisterContract(other).ok());
   const uint64_t cid2 = other.Id();
   ASSERT_NE(cid2, cid_);
-  const Key128 a = K(1);
-  const Key128 b{a.hi, a.lo ^ cid_ ^ cid2};                // other contract, same hash
-  const Key128 c{a.hi ^ 1, a.lo ^ (uint64_t{1} << 32)};  // same contract, same hash
-  ASSERT_EQ(BlockIndexHashOf({cid_, a}), BlockIndexHashOf({cid2, b}));
-  ASSERT_EQ(BlockIndexHashOf({cid_, a}), BlockIndexHashOf({cid_, c}));
+  const Key128 a{K(1).hi, kSeed};
+  const Key128 b{a.hi ^ 0x77, kSeed};  // other contract, same hash
+  const Key128 c{a.hi ^ 1, kSeed};     // same contract, same hash
+  ASSERT_EQ(BlockIndexHashOf({cid_, a}, kSeed), BlockIndexHashOf({cid2, b}, kSeed));
+  ASSERT_EQ(BlockIndexHashOf({cid_, a}, kSeed), BlockIndexHashOf({cid_, c}, kSeed));
+  // ... and under another seed they do not: the collisions are the seed's, not the keys'.
+  EXPECT_NE(BlockIndexHashOf({cid_, a}, kSeed + 1), BlockIndexHashOf({cid_, c}, kSeed + 1));
   auto store = [&](uint64_t cid, const Key128& k, uint64_t seed) {
     std::vector<SlotRef> s;
     ASSERT_TRUE(tm_->AllocSlots(cid, 1, Tier::kHost, &s).ok());
