@@ -324,16 +324,23 @@ int Run(const std::vector<std::string>& argv) {
       if (mode) ::setenv("KVTIER_HBM_COPY", saved.c_str(), 1);
       else ::unsetenv("KVTIER_HBM_COPY");
       if (!hp.ok() || !dp.ok()) return cli::Fail("bench tiers: pools for the CopyBatch rows failed");
-      for (uint32_t stride : {1u, 2u}) {
+      // reps + 1 CopyBatch calls of the blocks in every `stride`-th slot; the first warms up.
+      auto time_batches = [&](HbmPool& pool, uint32_t stride, std::vector<double>* out) -> Status {
         std::vector<HbmPool::CopyItem> items;
         for (uint32_t i = 0; i < nblocks; ++i) items.push_back({i * stride, (*hp)->slot_ptr(i * stride), block});
         for (int r = 0; r < reps + 1; ++r) {
           std::promise<Status> done;
           auto a = Clock::now();
-          Status st = (*dp)->CopyBatch(items, true, [&](Status x) { done.set_value(x); });
+          Status st = pool.CopyBatch(items, true, [&](Status x) { done.set_value(x); });
           if (st.ok()) st = done.get_future().get();
-          if (!st.ok()) return cli::Fail("bench tiers: CopyBatch: " + st.ToString());
-          if (r > 0) (stride == 1 ? cb_run : cb_apart).push_back(Secs(a));  // first: warm-up
+          if (!st.ok()) return st;
+          if (r > 0) out->push_back(Secs(a));
+        }
+        return Status::Ok();
+      };
+      for (uint32_t stride : {1u, 2u}) {
+        if (Status st = time_batches(**dp, stride, stride == 1 ? &cb_run : &cb_apart); !st.ok()) {
+          return cli::Fail("bench tiers: CopyBatch: " + st.ToString());
         }
       }
       // The same scattered blocks through a pool made as the daemon makes it (the
@@ -342,15 +349,8 @@ int Run(const std::vector<std::string>& argv) {
       (*dp).reset();  // one arena at a time
       dp = HbmPool::Create(dpo);
       if (!dp.ok()) return cli::Fail("bench tiers: pool for the configured CopyBatch row failed");
-      std::vector<HbmPool::CopyItem> items;
-      for (uint32_t i = 0; i < nblocks; ++i) items.push_back({i * 2, (*hp)->slot_ptr(i * 2), block});
-      for (int r = 0; r < reps + 1; ++r) {
-        std::promise<Status> done;
-        auto a = Clock::now();
-        Status st = (*dp)->CopyBatch(items, true, [&](Status x) { done.set_value(x); });
-        if (st.ok()) st = done.get_future().get();
-        if (!st.ok()) return cli::Fail("bench tiers: CopyBatch: " + st.ToString());
-        if (r > 0) cb_conf.push_back(Secs(a));
+      if (Status st = time_batches(**dp, 2, &cb_conf); !st.ok()) {
+        return cli::Fail("bench tiers: CopyBatch: " + st.ToString());
       }
     }
     const double h2d_gbps = gb / Median(h2d);
