@@ -1059,16 +1059,17 @@ void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128>
   ctx->slots.resize(n);
   ctx->ok.assign(n, false);
   ctx->pending = n + 1;  // +1 released below, so that instant completions cannot finish early
-  auto on_ready_for = [this, &ctx, t](size_t i) {
-    return [this, ctx, i, b = ctx->blocks[i], t](bool ok) {
-      if (ok && b->slot[t] >= 0) {
-        if (b->pins[t]++ == 0) ++pinned_[t];
-        policy_[t]->Touch(b->id);
-        ctx->slots[i] = {ctx->target, static_cast<uint32_t>(b->slot[t])};
-        ctx->ok[i] = true;
-      }
-      if (--ctx->pending == 0) FinishAcquireLocked(ctx);
-    };
+  // Settles block i of the acquire, under mu_: pinned in the target tier, or lost. Called
+  // directly for a block already there, and as the waiter of a promotion.
+  auto settle = [this, t](const std::shared_ptr<AcquireCtx>& c, size_t i, bool ok) {
+    Block* b = c->blocks[i];
+    if (ok && b->slot[t] >= 0) {
+      if (b->pins[t]++ == 0) ++pinned_[t];
+      policy_[t]->Touch(b->id);
+      c->slots[i] = {c->target, static_cast<uint32_t>(b->slot[t])};
+      c->ok[i] = true;
+    }
+    if (--c->pending == 0) FinishAcquireLocked(c);
   };
   std::vector<uint32_t> todo;  // indices of the blocks to promote
   bool from_host = true;       // every one of them has a host copy to copy from
@@ -1078,7 +1079,7 @@ void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128>
     const int found = b->slot[kH] >= 0 ? kH : b->slot[kS] >= 0 ? kS : kN;
     c_[found].hits++;
     if (b->slot[t] >= 0) {
-      on_ready_for(i)(true);
+      settle(ctx, i, true);
     } else {
       todo.push_back(static_cast<uint32_t>(i));
       from_host = from_host && b->slot[kS] >= 0 && !b->promo[kH];
@@ -1103,11 +1104,11 @@ void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128>
   size_t next_send = kInlineFirst;
   for (size_t k = 0; k < todo.size(); ++k) {
     Block* b = ctx->blocks[todo[k]];
-    auto ready = on_ready_for(todo[k]);
+    const size_t i = todo[k];
     if (b->slot[t] >= 0) {  // arrived while the lock was let go
-      ready(true);
-    } else if (!StartPromotionLocked(b, t, ready)) {
-      ready(false);
+      settle(ctx, i, true);
+    } else if (!StartPromotionLocked(b, t, [settle, ctx, i](bool ok) { settle(ctx, i, ok); })) {
+      settle(ctx, i, false);
     }
     if (k + 1 >= next_send && copies_.size() >= kInlineFirst) {
       if (TraceCopies() && ctx->first_send_us < 0) {

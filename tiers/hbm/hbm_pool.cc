@@ -329,18 +329,6 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
   // Several runs and several streams (KVTIER_HBM_STREAMS): the runs are split into
   // contiguous parts of about equal bytes, part k on stream k, so that one copy's DMA setup
   // overlaps another's transfer; the parts join `s` by events before the completion.
-  // Fewer runs than streams (a restore coalesced into one long run per group): long runs
-  // are cut in two at a slot boundary until every stream has one, so that the copy engines
-  // work on the group together.
-  while (!queued && streams_ > 1 && runs.size() < static_cast<size_t>(streams_)) {
-    auto big = std::max_element(runs.begin(), runs.end(), [](const CopyRun& a, const CopyRun& b) { return a.bytes < b.bytes; });
-    const uint64_t nslots = big->bytes / opts_.slot_bytes;
-    if (nslots < 2 || (uint64_t{8} << 20) > big->bytes) break;  // nothing worth cutting
-    const uint64_t head = nslots / 2 * opts_.slot_bytes;
-    CopyRun tail{big->slot + static_cast<uint32_t>(nslots / 2), static_cast<uint8_t*>(big->host) + head, big->bytes - head};
-    big->bytes = head;
-    runs.insert(big + 1, tail);
-  }
   std::lock_guard<std::mutex> fan_lock(fan_mu_);
   const int d = to_device ? 0 : 1;
   const size_t parts = std::min<size_t>(static_cast<size_t>(streams_), runs.size());

@@ -119,21 +119,25 @@ def library_path() -> str:
     return _lib_path
 
 
-def _load():
-    global _lib, _lib_path
-    if _lib is not None:
-        return _lib
+def _load_first(candidates, what: str):
+    """(library, path) of the first candidate that loads; else OSError naming `what`
+    and why each candidate failed. (kvtier.kernels loads libkvtier_kernels.so with it.)"""
     errors = []
-    for p in _candidates():
+    for p in candidates:
         try:
-            lib = ctypes.CDLL(p)
+            return ctypes.CDLL(p), p
         except OSError as e:
             errors.append(f"{p}: {e}")
-            continue
+    raise OSError(f"{what} not found: " + "; ".join(errors))
+
+
+def _load():
+    global _lib, _lib_path
+    if _lib is None:
+        lib, path = _load_first(_candidates(), "libkvtier.so (set KVTIER_LIB)")
         _declare(lib)
-        _lib, _lib_path = lib, p
-        return lib
-    raise OSError("libkvtier.so not found (set KVTIER_LIB): " + "; ".join(errors))
+        _lib, _lib_path = lib, path
+    return _lib
 
 
 def _declare(lib):

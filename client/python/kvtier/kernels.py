@@ -19,6 +19,8 @@ import ctypes
 import os
 from typing import List, Optional
 
+from . import _load_first
+
 NVFP4, FP8, BF16 = 0, 1, 2
 FORMAT_NAMES = {NVFP4: "nvfp4", FP8: "fp8", BF16: "bf16"}
 FORMAT_BY_NAME = {v: k for k, v in FORMAT_NAMES.items()}
@@ -87,24 +89,15 @@ def library():
     """Loads libkvtier_kernels.so once (KVTIER_KERNELS_LIB, else next to KVTIER_LIB, else
     the repo's build folders, else the loader's search path)."""
     global _lib
-    if _lib is not None:
-        return _lib
-    errors = []
-    for p in _candidates():
-        try:
-            lib = ctypes.CDLL(p)
-        except OSError as e:
-            errors.append(f"{p}: {e}")
-            continue
+    if _lib is None:
+        lib, _ = _load_first(_candidates(), "libkvtier_kernels.so (set KVTIER_KERNELS_LIB; it is built only with CUDA)")
         lib.kvt_last_error.restype = ctypes.c_char_p
         lib.kvt_decode_workspace_bytes.restype = ctypes.c_uint64
         lib.kvt_decode_num_splits.restype = ctypes.c_int32
         for f in ("kvt_check_pool", "kvt_quantize_append", "kvt_decode", "kvt_dequantize_pages"):
             getattr(lib, f).restype = ctypes.c_int
         _lib = lib
-        return lib
-    raise OSError("libkvtier_kernels.so not found (set KVTIER_KERNELS_LIB; it is built only with "
-                  "CUDA): " + "; ".join(errors))
+    return _lib
 
 
 def _check(rc: int, what: str):
