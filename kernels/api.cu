@@ -20,13 +20,14 @@ thread_local std::string g_error;
 // NVFP4 E2M1 decode used unless $KVTIER_NVFP4_DECODE says otherwise: 0 shift, 1 cvt,
 // 2 prmt, 3 prmt32 (prmt, 32 tokens per softmax step), 4 prmt32x (prmt32, QK as two
 // HMMA chains), 5 lean32 (prmt32x, branch-free full pairs, lean cp.async issue, folded
-// qk_scale), 6 pipe32 (lean32 software-pipelined), 7 lean32p (lean32, block table read
-// ahead), 8 lean32h (lean32p, IMAD.HI in the spread),
-// 10 lean32a (lean32p, per-lane shared
-// memory offsets), 11 lean32d (lean32a, 6-slot ring). Default lean32a since 2026-11-29
-// 12:57: 44/44 NVFP4 decode tests on the H200 and the fastest variant of that run (1.1%
-// ahead of lean32p at 16 x 64K, within run-to-run spread; docs/kernels.md).
-constexpr int kDefaultNvfp4Variant = 10;
+// qk_scale), 7 lean32p (lean32, block table read ahead), 10 lean32a (lean32p, per-lane
+// shared memory offsets), 12 lean32m (lean32a, lazy running max), 13 lean32v (lean32m, the
+// first subtile's V decoded before the softmax), 14 lean32i (lean32m, leaner cp.async
+// issue). 6 pipe32, 8 lean32h and 11 lean32d measured slower and were removed (their
+// names are now refused with the others). Default lean32m since 2026-11-29 14:30: 44/44
+// NVFP4 decode tests on the H200 and 4.4-4.9% faster than lean32a at 16 x 64K in the
+// same run (docs/kernels.md).
+constexpr int kDefaultNvfp4Variant = 12;
 
 int Fail(int code, std::string msg) {
   g_error = std::move(msg);
@@ -180,14 +181,14 @@ int Nvfp4DecodeVariant() {
     if (e != nullptr && std::string(e) == "prmt32") return 3;
     if (e != nullptr && std::string(e) == "prmt32x") return 4;
     if (e != nullptr && std::string(e) == "lean32") return 5;
-    if (e != nullptr && std::string(e) == "pipe32") return 6;
     if (e != nullptr && std::string(e) == "lean32p") return 7;
-    if (e != nullptr && std::string(e) == "lean32h") return 8;
     if (e != nullptr && std::string(e) == "lean32a") return 10;
-    if (e != nullptr && std::string(e) == "lean32d") return 11;
+    if (e != nullptr && std::string(e) == "lean32m") return 12;
+    if (e != nullptr && std::string(e) == "lean32v") return 13;
+    if (e != nullptr && std::string(e) == "lean32i") return 14;
     if (e != nullptr && *e != '\0') {
       std::fprintf(stderr, "kvtier kernels: KVTIER_NVFP4_DECODE=%s is not a decode variant (shift, cvt, prmt, "
-                   "prmt32, prmt32x, lean32, pipe32, lean32p, lean32h, lean32a, lean32d); using the default\n", e);
+                   "prmt32, prmt32x, lean32, lean32p, lean32a, lean32m, lean32v, lean32i); using the default\n", e);
     }
     return kDefaultNvfp4Variant;
   }();

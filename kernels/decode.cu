@@ -38,7 +38,7 @@ namespace {
 
 constexpr int kNvfp4 = 0, kFp8 = 1, kBf16 = 2;
 
-// MODE: 0 one subtile per softmax step, 1 two (DEC 3..5), 2 two, software-pipelined (DEC 6).
+// MODE: 0 one subtile per softmax step, 1 two (DEC >= 3).
 template <int FMT, int D, int MODE = 0>
 struct Cfg {
   static constexpr int kRow = FMT == kNvfp4 ? D / 2 : (FMT == kFp8 ? D : 2 * D);  // bytes/token
@@ -49,7 +49,7 @@ struct Cfg {
   static constexpr int kVSc = kVData + 16 * kRow;
   static constexpr int kStage = kVSc + 16 * kSc;        // bytes of one subtile
   static constexpr int kStages =
-      FMT == kNvfp4 ? (MODE == 2 ? 6 : MODE == 1 ? 5 : 4) : (FMT == kFp8 ? 3 : 2);
+      FMT == kNvfp4 ? (MODE == 1 ? 5 : 4) : (FMT == kFp8 ? 3 : 2);
   static constexpr int kSmemPerWarp = kStage * kStages;
   static constexpr int kKWords = kRow / 16;  // 32-bit words of one K row per thread (row/4 B)
   static constexpr int kVWords = kRow / 32;  // words of one V row per thread (row/8 B), >= 1
@@ -143,16 +143,9 @@ __device__ __forceinline__ void e2m1_to_e4m3(uint32_t x, uint32_t& ev, uint32_t&
 // into the bytes of `ev`, the odd nibbles 1,3,5,7 into `od`. 7 ops for 8 values; every
 // half2 is then one PRMT (hibytes) that moves two such bytes into the high bytes of the
 // halves and zeros the low bytes.
-// HI (DEC 8): the odd nibbles' right shift as the high word of a multiply by 2^29
-// (IMAD.HI, FMA pipe) instead of SHF (ALU pipe, the busiest one).
-template <bool HI = false>
 __device__ __forceinline__ void e2m1_spread(uint32_t x, uint32_t& ev, uint32_t& od) {
   ev = ((x << 1) & 0x0E0E0E0Eu) | ((x << 4) & 0x80808080u);
-  if constexpr (HI) {
-    od = __umulhi(x & 0x70707070u, 0x20000000u) | (x & 0x80808080u);
-  } else {
-    od = ((x >> 3) & 0x0E0E0E0Eu) | (x & 0x80808080u);
-  }
+  od = ((x >> 3) & 0x0E0E0E0Eu) | (x & 0x80808080u);
 }
 // Byte A of w -> bits 15..8, byte B -> bits 31..24, zeros elsewhere (one PRMT with RZ).
 template <int A, int B>
@@ -238,11 +231,12 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // 3 = the decode of 2 with 32 tokens (two subtiles) per online-softmax step,
 // 4 = 3 with the QK product split into two independent HMMA chains (even / odd k-steps),
 // 5 = 4 with branch-free full pairs, a lean cp.async issue, qk_scale folded into the exp2
-// FFMA and MUFU.EX2 without the denormal fix-up ("lean32"), 6 = 5 software-pipelined,
-// 7 = 5 with the block table read ahead, 8 = 7 with IMAD.HI in the spread, 10 = 7 with
-// per-lane shared-memory offsets, 11 = 10 over a 6-slot ring. (9, "lean32o", 5 at 96
-// registers for 5 CTAs/SM with Q in shared memory, was measured 2-9% slower and spilled
-// when built for sm_100; it was removed, and its number is not reused.)
+// FFMA and MUFU.EX2 without the denormal fix-up ("lean32"), 7 = 5 with the block table
+// read ahead, 10 = 7 with per-lane shared-memory offsets, 12 = 10 with the lazy running
+// max (no shuffles unless a score passes the max by kLazySlack), 13 = 12 with the first
+// subtile's V decoded before the softmax. Numbers measured slower and removed (not
+// reused): 6 "pipe32" (software-pipelined), 8 "lean32h" (IMAD.HI in the spread), 9
+// "lean32o" (96 registers, 5 CTAs/SM; spilled on sm_100), 11 "lean32d" (6-slot ring).
 // All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
@@ -255,16 +249,31 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   // one FFMA per score, MUFU.EX2 without the denormal fix-up.
   constexpr bool kOpt = DEC >= 5;
   // DEC 7: DEC 5 with the block-table entry of each subtile loaded two issues ahead (its
-  // load no longer stalls the cp.async issue); DEC 8: 7 with e2m1_spread<true>.
-  constexpr bool kPref = DEC == 7 || DEC == 8 || DEC >= 10;
+  // load no longer stalls the cp.async issue).
+  constexpr bool kPref = DEC == 7 || DEC >= 10;
   // DEC 10: DEC 7 with the per-lane part of the V data / V scale shared-memory addresses
   // computed once (the V swizzle term does not depend on the token pair), so each load
   // is the slot base plus a lane register plus an immediate.
   constexpr bool kLaneOff = DEC >= 10;
-  // DEC 11: DEC 10 over a 6-slot ring (4 subtiles in flight instead of 3).
-  constexpr bool kSpreadHi = DEC == 8;
-  constexpr bool kPipe = DEC == 6;  // QK of the next pair in the block of this pair's PV
-  using C = Cfg<FMT, D, (kPipe || DEC == 11) ? 2 : kPair ? 1 : 0>;
+  // DEC 12: the full pairs' softmax keeps its running max while no score passes it by
+  // more than kLazySlack (log2 units): one vote instead of the 3-round shuffle max, the
+  // alpha exp2s and the rescale vote. Every lane keeps the same max (it only moves in
+  // the warp-uniform slow path, after the full reduction), and P <= 2^kLazySlack fits
+  // fp16. O and l are exact for any reference max, so nothing else changes.
+  constexpr bool kLazyMax = DEC >= 12;
+  // DEC 14: 12 with a leaner cp.async issue (issue_lean): the 13:57 SASS of DEC 13 spent
+  // ~120 instructions per 32-token pair on it (addresses rebuilt, parameters reloaded).
+  constexpr bool kLeanIssue = DEC >= 14;
+  // DEC 13: 12 with the first subtile's V loaded and decoded before the softmax, so its
+  // ALU work overlaps the softmax's latency (the decode is independent of P).
+  // On sm_100 ptxas needs 8 bytes of spill for it at D=128 (-warn-spills refuses that),
+  // so there DEC 13 is DEC 12; the variant is for Hopper, where it fits in 128 registers.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+  constexpr bool kEarlyV = false;
+#else
+  constexpr bool kEarlyV = DEC == 13;
+#endif
+  using C = Cfg<FMT, D, kPair ? 1 : 0>;
   constexpr bool kBf = FMT == kBf16;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5;
@@ -331,6 +340,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   };
 
   constexpr float kLog2e = 1.4426950408889634f;
+  // kLazyMax: how far (log2 units) a score may pass the running max before the max moves;
+  // P <= 2^kLazySlack = 256 stays far inside fp16.
+  constexpr float kLazySlack = 8.f;
   // Undo the power of two of the raw NVFP4 decode (2^-14, or 2^-6 through E4M3).
   const float fmt_k = FMT == kNvfp4 ? (DEC == 1 ? 64.f : 16384.f) : 1.f;
   const float qk_scale = a.softmax_scale * kLog2e * a.k_scale_f * fmt_k / qmul;
@@ -412,8 +424,49 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     pf0 = bt_entry(0);
     pf1 = bt_entry(1);
   }
+  // kLeanIssue: 64-bit per-lane source bases made once, a 32-bit token counter and a
+  // running block-table pointer, one unsigned compare for the slot check; per subtile
+  // the copies need one 64-bit slot offset and three 64-bit adds.
+  uint64_t li_k = 0, li_v = 0, li_s = 0, li_sb = 0;
+  uint32_t li_nslots = 0, li_t = 0;
+  if constexpr (kLeanIssue) {
+    const uint64_t base = reinterpret_cast<uint64_t>(pool_l);
+    li_k = base + o_gk;
+    li_v = base + o_gv;
+    li_s = base + o_gs;
+    li_sb = a.slot_bytes;
+    li_nslots = static_cast<uint32_t>(a.num_slots < 0x80000000ull ? a.num_slots : 0x80000000ull);
+    li_t = static_cast<uint32_t>(t_begin);  // first token of the next subtile to issue
+  }
   // Subtiles are issued in order j = 0, 1, 2, ...
-  auto issue_opt = [&](int j, uint32_t st) {
+  auto issue_lean = [&](int j, uint32_t st) {
+    const bool want = j < n_sub;
+    const int32_t slot = pf0;
+    pf0 = pf1;
+    // the entry two subtiles ahead (the block table is read only for blocks < seq_len)
+    const uint32_t t2 = li_t + 32u;
+    pf1 = j + 2 < n_sub ? __ldg(bt + (t2 >> a.log2_block_tokens)) : 0;
+    const bool ok = static_cast<uint32_t>(slot) < li_nslots;  // negative -> huge -> refused
+    if (!ok) bad |= kErrSlotRange;
+    const bool go = want && !bad;  // never touch memory through a refused entry
+    const uint32_t row0 = head_rows + (li_t & static_cast<uint32_t>(a.block_tokens - 1));
+    li_t += 16u;
+    const uint64_t page = static_cast<uint64_t>(static_cast<uint32_t>(slot)) * li_sb;
+    const uint64_t roff = page + row0 * static_cast<uint32_t>(C::kRow);
+    const uint8_t* kd = reinterpret_cast<const uint8_t*>(li_k + roff);
+    const uint8_t* vd = reinterpret_cast<const uint8_t*>(li_v + roff);
+#pragma unroll
+    for (int it = 0; it < kDataIt; ++it) {
+      cp_async16_if(st + C::kKData + 16 * lane + 512 * it, kd + 512 * it, go);
+    }
+#pragma unroll
+    for (int it = 0; it < kDataIt; ++it) cp_async16_if(st + o_dv[it], vd + 512 * it, go);
+    if constexpr (C::kSc > 0) {
+      const uint8_t* sd = reinterpret_cast<const uint8_t*>(li_s + page + row0 * static_cast<uint32_t>(C::kSc));
+      cp_async16_if(st + o_ds, sd, go && o_ps);
+    }
+  };
+  auto issue_std = [&](int j, uint32_t st) {
     const int t0 = t_begin + 16 * j;
     const bool want = j < n_sub;
     int32_t slot = 0;
@@ -442,9 +495,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
       cp_async16_if(st + o_ds, page + (o_gs + row0 * C::kSc), go && o_ps);
     }
   };
+  auto issue_opt = [&](int j, uint32_t st) {
+    if constexpr (kLeanIssue) {
+      issue_lean(j, st);
+    } else {
+      issue_std(j, st);
+    }
+  };
 
 #pragma unroll
-  for (int j = 0; j < C::kStages - (kPipe ? 2 : kPair ? 2 : 1); ++j) {
+  for (int j = 0; j < C::kStages - (kPair ? 2 : 1); ++j) {
     if constexpr (kOpt) {
       issue_opt(j, ring_s + j * C::kStage);
     } else {
@@ -511,7 +571,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
             const uint32_t sc = sfb[wi / 2];
             if constexpr (kOpt && kG >= 2) {
               uint32_t ev, od;
-              e2m1_spread<kSpreadHi>(w[wi], ev, od);
+              e2m1_spread(w[wi], ev, od);
               if ((wi / 2) % 2 == 0) {
                 kr[r][4 * wi + 0] = hmul2_lo(hibytes<0, 1>(ev), sc);
                 kr[r][4 * wi + 1] = hmul2_lo(hibytes<2, 3>(ev), sc);
@@ -588,10 +648,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     v_lane = C::kVData + 2 * tq * C::kRow + (((boff / 16) ^ (tq & C::kSwzMask)) * 16) + boff % 16;
     vs_lane = C::kVSc + 2 * tq * C::kSc + (gid * (D / 8)) / 16;
   }
-  auto pv = [&](const uint32_t st, const int t0, const bool tail, const uint32_t pb0,
-                const uint32_t pb1) {
+  auto pv_load = [&](const uint32_t st, const int t0, const bool tail, uint32_t (&vr)[2][C::kRegs]) {
     {
-      uint32_t vr[2][C::kRegs];
 #pragma unroll
       for (int pr = 0; pr < 2; ++pr) {
         const int ta = 2 * tq + 8 * pr;  // tokens ta, ta+1
@@ -668,12 +726,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
             if constexpr (kDec == 2) {
               // spread bytes of x0: ev = [a0 a2 b0 b2], od = [a1 a3 b1 b3] (dims of tokens a, b)
               uint32_t ev, od;
-              e2m1_spread<kSpreadHi>(x0, ev, od);
+              e2m1_spread(x0, ev, od);
               vr[pr][8 * w + 0] = hmul2(hibytes<0, 2>(ev), sc);
               vr[pr][8 * w + 2] = hmul2(hibytes<1, 3>(ev), sc);
               vr[pr][8 * w + 1] = hmul2(hibytes<0, 2>(od), sc);
               vr[pr][8 * w + 3] = hmul2(hibytes<1, 3>(od), sc);
-              e2m1_spread<kSpreadHi>(x1, ev, od);
+              e2m1_spread(x1, ev, od);
               vr[pr][8 * w + 4] = hmul2(hibytes<0, 2>(ev), sc);
               vr[pr][8 * w + 6] = hmul2(hibytes<1, 3>(ev), sc);
               vr[pr][8 * w + 5] = hmul2(hibytes<0, 2>(od), sc);
@@ -707,11 +765,19 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
           }
         }
       }
-#pragma unroll
-      for (int m = 0; m < D / 16; ++m) {
-        mma<kBf>(acc[m], vr[0][2 * m], vr[0][2 * m + 1], vr[1][2 * m], vr[1][2 * m + 1], pb0, pb1);
-      }
     }
+  };
+  auto pv_mma = [&](const uint32_t (&vr)[2][C::kRegs], const uint32_t pb0, const uint32_t pb1) {
+#pragma unroll
+    for (int m = 0; m < D / 16; ++m) {
+      mma<kBf>(acc[m], vr[0][2 * m], vr[0][2 * m + 1], vr[1][2 * m], vr[1][2 * m + 1], pb0, pb1);
+    }
+  };
+  auto pv = [&](const uint32_t st, const int t0, const bool tail, const uint32_t pb0,
+                const uint32_t pb1) {
+    uint32_t vr[2][C::kRegs];
+    pv_load(st, t0, tail, vr);
+    pv_mma(vr, pb0, pb1);
   };
 
   // One 32-token softmax step over subtiles j (ring slot `sta`) and j+1 (`stb`), j+1
@@ -783,34 +849,70 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   auto softmax_pair = [&](const float (&s)[8], uint32_t (&pb)[4]) {
     float tmax[2] = {fmaxf(fmaxf(s[0], s[2]), fmaxf(s[4], s[6])),
                      fmaxf(fmaxf(s[1], s[3]), fmaxf(s[5], s[7]))};
+    if constexpr (kLazyMax) {
+      // P with the current max, computed before the vote so that the MUFUs need not wait
+      // for it; redone only in the slow path (a score above max + kLazySlack, or the first
+      // pair, whose max is the -1e30 start value).
+      float p[8];
 #pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {
-      tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
-      tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
-    }
-    float alpha[2];
+      for (int i = 0; i < 8; ++i) p[i] = ex2_ftz(fmaf(s[i], qk_scale, -mrun[i & 1]));
+      const bool up = fmaf(tmax[0], qk_scale, -mrun[0]) > kLazySlack ||
+                      fmaf(tmax[1], qk_scale, -mrun[1]) > kLazySlack;
+      if (__any_sync(0xffffffffu, up)) {
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const float mn = fmaxf(mrun[c], tmax[c] * qk_scale);
-      alpha[c] = ex2_ftz(mrun[c] - mn);
-      mrun[c] = mn;
-    }
-    float p[8];
+        for (int o = 4; o < 32; o <<= 1) {
+          tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
+          tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
+        }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) p[i] = ex2_ftz(fmaf(s[i], qk_scale, -mrun[i & 1]));
-    lrun[0] = lrun[0] * alpha[0] + ((p[0] + p[2]) + (p[4] + p[6]));
-    lrun[1] = lrun[1] * alpha[1] + ((p[1] + p[3]) + (p[5] + p[7]));
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+        for (int c = 0; c < 2; ++c) {
+          const float mn = fmaxf(mrun[c], tmax[c] * qk_scale);
+          const float alpha = ex2_ftz(mrun[c] - mn);
+          mrun[c] = mn;
+          lrun[c] *= alpha;
 #pragma unroll
-      for (int m = 0; m < D / 16; ++m) {
-        acc[m][0] *= alpha[0];
-        acc[m][1] *= alpha[1];
-        acc[m][2] *= alpha[0];
-        acc[m][3] *= alpha[1];
+          for (int m = 0; m < D / 16; ++m) {
+            acc[m][c] *= alpha;
+            acc[m][c + 2] *= alpha;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) p[i] = ex2_ftz(fmaf(s[i], qk_scale, -mrun[i & 1]));
       }
-    }
+      lrun[0] += (p[0] + p[2]) + (p[4] + p[6]);
+      lrun[1] += (p[1] + p[3]) + (p[5] + p[7]);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) pb[i] = movtrans(pack2<kBf>(p[2 * i], p[2 * i + 1]));
+      for (int i = 0; i < 4; ++i) pb[i] = movtrans(pack2<kBf>(p[2 * i], p[2 * i + 1]));
+    } else {
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
+        tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
+      }
+      float alpha[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float mn = fmaxf(mrun[c], tmax[c] * qk_scale);
+        alpha[c] = ex2_ftz(mrun[c] - mn);
+        mrun[c] = mn;
+      }
+      float p[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) p[i] = ex2_ftz(fmaf(s[i], qk_scale, -mrun[i & 1]));
+      lrun[0] = lrun[0] * alpha[0] + ((p[0] + p[2]) + (p[4] + p[6]));
+      lrun[1] = lrun[1] * alpha[1] + ((p[1] + p[3]) + (p[5] + p[7]));
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int m = 0; m < D / 16; ++m) {
+          acc[m][0] *= alpha[0];
+          acc[m][1] *= alpha[1];
+          acc[m][2] *= alpha[0];
+          acc[m][3] *= alpha[1];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pb[i] = movtrans(pack2<kBf>(p[2 * i], p[2 * i + 1]));
+    }
   };
   auto pv_pair = [&](const uint32_t sta, const uint32_t stb, const uint32_t (&pb)[4]) {
     pv(sta, 0, false, pb[0], pb[1]);
@@ -820,58 +922,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   // Subtiles in full pairs (no token of them is >= t_end).
   const int n_full = n_sub > 0 ? ((t_end - t_begin) >> 5) * 2 : 0;
 
-  if constexpr (kPipe) {
-    // Software-pipelined full pairs over a 6-slot ring: iteration q (pair q = subtiles
-    // 2q, 2q+1, its scores s already computed) issues 2q+4, 2q+5 into pair q-1's slots,
-    // runs q's softmax, then QK of pair q+1 and PV of pair q in one basic block, so the
-    // two independent decode/HMMA chains interleave. 2 subtiles stay in flight.
-    int j = 0;
-    if (n_full > 0) {
-      cp_wait<C::kStages - 4>();  // subtiles 0, 1 (4 were issued)
-      __syncwarp();
-      float s[8];
-      int rs = 0;                     // ring slot of subtile j
-      int ws = 4;                     // ring slot of subtile j + 4
-      if (!bad) qk_pair(ring_s, ring_s + C::kStage, s);
-      for (; j + 2 < n_full; j += 2) {
-        issue_opt(j + 4, ring_s + ws * C::kStage);
-        cp_commit();
-        ws = nxt(ws);
-        issue_opt(j + 5, ring_s + ws * C::kStage);
-        cp_commit();
-        ws = nxt(ws);
-        if (bad) break;
-        uint32_t pb[4];
-        softmax_pair(s, pb);
-        cp_wait<2>();  // subtiles j+2, j+3
-        __syncwarp();
-        const uint32_t sta = ring_s + rs * C::kStage;
-        rs = nxt(rs);
-        const uint32_t stb = ring_s + rs * C::kStage;
-        rs = nxt(rs);
-        qk_pair(ring_s + rs * C::kStage, ring_s + nxt(rs) * C::kStage, s);
-        pv_pair(sta, stb, pb);
-        __syncwarp();
-      }
-      if (!bad) {  // the last full pair: its scores are in s
-        uint32_t pb[4];
-        softmax_pair(s, pb);
-        pv_pair(ring_s + rs * C::kStage, ring_s + nxt(rs) * C::kStage, pb);
-        rs = nxt(nxt(rs));
-        j += 2;
-        __syncwarp();
-      }
-      if (j < n_sub && !bad) {
-        cp_wait<0>();
-        __syncwarp();
-        pair_step(j, ring_s + rs * C::kStage, ring_s + nxt(rs) * C::kStage);
-      }
-    } else if (n_sub > 0 && !bad) {
-      cp_wait<0>();
-      __syncwarp();
-      pair_step(0, ring_s, ring_s + C::kStage);
-    }
-  } else if constexpr (kOpt) {
+  if constexpr (kOpt) {
     // Full pairs: no has2 / tail / masking, so both subtiles' QK (and both PVs) are one
     // basic block each. The last, partial pair (at most 2 subtiles) runs pair_step.
     int rs = 0, ws = C::kStages - 2;  // ring slots of subtile j and of j + kStages - 2
@@ -893,8 +944,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
       float s[8];
       qk_pair(sta, stb, s);
       uint32_t pb[4];
-      softmax_pair(s, pb);
-      pv_pair(sta, stb, pb);
+      if constexpr (kEarlyV) {
+        uint32_t vr[2][C::kRegs];
+        pv_load(sta, 0, false, vr);
+        softmax_pair(s, pb);
+        pv_mma(vr, pb[0], pb[1]);
+        pv(stb, 0, false, pb[2], pb[3]);
+      } else {
+        softmax_pair(s, pb);
+        pv_pair(sta, stb, pb);
+      }
       __syncwarp();
     }
     if (j < n_sub && !bad) {
@@ -1074,7 +1133,7 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a) {
 
 template <int FMT, int D, int DEC>
 cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
-  using C = Cfg<FMT, D, (DEC == 6 || DEC == 11) ? 2 : DEC >= 3 ? 1 : 0>;
+  using C = Cfg<FMT, D, DEC >= 3 ? 1 : 0>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   static bool attr_set = false;  // benign race: setting it twice is harmless
   if (!attr_set) {
@@ -1096,7 +1155,7 @@ cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
 
 template <int FMT, int D, int DEC>
 int Occupancy() {
-  using C = Cfg<FMT, D, (DEC == 6 || DEC == 11) ? 2 : DEC >= 3 ? 1 : 0>;
+  using C = Cfg<FMT, D, DEC >= 3 ? 1 : 0>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   cudaFuncSetAttribute(DecodeKernel<FMT, D, DEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   int n = 0;
@@ -1131,21 +1190,21 @@ int Occupancy() {
     case 6405: return FN<kNvfp4, 64, 5>(__VA_ARGS__);                         \
     case 12805: return FN<kNvfp4, 128, 5>(__VA_ARGS__);                       \
     case 25605: return FN<kNvfp4, 256, 5>(__VA_ARGS__);                       \
-    case 6406: return FN<kNvfp4, 64, 6>(__VA_ARGS__);                         \
-    case 12806: return FN<kNvfp4, 128, 6>(__VA_ARGS__);                       \
-    case 25606: return FN<kNvfp4, 256, 6>(__VA_ARGS__);                       \
     case 6407: return FN<kNvfp4, 64, 7>(__VA_ARGS__);                         \
     case 12807: return FN<kNvfp4, 128, 7>(__VA_ARGS__);                       \
     case 25607: return FN<kNvfp4, 256, 7>(__VA_ARGS__);                       \
-    case 6408: return FN<kNvfp4, 64, 8>(__VA_ARGS__);                         \
-    case 12808: return FN<kNvfp4, 128, 8>(__VA_ARGS__);                       \
-    case 25608: return FN<kNvfp4, 256, 8>(__VA_ARGS__);                       \
     case 6410: return FN<kNvfp4, 64, 10>(__VA_ARGS__);                        \
     case 12810: return FN<kNvfp4, 128, 10>(__VA_ARGS__);                      \
     case 25610: return FN<kNvfp4, 256, 10>(__VA_ARGS__);                      \
-    case 6411: return FN<kNvfp4, 64, 11>(__VA_ARGS__);                        \
-    case 12811: return FN<kNvfp4, 128, 11>(__VA_ARGS__);                      \
-    case 25611: return FN<kNvfp4, 256, 11>(__VA_ARGS__);                      \
+    case 6412: return FN<kNvfp4, 64, 12>(__VA_ARGS__);                        \
+    case 12812: return FN<kNvfp4, 128, 12>(__VA_ARGS__);                      \
+    case 25612: return FN<kNvfp4, 256, 12>(__VA_ARGS__);                      \
+    case 6413: return FN<kNvfp4, 64, 13>(__VA_ARGS__);                        \
+    case 12813: return FN<kNvfp4, 128, 13>(__VA_ARGS__);                      \
+    case 25613: return FN<kNvfp4, 256, 13>(__VA_ARGS__);                      \
+    case 6414: return FN<kNvfp4, 64, 14>(__VA_ARGS__);                        \
+    case 12814: return FN<kNvfp4, 128, 14>(__VA_ARGS__);                      \
+    case 25614: return FN<kNvfp4, 256, 14>(__VA_ARGS__);                      \
     case 106400: return FN<kFp8, 64, 0>(__VA_ARGS__);                         \
     case 112800: return FN<kFp8, 128, 0>(__VA_ARGS__);                        \
     case 206400: return FN<kBf16, 64, 0>(__VA_ARGS__);                        \

@@ -71,4 +71,41 @@ KVT_HD uint8_t LadderCode(const E2M1Ladder& l, float x) {
   return static_cast<uint8_t>(((bits >> 28) & 8u) | idx);
 }
 
+// ---- Pairs of 16-bit inputs (quantize_append's max6 fast path, kernels/pages.cu) ------
+// For a 16-bit input (bf16 or fp16) the test |x| >= X (X a float bound) is exactly
+// |x| >= H with H the smallest 16-bit value >= X, and that is an integer compare of the
+// magnitude bits. hb[k] holds H_k in both 16-bit lanes. Two values (v, v+4) share a
+// 32-bit word p; with bit 15 of each lane forced on, (p | 0x80008000) - hb[k] leaves bit
+// 15 (31) set iff that lane passes bound k (no borrow crosses lanes: H < 0x8000).
+//
+// The code is the number of bounds passed, and the flags are monotone in k (the bounds
+// are sorted), so it is found by binary search: code bit 2 is f3; bit 1 is f5 or f1 by
+// bit 2; bit 0 is f6, f4, f2 or f0 by bits 2 and 1. Each lane picks its next bound with a
+// lane mask (PRMT in sign-replicate mode copies bit 15 (31) of a flag word into its whole
+// 16-bit lane) and one LOP3 select; the masks also place code bits 2 and 1 with one LOP3
+// each. Per pair of values: 3 subtractions, 2 PRMT, 4 selects, 6 placement ops (the
+// thermometer decode it replaced took 7 + 4 + 8).
+KVT_HD uint32_t LadderLaneMask(uint32_t f) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(f), "r"(0u), "r"(0xBB99u));
+  return r;
+#else
+  return ((f & 0x8000u) != 0 ? 0x0000FFFFu : 0u) | ((f & 0x80000000u) != 0 ? 0xFFFF0000u : 0u);
+#endif
+}
+KVT_HD uint32_t LadderSelect(uint32_t m, uint32_t a, uint32_t b) { return (m & a) | (~m & b); }
+// Codes of values v = V and V+4 (the lanes of p, 16-bit with the sign in bit 15) as
+// nibbles at bits 4V and 4V+16.
+template <int V>
+KVT_HD uint32_t LadderPairCodes(uint32_t p, const uint32_t (&hb)[7]) {
+  const uint32_t g = p | 0x80008000u;
+  const uint32_t m2 = LadderLaneMask(g - hb[3]);                      // code >= 4
+  const uint32_t m1 = LadderLaneMask(g - LadderSelect(m2, hb[5], hb[1]));  // >= 6 / >= 2
+  const uint32_t b0 = LadderSelect(m2, LadderSelect(m1, hb[6], hb[4]), LadderSelect(m1, hb[2], hb[0]));
+  const uint32_t f0 = g - b0;  // code bit 0 in bit 15 (31)
+  constexpr uint32_t m = 0x00010001u << (4 * V);
+  return ((p >> (12 - 4 * V)) & (m << 3)) | (m2 & (m << 2)) | (m1 & (m << 1)) | ((f0 >> (15 - 4 * V)) & m);
+}
+
 }  // namespace kvtier::kernels

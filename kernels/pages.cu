@@ -131,33 +131,12 @@ __global__ void __launch_bounds__(256) QuantizeKernel(const QuantizeLaunch a) {
 // ---- max6, fast path: 32-bit indices, amax and the finite check on packed 16-bit
 // magnitudes, and the ladder on pairs of values at once ----------------------------------
 //
-// For a 16-bit input value (bf16 or fp16) the ladder test |x| >= X (X a float bound) is
-// exactly |x| >= H with H the smallest 16-bit value >= X (bf16: the float bits rounded up
-// to 16 bits; fp16: X converted rounding up), and |x| >= H on the magnitude bits is an
-// integer compare. Two values (v, v+4) share a 32-bit register; with bit 15 of each lane
-// forced on, (p | 0x80008000) - (H | H << 16) leaves bit 15 of a lane set iff that
-// lane's |x| >= H (no borrow crosses lanes). The 7 flags are a thermometer code, so the
-// E2M1 index is (f4, f2^f4^f6, f1^...^f7).
+// The pair logic (bounds as 16-bit values, binary search over the flags) is
+// LadderPairCodes in kernels/e2m1_ladder.h, tested on the CPU against the codec.
 __device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("max.u16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
   return r;
-}
-
-// Codes of values v and v+4 (lanes of p), as nibbles at bits 4v and 4v+16.
-template <int V>
-__device__ __forceinline__ uint32_t LadderPair(uint32_t p, const uint32_t (&hb)[7]) {
-  const uint32_t g = p | 0x80008000u;
-  uint32_t f[7];
-#pragma unroll
-  for (int k = 0; k < 7; ++k) f[k] = g - hb[k];
-  const uint32_t b2 = f[3];
-  const uint32_t b1 = f[1] ^ f[3] ^ f[5];
-  const uint32_t b0 = f[0] ^ f[1] ^ f[2] ^ f[3] ^ f[4] ^ f[5] ^ f[6];
-  // bit 15 (31) of each of p, b2, b1, b0 -> bits 4V+3, 4V+2, 4V+1, 4V of the lane.
-  constexpr uint32_t m = 0x00010001u << (4 * V);
-  return ((p >> (12 - 4 * V)) & (m << 3)) | ((b2 >> (13 - 4 * V)) & (m << 2)) |
-         ((b1 >> (14 - 4 * V)) & (m << 1)) | ((b0 >> (15 - 4 * V)) & m);
 }
 
 // Per group of one side: the scale byte and the 8 data bytes (codes of values 0..7, 8..15).
@@ -176,20 +155,19 @@ __device__ __forceinline__ uint8_t QuantizeMax6Group(const uint32_t (&w)[8], flo
     uint32_t hb[7];
 #pragma unroll
     for (int k = 0; k < 7; ++k) {
-      uint32_t b16;
       if (fp16) {
-        b16 = __half_as_ushort(__float2half_ru(__uint_as_float(l.b[k])));
-      } else {
-        b16 = (l.b[k] + 0xffffu) >> 16;
+        const uint32_t b16 = __half_as_ushort(__float2half_ru(__uint_as_float(l.b[k])));
+        hb[k] = b16 | (b16 << 16);
+      } else {  // the float bits rounded up to 16 bits, in both lanes (one PRMT)
+        hb[k] = prmt_b32(l.b[k] + 0xffffu, 0u, 0x3232);
       }
-      hb[k] = b16 | (b16 << 16);
     }
     // word 0 holds values 0..7 (w[0..3]), word 1 values 8..15 (w[4..7]); value 2i is the
     // low half of w[i].
-    pk0 = LadderPair<0>(prmt_b32(w[0], w[2], 0x5410), hb) | LadderPair<1>(prmt_b32(w[0], w[2], 0x7632), hb) |
-          LadderPair<2>(prmt_b32(w[1], w[3], 0x5410), hb) | LadderPair<3>(prmt_b32(w[1], w[3], 0x7632), hb);
-    pk1 = LadderPair<0>(prmt_b32(w[4], w[6], 0x5410), hb) | LadderPair<1>(prmt_b32(w[4], w[6], 0x7632), hb) |
-          LadderPair<2>(prmt_b32(w[5], w[7], 0x5410), hb) | LadderPair<3>(prmt_b32(w[5], w[7], 0x7632), hb);
+    pk0 = LadderPairCodes<0>(prmt_b32(w[0], w[2], 0x5410), hb) | LadderPairCodes<1>(prmt_b32(w[0], w[2], 0x7632), hb) |
+          LadderPairCodes<2>(prmt_b32(w[1], w[3], 0x5410), hb) | LadderPairCodes<3>(prmt_b32(w[1], w[3], 0x7632), hb);
+    pk1 = LadderPairCodes<0>(prmt_b32(w[4], w[6], 0x5410), hb) | LadderPairCodes<1>(prmt_b32(w[4], w[6], 0x7632), hb) |
+          LadderPairCodes<2>(prmt_b32(w[5], w[7], 0x5410), hb) | LadderPairCodes<3>(prmt_b32(w[5], w[7], 0x7632), hb);
   } else {
     float x[16];
 #pragma unroll

@@ -198,5 +198,50 @@ TEST(E2M1Ladder, EqualsCodecDivisionAtEveryBoundary) {
   EXPECT_FALSE(LadderApplies(0x1p-90f));
 }
 
+// quantize_append's pair decode (LadderPairCodes: binary search over 16-bit bounds, two
+// values per word) against the per-value LadderCode, for bf16 inputs: random magnitudes
+// and magnitudes at and next to every 16-bit bound, both signs, every lane position V.
+TEST(E2M1Ladder, PairCodesEqualPerValueCodesForBf16) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto from = [](uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; };
+  int64_t checked = 0;
+  for (int it = 0; it < 200000; ++it) {
+    const uint8_t sf = static_cast<uint8_t>(1 + rng() % 0x7E);
+    const float kv = std::ldexp(1.0f + static_cast<float>(rng() % 1000000) / 1e6f, static_cast<int>(rng() % 140) - 70);
+    const float s = nvfp4::E4M3ToFloat(sf) * kv;
+    if (!LadderApplies(s)) continue;
+    const E2M1Ladder l = MakeLadder(s);
+    uint32_t hb[7];
+    for (int k = 0; k < 7; ++k) {
+      const uint32_t b16 = (l.b[k] + 0xffffu) >> 16;
+      hb[k] = b16 | (b16 << 16);
+    }
+    uint16_t v[8];
+    for (auto& x : v) {
+      uint32_t mag;
+      if (rng() % 2) {
+        mag = static_cast<uint32_t>(hb[rng() % 7] & 0xffffu) + static_cast<uint32_t>(static_cast<int>(rng() % 3) - 1);
+      } else {
+        mag = (static_cast<uint32_t>(l.b[rng() % 7]) >> 16) + static_cast<uint32_t>(static_cast<int>(rng() % 41) - 20);
+      }
+      mag &= 0x7fffu;
+      if (mag >= 0x7f80u) mag = 0x7f7fu;  // finite only (the kernel refuses the rest first)
+      x = static_cast<uint16_t>(mag | (rng() % 2 ? 0x8000u : 0u));
+    }
+    // word of values V (low lane) and V + 4 (high lane), as the kernel pairs them
+    uint32_t got = LadderPairCodes<0>(v[0] | (uint32_t{v[4]} << 16), hb) |
+                   LadderPairCodes<1>(v[1] | (uint32_t{v[5]} << 16), hb) |
+                   LadderPairCodes<2>(v[2] | (uint32_t{v[6]} << 16), hb) |
+                   LadderPairCodes<3>(v[3] | (uint32_t{v[7]} << 16), hb);
+    for (int i = 0; i < 8; ++i) {
+      const float x = from(uint32_t{v[i]} << 16);
+      const uint8_t want = LadderCode(l, x);
+      ASSERT_EQ((got >> (4 * i)) & 0xFu, want) << "value " << i << " x=" << x << " s=" << s;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 1000000);
+}
+
 }  // namespace
 }  // namespace kvtier::kernels
