@@ -23,9 +23,9 @@ thread_local std::string g_error;
 // qk_scale), 7 lean32p (lean32, block table read ahead), 10 lean32a (lean32p, per-lane
 // shared memory offsets), 12 lean32m (lean32a, lazy running max), 13 lean32v (lean32m, the
 // first subtile's V decoded before the softmax), 14 lean32i (lean32m, leaner cp.async
-// issue). 6 pipe32, 8 lean32h and 11 lean32d measured slower and were removed (their
-// names are now refused with the others). Default lean32m since 2026-11-29 14:30: 44/44
-// NVFP4 decode tests on the H200 and 4.4-4.9% faster than lean32a at 16 x 64K in the
+// issue). 6 pipe32, 8 lean32h, 11 lean32d, 15 tma32 (TMA bulk copies) and 16 lean32w
+// (one-warp CTAs) measured slower or level and were removed (their names are refused).
+// Default lean32m since 2026-11-29 14:30: 44/44 NVFP4 decode tests on the H200 and 4.4-4.9% faster than lean32a at 16 x 64K in the
 // same run (docs/kernels.md).
 constexpr int kDefaultNvfp4Variant = 12;
 
@@ -135,8 +135,7 @@ int ResidentWarps(int format, int head_dim) {
   if (v == 0) {
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    v = sms * detail::DecodeBlocksPerSm(format, head_dim, detail::Nvfp4DecodeVariant()) *
-        detail::kDecodeWarps;
+    v = sms * detail::DecodeWarpsPerSm(format, head_dim, detail::Nvfp4DecodeVariant());
     cache[dev][format][di].store(v, std::memory_order_relaxed);
   }
   return v;

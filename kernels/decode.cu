@@ -234,9 +234,12 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // FFMA and MUFU.EX2 without the denormal fix-up ("lean32"), 7 = 5 with the block table
 // read ahead, 10 = 7 with per-lane shared-memory offsets, 12 = 10 with the lazy running
 // max (no shuffles unless a score passes the max by kLazySlack), 13 = 12 with the first
-// subtile's V decoded before the softmax. Numbers measured slower and removed (not
-// reused): 6 "pipe32" (software-pipelined), 8 "lean32h" (IMAD.HI in the spread), 9
-// "lean32o" (96 registers, 5 CTAs/SM; spilled on sm_100), 11 "lean32d" (6-slot ring).
+// subtile's V decoded before the softmax, 14 = 12 with a leaner cp.async issue. Numbers
+// measured slower or level and removed (not reused): 6 "pipe32"
+// (software-pipelined), 8 "lean32h" (IMAD.HI in the spread), 9 "lean32o" (96 registers,
+// 5 CTAs/SM; spilled on sm_100), 11 "lean32d" (6-slot ring), 15 "tma32" (the ring filled
+// by TMA bulk copies on per-slot mbarriers: correct, 25% slower), 16 "lean32w" (12 in
+// one-warp CTAs, 17 warps per SM instead of 16: level with 12; docs/kernels.md).
 // All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
@@ -263,7 +266,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   constexpr bool kLazyMax = DEC >= 12;
   // DEC 14: 12 with a leaner cp.async issue (issue_lean): the 13:57 SASS of DEC 13 spent
   // ~120 instructions per 32-token pair on it (addresses rebuilt, parameters reloaded).
-  constexpr bool kLeanIssue = DEC >= 14;
+  constexpr bool kLeanIssue = DEC == 14;
   // DEC 13: 12 with the first subtile's V loaded and decoded before the softmax, so its
   // ALU work overlaps the softmax's latency (the decode is independent of P).
   // On sm_100 ptxas needs 8 bytes of spill for it at D=128 (-warn-spills refuses that),
@@ -297,56 +300,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   const int t_begin = split * a.chunk;
   const int t_end = min(t_begin + a.chunk, seq_len);
   const int n_sub = t_end > t_begin ? (t_end - t_begin + 15) >> 4 : 0;
-
-  // ---- Q as the B operand, in the permuted head_dim order of the K registers --------
-  const int qn = gid < a.group ? gid : 0;  // query column of this thread (B's n index)
-  const uint16_t* qrow =
-      a.q + (static_cast<size_t>(b) * a.num_q_heads + h * a.group + qn) * D + tq * (D / 4);
-  float qv[C::kRegs][2];
-  float qmax = 0.f;
-#pragma unroll
-  for (int i = 0; i < C::kRegs; ++i) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      qv[i][e] = gid < a.group ? bf16_to_float(qrow[KDim<FMT, DEC>(i, e)]) : 0.f;
-      qmax = fmaxf(qmax, fabsf(qv[i][e]));
-    }
-  }
-  // fp16 needs Q brought into range: multiply by a power of two chosen from the warp's
-  // max |q| (exact), and divide it back out of the scores.
-  float qmul = 1.f;
-  if constexpr (!kBf) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, o));
-    int ex = 0;
-    if (qmax > 0.f && isfinite(qmax)) {
-      frexpf(qmax, &ex);
-      ex = max(-120, min(120, 8 - ex));
-    }
-    qmul = ldexpf(1.f, ex);
-  }
-  // kOpt folds qk_scale into the exp2 argument, which needs qk_scale >= 0 (the max of the
-  // scaled scores is then the scaled max): a negative softmax scale negates Q instead.
-  if constexpr (kOpt) {
-    if (a.softmax_scale < 0.f) qmul = -qmul;
-  }
-  uint32_t qb[C::kRegs];
-#pragma unroll
-  for (int i = 0; i < C::kRegs; ++i) qb[i] = pack2<kBf>(qv[i][0] * qmul, qv[i][1] * qmul);
-  // Q B-fragment words 2k and 2k+1.
-  auto qpair = [&](int k, uint32_t& b0, uint32_t& b1) {
-    b0 = qb[2 * k];
-    b1 = qb[2 * k + 1];
-  };
-
-  constexpr float kLog2e = 1.4426950408889634f;
-  // kLazyMax: how far (log2 units) a score may pass the running max before the max moves;
-  // P <= 2^kLazySlack = 256 stays far inside fp16.
-  constexpr float kLazySlack = 8.f;
-  // Undo the power of two of the raw NVFP4 decode (2^-14, or 2^-6 through E4M3).
-  const float fmt_k = FMT == kNvfp4 ? (DEC == 1 ? 64.f : 16384.f) : 1.f;
-  const float qk_scale = a.softmax_scale * kLog2e * a.k_scale_f * fmt_k / qmul;
-  const float v_factor = a.v_scale_f * fmt_k;
 
   // ---- cp.async producer: subtile j of this warp into ring stage j % kStages ----------
   const int32_t* bt = a.block_table + static_cast<size_t>(b) * a.max_blocks;
@@ -512,6 +465,58 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     }
     cp_commit();
   }
+
+  // Q is loaded after the first copies are on their way, so its global-load latency
+  // overlaps theirs (at batch 1 every warp starts at once and waits for both).
+  // ---- Q as the B operand, in the permuted head_dim order of the K registers --------
+  const int qn = gid < a.group ? gid : 0;  // query column of this thread (B's n index)
+  const uint16_t* qrow =
+      a.q + (static_cast<size_t>(b) * a.num_q_heads + h * a.group + qn) * D + tq * (D / 4);
+  float qv[C::kRegs][2];
+  float qmax = 0.f;
+#pragma unroll
+  for (int i = 0; i < C::kRegs; ++i) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      qv[i][e] = gid < a.group ? bf16_to_float(qrow[KDim<FMT, DEC>(i, e)]) : 0.f;
+      qmax = fmaxf(qmax, fabsf(qv[i][e]));
+    }
+  }
+  // fp16 needs Q brought into range: multiply by a power of two chosen from the warp's
+  // max |q| (exact), and divide it back out of the scores.
+  float qmul = 1.f;
+  if constexpr (!kBf) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, o));
+    int ex = 0;
+    if (qmax > 0.f && isfinite(qmax)) {
+      frexpf(qmax, &ex);
+      ex = max(-120, min(120, 8 - ex));
+    }
+    qmul = ldexpf(1.f, ex);
+  }
+  // kOpt folds qk_scale into the exp2 argument, which needs qk_scale >= 0 (the max of the
+  // scaled scores is then the scaled max): a negative softmax scale negates Q instead.
+  if constexpr (kOpt) {
+    if (a.softmax_scale < 0.f) qmul = -qmul;
+  }
+  uint32_t qb[C::kRegs];
+#pragma unroll
+  for (int i = 0; i < C::kRegs; ++i) qb[i] = pack2<kBf>(qv[i][0] * qmul, qv[i][1] * qmul);
+  // Q B-fragment words 2k and 2k+1.
+  auto qpair = [&](int k, uint32_t& b0, uint32_t& b1) {
+    b0 = qb[2 * k];
+    b1 = qb[2 * k + 1];
+  };
+
+  constexpr float kLog2e = 1.4426950408889634f;
+  // kLazyMax: how far (log2 units) a score may pass the running max before the max moves;
+  // P <= 2^kLazySlack = 256 stays far inside fp16.
+  constexpr float kLazySlack = 8.f;
+  // Undo the power of two of the raw NVFP4 decode (2^-14, or 2^-6 through E4M3).
+  const float fmt_k = FMT == kNvfp4 ? (DEC == 1 ? 64.f : 16384.f) : 1.f;
+  const float qk_scale = a.softmax_scale * kLog2e * a.k_scale_f * fmt_k / qmul;
+  const float v_factor = a.v_scale_f * fmt_k;
 
   float acc[D / 16][4];
 #pragma unroll
@@ -1076,23 +1081,28 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   }
 }
 
-// Merges the splits of one (b, hq): weights 2^(lse_s - max). Block = D x P threads (P a
-// power of two <= 1024 / D, about the split count): thread (d, part) sums splits part,
-// part + P, ...; the P partial sums meet in shared memory. (One thread per d looping over
-// all splits was latency-bound: at batch 1 only Hq blocks run.)
+// Merges the splits of one (b, hq) and 32 of its head dims: weights 2^(lse_s - max).
+// Grid (B * Hq, D / 32); block = 32 dims x P parts (P a power of two <= 32, about the
+// split count): thread (d, part) sums splits part, part + P, ..., keeping 8 loads in
+// flight; the P partial sums meet in shared memory. With `smem_w` the weights are
+// computed once per split into shared memory, not once per split and thread. (One block
+// of D x P threads per row ran 32 blocks at batch 1 and took 6.5-6.9 us at 1 x 128K.)
 template <int D>
-__global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a) {
-  constexpr int kMaxP = 1024 / D;
-  __shared__ float red[kMaxP][D];
-  __shared__ float red2[kMaxP][D];
-  const int P = static_cast<int>(blockDim.x) / D;
+__global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a, int smem_w) {
+  constexpr int kCols = 32;
+  __shared__ float red[32][kCols];
+  __shared__ float red2[32][kCols];
+  extern __shared__ float wsm[];  // [num_splits] when smem_w
+  const int P = static_cast<int>(blockDim.x) / kCols;
   __shared__ float smax[32];
   const int row = blockIdx.x;  // b * Hq + hq
-  const int d = threadIdx.x % D, part = threadIdx.x / D;
-  const float* ls = a.ws_lse + static_cast<size_t>(row) * a.num_splits;
+  const int dl = threadIdx.x % kCols, part = threadIdx.x / kCols;
+  const int d = blockIdx.y * kCols + dl;
+  const int ns = a.num_splits;
+  const float* ls = a.ws_lse + static_cast<size_t>(row) * ns;
   float mx = -INFINITY;
   int nan = 0;
-  for (int s = threadIdx.x; s < a.num_splits; s += blockDim.x) {
+  for (int s = threadIdx.x; s < ns; s += blockDim.x) {
     const float v = ls[s];
     nan |= isnan(v);
     mx = fmaxf(mx, v);
@@ -1105,23 +1115,45 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a) {
   mx = smax[0];
   for (int i = 1; i < static_cast<int>(blockDim.x >> 5); ++i) mx = fmaxf(mx, smax[i]);
   float num = 0.f, den = 0.f;
-  if (mx != -INFINITY) {
-    const float* o = a.ws_o + static_cast<size_t>(row) * a.num_splits * D + d;
+  const float* o = a.ws_o + static_cast<size_t>(row) * ns * D + d;
+  if (smem_w) {
+    for (int s = threadIdx.x; s < ns; s += blockDim.x) wsm[s] = mx == -INFINITY ? 0.f : exp2f(ls[s] - mx);
+    __syncthreads();
+    if (mx != -INFINITY) {
+      int s = part;
+      for (; s + 7 * P < ns; s += 8 * P) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = o[static_cast<size_t>(s + u * P) * D];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const float w = wsm[s + u * P];
+          den += w;
+          num += w * v[u];
+        }
+      }
+      for (; s < ns; s += P) {
+        const float w = wsm[s];
+        den += w;
+        num += w * o[static_cast<size_t>(s) * D];
+      }
+    }
+  } else if (mx != -INFINITY) {
 #pragma unroll 4
-    for (int s = part; s < a.num_splits; s += P) {
+    for (int s = part; s < ns; s += P) {
       const float w = exp2f(ls[s] - mx);
       den += w;
       num += w * o[static_cast<size_t>(s) * D];
     }
   }
-  red[part][d] = num;
-  red2[part][d] = den;
+  red[part][dl] = num;
+  red2[part][dl] = den;
   __syncthreads();
   if (part != 0) return;
   num = den = 0.f;
   for (int p = 0; p < P; ++p) {
-    num += red[p][d];
-    den += red2[p][d];
+    num += red[p][dl];
+    den += red2[p][dl];
   }
   float res = den > 0.f ? num / den : 0.f;
   float lse = mx == -INFINITY ? -INFINITY : (mx + __log2f(den)) * 0.6931471805599453f;
@@ -1148,8 +1180,11 @@ cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || a.num_splits == 1) return e;
   int parts = 1;
-  while (parts < a.num_splits && parts * 2 * D <= 1024) parts *= 2;
-  MergeKernel<D><<<a.batch * a.num_q_heads, D * parts, 0, stream>>>(a);
+  while (parts < a.num_splits && parts < 32) parts *= 2;
+  // split weights in shared memory when they fit the default 48 KB (with the static arrays)
+  const int smem_w = a.num_splits <= 8192 ? 1 : 0;
+  const dim3 grid(static_cast<unsigned>(a.batch * a.num_q_heads), D / 32);
+  MergeKernel<D><<<grid, 32 * parts, smem_w ? a.num_splits * 4 : 0, stream>>>(a, smem_w);
   return cudaGetLastError();
 }
 
@@ -1161,9 +1196,9 @@ int Occupancy() {
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, DecodeKernel<FMT, D, DEC>, kDecodeWarps * 32,
                                                     smem) != cudaSuccess) {
-    return 1;
+    return kDecodeWarps;
   }
-  return n > 0 ? n : 1;
+  return (n > 0 ? n : 1) * kDecodeWarps;  // resident warps per SM
 }
 
 }  // namespace
@@ -1218,7 +1253,7 @@ cudaError_t LaunchDecode(int format, int head_dim, int variant, const DecodeLaun
   return cudaErrorInvalidValue;
 }
 
-int DecodeBlocksPerSm(int format, int head_dim, int variant) {
+int DecodeWarpsPerSm(int format, int head_dim, int variant) {
   KVT_DECODE_DISPATCH(Occupancy)
   return 1;
 }

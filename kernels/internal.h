@@ -36,8 +36,8 @@ struct DecodeLaunch {
 // (decode.cu and api.cu list them). Returns the launch error.
 cudaError_t LaunchDecode(int format, int head_dim, int variant, const DecodeLaunch& a,
                          cudaStream_t stream);
-// Blocks of the decode kernel resident per SM (occupancy), for the split choice.
-int DecodeBlocksPerSm(int format, int head_dim, int variant);
+// Warps of the decode kernel resident per SM (occupancy x warps per CTA), for the split choice.
+int DecodeWarpsPerSm(int format, int head_dim, int variant);
 // The NVFP4 decode variant in use: $KVTIER_NVFP4_DECODE ("shift", "cvt", "prmt", "prmt32",
 // "prmt32x", "lean32", "lean32p", "lean32a", "lean32m", "lean32v", "lean32i"; read once;
 // another value is reported on stderr once),

@@ -554,6 +554,8 @@ std::vector<DecodeCase> AllDecodeCases() {
   v.push_back({KvFormat::kNvfp4, 128, 16, 8, 1, 1, 131072, 0});
   v.push_back({KvFormat::kNvfp4, 128, 64, 4, 1, 1, 131072, 0});
   v.push_back({KvFormat::kFp8, 128, 16, 4, 1, 1, 65536, 0});
+  // More than 8192 splits: the merge computes its weights per thread, not in shared memory.
+  v.push_back({KvFormat::kNvfp4, 64, 16, 2, 1, 1, 140000, 8750});
   v.push_back({KvFormat::kNvfp4, 128, 16, 4, 2, 3, 1, -1});
   v.push_back({KvFormat::kNvfp4, 64, 32, 2, 4, 5, 17, -1});
   return v;
