@@ -139,6 +139,22 @@ __device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
   return r;
 }
 
+// The codec's FloatToE4M3 and E4M3ToFloat by the hardware conversions (about 40
+// instructions per group fewer). FloatToE4M3 rounds to nearest even, subnormals
+// included, and saturates at 448 (inf too); cvt.rn.satfinite does the same. The only
+// difference is NaN (codec: sign | 0x7F; hardware: 0x7F), and the argument here, amax / 6
+// / gs with amax finite and gs > 0, is never NaN. E4M3 -> f16 is exact.
+__device__ __forceinline__ uint8_t E4M3Hw(float x) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(0.0f), "f"(x));
+  return static_cast<uint8_t>(r & 0xffu);
+}
+__device__ __forceinline__ float E4M3ToFloatHw(uint8_t b) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(static_cast<uint16_t>(b)));
+  return __half2float(__ushort_as_half(static_cast<uint16_t>(r & 0xffffu)));
+}
+
 // Per group of one side: the scale byte and the 8 data bytes (codes of values 0..7, 8..15).
 __device__ __forceinline__ uint8_t QuantizeMax6Group(const uint32_t (&w)[8], float gs, bool fp16,
                                                      uint32_t& pk0, uint32_t& pk1) {
@@ -148,8 +164,8 @@ __device__ __forceinline__ uint8_t QuantizeMax6Group(const uint32_t (&w)[8], flo
   for (int i = 0; i < 8; ++i) mx = max_u16x2(mx, w[i] & 0x7fff7fffu);
   const uint32_t amax16 = max(mx & 0xffffu, mx >> 16);  // finite: checked by the caller
   const float amax = to_float(static_cast<uint16_t>(amax16), fp16);
-  const uint8_t sf = FloatToE4M3(kvt_div(kvt_div(amax, 6.0f), gs));
-  const float s = kvt_mul(E4M3ToFloat(sf), gs);
+  const uint8_t sf = E4M3Hw(kvt_div(kvt_div(amax, 6.0f), gs));
+  const float s = kvt_mul(E4M3ToFloatHw(sf), gs);
   if (LadderApplies(s)) {
     const E2M1Ladder l = MakeLadder(s);
     uint32_t hb[7];
