@@ -133,11 +133,6 @@ __global__ void __launch_bounds__(256) QuantizeKernel(const QuantizeLaunch a) {
 //
 // The pair logic (bounds as 16-bit values, binary search over the flags) is
 // LadderPairCodes in kernels/e2m1_ladder.h, tested on the CPU against the codec.
-__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("max.u16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
 
 // The codec's FloatToE4M3 and E4M3ToFloat by the hardware conversions (about 40
 // instructions per group fewer). FloatToE4M3 rounds to nearest even, subnormals
@@ -155,13 +150,34 @@ __device__ __forceinline__ float E4M3ToFloatHw(uint8_t b) {
   return __half2float(__ushort_as_half(static_cast<uint16_t>(r & 0xffffu)));
 }
 
+// Per lane, the magnitude bits of the group's largest |x| (a NaN anywhere gives a NaN,
+// whose bits are >= those of inf): 7 half2 max of absolute values (.NaN propagates NaN,
+// subnormals are kept) and one mask, where a LOP3 + an integer max per word took 16.
+// For finite values the float max of |x| is the integer max of the magnitude bits.
+template <bool kFp16>
+__device__ __forceinline__ uint32_t AbsMax2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  if constexpr (kFp16) {
+    asm("max.NaN.xorsign.abs.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  } else {
+    asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  }
+  return r;
+}
+template <bool kFp16>
+__device__ __forceinline__ uint32_t GroupAbsMaxBits(const uint32_t (&w)[8]) {
+  const uint32_t a = AbsMax2<kFp16>(AbsMax2<kFp16>(w[0], w[1]), AbsMax2<kFp16>(w[2], w[3]));
+  const uint32_t b = AbsMax2<kFp16>(AbsMax2<kFp16>(w[4], w[5]), AbsMax2<kFp16>(w[6], w[7]));
+  return AbsMax2<kFp16>(a, b) & 0x7fff7fffu;
+}
+
 // Per group of one side: the scale byte and the 8 data bytes (codes of values 0..7, 8..15).
-__device__ __forceinline__ uint8_t QuantizeMax6Group(const uint32_t (&w)[8], float gs, bool fp16,
+// mx: GroupAbsMaxBits(w) (the caller's finite check already has it).
+template <bool kFp16>
+__device__ __forceinline__ uint8_t QuantizeMax6Group(const uint32_t (&w)[8], uint32_t mx, float gs,
                                                      uint32_t& pk0, uint32_t& pk1) {
+  constexpr bool fp16 = kFp16;
   using namespace nvfp4;
-  uint32_t mx = 0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) mx = max_u16x2(mx, w[i] & 0x7fff7fffu);
   const uint32_t amax16 = max(mx & 0xffffu, mx >> 16);  // finite: checked by the caller
   const float amax = to_float(static_cast<uint16_t>(amax16), fp16);
   const uint8_t sf = E4M3Hw(kvt_div(kvt_div(amax, 6.0f), gs));
@@ -171,7 +187,7 @@ __device__ __forceinline__ uint8_t QuantizeMax6Group(const uint32_t (&w)[8], flo
     uint32_t hb[7];
 #pragma unroll
     for (int k = 0; k < 7; ++k) {
-      if (fp16) {
+      if constexpr (fp16) {
         const uint32_t b16 = __half_as_ushort(__float2half_ru(__uint_as_float(l.b[k])));
         hb[k] = b16 | (b16 << 16);
       } else {  // the float bits rounded up to 16 bits, in both lanes (one PRMT)
@@ -206,6 +222,9 @@ __device__ __forceinline__ uint8_t QuantizeMax6Group(const uint32_t (&w)[8], flo
 // One thread per (token, head, group): the group of K and the same group of V (one slot
 // lookup, two independent chains). The inputs are loaded before the slot check, so the
 // two global round trips overlap.
+// kFp16: the inputs' type (a.fp16) as a template constant, so that the bf16 and fp16
+// paths carry no per-value selects.
+template <bool kFp16>
 __global__ void __launch_bounds__(256) QuantizeMax6Kernel(const QuantizeLaunch a, uint32_t per_side,
                                                           int log2_gpr) {
   const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
@@ -227,20 +246,18 @@ __global__ void __launch_bounds__(256) QuantizeMax6Kernel(const QuantizeLaunch a
   }
   uint8_t* page = a.pool + static_cast<uint64_t>(slot) * a.slot_bytes + a.page_offset;
   const uint32_t row = h * static_cast<uint32_t>(a.block_tokens) + static_cast<uint32_t>(pos);
-  const uint32_t lim = a.fp16 ? 0x7c00u : 0x7f80u;  // |x| bits at or above: inf or NaN
+  const uint32_t lim = kFp16 ? 0x7c00u : 0x7f80u;  // |x| bits at or above: inf or NaN
 #pragma unroll
   for (int side = 0; side < 2; ++side) {
     const uint4 r0 = side == 0 ? k0 : v0, r1 = side == 0 ? k1 : v1;
     const uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
-    uint32_t mx = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) mx = max_u16x2(mx, w[i] & 0x7fff7fffu);
+    const uint32_t mx = GroupAbsMaxBits<kFp16>(w);
     if (max(mx & 0xffffu, mx >> 16) >= lim) {  // this side's group keeps its old bytes
       if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrNonFinite);
       continue;
     }
     uint32_t pk0, pk1;
-    const uint8_t sf = QuantizeMax6Group(w, side == 0 ? a.k_scale_f : a.v_scale_f, a.fp16, pk0, pk1);
+    const uint8_t sf = QuantizeMax6Group<kFp16>(w, mx, side == 0 ? a.k_scale_f : a.v_scale_f, pk0, pk1);
     uint8_t* data = page + (side == 0 ? a.k_data : a.v_data) + static_cast<size_t>(row) * (a.head_dim / 2) + g * 8;
     uint8_t* sc = page + (side == 0 ? a.k_scale : a.v_scale) + static_cast<size_t>(row) * groups_per_row + g;
     *reinterpret_cast<uint2*>(data) = make_uint2(pk0, pk1);
@@ -330,8 +347,12 @@ cudaError_t LaunchQuantize(const QuantizeLaunch& a, cudaStream_t stream) {
   if (a.rule == 0 && per_side <= 0xffffffffLL && (gpr & (gpr - 1)) == 0) {
     int log2_gpr = 0;
     while ((1 << log2_gpr) < gpr) ++log2_gpr;
-    QuantizeMax6Kernel<<<static_cast<unsigned>((per_side + 255) / 256), 256, 0, stream>>>(
-        a, static_cast<uint32_t>(per_side), log2_gpr);
+    const unsigned blocks = static_cast<unsigned>((per_side + 255) / 256);
+    if (a.fp16) {
+      QuantizeMax6Kernel<true><<<blocks, 256, 0, stream>>>(a, static_cast<uint32_t>(per_side), log2_gpr);
+    } else {
+      QuantizeMax6Kernel<false><<<blocks, 256, 0, stream>>>(a, static_cast<uint32_t>(per_side), log2_gpr);
+    }
   } else if (a.rule == 0) {
     QuantizeKernel<0><<<grid, 256, 0, stream>>>(a);
   } else {
