@@ -448,6 +448,7 @@ void Session::Execute(const wire::RequestEntry& req, std::span<const uint8_t> in
                          for (size_t i = 0; i < slots.size(); ++i) {
                            wire::WireSlot ws;
                            ws.tier = static_cast<uint8_t>(slots[i].tier);
+                           ws.from_tier = static_cast<uint8_t>(slots[i].from);
                            ws.slot = slots[i].slot;
                            std::memcpy(out + i * sizeof(ws), &ws, sizeof(ws));
                          }

@@ -213,10 +213,12 @@ struct CompletionEntry {
 };
 static_assert(sizeof(CompletionEntry) == 64);
 
-// One slot, as acquire and alloc return it.
+// One slot, as acquire and alloc return it. from_tier (acquire): the tier the block was in
+// when the acquire began (what the acquire promoted it from); alloc: kTierNone.
 struct WireSlot {
   uint8_t tier = kTierNone;
-  uint8_t reserved[3] = {};
+  uint8_t from_tier = kTierNone;
+  uint8_t reserved[2] = {};
   uint32_t slot = 0;
 };
 static_assert(sizeof(WireSlot) == 8);

@@ -65,6 +65,7 @@ class PythonClientTest(unittest.TestCase):
             self.assertEqual(len({k.hex() for k in keys}), 6)
             lease = c.alloc(cid, 6, "host")
             self.assertNotEqual(lease.id, 0)
+            self.assertEqual(list(lease.from_tier_names()), ["none"] * 6)  # alloc: nothing came from anywhere
             for i, s in enumerate(lease.slots):
                 c.host_slot(s)[:576] = bytes([i + 1]) * 576
             items = [(s, k, keys[i - 1] if i else None) for i, (s, k) in enumerate(zip(lease.slots, keys))]
@@ -91,6 +92,7 @@ class PythonClientTest(unittest.TestCase):
                 self.assertEqual(r.tiers[:6], r.tiers[:6])
                 got = c.acquire(cid, longer, "host")
                 self.assertEqual(len(got.slots), 6)
+                self.assertEqual(list(got.from_tier_names()), ["host"] * 6)  # found in host already
                 for i, s in enumerate(got.slots):
                     self.assertEqual(bytes(c.host_slot(s)[:576]), bytes([i + 1]) * 576)
                 c.release(got)
@@ -115,6 +117,8 @@ class PythonClientTest(unittest.TestCase):
             with self.assertRaises(ValueError):
                 c.flush("hbm")
             got = c.acquire(cid, keys, "host")  # back from NVMe, byte for byte
+            self.assertEqual(list(got.from_tier_names()), ["nvme"] * 6)  # and it says so
+            self.assertEqual([s.tier for s in got.slots], [kvtier.TIER_HOST] * 6)
             for i, s in enumerate(got.slots):
                 self.assertEqual(bytes(c.host_slot(s)[:576]), bytes([i + 1]) * 576)
             c.release(got)

@@ -316,6 +316,7 @@ TEST_F(HbmTierManager, ConcurrentAcquiresIntoHbmShareOnePromotion) {
   ASSERT_EQ(vb.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(va[i].slot, vb[i].slot);
+    EXPECT_EQ(va[i].from, Tier::kNvme);  // the first acquire found them on NVMe only
     EXPECT_TRUE(DeviceMatches(Hbm(va[i]), n, i));
   }
   EXPECT_EQ(tm_->Stats()[0].promotions_in, 3u);

@@ -415,6 +415,7 @@ TEST_P(TierManagerTest, ResidentAcquireAnswersInlineAndMovingOneOnTheMover) {
   EXPECT_EQ(where, caller);
   ASSERT_EQ(got.size(), 4u);
   EXPECT_EQ(got[1].slot, got[2].slot);
+  for (const SlotRef& x : got) EXPECT_EQ(x.from, Tier::kHost) << "already in host";
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_TRUE(testing::Matches(Slot(got[i]), Bytes(), i == 0 ? 0 : i == 3 ? 2 : 1));
   }
@@ -443,6 +444,8 @@ TEST_P(TierManagerTest, ResidentAcquireAnswersInlineAndMovingOneOnTheMover) {
   EXPECT_NE(tid, caller);
   ASSERT_EQ(slots.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(slots[i].from, Tier::kNvme) << "the acquire says where it promoted block " << i << " from";
+    EXPECT_EQ(slots[i].tier, Tier::kHost);
     EXPECT_TRUE(testing::Matches(Slot(slots[i]), Bytes(), i));
     ASSERT_TRUE(tm_->Unpin(slots[i]).ok());
   }

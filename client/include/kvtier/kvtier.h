@@ -69,8 +69,11 @@ typedef struct kvtier_key {
 } kvtier_key;
 
 typedef struct kvtier_slot {
-  uint8_t tier; /* kvtier_tier */
-  uint8_t reserved[3];
+  uint8_t tier;      /* kvtier_tier */
+  uint8_t from_tier; /* acquire: where the block was when the acquire began (so one acquire
+                        tells a restore from host, NVMe or none); alloc: KVTIER_TIER_NONE.
+                        Ignored in commit items. */
+  uint8_t reserved[2];
   uint32_t slot;
 } kvtier_slot;
 

@@ -59,7 +59,8 @@ class _Key(ctypes.Structure):
 
 
 class _Slot(ctypes.Structure):
-    _fields_ = [("tier", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 3), ("slot", ctypes.c_uint32)]
+    _fields_ = [("tier", ctypes.c_uint8), ("from_tier", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 2),
+                ("slot", ctypes.c_uint32)]
 
 
 class _ConnectOptions(ctypes.Structure):
@@ -253,6 +254,7 @@ class TierNames(collections.abc.Sequence):
 class Lease:
     id: int                     # 0: nothing was acquired
     slots: List[Slot] = field(default_factory=list)
+    from_codes: bytes = b""     # acquire: where each block was (tier codes); see from_tiers
 
     def slot_ids(self):
         """Slot numbers as a numpy int32 array (the decode kernels' block table row)."""
@@ -264,13 +266,33 @@ class Lease:
         import numpy as np
         return np.fromiter((s.tier for s in self.slots), dtype=np.uint8, count=len(self.slots))
 
+    def _from_bytes(self) -> bytes:
+        return self.from_codes or bytes([TIER_NONE]) * len(self.slots)
+
+    def from_tiers(self):
+        """Acquire: where each block was when the acquire began (TIER_HBM: already there,
+        TIER_HOST, TIER_NVME), so that one acquire is a whole restore and still says where
+        it came from; TIER_NONE for alloc slots. A numpy uint8 array (a list of ints
+        without numpy)."""
+        try:
+            import numpy as np
+        except ImportError:
+            return list(self._from_bytes())
+        return np.frombuffer(self._from_bytes(), dtype=np.uint8).copy()
+
+    def from_tier_names(self) -> "TierNames":
+        """from_tiers by name ("hbm", "host", "nvme", "none"), without numpy."""
+        return TierNames(self._from_bytes())
+
 
 def _lease_from_array(lease_id: int, arr, n: int) -> Lease:
     try:
         import numpy as np
     except ImportError:
-        return Lease(lease_id, [Slot(arr[i].tier, arr[i].slot) for i in range(n)])
-    rec = np.frombuffer(arr, dtype=np.dtype([("tier", "u1"), ("r", "u1", 3), ("slot", "<u4")]), count=n)
+        return Lease(lease_id, [Slot(arr[i].tier, arr[i].slot) for i in range(n)],
+                     bytes(arr[i].from_tier for i in range(n)))
+    rec = np.frombuffer(arr, dtype=np.dtype([("tier", "u1"), ("from_tier", "u1"), ("r", "u1", 2), ("slot", "<u4")]),
+                        count=n)
     lease = _ArrayLease(lease_id)
     lease._rec = rec
     return lease
@@ -299,6 +321,12 @@ class _ArrayLease(Lease):
 
     def tiers(self):
         return self._rec["tier"]
+
+    def _from_bytes(self) -> bytes:
+        return self._rec["from_tier"].tobytes()
+
+    def from_tiers(self):
+        return self._rec["from_tier"]
 
     def __repr__(self):
         return f"Lease(id={self.id}, slots={len(self._rec)})"
