@@ -234,10 +234,11 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // FFMA and MUFU.EX2 without the denormal fix-up ("lean32"), 7 = 5 with the block table
 // read ahead, 10 = 7 with per-lane shared-memory offsets, 12 = 10 with the lazy running
 // max (no shuffles unless a score passes the max by kLazySlack), 13 = 12 with the first
-// subtile's V decoded before the softmax, 14 = 12 with a leaner cp.async issue. Numbers
-// measured slower or level and removed (not reused): 6 "pipe32"
+// subtile's V decoded before the softmax. Numbers measured slower or level and removed
+// (not reused): 6 "pipe32"
 // (software-pipelined), 8 "lean32h" (IMAD.HI in the spread), 9 "lean32o" (96 registers,
-// 5 CTAs/SM; spilled on sm_100), 11 "lean32d" (6-slot ring), 15 "tma32" (the ring filled
+// 5 CTAs/SM; spilled on sm_100), 11 "lean32d" (6-slot ring), 14 "lean32i" (a leaner
+// cp.async issue: level), 15 "tma32" (the ring filled
 // by TMA bulk copies on per-slot mbarriers: correct, 25% slower), 16 "lean32w" (12 in
 // one-warp CTAs, 17 warps per SM instead of 16: level with 12; docs/kernels.md).
 // All are tested; the default is the one measured fastest (docs/kernels.md).
@@ -264,9 +265,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   // the warp-uniform slow path, after the full reduction), and P <= 2^kLazySlack fits
   // fp16. O and l are exact for any reference max, so nothing else changes.
   constexpr bool kLazyMax = DEC >= 12;
-  // DEC 14: 12 with a leaner cp.async issue (issue_lean): the 13:57 SASS of DEC 13 spent
-  // ~120 instructions per 32-token pair on it (addresses rebuilt, parameters reloaded).
-  constexpr bool kLeanIssue = DEC == 14;
   // DEC 13: 12 with the first subtile's V loaded and decoded before the softmax, so its
   // ALU work overlaps the softmax's latency (the decode is independent of P).
   // On sm_100 ptxas needs 8 bytes of spill for it at D=128 (-warn-spills refuses that),
@@ -377,48 +375,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     pf0 = bt_entry(0);
     pf1 = bt_entry(1);
   }
-  // kLeanIssue: 64-bit per-lane source bases made once, a 32-bit token counter and a
-  // running block-table pointer, one unsigned compare for the slot check; per subtile
-  // the copies need one 64-bit slot offset and three 64-bit adds.
-  uint64_t li_k = 0, li_v = 0, li_s = 0, li_sb = 0;
-  uint32_t li_nslots = 0, li_t = 0;
-  if constexpr (kLeanIssue) {
-    const uint64_t base = reinterpret_cast<uint64_t>(pool_l);
-    li_k = base + o_gk;
-    li_v = base + o_gv;
-    li_s = base + o_gs;
-    li_sb = a.slot_bytes;
-    li_nslots = static_cast<uint32_t>(a.num_slots < 0x80000000ull ? a.num_slots : 0x80000000ull);
-    li_t = static_cast<uint32_t>(t_begin);  // first token of the next subtile to issue
-  }
   // Subtiles are issued in order j = 0, 1, 2, ...
-  auto issue_lean = [&](int j, uint32_t st) {
-    const bool want = j < n_sub;
-    const int32_t slot = pf0;
-    pf0 = pf1;
-    // the entry two subtiles ahead (the block table is read only for blocks < seq_len)
-    const uint32_t t2 = li_t + 32u;
-    pf1 = j + 2 < n_sub ? __ldg(bt + (t2 >> a.log2_block_tokens)) : 0;
-    const bool ok = static_cast<uint32_t>(slot) < li_nslots;  // negative -> huge -> refused
-    if (!ok) bad |= kErrSlotRange;
-    const bool go = want && !bad;  // never touch memory through a refused entry
-    const uint32_t row0 = head_rows + (li_t & static_cast<uint32_t>(a.block_tokens - 1));
-    li_t += 16u;
-    const uint64_t page = static_cast<uint64_t>(static_cast<uint32_t>(slot)) * li_sb;
-    const uint64_t roff = page + row0 * static_cast<uint32_t>(C::kRow);
-    const uint8_t* kd = reinterpret_cast<const uint8_t*>(li_k + roff);
-    const uint8_t* vd = reinterpret_cast<const uint8_t*>(li_v + roff);
-#pragma unroll
-    for (int it = 0; it < kDataIt; ++it) {
-      cp_async16_if(st + C::kKData + 16 * lane + 512 * it, kd + 512 * it, go);
-    }
-#pragma unroll
-    for (int it = 0; it < kDataIt; ++it) cp_async16_if(st + o_dv[it], vd + 512 * it, go);
-    if constexpr (C::kSc > 0) {
-      const uint8_t* sd = reinterpret_cast<const uint8_t*>(li_s + page + row0 * static_cast<uint32_t>(C::kSc));
-      cp_async16_if(st + o_ds, sd, go && o_ps);
-    }
-  };
   auto issue_std = [&](int j, uint32_t st) {
     const int t0 = t_begin + 16 * j;
     const bool want = j < n_sub;
@@ -448,13 +405,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
       cp_async16_if(st + o_ds, page + (o_gs + row0 * C::kSc), go && o_ps);
     }
   };
-  auto issue_opt = [&](int j, uint32_t st) {
-    if constexpr (kLeanIssue) {
-      issue_lean(j, st);
-    } else {
-      issue_std(j, st);
-    }
-  };
+  auto issue_opt = [&](int j, uint32_t st) { issue_std(j, st); };
 
 #pragma unroll
   for (int j = 0; j < C::kStages - (kPair ? 2 : 1); ++j) {
@@ -787,6 +738,26 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
 
   // One 32-token softmax step over subtiles j (ring slot `sta`) and j+1 (`stb`), j+1
   // possibly past the split's end (has2) and tokens >= t_end masked (tail).
+  // Max over the 8 lanes (gid) that hold a query column's scores.
+  auto col_max = [](float (&t)[2]) {
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      t[0] = fmaxf(t[0], __shfl_xor_sync(0xffffffffu, t[0], o));
+      t[1] = fmaxf(t[1], __shfl_xor_sync(0xffffffffu, t[1], o));
+    }
+  };
+  // O *= alpha (per query column), skipped by the whole warp when no max moved.
+  auto rescale_if_moved = [&](const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int m = 0; m < D / 16; ++m) {
+        acc[m][0] *= alpha[0];
+        acc[m][1] *= alpha[1];
+        acc[m][2] *= alpha[0];
+        acc[m][3] *= alpha[1];
+      }
+    }
+  };
   auto pair_step = [&](const int j, const uint32_t sta, const uint32_t stb) {
     const bool has2 = j + 1 < n_sub;  // warp-uniform
     const int t0 = t_begin + 16 * j;
@@ -805,11 +776,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     }
     float tmax[2] = {fmaxf(fmaxf(s[0], s[2]), fmaxf(s[4], s[6])),
                      fmaxf(fmaxf(s[1], s[3]), fmaxf(s[5], s[7]))};
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {
-      tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
-      tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
-    }
+    col_max(tmax);
     float alpha[2];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -822,15 +789,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     for (int i = 0; i < 8; ++i) p[i] = exp2f(s[i] - mrun[i & 1]);
     lrun[0] = lrun[0] * alpha[0] + ((p[0] + p[2]) + (p[4] + p[6]));
     lrun[1] = lrun[1] * alpha[1] + ((p[1] + p[3]) + (p[5] + p[7]));
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int m = 0; m < D / 16; ++m) {
-        acc[m][0] *= alpha[0];
-        acc[m][1] *= alpha[1];
-        acc[m][2] *= alpha[0];
-        acc[m][3] *= alpha[1];
-      }
-    }
+    rescale_if_moved(alpha);
     pv(sta, t0, t0 + 16 > t_end, movtrans(pack2<kBf>(p[0], p[1])), movtrans(pack2<kBf>(p[2], p[3])));
     if (has2) {
       pv(stb, t0 + 16, t0 + 32 > t_end, movtrans(pack2<kBf>(p[4], p[5])),
@@ -864,11 +823,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
       const bool up = fmaf(tmax[0], qk_scale, -mrun[0]) > kLazySlack ||
                       fmaf(tmax[1], qk_scale, -mrun[1]) > kLazySlack;
       if (__any_sync(0xffffffffu, up)) {
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) {
-          tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
-          tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
-        }
+        col_max(tmax);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const float mn = fmaxf(mrun[c], tmax[c] * qk_scale);
@@ -889,11 +844,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
 #pragma unroll
       for (int i = 0; i < 4; ++i) pb[i] = movtrans(pack2<kBf>(p[2 * i], p[2 * i + 1]));
     } else {
-#pragma unroll
-      for (int o = 4; o < 32; o <<= 1) {
-        tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
-        tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
-      }
+      col_max(tmax);
       float alpha[2];
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
@@ -906,15 +857,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
       for (int i = 0; i < 8; ++i) p[i] = ex2_ftz(fmaf(s[i], qk_scale, -mrun[i & 1]));
       lrun[0] = lrun[0] * alpha[0] + ((p[0] + p[2]) + (p[4] + p[6]));
       lrun[1] = lrun[1] * alpha[1] + ((p[1] + p[3]) + (p[5] + p[7]));
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-        for (int m = 0; m < D / 16; ++m) {
-          acc[m][0] *= alpha[0];
-          acc[m][1] *= alpha[1];
-          acc[m][2] *= alpha[0];
-          acc[m][3] *= alpha[1];
-        }
-      }
+      rescale_if_moved(alpha);
 #pragma unroll
       for (int i = 0; i < 4; ++i) pb[i] = movtrans(pack2<kBf>(p[2 * i], p[2 * i + 1]));
     }
@@ -1006,11 +949,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
         }
       }
       float tmax[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
-  #pragma unroll
-      for (int o = 4; o < 32; o <<= 1) {
-        tmax[0] = fmaxf(tmax[0], __shfl_xor_sync(0xffffffffu, tmax[0], o));
-        tmax[1] = fmaxf(tmax[1], __shfl_xor_sync(0xffffffffu, tmax[1], o));
-      }
+      col_max(tmax);
       float alpha[2];
   #pragma unroll
       for (int c = 0; c < 2; ++c) {
@@ -1022,15 +961,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
       const float p2 = exp2f(s[2] - mrun[0]), p3 = exp2f(s[3] - mrun[1]);
       lrun[0] = lrun[0] * alpha[0] + (p0 + p2);
       lrun[1] = lrun[1] * alpha[1] + (p1 + p3);
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-  #pragma unroll
-        for (int m = 0; m < D / 16; ++m) {
-          acc[m][0] *= alpha[0];
-          acc[m][1] *= alpha[1];
-          acc[m][2] *= alpha[0];
-          acc[m][3] *= alpha[1];
-        }
-      }
+      rescale_if_moved(alpha);
       const uint32_t pb0 = movtrans(pack2<kBf>(p0, p1));  // tokens 2tq, 2tq+1 of query gid
       const uint32_t pb1 = movtrans(pack2<kBf>(p2, p3));  // tokens 2tq+8, 2tq+9
 
@@ -1237,9 +1168,6 @@ int Occupancy() {
     case 6413: return FN<kNvfp4, 64, 13>(__VA_ARGS__);                        \
     case 12813: return FN<kNvfp4, 128, 13>(__VA_ARGS__);                      \
     case 25613: return FN<kNvfp4, 256, 13>(__VA_ARGS__);                      \
-    case 6414: return FN<kNvfp4, 64, 14>(__VA_ARGS__);                        \
-    case 12814: return FN<kNvfp4, 128, 14>(__VA_ARGS__);                      \
-    case 25614: return FN<kNvfp4, 256, 14>(__VA_ARGS__);                      \
     case 106400: return FN<kFp8, 64, 0>(__VA_ARGS__);                         \
     case 112800: return FN<kFp8, 128, 0>(__VA_ARGS__);                        \
     case 206400: return FN<kBf16, 64, 0>(__VA_ARGS__);                        \
