@@ -215,7 +215,8 @@ struct CompletionEntry {
 static_assert(sizeof(CompletionEntry) == 64);
 
 // One slot, as acquire and alloc return it. from_tier (acquire): the tier the block was in
-// when the acquire began (what the acquire promoted it from); alloc: kTierNone.
+// when the acquire began (what the acquire promoted it from; remote for a block it fetched
+// from the remote tier); alloc: kTierNone.
 struct WireSlot {
   uint8_t tier = kTierNone;
   uint8_t from_tier = kTierNone;

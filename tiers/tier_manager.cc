@@ -371,7 +371,8 @@ class TierManagerImpl final : public TierManager {
   Status CommitImpl(uint64_t contract_id, SlotRef slot, const Key128& key, const Key128& parent, bool from_remote);
   void RemoteReaderLoop();
   void RemoteWriterLoop();
-  void FetchRemote(RemoteFetch& job);
+  // Returns the index of the first key it fetched (the local prefix when it began).
+  size_t FetchRemote(RemoteFetch& job);
   std::unique_ptr<remote::RemoteTier> remote_;
   std::mutex rmu_;
   std::condition_variable rcv_, ridle_cv_;
@@ -1894,8 +1895,16 @@ void TierManagerImpl::RemoteReaderLoop() {
     rfetch_.pop_front();
     ++rbusy_;
     l.unlock();
-    if (!rstop_) FetchRemote(job);
-    AcquireLocal(job.contract, job.keys, job.target, std::move(job.done));
+    const size_t fetched_from = rstop_ ? job.keys.size() : FetchRemote(job);
+    // Blocks the fetch staged into host came from the remote tier: say so (unless they
+    // have moved on since, e.g. into HBM for another acquire).
+    AcquireLocal(job.contract, job.keys, job.target,
+                 [done = std::move(job.done), fetched_from](Status s, std::vector<SlotRef> slots) {
+                   for (size_t i = fetched_from; i < slots.size(); ++i) {
+                     if (slots[i].from == Tier::kHost) slots[i].from = Tier::kRemote;
+                   }
+                   done(std::move(s), std::move(slots));
+                 });
     l.lock();
     --rbusy_;
     if (rfetch_.empty() && rwrite_.empty() && rbusy_ == 0) ridle_cv_.notify_all();
@@ -1905,22 +1914,23 @@ void TierManagerImpl::RemoteReaderLoop() {
 // Fetches the keys past the local prefix, in pipelined batches, each verified straight
 // into a host slot and committed there (unpinned: the local acquire that follows pins
 // it). Stops at the first block the remote tier does not hand back intact.
-void TierManagerImpl::FetchRemote(RemoteFetch& job) {
+size_t TierManagerImpl::FetchRemote(RemoteFetch& job) {
   size_t next = 0;
   uint64_t block = 0;
   {
     std::lock_guard<std::mutex> l(mu_);
     auto it = contracts_.find(job.contract);
-    if (it == contracts_.end()) return;
+    if (it == contracts_.end()) return job.keys.size();
     block = it->second.block_bytes();
     next = LocalPrefixLocked(job.contract, job.keys);
   }
+  const size_t first = next;
   while (next < job.keys.size()) {
     const uint32_t n = static_cast<uint32_t>(std::min<size_t>(opts_.remote.batch, job.keys.size() - next));
     std::vector<SlotRef> slots;
     if (!AllocSlots(job.contract, n, Tier::kHost, &slots).ok()) {
       slots.clear();
-      if (!AllocSlots(job.contract, 1, Tier::kHost, &slots).ok()) return;  // host full of pinned blocks
+      if (!AllocSlots(job.contract, 1, Tier::kHost, &slots).ok()) return first;  // host full of pinned blocks
     }
     std::vector<remote::GetItem> items(slots.size());
     for (size_t i = 0; i < slots.size(); ++i) {
@@ -1945,9 +1955,10 @@ void TierManagerImpl::FetchRemote(RemoteFetch& job) {
         (void)FreeSlot(slots[i]);
       }
     }
-    if (good < items.size()) return;
+    if (good < items.size()) return first;
     next += good;
   }
+  return first;
 }
 
 }  // namespace kvtier::tiers

@@ -96,9 +96,8 @@ struct LookupResult {
 struct SlotRef {
   Tier tier = Tier::kNone;
   uint32_t slot = 0;
-  // Acquire: where the block was when the acquire found it (the fastest tier holding it;
-  // a block fetched from the remote tier first is reported as the host copy it was staged
-  // into). kNone elsewhere.
+  // Acquire: where the block was when the acquire found it (the fastest tier holding it,
+  // kRemote for a block the acquire fetched from the remote tier). kNone elsewhere.
   Tier from = Tier::kNone;
 };
 

@@ -84,10 +84,16 @@ void Store(TierManager& tm, uint64_t cid, uint64_t block, const std::vector<Key1
 }
 
 // Acquires into host and checks bytes; returns blocks served or -1 on a wrong block.
-long AcquireChecked(TierManager& tm, uint64_t cid, uint64_t block, const std::vector<Key128>& keys) {
+// from (optional) gets where the acquire found each block.
+long AcquireChecked(TierManager& tm, uint64_t cid, uint64_t block, const std::vector<Key128>& keys,
+                    std::vector<Tier>* from = nullptr) {
   std::promise<std::vector<SlotRef>> pr;
   tm.Acquire(cid, keys, Tier::kHost, [&](Status, std::vector<SlotRef> v) { pr.set_value(std::move(v)); });
   auto got = pr.get_future().get();
+  if (from != nullptr) {
+    from->clear();
+    for (const SlotRef& s : got) from->push_back(s.from);
+  }
   uint8_t* p = static_cast<uint8_t*>(mmap(nullptr, tm.host_arena_bytes(), PROT_READ, MAP_SHARED, tm.host_arena_fd(), 0));
   long ok = static_cast<long>(got.size());
   for (size_t i = 0; i < got.size(); ++i) {
@@ -138,9 +144,14 @@ TEST(TierManagerRemote, EvictionWritesOnDemoteAndAnotherHostRestores) {
   ASSERT_EQ(lr.hit_blocks, 10u);
   for (Tier t : lr.tiers) EXPECT_EQ(t, Tier::kRemote);
   EXPECT_GT(lr.est_seconds_to_hbm, 0.0);
-  EXPECT_EQ(AcquireChecked(*b->tm, cid, block, head), 10);
+  std::vector<Tier> from;
+  EXPECT_EQ(AcquireChecked(*b->tm, cid, block, head, &from), 10);
+  ASSERT_EQ(from.size(), 10u);
+  for (Tier t : from) EXPECT_EQ(t, Tier::kRemote) << "the acquire fetched them from the remote tier";
   lr = b->tm->Lookup(cid, head);
   EXPECT_EQ(lr.tiers[0], Tier::kHost);
+  EXPECT_EQ(AcquireChecked(*b->tm, cid, block, head, &from), 10);  // now local
+  for (Tier t : from) EXPECT_EQ(t, Tier::kHost);
   EXPECT_EQ(RemoteStats(*b->tm).promotions_in, 10u);
 }
 

@@ -70,9 +70,10 @@ typedef struct kvtier_key {
 
 typedef struct kvtier_slot {
   uint8_t tier;      /* kvtier_tier */
-  uint8_t from_tier; /* acquire: where the block was when the acquire began (so one acquire
-                        tells a restore from host, NVMe or none); alloc: KVTIER_TIER_NONE.
-                        Ignored in commit items. */
+  uint8_t from_tier; /* acquire: where the block was when the acquire began (HBM, host,
+                        NVMe, or remote for a block it fetched from the remote tier), so one
+                        acquire is a whole restore that says where it came from; alloc:
+                        KVTIER_TIER_NONE. Ignored in commit items. */
   uint8_t reserved[2];
   uint32_t slot;
 } kvtier_slot;
