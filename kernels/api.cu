@@ -21,13 +21,12 @@ thread_local std::string g_error;
 // 2 prmt, 3 prmt32 (prmt, 32 tokens per softmax step), 4 prmt32x (prmt32, QK as two
 // HMMA chains), 5 lean32 (prmt32x, branch-free full pairs, lean cp.async issue, folded
 // qk_scale), 7 lean32p (lean32, block table read ahead), 10 lean32a (lean32p, per-lane
-// shared memory offsets), 12 lean32m (lean32a, lazy running max), 13 lean32v (lean32m, the
-// first subtile's V decoded before the softmax). 6 pipe32, 8 lean32h, 11 lean32d, 14
-// lean32i (leaner cp.async issue), 15 tma32 (TMA bulk copies), 16 lean32w (one-warp CTAs)
-// and 17 lean32s (copy constants from shared memory) measured slower or level and were
-// removed (their names are refused).
-// Default lean32m since 2026-11-29 14:30: 44/44 NVFP4 decode tests on the H200 and 4.4-4.9% faster than lean32a at 16 x 64K in the
-// same run (docs/kernels.md).
+// shared memory offsets), 12 lean32m (lean32a, lazy running max). 6 pipe32, 8 lean32h,
+// 11 lean32d, 13 lean32v (V decoded before the softmax), 14 lean32i (leaner cp.async
+// issue), 15 tma32 (TMA bulk copies), 16 lean32w (one-warp CTAs) and 17 lean32s (copy
+// constants from shared memory) measured slower or level and were removed (their names
+// are refused). Default lean32m since 2026-11-29 14:30: 44/44 NVFP4 decode tests on the
+// H200 and 4.4-4.9% faster than lean32a at 16 x 64K in the same run (docs/kernels.md).
 constexpr int kDefaultNvfp4Variant = 12;
 
 int Fail(int code, std::string msg) {
@@ -184,10 +183,9 @@ int Nvfp4DecodeVariant() {
     if (e != nullptr && std::string(e) == "lean32p") return 7;
     if (e != nullptr && std::string(e) == "lean32a") return 10;
     if (e != nullptr && std::string(e) == "lean32m") return 12;
-    if (e != nullptr && std::string(e) == "lean32v") return 13;
     if (e != nullptr && *e != '\0') {
       std::fprintf(stderr, "kvtier kernels: KVTIER_NVFP4_DECODE=%s is not a decode variant (shift, cvt, prmt, "
-                   "prmt32, prmt32x, lean32, lean32p, lean32a, lean32m, lean32v); using the default\n", e);
+                   "prmt32, prmt32x, lean32, lean32p, lean32a, lean32m); using the default\n", e);
     }
     return kDefaultNvfp4Variant;
   }();

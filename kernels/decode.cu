@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/internal.h"
 
@@ -157,22 +158,23 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
   return r;
 }
-// a * (low half of b, in both halves) and a * (high half of b): ptxas can fold the
-// broadcast into the HMUL2 operand (.H0_H0 / .H1_H1) instead of a PRMT per scale.
-__device__ __forceinline__ uint32_t hmul2_lo(uint32_t a, uint32_t b) {
+// a * (low half of b, in both halves) for HI = false, a * (high half of b) for HI = true:
+// ptxas folds the broadcast into the HMUL2 operand (.H0_H0 / .H1_H1) instead of a PRMT
+// per scale.
+template <bool HI>
+__device__ __forceinline__ uint32_t hmul2_bcast(uint32_t a, uint32_t b) {
   uint32_t r;
-  asm("{\n .reg .f16 l, h;\n .reg .b32 t;\n mov.b32 {l, h}, %2;\n mov.b32 t, {l, l};\n"
-      " mul.rn.f16x2 %0, %1, t;\n}\n"
-      : "=r"(r)
-      : "r"(a), "r"(b));
-  return r;
-}
-__device__ __forceinline__ uint32_t hmul2_hi(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("{\n .reg .f16 l, h;\n .reg .b32 t;\n mov.b32 {l, h}, %2;\n mov.b32 t, {h, h};\n"
-      " mul.rn.f16x2 %0, %1, t;\n}\n"
-      : "=r"(r)
-      : "r"(a), "r"(b));
+  if constexpr (HI) {
+    asm("{\n .reg .f16 l, h;\n .reg .b32 t;\n mov.b32 {l, h}, %2;\n mov.b32 t, {h, h};\n"
+        " mul.rn.f16x2 %0, %1, t;\n}\n"
+        : "=r"(r)
+        : "r"(a), "r"(b));
+  } else {
+    asm("{\n .reg .f16 l, h;\n .reg .b32 t;\n mov.b32 {l, h}, %2;\n mov.b32 t, {l, l};\n"
+        " mul.rn.f16x2 %0, %1, t;\n}\n"
+        : "=r"(r)
+        : "r"(a), "r"(b));
+  }
   return r;
 }
 
@@ -233,14 +235,13 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // 5 = 4 with branch-free full pairs, a lean cp.async issue, qk_scale folded into the exp2
 // FFMA and MUFU.EX2 without the denormal fix-up ("lean32"), 7 = 5 with the block table
 // read ahead, 10 = 7 with per-lane shared-memory offsets, 12 = 10 with the lazy running
-// max (no shuffles unless a score passes the max by kLazySlack), 13 = 12 with the first
-// subtile's V decoded before the softmax. Numbers measured slower or level and removed
-// (not reused): 6 "pipe32"
-// (software-pipelined), 8 "lean32h" (IMAD.HI in the spread), 9 "lean32o" (96 registers,
-// 5 CTAs/SM; spilled on sm_100), 11 "lean32d" (6-slot ring), 14 "lean32i" (a leaner
-// cp.async issue: level), 15 "tma32" (the ring filled
-// by TMA bulk copies on per-slot mbarriers: correct, 25% slower), 16 "lean32w" (12 in
-// one-warp CTAs, 17 warps per SM instead of 16: level with 12; docs/kernels.md).
+// max (no shuffles unless a score passes the max by kLazySlack). Numbers measured slower
+// or level and removed (not reused): 6 "pipe32" (software-pipelined), 8 "lean32h" (IMAD.HI
+// in the spread), 9 "lean32o" (96 registers, 5 CTAs/SM; spilled on sm_100), 11 "lean32d"
+// (6-slot ring), 13 "lean32v" (the first subtile's V decoded before the softmax), 14
+// "lean32i" (a leaner cp.async issue), 15 "tma32" (the ring filled by TMA bulk copies on
+// per-slot mbarriers: correct, 25% slower), 16 "lean32w" (12 in one-warp CTAs), 17
+// "lean32s" (copy constants from shared memory); docs/kernels.md.
 // All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
@@ -265,15 +266,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   // the warp-uniform slow path, after the full reduction), and P <= 2^kLazySlack fits
   // fp16. O and l are exact for any reference max, so nothing else changes.
   constexpr bool kLazyMax = DEC >= 12;
-  // DEC 13: 12 with the first subtile's V loaded and decoded before the softmax, so its
-  // ALU work overlaps the softmax's latency (the decode is independent of P).
-  // On sm_100 ptxas needs 8 bytes of spill for it at D=128 (-warn-spills refuses that),
-  // so there DEC 13 is DEC 12; the variant is for Hopper, where it fits in 128 registers.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-  constexpr bool kEarlyV = false;
-#else
-  constexpr bool kEarlyV = DEC == 13;
-#endif
   using C = Cfg<FMT, D, kPair ? 1 : 0>;
   constexpr bool kBf = FMT == kBf16;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -498,7 +490,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
               kLaneOff ? st + ks_lane + r * 8 * C::kSc : st + C::kKSc + row * C::kSc + tq * kG;
           uint32_t sfb[kG];
           // kOpt, kG >= 2: sfb[g] holds the pair of groups (g & ~1, g | 1), and the
-          // multiply broadcasts the half it needs (hmul2_lo / hmul2_hi).
+          // multiply broadcasts the half it needs (hmul2_bcast).
           if constexpr (kG == 1) {
             const uint32_t x = lds_u8(sa);
             sfb[0] = e4m3x2_to_f16x2(x | (x << 8));
@@ -528,16 +520,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
             if constexpr (kOpt && kG >= 2) {
               uint32_t ev, od;
               e2m1_spread(w[wi], ev, od);
+              // words 0-1 of a group pair take its low scale, words 2-3 the high one
+              auto put = [&](auto hi) {
+                constexpr bool kHi = decltype(hi)::value;
+                kr[r][4 * wi + 0] = hmul2_bcast<kHi>(hibytes<0, 1>(ev), sc);
+                kr[r][4 * wi + 1] = hmul2_bcast<kHi>(hibytes<2, 3>(ev), sc);
+                kr[r][4 * wi + 2] = hmul2_bcast<kHi>(hibytes<0, 1>(od), sc);
+                kr[r][4 * wi + 3] = hmul2_bcast<kHi>(hibytes<2, 3>(od), sc);
+              };
               if ((wi / 2) % 2 == 0) {
-                kr[r][4 * wi + 0] = hmul2_lo(hibytes<0, 1>(ev), sc);
-                kr[r][4 * wi + 1] = hmul2_lo(hibytes<2, 3>(ev), sc);
-                kr[r][4 * wi + 2] = hmul2_lo(hibytes<0, 1>(od), sc);
-                kr[r][4 * wi + 3] = hmul2_lo(hibytes<2, 3>(od), sc);
+                put(std::false_type{});
               } else {
-                kr[r][4 * wi + 0] = hmul2_hi(hibytes<0, 1>(ev), sc);
-                kr[r][4 * wi + 1] = hmul2_hi(hibytes<2, 3>(ev), sc);
-                kr[r][4 * wi + 2] = hmul2_hi(hibytes<0, 1>(od), sc);
-                kr[r][4 * wi + 3] = hmul2_hi(hibytes<2, 3>(od), sc);
+                put(std::true_type{});
               }
             } else if constexpr (kDec == 2) {
               uint32_t ev, od;
@@ -604,8 +598,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     v_lane = C::kVData + 2 * tq * C::kRow + (((boff / 16) ^ (tq & C::kSwzMask)) * 16) + boff % 16;
     vs_lane = C::kVSc + 2 * tq * C::kSc + (gid * (D / 8)) / 16;
   }
-  auto pv_load = [&](const uint32_t st, const int t0, const bool tail, uint32_t (&vr)[2][C::kRegs]) {
+  auto pv = [&](const uint32_t st, const int t0, const bool tail, const uint32_t pb0,
+                const uint32_t pb1) {
     {
+      uint32_t vr[2][C::kRegs];
 #pragma unroll
       for (int pr = 0; pr < 2; ++pr) {
         const int ta = 2 * tq + 8 * pr;  // tokens ta, ta+1
@@ -721,19 +717,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
           }
         }
       }
-    }
-  };
-  auto pv_mma = [&](const uint32_t (&vr)[2][C::kRegs], const uint32_t pb0, const uint32_t pb1) {
 #pragma unroll
-    for (int m = 0; m < D / 16; ++m) {
-      mma<kBf>(acc[m], vr[0][2 * m], vr[0][2 * m + 1], vr[1][2 * m], vr[1][2 * m + 1], pb0, pb1);
+      for (int m = 0; m < D / 16; ++m) {
+        mma<kBf>(acc[m], vr[0][2 * m], vr[0][2 * m + 1], vr[1][2 * m], vr[1][2 * m + 1], pb0, pb1);
+      }
     }
-  };
-  auto pv = [&](const uint32_t st, const int t0, const bool tail, const uint32_t pb0,
-                const uint32_t pb1) {
-    uint32_t vr[2][C::kRegs];
-    pv_load(st, t0, tail, vr);
-    pv_mma(vr, pb0, pb1);
   };
 
   // One 32-token softmax step over subtiles j (ring slot `sta`) and j+1 (`stb`), j+1
@@ -892,16 +880,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
       float s[8];
       qk_pair(sta, stb, s);
       uint32_t pb[4];
-      if constexpr (kEarlyV) {
-        uint32_t vr[2][C::kRegs];
-        pv_load(sta, 0, false, vr);
-        softmax_pair(s, pb);
-        pv_mma(vr, pb[0], pb[1]);
-        pv(stb, 0, false, pb[2], pb[3]);
-      } else {
-        softmax_pair(s, pb);
-        pv_pair(sta, stb, pb);
-      }
+      softmax_pair(s, pb);
+      pv_pair(sta, stb, pb);
       __syncwarp();
     }
     if (j < n_sub && !bad) {
@@ -1165,9 +1145,6 @@ int Occupancy() {
     case 6412: return FN<kNvfp4, 64, 12>(__VA_ARGS__);                        \
     case 12812: return FN<kNvfp4, 128, 12>(__VA_ARGS__);                      \
     case 25612: return FN<kNvfp4, 256, 12>(__VA_ARGS__);                      \
-    case 6413: return FN<kNvfp4, 64, 13>(__VA_ARGS__);                        \
-    case 12813: return FN<kNvfp4, 128, 13>(__VA_ARGS__);                      \
-    case 25613: return FN<kNvfp4, 256, 13>(__VA_ARGS__);                      \
     case 106400: return FN<kFp8, 64, 0>(__VA_ARGS__);                         \
     case 112800: return FN<kFp8, 128, 0>(__VA_ARGS__);                        \
     case 206400: return FN<kBf16, 64, 0>(__VA_ARGS__);                        \

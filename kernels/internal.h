@@ -39,7 +39,7 @@ cudaError_t LaunchDecode(int format, int head_dim, int variant, const DecodeLaun
 // Warps of the decode kernel resident per SM (occupancy x warps per CTA), for the split choice.
 int DecodeWarpsPerSm(int format, int head_dim, int variant);
 // The NVFP4 decode variant in use: $KVTIER_NVFP4_DECODE ("shift", "cvt", "prmt", "prmt32",
-// "prmt32x", "lean32", "lean32p", "lean32a", "lean32m", "lean32v"; read once;
+// "prmt32x", "lean32", "lean32p", "lean32a", "lean32m"; read once;
 // another value is reported on stderr once),
 // else the default measured fastest on H200 (docs/kernels.md).
 int Nvfp4DecodeVariant();

@@ -206,8 +206,7 @@ struct AcquireCtx {
   TierManager::AcquireDone done;
   Tier target = Tier::kNone;
   std::vector<Block*> blocks;
-  std::vector<SlotRef> slots;
-  std::vector<Tier> from;  // where block i was found
+  std::vector<SlotRef> slots;  // slots[i].from is set when block i is found
   std::vector<bool> ok;
   size_t pending = 0;
   // KVTIER_TRACE_COPIES=1: when the acquire came in, and how long its set-up took.
@@ -1059,7 +1058,6 @@ void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128>
   // A block named twice (keys may repeat) is held twice.
   for (Block* b : ctx->blocks) b->holds++;
   ctx->slots.resize(n);
-  ctx->from.resize(n);
   ctx->ok.assign(n, false);
   ctx->pending = n + 1;  // +1 released below, so that instant completions cannot finish early
   // Settles block i of the acquire, under mu_: pinned in the target tier, or lost. Called
@@ -1069,7 +1067,8 @@ void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128>
     if (ok && b->slot[t] >= 0) {
       if (b->pins[t]++ == 0) ++pinned_[t];
       policy_[t]->Touch(b->id);
-      c->slots[i] = {c->target, static_cast<uint32_t>(b->slot[t]), c->from[i]};
+      c->slots[i].tier = c->target;
+      c->slots[i].slot = static_cast<uint32_t>(b->slot[t]);
       c->ok[i] = true;
     }
     if (--c->pending == 0) FinishAcquireLocked(c);
@@ -1081,7 +1080,7 @@ void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128>
     b->uses++;
     const int found = b->slot[kH] >= 0 ? kH : b->slot[kS] >= 0 ? kS : kN;
     c_[found].hits++;
-    ctx->from[i] = found == kH ? Tier::kHbm : found == kS ? Tier::kHost : Tier::kNvme;
+    ctx->slots[i].from = found == kH ? Tier::kHbm : found == kS ? Tier::kHost : Tier::kNvme;
     if (b->slot[t] >= 0) {
       settle(ctx, i, true);
     } else {
