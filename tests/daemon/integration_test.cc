@@ -446,6 +446,18 @@ TEST_F(DaemonTest, CorruptRingIndicesDisconnectOnlyThatClient) {
   kvtier_close(good);
 }
 
+// Protocol 1 (before WireSlot.from_tier): its acquire replies would be read with the
+// source tier in a byte it expects to be zero, so the daemon refuses it at attach.
+TEST_F(DaemonTest, OlderProtocolVersionIsRefused) {
+  static_assert(wire::kProtocolVersion == 2, "update this test with the next protocol change");
+  RawClient old;
+  wire::AttachReply reply;
+  ASSERT_TRUE(old.Attach(d_.socket(), &reply, 1));
+  EXPECT_EQ(reply.status, static_cast<int32_t>(StatusCode::kUnsupported));
+  EXPECT_NE(std::string(reply.message).find("protocol version"), std::string::npos) << reply.message;
+  EXPECT_TRUE(old.WaitSocketClosed(5000));
+}
+
 TEST_F(DaemonTest, WrongProtocolVersionIsRefused) {
   RawClient old;
   wire::AttachReply reply;
