@@ -266,8 +266,15 @@ int32_t kvt_decode_num_splits(const kvt_pool* pool, const kvt_decode_params* p) 
   return PlanSplits(pool, p).splits;
 }
 
-int kvt_decode(const kvt_pool* pool, const kvt_decode_params* p, void* stream) {
+}  // extern "C"
+
+namespace {
+// kvt_decode, or with read_only its page-read probe (same checks, same split plan).
+int DecodeImpl(const kvt_pool* pool, const kvt_decode_params* p, void* stream, bool read_only) {
   if (int r = CheckDecode(pool, p); r != KVT_OK) return r;
+  if (read_only && pool->format != KVT_FORMAT_NVFP4) {
+    return Fail(KVT_UNSUPPORTED, "decode read probe: NVFP4 pools only");
+  }
   const int T = static_cast<int>(pool->block_tokens);
   if (p->block_table_host != nullptr) {
     if (p->seq_lens_host == nullptr) return Fail(KVT_INVALID, "decode: block_table_host given without seq_lens_host");
@@ -330,12 +337,24 @@ int kvt_decode(const kvt_pool* pool, const kvt_decode_params* p, void* stream) {
   }
   a.error_flag = p->error_flag;
   if (cudaError_t e = detail::LaunchDecode(static_cast<int>(pool->format), static_cast<int>(g.head_dim),
-                                           detail::Nvfp4DecodeVariant(), a,
-                                           static_cast<cudaStream_t>(stream));
+                                           read_only ? detail::kReadOnlyVariant
+                                                     : detail::Nvfp4DecodeVariant(),
+                                           a, static_cast<cudaStream_t>(stream));
       e != cudaSuccess) {
-    return CudaFail(e, "decode launch");
+    return CudaFail(e, read_only ? "decode read probe launch" : "decode launch");
   }
   return Ok();
+}
+}  // namespace
+
+extern "C" {
+
+int kvt_decode(const kvt_pool* pool, const kvt_decode_params* p, void* stream) {
+  return DecodeImpl(pool, p, stream, false);
+}
+
+int kvt_decode_read_probe(const kvt_pool* pool, const kvt_decode_params* p, void* stream) {
+  return DecodeImpl(pool, p, stream, true);
 }
 
 int kvt_dequantize_pages(const kvt_pool* pool, const kvt_dequant_params* p, void* stream) {

@@ -17,6 +17,7 @@ int kvt_quantize_append(const kvt_pool*, const kvt_quantize_params*, void*) { re
 uint64_t kvt_decode_workspace_bytes(const kvt_pool*, const kvt_decode_params*) { return 0; }
 int32_t kvt_decode_num_splits(const kvt_pool*, const kvt_decode_params*) { return 0; }
 int kvt_decode(const kvt_pool*, const kvt_decode_params*, void*) { return NoCuda(); }
+int kvt_decode_read_probe(const kvt_pool*, const kvt_decode_params*, void*) { return NoCuda(); }
 int kvt_dequantize_pages(const kvt_pool*, const kvt_dequant_params*, void*) { return NoCuda(); }
 int kvt_read_bandwidth_probe(const void*, uint64_t, uint32_t*, void*) { return NoCuda(); }
 }

@@ -30,6 +30,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/internal.h"
@@ -266,6 +269,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   // the warp-uniform slow path, after the full reduction), and P <= 2^kLazySlack fits
   // fp16. O and l are exact for any reference max, so nothing else changes.
   constexpr bool kLazyMax = DEC >= 12;
+  // kReadOnlyVariant (99): the page-read probe. The copies of lean32m, no arithmetic, no
+  // output: what the decode's memory access pattern alone costs (kvt_decode_read_probe).
+  constexpr bool kReadOnly = DEC == kReadOnlyVariant;
   using C = Cfg<FMT, D, kPair ? 1 : 0>;
   constexpr bool kBf = FMT == kBf16;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -877,14 +883,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
       rs = nxt(rs);
       const uint32_t stb = ring_s + rs * C::kStage;
       rs = nxt(rs);
-      float s[8];
-      qk_pair(sta, stb, s);
-      uint32_t pb[4];
-      softmax_pair(s, pb);
-      pv_pair(sta, stb, pb);
+      if constexpr (!kReadOnly) {
+        float s[8];
+        qk_pair(sta, stb, s);
+        uint32_t pb[4];
+        softmax_pair(s, pb);
+        pv_pair(sta, stb, pb);
+      }
       __syncwarp();
     }
-    if (j < n_sub && !bad) {
+    if (j < n_sub && !bad && !kReadOnly) {
       // Nothing is left to issue (at most 2 subtiles remain): wait for all of them.
       cp_wait<0>();
       __syncwarp();
@@ -950,44 +958,114 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     }
   }
   cp_wait<0>();
+  if constexpr (kReadOnly) {  // the tail's copies were issued by the loop; nothing is computed or written
+    if (bad && a.error_flag != nullptr && lane == 0) atomicOr(a.error_flag, bad);
+  } else {
+    // ---- finish: reduce the denominators over the 8 token-row lanes -------------------
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) lrun[c] += __shfl_xor_sync(0xffffffffu, lrun[c], o);
+    }
+    if (bad && a.error_flag != nullptr && lane == 0) atomicOr(a.error_flag, bad);
+    // The merge kernel may start now: it waits (griddepcontrol.wait) until this grid is done
+    // and its writes are visible, so this only lets its launch overlap the tail of this grid.
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
-  // ---- finish: reduce the denominators over the 8 token-row lanes -------------------
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) lrun[c] += __shfl_xor_sync(0xffffffffu, lrun[c], o);
-  }
-  if (bad && a.error_flag != nullptr && lane == 0) atomicOr(a.error_flag, bad);
-  const float nan = __int_as_float(0x7fc00000);
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    const int qi = 2 * tq + c;
-    if (qi >= a.group) continue;
-    const int hq = h * a.group + qi;
-    const bool empty = lrun[c] == 0.f;
-    const float inv = empty ? 0.f : v_factor / lrun[c];
-    // log2-sum-exp of this split (log2 units of the scaled scores)
-    const float l2 = bad ? nan : (empty ? -INFINITY : mrun[c] + __log2f(lrun[c]));
-    if (a.num_splits == 1) {
-      uint16_t* o = a.out + (static_cast<size_t>(b) * a.num_q_heads + hq) * D + gid * (D / 8);
+    // CTA merge (ws_parts < num_splits): the CTA's warps hold consecutive splits of one
+    // (b, h). Each publishes its running max, denominators and O in its own ring (free now),
+    // and warp 0 combines them with weights 2^(m_w - M): one partial per CTA, 4x fewer for
+    // the merge kernel to read, and none at all when the CTA covers the whole sequence.
+    int part = split, nparts = a.num_splits;
+    if (a.ws_parts != a.num_splits) {
+      constexpr int kPub = 4 * (D / 16) + 5;  // acc, mrun[2], lrun[2], bad
+      static_assert(kPub * 32 * 4 <= C::kSmemPerWarp, "the ring must hold a warp's partial state");
+      float* pub = reinterpret_cast<float*>(ring);
+      __syncwarp();
 #pragma unroll
       for (int m = 0; m < D / 16; ++m) {
-        const float lo = bad ? nan : acc[m][c] * inv, hi = bad ? nan : acc[m][c + 2] * inv;
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        *reinterpret_cast<__nv_bfloat162*>(o + 2 * m) = v;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pub[(4 * m + i) * 32 + lane] = acc[m][i];
       }
-      if (a.lse != nullptr && gid == 0) {
-        a.lse[static_cast<size_t>(b) * a.num_q_heads + hq] = l2 * 0.6931471805599453f;
+      pub[(kPub - 5) * 32 + lane] = mrun[0];
+      pub[(kPub - 4) * 32 + lane] = mrun[1];
+      pub[(kPub - 3) * 32 + lane] = lrun[0];
+      pub[(kPub - 2) * 32 + lane] = lrun[1];
+      pub[(kPub - 1) * 32 + lane] = __int_as_float(bad);
+      __syncthreads();
+      if (warp != 0) return;
+      float wt[kDecodeWarps][2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float mw[kDecodeWarps], mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kDecodeWarps; ++w) {
+          const float* pw = reinterpret_cast<const float*>(smem + w * C::kSmemPerWarp);
+          mw[w] = pw[(kPub - 5 + c) * 32 + lane];
+          mx = fmaxf(mx, mw[w]);
+        }
+        float l = 0.f;
+#pragma unroll
+        for (int w = 0; w < kDecodeWarps; ++w) {
+          const float* pw = reinterpret_cast<const float*>(smem + w * C::kSmemPerWarp);
+          wt[w][c] = ex2_ftz(mw[w] - mx);  // 1 for the warp(s) at the max; 0 for an empty split
+          l += wt[w][c] * pw[(kPub - 3 + c) * 32 + lane];
+        }
+        mrun[c] = mx;
+        lrun[c] = l;
       }
-    } else {
-      const size_t row = (static_cast<size_t>(b) * a.num_q_heads + hq) * a.num_splits + split;
-      float* o = a.ws_o + row * D + gid * (D / 8);
+#pragma unroll
+      for (int w = 1; w < kDecodeWarps; ++w) {
+        const float* pw = reinterpret_cast<const float*>(smem + w * C::kSmemPerWarp);
+        bad |= __float_as_int(pw[(kPub - 1) * 32 + lane]);
+      }
 #pragma unroll
       for (int m = 0; m < D / 16; ++m) {
-        float2 v = make_float2(bad ? nan : acc[m][c] * inv, bad ? nan : acc[m][c + 2] * inv);
-        *reinterpret_cast<float2*>(o + 2 * m) = v;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float v = wt[0][i & 1] * acc[m][i];
+#pragma unroll
+          for (int w = 1; w < kDecodeWarps; ++w) {
+            const float* pw = reinterpret_cast<const float*>(smem + w * C::kSmemPerWarp);
+            v = fmaf(wt[w][i & 1], pw[(4 * m + i) * 32 + lane], v);
+          }
+          acc[m][i] = v;
+        }
       }
-      if (gid == 0) a.ws_lse[row] = l2;
+      part = split / kDecodeWarps;
+      nparts = a.ws_parts;
+    }
+    const float nan = __int_as_float(0x7fc00000);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int qi = 2 * tq + c;
+      if (qi >= a.group) continue;
+      const int hq = h * a.group + qi;
+      const bool empty = lrun[c] == 0.f;
+      const float inv = empty ? 0.f : v_factor / lrun[c];
+      // log2-sum-exp of this split (log2 units of the scaled scores)
+      const float l2 = bad ? nan : (empty ? -INFINITY : mrun[c] + __log2f(lrun[c]));
+      if (nparts == 1) {
+        uint16_t* o = a.out + (static_cast<size_t>(b) * a.num_q_heads + hq) * D + gid * (D / 8);
+#pragma unroll
+        for (int m = 0; m < D / 16; ++m) {
+          const float lo = bad ? nan : acc[m][c] * inv, hi = bad ? nan : acc[m][c + 2] * inv;
+          __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+          *reinterpret_cast<__nv_bfloat162*>(o + 2 * m) = v;
+        }
+        if (a.lse != nullptr && gid == 0) {
+          a.lse[static_cast<size_t>(b) * a.num_q_heads + hq] = l2 * 0.6931471805599453f;
+        }
+      } else {
+        const size_t row = (static_cast<size_t>(b) * a.num_q_heads + hq) * nparts + part;
+        float* o = a.ws_o + row * D + gid * (D / 8);
+#pragma unroll
+        for (int m = 0; m < D / 16; ++m) {
+          float2 v = make_float2(bad ? nan : acc[m][c] * inv, bad ? nan : acc[m][c + 2] * inv);
+          *reinterpret_cast<float2*>(o + 2 * m) = v;
+        }
+        if (gid == 0) a.ws_lse[row] = l2;
+      }
     }
   }
 }
@@ -1003,13 +1081,16 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a, int sm
   constexpr int kCols = 32;
   __shared__ float red[32][kCols];
   __shared__ float red2[32][kCols];
-  extern __shared__ float wsm[];  // [num_splits] when smem_w
+  extern __shared__ float wsm[];  // [ws_parts] when smem_w
   const int P = static_cast<int>(blockDim.x) / kCols;
   __shared__ float smax[32];
   const int row = blockIdx.x;  // b * Hq + hq
   const int dl = threadIdx.x % kCols, part = threadIdx.x / kCols;
   const int d = blockIdx.y * kCols + dl;
-  const int ns = a.num_splits;
+  const int ns = a.ws_parts;
+  // Launched with programmatic stream serialization: wait for the decode grid (a no-op
+  // when launched without it).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const float* ls = a.ws_lse + static_cast<size_t>(row) * ns;
   float mx = -INFINITY;
   int nan = 0;
@@ -1074,8 +1155,23 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a, int sm
   if (a.lse != nullptr && d == 0) a.lse[row] = lse;
 }
 
+// $KVTIER_DECODE_MERGE, for measurements: "cta" (default) = CTA merge of a CTA's splits and
+// the merge kernel launched programmatically (PDL); "pdl" = PDL only; "plain" = neither
+// (the session-4 behaviour). Read once; another value is reported on stderr and ignored.
+int MergeMode() {
+  static const int mode = [] {
+    const char* e = std::getenv("KVTIER_DECODE_MERGE");
+    if (e == nullptr || std::strcmp(e, "cta") == 0) return 0;
+    if (std::strcmp(e, "pdl") == 0) return 1;
+    if (std::strcmp(e, "plain") == 0) return 2;
+    std::fprintf(stderr, "kvtier: KVTIER_DECODE_MERGE=%s is not cta, pdl or plain; using cta\n", e);
+    return 0;
+  }();
+  return mode;
+}
+
 template <int FMT, int D, int DEC>
-cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
+cudaError_t Launch(const DecodeLaunch& launch, cudaStream_t stream) {
   using C = Cfg<FMT, D, DEC >= 3 ? 1 : 0>;
   const int smem = C::kSmemPerWarp * kDecodeWarps;
   static bool attr_set = false;  // benign race: setting it twice is harmless
@@ -1085,18 +1181,35 @@ cudaError_t Launch(const DecodeLaunch& a, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
+  DecodeLaunch a = launch;
+  // A CTA's warps are consecutive splits of one (b, h) when the split count is a multiple
+  // of the warps per CTA: the CTA merges them (DecodeKernel's epilogue).
+  const int mode = MergeMode();
+  a.ws_parts = mode == 0 && a.num_splits > 1 && a.num_splits % kDecodeWarps == 0
+                   ? a.num_splits / kDecodeWarps
+                   : a.num_splits;
   const int total = a.batch * a.num_kv_heads * a.num_splits;
   const int blocks = (total + kDecodeWarps - 1) / kDecodeWarps;
   DecodeKernel<FMT, D, DEC><<<blocks, kDecodeWarps * 32, smem, stream>>>(a);
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess || a.num_splits == 1) return e;
+  if (e != cudaSuccess || a.ws_parts == 1 || DEC == kReadOnlyVariant) return e;
   int parts = 1;
-  while (parts < a.num_splits && parts < 32) parts *= 2;
+  while (parts < a.ws_parts && parts < 32) parts *= 2;
   // split weights in shared memory when they fit the default 48 KB (with the static arrays)
-  const int smem_w = a.num_splits <= 8192 ? 1 : 0;
-  const dim3 grid(static_cast<unsigned>(a.batch * a.num_q_heads), D / 32);
-  MergeKernel<D><<<grid, 32 * parts, smem_w ? a.num_splits * 4 : 0, stream>>>(a, smem_w);
-  return cudaGetLastError();
+  const int smem_w = a.ws_parts <= 8192 ? 1 : 0;
+  // Programmatic dependent launch: the merge grid may be launched while the decode grid's
+  // last CTAs finish; it waits for them (griddepcontrol.wait) before it reads.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(a.batch * a.num_q_heads), D / 32);
+  cfg.blockDim = dim3(static_cast<unsigned>(32 * parts));
+  cfg.dynamicSmemBytes = smem_w ? static_cast<size_t>(a.ws_parts) * 4 : 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = mode == 2 ? 0 : 1;
+  return cudaLaunchKernelEx(&cfg, MergeKernel<D>, a, smem_w);
 }
 
 template <int FMT, int D, int DEC>
@@ -1145,6 +1258,9 @@ int Occupancy() {
     case 6412: return FN<kNvfp4, 64, 12>(__VA_ARGS__);                        \
     case 12812: return FN<kNvfp4, 128, 12>(__VA_ARGS__);                      \
     case 25612: return FN<kNvfp4, 256, 12>(__VA_ARGS__);                      \
+    case 6499: return FN<kNvfp4, 64, kReadOnlyVariant>(__VA_ARGS__);          \
+    case 12899: return FN<kNvfp4, 128, kReadOnlyVariant>(__VA_ARGS__);        \
+    case 25699: return FN<kNvfp4, 256, kReadOnlyVariant>(__VA_ARGS__);        \
     case 106400: return FN<kFp8, 64, 0>(__VA_ARGS__);                         \
     case 112800: return FN<kFp8, 128, 0>(__VA_ARGS__);                        \
     case 206400: return FN<kBf16, 64, 0>(__VA_ARGS__);                        \

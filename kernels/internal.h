@@ -23,10 +23,12 @@ struct DecodeLaunch {
   int batch, num_q_heads, num_kv_heads, group, max_blocks, max_seq_len;
   int block_tokens, log2_block_tokens;
   int num_splits, chunk;    // tokens per split: a multiple of 16
+  int ws_parts;             // partial results per (b, hq) in the workspace (set by the launcher:
+                            // num_splits / kDecodeWarps when a CTA merges its warps' splits)
   float k_scale_f, v_scale_f;  // global scales
   float softmax_scale;
-  float* ws_o;              // [B, Hq, splits, D] partial outputs (normalized)
-  float* ws_lse;            // [B, Hq, splits] partial log2-sum-exp
+  float* ws_o;              // [B, Hq, ws_parts, D] partial outputs (normalized)
+  float* ws_lse;            // [B, Hq, ws_parts] partial log2-sum-exp
   int32_t* error_flag;      // or null
 };
 
@@ -38,6 +40,9 @@ cudaError_t LaunchDecode(int format, int head_dim, int variant, const DecodeLaun
                          cudaStream_t stream);
 // Warps of the decode kernel resident per SM (occupancy x warps per CTA), for the split choice.
 int DecodeWarpsPerSm(int format, int head_dim, int variant);
+// The variant number of the page-read probe (kvt_decode_read_probe): the NVFP4 decode's copy
+// pipeline over the same bytes, with no arithmetic and no output.
+inline constexpr int kReadOnlyVariant = 99;
 // The NVFP4 decode variant in use: $KVTIER_NVFP4_DECODE ("shift", "cvt", "prmt", "prmt32",
 // "prmt32x", "lean32", "lean32p", "lean32a", "lean32m"; read once;
 // another value is reported on stderr once),

@@ -437,7 +437,9 @@ struct DecodeRun {
 };
 
 // Runs kvt_decode with poisoned outputs. Returns the kvt status.
-int RunDecode(DecodeSetup& s, int splits, bool host_copies, DecodeRun* r, std::string* err) {
+// With `probe`, runs kvt_decode_read_probe instead (which must leave the outputs alone).
+int RunDecode(DecodeSetup& s, int splits, bool host_copies, DecodeRun* r, std::string* err,
+              bool probe = false) {
   const kvt_pool& pool = s.pool->desc;
   const uint32_t D = pool.head_dim;
   Dev dq(s.q16.size() * 2), dout(s.q16.size() * 2), dlse(static_cast<size_t>(s.batch) * s.hq * 4),
@@ -470,7 +472,7 @@ int RunDecode(DecodeSetup& s, int splits, bool host_copies, DecodeRun* r, std::s
   Dev dws(ws);
   p.workspace = ws ? dws.p : nullptr;
   p.workspace_bytes = ws;
-  const int rc = kvt_decode(&pool, &p, nullptr);
+  const int rc = probe ? kvt_decode_read_probe(&pool, &p, nullptr) : kvt_decode(&pool, &p, nullptr);
   *err = kvt_last_error();
   const cudaError_t e = cudaDeviceSynchronize();
   if (e != cudaSuccess) {
@@ -558,6 +560,14 @@ std::vector<DecodeCase> AllDecodeCases() {
   v.push_back({KvFormat::kNvfp4, 64, 16, 2, 1, 1, 140000, 8750});
   v.push_back({KvFormat::kNvfp4, 128, 16, 4, 2, 3, 1, -1});
   v.push_back({KvFormat::kNvfp4, 64, 32, 2, 4, 5, 17, -1});
+  // Split counts that are multiples of the warps per CTA: the CTA merges its warps' splits
+  // (4 splits: the CTA writes the output itself, no merge kernel); ragged lengths leave
+  // some of a CTA's splits empty.
+  v.push_back({KvFormat::kNvfp4, 128, 16, 4, 2, 3, 2000, 4});
+  v.push_back({KvFormat::kNvfp4, 128, 64, 8, 2, 5, 3000, 8});
+  v.push_back({KvFormat::kNvfp4, 256, 32, 1, 2, 2, 1500, 12});
+  v.push_back({KvFormat::kFp8, 128, 16, 4, 2, 3, 2000, 12});
+  v.push_back({KvFormat::kBf16, 64, 32, 2, 2, 3, 2000, 16});
   return v;
 }
 
@@ -597,6 +607,22 @@ TEST(DecodeGuards, OutOfRangeBlockTableIsRefusedNotRead) {
       }
     }
   }
+  // The same through the CTA merge of 4 and 8 splits (one partial per CTA, or the output
+  // written by the CTA itself): NaN must reach that sequence's outputs, and only those.
+  for (int splits : {4, 8}) {
+    ASSERT_EQ(RunDecode(s, splits, false, &r, &err), KVT_OK) << err;
+    EXPECT_NE(r.flag & 1, 0);
+    for (int b = 0; b < s.batch; ++b) {
+      for (size_t i = 0; i < per_b; ++i) {
+        const float v = Bf16ToFloat(r.out[b * per_b + i]);
+        ASSERT_EQ(std::isnan(v), b == bad_b) << "splits=" << splits << " b=" << b;
+      }
+    }
+  }
+  // The page-read probe walks the same table: it flags the entry, writes nothing.
+  ASSERT_EQ(RunDecode(s, 0, false, &r, &err, /*probe=*/true), KVT_OK) << err;
+  EXPECT_NE(r.flag & 1, 0);
+  for (uint16_t x : r.out) ASSERT_EQ(x, 0xFFFF);
   // Negative entry, same.
   s.bt[static_cast<size_t>(bad_b) * s.max_blocks + 1] = -5;
   EXPECT_EQ(RunDecode(s, 3, true, &r, &err), KVT_INVALID);
@@ -604,6 +630,31 @@ TEST(DecodeGuards, OutOfRangeBlockTableIsRefusedNotRead) {
   s.bt[static_cast<size_t>(bad_b) * s.max_blocks + 1] = 0;
   s.lens[0] = s.max_len + 1;
   EXPECT_EQ(RunDecode(s, 0, true, &r, &err), KVT_INVALID);
+}
+
+TEST(DecodeReadProbe, ReadsTheDecodePagesAndWritesNothing) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  for (int splits : {0, 1, 4, 5}) {
+    DecodeSetup s;
+    MakeSetup({KvFormat::kNvfp4, 128, 16, 4, 2, 3, 3000, splits}, rng, &s);
+    DecodeRun r;
+    std::string err;
+    ASSERT_EQ(RunDecode(s, splits, true, &r, &err, /*probe=*/true), KVT_OK) << err;
+    EXPECT_EQ(r.flag, 0);
+    for (uint16_t x : r.out) ASSERT_EQ(x, 0xFFFF) << "the probe must not write outputs";
+    for (float x : r.lse) ASSERT_TRUE(std::isnan(x)) << "the probe must not write lse";
+    // The decode itself over the same setup writes every output.
+    ASSERT_EQ(RunDecode(s, splits, true, &r, &err), KVT_OK) << err;
+    for (uint16_t x : r.out) ASSERT_TRUE(std::isfinite(Bf16ToFloat(x)));
+  }
+  // Other formats are refused with a reason, and nothing runs.
+  DecodeSetup s;
+  MakeSetup({KvFormat::kFp8, 128, 16, 4, 2, 1, 100, 0}, rng, &s);
+  DecodeRun r;
+  std::string err;
+  EXPECT_EQ(RunDecode(s, 0, true, &r, &err, /*probe=*/true), KVT_UNSUPPORTED);
+  EXPECT_NE(err.find("NVFP4"), std::string::npos) << err;
 }
 
 TEST(DecodeGuards, UnsupportedShapesAreRefused) {

@@ -257,6 +257,18 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
         rows.push_back({std::string("decode ") + KvFormatName(f) + " (splits " +
                             std::to_string(kvt_decode_num_splits(&pd, &p)) + ")",
                         sh.B, sh.L, T, us, gbps, gbps / roof});
+        if (f == KvFormat::kNvfp4) {
+          // The memory side alone: the decode's copy pipeline over the same pages, no math.
+          const double rus = time_it([&](int i) {
+            kvt_decode_params pi = p;
+            pi.block_table = dbt + (i % nsets) * blocks;
+            drc |= kvt_decode_read_probe(&pd, &pi, nullptr);
+          });
+          if (drc != KVT_OK) return cli::Fail(std::string("decode read probe: ") + kvt_last_error());
+          const double rgbps = static_cast<double>(iter_bytes) / rus / 1e3;
+          rows.push_back({"  nvfp4 page read (the decode's copies, no math)", sh.B, sh.L, T, rus, rgbps,
+                          rgbps / roof});
+        }
         cudaFree(dws);
         cudaFree(dbt);
         cudaFree(dlen);

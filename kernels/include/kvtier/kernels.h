@@ -135,6 +135,12 @@ int32_t kvt_decode_num_splits(const kvt_pool* pool, const kvt_decode_params* p);
 
 int kvt_decode(const kvt_pool* pool, const kvt_decode_params* p, void* stream);
 
+/* Benchmark aid: runs kvt_decode's copy pipeline over exactly the page bytes that
+ * kvt_decode(pool, p) reads (same checks, split plan and block-table walk) and computes
+ * nothing: out, lse and the workspace are left as they are. It gives the memory-side
+ * ceiling of the decode's access pattern. NVFP4 pools only (KVT_UNSUPPORTED otherwise). */
+int kvt_decode_read_probe(const kvt_pool* pool, const kvt_decode_params* p, void* stream);
+
 int kvt_dequantize_pages(const kvt_pool* pool, const kvt_dequant_params* p, void* stream);
 
 /* Streams `bytes` from `src` (device) and folds them into a checksum written to *sink:
