@@ -15,6 +15,11 @@
 //   O^T[D x 8] += V^T[D x 16] . P^T                (V^T is the A operand)
 // Queries beyond the group size are zero columns and are not written.
 //
+// Splits: each warp ends with (running max, denominators, O) of its split. When the split
+// count is a multiple of the 4 warps per CTA, the CTA's warps hold consecutive splits of
+// one (b, h) and warp 0 merges them (one partial per CTA, or the output itself when the
+// CTA covers the sequence); the merge kernel, launched with PDL, combines the rest.
+//
 // NVFP4 values are decoded in registers from whole 32-bit words straight to fp16 *without*
 // the exponent-bias multiply: the half holds e2m1 * 2^-14 (subnormal for 0.5). The
 // default decode (DEC 10, "lean32a") spreads a word into clean fp16 high bytes and builds
@@ -1073,7 +1078,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
 // Merges the splits of one (b, hq) and 32 of its head dims: weights 2^(lse_s - max).
 // Grid (B * Hq, D / 32); block = 32 dims x P parts (P a power of two <= 32, about the
 // split count): thread (d, part) sums splits part, part + P, ..., keeping 8 loads in
-// flight; the P partial sums meet in shared memory. With `smem_w` the weights are
+// flight; the P partial sums meet in shared memory. Up to 8 splits per thread (256 per
+// row), each thread loads its splits' lse values and partial outputs in one round (one
+// wait for global memory instead of two). Beyond that, with `smem_w` the weights are
 // computed once per split into shared memory, not once per split and thread. (One block
 // of D x P threads per row ran 32 blocks at batch 1 and took 6.5-6.9 us at 1 x 128K.)
 template <int D>
@@ -1092,50 +1099,80 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a, int sm
   // when launched without it).
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const float* ls = a.ws_lse + static_cast<size_t>(row) * ns;
+  const float* o = a.ws_o + static_cast<size_t>(row) * ns * D + d;
   float mx = -INFINITY;
   int nan = 0;
-  for (int s = threadIdx.x; s < ns; s += blockDim.x) {
-    const float v = ls[s];
-    nan |= isnan(v);
-    mx = fmaxf(mx, v);
-  }
+  // The block's max of the split lse values (all threads take part).
+  auto block_max = [&] {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  nan = __syncthreads_or(nan);
-  if ((threadIdx.x & 31) == 0) smax[threadIdx.x >> 5] = mx;
-  __syncthreads();
-  mx = smax[0];
-  for (int i = 1; i < static_cast<int>(blockDim.x >> 5); ++i) mx = fmaxf(mx, smax[i]);
-  float num = 0.f, den = 0.f;
-  const float* o = a.ws_o + static_cast<size_t>(row) * ns * D + d;
-  if (smem_w) {
-    for (int s = threadIdx.x; s < ns; s += blockDim.x) wsm[s] = mx == -INFINITY ? 0.f : exp2f(ls[s] - mx);
+    for (int k = 16; k > 0; k >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, k));
+    nan = __syncthreads_or(nan);
+    if ((threadIdx.x & 31) == 0) smax[threadIdx.x >> 5] = mx;
     __syncthreads();
+    mx = smax[0];
+    for (int i = 1; i < static_cast<int>(blockDim.x >> 5); ++i) mx = fmaxf(mx, smax[i]);
+  };
+  float num = 0.f, den = 0.f;
+  if (ns <= 8 * P) {
+    // One pass: a thread's splits (at most 8) have their lse and partial outputs loaded
+    // together, so the kernel waits for one round of global loads, not two.
+    float lv[8], ov[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int s = part + u * P;
+      lv[u] = s < ns ? ls[s] : -INFINITY;
+      ov[u] = s < ns ? o[static_cast<size_t>(s) * D] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      nan |= isnan(lv[u]);
+      mx = fmaxf(mx, lv[u]);
+    }
+    block_max();
     if (mx != -INFINITY) {
-      int s = part;
-      for (; s + 7 * P < ns; s += 8 * P) {
-        float v[8];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) v[u] = o[static_cast<size_t>(s + u * P) * D];
+      for (int u = 0; u < 8; ++u) {
+        const float w = exp2f(lv[u] - mx);  // 0 for the padding (-inf)
+        den += w;
+        num += w * ov[u];
+      }
+    }
+  } else {
+    for (int s = threadIdx.x; s < ns; s += blockDim.x) {
+      const float v = ls[s];
+      nan |= isnan(v);
+      mx = fmaxf(mx, v);
+    }
+    block_max();
+    if (smem_w) {
+      for (int s = threadIdx.x; s < ns; s += blockDim.x) wsm[s] = mx == -INFINITY ? 0.f : exp2f(ls[s] - mx);
+      __syncthreads();
+      if (mx != -INFINITY) {
+        int s = part;
+        for (; s + 7 * P < ns; s += 8 * P) {
+          float v[8];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const float w = wsm[s + u * P];
+          for (int u = 0; u < 8; ++u) v[u] = o[static_cast<size_t>(s + u * P) * D];
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            const float w = wsm[s + u * P];
+            den += w;
+            num += w * v[u];
+          }
+        }
+        for (; s < ns; s += P) {
+          const float w = wsm[s];
           den += w;
-          num += w * v[u];
+          num += w * o[static_cast<size_t>(s) * D];
         }
       }
-      for (; s < ns; s += P) {
-        const float w = wsm[s];
+    } else if (mx != -INFINITY) {
+#pragma unroll 4
+      for (int s = part; s < ns; s += P) {
+        const float w = exp2f(ls[s] - mx);
         den += w;
         num += w * o[static_cast<size_t>(s) * D];
       }
-    }
-  } else if (mx != -INFINITY) {
-#pragma unroll 4
-    for (int s = part; s < ns; s += P) {
-      const float w = exp2f(ls[s] - mx);
-      den += w;
-      num += w * o[static_cast<size_t>(s) * D];
     }
   }
   red[part][dl] = num;

@@ -558,6 +558,9 @@ std::vector<DecodeCase> AllDecodeCases() {
   v.push_back({KvFormat::kFp8, 128, 16, 4, 1, 1, 65536, 0});
   // More than 8192 splits: the merge computes its weights per thread, not in shared memory.
   v.push_back({KvFormat::kNvfp4, 64, 16, 2, 1, 1, 140000, 8750});
+  // 257..8192 partials per row (625 splits of 32 tokens, not a multiple of 4): the merge
+  // keeps the weights in shared memory and makes two passes.
+  v.push_back({KvFormat::kNvfp4, 128, 16, 4, 1, 1, 20000, 625});
   v.push_back({KvFormat::kNvfp4, 128, 16, 4, 2, 3, 1, -1});
   v.push_back({KvFormat::kNvfp4, 64, 32, 2, 4, 5, 17, -1});
   // Split counts that are multiples of the warps per CTA: the CTA merges its warps' splits

@@ -94,10 +94,11 @@ struct Row {
 int RunDecodeBench(const std::vector<std::string>& argv) {
   auto args = cli::Args::Parse(argv, {"quick"});
   if (!args.ok()) return cli::Fail(args.status().message(), 2);
-  if (Status s = args->CheckKnown({"quick", "iters", "json", "results", "formats", "shapes", "block-tokens"}); !s.ok()) {
+  if (Status s = args->CheckKnown({"quick", "iters", "json", "results", "formats", "shapes", "block-tokens", "splits"}); !s.ok()) {
     return cli::Fail(s.message(), 2);
   }
   // --formats bf16,fp8,nvfp4  --shapes 16x65536,1x131072  --block-tokens 16,64 (defaults: all)
+  // --splits N (default 0: chosen by the library)
   const std::string formats = args->Get("formats").value_or("bf16,fp8,nvfp4");
   auto list_has = [](const std::string& list, const std::string& item) {
     return ("," + list + ",").find("," + item + ",") != std::string::npos;
@@ -106,6 +107,11 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
   auto iters_or = args->GetInt("iters", quick ? 5 : 30);
   if (!iters_or.ok()) return cli::Fail(iters_or.status().message(), 2);
   const int iters = static_cast<int>(*iters_or);
+  // --splits N: KV splits per sequence for every decode (default 0: the library's choice)
+  auto splits_or = args->GetInt("splits", 0);
+  if (!splits_or.ok()) return cli::Fail(splits_or.status().message(), 2);
+  if (*splits_or < 0 || *splits_or > 65536) return cli::Fail("--splits must be in [0, 65536]", 2);
+  const int splits = static_cast<int>(*splits_or);
   const std::string json_path = args->Get("json").value_or("");
   const std::string results = args->Get("results").value_or(Report::DefaultResultsPath());
 
@@ -238,6 +244,7 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
         p.k_scale = p.v_scale = f == KvFormat::kBf16 ? 1.f : 0.02f;
         p.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
         p.block_table = dbt;
+        p.num_splits = splits;
         const uint64_t ws = kvt_decode_workspace_bytes(&pd, &p);
         void* dws = nullptr;
         if (ws) BENCH_CUDA(Alloc(&dws, ws));
