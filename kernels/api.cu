@@ -192,10 +192,9 @@ int Nvfp4DecodeVariant() {
     if (e != nullptr && std::string(e) == "lean32p") return 7;
     if (e != nullptr && std::string(e) == "lean32a") return 10;
     if (e != nullptr && std::string(e) == "lean32m") return 12;
-    if (e != nullptr && std::string(e) == "fold") return 18;
     if (e != nullptr && *e != '\0') {
       std::fprintf(stderr, "kvtier kernels: KVTIER_NVFP4_DECODE=%s is not a decode variant (shift, cvt, prmt, "
-                   "prmt32, prmt32x, lean32, lean32p, lean32a, lean32m, fold); using the default\n", e);
+                   "prmt32, prmt32x, lean32, lean32p, lean32a, lean32m); using the default\n", e);
     }
     return kDefaultNvfp4Variant;
   }();

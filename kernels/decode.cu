@@ -249,7 +249,8 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // (6-slot ring), 13 "lean32v" (the first subtile's V decoded before the softmax), 14
 // "lean32i" (a leaner cp.async issue), 15 "tma32" (the ring filled by TMA bulk copies on
 // per-slot mbarriers: correct, 25% slower), 16 "lean32w" (12 in one-warp CTAs), 17
-// "lean32s" (copy constants from shared memory); docs/kernels.md.
+// "lean32s" (copy constants from shared memory), 18 "fold" (K block scales folded into the
+// fp32 scores, one MMA per scale group: 6-7% slower); docs/kernels.md.
 // All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
@@ -277,12 +278,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   // kReadOnlyVariant (99): the page-read probe. The copies of lean32m, no arithmetic, no
   // output: what the decode's memory access pattern alone costs (kvt_decode_read_probe).
   constexpr bool kReadOnly = DEC == kReadOnlyVariant;
-  // DEC 18 ("fold", NVFP4 only): lean32m with the K block scales folded into the scores
-  // instead of multiplied into the decoded K values: each 16-wide scale group is one k=16
-  // MMA into a fresh fp32 accumulator, scaled per row by its E4M3 scale and added (4 FFMA
-  // per group). A thread's part of a group is 2 bytes of each of its two rows, so K comes
-  // in by 16-bit loads. The issue asks to measure this against scaling before the MMA.
-  constexpr bool kFoldK = DEC == 18;
   using C = Cfg<FMT, D, kPair ? 1 : 0>;
   constexpr bool kBf = FMT == kBf16;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -430,17 +425,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   // overlaps theirs (at batch 1 every warp starts at once and waits for both).
   // ---- Q as the B operand, in the permuted head_dim order of the K registers --------
   const int qn = gid < a.group ? gid : 0;  // query column of this thread (B's n index)
-  const uint16_t* qbase = a.q + (static_cast<size_t>(b) * a.num_q_heads + h * a.group + qn) * D;
+  const uint16_t* qrow =
+      a.q + (static_cast<size_t>(b) * a.num_q_heads + h * a.group + qn) * D + tq * (D / 4);
   float qv[C::kRegs][2];
   float qmax = 0.f;
 #pragma unroll
   for (int i = 0; i < C::kRegs; ++i) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      // kFoldK: register 2g holds dims 16g + 4tq + (0, 2), register 2g + 1 dims (1, 3)
-      const int dim = kFoldK ? 16 * (i / 2) + 4 * tq + ((i & 1) ? (e ? 3 : 1) : (e ? 2 : 0))
-                             : tq * (D / 4) + KDim<FMT, DEC>(i, e);
-      qv[i][e] = gid < a.group ? bf16_to_float(qbase[dim]) : 0.f;
+      qv[i][e] = gid < a.group ? bf16_to_float(qrow[KDim<FMT, DEC>(i, e)]) : 0.f;
       qmax = fmaxf(qmax, fabsf(qv[i][e]));
     }
   }
@@ -492,38 +485,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   // ---- K rows gid and gid+8 of the subtile at `st` -> A fragments; S^T = K . Q^T -----
   auto qk = [&](const uint32_t st, float (&s)[4]) {
     s[0] = s[1] = s[2] = s[3] = 0.f;
-    if constexpr (kFoldK) {
-      constexpr int kG = D / 16;  // scale groups per row
-      uint32_t sw0[C::kSc / 4], sw1[C::kSc / 4];  // the E4M3 scales of rows gid, gid + 8
-      const uint32_t sa = st + C::kKSc + gid * C::kSc;
-      lds<C::kSc / 4>(sa, sw0);
-      lds<C::kSc / 4>(sa + 8 * C::kSc, sw1);
-      const uint32_t ka = st + C::kKData + gid * C::kRow + 2 * tq;
-#pragma unroll
-      for (int g = 0; g < kG; g += 2) {
-        const uint32_t s0 = e4m3x2_to_f16x2(sw0[g / 4] >> (8 * (g % 4)));  // groups g, g + 1
-        const uint32_t s1 = e4m3x2_to_f16x2(sw1[g / 4] >> (8 * (g % 4)));
-#pragma unroll
-        for (int gg = 0; gg < 2; ++gg) {
-          const int grp = g + gg;
-          // 4 nibbles (dims 16 grp + 4 tq .. + 3) of each row: one word, rows in its halves
-          const uint32_t w = prmt(lds_u16(ka + 8 * grp), lds_u16(ka + 8 * grp + 8 * C::kRow), 0x5410);
-          uint32_t ev, od;
-          e2m1_spread(w, ev, od);
-          float sg[4] = {0.f, 0.f, 0.f, 0.f};
-          mma<false>(sg, hibytes<0, 1>(ev), hibytes<2, 3>(ev), hibytes<0, 1>(od), hibytes<2, 3>(od),
-                     qb[2 * grp], qb[2 * grp + 1]);
-          const __half2 h0 = *reinterpret_cast<const __half2*>(&s0);
-          const __half2 h1 = *reinterpret_cast<const __half2*>(&s1);
-          const float f0 = gg ? __high2float(h0) : __low2float(h0);
-          const float f1 = gg ? __high2float(h1) : __low2float(h1);
-          s[0] = fmaf(f0, sg[0], s[0]);
-          s[1] = fmaf(f0, sg[1], s[1]);
-          s[2] = fmaf(f1, sg[2], s[2]);
-          s[3] = fmaf(f1, sg[3], s[3]);
-        }
-      }
-    } else {
+    {
       uint32_t kr[2][C::kRegs];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -1334,9 +1296,6 @@ int Occupancy() {
     case 6412: return FN<kNvfp4, 64, 12>(__VA_ARGS__);                        \
     case 12812: return FN<kNvfp4, 128, 12>(__VA_ARGS__);                      \
     case 25612: return FN<kNvfp4, 256, 12>(__VA_ARGS__);                      \
-    case 6418: return FN<kNvfp4, 64, 18>(__VA_ARGS__);                        \
-    case 12818: return FN<kNvfp4, 128, 18>(__VA_ARGS__);                      \
-    case 25618: return FN<kNvfp4, 256, 18>(__VA_ARGS__);                      \
     case 6499: return FN<kNvfp4, 64, kReadOnlyVariant>(__VA_ARGS__);          \
     case 12899: return FN<kNvfp4, 128, kReadOnlyVariant>(__VA_ARGS__);        \
     case 25699: return FN<kNvfp4, 256, kReadOnlyVariant>(__VA_ARGS__);        \
