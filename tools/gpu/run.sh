@@ -95,6 +95,14 @@ fi
     echo "variant $V: $(grep -E 'tests passed' "$OUT/ctest_gpu.log" | tail -1)"
   done; }
 
+# The decode tests once more with the other split-merge paths in $MERGE_RETEST (default
+# "plain": no CTA or cluster merge, the merge kernel without PDL; "cta": no cluster merge).
+[ "$TESTS" = 1 ] && { echo "== decode tests again with KVTIER_DECODE_MERGE=${MERGE_RETEST:-plain cta}"
+  for M in ${MERGE_RETEST:-plain cta}; do
+    KVTIER_DECODE_MERGE=$M ctest --test-dir "$SRC_BUILD" -L gpu -R 'Decode' -j 8 --timeout 900 \
+      >> "$OUT/ctest_gpu.log" 2>&1 || RC=1
+    echo "merge $M: $(grep -E 'tests passed' "$OUT/ctest_gpu.log" | tail -1)"
+  done; }
 if [ "$COMPARE" = 1 ]; then
   for V in ${COMPARE_VARIANTS:-prmt32x lean32 lean32p}; do
     echo "== NVFP4 decode variant $V"
