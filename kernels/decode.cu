@@ -30,7 +30,6 @@
 // the 2^14 and the per-layer scales are folded into the fp32 score scale and the output.
 // The order of head_dim inside a thread's registers is permuted to match whole loaded
 // words; Q is loaded in the same permuted order (a dot product does not care).
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -983,80 +982,64 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     // (b, h). Each publishes its running max, denominators and O in its own ring (free now),
     // and warp 0 combines them with weights 2^(m_w - M): one partial per CTA, 4x fewer for
     // the merge kernel to read, and none at all when the CTA covers the whole sequence.
-    // Cluster merge (a.cluster = C > 1): the C CTAs of one (b, h) are one thread-block
-    // cluster; warp 0 of rank 0 combines the CTAs' merged states through distributed shared
-    // memory and writes the output, so no merge kernel runs.
     int part = split, nparts = a.num_splits;
     if (a.ws_parts != a.num_splits) {
-      constexpr int kPub = 4 * (D / 16) + 5;  // acc, mrun[2], lrun[2], bad; [kPub][32 lanes]
+      constexpr int kPub = 4 * (D / 16) + 5;  // acc, mrun[2], lrun[2], bad
       static_assert(kPub * 32 * 4 <= C::kSmemPerWarp, "the ring must hold a warp's partial state");
       float* pub = reinterpret_cast<float*>(ring);
-      auto publish = [&] {
-#pragma unroll
-        for (int m = 0; m < D / 16; ++m) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) pub[(4 * m + i) * 32 + lane] = acc[m][i];
-        }
-        pub[(kPub - 5) * 32 + lane] = mrun[0];
-        pub[(kPub - 4) * 32 + lane] = mrun[1];
-        pub[(kPub - 3) * 32 + lane] = lrun[0];
-        pub[(kPub - 2) * 32 + lane] = lrun[1];
-        pub[(kPub - 1) * 32 + lane] = __int_as_float(bad);
-      };
-      // This lane's state <- the n published states src(0..n-1), weights 2^(m_s - M).
-      auto combine = [&](const int n, auto&& src) {
-        float mx[2] = {-INFINITY, -INFINITY};
-        for (int k = 0; k < n; ++k) {
-          const float* p = src(k);
-          mx[0] = fmaxf(mx[0], p[(kPub - 5) * 32 + lane]);
-          mx[1] = fmaxf(mx[1], p[(kPub - 4) * 32 + lane]);
-        }
-        float l[2] = {0.f, 0.f};
-        int bd = 0;
-#pragma unroll
-        for (int m = 0; m < D / 16; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
-        for (int k = 0; k < n; ++k) {
-          const float* p = src(k);
-          float wt[2];
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            wt[c] = ex2_ftz(p[(kPub - 5 + c) * 32 + lane] - mx[c]);  // 0 for an empty split
-            l[c] = fmaf(wt[c], p[(kPub - 3 + c) * 32 + lane], l[c]);
-          }
-#pragma unroll
-          for (int m = 0; m < D / 16; ++m) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[m][i] = fmaf(wt[i & 1], p[(4 * m + i) * 32 + lane], acc[m][i]);
-          }
-          bd |= __float_as_int(p[(kPub - 1) * 32 + lane]);
-        }
-        mrun[0] = mx[0];
-        mrun[1] = mx[1];
-        lrun[0] = l[0];
-        lrun[1] = l[1];
-        bad = bd;
-      };
       __syncwarp();
-      publish();
+#pragma unroll
+      for (int m = 0; m < D / 16; ++m) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pub[(4 * m + i) * 32 + lane] = acc[m][i];
+      }
+      pub[(kPub - 5) * 32 + lane] = mrun[0];
+      pub[(kPub - 4) * 32 + lane] = mrun[1];
+      pub[(kPub - 3) * 32 + lane] = lrun[0];
+      pub[(kPub - 2) * 32 + lane] = lrun[1];
+      pub[(kPub - 1) * 32 + lane] = __int_as_float(bad);
       __syncthreads();
-      if (warp == 0) {
-        combine(kDecodeWarps, [&](int w) { return reinterpret_cast<const float*>(smem + w * C::kSmemPerWarp); });
+      if (warp != 0) return;
+      float wt[kDecodeWarps][2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float mw[kDecodeWarps], mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kDecodeWarps; ++w) {
+          const float* pw = reinterpret_cast<const float*>(smem + w * C::kSmemPerWarp);
+          mw[w] = pw[(kPub - 5 + c) * 32 + lane];
+          mx = fmaxf(mx, mw[w]);
+        }
+        float l = 0.f;
+#pragma unroll
+        for (int w = 0; w < kDecodeWarps; ++w) {
+          const float* pw = reinterpret_cast<const float*>(smem + w * C::kSmemPerWarp);
+          wt[w][c] = ex2_ftz(mw[w] - mx);  // 1 for the warp(s) at the max; 0 for an empty split
+          l += wt[w][c] * pw[(kPub - 3 + c) * 32 + lane];
+        }
+        mrun[c] = mx;
+        lrun[c] = l;
+      }
+#pragma unroll
+      for (int w = 1; w < kDecodeWarps; ++w) {
+        const float* pw = reinterpret_cast<const float*>(smem + w * C::kSmemPerWarp);
+        bad |= __float_as_int(pw[(kPub - 1) * 32 + lane]);
+      }
+#pragma unroll
+      for (int m = 0; m < D / 16; ++m) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float v = wt[0][i & 1] * acc[m][i];
+#pragma unroll
+          for (int w = 1; w < kDecodeWarps; ++w) {
+            const float* pw = reinterpret_cast<const float*>(smem + w * C::kSmemPerWarp);
+            v = fmaf(wt[w][i & 1], pw[(4 * m + i) * 32 + lane], v);
+          }
+          acc[m][i] = v;
+        }
       }
       part = split / kDecodeWarps;
       nparts = a.ws_parts;
-      if (a.cluster > 1) {
-        cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-        __syncwarp();
-        if (warp == 0) publish();  // the CTA's merged state, over warp 0's own (read) one
-        cl.sync();
-        const bool root = cl.block_rank() == 0;
-        if (root && warp == 0) combine(a.cluster, [&](int r) { return cl.map_shared_rank(pub, r); });
-        cl.sync();  // the other CTAs keep their shared memory until the root has read it
-        if (!root) return;
-        part = 0;
-        nparts = a.ws_parts / a.cluster;
-      }
-      if (warp != 0) return;
     }
     const float nan = __int_as_float(0x7fc00000);
 #pragma unroll
@@ -1210,19 +1193,16 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a, int sm
   if (a.lse != nullptr && d == 0) a.lse[row] = lse;
 }
 
-// $KVTIER_DECODE_MERGE, for measurements: "cluster" (default) = CTA merge, then the CTAs of
-// one (b, h) merged in a thread-block cluster when there are 2..16 of them, else the merge
-// kernel launched programmatically (PDL); "cta" = CTA merge + PDL merge kernel; "pdl" =
-// PDL merge kernel only; "plain" = none of these (the session-4 behaviour). Read once;
-// another value is reported on stderr and ignored.
+// $KVTIER_DECODE_MERGE, for measurements: "cta" (default) = CTA merge of a CTA's splits and
+// the merge kernel launched programmatically (PDL); "pdl" = PDL only; "plain" = neither
+// (the session-4 behaviour). Read once; another value is reported on stderr and ignored.
 int MergeMode() {
   static const int mode = [] {
     const char* e = std::getenv("KVTIER_DECODE_MERGE");
-    if (e == nullptr || std::strcmp(e, "cluster") == 0) return 0;
-    if (std::strcmp(e, "cta") == 0) return 1;
-    if (std::strcmp(e, "pdl") == 0) return 2;
-    if (std::strcmp(e, "plain") == 0) return 3;
-    std::fprintf(stderr, "kvtier: KVTIER_DECODE_MERGE=%s is not cluster, cta, pdl or plain; using cluster\n", e);
+    if (e == nullptr || std::strcmp(e, "cta") == 0) return 0;
+    if (std::strcmp(e, "pdl") == 0) return 1;
+    if (std::strcmp(e, "plain") == 0) return 2;
+    std::fprintf(stderr, "kvtier: KVTIER_DECODE_MERGE=%s is not cta, pdl or plain; using cta\n", e);
     return 0;
   }();
   return mode;
@@ -1237,41 +1217,17 @@ cudaError_t Launch(const DecodeLaunch& launch, cudaStream_t stream) {
     cudaError_t e = cudaFuncSetAttribute(DecodeKernel<FMT, D, DEC>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
-    // Clusters of up to 16 CTAs (8 is the portable limit); refused launches fall back below.
-    (void)cudaFuncSetAttribute(DecodeKernel<FMT, D, DEC>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    (void)cudaGetLastError();
     attr_set = true;
   }
   DecodeLaunch a = launch;
   // A CTA's warps are consecutive splits of one (b, h) when the split count is a multiple
   // of the warps per CTA: the CTA merges them (DecodeKernel's epilogue).
   const int mode = MergeMode();
-  a.ws_parts = mode <= 1 && a.num_splits > 1 && a.num_splits % kDecodeWarps == 0
+  a.ws_parts = mode == 0 && a.num_splits > 1 && a.num_splits % kDecodeWarps == 0
                    ? a.num_splits / kDecodeWarps
                    : a.num_splits;
   const int total = a.batch * a.num_kv_heads * a.num_splits;
   const int blocks = (total + kDecodeWarps - 1) / kDecodeWarps;
-  a.cluster = 0;
-  if (mode == 0 && DEC != kReadOnlyVariant && a.ws_parts != a.num_splits && a.ws_parts >= 2 &&
-      a.ws_parts <= 16) {
-    // The ws_parts CTAs of each (b, h) are consecutive blocks: one cluster each.
-    a.cluster = a.ws_parts;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-    cfg.blockDim = dim3(kDecodeWarps * 32);
-    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(a.cluster);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, DecodeKernel<FMT, D, DEC>, a) == cudaSuccess) return cudaSuccess;
-    (void)cudaGetLastError();  // e.g. a cluster this GPU cannot place: the merge kernel instead
-    a.cluster = 0;
-  }
   DecodeKernel<FMT, D, DEC><<<blocks, kDecodeWarps * 32, smem, stream>>>(a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || a.ws_parts == 1 || DEC == kReadOnlyVariant) return e;
@@ -1290,7 +1246,7 @@ cudaError_t Launch(const DecodeLaunch& launch, cudaStream_t stream) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = mode == 3 ? 0 : 1;
+  cfg.numAttrs = mode == 2 ? 0 : 1;
   return cudaLaunchKernelEx(&cfg, MergeKernel<D>, a, smem_w);
 }
 

@@ -25,8 +25,6 @@ struct DecodeLaunch {
   int num_splits, chunk;    // tokens per split: a multiple of 16
   int ws_parts;             // partial results per (b, hq) in the workspace (set by the launcher:
                             // num_splits / kDecodeWarps when a CTA merges its warps' splits)
-  int cluster;              // > 1: launched in clusters of that many CTAs (= ws_parts), which
-                            // merge in the decode grid (set by the launcher)
   float k_scale_f, v_scale_f;  // global scales
   float softmax_scale;
   float* ws_o;              // [B, Hq, ws_parts, D] partial outputs (normalized)

@@ -564,15 +564,14 @@ std::vector<DecodeCase> AllDecodeCases() {
   v.push_back({KvFormat::kNvfp4, 128, 16, 4, 2, 3, 1, -1});
   v.push_back({KvFormat::kNvfp4, 64, 32, 2, 4, 5, 17, -1});
   // Split counts that are multiples of the warps per CTA: the CTA merges its warps' splits
-  // (4 splits: the CTA writes the output itself, no merge kernel; 8, 12, 16: the CTAs of a
-  // (b, h) merge in a cluster); ragged lengths leave some of a CTA's splits empty.
+  // (4 splits: the CTA writes the output itself, no merge kernel); ragged lengths leave
+  // some of a CTA's splits empty.
   v.push_back({KvFormat::kNvfp4, 128, 16, 4, 2, 3, 2000, 4});
   v.push_back({KvFormat::kNvfp4, 128, 64, 8, 2, 5, 3000, 8});
   v.push_back({KvFormat::kNvfp4, 256, 32, 1, 2, 2, 1500, 12});
   v.push_back({KvFormat::kFp8, 128, 16, 4, 2, 3, 2000, 12});
   v.push_back({KvFormat::kBf16, 64, 32, 2, 2, 3, 2000, 16});
-  // 64 and 40 splits: 16 and 10 CTAs per (b, h), merged in one thread-block cluster (16 is
-  // beyond the portable cluster size).
+  // 64 and 40 splits: 16 and 10 CTA partials per row for the merge kernel.
   v.push_back({KvFormat::kNvfp4, 128, 16, 4, 2, 2, 8000, 64});
   v.push_back({KvFormat::kFp8, 64, 16, 2, 4, 2, 5000, 40});
   return v;
