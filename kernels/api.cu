@@ -173,6 +173,21 @@ SplitPlan PlanSplits(const kvt_pool* pool, const kvt_decode_params* p) {
   if (want < 1) want = 1;
   s.chunk = ((len16 / 16 + want - 1) / want) * 16;
   s.splits = (len16 + s.chunk - 1) / s.chunk;
+  // An automatic count that is a multiple of the warps per CTA lets each CTA merge its
+  // warps' splits (decode.cu): take the largest such count below that the chunking reaches
+  // exactly (at most kDecodeWarps - 1 fewer splits).
+  constexpr int kW = detail::kDecodeWarps;
+  if (p->num_splits == 0 && s.splits > kW && s.splits % kW != 0) {
+    const int n = len16 / 16;  // subtiles
+    for (int k = s.splits / kW * kW; k >= kW; k -= kW) {
+      const int chunk = (n + k - 1) / k;
+      if ((n + chunk - 1) / chunk == k) {
+        s.chunk = chunk * 16;
+        s.splits = k;
+        break;
+      }
+    }
+  }
   return s;
 }
 

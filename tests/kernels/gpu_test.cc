@@ -663,6 +663,35 @@ TEST(DecodeReadProbe, ReadsTheDecodePagesAndWritesNothing) {
   EXPECT_NE(err.find("NVFP4"), std::string::npos) << err;
 }
 
+// The automatic split count is a multiple of the warps per CTA (4) whenever it is above 4,
+// so that every CTA can merge its warps' splits, and never more than the context allows.
+TEST(DecodeSplits, AutomaticCountsAreMultiplesOfTheCtaWarps) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  for (KvFormat f : {KvFormat::kNvfp4, KvFormat::kFp8, KvFormat::kBf16}) {
+    TestPool pool(f, G(1, 8, 128, 16), 2, rng);
+    Dev buf(1 << 16);
+    for (int batch : {1, 2, 3, 5, 7, 9, 11, 13, 16, 19, 23, 37, 64}) {
+      for (int len : {16, 1000, 4096, 8192, 20000, 65536, 131072}) {
+        kvt_decode_params p{};
+        p.q = p.out = buf.p;
+        p.block_table = p.seq_lens = buf.as<int32_t>();
+        p.batch = batch;
+        p.num_q_heads = 32;
+        p.max_blocks = (len + 15) / 16;
+        p.max_seq_len = len;
+        p.k_scale = p.v_scale = 1.f;
+        p.softmax_scale = 1.f;
+        const int splits = kvt_decode_num_splits(&pool.desc, &p);
+        ASSERT_GE(splits, 1) << kvt_last_error();
+        EXPECT_LE(splits, (len + 15) / 16) << "batch " << batch << " len " << len;
+        EXPECT_TRUE(splits <= 4 || splits % 4 == 0)
+            << KvFormatName(f) << " batch " << batch << " len " << len << ": " << splits << " splits";
+      }
+    }
+  }
+}
+
 TEST(DecodeGuards, UnsupportedShapesAreRefused) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(std::random_device{}());
