@@ -159,13 +159,16 @@ SplitPlan PlanSplits(const kvt_pool* pool, const kvt_decode_params* p) {
     want = resident / items;  // at most one wave
     if (want < 1) want = 1;
     // Splits shorter than 256 tokens cost more in the merge than they gain, except when
-    // 256-token splits would leave at most one warp in eight of the GPU busy (short
-    // contexts at small batch): then 128-token splits. H200, session 5: 1 x 4K and 1 x 8K
-    // 11-32% faster in every format; at 1 x 16K and 2 x 8K (one warp in four) the
-    // 256-token splits stay ahead (docs/kernels.md).
+    // 256-token splits would give at most 2 warps per SM (short contexts at small batch):
+    // then 128-token splits. H200, session 5: 1 x 4K and 1 x 8K 11-32% faster in every
+    // format; at 1 x 16K and 2 x 8K (4 warps per SM) the 256-token splits stay ahead
+    // (docs/kernels.md).
     const int max_by_len = (len16 + 255) / 256;
     if (want > max_by_len) {
-      const bool sparse = static_cast<int64_t>(items) * max_by_len <= resident / 8;
+      int dev = 0, sms = 132;
+      cudaGetDevice(&dev);
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      const bool sparse = static_cast<int64_t>(items) * max_by_len <= 2 * static_cast<int64_t>(sms);
       want = sparse ? std::min(want, (len16 + 127) / 128) : max_by_len;
     }
   }
