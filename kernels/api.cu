@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
-#include <cstdint>
-#include <cstdlib>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "formats/layout.h"
 #include "formats/nvfp4.h"
@@ -124,6 +127,23 @@ int CheckDecode(const kvt_pool* pool, const kvt_decode_params* p) {
   return KVT_OK;
 }
 
+// Multiprocessors of the current GPU, cached per device (the split planner asks on every
+// decode call).
+int SmCount() {
+  constexpr int kMaxDev = 64;
+  static std::atomic<int> cache[kMaxDev];  // 0 = not read yet
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= kMaxDev) return 132;
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = 132;
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 // Decode warps resident on the whole current GPU, per (format, head_dim); computed once
 // per device (the occupancy query is slow enough to show up in a decode step).
 int ResidentWarps(int format, int head_dim) {
@@ -135,9 +155,7 @@ int ResidentWarps(int format, int head_dim) {
   if (dev < 0 || dev >= kMaxDev || format < 0 || format > 2) return 132 * 16;
   int v = cache[dev][format][di].load(std::memory_order_relaxed);
   if (v == 0) {
-    int sms = 132;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    v = sms * detail::DecodeWarpsPerSm(format, head_dim, detail::Nvfp4DecodeVariant());
+    v = SmCount() * detail::DecodeWarpsPerSm(format, head_dim, detail::Nvfp4DecodeVariant());
     cache[dev][format][di].store(v, std::memory_order_relaxed);
   }
   return v;
@@ -165,10 +183,7 @@ SplitPlan PlanSplits(const kvt_pool* pool, const kvt_decode_params* p) {
     // (docs/kernels.md).
     const int max_by_len = (len16 + 255) / 256;
     if (want > max_by_len) {
-      int dev = 0, sms = 132;
-      cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      const bool sparse = static_cast<int64_t>(items) * max_by_len <= 2 * static_cast<int64_t>(sms);
+      const bool sparse = static_cast<int64_t>(items) * max_by_len <= 2 * static_cast<int64_t>(SmCount());
       want = sparse ? std::min(want, (len16 + 127) / 128) : max_by_len;
     }
   }
@@ -198,24 +213,32 @@ SplitPlan PlanSplits(const kvt_pool* pool, const kvt_decode_params* p) {
 }  // namespace kvtier::kernels
 
 namespace kvtier::kernels::detail {
+namespace {
+// The value `names` gives to $var, or `def` when it is unset or empty; any other value is
+// reported on stderr (once per variable: callers cache the result) and gives `def`.
+int EnvChoice(const char* var, std::initializer_list<std::pair<const char*, int>> names, int def) {
+  const char* e = std::getenv(var);
+  if (e == nullptr || *e == '\0') return def;
+  std::string known;
+  for (const auto& [name, value] : names) {
+    if (std::strcmp(e, name) == 0) return value;
+    known += (known.empty() ? "" : ", ") + std::string(name);
+  }
+  std::fprintf(stderr, "kvtier kernels: %s=%s is not one of %s; using the default\n", var, e, known.c_str());
+  return def;
+}
+}  // namespace
+
 int Nvfp4DecodeVariant() {
-  static const int v = [] {
-    const char* e = std::getenv("KVTIER_NVFP4_DECODE");
-    if (e != nullptr && std::string(e) == "cvt") return 1;
-    if (e != nullptr && std::string(e) == "shift") return 0;
-    if (e != nullptr && std::string(e) == "prmt") return 2;
-    if (e != nullptr && std::string(e) == "prmt32") return 3;
-    if (e != nullptr && std::string(e) == "prmt32x") return 4;
-    if (e != nullptr && std::string(e) == "lean32") return 5;
-    if (e != nullptr && std::string(e) == "lean32p") return 7;
-    if (e != nullptr && std::string(e) == "lean32a") return 10;
-    if (e != nullptr && std::string(e) == "lean32m") return 12;
-    if (e != nullptr && *e != '\0') {
-      std::fprintf(stderr, "kvtier kernels: KVTIER_NVFP4_DECODE=%s is not a decode variant (shift, cvt, prmt, "
-                   "prmt32, prmt32x, lean32, lean32p, lean32a, lean32m); using the default\n", e);
-    }
-    return kDefaultNvfp4Variant;
-  }();
+  static const int v = EnvChoice("KVTIER_NVFP4_DECODE",
+                                 {{"shift", 0}, {"cvt", 1}, {"prmt", 2}, {"prmt32", 3}, {"prmt32x", 4},
+                                  {"lean32", 5}, {"lean32p", 7}, {"lean32a", 10}, {"lean32m", 12}},
+                                 kDefaultNvfp4Variant);
+  return v;
+}
+
+int DecodeMergeMode() {
+  static const int v = EnvChoice("KVTIER_DECODE_MERGE", {{"cta", 0}, {"pdl", 1}, {"plain", 2}}, 0);
   return v;
 }
 }  // namespace kvtier::kernels::detail

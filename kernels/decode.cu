@@ -35,9 +35,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "kernels/internal.h"
@@ -1193,21 +1190,6 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a, int sm
   if (a.lse != nullptr && d == 0) a.lse[row] = lse;
 }
 
-// $KVTIER_DECODE_MERGE, for measurements: "cta" (default) = CTA merge of a CTA's splits and
-// the merge kernel launched programmatically (PDL); "pdl" = PDL only; "plain" = neither
-// (the session-4 behaviour). Read once; another value is reported on stderr and ignored.
-int MergeMode() {
-  static const int mode = [] {
-    const char* e = std::getenv("KVTIER_DECODE_MERGE");
-    if (e == nullptr || std::strcmp(e, "cta") == 0) return 0;
-    if (std::strcmp(e, "pdl") == 0) return 1;
-    if (std::strcmp(e, "plain") == 0) return 2;
-    std::fprintf(stderr, "kvtier: KVTIER_DECODE_MERGE=%s is not cta, pdl or plain; using cta\n", e);
-    return 0;
-  }();
-  return mode;
-}
-
 template <int FMT, int D, int DEC>
 cudaError_t Launch(const DecodeLaunch& launch, cudaStream_t stream) {
   using C = Cfg<FMT, D, DEC >= 3 ? 1 : 0>;
@@ -1222,7 +1204,7 @@ cudaError_t Launch(const DecodeLaunch& launch, cudaStream_t stream) {
   DecodeLaunch a = launch;
   // A CTA's warps are consecutive splits of one (b, h) when the split count is a multiple
   // of the warps per CTA: the CTA merges them (DecodeKernel's epilogue).
-  const int mode = MergeMode();
+  const int mode = DecodeMergeMode();
   a.ws_parts = mode == 0 && a.num_splits > 1 && a.num_splits % kDecodeWarps == 0
                    ? a.num_splits / kDecodeWarps
                    : a.num_splits;

@@ -44,10 +44,14 @@ int DecodeWarpsPerSm(int format, int head_dim, int variant);
 // pipeline over the same bytes, with no arithmetic and no output.
 inline constexpr int kReadOnlyVariant = 99;
 // The NVFP4 decode variant in use: $KVTIER_NVFP4_DECODE ("shift", "cvt", "prmt", "prmt32",
-// "prmt32x", "lean32", "lean32p", "lean32a", "lean32m"; read once;
-// another value is reported on stderr once),
+// "prmt32x", "lean32", "lean32p", "lean32a", "lean32m"; read once; another value is
+// reported on stderr once),
 // else the default measured fastest on H200 (docs/kernels.md).
 int Nvfp4DecodeVariant();
+// $KVTIER_DECODE_MERGE, for measurements: "cta" (0, default) = a CTA merges its warps'
+// splits and the merge kernel is launched programmatically (PDL); "pdl" (1) = PDL only;
+// "plain" (2) = neither (the session-4 behaviour). Read once, like the variant.
+int DecodeMergeMode();
 inline constexpr int kDecodeWarps = 4;  // warps per CTA; one warp per (b, kv head, split)
 
 struct QuantizeLaunch {
