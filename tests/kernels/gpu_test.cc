@@ -373,7 +373,8 @@ struct DecodeSetup {
   float ks = 1.f, vs = 1.f, softmax_scale = 1.f;
 };
 
-void MakeSetup(const DecodeCase& c, std::mt19937_64& rng, DecodeSetup* s) {
+// `nvfp4_scale` > 0 fixes the NVFP4 global scales (otherwise one of three regimes).
+void MakeSetup(const DecodeCase& c, std::mt19937_64& rng, DecodeSetup* s, float nvfp4_scale = 0.f) {
   s->batch = c.batch > 0 ? c.batch : 1 + static_cast<int>(rng() % 6);
   s->hq = c.H * c.group;
   s->lens.resize(s->batch);
@@ -399,8 +400,8 @@ void MakeSetup(const DecodeCase& c, std::mt19937_64& rng, DecodeSetup* s) {
   // scale 1 (block scales then small, decoded values deep in fp16's subnormals).
   if (c.fmt == KvFormat::kNvfp4) {
     const float choices[] = {1.0f, 0.05f, 4.0f / (448.f * 6.f)};
-    s->ks = choices[rng() % 3];
-    s->vs = choices[rng() % 3];
+    s->ks = nvfp4_scale > 0.f ? nvfp4_scale : choices[rng() % 3];
+    s->vs = nvfp4_scale > 0.f ? nvfp4_scale : choices[rng() % 3];
   } else if (c.fmt == KvFormat::kFp8) {
     s->ks = 8.f / 448.f * (0.5f + static_cast<float>(rng() % 100) / 100.f);
     s->vs = 8.f / 448.f * (0.5f + static_cast<float>(rng() % 100) / 100.f);
@@ -490,17 +491,9 @@ int RunDecode(DecodeSetup& s, int splits, bool host_copies, DecodeRun* r, std::s
 
 class Decode : public ::testing::TestWithParam<DecodeCase> {};
 
-TEST_P(Decode, MatchesFloat64ReferenceOverDequantizedCache) {
-  SKIP_WITHOUT_GPU();
-  const DecodeCase c = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
-  DecodeSetup s;
-  MakeSetup(c, rng, &s);
-  int splits = c.splits;
-  if (splits < 0) {
-    const int pick = static_cast<int>(rng() % 3);
-    splits = pick == 0 ? 0 : (pick == 1 ? 1 : 2 + static_cast<int>(rng() % 8));
-  }
+// Runs the decode on `s` and checks it against float64 attention over the dequantized
+// cache: relative L2 of the output <= 5e-3, LSE within 2e-3, nothing left unwritten.
+void CheckDecodeAgainstReference(DecodeSetup& s, int splits) {
   DecodeRun r;
   std::string err;
   ASSERT_EQ(RunDecode(s, splits, true, &r, &err), KVT_OK) << err;
@@ -535,7 +528,21 @@ TEST_P(Decode, MatchesFloat64ReferenceOverDequantizedCache) {
                                     std::max(1.0, std::fabs(ref_lse[i])));
   }
   EXPECT_LE(lse_err, 2e-3) << "log-sum-exp error";
-  RecordProperty("rel_l2", std::to_string(rel));
+  ::testing::Test::RecordProperty("rel_l2", std::to_string(rel));
+}
+
+TEST_P(Decode, MatchesFloat64ReferenceOverDequantizedCache) {
+  SKIP_WITHOUT_GPU();
+  const DecodeCase c = GetParam();
+  std::mt19937_64 rng(std::random_device{}());
+  DecodeSetup s;
+  MakeSetup(c, rng, &s);
+  int splits = c.splits;
+  if (splits < 0) {
+    const int pick = static_cast<int>(rng() % 3);
+    splits = pick == 0 ? 0 : (pick == 1 ? 1 : 2 + static_cast<int>(rng() % 8));
+  }
+  CheckDecodeAgainstReference(s, splits);
 }
 
 std::vector<DecodeCase> AllDecodeCases() {
@@ -579,6 +586,80 @@ std::vector<DecodeCase> AllDecodeCases() {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Decode, ::testing::ValuesIn(AllDecodeCases()),
                          [](const auto& info) { return CaseName(info.param); });
+
+// Scores that pass the running max late in a split: sequence 0's "spike" tokens give the
+// first query of each KV head a score about 6, then 26, then 90 log2 units above every
+// score before it (K = A * sign(q), measured against the random tokens' max). That covers
+// the lazy max's kept max (6 < 8), its slow path, and, past 2^15, P that would leave fp16
+// in an eager (lean32e) pair, whose split then restarts with the exact body. The spikes sit
+// well after the first 32 tokens of their split (splits 1 and 4).
+class DecodeJumps : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(DecodeJumps, LateScoreJumpsMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const DecodeCase c = GetParam();
+  std::mt19937_64 rng(std::random_device{}());
+  DecodeSetup s;
+  MakeSetup(c, rng, &s, 0.05f);
+  s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  const Geometry& g = s.pool->hp.geometry;
+  const int b = static_cast<int>(std::max_element(s.lens.begin(), s.lens.end()) - s.lens.begin());
+  ASSERT_EQ(s.lens[b], c.max_len);
+  const double to_log2 = s.softmax_scale / std::log(2.0);
+  std::vector<float> x(c.D);
+  for (int h = 0; h < c.H; ++h) {
+    const float* q = s.qf.data() + (static_cast<size_t>(b) * s.hq + static_cast<size_t>(h) * c.group) * c.D;
+    // The random tokens' max score of this query (float64 over the dequantized cache).
+    double qabs = 0;
+    for (uint32_t d = 0; d < c.D; ++d) qabs += std::fabs(q[d]);
+    double top = -1e300;
+    for (int t = 0; t < c.max_len; ++t) {
+      const int32_t slot = s.bt[static_cast<size_t>(b) * s.max_blocks + t / static_cast<int>(c.T)];
+      double dot = 0;
+      for (uint32_t d = 0; d < c.D; ++d) {
+        dot += static_cast<double>(q[d]) * PageValue(s.pool->hp, static_cast<size_t>(slot), s.layer, 0,
+                                                     static_cast<uint32_t>(h),
+                                                     static_cast<uint32_t>(t % static_cast<int>(c.T)), d, s.ks);
+      }
+      top = std::max(top, dot);
+    }
+    double level = top;
+    const int pos[3] = {300, 1500, 3000};
+    const double jump[3] = {6, 26, 90};
+    for (int i = 0; i < 3; ++i) {
+      level += jump[i] / to_log2;
+      const float A = static_cast<float>(level / qabs);
+      for (uint32_t d = 0; d < c.D; ++d) x[d] = q[d] < 0.f ? -A : A;
+      const int t = pos[i];
+      const int32_t slot = s.bt[static_cast<size_t>(b) * s.max_blocks + t / static_cast<int>(c.T)];
+      uint8_t* page = s.pool->hp.Page(static_cast<size_t>(slot), s.layer);
+      const PageLayout pl = MakePageLayout(KvFormat::kNvfp4, g);
+      const uint32_t tt = static_cast<uint32_t>(t % static_cast<int>(c.T));
+      for (uint32_t d = 0; d < c.D; d += 16) {
+        page[Nvfp4ScaleOffset(g, pl.k_data, static_cast<uint32_t>(h), tt, d)] = nvfp4::QuantizeGroup(
+            x.data() + d, s.ks, nvfp4::ScaleRule::kMax6, page + Nvfp4DataOffset(g, pl.k_data, static_cast<uint32_t>(h), tt, d));
+      }
+    }
+  }
+  s.pool->Upload();
+  CheckDecodeAgainstReference(s, c.splits);
+}
+
+std::vector<DecodeCase> JumpCases() {
+  std::vector<DecodeCase> v;
+  for (uint32_t D : {64u, 128u, 256u}) {
+    for (uint32_t T : {16u, 64u}) {
+      for (int splits : {1, 4}) v.push_back({KvFormat::kNvfp4, D, T, 4, 2, 1, 4096, splits});
+    }
+  }
+  v.push_back({KvFormat::kNvfp4, 128, 16, 8, 2, 1, 4096, 1});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Spikes, DecodeJumps, ::testing::ValuesIn(JumpCases()),
+                         [](const ::testing::TestParamInfo<DecodeCase>& i) {
+                           return CaseName(i.param) + "_S" + std::to_string(i.param.splits);
+                         });
 
 TEST(DecodeGuards, OutOfRangeBlockTableIsRefusedNotRead) {
   SKIP_WITHOUT_GPU();
