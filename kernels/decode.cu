@@ -215,13 +215,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
   }
 }
-// f16x2 of (lo, hi) rounded to nearest, finite: values beyond fp16's range become +-65504
-// (cvt .satfinite, the same single F2FP as pack2<false>).
-__device__ __forceinline__ uint32_t pack2_sat(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
 __device__ __forceinline__ float bf16_to_float(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
 }
@@ -254,7 +247,9 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // "lean32i" (a leaner cp.async issue), 15 "tma32" (the ring filled by TMA bulk copies on
 // per-slot mbarriers: correct, 25% slower), 16 "lean32w" (12 in one-warp CTAs), 17
 // "lean32s" (copy constants from shared memory), 18 "fold" (K block scales folded into the
-// fp32 scores, one MMA per scale group: 6-7% slower); docs/kernels.md.
+// fp32 scores, one MMA per scale group: 6-7% slower), 19 "lean32e" (QK, softmax and PV of
+// a pair as one branch-free block, the lazy-max vote after PV and a split restart when it
+// fires: 1.2% slower; commit 324b947); docs/kernels.md.
 // All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
@@ -282,13 +277,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   // kReadOnlyVariant (99): the page-read probe. The copies of lean32m, no arithmetic, no
   // output: what the decode's memory access pattern alone costs (kvt_decode_read_probe).
   constexpr bool kReadOnly = DEC == kReadOnlyVariant;
-  // DEC 19 ("lean32e"): the full pairs after the first run QK, the softmax and PV as one
-  // branch-free block, so ptxas can fill the softmax's dependent chain (FFMA, MUFU, the
-  // max) with the V loads and decode. P is taken from the current max and packed with
-  // saturation (finite even when a score passed the max by more than fp16's range); the
-  // lazy-max vote is read after PV, and only when it fires does the warp correct the pair
-  // (eager_fix). The first pair (max still the -1e30 start) runs the lean32m body.
-  constexpr bool kEager = DEC == 19;
   using C = Cfg<FMT, D, kPair ? 1 : 0>;
   constexpr bool kBf = FMT == kBf16;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -478,9 +466,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   constexpr float kLog2e = 1.4426950408889634f;
   // kLazyMax: how far (log2 units) a score may pass the running max before the max moves;
   // P <= 2^kLazySlack = 256 stays far inside fp16.
-  // kEager: 15, since P <= 2^15 < 65504 is as exact in fp16 as P <= 2^8, and every vote
-  // that fires there costs the split a restart.
-  constexpr float kLazySlack = kEager ? 15.f : 8.f;
+  constexpr float kLazySlack = 8.f;
   // Undo the power of two of the raw NVFP4 decode (2^-14, or 2^-6 through E4M3).
   const float fmt_k = FMT == kNvfp4 ? (DEC == 1 ? 64.f : 16384.f) : 1.f;
   const float qk_scale = a.softmax_scale * kLog2e * a.k_scale_f * fmt_k / qmul;
@@ -879,30 +865,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     pv(sta, 0, false, pb[0], pb[1]);
     pv(stb, 0, false, pb[2], pb[3]);
   };
-  // kEager, a full pair (not the first): QK, P from the current max, PV, then the vote.
-  // Returns true when a score passed the max by more than kLazySlack: then P may have
-  // saturated and O holds a wrong term, and the caller restarts the split exactly.
-  auto eager_pair = [&](const uint32_t sta, const uint32_t stb) -> bool {
-    float s[8];
-    qk_pair(sta, stb, s);
-    const float tm0 = fmaxf(fmaxf(s[0], s[2]), fmaxf(s[4], s[6]));
-    const float tm1 = fmaxf(fmaxf(s[1], s[3]), fmaxf(s[5], s[7]));
-    const bool up = fmaf(tm0, qk_scale, -mrun[0]) > kLazySlack || fmaf(tm1, qk_scale, -mrun[1]) > kLazySlack;
-    float p[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) p[i] = ex2_ftz(fmaf(s[i], qk_scale, -mrun[i & 1]));
-    const float ps0 = (p[0] + p[2]) + (p[4] + p[6]);
-    const float ps1 = (p[1] + p[3]) + (p[5] + p[7]);
-    uint32_t pb[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) pb[i] = movtrans(pack2_sat(p[2 * i], p[2 * i + 1]));
-    pv(sta, 0, false, pb[0], pb[1]);
-    pv(stb, 0, false, pb[2], pb[3]);
-    if (__any_sync(0xffffffffu, up)) return true;
-    lrun[0] += ps0;
-    lrun[1] += ps1;
-    return false;
-  };
   auto nxt = [](int x) { return x + 1 == C::kStages ? 0 : x + 1; };
   // Subtiles in full pairs (no token of them is >= t_end).
   const int n_full = n_sub > 0 ? ((t_end - t_begin) >> 5) * 2 : 0;
@@ -912,68 +874,28 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     // basic block each. The last, partial pair (at most 2 subtiles) runs pair_step.
     int rs = 0, ws = C::kStages - 2;  // ring slots of subtile j and of j + kStages - 2
     int j = 0;
-    // kEager: false after a restart (the split runs again with the lean32m body).
-    bool eager = kEager;
-    for (;;) {  // kEager: a second pass after a restart; otherwise one
-      for (; j < n_full; j += 2) {
-        issue_opt(j + C::kStages - 2, ring_s + ws * C::kStage);
-        cp_commit();
-        ws = nxt(ws);
-        issue_opt(j + C::kStages - 1, ring_s + ws * C::kStage);
-        cp_commit();
-        ws = nxt(ws);
-        cp_wait<C::kStages - 2>();
-        __syncwarp();
-        if (bad) break;
-        const uint32_t sta = ring_s + rs * C::kStage;
-        rs = nxt(rs);
-        const uint32_t stb = ring_s + rs * C::kStage;
-        rs = nxt(rs);
-        if constexpr (kEager) {
-          if (eager && j > 0) {
-            if (eager_pair(sta, stb)) break;  // restart below
-          } else {
-            float s[8];
-            qk_pair(sta, stb, s);
-            uint32_t pb[4];
-            softmax_pair(s, pb);
-            pv_pair(sta, stb, pb);
-          }
-        } else if constexpr (!kReadOnly) {
-          float s[8];
-          qk_pair(sta, stb, s);
-          uint32_t pb[4];
-          softmax_pair(s, pb);
-          pv_pair(sta, stb, pb);
-        }
-        __syncwarp();
+    for (; j < n_full; j += 2) {
+      issue_opt(j + C::kStages - 2, ring_s + ws * C::kStage);
+      cp_commit();
+      ws = nxt(ws);
+      issue_opt(j + C::kStages - 1, ring_s + ws * C::kStage);
+      cp_commit();
+      ws = nxt(ws);
+      cp_wait<C::kStages - 2>();
+      __syncwarp();
+      if (bad) break;
+      const uint32_t sta = ring_s + rs * C::kStage;
+      rs = nxt(rs);
+      const uint32_t stb = ring_s + rs * C::kStage;
+      rs = nxt(rs);
+      if constexpr (!kReadOnly) {
+        float s[8];
+        qk_pair(sta, stb, s);
+        uint32_t pb[4];
+        softmax_pair(s, pb);
+        pv_pair(sta, stb, pb);
       }
-      if constexpr (kEager) {
-        if (eager && j < n_full && !bad) {
-          // A score passed the lazy max by more than kLazySlack in an eager pair (rare: a
-          // jump of 2^15 after the split's first 32 tokens). Drain the copies in flight and
-          // run the split again from its start with the exact (lean32m) pair body.
-          cp_wait<0>();
-          __syncwarp();
-          eager = false;
-#pragma unroll
-          for (int m = 0; m < D / 16; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
-          mrun[0] = mrun[1] = -1e30f;
-          lrun[0] = lrun[1] = 0.f;
-          j = 0;
-          rs = 0;
-          ws = C::kStages - 2;
-          pf0 = bt_entry(0);
-          pf1 = bt_entry(1);
-#pragma unroll
-          for (int jj = 0; jj < C::kStages - 2; ++jj) {
-            issue_opt(jj, ring_s + jj * C::kStage);
-            cp_commit();
-          }
-          continue;
-        }
-      }
-      break;
+      __syncwarp();
     }
     if (j < n_sub && !bad && !kReadOnly) {
       // Nothing is left to issue (at most 2 subtiles remain): wait for all of them.
@@ -1358,9 +1280,6 @@ int Occupancy() {
     case 6412: return FN<kNvfp4, 64, 12>(__VA_ARGS__);                        \
     case 12812: return FN<kNvfp4, 128, 12>(__VA_ARGS__);                      \
     case 25612: return FN<kNvfp4, 256, 12>(__VA_ARGS__);                      \
-    case 6419: return FN<kNvfp4, 64, 19>(__VA_ARGS__);                        \
-    case 12819: return FN<kNvfp4, 128, 19>(__VA_ARGS__);                      \
-    case 25619: return FN<kNvfp4, 256, 19>(__VA_ARGS__);                      \
     case 6499: return FN<kNvfp4, 64, kReadOnlyVariant>(__VA_ARGS__);          \
     case 12899: return FN<kNvfp4, 128, kReadOnlyVariant>(__VA_ARGS__);        \
     case 25699: return FN<kNvfp4, 256, kReadOnlyVariant>(__VA_ARGS__);        \
