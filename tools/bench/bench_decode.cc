@@ -8,7 +8,11 @@
 // rotates over enough distinct slots that its data is several times the L2, and block
 // tables are random permutations (pages scattered as in a real pool). Median of --iters.
 // torch SDPA's baseline is measured by tools/gpu/decode_baseline.py (needs torch).
+// Each timing also reports the mean SM clock over its launches (NVML, when the driver has
+// it) and how often the board's power cap throttled it; --sustain-ms N first runs each
+// kernel back to back for N ms, so the time is the one a GPU held at that load reaches.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +24,7 @@
 
 #include "formats/layout.h"
 #include "formats/nvfp4.h"
+#include "tools/bench/gpu_clock.h"
 #include "tools/bench/report.h"
 #include "tools/cli.h"
 
@@ -89,12 +94,14 @@ struct Row {
   std::string what;
   int batch = 0, ctx = 0, T = 0;
   double us = 0, gbps = 0, frac = 0;
+  ClockStats clock;  // SM clock and power cap during the timed launches
 };
 
 int RunDecodeBench(const std::vector<std::string>& argv) {
   auto args = cli::Args::Parse(argv, {"quick"});
   if (!args.ok()) return cli::Fail(args.status().message(), 2);
-  if (Status s = args->CheckKnown({"quick", "iters", "json", "results", "formats", "shapes", "block-tokens", "splits"}); !s.ok()) {
+  if (Status s = args->CheckKnown({"quick", "iters", "json", "results", "formats", "shapes", "block-tokens", "splits", "sustain-ms"});
+      !s.ok()) {
     return cli::Fail(s.message(), 2);
   }
   // --formats bf16,fp8,nvfp4  --shapes 16x65536,1x131072  --block-tokens 16,64 (defaults: all)
@@ -112,6 +119,11 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
   if (!splits_or.ok()) return cli::Fail(splits_or.status().message(), 2);
   if (*splits_or < 0 || *splits_or > 65536) return cli::Fail("--splits must be in [0, 65536]", 2);
   const int splits = static_cast<int>(*splits_or);
+  // --sustain-ms N: each kernel runs back to back for N ms before it is timed (default 0)
+  auto sustain_or = args->GetInt("sustain-ms", 0);
+  if (!sustain_or.ok()) return cli::Fail(sustain_or.status().message(), 2);
+  if (*sustain_or < 0 || *sustain_or > 600000) return cli::Fail("--sustain-ms must be in [0, 600000]", 2);
+  const int sustain_ms = static_cast<int>(*sustain_or);
   const std::string json_path = args->Get("json").value_or("");
   const std::string results = args->Get("results").value_or(Report::DefaultResultsPath());
 
@@ -119,6 +131,10 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return cli::Fail("no CUDA device");
   cudaDeviceProp prop{};
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  char bus_id[32] = {};
+  BENCH_CUDA(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, 0));
+  GpuClockSampler clock(bus_id);
+  ClockStats last_clock;  // of the latest time_it
   std::mt19937_64 rng(std::random_device{}());
   std::vector<Row> rows;
   Timer tm;
@@ -127,6 +143,14 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
   auto time_it = [&](auto&& fn) -> double {
     for (int i = 0; i < 3; ++i) fn(i);
     cudaDeviceSynchronize();
+    if (sustain_ms > 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(sustain_ms)) {
+        for (int i = 0; i < iters; ++i) fn(i);
+        cudaDeviceSynchronize();
+      }
+    }
+    clock.Start();
     std::vector<double> ts;
     for (int r = 0; r < 5; ++r) {
       cudaEventRecord(tm.a);
@@ -137,6 +161,7 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
       cudaEventElapsedTime(&ms, tm.a, tm.b);
       ts.push_back(ms * 1e3 / iters);
     }
+    last_clock = clock.Stop();
     return Median(ts);
   };
 
@@ -152,7 +177,7 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
   if (rc != KVT_OK) return cli::Fail(std::string("read probe: ") + kvt_last_error());
   cudaFree(probe);
   const double roof = probe_bytes / probe_us / 1e3;  // GB/s
-  rows.push_back({"pure read (roofline)", 0, 0, 0, probe_us, roof, 1.0});
+  rows.push_back({"pure read (roofline)", 0, 0, 0, probe_us, roof, 1.0, last_clock});
 
   // ---- decode ---------------------------------------------------------------------------
   struct Shape {
@@ -263,7 +288,7 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
         t_fmt[fi] = us;
         rows.push_back({std::string("decode ") + KvFormatName(f) + " (splits " +
                             std::to_string(kvt_decode_num_splits(&pd, &p)) + ")",
-                        sh.B, sh.L, T, us, gbps, gbps / roof});
+                        sh.B, sh.L, T, us, gbps, gbps / roof, last_clock});
         if (f == KvFormat::kNvfp4) {
           // The memory side alone: the decode's copy pipeline over the same pages, no math.
           const double rus = time_it([&](int i) {
@@ -274,7 +299,7 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
           if (drc != KVT_OK) return cli::Fail(std::string("decode read probe: ") + kvt_last_error());
           const double rgbps = static_cast<double>(iter_bytes) / rus / 1e3;
           rows.push_back({"  nvfp4 page read (the decode's copies, no math)", sh.B, sh.L, T, rus, rgbps,
-                          rgbps / roof});
+                          rgbps / roof, last_clock});
         }
         cudaFree(dws);
         cudaFree(dbt);
@@ -285,7 +310,7 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
       }
       if (t_fmt[0] > 0 && t_fmt[1] > 0 && t_fmt[2] > 0) {
         rows.push_back({"  nvfp4/fp8 time, nvfp4/bf16 time", sh.B, sh.L, T, 0, t_fmt[0] / t_fmt[1],
-                        t_fmt[0] / t_fmt[2]});
+                        t_fmt[0] / t_fmt[2], ClockStats{}});
       }
     }
   }
@@ -349,7 +374,7 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
       if (qrc != KVT_OK) return cli::Fail(std::string("quantize_append: ") + kvt_last_error());
       const double gbps = bytes / us / 1e3;
       rows.push_back({std::string("quantize_append ") + (rule ? "4over6" : "max6") + " (N=" + std::to_string(N) + ", H=8)",
-                      0, 0, T, us, gbps, gbps / roof});
+                      0, 0, T, us, gbps, gbps / roof, last_clock});
     }
     cudaFree(pool);
     cudaFree(dk);
@@ -359,21 +384,27 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
   }
 
   Report rep("decode: kvtier paged decode (BF16 / FP8 / NVFP4) and quantize_append vs pure read",
-             "kvtier-bench decode" + std::string(quick ? " --quick" : "") + " --iters " + std::to_string(iters));
+             "kvtier-bench decode" + std::string(quick ? " --quick" : "") + " --iters " + std::to_string(iters) +
+                 (sustain_ms > 0 ? " --sustain-ms " + std::to_string(sustain_ms) : std::string()));
   rep.SetDevice(prop.name);
-  rep.SetColumns({"kernel", "batch", "context", "T", "time us", "GB/s (bytes it must move)", "of pure read"});
+  rep.SetColumns({"kernel", "batch", "context", "T", "time us", "GB/s (bytes it must move)", "of pure read", "SM clock"});
   for (const Row& r : rows) {
     if (r.us == 0) {
       rep.AddRow({r.what, std::to_string(r.batch), std::to_string(r.ctx), std::to_string(r.T), "",
-                  Fmt("nvfp4/fp8 time = %.3f", r.gbps), Fmt("nvfp4/bf16 time = %.3f", r.frac)});
+                  Fmt("nvfp4/fp8 time = %.3f", r.gbps), Fmt("nvfp4/bf16 time = %.3f", r.frac), ""});
     } else {
       rep.AddRow({r.what, r.batch ? std::to_string(r.batch) : "", r.ctx ? std::to_string(r.ctx) : "",
-                  r.T ? std::to_string(r.T) : "", Fmt("%.1f", r.us), Fmt("%.0f", r.gbps), Fmt("%.1f%%", 100 * r.frac)});
+                  r.T ? std::to_string(r.T) : "", Fmt("%.1f", r.us), Fmt("%.0f", r.gbps), Fmt("%.1f%%", 100 * r.frac),
+                  GpuClockSampler::Describe(r.clock)});
     }
   }
   rep.AddNote("32 query heads, 8 KV heads, D=128, one layer; KV bytes per token and head: bf16 512, fp8 256, nvfp4 144. "
               "Data rotates over >= 4x L2 of distinct slots; block tables are random permutations. Time: median of 5 means of " +
-              std::to_string(iters) + " back-to-back launches.");
+              std::to_string(iters) + " back-to-back launches. SM clock: mean over the timed launches (NVML; n/a without it), "
+              "and the share of samples the board's power cap throttled." +
+              (sustain_ms > 0 ? " Each kernel first ran back to back for " + std::to_string(sustain_ms) +
+                                    " ms (--sustain-ms): the GPU at that load."
+                              : std::string(" Bursts of well under a second: the driver's power average may not reach the cap.")));
   if (Status s = rep.Emit(results); !s.ok()) return cli::Fail(s.message());
   if (!json_path.empty()) {
     std::ofstream js(json_path);
@@ -382,7 +413,8 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
       const Row& r = rows[i];
       js << "  {\"what\": \"" << r.what << "\", \"batch\": " << r.batch << ", \"context\": " << r.ctx
          << ", \"T\": " << r.T << ", \"us\": " << r.us << ", \"gbps\": " << r.gbps << ", \"frac\": " << r.frac
-         << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+         << ", \"sm_mhz\": " << r.clock.mean_sm_mhz << ", \"power_capped\": " << r.clock.power_capped << "}"
+         << (i + 1 < rows.size() ? "," : "") << "\n";
     }
     js << "]}\n";
   }

@@ -16,6 +16,7 @@ import os
 import socket
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -42,12 +43,73 @@ def slot_bytes(fmt, T):
     return (page_bytes(fmt, T) + 4095) // 4096 * 4096
 
 
+class Clock:
+    """SM clock and board power cap while a timing runs, from NVML (libnvidia-ml.so.1,
+    through ctypes; 'n/a' without it). A sustained NVFP4 decode reaches the H200's power
+    limit and the driver lowers the SM clock (docs/kernels.md, "Power")."""
+    SM, SW_POWER_CAP = 1, 0x4
+
+    def __init__(self):
+        self.dev, self.last = None, None
+        try:
+            self.nvml = C.CDLL("libnvidia-ml.so.1")
+            if self.nvml.nvmlInit_v2() != 0:
+                return
+            pr = torch.cuda.get_device_properties(0)
+            bus = None
+            if all(hasattr(pr, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+                bus = f"{pr.pci_domain_id:08x}:{pr.pci_bus_id:02x}:{pr.pci_device_id:02x}.0"
+            dev = C.c_void_p()
+            if bus is not None and self.nvml.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), C.byref(dev)) == 0:
+                self.dev = dev
+            elif self.nvml.nvmlDeviceGetHandleByIndex_v2(0, C.byref(dev)) == 0:
+                self.dev = dev
+            fn = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            self.reasons = fn or self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        except (OSError, AttributeError):
+            self.dev = None
+
+    def start(self):
+        self.samples, self.run = [], self.dev is not None
+        if not self.run:
+            return
+        def loop():
+            mhz, rs = C.c_uint(), C.c_ulonglong()
+            while self.run:
+                if self.nvml.nvmlDeviceGetClockInfo(self.dev, self.SM, C.byref(mhz)) == 0:
+                    ok = self.reasons(self.dev, C.byref(rs)) == 0
+                    self.samples.append((mhz.value, bool(ok and rs.value & self.SW_POWER_CAP)))
+                time.sleep(0.002)
+        self.th = threading.Thread(target=loop, daemon=True)
+        self.th.start()
+
+    def stop(self):
+        if self.run:
+            self.run = False
+            self.th.join()
+        self.last = self.samples
+        return self.describe()
+
+    def describe(self):
+        if not self.last:
+            return "n/a"
+        mhz = sum(m for m, _ in self.last) / len(self.last)
+        cap = sum(1 for _, c in self.last if c) / len(self.last)
+        return f"{mhz:.0f} MHz" + (f", power cap {100 * cap:.0f}%" if cap > 0 else "")
+
+
+CLOCK = None
+
+
 def bench(fn, iters, reps=5):
     """Median over `reps` of the mean time of `iters` back-to-back launches (us): the GPU
-    never waits on the host, so launch gaps stay out of the numbers."""
+    never waits on the host, so launch gaps stay out of the numbers. The SM clock over the
+    timed launches is left in CLOCK (CLOCK.describe())."""
     for i in range(3):
         fn(i)
     torch.cuda.synchronize()
+    if CLOCK is not None:
+        CLOCK.start()
     ts = []
     for r in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -57,6 +119,8 @@ def bench(fn, iters, reps=5):
         b.record()
         b.synchronize()
         ts.append(a.elapsed_time(b) * 1e3 / iters)
+    if CLOCK is not None:
+        CLOCK.stop()
     return statistics.median(ts)
 
 
@@ -121,6 +185,8 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     kv = Kvtier(args.lib)
+    global CLOCK
+    CLOCK = Clock()
     dev = torch.cuda.get_device_properties(0)
     l2 = dev.L2_cache_size
     gen = torch.Generator(device="cuda")
@@ -138,8 +204,10 @@ def main():
     dst = torch.empty_like(probe)
     us_copy = bench(lambda i: dst.copy_(probe), args.iters)
     del dst, probe
-    rows.append(dict(kernel="pure read (roofline)", us=us, gbps=roof))
-    rows.append(dict(kernel="torch D2D copy (read+write)", us=us_copy, gbps=2 * (2 << 30) / us_copy / 1e3))
+    read_clock = CLOCK.describe()
+    rows.append(dict(kernel="pure read (roofline)", us=us, gbps=roof, clock=read_clock))
+    rows.append(dict(kernel="torch D2D copy (read+write)", us=us_copy, gbps=2 * (2 << 30) / us_copy / 1e3,
+                     clock=CLOCK.describe()))
 
     # Cross-check: kvtier bf16 pages built from the very K/V that SDPA reads.
     B, L, T = 2, 4096, 16
@@ -181,7 +249,8 @@ def main():
         vs = [torch.randn(B, HKV, L, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(nsets)]
         us = bench(lambda i: F.scaled_dot_product_attention(q, ks[i % nsets], vs[i % nsets], enable_gqa=True), args.iters)
         sdpa_us[(B, L)] = us
-        rows.append(dict(kernel="torch SDPA bf16 (contiguous)", B=B, L=L, us=us, gbps=kvbytes / us / 1e3))
+        rows.append(dict(kernel="torch SDPA bf16 (contiguous)", B=B, L=L, us=us, gbps=kvbytes / us / 1e3,
+                         clock=CLOCK.describe()))
         del ks, vs, q
         torch.cuda.empty_cache()
     for T in tlist:
@@ -210,7 +279,7 @@ def main():
                 assert torch.isfinite(out).all(), "decode produced non-finite values"
                 t[fmt] = us
                 rows.append(dict(kernel=f"kvtier decode {NAMES[fmt]}", B=B, L=L, T=T, us=us,
-                                 gbps=it_bytes / us / 1e3, splits=splits))
+                                 gbps=it_bytes / us / 1e3, splits=splits, clock=CLOCK.describe()))
                 del buf, bts, ps, q, out
                 torch.cuda.empty_cache()
             if len(t) < 3 or (B, L) not in sdpa_us:
@@ -224,18 +293,19 @@ def main():
           f"- machine: {host}, {dev.name}, torch {torch.__version__}",
           f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
           f"- command: `python3 tools/gpu/decode_baseline.py --lib <build>/lib/libkvtier_kernels.so --iters {args.iters}`\n",
-          "| kernel | batch | context | T | splits | time us | GB/s (bytes it must read) | of pure read | nvfp4/SDPA time | nvfp4/fp8 time | nvfp4/bf16 time |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| kernel | batch | context | T | splits | time us | GB/s (bytes it must read) | of pure read | nvfp4/SDPA time | nvfp4/fp8 time | nvfp4/bf16 time | SM clock |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["kernel"] == "ratios":
             md.append(f"| ratios | {r['B']} | {r['L']} | {r['T']} | | | | | {r['nvfp4_over_sdpa']:.3f} | "
-                      f"{r['nvfp4_over_fp8']:.3f} | {r['nvfp4_over_bf16']:.3f} |")
+                      f"{r['nvfp4_over_fp8']:.3f} | {r['nvfp4_over_bf16']:.3f} | |")
         else:
             md.append(f"| {r['kernel']} | {r.get('B', '')} | {r.get('L', '')} | {r.get('T', '')} | {r.get('splits', '')} | "
-                      f"{r['us']:.1f} | {r['gbps']:.0f} | {100 * r['gbps'] / roof:.1f}% | | | |")
+                      f"{r['us']:.1f} | {r['gbps']:.0f} | {100 * r['gbps'] / roof:.1f}% | | | | {r.get('clock', '')} |")
     md.append(f"\n32 query heads, 8 KV heads, D=128, one layer. SDPA reads 512 B per token and KV head, kvtier bf16 512, "
               f"fp8 256, nvfp4 144. Cross-check kvtier bf16 vs SDPA on identical values: rel L2 {rel:.2e}. "
-              f"Median of {args.iters}; data rotates over >= 4x L2.\n")
+              f"Median of {args.iters}; data rotates over >= 4x L2. SM clock: mean over the timed launches (NVML), "
+              f"with the share of samples throttled by the board's power cap.\n")
     text = "\n".join(md) + "\n"
     print(text, flush=True)
     with open(os.path.join(args.out, "decode_baseline.md"), "w") as f:
