@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -104,8 +105,8 @@ std::map<std::string, Command>& Registry() {
   return r;
 }
 
-CommandRegistrar::CommandRegistrar(std::string name, std::string summary, CommandFn fn) {
-  Registry()[name] = Command{name, std::move(summary), std::move(fn)};
+CommandRegistrar::CommandRegistrar(std::string name, std::string summary, CommandFn fn, std::string usage) {
+  Registry()[name] = Command{name, std::move(summary), std::move(fn), std::move(usage)};
 }
 
 int Fail(const std::string& message, int code) {
@@ -147,7 +148,17 @@ int Main(const char* program, int argc, char** argv) {
   auto it = Registry().find(cmd);
   if (it == Registry().end()) return Fail("unknown command '" + cmd + "' (try --help)", 2);
   std::vector<std::string> rest(argv + first + 1, argv + argc);
-  return it->second.fn(rest);
+  const Command& c = it->second;
+  if (!c.usage.empty() && std::any_of(rest.begin(), rest.end(), [](const std::string& a) {
+        return a == "--help" || a == "-h";
+      })) {
+    std::printf("usage: %s %s %s\n\n%s\n", program, cmd.c_str(), c.usage.substr(0, c.usage.find('\n')).c_str(),
+                c.summary.c_str());
+    const size_t nl = c.usage.find('\n');
+    if (nl != std::string::npos) std::printf("%s\n", c.usage.substr(nl).c_str());
+    return 0;
+  }
+  return c.fn(rest);
 }
 
 StatusOr<std::vector<uint8_t>> ReadFile(const std::string& path) {

@@ -47,12 +47,15 @@ struct Command {
   std::string name;     // "codec", "keys", "bench" ...
   std::string summary;  // one line for `--help`
   CommandFn fn;
+  // The command's options, printed by Main for `COMMAND --help` (or -h) anywhere in its
+  // arguments. Empty: the command handles --help itself (every kvtierctl command does).
+  std::string usage;
 };
 
 std::map<std::string, Command>& Registry();
 
 struct CommandRegistrar {
-  CommandRegistrar(std::string name, std::string summary, CommandFn fn);
+  CommandRegistrar(std::string name, std::string summary, CommandFn fn, std::string usage = "");
 };
 
 // Runs argv[1] as a command from the registry; prints usage for --help / no command.

@@ -336,7 +336,14 @@ int Run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-cli::CommandRegistrar reg("client", "ring vs socket latency and multi-client throughput through kvtierd", Run);
+cli::CommandRegistrar reg("client", "ring vs socket latency and multi-client throughput through kvtierd", Run,
+                          "[--blocks N] [--iters N] [--seconds S] [--no-pin] [--results FILE | --no-append]\n"
+                          "  --blocks N       blocks in the stored prefix that lookup and acquire cover, 1-3000 (default 1000)\n"
+                          "  --iters N        timed calls per latency series, >= 10 (default 2000)\n"
+                          "  --seconds S      length of each throughput run (default 1.0)\n"
+                          "  --no-pin         do not pin kvtierd and this process to CPUs 1 and 0\n"
+                          "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
+    "  --no-append      print the table only");
 
 }  // namespace
 }  // namespace kvtier::bench

@@ -429,9 +429,22 @@ int RunDecodeBench(const std::vector<std::string>&) {
 
 #endif
 
-const cli::CommandRegistrar kReg("decode",
-                                 "GPU decode (bf16/fp8/nvfp4 pages) and quantize_append vs pure-read bandwidth",
-                                 RunDecodeBench);
+const cli::CommandRegistrar kReg(
+    "decode", "GPU decode (bf16/fp8/nvfp4 pages) and quantize_append vs pure-read bandwidth", RunDecodeBench,
+    "[--quick] [--iters N] [--formats F,...] [--shapes BxL,...] [--block-tokens T,...] [--splits N] "
+    "[--sustain-ms N] [--json FILE] [--results FILE]\n"
+    "  --quick          two small shapes, 5 launches per timing\n"
+    "  --iters N        back-to-back launches per timing; the median of 5 means is reported (default 30)\n"
+    "  --formats F,...  of bf16, fp8, nvfp4 (default all three)\n"
+    "  --shapes BxL,... batch x context, L a multiple of 64 (default 1x32768,1x131072,16x65536,64x8192)\n"
+    "  --block-tokens T,...  page sizes of 16 and 64 tokens (default 16,64)\n"
+    "  --splits N       KV splits per sequence, 0-65536 (default 0: the library's choice)\n"
+    "  --sustain-ms N   run each kernel back to back for N ms before timing it, 0-600000 (default 0);\n"
+    "                   the time a GPU held at that load gets (an H200 then hits its power cap)\n"
+    "  --json FILE      also write the rows as JSON\n"
+    "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
+    "Each row also gives the mean SM clock over its timed launches and the share of them\n"
+    "throttled by the board's power cap (NVML; n/a without it).");
 
 }  // namespace
 }  // namespace kvtier::bench

@@ -191,7 +191,12 @@ int Run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-cli::CommandRegistrar reg("ops", "kvtierctl stats latency with a million-block index (vs empty)", Run);
+cli::CommandRegistrar reg("ops", "kvtierctl stats latency with a million-block index (vs empty)", Run,
+                          "[--blocks N] [--reps N] [--results FILE | --no-append]\n"
+                          "  --blocks N       blocks in the host tier's index, 4096-4000000 (default 1000000)\n"
+                          "  --reps N         samples of each call; the median is reported, 1-100 (default 7)\n"
+                          "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
+    "  --no-append      print the table only");
 
 }  // namespace
 }  // namespace kvtier::bench

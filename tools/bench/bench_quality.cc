@@ -207,7 +207,13 @@ int Run(const std::vector<std::string>& argv) {
 cli::CommandRegistrar reg("quality",
                           "NVFP4 max6/4over6 vs FP8 vs MXFP4 error on synthetic structured KV, "
                           "published outlier vector",
-                          Run);
+                          Run,
+                          "[--layers N] [--tokens N] [--seed N] [--results FILE | --no-append]\n"
+                          "  --layers N       synthetic layers, 1-64 (default 4)\n"
+                          "  --tokens N       tokens per layer, 32-8192 (default 512)\n"
+                          "  --seed N         generator seed, >= 0 (default 1)\n"
+                          "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
+    "  --no-append      print the table only");
 
 }  // namespace
 }  // namespace kvtier

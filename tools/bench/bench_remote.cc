@@ -276,8 +276,17 @@ int Run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const cli::CommandRegistrar kReg("remote", "remote tier (Redis Cluster) restore and writes vs raw pipelined GET/SET",
-                                 Run);
+const cli::CommandRegistrar kReg(
+    "remote", "remote tier (Redis Cluster) restore and writes vs raw pipelined GET/SET", Run,
+    "[--nodes H:P,...] [--port P] [--blocks N] [--layers N] [--batch N] [--reps N] [--results FILE | --no-append]\n"
+    "  --nodes H:P,...  an existing Redis Cluster (default: start 3 masters + 3 replicas on --port..+5)\n"
+    "  --port P         first port of the cluster it starts, 1024-55000 (default 7450)\n"
+    "  --blocks N       blocks restored and written, 4-4096 (default 64)\n"
+    "  --layers N       layers per block, 1-1024 (default 80)\n"
+    "  --batch N        blocks per pipelined batch, 1-1024 (default 16)\n"
+    "  --reps N         repetitions; the median is reported, 1-100 (default 5)\n"
+    "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
+    "  --no-append      print the table only");
 
 }  // namespace
 }  // namespace kvtier::bench

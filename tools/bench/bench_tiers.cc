@@ -388,7 +388,16 @@ int Run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const cli::CommandRegistrar kReg("tiers", "NVMe store / mover restore and demotion vs plain O_DIRECT (and host/NVMe -> HBM on a GPU)", Run);
+const cli::CommandRegistrar kReg(
+    "tiers", "NVMe store / mover restore and demotion vs plain O_DIRECT (and host/NVMe -> HBM on a GPU)", Run,
+    "[--dir DIR] [--blocks N] [--layers N] [--qd N] [--reps N] [--results FILE | --no-append]\n"
+    "  --dir DIR        where the NVMe files go (default /var/tmp)\n"
+    "  --blocks N       blocks stored and restored, 8-100000 (default 192)\n"
+    "  --layers N       layers per block, 1-1024 (default 80)\n"
+    "  --qd N           io_uring queue depth, 1-4096 (default 64)\n"
+    "  --reps N         repetitions; the median is reported, 1-100 (default 3)\n"
+    "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
+    "  --no-append      print the table only");
 
 }  // namespace
 }  // namespace kvtier::bench

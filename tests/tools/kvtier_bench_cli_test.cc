@@ -1,0 +1,104 @@
+// kvtier-bench's command line as a user runs it: `kvtier-bench COMMAND --help` prints the
+// command's options and exits 0 (the top-level usage promises it), for every suite; bad
+// options are refused with exit code 2 and change nothing.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace kvtier {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+Result Bench(const std::vector<std::string>& args, const fs::path& dir) {
+  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::freopen(out.c_str(), "w", stdout);
+    std::freopen(err.c_str(), "w", stderr);
+    std::string bin = std::string(KVTIER_BIN_DIR) + "/kvtier-bench";
+    std::vector<std::string> copy = args;
+    std::vector<char*> argv{bin.data()};
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  auto slurp = [](const fs::path& p) {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+class KvtierBenchCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("kvtier_bench_cli_" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(KvtierBenchCli, EveryCommandAnswersHelpWithItsOptions) {
+  // Each suite and options its usage must name (the ones CheckKnown accepts).
+  const std::vector<std::pair<std::string, std::vector<std::string>>> suites = {
+      {"client", {"--blocks", "--iters", "--seconds", "--no-pin", "--results", "--no-append"}},
+      {"codec", {"--mib", "--reps", "--results", "--no-append"}},
+      {"decode", {"--quick", "--iters", "--formats", "--shapes", "--block-tokens", "--splits", "--sustain-ms",
+                  "--json", "--results"}},
+      {"ops", {"--blocks", "--reps", "--results", "--no-append"}},
+      {"quality", {"--layers", "--tokens", "--seed", "--results", "--no-append"}},
+      {"remote", {"--nodes", "--port", "--blocks", "--layers", "--batch", "--reps", "--results", "--no-append"}},
+      {"tiers", {"--dir", "--blocks", "--layers", "--qd", "--reps", "--results", "--no-append"}},
+  };
+  for (const auto& [cmd, opts] : suites) {
+    for (const char* h : {"--help", "-h"}) {
+      const Result r = Bench({cmd, h}, dir_);
+      EXPECT_EQ(r.code, 0) << cmd << " " << h << ": " << r.err;
+      EXPECT_EQ(r.out.rfind("usage: kvtier-bench " + cmd + " ", 0), 0u) << r.out;
+      for (const std::string& o : opts) EXPECT_NE(r.out.find(o), std::string::npos) << cmd << " lacks " << o;
+    }
+  }
+  // --help after other options still prints the usage and runs nothing.
+  const Result r = Bench({"codec", "--mib", "1", "--help"}, dir_);
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("usage: kvtier-bench codec"), std::string::npos);
+  EXPECT_EQ(r.out.find("GB/s"), std::string::npos) << "the benchmark ran";
+}
+
+TEST_F(KvtierBenchCli, BadOptionsAreRefused) {
+  const fs::path results = dir_ / "results.md";
+  Result r = Bench({"codec", "--mib", "0", "--results", results.string()}, dir_);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--mib"), std::string::npos) << r.err;
+  r = Bench({"codec", "--bogus", "1", "--results", results.string()}, dir_);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("bogus"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(results)) << "a refused run wrote results";
+  r = Bench({"nosuch"}, dir_);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("unknown command"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace kvtier
