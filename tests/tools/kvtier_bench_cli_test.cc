@@ -2,51 +2,23 @@
 // command's options and exits 0 (the top-level usage promises it), for every suite; bad
 // options are refused with exit code 2 and change nothing.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
+
+#include "tests/tools/run_tool.h"
 
 namespace kvtier {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using Result = testing_tools::ToolResult;
 
 Result Bench(const std::vector<std::string>& args, const fs::path& dir) {
-  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::freopen(out.c_str(), "w", stdout);
-    std::freopen(err.c_str(), "w", stderr);
-    std::string bin = std::string(KVTIER_BIN_DIR) + "/kvtier-bench";
-    std::vector<std::string> copy = args;
-    std::vector<char*> argv{bin.data()};
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  auto slurp = [](const fs::path& p) {
-    std::ifstream in(p);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return testing_tools::RunTool("kvtier-bench", args, dir);
 }
 
 class KvtierBenchCli : public ::testing::Test {

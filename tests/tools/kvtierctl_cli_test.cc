@@ -15,44 +15,18 @@
 #include "formats/contract.h"
 #include "formats/keys.h"
 #include "formats/nvfp4.h"
+#include "tests/tools/run_tool.h"
 
 namespace kvtier {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using Result = testing_tools::ToolResult;
 
-// Runs build/bin/kvtierctl with args; captures stdout and stderr through files.
+// Runs build/bin/kvtierctl with args.
 Result Ctl(const std::vector<std::string>& args, const fs::path& dir) {
-  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::freopen(out.c_str(), "w", stdout);
-    std::freopen(err.c_str(), "w", stderr);
-    std::vector<char*> argv;
-    std::string bin = std::string(KVTIER_BIN_DIR) + "/kvtierctl";
-    argv.push_back(bin.data());
-    std::vector<std::string> copy = args;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  auto slurp = [](const fs::path& p) {
-    std::ifstream in(p);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return testing_tools::RunTool("kvtierctl", args, dir);
 }
 
 class KvtierctlCli : public ::testing::Test {
