@@ -123,6 +123,13 @@ if [ "$BENCH" = 1 ]; then
   echo "== torch SDPA baseline + kvtier through the C ABI"
   PYTHONUNBUFFERED=1 python3 tools/gpu/decode_baseline.py --lib "$BUILD/lib/libkvtier_kernels.so" \
     --out "$OUT" --results "$OUT/RESULTS_gpu.md" $QUICK || RC=1
+  # The same kernels held at their load ($SUSTAIN_MS ms each before timing; 0 skips): what a
+  # busy server gets once the board's power cap lowers the clock (docs/kernels.md, Session 6).
+  if [ "${SUSTAIN_MS:-3000}" != 0 ] && [ -z "$QUICK" ]; then
+    echo "== kvtier-bench decode --sustain-ms ${SUSTAIN_MS:-3000} (16 x 64K and 64 x 8K, T=16)"
+    "$BUILD/bin/kvtier-bench" decode --shapes 16x65536,64x8192 --block-tokens 16 --sustain-ms "${SUSTAIN_MS:-3000}" \
+      --results "$OUT/RESULTS_gpu.md" || RC=1
+  fi
 fi
 echo "== done rc=$RC $(date -u)"
 exit $RC
