@@ -232,7 +232,8 @@ int EnvChoice(const char* var, std::initializer_list<std::pair<const char*, int>
 int Nvfp4DecodeVariant() {
   static const int v = EnvChoice("KVTIER_NVFP4_DECODE",
                                  {{"shift", 0}, {"cvt", 1}, {"prmt", 2}, {"prmt32", 3}, {"prmt32x", 4},
-                                  {"lean32", 5}, {"lean32p", 7}, {"lean32a", 10}, {"lean32m", 12}},
+                                  {"lean32", 5}, {"lean32p", 7}, {"lean32a", 10}, {"lean32m", 12},
+                                  {"lean32b", 20}},
                                  kDefaultNvfp4Variant);
   return v;
 }
