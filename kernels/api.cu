@@ -29,8 +29,9 @@ thread_local std::string g_error;
 // shared memory offsets), 12 lean32m (lean32a, lazy running max). 6 pipe32, 8 lean32h,
 // 11 lean32d, 13 lean32v (V decoded before the softmax), 14 lean32i (leaner cp.async
 // issue), 15 tma32 (TMA bulk copies), 16 lean32w (one-warp CTAs) and 17 lean32s (copy
-// constants from shared memory) and 19 lean32e (eager branch-free pairs) measured slower
-// or level and were removed (their names are refused). Default lean32m since 2026-11-29 14:30: 44/44 NVFP4 decode tests on the
+// constants from shared memory), 19 lean32e (eager branch-free pairs) and 20 lean32b
+// (block-table windows) measured slower or level and were removed (their names are
+// refused). Default lean32m since 2026-11-29 14:30: 44/44 NVFP4 decode tests on the
 // H200 and 4.4-4.9% faster than lean32a at 16 x 64K in the same run (docs/kernels.md).
 constexpr int kDefaultNvfp4Variant = 12;
 
@@ -232,8 +233,7 @@ int EnvChoice(const char* var, std::initializer_list<std::pair<const char*, int>
 int Nvfp4DecodeVariant() {
   static const int v = EnvChoice("KVTIER_NVFP4_DECODE",
                                  {{"shift", 0}, {"cvt", 1}, {"prmt", 2}, {"prmt32", 3}, {"prmt32x", 4},
-                                  {"lean32", 5}, {"lean32p", 7}, {"lean32a", 10}, {"lean32m", 12},
-                                  {"lean32b", 20}},
+                                  {"lean32", 5}, {"lean32p", 7}, {"lean32a", 10}, {"lean32m", 12}},
                                  kDefaultNvfp4Variant);
   return v;
 }

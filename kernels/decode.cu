@@ -249,7 +249,9 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // "lean32s" (copy constants from shared memory), 18 "fold" (K block scales folded into the
 // fp32 scores, one MMA per scale group: 6-7% slower), 19 "lean32e" (QK, softmax and PV of
 // a pair as one branch-free block, the lazy-max vote after PV and a split restart when it
-// fires: 1.2% slower; commit 324b947); docs/kernels.md.
+// fires: 1.2% slower; commit 324b947), 20 "lean32b" (block table read in 32-entry windows,
+// entries by shuffle: 1.5-3% slower, the shuffle's convergence checks; commit 2f81479);
+// docs/kernels.md.
 // All are tested; the default is the one measured fastest (docs/kernels.md).
 template <int FMT, int D, int DEC>
 __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
@@ -263,12 +265,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   constexpr bool kOpt = DEC >= 5;
   // DEC 7: DEC 5 with the block-table entry of each subtile loaded two issues ahead (its
   // load no longer stalls the cp.async issue).
-  // DEC 20 ("lean32b"): lean32m with the block table read 32 entries at a time, one per
-  // lane (a "window" of pages), checked once per window by one vote, and each subtile's
-  // entry taken from the window with a shuffle: no per-subtile global load, address
-  // arithmetic or range check. The next window is loaded 32 pages ahead.
-  constexpr bool kWin = DEC == 20;
-  constexpr bool kPref = (DEC == 7 || DEC >= 10) && !kWin;
+  constexpr bool kPref = DEC == 7 || DEC >= 10;
   // DEC 10: DEC 7 with the per-lane part of the V data / V scale shared-memory addresses
   // computed once (the V swizzle term does not depend on the token pair), so each load
   // is the slot base plus a lane register plus an immediate.
@@ -383,57 +380,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     pf0 = bt_entry(0);
     pf1 = bt_entry(1);
   }
-  // kWin: lane l of `win_cur` holds the entry of page win0 + l (page = token >> log2 T),
-  // `win_nxt` the 32 after; entries past the split's last page are 0 and never used.
-  // num_slots as a 32-bit bound that also refuses negative entries (as uint32 >= 2^31).
-  const uint32_t ns32 = a.num_slots >= 0x80000000ull ? 0x80000000u : static_cast<uint32_t>(a.num_slots);
-  const int p_last = n_sub > 0 ? (t_end - 1) >> a.log2_block_tokens : -1;
-  int win0 = t_begin >> a.log2_block_tokens;
-  auto win_load = [&](int start) -> int32_t {
-    const int idx = start + lane;
-    return idx <= p_last ? __ldg(bt + idx) : 0;
-  };
-  // Refuses the window if an entry the split will use is out of range (warp-uniform).
-  auto win_check = [&](int start, int32_t e) {
-    const bool out = start + lane <= p_last && static_cast<uint32_t>(e) >= ns32;
-    if (__any_sync(0xffffffffu, out)) bad |= kErrSlotRange;
-  };
-  int32_t win_cur = 0, win_nxt = 0;
-  if constexpr (kWin) {
-    win_cur = win_load(win0);
-    win_nxt = win_load(win0 + 32);
-    win_check(win0, win_cur);
-  }
   // Subtiles are issued in order j = 0, 1, 2, ...
   auto issue_std = [&](int j, uint32_t st) {
     const int t0 = t_begin + 16 * j;
     const bool want = j < n_sub;
     int32_t slot = 0;
-    if constexpr (kWin) {
-      const int p = t0 >> a.log2_block_tokens;
-      if (p - win0 >= 32) {  // warp-uniform; pages advance by at most one per subtile
-        win0 += 32;
-        win_cur = win_nxt;
-        win_check(win0, win_cur);
-        win_nxt = win_load(win0 + 32);
-      }
-      slot = __shfl_sync(0xffffffffu, win_cur, (p - win0) & 31);
-      const bool go = want && !bad;  // never touch memory through a refused entry
-      const uint8_t* page = pool_l + static_cast<uint64_t>(static_cast<uint32_t>(slot)) * a.slot_bytes;
-      const uint32_t row0 = head_rows + static_cast<uint32_t>(t0 & (a.block_tokens - 1));
-      const uint8_t* kd = page + (o_gk + row0 * C::kRow);
-      const uint8_t* vd = page + (o_gv + row0 * C::kRow);
-#pragma unroll
-      for (int it = 0; it < kDataIt; ++it) {
-        cp_async16_if(st + C::kKData + 16 * lane + 512 * it, kd + 512 * it, go);
-      }
-#pragma unroll
-      for (int it = 0; it < kDataIt; ++it) cp_async16_if(st + o_dv[it], vd + 512 * it, go);
-      if constexpr (C::kSc > 0) {
-        cp_async16_if(st + o_ds, page + (o_gs + row0 * C::kSc), go && o_ps);
-      }
-      return;
-    }
     if constexpr (kPref) {
       slot = pf0;
       pf0 = pf1;
@@ -1331,9 +1282,6 @@ int Occupancy() {
     case 6412: return FN<kNvfp4, 64, 12>(__VA_ARGS__);                        \
     case 12812: return FN<kNvfp4, 128, 12>(__VA_ARGS__);                      \
     case 25612: return FN<kNvfp4, 256, 12>(__VA_ARGS__);                      \
-    case 6420: return FN<kNvfp4, 64, 20>(__VA_ARGS__);                        \
-    case 12820: return FN<kNvfp4, 128, 20>(__VA_ARGS__);                      \
-    case 25620: return FN<kNvfp4, 256, 20>(__VA_ARGS__);                      \
     case 6499: return FN<kNvfp4, 64, kReadOnlyVariant>(__VA_ARGS__);          \
     case 12899: return FN<kNvfp4, 128, kReadOnlyVariant>(__VA_ARGS__);        \
     case 25699: return FN<kNvfp4, 256, kReadOnlyVariant>(__VA_ARGS__);        \
