@@ -69,6 +69,16 @@ if [ "$PROFILE" = 1 ]; then
           --formats $F --shapes 16x8192 --block-tokens 16 --iters 2 --no-sdpa 2>&1 \
         | grep -v "^==PROF==" | sed -n '/DecodeKernel/,$p'
     done
+    # Per SASS instruction: PC-sampled stall reasons of the default NVFP4 decode at 16 x 64K
+    # (one launch), summarized by tools/gpu/stall_summary.py (reason shares, the hot loop's
+    # instruction mix, the most-sampled instructions).
+    echo "== ncu source counters: decode nvfp4 (default variant), 16 x 64K, T=16"
+    ncu --clock-control none -k regex:DecodeKernel --launch-skip 3 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --import-source no -o /tmp/kvt_src -f \
+      "$BUILD/bin/kvtier-bench" decode --formats nvfp4 --shapes 16x65536 --block-tokens 16 --iters 2 \
+        --results /tmp/prof_results.md > /dev/null 2>&1 \
+      && ncu -i /tmp/kvt_src.ncu-rep --page source --csv --print-source sass > /tmp/kvt_src.csv 2>/dev/null \
+      && python3 tools/gpu/stall_summary.py /tmp/kvt_src.csv
     echo "== ncu: quantize_append max6 (kvtier-bench decode --quick: N=8192, H=8, D=128)"
     ncu --clock-control none -k regex:Quantize --launch-count 1 \
       --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
