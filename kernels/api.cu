@@ -26,14 +26,16 @@ thread_local std::string g_error;
 // 2 prmt, 3 prmt32 (prmt, 32 tokens per softmax step), 4 prmt32x (prmt32, QK as two
 // HMMA chains), 5 lean32 (prmt32x, branch-free full pairs, lean cp.async issue, folded
 // qk_scale), 7 lean32p (lean32, block table read ahead), 10 lean32a (lean32p, per-lane
-// shared memory offsets), 12 lean32m (lean32a, lazy running max). 6 pipe32, 8 lean32h,
+// shared memory offsets), 12 lean32m (lean32a, lazy running max), 21 lean32c (lean32m,
+// the block-table entry checked by one 32-bit compare, no select). 6 pipe32, 8 lean32h,
 // 11 lean32d, 13 lean32v (V decoded before the softmax), 14 lean32i (leaner cp.async
 // issue), 15 tma32 (TMA bulk copies), 16 lean32w (one-warp CTAs) and 17 lean32s (copy
 // constants from shared memory), 19 lean32e (eager branch-free pairs) and 20 lean32b
 // (block-table windows) measured slower or level and were removed (their names are
-// refused). Default lean32m since 2026-11-29 14:30: 44/44 NVFP4 decode tests on the
-// H200 and 4.4-4.9% faster than lean32a at 16 x 64K in the same run (docs/kernels.md).
-constexpr int kDefaultNvfp4Variant = 12;
+// refused). Default lean32c since 2026-11-29 20:31: 65/65 NVFP4 decode tests on the
+// H200 and 1.5-1.8% faster than lean32m at 16 x 64K and 64 x 8K in three alternating
+// rounds, level at 1 x 128K (docs/kernels.md, Session 6).
+constexpr int kDefaultNvfp4Variant = 21;
 
 int Fail(int code, std::string msg) {
   g_error = std::move(msg);
@@ -233,7 +235,8 @@ int EnvChoice(const char* var, std::initializer_list<std::pair<const char*, int>
 int Nvfp4DecodeVariant() {
   static const int v = EnvChoice("KVTIER_NVFP4_DECODE",
                                  {{"shift", 0}, {"cvt", 1}, {"prmt", 2}, {"prmt32", 3}, {"prmt32x", 4},
-                                  {"lean32", 5}, {"lean32p", 7}, {"lean32a", 10}, {"lean32m", 12}},
+                                  {"lean32", 5}, {"lean32p", 7}, {"lean32a", 10}, {"lean32m", 12},
+                                  {"lean32c", 21}},
                                  kDefaultNvfp4Variant);
   return v;
 }
@@ -362,6 +365,7 @@ int DecodeImpl(const kvt_pool* pool, const kvt_decode_params* p, void* stream, b
   a.pool = static_cast<const uint8_t*>(pool->base);
   a.slot_bytes = pool->slot_bytes;
   a.num_slots = pool->num_slots;
+  a.num_slots32 = static_cast<uint32_t>(std::min<uint64_t>(pool->num_slots, uint64_t{1} << 31));
   a.page_offset = PageOffset(f, g, p->layer);
   a.k_data = static_cast<uint32_t>(pl.k_data);
   a.k_scale = static_cast<uint32_t>(pl.k_scale);

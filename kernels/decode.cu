@@ -240,7 +240,9 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // 5 = 4 with branch-free full pairs, a lean cp.async issue, qk_scale folded into the exp2
 // FFMA and MUFU.EX2 without the denormal fix-up ("lean32"), 7 = 5 with the block table
 // read ahead, 10 = 7 with per-lane shared-memory offsets, 12 = 10 with the lazy running
-// max (no shuffles unless a score passes the max by kLazySlack). Numbers measured slower
+// max (no shuffles unless a score passes the max by kLazySlack), 21 = 12 with the
+// block-table entry checked by one 32-bit compare and no select ("lean32c", the default).
+// Numbers measured slower
 // or level and removed (not reused): 6 "pipe32" (software-pipelined), 8 "lean32h" (IMAD.HI
 // in the spread), 9 "lean32o" (96 registers, 5 CTAs/SM; spilled on sm_100), 11 "lean32d"
 // (6-slot ring), 13 "lean32v" (the first subtile's V decoded before the softmax), 14
@@ -266,6 +268,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   // DEC 7: DEC 5 with the block-table entry of each subtile loaded two issues ahead (its
   // load no longer stalls the cp.async issue).
   constexpr bool kPref = DEC == 7 || DEC >= 10;
+  // DEC 21 ("lean32c"): lean32m with a leaner subtile issue: the block-table entry checked
+  // by one 32-bit compare (num_slots32), the page address from the entry as loaded (a
+  // refused entry's copies are predicated off, so no select), and the entry's index by an
+  // unsigned shift (no sign extension).
+  // The page-read probe copies as the default (lean32c) does.
+  constexpr bool kTrim = DEC == 21 || DEC == kReadOnlyVariant;
   // DEC 10: DEC 7 with the per-lane part of the V data / V scale shared-memory addresses
   // computed once (the V swizzle term does not depend on the token pair), so each load
   // is the slot base plus a lane register plus an immediate.
@@ -276,7 +284,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   // the warp-uniform slow path, after the full reduction), and P <= 2^kLazySlack fits
   // fp16. O and l are exact for any reference max, so nothing else changes.
   constexpr bool kLazyMax = DEC >= 12;
-  // kReadOnlyVariant (99): the page-read probe. The copies of lean32m, no arithmetic, no
+  // kReadOnlyVariant (99): the page-read probe. The copies of lean32c, no arithmetic, no
   // output: what the decode's memory access pattern alone costs (kvt_decode_read_probe).
   constexpr bool kReadOnly = DEC == kReadOnlyVariant;
   using C = Cfg<FMT, D, kPair ? 1 : 0>;
@@ -373,6 +381,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     }
   }
   auto bt_entry = [&](int jj) -> int32_t {
+    if constexpr (kTrim) {
+      return jj < n_sub ? __ldg(bt + (static_cast<uint32_t>(t_begin + 16 * jj) >> a.log2_block_tokens)) : 0;
+    }
     return jj < n_sub ? __ldg(bt + ((t_begin + 16 * jj) >> a.log2_block_tokens)) : 0;
   };
   int32_t pf0 = 0, pf1 = 0;  // kPref: entries of the next two subtiles to issue
@@ -392,11 +403,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     } else {
       if (want) slot = __ldg(bt + (t0 >> a.log2_block_tokens));
     }
-    const bool ok = slot >= 0 && static_cast<uint64_t>(slot) < a.num_slots;
+    const bool ok = kTrim ? static_cast<uint32_t>(slot) < a.num_slots32
+                          : slot >= 0 && static_cast<uint64_t>(slot) < a.num_slots;
     if (!ok) bad |= kErrSlotRange;
     const bool go = want && !bad;  // never touch memory through a refused entry
     const uint8_t* page =
-        pool_l + static_cast<uint64_t>(static_cast<uint32_t>(ok ? slot : 0)) * a.slot_bytes;
+        pool_l + static_cast<uint64_t>(static_cast<uint32_t>(kTrim || ok ? slot : 0)) * a.slot_bytes;
     const uint32_t row0 = head_rows + static_cast<uint32_t>(t0 & (a.block_tokens - 1));
     const uint8_t* kd = page + (o_gk + row0 * C::kRow);
     const uint8_t* vd = page + (o_gv + row0 * C::kRow);
@@ -1282,6 +1294,9 @@ int Occupancy() {
     case 6412: return FN<kNvfp4, 64, 12>(__VA_ARGS__);                        \
     case 12812: return FN<kNvfp4, 128, 12>(__VA_ARGS__);                      \
     case 25612: return FN<kNvfp4, 256, 12>(__VA_ARGS__);                      \
+    case 6421: return FN<kNvfp4, 64, 21>(__VA_ARGS__);                        \
+    case 12821: return FN<kNvfp4, 128, 21>(__VA_ARGS__);                      \
+    case 25621: return FN<kNvfp4, 256, 21>(__VA_ARGS__);                      \
     case 6499: return FN<kNvfp4, 64, kReadOnlyVariant>(__VA_ARGS__);          \
     case 12899: return FN<kNvfp4, 128, kReadOnlyVariant>(__VA_ARGS__);        \
     case 25699: return FN<kNvfp4, 256, kReadOnlyVariant>(__VA_ARGS__);        \

@@ -16,6 +16,9 @@ struct DecodeLaunch {
   const uint8_t* pool;      // slot s at pool + s * slot_bytes
   uint64_t slot_bytes;
   uint64_t num_slots;
+  // min(num_slots, 2^31): a block-table entry e is valid iff uint32(e) < num_slots32 (a
+  // negative entry is >= 2^31 as uint32): one 32-bit compare instead of two 64-bit ones.
+  uint32_t num_slots32;
   uint64_t page_offset;     // layer * page bytes
   uint32_t k_data, k_scale, v_data, v_scale;  // region offsets inside a page
   const int32_t* block_table;  // [B, max_blocks]
