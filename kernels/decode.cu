@@ -242,9 +242,8 @@ __device__ __forceinline__ constexpr int KDim(int i, int e) {
 // read ahead, 10 = 7 with per-lane shared-memory offsets, 12 = 10 with the lazy running
 // max (no shuffles unless a score passes the max by kLazySlack), 21 = 12 with the
 // block-table entry checked by one 32-bit compare and no select ("lean32c", the default).
-// Numbers measured slower
-// or level and removed (not reused): 6 "pipe32" (software-pipelined), 8 "lean32h" (IMAD.HI
-// in the spread), 9 "lean32o" (96 registers, 5 CTAs/SM; spilled on sm_100), 11 "lean32d"
+// Numbers measured slower or level and removed (not reused): 6 "pipe32" (software-
+// pipelined), 8 "lean32h" (IMAD.HI in the spread), 9 "lean32o" (96 registers, 5 CTAs/SM; spilled on sm_100), 11 "lean32d"
 // (6-slot ring), 13 "lean32v" (the first subtile's V decoded before the softmax), 14
 // "lean32i" (a leaner cp.async issue), 15 "tma32" (the ring filled by TMA bulk copies on
 // per-slot mbarriers: correct, 25% slower), 16 "lean32w" (12 in one-warp CTAs), 17

@@ -152,9 +152,9 @@ int Main(const char* program, int argc, char** argv) {
   if (!c.usage.empty() && std::any_of(rest.begin(), rest.end(), [](const std::string& a) {
         return a == "--help" || a == "-h";
       })) {
-    std::printf("usage: %s %s %s\n\n%s\n", program, cmd.c_str(), c.usage.substr(0, c.usage.find('\n')).c_str(),
-                c.summary.c_str());
+    // The first line of the usage text is the synopsis, the rest the options.
     const size_t nl = c.usage.find('\n');
+    std::printf("usage: %s %s %s\n\n%s\n", program, cmd.c_str(), c.usage.substr(0, nl).c_str(), c.summary.c_str());
     if (nl != std::string::npos) std::printf("%s\n", c.usage.substr(nl).c_str());
     return 0;
   }

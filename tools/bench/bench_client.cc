@@ -342,8 +342,7 @@ cli::CommandRegistrar reg("client", "ring vs socket latency and multi-client thr
                           "  --iters N        timed calls per latency series, >= 10 (default 2000)\n"
                           "  --seconds S      length of each throughput run (default 1.0)\n"
                           "  --no-pin         do not pin kvtierd and this process to CPUs 1 and 0\n"
-                          "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
-    "  --no-append      print the table only");
+    + std::string(kvtier::bench::kResultsUsage));
 
 }  // namespace
 }  // namespace kvtier::bench

@@ -113,8 +113,7 @@ cli::CommandRegistrar reg("codec", "CPU NVFP4 quantize/dequantize throughput vs 
                           "[--mib N] [--reps N] [--results FILE | --no-append]\n"
                           "  --mib N          MiB of float values per pass, 1-4096 (default 64)\n"
                           "  --reps N         passes; the median is reported, 1-1000 (default 7)\n"
-                          "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
-    "  --no-append      print the table only");
+    + std::string(kvtier::bench::kResultsUsage));
 
 }  // namespace
 }  // namespace kvtier

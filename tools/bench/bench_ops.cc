@@ -195,8 +195,7 @@ cli::CommandRegistrar reg("ops", "kvtierctl stats latency with a million-block i
                           "[--blocks N] [--reps N] [--results FILE | --no-append]\n"
                           "  --blocks N       blocks in the host tier's index, 4096-4000000 (default 1000000)\n"
                           "  --reps N         samples of each call; the median is reported, 1-100 (default 7)\n"
-                          "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
-    "  --no-append      print the table only");
+    + std::string(kvtier::bench::kResultsUsage));
 
 }  // namespace
 }  // namespace kvtier::bench

@@ -212,8 +212,7 @@ cli::CommandRegistrar reg("quality",
                           "  --layers N       synthetic layers, 1-64 (default 4)\n"
                           "  --tokens N       tokens per layer, 32-8192 (default 512)\n"
                           "  --seed N         generator seed, >= 0 (default 1)\n"
-                          "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
-    "  --no-append      print the table only");
+    + std::string(kvtier::bench::kResultsUsage));
 
 }  // namespace
 }  // namespace kvtier

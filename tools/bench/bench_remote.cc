@@ -285,8 +285,7 @@ const cli::CommandRegistrar kReg(
     "  --layers N       layers per block, 1-1024 (default 80)\n"
     "  --batch N        blocks per pipelined batch, 1-1024 (default 16)\n"
     "  --reps N         repetitions; the median is reported, 1-100 (default 5)\n"
-    "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
-    "  --no-append      print the table only");
+    + std::string(kvtier::bench::kResultsUsage));
 
 }  // namespace
 }  // namespace kvtier::bench

@@ -396,8 +396,7 @@ const cli::CommandRegistrar kReg(
     "  --layers N       layers per block, 1-1024 (default 80)\n"
     "  --qd N           io_uring queue depth, 1-4096 (default 64)\n"
     "  --reps N         repetitions; the median is reported, 1-100 (default 3)\n"
-    "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
-    "  --no-append      print the table only");
+    + std::string(kvtier::bench::kResultsUsage));
 
 }  // namespace
 }  // namespace kvtier::bench

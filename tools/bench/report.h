@@ -54,4 +54,11 @@ class Report {
 // printf-style formatting into a std::string.
 std::string Fmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
+// The --results and --no-append lines of a suite's usage text (cli::Command::usage), the
+// same for every suite that writes a table.
+inline constexpr char kResultsUsage[] =
+    "  --results FILE   append the table to FILE (default: $KVTIER_RESULTS, else the source\n"
+    "                   tree's bench/RESULTS.md)\n"
+    "  --no-append      print the table only";
+
 }  // namespace kvtier::bench
