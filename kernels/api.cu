@@ -36,6 +36,11 @@ thread_local std::string g_error;
 // H200 and 1.5-1.8% faster than lean32m at 16 x 64K and 64 x 8K in three alternating
 // rounds, level at 1 x 128K (docs/kernels.md, Session 6).
 constexpr int kDefaultNvfp4Variant = 21;
+// The split merge by default ($KVTIER_DECODE_MERGE, kernels/internal.h): "lean" since
+// session 7 (H200, 21:46, two rounds alternating against "cta": 1 x 8K 12.1 -> 10.5 us,
+// 1 x 32K 21.4 -> 19.1, 1 x 128K 52.0 -> 49.8, 4 x 16K 33.2 -> 31.5 / 30.7 (nvfp4);
+// docs/kernels.md, Session 7).
+constexpr int kDefaultMergeMode = detail::kMergeLean;
 
 int Fail(int code, std::string msg) {
   g_error = std::move(msg);
@@ -242,7 +247,11 @@ int Nvfp4DecodeVariant() {
 }
 
 int DecodeMergeMode() {
-  static const int v = EnvChoice("KVTIER_DECODE_MERGE", {{"cta", 0}, {"pdl", 1}, {"plain", 2}}, 0);
+  static const int v = EnvChoice("KVTIER_DECODE_MERGE",
+                                 {{"cta", kMergeCta}, {"pdl", kMergePdl}, {"plain", kMergePlain},
+                                  {"lean", kMergeLean}, {"lean-early", kMergeLeanEarly},
+                                  {"lean-late", kMergeLeanLate}},
+                                 kDefaultMergeMode);
   return v;
 }
 }  // namespace kvtier::kernels::detail
@@ -391,6 +400,18 @@ int DecodeImpl(const kvt_pool* pool, const kvt_decode_params* p, void* stream, b
     a.ws_lse = a.ws_o + static_cast<uint64_t>(p->batch) * p->num_q_heads * s.splits * g.head_dim;
   }
   a.error_flag = p->error_flag;
+  if (s.splits > 1) {
+    // The merge grid's launch: at the decode's start when the decode leaves at least half
+    // of the resident warps free (its CTAs then wait beside the decode's), else in the
+    // decode's epilogue, where it does not take issue slots from a full GPU (H200, session
+    // 7: 1 x 8K 10.9 -> 10.5 us early, 4 x 16K 30.7 -> 31.5 us early).
+    const int mode = detail::DecodeMergeMode();
+    const int64_t warps = static_cast<int64_t>(p->batch) * g.num_kv_heads * s.splits;
+    a.early_trigger =
+        mode == detail::kMergeLeanEarly ||
+        (mode == detail::kMergeLean &&
+         2 * warps <= ResidentWarps(static_cast<int>(pool->format), static_cast<int>(pool->head_dim)));
+  }
   if (cudaError_t e = detail::LaunchDecode(static_cast<int>(pool->format), static_cast<int>(g.head_dim),
                                            read_only ? detail::kReadOnlyVariant
                                                      : detail::Nvfp4DecodeVariant(),

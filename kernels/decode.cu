@@ -292,6 +292,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int gid = lane >> 2, tq = lane & 3;
+  // The merge grid (PDL) may be launched now: its CTAs take the room this grid leaves on
+  // the SMs and wait in griddepcontrol.wait until this grid is done and its writes are
+  // visible. Exited CTAs count as triggered.
+  if (a.early_trigger) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int work = blockIdx.x * kDecodeWarps + warp;
   const int total = a.batch * a.num_kv_heads * a.num_splits;
   if (work >= total) return;
@@ -988,7 +992,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     if (bad && a.error_flag != nullptr && lane == 0) atomicOr(a.error_flag, bad);
     // The merge kernel may start now: it waits (griddepcontrol.wait) until this grid is done
     // and its writes are visible, so this only lets its launch overlap the tail of this grid.
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if (!a.early_trigger) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
     // CTA merge (ws_parts < num_splits): the CTA's warps hold consecutive splits of one
     // (b, h). Each publishes its running max, denominators and O in its own ring (free now),
@@ -1205,6 +1209,76 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a, int sm
   if (a.lse != nullptr && d == 0) a.lse[row] = lse;
 }
 
+// The lean merge, for at most kLeanParts partials per row: grid (B * Hq, D / 16), 128
+// threads = 16 head dims x 8 parts. Thread (d, p) loads the lse values and partial
+// outputs of splits p, p + 8, ... (at most K) in one round and combines them against its
+// own max; the 8 parts then meet in shared memory, each rescaled to the row's max. The
+// blocks are small (K = 8: 31 registers, ~4 K per block), so with an early trigger they
+// fit beside the decode's CTAs and wait there. K = 8 up to 64 partials per row (8 KV
+// heads at batch 1 on an H200 give at most 66 / 4 x 4 = 64), K = 32 up to kLeanParts.
+template <int D, int K>
+__global__ void __launch_bounds__(128) MergeLeanKernel(const DecodeLaunch a) {
+  constexpr int kDl = 16, kP = 8;
+  static_assert(K * kP <= kLeanParts, "K splits per thread");
+  __shared__ float sm[kP][kDl], sn[kP][kDl], sd[kP][kDl];
+  const int row = blockIdx.x;  // b * Hq + hq
+  const int dl = threadIdx.x % kDl, p = threadIdx.x / kDl;
+  const int d = blockIdx.y * kDl + dl;
+  const int ns = a.ws_parts;
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  const float* ls = a.ws_lse + static_cast<size_t>(row) * ns;
+  const float* o = a.ws_o + static_cast<size_t>(row) * ns * D + d;
+  float lv[K], ov[K];
+#pragma unroll
+  for (int u = 0; u < K; ++u) {
+    const int s = p + u * kP;
+    lv[u] = s < ns ? ls[s] : -INFINITY;
+    ov[u] = s < ns ? o[static_cast<size_t>(s) * D] : 0.f;
+  }
+  float m = -INFINITY;
+  bool nan = false;
+#pragma unroll
+  for (int u = 0; u < K; ++u) {
+    nan |= isnan(lv[u]);
+    m = fmaxf(m, lv[u]);
+  }
+  float num = 0.f, den = 0.f;
+  if (m != -INFINITY) {
+#pragma unroll
+    for (int u = 0; u < K; ++u) {
+      const float w = exp2f(lv[u] - m);  // 0 for the padding and empty splits (-inf)
+      den += w;
+      num += w * ov[u];
+    }
+  }
+  sm[p][dl] = nan ? __int_as_float(0x7fc00000) : m;
+  sn[p][dl] = num;
+  sd[p][dl] = den;
+  __syncthreads();
+  if (p != 0) return;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int q = 0; q < kP; ++q) {
+    nan |= isnan(sm[q][dl]);
+    mx = fmaxf(mx, sm[q][dl]);
+  }
+  num = den = 0.f;
+  if (mx != -INFINITY) {
+#pragma unroll
+    for (int q = 0; q < kP; ++q) {
+      const float w = exp2f(sm[q][dl] - mx);  // 0 for a part with no split (-inf)
+      num += w * sn[q][dl];
+      den += w * sd[q][dl];
+    }
+  }
+  float res = den > 0.f ? num / den : 0.f;
+  float lse = mx == -INFINITY ? -INFINITY : (mx + __log2f(den)) * 0.6931471805599453f;
+  if (nan) res = lse = __int_as_float(0x7fc00000);
+  __nv_bfloat16 r = __float2bfloat16_rn(res);
+  a.out[static_cast<size_t>(row) * D + d] = *reinterpret_cast<uint16_t*>(&r);
+  if (a.lse != nullptr && d == 0) a.lse[row] = lse;
+}
+
 template <int FMT, int D, int DEC>
 cudaError_t Launch(const DecodeLaunch& launch, cudaStream_t stream) {
   using C = Cfg<FMT, D, DEC >= 3 ? 1 : 0>;
@@ -1220,7 +1294,8 @@ cudaError_t Launch(const DecodeLaunch& launch, cudaStream_t stream) {
   // A CTA's warps are consecutive splits of one (b, h) when the split count is a multiple
   // of the warps per CTA: the CTA merges them (DecodeKernel's epilogue).
   const int mode = DecodeMergeMode();
-  a.ws_parts = mode == 0 && a.num_splits > 1 && a.num_splits % kDecodeWarps == 0
+  const bool cta_merge = mode == kMergeCta || mode >= kMergeLean;
+  a.ws_parts = cta_merge && a.num_splits > 1 && a.num_splits % kDecodeWarps == 0
                    ? a.num_splits / kDecodeWarps
                    : a.num_splits;
   const int total = a.batch * a.num_kv_heads * a.num_splits;
@@ -1228,22 +1303,33 @@ cudaError_t Launch(const DecodeLaunch& launch, cudaStream_t stream) {
   DecodeKernel<FMT, D, DEC><<<blocks, kDecodeWarps * 32, smem, stream>>>(a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || a.ws_parts == 1 || DEC == kReadOnlyVariant) return e;
+  // Programmatic dependent launch: the merge grid may be launched while the decode grid's
+  // last CTAs finish (or, with the early trigger, while it runs); it waits for them
+  // (griddepcontrol.wait) before it reads.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (mode >= kMergeLean && a.ws_parts <= kLeanParts) {
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3(static_cast<unsigned>(a.batch * a.num_q_heads), D / 16);
+    lc.blockDim = dim3(128);
+    lc.stream = stream;
+    lc.attrs = attr;
+    lc.numAttrs = 1;
+    return a.ws_parts <= 64 ? cudaLaunchKernelEx(&lc, MergeLeanKernel<D, 8>, a)
+                            : cudaLaunchKernelEx(&lc, MergeLeanKernel<D, 32>, a);
+  }
   int parts = 1;
   while (parts < a.ws_parts && parts < 32) parts *= 2;
   // split weights in shared memory when they fit the default 48 KB (with the static arrays)
   const int smem_w = a.ws_parts <= 8192 ? 1 : 0;
-  // Programmatic dependent launch: the merge grid may be launched while the decode grid's
-  // last CTAs finish; it waits for them (griddepcontrol.wait) before it reads.
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(a.batch * a.num_q_heads), D / 32);
   cfg.blockDim = dim3(static_cast<unsigned>(32 * parts));
   cfg.dynamicSmemBytes = smem_w ? static_cast<size_t>(a.ws_parts) * 4 : 0;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = mode == 2 ? 0 : 1;
+  cfg.numAttrs = mode == kMergePlain ? 0 : 1;
   return cudaLaunchKernelEx(&cfg, MergeKernel<D>, a, smem_w);
 }
 

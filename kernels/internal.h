@@ -33,6 +33,10 @@ struct DecodeLaunch {
   float* ws_o;              // [B, Hq, ws_parts, D] partial outputs (normalized)
   float* ws_lse;            // [B, Hq, ws_parts] partial log2-sum-exp
   int32_t* error_flag;      // or null
+  // The decode lets the merge grid launch (griddepcontrol.launch_dependents) at its start
+  // instead of in its epilogue, so the merge CTAs can be resident, waiting in
+  // griddepcontrol.wait, before the decode's last CTAs end (MergeMode; set by api.cu).
+  int early_trigger;
 };
 
 // format: 0 nvfp4, 1 fp8, 2 bf16. variant (nvfp4 only): 0 = E2M1 decoded by shift/mask
@@ -51,9 +55,19 @@ inline constexpr int kReadOnlyVariant = 99;
 // reported on stderr once),
 // else the default measured fastest on H200 (docs/kernels.md).
 int Nvfp4DecodeVariant();
-// $KVTIER_DECODE_MERGE, for measurements: "cta" (0, default) = a CTA merges its warps'
-// splits and the merge kernel is launched programmatically (PDL); "pdl" (1) = PDL only;
-// "plain" (2) = neither (the session-4 behaviour). Read once, like the variant.
+// The split merge ($KVTIER_DECODE_MERGE, for measurements; read once, like the variant):
+//   "lean" (default): a CTA merges its warps' splits; the rest are merged by the lean
+//     merge kernel (128-thread blocks, one round of loads; at most kLeanParts partials per
+//     row, else the merge kernel below), launched programmatically (PDL). The decode
+//     triggers that launch at its start when its grid leaves at least half of the GPU's
+//     resident warps free (the merge CTAs then wait beside it), else in its epilogue.
+//   "lean-early" / "lean-late": "lean" with the trigger always at the start / in the epilogue.
+//   "cta": the CTA merge and the merge kernel of session 5 (blocks of 32 x P threads), PDL
+//     triggered in the epilogue; "pdl": that merge kernel, no CTA merge; "plain": neither
+//     (the session-4 behaviour).
+enum MergeMode { kMergeCta = 0, kMergePdl = 1, kMergePlain = 2, kMergeLean = 3, kMergeLeanEarly = 4,
+                 kMergeLeanLate = 5 };
+inline constexpr int kLeanParts = 256;
 int DecodeMergeMode();
 inline constexpr int kDecodeWarps = 4;  // warps per CTA; one warp per (b, kv head, split)
 

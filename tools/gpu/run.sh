@@ -106,9 +106,10 @@ fi
   done; }
 
 # The decode tests once more with the other split-merge paths in $MERGE_RETEST (default
-# "plain": no CTA merge, the merge kernel without PDL).
-[ "$TESTS" = 1 ] && { echo "== decode tests again with KVTIER_DECODE_MERGE=${MERGE_RETEST:-plain}"
-  for M in ${MERGE_RETEST:-plain}; do
+# "cta plain lean-early": session 5's merge kernel; no CTA merge and no PDL; the lean
+# merge always triggered at the decode's start, so both trigger points are tested).
+[ "$TESTS" = 1 ] && { echo "== decode tests again with KVTIER_DECODE_MERGE=${MERGE_RETEST:-cta plain lean-early}"
+  for M in ${MERGE_RETEST:-cta plain lean-early}; do
     KVTIER_DECODE_MERGE=$M ctest --test-dir "$SRC_BUILD" -L gpu -R 'Decode' -j 8 --timeout 900 \
       >> "$OUT/ctest_gpu.log" 2>&1 || RC=1
     echo "merge $M: $(grep -E 'tests passed' "$OUT/ctest_gpu.log" | tail -1)"
