@@ -300,6 +300,17 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
           const double rgbps = static_cast<double>(iter_bytes) / rus / 1e3;
           rows.push_back({"  nvfp4 page read (the decode's copies, no math)", sh.B, sh.L, T, rus, rgbps,
                           rgbps / roof, last_clock});
+          // The same number of bytes read by the roofline's kernel in one contiguous run
+          // (set k's slots, rotating like the decode): what one kernel of this size gets
+          // at best, its launch, first bytes and tail included.
+          int prc = 0;
+          const double pus = time_it([&](int i) {
+            prc |= kvt_read_bandwidth_probe(pool + (i % nsets) * blocks * slot_bytes, iter_bytes, sink, nullptr);
+          });
+          if (prc != KVT_OK) return cli::Fail(std::string("read probe: ") + kvt_last_error());
+          const double pgbps = static_cast<double>(iter_bytes) / pus / 1e3;
+          rows.push_back({"  pure read of the same bytes (one contiguous run)", sh.B, sh.L, T, pus, pgbps,
+                          pgbps / roof, last_clock});
         }
         cudaFree(dws);
         cudaFree(dbt);
