@@ -491,13 +491,9 @@ int RunDecode(DecodeSetup& s, int splits, bool host_copies, DecodeRun* r, std::s
 
 class Decode : public ::testing::TestWithParam<DecodeCase> {};
 
-// Runs the decode on `s` and checks it against float64 attention over the dequantized
+// Checks a decode's outputs `r` for `s` against float64 attention over the dequantized
 // cache: relative L2 of the output <= 5e-3, LSE within 2e-3, nothing left unwritten.
-void CheckDecodeAgainstReference(DecodeSetup& s, int splits) {
-  DecodeRun r;
-  std::string err;
-  ASSERT_EQ(RunDecode(s, splits, true, &r, &err), KVT_OK) << err;
-  EXPECT_EQ(r.flag, 0);
+void ExpectMatchesReference(const DecodeSetup& s, const DecodeRun& r, const std::string& what) {
   DecodeRefArgs a;
   a.q = s.qf;
   a.block_table = s.bt;
@@ -519,16 +515,25 @@ void CheckDecodeAgainstReference(DecodeSetup& s, int splits) {
     num += (got - ref[i]) * (got - ref[i]);
     den += ref[i] * ref[i];
   }
-  ASSERT_EQ(nonfinite, 0u) << "outputs left unwritten (poison) or NaN";
+  ASSERT_EQ(nonfinite, 0u) << "outputs left unwritten (poison) or NaN, " << what;
   const double rel = std::sqrt(num / den);
-  EXPECT_LE(rel, 5e-3) << "relative L2 error, splits=" << splits << " batch=" << s.batch;
+  EXPECT_LE(rel, 5e-3) << "relative L2 error, " << what << " batch=" << s.batch;
   double lse_err = 0;
   for (size_t i = 0; i < ref_lse.size(); ++i) {
     lse_err = std::max(lse_err, std::fabs(static_cast<double>(r.lse[i]) - ref_lse[i]) /
                                     std::max(1.0, std::fabs(ref_lse[i])));
   }
-  EXPECT_LE(lse_err, 2e-3) << "log-sum-exp error";
+  EXPECT_LE(lse_err, 2e-3) << "log-sum-exp error, " << what;
   ::testing::Test::RecordProperty("rel_l2", std::to_string(rel));
+}
+
+// Runs the decode on `s` and checks it against the reference.
+void CheckDecodeAgainstReference(DecodeSetup& s, int splits) {
+  DecodeRun r;
+  std::string err;
+  ASSERT_EQ(RunDecode(s, splits, true, &r, &err), KVT_OK) << err;
+  EXPECT_EQ(r.flag, 0);
+  ExpectMatchesReference(s, r, "splits=" + std::to_string(splits));
 }
 
 TEST_P(Decode, MatchesFloat64ReferenceOverDequantizedCache) {
@@ -773,6 +778,87 @@ TEST(DecodeSplits, AutomaticCountsAreMultiplesOfTheCtaWarps) {
             << KvFormatName(f) << " batch " << batch << " len " << len << ": " << splits << " splits";
       }
     }
+  }
+}
+
+// Engines (vLLM, SGLang) capture their decode step in a CUDA graph and replay it with
+// new inputs in the same buffers. kvt_decode is captured here in global capture mode (no
+// unsafe API call may happen on this thread meanwhile), in this process's first decode
+// when the test runs alone (ctest), with the split merge's programmatic launch edge inside
+// the graph. Each replay gets fresh queries and sequence lengths, poisoned outputs, and
+// must match the reference. Splits 0 (the library's choice), 4 (the CTA writes the output,
+// no merge kernel) and 32 (8 CTA partials per row for the merge kernel).
+TEST(DecodeGraph, CapturedDecodeReplaysWithNewInputs) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  for (int splits : {32, 4, 0}) {
+    DecodeSetup s;
+    MakeSetup({KvFormat::kNvfp4, 128, 16, 4, 2, 3, 3000, splits}, rng, &s);
+    const kvt_pool& pool = s.pool->desc;
+    Dev dq(s.q16.size() * 2), dout(s.q16.size() * 2), dlse(static_cast<size_t>(s.batch) * s.hq * 4),
+        dbt(s.bt.size() * 4), dlen(s.lens.size() * 4), flag(4);
+    dbt.Put(s.bt.data());
+    kvt_decode_params p{};
+    p.q = dq.p;
+    p.out = dout.p;
+    p.lse = dlse.as<float>();
+    p.block_table = dbt.as<int32_t>();
+    p.seq_lens = dlen.as<int32_t>();
+    p.batch = s.batch;
+    p.num_q_heads = s.hq;
+    p.max_blocks = s.max_blocks;
+    p.max_seq_len = s.max_len;
+    p.layer = s.layer;
+    p.k_scale = s.ks;
+    p.v_scale = s.vs;
+    p.softmax_scale = s.softmax_scale;
+    p.num_splits = splits;
+    p.error_flag = flag.as<int32_t>();
+    const uint64_t ws = kvt_decode_workspace_bytes(&pool, &p);
+    Dev dws(ws);
+    p.workspace = ws ? dws.p : nullptr;
+    p.workspace_bytes = ws;
+    cudaStream_t st = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    const int rc = kvt_decode(&pool, &p, st);
+    const std::string err = kvt_last_error();
+    cudaGraph_t graph = nullptr;
+    CUDA_OK(cudaStreamEndCapture(st, &graph));
+    ASSERT_EQ(rc, KVT_OK) << "kvt_decode under stream capture: " << err;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    const std::vector<int32_t> lens0 = s.lens;
+    for (int replay = 0; replay < 3; ++replay) {
+      // New queries and lengths (<= max_seq_len, the captured plan's bound) in the same buffers.
+      std::normal_distribution<float> nd(0.f, 1.f);
+      for (size_t i = 0; i < s.q16.size(); ++i) {
+        s.q16[i] = FloatToBf16(nd(rng));
+        s.qf[i] = Bf16ToFloat(s.q16[i]);
+      }
+      // Only tokens MakeSetup wrote: at most each sequence's first length (replay 0 keeps them).
+      for (int b = 0; b < s.batch && replay > 0; ++b) {
+        s.lens[b] = 1 + static_cast<int>(rng() % static_cast<uint32_t>(lens0[b]));
+      }
+      CUDA_OK(cudaMemcpyAsync(dq.p, s.q16.data(), dq.n, cudaMemcpyHostToDevice, st));
+      CUDA_OK(cudaMemcpyAsync(dlen.p, s.lens.data(), dlen.n, cudaMemcpyHostToDevice, st));
+      CUDA_OK(cudaMemsetAsync(dout.p, 0xFF, dout.n, st));
+      CUDA_OK(cudaMemsetAsync(dlse.p, 0xFF, dlse.n, st));
+      CUDA_OK(cudaMemsetAsync(flag.p, 0, 4, st));
+      CUDA_OK(cudaGraphLaunch(exec, st));
+      CUDA_OK(cudaStreamSynchronize(st));
+      DecodeRun r;
+      r.out.resize(s.q16.size());
+      r.lse.resize(static_cast<size_t>(s.batch) * s.hq);
+      dout.Get(r.out.data());
+      dlse.Get(r.lse.data());
+      flag.Get(&r.flag);
+      EXPECT_EQ(r.flag, 0);
+      ExpectMatchesReference(s, r, "graph replay " + std::to_string(replay) + ", splits=" + std::to_string(splits));
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
   }
 }
 

@@ -27,6 +27,13 @@
  * Supported decode shapes: head_dim 64, 128 or 256; block_tokens 16, 32 or 64; query
  * heads per KV head (GQA group) 1, 2, 4 or 8. Anything else is KVT_UNSUPPORTED.
  *
+ * CUDA graphs: kvt_decode may be captured (global capture mode too, and as the process's
+ * first decode) and replayed with new contents in the same buffers (queries, seq_lens,
+ * block table, pool). The split plan is fixed at capture from max_seq_len and the GPU, so
+ * replays must keep seq_lens <= the captured max_seq_len and the same workspace. A split
+ * decode is two kernels joined by a programmatic (PDL) edge. Tested: DecodeGraph in
+ * tests/kernels/gpu_test.cc. One workspace must not serve two decodes at once.
+ *
  * Built without CUDA, every launcher returns KVT_UNSUPPORTED (the CPU references in
  * kernels/reference.h are always built).
  */
