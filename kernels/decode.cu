@@ -1092,6 +1092,19 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   }
 }
 
+// The merged output of (row, d): num / den in bf16, and the row's natural-log lse (once
+// per row); NaN for both when a split was refused.
+template <int D>
+__device__ __forceinline__ void MergeWrite(const DecodeLaunch& a, int row, int d, float mx, float num,
+                                           float den, bool nan) {
+  float res = den > 0.f ? num / den : 0.f;
+  float lse = mx == -INFINITY ? -INFINITY : (mx + __log2f(den)) * 0.6931471805599453f;
+  if (nan) res = lse = __int_as_float(0x7fc00000);
+  __nv_bfloat16 r = __float2bfloat16_rn(res);
+  a.out[static_cast<size_t>(row) * D + d] = *reinterpret_cast<uint16_t*>(&r);
+  if (a.lse != nullptr && d == 0) a.lse[row] = lse;
+}
+
 // Merges the splits of one (b, hq) and 32 of its head dims: weights 2^(lse_s - max).
 // Grid (B * Hq, D / 32); block = 32 dims x P parts (P a power of two <= 32, about the
 // split count): thread (d, part) sums splits part, part + P, ..., keeping 8 loads in
@@ -1201,12 +1214,7 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a, int sm
     num += red[p][dl];
     den += red2[p][dl];
   }
-  float res = den > 0.f ? num / den : 0.f;
-  float lse = mx == -INFINITY ? -INFINITY : (mx + __log2f(den)) * 0.6931471805599453f;
-  if (nan) res = lse = __int_as_float(0x7fc00000);
-  __nv_bfloat16 r = __float2bfloat16_rn(res);
-  a.out[static_cast<size_t>(row) * D + d] = *reinterpret_cast<uint16_t*>(&r);
-  if (a.lse != nullptr && d == 0) a.lse[row] = lse;
+  MergeWrite<D>(a, row, d, mx, num, den, nan);
 }
 
 // The lean merge, for at most kLeanParts partials per row: grid (B * Hq, D / 16), 128
@@ -1214,8 +1222,8 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a, int sm
 // outputs of splits p, p + 8, ... (at most K) in one round and combines them against its
 // own max; the 8 parts then meet in shared memory, each rescaled to the row's max. The
 // blocks are small (K = 8: 31 registers, ~4 K per block), so with an early trigger they
-// fit beside the decode's CTAs and wait there. K = 8 up to 64 partials per row (8 KV
-// heads at batch 1 on an H200 give at most 66 / 4 x 4 = 64), K = 32 up to kLeanParts.
+// fit beside the decode's CTAs and wait there. K = 8 up to 64 partials per row (an H200
+// plans 256 splits, 64 partials, for 8 KV heads at batch 1), K = 32 up to kLeanParts.
 template <int D, int K>
 __global__ void __launch_bounds__(128) MergeLeanKernel(const DecodeLaunch a) {
   constexpr int kDl = 16, kP = 8;
@@ -1271,12 +1279,7 @@ __global__ void __launch_bounds__(128) MergeLeanKernel(const DecodeLaunch a) {
       den += w * sd[q][dl];
     }
   }
-  float res = den > 0.f ? num / den : 0.f;
-  float lse = mx == -INFINITY ? -INFINITY : (mx + __log2f(den)) * 0.6931471805599453f;
-  if (nan) res = lse = __int_as_float(0x7fc00000);
-  __nv_bfloat16 r = __float2bfloat16_rn(res);
-  a.out[static_cast<size_t>(row) * D + d] = *reinterpret_cast<uint16_t*>(&r);
-  if (a.lse != nullptr && d == 0) a.lse[row] = lse;
+  MergeWrite<D>(a, row, d, mx, num, den, nan);
 }
 
 template <int FMT, int D, int DEC>

@@ -437,6 +437,28 @@ struct DecodeRun {
   int32_t flag = 0;
 };
 
+// The decode parameters of `s` over these device buffers (no host copies, no workspace).
+kvt_decode_params DecodeParams(const DecodeSetup& s, int splits, const Dev& dq, const Dev& dout, const Dev& dlse,
+                               const Dev& dbt, const Dev& dlen, const Dev& flag) {
+  kvt_decode_params p{};
+  p.q = dq.p;
+  p.out = dout.p;
+  p.lse = dlse.as<float>();
+  p.block_table = dbt.as<int32_t>();
+  p.seq_lens = dlen.as<int32_t>();
+  p.batch = s.batch;
+  p.num_q_heads = s.hq;
+  p.max_blocks = s.max_blocks;
+  p.max_seq_len = s.max_len;
+  p.layer = s.layer;
+  p.k_scale = s.ks;
+  p.v_scale = s.vs;
+  p.softmax_scale = s.softmax_scale;
+  p.num_splits = splits;
+  p.error_flag = flag.as<int32_t>();
+  return p;
+}
+
 // Runs kvt_decode with poisoned outputs. Returns the kvt status.
 // With `probe`, runs kvt_decode_read_probe instead (which must leave the outputs alone).
 int RunDecode(DecodeSetup& s, int splits, bool host_copies, DecodeRun* r, std::string* err,
@@ -451,24 +473,9 @@ int RunDecode(DecodeSetup& s, int splits, bool host_copies, DecodeRun* r, std::s
   cudaMemset(dout.p, 0xFF, dout.n);  // NaN in bf16
   cudaMemset(dlse.p, 0xFF, dlse.n);  // NaN in f32
   cudaMemset(flag.p, 0, 4);
-  kvt_decode_params p{};
-  p.q = dq.p;
-  p.out = dout.p;
-  p.lse = dlse.as<float>();
-  p.block_table = dbt.as<int32_t>();
-  p.seq_lens = dlen.as<int32_t>();
+  kvt_decode_params p = DecodeParams(s, splits, dq, dout, dlse, dbt, dlen, flag);
   p.block_table_host = host_copies ? s.bt.data() : nullptr;
   p.seq_lens_host = host_copies ? s.lens.data() : nullptr;
-  p.batch = s.batch;
-  p.num_q_heads = s.hq;
-  p.max_blocks = s.max_blocks;
-  p.max_seq_len = s.max_len;
-  p.layer = s.layer;
-  p.k_scale = s.ks;
-  p.v_scale = s.vs;
-  p.softmax_scale = s.softmax_scale;
-  p.num_splits = splits;
-  p.error_flag = flag.as<int32_t>();
   const uint64_t ws = kvt_decode_workspace_bytes(&pool, &p);
   Dev dws(ws);
   p.workspace = ws ? dws.p : nullptr;
@@ -798,22 +805,7 @@ TEST(DecodeGraph, CapturedDecodeReplaysWithNewInputs) {
     Dev dq(s.q16.size() * 2), dout(s.q16.size() * 2), dlse(static_cast<size_t>(s.batch) * s.hq * 4),
         dbt(s.bt.size() * 4), dlen(s.lens.size() * 4), flag(4);
     dbt.Put(s.bt.data());
-    kvt_decode_params p{};
-    p.q = dq.p;
-    p.out = dout.p;
-    p.lse = dlse.as<float>();
-    p.block_table = dbt.as<int32_t>();
-    p.seq_lens = dlen.as<int32_t>();
-    p.batch = s.batch;
-    p.num_q_heads = s.hq;
-    p.max_blocks = s.max_blocks;
-    p.max_seq_len = s.max_len;
-    p.layer = s.layer;
-    p.k_scale = s.ks;
-    p.v_scale = s.vs;
-    p.softmax_scale = s.softmax_scale;
-    p.num_splits = splits;
-    p.error_flag = flag.as<int32_t>();
+    kvt_decode_params p = DecodeParams(s, splits, dq, dout, dlse, dbt, dlen, flag);
     const uint64_t ws = kvt_decode_workspace_bytes(&pool, &p);
     Dev dws(ws);
     p.workspace = ws ? dws.p : nullptr;
