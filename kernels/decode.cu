@@ -1224,9 +1224,10 @@ __global__ void __launch_bounds__(1024) MergeKernel(const DecodeLaunch a, int sm
 // blocks are small (K = 8: 31 registers, ~4 K per block), so with an early trigger they
 // fit beside the decode's CTAs and wait there. K = 8 up to 64 partials per row (an H200
 // plans 256 splits, 64 partials, for 8 KV heads at batch 1), K = 32 up to kLeanParts.
+constexpr int kLeanDims = 16, kLeanP = 8;  // a block: 16 head dims x 8 parts
 template <int D, int K>
-__global__ void __launch_bounds__(128) MergeLeanKernel(const DecodeLaunch a) {
-  constexpr int kDl = 16, kP = 8;
+__global__ void __launch_bounds__(kLeanDims * kLeanP) MergeLeanKernel(const DecodeLaunch a) {
+  constexpr int kDl = kLeanDims, kP = kLeanP;
   static_assert(K * kP <= kLeanParts, "K splits per thread");
   __shared__ float sm[kP][kDl], sn[kP][kDl], sd[kP][kDl];
   const int row = blockIdx.x;  // b * Hq + hq
@@ -1314,13 +1315,13 @@ cudaError_t Launch(const DecodeLaunch& launch, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   if (mode >= kMergeLean && a.ws_parts <= kLeanParts) {
     cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3(static_cast<unsigned>(a.batch * a.num_q_heads), D / 16);
-    lc.blockDim = dim3(128);
+    lc.gridDim = dim3(static_cast<unsigned>(a.batch * a.num_q_heads), D / kLeanDims);
+    lc.blockDim = dim3(kLeanDims * kLeanP);
     lc.stream = stream;
     lc.attrs = attr;
     lc.numAttrs = 1;
-    return a.ws_parts <= 64 ? cudaLaunchKernelEx(&lc, MergeLeanKernel<D, 8>, a)
-                            : cudaLaunchKernelEx(&lc, MergeLeanKernel<D, 32>, a);
+    return a.ws_parts <= 8 * kLeanP ? cudaLaunchKernelEx(&lc, MergeLeanKernel<D, 8>, a)
+                                    : cudaLaunchKernelEx(&lc, MergeLeanKernel<D, kLeanParts / kLeanP>, a);
   }
   int parts = 1;
   while (parts < a.ws_parts && parts < 32) parts *= 2;
