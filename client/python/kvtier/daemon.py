@@ -1,10 +1,14 @@
-"""Starts a kvtierd for one engine run: a temp folder with a config sized for the run,
-the daemon's log in it, and a stop() that sends SIGTERM (clean drain) and removes it.
+"""A private kvtierd for a test, an example or a benchmark: a temp folder with a config
+sized for the run, the daemon's log in it, and a stop() that sends SIGTERM (clean drain)
+and removes the folder.
 
-The binary comes from $KVTIER_BIN_DIR, else the repo's build/bin or build-gpu/bin.
-$KVTIER_ENGINE_LOG_LEVEL overrides the daemon's log level (default warn), and
-$KVTIER_ENGINE_LOG names a file that stop() appends the daemon's log to before the temp
-folder goes (e.g. with KVTIER_TRACE_COPIES=1, which logs every acquire and copy batch).
+    with kvtier.daemon.Daemon(slot_bytes=contract.block_bytes(), hbm="8GiB") as d:
+        client = kvtier.Client(d.socket, has_gpu=True)
+
+The binary comes from $KVTIER_BIN_DIR, else the repo's build/bin or build-gpu/bin, else
+kvtierd on $PATH. $KVTIER_DAEMON_LOG_LEVEL overrides the daemon's log level (default
+warn), and $KVTIER_DAEMON_LOG names a file that stop() appends the daemon's log to
+before the temp folder goes.
 """
 import os
 import shutil
@@ -15,7 +19,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 
 
 def kvtierd_path():
@@ -23,6 +27,9 @@ def kvtierd_path():
     if os.environ.get("KVTIER_BIN_DIR"):
         cands.append(os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd"))
     cands += [os.path.join(ROOT, b, "bin", "kvtierd") for b in ("build", "build-gpu")]
+    found = shutil.which("kvtierd")
+    if found:
+        cands.append(found)
     for c in cands:
         if os.access(c, os.X_OK):
             return c
@@ -32,8 +39,9 @@ def kvtierd_path():
 class Daemon:
     def __init__(self, slot_bytes, hbm="8GiB", host="16GiB", nvme="32GiB", nvme_dir=None, policy="prefix-lru",
                  log_level=None, timeout_s=120):
-        log_level = log_level or os.environ.get("KVTIER_ENGINE_LOG_LEVEL", "warn")
-        self.dir = tempfile.mkdtemp(prefix="kvtier-engine-")
+        """hbm=None starts a daemon without an HBM tier."""
+        log_level = log_level or os.environ.get("KVTIER_DAEMON_LOG_LEVEL", "warn")
+        self.dir = tempfile.mkdtemp(prefix="kvtierd-")
         self.socket = os.path.join(self.dir, "kvtierd.sock")
         self.log = os.path.join(self.dir, "kvtierd.log")
         slot = (int(slot_bytes) + 4095) // 4096 * 4096
@@ -46,11 +54,7 @@ metrics_port = 0
 ring_data_bytes = "16MiB"
 [tiers]
 slot_bytes = {slot}
-[tiers.hbm]
-capacity = "{hbm}"
-policy = "{policy}"
-on_evict = "demote"
-[tiers.host]
+{{hbm_section}}[tiers.host]
 capacity = "{host}"
 policy = "{policy}"
 on_evict = "demote"
@@ -61,6 +65,8 @@ policy = "lru"
 admission = "always"
 """
         self.config = os.path.join(self.dir, "kvtier.toml")
+        cfg = cfg.replace("{hbm_section}", "" if hbm is None else
+                          f'[tiers.hbm]\ncapacity = "{hbm}"\npolicy = "{policy}"\non_evict = "demote"\n')
         with open(self.config, "w") as f:
             f.write(cfg)
         self.proc = subprocess.Popen([kvtierd_path(), "--config", self.config], stdout=open(self.log, "w"),
@@ -94,7 +100,7 @@ admission = "always"
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        keep = os.environ.get("KVTIER_ENGINE_LOG")
+        keep = os.environ.get("KVTIER_DAEMON_LOG")
         if keep:
             try:
                 with open(self.log) as src, open(keep, "a") as dst:
@@ -102,3 +108,9 @@ admission = "always"
             except OSError:
                 pass
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,180 @@
+"""kvtier's kernels as torch custom ops (``torch.ops.kvtier.*``).
+
+The ops run on torch's current CUDA stream, so they order with the surrounding torch work,
+can be captured in a CUDA graph, and are opaque to ``torch.compile`` (each has a fake
+implementation, so a compiled graph keeps them as calls instead of breaking). The pages
+live in the daemon's HBM arena, which the ops take as a uint8 tensor (:func:`arena_tensor`):
+``quantize_append`` declares it mutated and ``decode`` / ``dequantize_pages`` read it, so
+the compiler sees the write-before-read order between them.
+
+Geometry is one int list, ``[slot_bytes, num_slots, num_layers, num_kv_heads, head_dim,
+block_tokens, format]`` (:func:`geometry`), the fields of ``kvt_pool`` (kernels.h).
+
+    torch.ops.kvtier.quantize_append(arena, k, v, slot_ids, positions, geom, layer, ks, vs, rule)
+    torch.ops.kvtier.decode(arena, q, out, block_table, seq_lens, workspace, geom, layer,
+                            ks, vs, softmax_scale, max_seq_len, num_splits)
+    torch.ops.kvtier.dequantize_pages(arena, out, slot_ids, positions, geom, layer, side, scale)
+
+``quantize_append`` writes NVFP4 pages with the CUDA kernel (bit-identical to the CPU
+codec); for FP8 pages it rounds ``x / scale`` to E4M3 (round to nearest even, saturating
+at +-448) and for BF16 pages it stores the values, both with torch scatters into the same
+page layout (formats/layout.h). Every launcher checks its arguments first and raises
+:class:`kvtier.kernels.KernelError` without launching anything.
+"""
+import ctypes
+from typing import List
+
+import torch
+
+from . import kernels as K
+
+GEOMETRY_FIELDS = ("slot_bytes", "num_slots", "num_layers", "num_kv_heads", "head_dim", "block_tokens", "format")
+
+
+class _CudaBytes:
+    """A raw device allocation seen by torch (the IPC-mapped HBM arena)."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3, "strides": None}
+
+
+def arena_tensor(base: int, nbytes: int) -> torch.Tensor:
+    """A uint8 CUDA tensor over device memory at `base` (not owned: the memory must outlive it)."""
+    return torch.as_tensor(_CudaBytes(base, nbytes), device="cuda")
+
+
+def geometry(pool: K.Pool) -> List[int]:
+    return [int(pool.slot_bytes), int(pool.num_slots), int(pool.num_layers), int(pool.num_kv_heads),
+            int(pool.head_dim), int(pool.block_tokens), int(pool.format)]
+
+
+_pools = {}
+
+
+def _pool(arena: torch.Tensor, geom: List[int]) -> K.Pool:
+    key = (arena.data_ptr(), *geom)
+    p = _pools.get(key)
+    if p is None:
+        if len(geom) != len(GEOMETRY_FIELDS):
+            raise ValueError(f"geometry has {len(geom)} fields, expected {len(GEOMETRY_FIELDS)}: {GEOMETRY_FIELDS}")
+        p = K.Pool(arena.data_ptr(), *geom)
+        if geom[0] * geom[1] > arena.numel():
+            raise ValueError(f"arena has {arena.numel()} bytes, geometry needs {geom[0] * geom[1]}")
+        K.check_pool(p)
+        _pools[key] = p
+    return p
+
+
+def _stream() -> ctypes.c_void_p:
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+def _side_view(arena: torch.Tensor, geom: List[int], layer: int, side: int, dtype, elem: int) -> torch.Tensor:
+    """[num_slots, H, T, D] view of one side (K 0 / V 1) of one layer's FP8 or BF16 pages."""
+    slot_bytes, num_slots, _, heads, dim, T, fmt = geom
+    page = K.page_bytes(fmt, heads, dim, T)
+    vals = heads * T * dim
+    off = layer * page + side * vals * elem
+    return arena.view(dtype).as_strided((num_slots, heads, T, dim),
+                                        (slot_bytes // elem, T * dim, dim, 1), off // elem)
+
+
+@torch.library.custom_op("kvtier::quantize_append", mutates_args=("arena",), device_types="cuda")
+def quantize_append(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_ids: torch.Tensor,
+                    positions: torch.Tensor, geom: List[int], layer: int, k_scale: float, v_scale: float,
+                    scale_rule: int) -> None:
+    """K and V of one layer ([n, H, D] bf16/fp16, contiguous) into the pages: token i goes to
+    slot slot_ids[i] (int32), position positions[i] (int32) of the block."""
+    fmt = geom[6]
+    if not (0 <= layer < geom[2]):
+        raise K.KernelError(6, "quantize_append", f"layer {layer} is outside [0, {geom[2]})")
+    if k.shape != v.shape or k.dim() != 3 or k.shape[1] != geom[3] or k.shape[2] != geom[4]:
+        raise K.KernelError(6, "quantize_append", f"k/v are {tuple(k.shape)}/{tuple(v.shape)}, expected [n, {geom[3]}, {geom[4]}]")
+    if k.shape[0] == 0:
+        return
+    if fmt == K.NVFP4:
+        p = K._QuantizeParams()
+        p.k, p.v = k.data_ptr(), v.data_ptr()
+        p.dtype = K.DTYPE_BF16 if k.dtype == torch.bfloat16 else K.DTYPE_FP16
+        p.num_tokens = k.shape[0]
+        p.slot_ids, p.positions = slot_ids.data_ptr(), positions.data_ptr()
+        p.layer, p.k_scale, p.v_scale, p.scale_rule = layer, k_scale, v_scale, scale_rule
+        K._check(K.library().kvt_quantize_append(ctypes.byref(_pool(arena, geom)), ctypes.byref(p), _stream()),
+                 "quantize_append")
+        return
+    _pool(arena, geom)  # validates the geometry against the arena
+    s, o = slot_ids.long(), positions.long()
+    if fmt == K.BF16:
+        _side_view(arena, geom, layer, 0, torch.bfloat16, 2)[s, :, o, :] = k.to(torch.bfloat16)
+        _side_view(arena, geom, layer, 1, torch.bfloat16, 2)[s, :, o, :] = v.to(torch.bfloat16)
+    elif fmt == K.FP8:
+        for side, x, sc in ((0, k, k_scale), (1, v, v_scale)):
+            q = (x.float() / sc).clamp(-K.E4M3_MAX, K.E4M3_MAX).to(torch.float8_e4m3fn)
+            _side_view(arena, geom, layer, side, torch.uint8, 1)[s, :, o, :] = q.view(torch.uint8)
+    else:
+        raise K.KernelError(7, "quantize_append", f"page format {fmt} is not nvfp4, fp8 or bf16")
+
+
+@quantize_append.register_fake
+def _(arena, k, v, slot_ids, positions, geom, layer, k_scale, v_scale, scale_rule):
+    return None
+
+
+def _decode_params(q, out, block_table, seq_lens, workspace, layer, k_scale, v_scale, softmax_scale,
+                   max_seq_len, num_splits) -> K.DecodeParams:
+    p = K.DecodeParams()
+    p.q, p.out = q.data_ptr(), out.data_ptr()
+    p.block_table, p.seq_lens = block_table.data_ptr(), seq_lens.data_ptr()
+    p.batch, p.num_q_heads = q.shape[0], q.shape[1]
+    p.max_blocks = block_table.shape[1]
+    p.max_seq_len = max_seq_len
+    p.layer, p.k_scale, p.v_scale, p.softmax_scale = layer, k_scale, v_scale, softmax_scale
+    p.num_splits = num_splits
+    if workspace is not None and workspace.numel() > 0:
+        p.workspace, p.workspace_bytes = workspace.data_ptr(), workspace.numel()
+    return p
+
+
+def decode_workspace_bytes(arena: torch.Tensor, geom: List[int], q: torch.Tensor, out: torch.Tensor,
+                           block_table: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int,
+                           num_splits: int = 0) -> int:
+    """Bytes of scratch ``decode`` needs for this shape (0: no split)."""
+    p = _decode_params(q, out, block_table, seq_lens, None, 0, 1.0, 1.0, 1.0, max_seq_len, num_splits)
+    return int(K.library().kvt_decode_workspace_bytes(ctypes.byref(_pool(arena, geom)), ctypes.byref(p)))
+
+
+@torch.library.custom_op("kvtier::decode", mutates_args=("out", "workspace"), device_types="cuda")
+def decode(arena: torch.Tensor, q: torch.Tensor, out: torch.Tensor, block_table: torch.Tensor,
+           seq_lens: torch.Tensor, workspace: torch.Tensor, geom: List[int], layer: int, k_scale: float,
+           v_scale: float, softmax_scale: float, max_seq_len: int, num_splits: int) -> None:
+    """Fused paged decode: q [B, Hq, D] bf16 over the pages named by block_table [B, max_blocks]
+    (int32 slot ids) with seq_lens [B] (int32) tokens each -> out [B, Hq, D] bf16."""
+    p = _decode_params(q, out, block_table, seq_lens, workspace, layer, k_scale, v_scale, softmax_scale,
+                       max_seq_len, num_splits)
+    K._check(K.library().kvt_decode(ctypes.byref(_pool(arena, geom)), ctypes.byref(p), _stream()), "decode")
+
+
+@decode.register_fake
+def _(arena, q, out, block_table, seq_lens, workspace, geom, layer, k_scale, v_scale, softmax_scale,
+      max_seq_len, num_splits):
+    return None
+
+
+@torch.library.custom_op("kvtier::dequantize_pages", mutates_args=("out",), device_types="cuda")
+def dequantize_pages(arena: torch.Tensor, out: torch.Tensor, slot_ids: torch.Tensor, positions: torch.Tensor,
+                     geom: List[int], layer: int, side: int, scale: float) -> None:
+    """Pages -> bf16 out [n, H, D]: side 0 = K, 1 = V; scale is that side's global scale."""
+    if out.shape[0] == 0:
+        return
+    p = K._DequantParams()
+    p.out, p.num_tokens = out.data_ptr(), out.shape[0]
+    p.slot_ids, p.positions = slot_ids.data_ptr(), positions.data_ptr()
+    p.layer, p.side, p.scale = layer, side, scale
+    K._check(K.library().kvt_dequantize_pages(ctypes.byref(_pool(arena, geom)), ctypes.byref(p), _stream()),
+             "dequantize_pages")
+
+
+@dequantize_pages.register_fake
+def _(arena, out, slot_ids, positions, geom, layer, side, scale):
+    return None

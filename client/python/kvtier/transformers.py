@@ -1,0 +1,711 @@
+"""kvtier under Hugging Face transformers: a ``Cache`` whose K/V live in kvtierd's HBM slots
+and an attention implementation ("kvtier") that decodes straight from those pages.
+
+    import kvtier, kvtier.transformers as kt
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda")
+    kt.use_kvtier(model)                        # attn_implementation = "kvtier"
+    client = kvtier.Client(socket, has_gpu=True)
+    cache = kt.prefix_cache(model, client, input_ids, attention_mask, max_new_tokens=64)
+    out = model.generate(input_ids, attention_mask=attention_mask, past_key_values=cache,
+                         max_new_tokens=64)    # computes only what was not cached
+    cache.commit(out)                           # the full blocks of prompt + output
+    cache.release()
+
+What each piece does:
+
+- :func:`prefix_cache` hashes every row's real tokens (left padding is skipped) into the
+  contract's key chain, acquires the longest cached prefix of each row into HBM (one
+  acquire per row; the daemon promotes from host or NVMe), allocates HBM slots for the
+  rest of the prompt and the new tokens, and returns a :class:`KvtierCache` that already
+  holds the prefix. ``generate`` then feeds only the columns after the common cached
+  prefix. The last prompt token is always computed (its logits start the generation).
+- :class:`KvtierCache` writes each layer's new K/V into the pages with
+  ``torch.ops.kvtier.quantize_append`` (NVFP4, FP8 or BF16 pages, chosen per cache). It
+  keeps no dense copy of the cache: decode steps run ``torch.ops.kvtier.decode`` (the fused
+  paged decode) over the block table; prefill attends to the cached prefix (dequantized
+  per layer, then dropped) plus the new tokens with torch's SDPA.
+- The scale contract comes from the model (:func:`contract_for`): layers, KV heads,
+  head_dim, block tokens, format, per-layer global scales (:func:`calibrate`) and the
+  model's identity (:func:`model_identity`: a hash of the checkpoint folder's files, or a
+  fingerprint of the weights). The same model gives the same contract id in every
+  process; blocks of another model are never used.
+- :class:`DecodeGraph` captures one decode step of the model over the cache in a CUDA
+  graph and replays it (the kernels and the cache's bookkeeping are graph-safe).
+
+What is refused when the cache is made, with the reason: encoder-decoder models
+(cross-attention), sliding-window or other non-full attention layers, attention logit
+soft-capping, multi-head latent attention, a model whose attention does not go through
+the attention interface, dtypes other than bf16, shapes the kernels do not support (GQA
+group 1/2/4/8, head_dim 64/128/256, block tokens 16/32/64) and a daemon without an HBM
+tier. Beam search and ``num_return_sequences > 1`` are refused when ``generate`` asks the
+cache to reorder or repeat rows.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import threading
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+import kvtier
+from . import kernels as K
+from . import torch_ops  # noqa: F401  (registers torch.ops.kvtier.*)
+
+try:
+    from transformers import AttentionInterface
+    from transformers.cache_utils import Cache, CacheLayerMixin
+    from transformers.masking_utils import AttentionMaskInterface
+except ImportError as e:  # pragma: no cover - reported to the caller
+    raise ImportError(f"kvtier.transformers needs Hugging Face transformers >= 5: {e}") from e
+
+ATTN_IMPLEMENTATION = "kvtier"
+FORMATS = ("nvfp4", "fp8", "bf16")
+_SUPPORTED_HEAD_DIMS = (64, 128, 256)
+_SUPPORTED_GROUPS = (1, 2, 4, 8)
+_SUPPORTED_BLOCK_TOKENS = (16, 32, 64)
+
+
+class UnsupportedModel(ValueError):
+    """The model (or its configuration) cannot be served from kvtier's pages; the message
+    names the reason. Raised before anything is allocated."""
+
+
+# ---- model checks --------------------------------------------------------------------------
+
+def _text_config(model):
+    cfg = model.config
+    get = getattr(cfg, "get_text_config", None)
+    return get(decoder=True) if get is not None else cfg
+
+
+def model_geometry(model) -> Tuple[int, int, int, int]:
+    """(layers, query heads, KV heads, head_dim) of a decoder the kernels can serve; raises
+    UnsupportedModel naming the first reason it cannot."""
+    cfg = _text_config(model)
+    name = type(model).__name__
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise UnsupportedModel(f"{name}: encoder-decoder models (cross-attention) are not supported")
+    if getattr(cfg, "kv_lora_rank", None) or getattr(cfg, "q_lora_rank", None):
+        raise UnsupportedModel(f"{name}: multi-head latent attention (MLA) is not supported")
+    if getattr(cfg, "attn_logit_softcapping", None):
+        raise UnsupportedModel(f"{name}: attention logit soft-capping "
+                               f"({cfg.attn_logit_softcapping}) is not supported by kvtier's decode")
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        kinds = sorted(set(layer_types) - {"full_attention"})
+        raise UnsupportedModel(f"{name}: layers of type {kinds} (sliding-window or other non-full attention) are "
+                               "not supported; every layer must be full attention")
+    if getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True):
+        raise UnsupportedModel(f"{name}: sliding-window attention (sliding_window={cfg.sliding_window}) is not "
+                               "supported; set config.sliding_window = None for a full-attention checkpoint")
+    if not getattr(model, "_supports_attention_backend", False):
+        raise UnsupportedModel(f"{name}: its attention does not go through transformers' attention interface")
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    if heads % kv_heads or heads // kv_heads not in _SUPPORTED_GROUPS:
+        raise UnsupportedModel(f"{name}: {heads} query heads over {kv_heads} KV heads is a GQA group kvtier's "
+                               f"decode does not support (groups {_SUPPORTED_GROUPS})")
+    if head_dim not in _SUPPORTED_HEAD_DIMS:
+        raise UnsupportedModel(f"{name}: head_dim {head_dim} is not supported by kvtier's decode "
+                               f"(head_dim {_SUPPORTED_HEAD_DIMS})")
+    return int(cfg.num_hidden_layers), heads, kv_heads, head_dim
+
+
+def use_kvtier(model):
+    """Selects kvtier's attention for `model` (checks it first); returns the model."""
+    model_geometry(model)
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    return model
+
+
+# ---- identity, scales, contract --------------------------------------------------------------
+
+def model_identity(model) -> str:
+    """A string that names the weights: for a model loaded from a checkpoint folder, a SHA-256
+    of its config and weight files; otherwise a fingerprint of the parameters (name, shape,
+    dtype and float64 sums of a fixed sample of each). Cached on the model."""
+    cached = getattr(model, "_kvtier_identity", None)
+    if cached:
+        return cached
+    path = getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")
+    files = []
+    if path and os.path.isdir(path):
+        files = sorted(f for f in os.listdir(path)
+                       if f == "config.json" or f.endswith(".safetensors") or f.endswith(".bin"))
+    if any(f != "config.json" for f in files):
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f.encode() + b"\0")
+            with open(os.path.join(path, f), "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 24), b""):
+                    h.update(chunk)
+        ident = "sha256:" + h.hexdigest()[:32]
+    else:
+        h = hashlib.sha256()
+        with torch.no_grad():
+            for name, p in sorted(model.named_parameters(), key=lambda x: x[0]):
+                flat = p.detach().reshape(-1)
+                step = max(1, flat.numel() // 4096)
+                sample = flat[::step].double()
+                h.update(f"{name}:{tuple(p.shape)}:{p.dtype}:".encode())
+                h.update(np.float64(sample.sum().item()).tobytes() + np.float64((sample * sample).sum().item()).tobytes())
+        ident = "weights:" + h.hexdigest()[:32]
+    model._kvtier_identity = ident
+    return ident
+
+
+def _pow2_scale(amax: float, top: float) -> float:
+    """The smallest power of two >= amax / top: a global scale that keeps every block scale
+    in E4M3's normal range and is the same in every process for the same weights (small
+    run-to-run differences in amax do not move it)."""
+    if not math.isfinite(amax) or amax <= 0:
+        return 1.0
+    return float(2.0 ** math.ceil(math.log2(amax / top)))
+
+
+@torch.no_grad()
+def calibrate(model, kv_format: str, input_ids: Optional[torch.Tensor] = None, tokens: int = 1024,
+              seed: int = 7) -> Tuple[List[float], List[float]]:
+    """Per-layer K and V global scales for an NVFP4 or FP8 cache (1.0 for BF16): the K/V
+    amax of one forward over `input_ids` (or a deterministic pseudo-random prompt of
+    `tokens` ids), rounded up to a power of two (see _pow2_scale)."""
+    layers, _, _, _ = model_geometry(model)
+    if kv_format == "bf16":
+        return [1.0] * layers, [1.0] * layers
+    if kv_format not in FORMATS:
+        raise ValueError(f"kv_format {kv_format!r} is not one of {FORMATS}")
+    from transformers import DynamicCache
+    if input_ids is None:
+        vocab = _text_config(model).vocab_size
+        g = torch.Generator().manual_seed(seed)
+        input_ids = torch.randint(0, vocab, (1, tokens), generator=g)
+    input_ids = input_ids.to(model.device)
+    dc = DynamicCache(config=model.config)
+    impl = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        model(input_ids=input_ids, past_key_values=dc, use_cache=True, logits_to_keep=1)
+    finally:
+        model.set_attn_implementation(impl)
+    top = K.E4M3_MAX * (K.E2M1_MAX if kv_format == "nvfp4" else 1.0)
+    ks = [_pow2_scale(float(layer.keys.float().abs().max()), top) for layer in dc.layers]
+    vs = [_pow2_scale(float(layer.values.float().abs().max()), top) for layer in dc.layers]
+    return ks, vs
+
+
+def contract_for(model, kv_format: str = "nvfp4", block_tokens: int = 16, scale_rule: str = "max6",
+                 k_scales: Optional[Sequence[float]] = None, v_scales: Optional[Sequence[float]] = None,
+                 model_id: Optional[str] = None) -> kvtier.Contract:
+    """The scale contract of `model`'s KV blocks in `kv_format`. Scales default to
+    :func:`calibrate`'s. model_id defaults to the checkpoint name."""
+    layers, _, kv_heads, head_dim = model_geometry(model)
+    if kv_format not in FORMATS:
+        raise ValueError(f"kv_format {kv_format!r} is not one of {FORMATS}")
+    if block_tokens not in _SUPPORTED_BLOCK_TOKENS:
+        raise UnsupportedModel(f"block_tokens {block_tokens} is not supported (one of {_SUPPORTED_BLOCK_TOKENS})")
+    if kv_format == "bf16":
+        k_scales = v_scales = [1.0] * layers
+    elif k_scales is None or v_scales is None:
+        k_scales, v_scales = calibrate(model, kv_format)
+    name = model_id or getattr(model.config, "_name_or_path", "") or type(model).__name__
+    return kvtier.Contract(model_id=f"transformers:{type(model).__name__}:{os.path.basename(str(name).rstrip('/'))}",
+                           model_revision=model_identity(model), tokenizer_revision="",
+                           num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim, block_tokens=block_tokens,
+                           kv_format=kv_format, scale_rule=scale_rule,
+                           k_scales=[float(x) for x in k_scales], v_scales=[float(x) for x in v_scales])
+
+
+# ---- the cache -----------------------------------------------------------------------------
+
+_tls = threading.local()  # the cache whose layer ran `update` last (read by the attention)
+
+
+class _Plan:
+    """What one forward writes and reads, made at layer 0's update and used by every layer."""
+    __slots__ = ("decode", "slots", "offs", "seq", "src_b", "src_j", "rows")
+
+
+class KvtierLayer(CacheLayerMixin):
+    """One layer of a KvtierCache: holds no tensors (the pages are in the daemon's arena)."""
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, cache: "KvtierCache", layer_idx: int):
+        super().__init__()
+        self.cache, self.layer_idx = cache, layer_idx
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states):
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self.cache._update(self.layer_idx, key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int) -> Tuple[int, int]:
+        return self.cache._columns + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.cache._columns
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self):
+        raise NotImplementedError("a KvtierCache cannot be reset: make a new one (prefix_cache)")
+
+    def reorder_cache(self, beam_idx):
+        raise NotImplementedError("kvtier's cache does not support beam search (num_beams > 1): its rows are "
+                                  "block tables of daemon-owned slots; use greedy or sampled generation")
+
+    def crop(self, tokens_to_remove: int):
+        if tokens_to_remove != 0:
+            raise NotImplementedError("kvtier's cache cannot crop (assisted generation is not supported)")
+
+    def batch_repeat_interleave(self, repeats: int):
+        if repeats != 1:
+            raise NotImplementedError("kvtier's cache does not support num_return_sequences > 1 or beam search")
+
+    def batch_select_indices(self, indices):
+        raise NotImplementedError("kvtier's cache does not support selecting batch rows")
+
+    def offload(self):
+        pass
+
+    def prefetch(self):
+        pass
+
+
+class KvtierCache(Cache):
+    """A transformers Cache over kvtierd's HBM slots (see the module docstring).
+
+    Made by :func:`prefix_cache`. Rows are the batch rows of `input_ids`; each row has a
+    block table (acquired prefix blocks, then allocated blocks) and a length (tokens whose
+    K/V are in the pages). Left padding is never stored. Holds two kinds of leases: the
+    acquire of each row's cached prefix (read-only blocks) and one alloc for the rest;
+    :meth:`commit` publishes the full new blocks and :meth:`release` gives everything back
+    (also on close of the context manager)."""
+
+    def __init__(self, model, client: kvtier.Client, contract: kvtier.Contract, scale_rule: str = "max6"):
+        self.layers_count, self.q_heads, self.kv_heads, self.head_dim = model_geometry(model)
+        dtype = next(model.parameters()).dtype
+        if dtype != torch.bfloat16:
+            raise UnsupportedModel(f"model dtype {dtype}: kvtier's decode takes bf16 queries; load the model with "
+                                   "dtype=torch.bfloat16")
+        if contract.num_layers != self.layers_count or contract.num_kv_heads != self.kv_heads or \
+                contract.head_dim != self.head_dim:
+            raise UnsupportedModel(f"contract {contract.model_id} ({contract.num_layers} layers x "
+                                   f"{contract.num_kv_heads} KV heads x {contract.head_dim}) does not describe this "
+                                   f"model ({self.layers_count} x {self.kv_heads} x {self.head_dim})")
+        if contract.model_revision != model_identity(model):
+            raise UnsupportedModel(f"contract {contract.model_id} names weights {contract.model_revision}, but this "
+                                   f"model's weights are {model_identity(model)}: another model's blocks are never "
+                                   "used")
+        super().__init__(layers=[KvtierLayer(self, i) for i in range(self.layers_count)])
+        self.client, self.contract = client, contract
+        self.cid = client.register_contract(contract)
+        self.T = contract.block_tokens
+        self.fmt = K.FORMAT_BY_NAME[contract.kv_format]
+        self.rule = {"max6": K.MAX6, "4over6": K.FOUR_OVER_SIX}[scale_rule]
+        self.k_scales = [float(x) for x in (contract.k_scales or [1.0] * self.layers_count)]
+        self.v_scales = [float(x) for x in (contract.v_scales or [1.0] * self.layers_count)]
+        hbm = [s for s in client.stats() if s.tier == "hbm"]
+        if not hbm or not hbm[0].present or hbm[0].slots_total == 0:
+            raise UnsupportedModel("kvtierd has no HBM tier: kvtier's decode reads HBM slots; configure "
+                                   "[tiers.hbm] and connect with has_gpu=True")
+        self.num_slots = hbm[0].slots_total
+        self.slot_bytes = client.slot_bytes
+        base = client.hbm_device_ptr()
+        self.arena = torch_ops.arena_tensor(base, self.slot_bytes * self.num_slots)
+        pool = K.Pool(base, self.slot_bytes, self.num_slots, self.layers_count, self.kv_heads, self.head_dim,
+                      self.T, self.fmt)
+        K.check_pool(pool)
+        self.geom = torch_ops.geometry(pool)
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self._leases: List[kvtier.Lease] = []
+        self._alloc: Optional[kvtier.Lease] = None
+        self._closed = False
+        self._columns = 0           # columns transformers has fed (left padding included)
+        self._plan: Optional[_Plan] = None
+
+    # ---- setup (prefix_cache) ----------------------------------------------------------
+    def _start(self, rows_tokens: List[np.ndarray], pads: List[int], max_new_tokens: int):
+        B, T = len(rows_tokens), self.T
+        self.batch = B
+        self.pads = list(pads)
+        self.hit_blocks = [0] * B
+        self.hit_tiers: List[List[str]] = [[] for _ in range(B)]
+        tables: List[List[int]] = [[] for _ in range(B)]
+        for b, toks in enumerate(rows_tokens):
+            usable = (len(toks) - 1) // T  # the last prompt token is always computed
+            if usable <= 0:
+                continue
+            keys = kvtier.key_chain_array(self.cid, toks[:usable * T], T)
+            lease = self.client.acquire(self.cid, keys, tier="hbm")
+            n = len(lease.slot_ids())
+            if n == 0:
+                continue
+            self._leases.append(lease)
+            if int((lease.tiers() != kvtier.TIER_HBM).sum()):
+                raise kvtier.KvtierError(6, "acquire returned slots outside HBM: the decode needs HBM slots")
+            tables[b] = [int(s) for s in lease.slot_ids()]
+            self.hit_blocks[b] = n
+            self.hit_tiers[b] = list(lease.from_tier_names())
+        self.capacity = [len(t) + max_new_tokens for t in rows_tokens]
+        need = [-(-self.capacity[b] // T) - self.hit_blocks[b] for b in range(B)]
+        total = sum(need)
+        if total:
+            self._alloc = self.client.alloc(self.cid, total, tier="hbm")
+            ids = [int(s) for s in self._alloc.slot_ids()]
+            at = 0
+            self._alloc_index = {}
+            for b in range(B):
+                for i in range(need[b]):
+                    self._alloc_index[(b, self.hit_blocks[b] + i)] = at
+                    tables[b].append(ids[at])
+                    at += 1
+        self.max_blocks = max(1, max(len(t) for t in tables))
+        table = np.full((B, self.max_blocks), -1, dtype=np.int32)
+        for b, t in enumerate(tables):
+            table[b, :len(t)] = t
+        self.tables = tables
+        self.block_table = torch.from_numpy(table).to(self.device)
+        self.lens_host = np.array([h * T for h in self.hit_blocks], dtype=np.int64)
+        self.lens = torch.from_numpy(self.lens_host.astype(np.int32)).to(self.device)
+        # transformers' view: every column before `_columns` is cached for every row.
+        self._columns = int(min(p + h for p, h in zip(self.pads, self.lens_host)))
+        self.max_seq_len = self.max_blocks * T
+        self._decode_out = None
+        self._workspace = None
+
+    @property
+    def cached_tokens(self) -> List[int]:
+        """Per row: prompt tokens restored from the daemon (whole blocks)."""
+        return [h * self.T for h in self.hit_blocks]
+
+    # ---- per forward -------------------------------------------------------------------
+    def _check_open(self):
+        if self._closed:
+            raise kvtier.KvtierError(6, "this KvtierCache was released; make a new one with prefix_cache()")
+
+    def _make_plan(self, S: int) -> _Plan:
+        self._check_open()
+        B, T = self.batch, self.T
+        plan = _Plan()
+        c0 = self._columns
+        if S == 1:
+            # Decode: one real token per row, at position lens[b] (left padding puts the last
+            # column of every row on a real token). Slots and offsets are computed on the
+            # device so that a captured graph replays them.
+            if not np.array_equal(self.lens_host, c0 - np.asarray(self.pads)):
+                raise kvtier.KvtierError(6, "a one-token forward must follow every row's last cached token")
+            if np.any(self.lens_host + 1 > np.asarray(self.capacity)):
+                raise kvtier.KvtierError(2, f"a row outgrew the cache ({self.capacity} tokens per row were "
+                                         "allocated): pass a larger max_new_tokens to prefix_cache")
+            plan.decode = True
+            wpos = self.lens
+            plan.slots = self.block_table.gather(1, (wpos // T).long().unsqueeze(1)).squeeze(1).contiguous()
+            plan.offs = (wpos % T).contiguous()
+            plan.seq = wpos + 1
+            self.lens.copy_(plan.seq)
+            self.lens_host += 1
+            self._columns += 1
+            return plan
+        plan.decode = False
+        src_b, src_j, slots, offs, rows = [], [], [], [], []
+        for b in range(B):
+            pad = self.pads[b]
+            j0 = max(0, pad - c0)                 # first real column of this forward
+            p0 = c0 + j0 - pad                    # its position in the row
+            n_q = S - j0
+            if n_q <= 0:
+                rows.append((0, 0, 0))
+                continue
+            p_end = p0 + n_q
+            if p_end > self.capacity[b]:
+                raise kvtier.KvtierError(2, f"row {b} needs {p_end} tokens, {self.capacity[b]} were allocated")
+            if p0 > self.lens_host[b]:
+                raise kvtier.KvtierError(6, f"row {b}: tokens [{self.lens_host[b]}, {p0}) were never written")
+            for j in range(j0, S):
+                p = c0 + j - pad
+                if p >= self.lens_host[b]:        # cached positions are not written again
+                    src_b.append(b)
+                    src_j.append(j)
+                    slots.append(self.tables[b][p // T])
+                    offs.append(p % T)
+            rows.append((j0, p0, n_q))
+            self.lens_host[b] = max(self.lens_host[b], p_end)
+        dev = self.device
+        plan.src_b = torch.tensor(src_b, dtype=torch.long, device=dev)
+        plan.src_j = torch.tensor(src_j, dtype=torch.long, device=dev)
+        plan.slots = torch.tensor(slots, dtype=torch.int32, device=dev)
+        plan.offs = torch.tensor(offs, dtype=torch.int32, device=dev)
+        plan.rows = rows
+        plan.seq = None
+        self.lens.copy_(torch.from_numpy(self.lens_host.astype(np.int32)))
+        self._columns += S
+        return plan
+
+    def _update(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor):
+        B, _, S, _ = key_states.shape
+        if B != self.batch:
+            raise NotImplementedError(f"the cache holds {self.batch} rows but the forward has {B}: kvtier's cache "
+                                      "does not support beam search or num_return_sequences > 1")
+        if layer == 0:
+            self._plan = self._make_plan(S)
+        plan = self._plan
+        if plan.decode:
+            k = key_states.reshape(B, self.kv_heads, self.head_dim)
+            v = value_states.reshape(B, self.kv_heads, self.head_dim)
+            if not k.is_contiguous():
+                k, v = k.contiguous(), v.contiguous()
+        else:
+            k = key_states.transpose(1, 2)[plan.src_b, plan.src_j].contiguous()
+            v = value_states.transpose(1, 2)[plan.src_b, plan.src_j].contiguous()
+        torch.ops.kvtier.quantize_append(self.arena, k, v, plan.slots, plan.offs, self.geom, layer,
+                                         self.k_scales[layer], self.v_scales[layer], self.rule)
+        _tls.cache = self
+        return key_states, value_states
+
+    # ---- attention ---------------------------------------------------------------------
+    def _decode_buffers(self, q):
+        if self._decode_out is None or self._decode_out.shape != q.shape:
+            self._decode_out = torch.empty_like(q)
+            ws = torch_ops.decode_workspace_bytes(self.arena, self.geom, q, self._decode_out, self.block_table,
+                                                  self.lens, self.max_seq_len)
+            self._workspace = torch.empty(max(ws, 16), dtype=torch.uint8, device=self.device)
+        return self._decode_out, self._workspace
+
+    def _attend(self, module, query, key, value, scaling: float):
+        layer = module.layer_idx
+        plan = self._plan
+        B, Hq, S, D = query.shape
+        if plan.decode:
+            q = query.reshape(B, Hq, D)
+            if not q.is_contiguous():
+                q = q.contiguous()
+            out, ws = self._decode_buffers(q)
+            torch.ops.kvtier.decode(self.arena, q, out, self.block_table, plan.seq, ws, self.geom, layer,
+                                    self.k_scales[layer], self.v_scales[layer], float(scaling), self.max_seq_len, 0)
+            return out.view(B, 1, Hq, D)
+        from torch.nn.attention.bias import causal_lower_right
+        group = Hq // self.kv_heads
+        out = torch.zeros(B, S, Hq, D, dtype=query.dtype, device=query.device)
+        for b, (j0, p0, n_q) in enumerate(plan.rows):
+            if n_q == 0:
+                continue
+            kn = key[b, :, j0:, :]
+            vn = value[b, :, j0:, :]
+            if p0 > 0:
+                pos = torch.arange(p0, device=self.device)
+                slots = self.block_table[b][pos // self.T].contiguous()
+                offs = (pos % self.T).to(torch.int32)
+                kp = torch.empty(p0, self.kv_heads, D, dtype=torch.bfloat16, device=self.device)
+                vp = torch.empty_like(kp)
+                torch.ops.kvtier.dequantize_pages(self.arena, kp, slots, offs, self.geom, layer, 0,
+                                                  self.k_scales[layer])
+                torch.ops.kvtier.dequantize_pages(self.arena, vp, slots, offs, self.geom, layer, 1,
+                                                  self.v_scales[layer])
+                kn = torch.cat([kp.transpose(0, 1).to(kn.dtype), kn], dim=1)
+                vn = torch.cat([vp.transpose(0, 1).to(vn.dtype), vn], dim=1)
+            if group > 1:
+                kn = kn.repeat_interleave(group, dim=0)
+                vn = vn.repeat_interleave(group, dim=0)
+            q = query[b:b + 1, :, j0:, :]
+            if p0 > 0:
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q, kn[None], vn[None], attn_mask=causal_lower_right(n_q, p0 + n_q), scale=scaling)
+            else:
+                o = torch.nn.functional.scaled_dot_product_attention(q, kn[None], vn[None], is_causal=True,
+                                                                     scale=scaling)
+            out[b, j0:] = o[0].transpose(0, 1)
+        return out
+
+    # ---- publishing and lifetime -------------------------------------------------------
+    def commit(self, sequences) -> int:
+        """Commits every full block whose K/V this cache wrote (prompt and output), keyed by
+        the tokens of `sequences` (generate's output: [B, columns], left padding included).
+        Blocks two rows share are committed once. Returns how many blocks were committed."""
+        self._check_open()
+        if self._alloc is None:
+            return 0
+        seqs = sequences.detach().cpu().numpy() if isinstance(sequences, torch.Tensor) else np.asarray(sequences)
+        if seqs.ndim != 2 or seqs.shape[0] != self.batch:
+            raise ValueError(f"sequences must be [batch={self.batch}, columns], got {seqs.shape}")
+        items, seen = [], set()
+        for b in range(self.batch):
+            toks = seqs[b, self.pads[b]:].astype(np.int64)
+            if np.any(toks < 0) or np.any(toks >= 2 ** 32):
+                raise ValueError(f"row {b}: token ids must be in [0, 2^32)")
+            written = int(min(self.lens_host[b], len(toks)))
+            nb = written // self.T
+            if nb <= self.hit_blocks[b]:
+                continue
+            keys = kvtier.key_chain_array(self.cid, toks[:nb * self.T].astype(np.uint32), self.T)
+            for i in range(self.hit_blocks[b], nb):
+                key = keys[i]
+                if key in seen:
+                    continue
+                seen.add(key)
+                slot = self._alloc.slots[self._alloc_index[(b, i)]]
+                items.append((slot, key, keys[i - 1] if i > 0 else None))
+        done = 0
+        for i in range(0, len(items), 1024):
+            done += self.client.commit(self.cid, self._alloc, items[i:i + 1024])
+        return done
+
+    def release(self):
+        """Gives the leases back (uncommitted slots are freed). The cache is unusable after."""
+        if self._closed:
+            return
+        self._closed = True
+        leases, self._leases = self._leases, []
+        if self._alloc is not None:
+            leases.append(self._alloc)
+            self._alloc = None
+        for lease in leases:
+            try:
+                self.client.release(lease)
+            except kvtier.KvtierError:
+                pass  # the connection is gone: the daemon dropped the leases with it
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+def prefix_cache(model, client: kvtier.Client, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                 max_new_tokens: int = 256, kv_format: str = "nvfp4", block_tokens: int = 16,
+                 scale_rule: str = "max6", contract: Optional[kvtier.Contract] = None) -> KvtierCache:
+    """A KvtierCache for `input_ids` ([B, S], left padded where `attention_mask` is 0) that
+    already holds each row's longest cached prefix (restored into HBM by one acquire per
+    row), with HBM slots allocated for the rest of the prompt and `max_new_tokens` more.
+    Pass it to ``model.generate(input_ids, attention_mask=..., past_key_values=cache)``."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, tokens], got {tuple(input_ids.shape)}")
+    B, S = input_ids.shape
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} does not match input_ids {(B, S)}")
+    mask = attention_mask.detach().cpu().numpy().astype(bool)
+    ids = input_ids.detach().cpu().numpy().astype(np.int64)
+    if np.any(ids < 0) or np.any(ids >= 2 ** 32):
+        raise ValueError("token ids must be in [0, 2^32)")
+    rows, pads = [], []
+    for b in range(B):
+        pad = int(np.argmax(mask[b])) if mask[b].any() else S
+        if not mask[b, pad:].all():
+            raise ValueError(f"row {b}: kvtier's cache takes left padding only (the attention mask has a 0 after "
+                             "the first 1)")
+        if pad == S:
+            raise ValueError(f"row {b} has no tokens")
+        pads.append(pad)
+        rows.append(ids[b, pad:].astype(np.uint32))
+    if max_new_tokens < 0:
+        raise ValueError("max_new_tokens must be >= 0")
+    if contract is None:
+        contract = contract_for(model, kv_format, block_tokens, scale_rule)
+    cache = KvtierCache(model, client, contract, scale_rule=contract.scale_rule)
+    try:
+        cache._start(rows, pads, max_new_tokens)
+    except BaseException:
+        cache.release()
+        raise
+    return cache
+
+
+# ---- the attention implementation ------------------------------------------------------------
+
+def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention function "kvtier": attention over the KvtierCache that ran this
+    layer's update (decode steps: the fused paged decode; prefill: cached prefix + new)."""
+    cache = getattr(_tls, "cache", None)
+    if cache is None or cache._plan is None:
+        raise RuntimeError("attn_implementation='kvtier' needs a KvtierCache as past_key_values "
+                           "(kvtier.transformers.prefix_cache)")
+    _tls.cache = None
+    if kwargs.get("sliding_window") is not None:
+        raise UnsupportedModel("sliding-window attention is not supported by kvtier's cache")
+    if kwargs.get("softcap") is not None:
+        raise UnsupportedModel("attention logit soft-capping is not supported by kvtier's cache")
+    if dropout:
+        raise UnsupportedModel("kvtier's attention is for inference: dropout must be 0 (call model.eval())")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    return cache._attend(module, query, key, value, float(scaling)), None
+
+
+def kvtier_mask(*args, **kwargs):
+    """Mask function for "kvtier": none is needed (the cache knows each row's padding and
+    length), and returning None keeps mask creation off the decode step."""
+    return None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, kvtier_attention)
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, kvtier_mask)
+
+
+# ---- CUDA graphs -----------------------------------------------------------------------------
+
+class DecodeGraph:
+    """One decode step of `model` over `cache`, captured in a CUDA graph and replayed.
+
+        g = DecodeGraph(model, cache)        # after the prefill
+        logits = g.step(next_tokens)         # [B] token ids -> [B, vocab] logits
+
+    The step's inputs (token ids) and the cache's device-side lengths live in fixed
+    buffers; the cache's block table and workspace are fixed at capture."""
+
+    def __init__(self, model, cache: KvtierCache, warmup: int = 2):
+        self.model, self.cache = model, cache
+        B = cache.batch
+        self.ids = torch.zeros(B, 1, dtype=torch.long, device=cache.device)
+        saved_lens, saved_host, saved_cols = cache.lens.clone(), cache.lens_host.copy(), cache._columns
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.no_grad():
+            for _ in range(warmup):
+                self._forward()
+                cache.lens.copy_(saved_lens)
+                cache.lens_host[:] = saved_host
+                cache._columns = saved_cols
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.no_grad():
+            self.logits = self._forward()
+        cache.lens.copy_(saved_lens)
+        cache.lens_host[:] = saved_host
+        cache._columns = saved_cols
+        torch.cuda.synchronize()
+
+    def _forward(self):
+        pos = self.cache.lens.long().unsqueeze(1)
+        out = self.model(input_ids=self.ids, position_ids=pos, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=1)
+        return out.logits[:, -1, :]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        c = self.cache
+        c._check_open()
+        if np.any(c.lens_host + 1 > np.asarray(c.capacity)):
+            raise kvtier.KvtierError(2, "a row outgrew the cache: pass a larger max_new_tokens to prefix_cache")
+        self.ids.copy_(tokens.reshape(-1, 1))
+        self.graph.replay()
+        c.lens_host += 1
+        c._columns += 1
+        return self.logits
