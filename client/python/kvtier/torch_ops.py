@@ -20,6 +20,10 @@ codec); for FP8 pages it rounds ``x / scale`` to E4M3 (round to nearest even, sa
 at +-448) and for BF16 pages it stores the values, both with torch scatters into the same
 page layout (formats/layout.h). Every launcher checks its arguments first and raises
 :class:`kvtier.kernels.KernelError` without launching anything.
+
+``quantize_append_impl``, ``decode_impl`` and ``dequantize_pages_impl`` are the same
+launchers without the dispatcher: eager callers (kvtier.transformers outside torch.compile)
+use them to save the op dispatch on every layer; CUDA graph capture records them alike.
 """
 import ctypes
 from typing import List
@@ -80,8 +84,7 @@ def _side_view(arena: torch.Tensor, geom: List[int], layer: int, side: int, dtyp
                                         (slot_bytes // elem, T * dim, dim, 1), off // elem)
 
 
-@torch.library.custom_op("kvtier::quantize_append", mutates_args=("arena",), device_types="cuda")
-def quantize_append(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_ids: torch.Tensor,
+def quantize_append_impl(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_ids: torch.Tensor,
                     positions: torch.Tensor, geom: List[int], layer: int, k_scale: float, v_scale: float,
                     scale_rule: int) -> None:
     """K and V of one layer ([n, H, D] bf16/fp16, contiguous) into the pages: token i goes to
@@ -116,6 +119,10 @@ def quantize_append(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_
         raise K.KernelError(7, "quantize_append", f"page format {fmt} is not nvfp4, fp8 or bf16")
 
 
+quantize_append = torch.library.custom_op("kvtier::quantize_append", quantize_append_impl, mutates_args=("arena",),
+                                          device_types="cuda")
+
+
 @quantize_append.register_fake
 def _(arena, k, v, slot_ids, positions, geom, layer, k_scale, v_scale, scale_rule):
     return None
@@ -144,8 +151,7 @@ def decode_workspace_bytes(arena: torch.Tensor, geom: List[int], q: torch.Tensor
     return int(K.library().kvt_decode_workspace_bytes(ctypes.byref(_pool(arena, geom)), ctypes.byref(p)))
 
 
-@torch.library.custom_op("kvtier::decode", mutates_args=("out", "workspace"), device_types="cuda")
-def decode(arena: torch.Tensor, q: torch.Tensor, out: torch.Tensor, block_table: torch.Tensor,
+def decode_impl(arena: torch.Tensor, q: torch.Tensor, out: torch.Tensor, block_table: torch.Tensor,
            seq_lens: torch.Tensor, workspace: torch.Tensor, geom: List[int], layer: int, k_scale: float,
            v_scale: float, softmax_scale: float, max_seq_len: int, num_splits: int) -> None:
     """Fused paged decode: q [B, Hq, D] bf16 over the pages named by block_table [B, max_blocks]
@@ -155,14 +161,16 @@ def decode(arena: torch.Tensor, q: torch.Tensor, out: torch.Tensor, block_table:
     K._check(K.library().kvt_decode(ctypes.byref(_pool(arena, geom)), ctypes.byref(p), _stream()), "decode")
 
 
+decode = torch.library.custom_op("kvtier::decode", decode_impl, mutates_args=("out", "workspace"), device_types="cuda")
+
+
 @decode.register_fake
 def _(arena, q, out, block_table, seq_lens, workspace, geom, layer, k_scale, v_scale, softmax_scale,
       max_seq_len, num_splits):
     return None
 
 
-@torch.library.custom_op("kvtier::dequantize_pages", mutates_args=("out",), device_types="cuda")
-def dequantize_pages(arena: torch.Tensor, out: torch.Tensor, slot_ids: torch.Tensor, positions: torch.Tensor,
+def dequantize_pages_impl(arena: torch.Tensor, out: torch.Tensor, slot_ids: torch.Tensor, positions: torch.Tensor,
                      geom: List[int], layer: int, side: int, scale: float) -> None:
     """Pages -> bf16 out [n, H, D]: side 0 = K, 1 = V; scale is that side's global scale."""
     if out.shape[0] == 0:
@@ -173,6 +181,10 @@ def dequantize_pages(arena: torch.Tensor, out: torch.Tensor, slot_ids: torch.Ten
     p.layer, p.side, p.scale = layer, side, scale
     K._check(K.library().kvt_dequantize_pages(ctypes.byref(_pool(arena, geom)), ctypes.byref(p), _stream()),
              "dequantize_pages")
+
+
+dequantize_pages = torch.library.custom_op("kvtier::dequantize_pages", dequantize_pages_impl, mutates_args=("out",),
+                                           device_types="cuda")
 
 
 @dequantize_pages.register_fake
