@@ -11,7 +11,7 @@ and measures time to first token and the restore (one acquire: find, promote int
 report where each block was) alone. Baselines in
 the same run: one cudaMemcpy of the prefix bytes from pinned memory, and plain O_DIRECT
 reads of a file of the same size in the NVMe folder. Prints the targets of issue #6,
-writes JSON and appends a markdown table to bench/RESULTS.md.
+writes JSON and appends a markdown table to bench/history/results.md.
 
 Usage: python3 examples/torch_engine/bench_ttft.py [--contexts 8192,32768,131072]
        [--formats nvfp4,fp8,bf16] [--reps 3] [--out DIR] [--results FILE]
@@ -97,7 +97,7 @@ def main():
     ap.add_argument("--nvme", default="16GiB")
     ap.add_argument("--nvme-dir", default=None, help="default: the spawned daemon's temp folder")
     ap.add_argument("--out", default=".")
-    ap.add_argument("--results", default=os.path.join(HERE, "..", "..", "bench", "RESULTS.md"))
+    ap.add_argument("--results", default=os.path.join(HERE, "..", "..", "bench", "history", "results.md"))
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_ttft: no CUDA device")
