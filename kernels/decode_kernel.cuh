@@ -45,7 +45,7 @@
 
 #include <type_traits>
 
-#include "kernels/decode_helpers.cuh"
+#include "kernels/decode_device.cuh"
 
 namespace kvtier::kernels::detail {
 namespace {

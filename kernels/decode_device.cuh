@@ -1,7 +1,7 @@
-// Device helpers of the paged decode (decode_kernel.cuh) and its split merge
-// (decode_merge.cu): the shared-memory layout of a warp's copy ring, PTX wrappers
-// (cp.async, shared loads, PRMT, f16x2 multiplies, mma.sync, movmatrix) and the E2M1 /
-// E4M3 register decodes. Internal to kernels/.
+// Device functions of the paged decode kernel (decode_kernel.cuh): the shared-memory
+// layout of a warp's copy ring, PTX wrappers (cp.async, shared loads, PRMT, f16x2
+// multiplies, mma.sync, movmatrix) and the E2M1 / E4M3 register decodes. Internal to
+// kernels/.
 #pragma once
 
 #include <cuda_bf16.h>
