@@ -8,10 +8,10 @@ runs turn 1 (prefill, commit), then turn 2 (turn 1 + 128 new tokens) four ways:
   host       prefix pushed down to host memory first (kvtierd flush --to host)
   nvme       prefix pushed down to NVMe first (flush --to nvme; O_DIRECT io_uring restore)
 and measures time to first token and the restore (one acquire: find, promote into HBM,
-report where each block was) alone. Baselines in
-the same run: one cudaMemcpy of the prefix bytes from pinned memory, and plain O_DIRECT
-reads of a file of the same size in the NVMe folder. Prints the targets of issue #6,
-writes JSON and appends a markdown table to bench/history/results.md.
+report where each block was) alone. Baselines in the same run: one cudaMemcpy of the
+prefix bytes from pinned memory, and plain O_DIRECT reads of a file of the same size in
+the NVMe folder. Prints the targets, writes JSON and appends a markdown table to
+bench/history/results.md.
 
 Usage: python3 examples/torch_engine/bench_ttft.py [--contexts 8192,32768,131072]
        [--formats nvfp4,fp8,bf16] [--reps 3] [--out DIR] [--results FILE]

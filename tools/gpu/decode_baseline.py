@@ -179,7 +179,7 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--formats", default="bf16,fp8,nvfp4", help="kvtier formats to time")
-    ap.add_argument("--shapes", default="", help="e.g. 16x65536,1x131072 (default: the four of the issue)")
+    ap.add_argument("--shapes", default="", help="e.g. 16x65536,1x131072 (default: the four target shapes)")
     ap.add_argument("--block-tokens", default="16,64")
     ap.add_argument("--no-sdpa", action="store_true", help="skip torch SDPA (e.g. under a profiler)")
     args = ap.parse_args()
