@@ -175,8 +175,8 @@ SplitPlan PlanSplits(const kvt_pool* pool, const kvt_decode_params* p) {
   s.chunk = ((len16 / 16 + want - 1) / want) * 16;
   s.splits = (len16 + s.chunk - 1) / s.chunk;
   // An automatic count that is a multiple of the warps per CTA lets each CTA merge its
-  // warps' splits (decode.cu): take the largest such count below that the chunking reaches
-  // exactly (at most kDecodeWarps - 1 fewer splits).
+  // warps' splits (decode_kernel.cuh): take the largest such count below that the
+  // chunking reaches exactly (at most kDecodeWarps - 1 fewer splits).
   constexpr int kW = detail::kDecodeWarps;
   if (p->num_splits == 0 && s.splits > kW && s.splits % kW != 0) {
     const int n = len16 / 16;  // subtiles
