@@ -448,8 +448,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     }
   };
 
-  // One 32-token softmax step over subtiles j (ring slot `sta`) and j+1 (`stb`), j+1
-  // possibly past the split's end (has2) and tokens >= t_end masked (tail).
   // Max over the 8 lanes (gid) that hold a query column's scores.
   auto col_max = [](float (&t)[2]) {
 #pragma unroll
@@ -470,6 +468,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
       }
     }
   };
+  // One 32-token softmax step over subtiles j (ring slot `sta`) and j+1 (`stb`), j+1
+  // possibly past the split's end (has2) and tokens >= t_end masked (tail): the pair
+  // path's last, partial pair.
   auto pair_step = [&](const int j, const uint32_t sta, const uint32_t stb) {
     const bool has2 = j + 1 < n_sub;  // warp-uniform
     const int t0 = t_begin + 16 * j;
