@@ -63,7 +63,7 @@
 
 namespace kvtier::wire {
 
-// 2 (2026-11-29): WireSlot.from_tier (was reserved[0]): acquire says where each block was.
+// 2: WireSlot.from_tier (was reserved[0]): acquire says where each block was.
 inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr uint32_t kControlMagic = 0x5754564Bu;  // "KVTW" as u32 LE
 inline constexpr uint32_t kRingMagic = 0x5254564Bu + 1;  // "LVTR": differs from records

@@ -6,10 +6,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -22,26 +18,6 @@ namespace kvtier::kernels {
 namespace {
 
 thread_local std::string g_error;
-// NVFP4 E2M1 decode used unless $KVTIER_NVFP4_DECODE says otherwise: 0 shift, 1 cvt,
-// 2 prmt, 3 prmt32 (prmt, 32 tokens per softmax step), 4 prmt32x (prmt32, QK as two
-// HMMA chains), 5 lean32 (prmt32x, branch-free full pairs, lean cp.async issue, folded
-// qk_scale), 7 lean32p (lean32, block table read ahead), 10 lean32a (lean32p, per-lane
-// shared memory offsets), 12 lean32m (lean32a, lazy running max), 21 lean32c (lean32m,
-// the block-table entry checked by one 32-bit compare, no select). 6 pipe32, 8 lean32h,
-// 11 lean32d, 13 lean32v (V decoded before the softmax), 14 lean32i (leaner cp.async
-// issue), 15 tma32 (TMA bulk copies), 16 lean32w (one-warp CTAs) and 17 lean32s (copy
-// constants from shared memory), 19 lean32e (eager branch-free pairs) and 20 lean32b
-// (block-table windows) measured slower or level and were removed (their names are
-// refused). Default lean32c since 2026-11-29 20:31: 65/65 NVFP4 decode tests on the
-// H200 and 1.5-1.8% faster than lean32m at 16 x 64K and 64 x 8K in three alternating
-// rounds, level at 1 x 128K (docs/kernels.md, Session 6).
-constexpr int kDefaultNvfp4Variant = 21;
-// The split merge by default ($KVTIER_DECODE_MERGE, kernels/internal.h): "lean" since
-// session 7 (H200, 21:46, two rounds alternating against "cta": 1 x 8K 12.1 -> 10.5 us,
-// 1 x 32K 21.4 -> 19.1, 1 x 128K 52.0 -> 49.8, 4 x 16K 33.2 -> 31.5 / 30.7 (nvfp4);
-// docs/kernels.md, Session 7).
-constexpr int kDefaultMergeMode = detail::kMergeLean;
-
 int Fail(int code, std::string msg) {
   g_error = std::move(msg);
   return code;
@@ -163,7 +139,7 @@ int ResidentWarps(int format, int head_dim) {
   if (dev < 0 || dev >= kMaxDev || format < 0 || format > 2) return 132 * 16;
   int v = cache[dev][format][di].load(std::memory_order_relaxed);
   if (v == 0) {
-    v = SmCount() * detail::DecodeWarpsPerSm(format, head_dim, detail::Nvfp4DecodeVariant());
+    v = SmCount() * detail::DecodeWarpsPerSm(format, head_dim);
     cache[dev][format][di].store(v, std::memory_order_relaxed);
   }
   return v;
@@ -186,9 +162,8 @@ SplitPlan PlanSplits(const kvt_pool* pool, const kvt_decode_params* p) {
     if (want < 1) want = 1;
     // Splits shorter than 256 tokens cost more in the merge than they gain, except when
     // 256-token splits would give at most 2 warps per SM (short contexts at small batch):
-    // then 128-token splits. H200, session 5: 1 x 4K and 1 x 8K 11-32% faster in every
-    // format; at 1 x 16K and 2 x 8K (4 warps per SM) the 256-token splits stay ahead
-    // (docs/kernels.md).
+    // then 128-token splits. H200: 1 x 4K and 1 x 8K 11-32% faster in every format; at
+    // 1 x 16K and 2 x 8K (4 warps per SM) the 256-token splits stay ahead (docs/kernels.md).
     const int max_by_len = (len16 + 255) / 256;
     if (want > max_by_len) {
       const bool sparse = static_cast<int64_t>(items) * max_by_len <= 2 * static_cast<int64_t>(SmCount());
@@ -200,8 +175,8 @@ SplitPlan PlanSplits(const kvt_pool* pool, const kvt_decode_params* p) {
   s.chunk = ((len16 / 16 + want - 1) / want) * 16;
   s.splits = (len16 + s.chunk - 1) / s.chunk;
   // An automatic count that is a multiple of the warps per CTA lets each CTA merge its
-  // warps' splits (decode.cu): take the largest such count below that the chunking reaches
-  // exactly (at most kDecodeWarps - 1 fewer splits).
+  // warps' splits (decode_kernel.cuh): take the largest such count below that the
+  // chunking reaches exactly (at most kDecodeWarps - 1 fewer splits).
   constexpr int kW = detail::kDecodeWarps;
   if (p->num_splits == 0 && s.splits > kW && s.splits % kW != 0) {
     const int n = len16 / 16;  // subtiles
@@ -219,42 +194,6 @@ SplitPlan PlanSplits(const kvt_pool* pool, const kvt_decode_params* p) {
 
 }  // namespace
 }  // namespace kvtier::kernels
-
-namespace kvtier::kernels::detail {
-namespace {
-// The value `names` gives to $var, or `def` when it is unset or empty; any other value is
-// reported on stderr (once per variable: callers cache the result) and gives `def`.
-int EnvChoice(const char* var, std::initializer_list<std::pair<const char*, int>> names, int def) {
-  const char* e = std::getenv(var);
-  if (e == nullptr || *e == '\0') return def;
-  std::string known;
-  for (const auto& [name, value] : names) {
-    if (std::strcmp(e, name) == 0) return value;
-    known += (known.empty() ? "" : ", ") + std::string(name);
-  }
-  std::fprintf(stderr, "kvtier kernels: %s=%s is not one of %s; using the default\n", var, e, known.c_str());
-  return def;
-}
-}  // namespace
-
-int Nvfp4DecodeVariant() {
-  static const int v = EnvChoice("KVTIER_NVFP4_DECODE",
-                                 {{"shift", 0}, {"cvt", 1}, {"prmt", 2}, {"prmt32", 3}, {"prmt32x", 4},
-                                  {"lean32", 5}, {"lean32p", 7}, {"lean32a", 10}, {"lean32m", 12},
-                                  {"lean32c", 21}},
-                                 kDefaultNvfp4Variant);
-  return v;
-}
-
-int DecodeMergeMode() {
-  static const int v = EnvChoice("KVTIER_DECODE_MERGE",
-                                 {{"cta", kMergeCta}, {"pdl", kMergePdl}, {"plain", kMergePlain},
-                                  {"lean", kMergeLean}, {"lean-early", kMergeLeanEarly},
-                                  {"lean-late", kMergeLeanLate}},
-                                 kDefaultMergeMode);
-  return v;
-}
-}  // namespace kvtier::kernels::detail
 
 using namespace kvtier;
 using namespace kvtier::kernels;
@@ -403,19 +342,16 @@ int DecodeImpl(const kvt_pool* pool, const kvt_decode_params* p, void* stream, b
   if (s.splits > 1) {
     // The merge grid's launch: at the decode's start when the decode leaves at least half
     // of the resident warps free (its CTAs then wait beside the decode's), else in the
-    // decode's epilogue, where it does not take issue slots from a full GPU (H200, session
-    // 7: 1 x 8K 10.9 -> 10.5 us early, 4 x 16K 30.7 -> 31.5 us early).
-    const int mode = detail::DecodeMergeMode();
+    // decode's epilogue, where it does not take issue slots from a full GPU (H200: 1 x 8K
+    // 10.9 -> 10.5 us early, 4 x 16K 30.7 -> 31.5 us early).
     const int64_t warps = static_cast<int64_t>(p->batch) * g.num_kv_heads * s.splits;
     a.early_trigger =
-        mode == detail::kMergeLeanEarly ||
-        (mode == detail::kMergeLean &&
-         2 * warps <= ResidentWarps(static_cast<int>(pool->format), static_cast<int>(pool->head_dim)));
+        2 * warps <= ResidentWarps(static_cast<int>(pool->format), static_cast<int>(pool->head_dim));
   }
-  if (cudaError_t e = detail::LaunchDecode(static_cast<int>(pool->format), static_cast<int>(g.head_dim),
-                                           read_only ? detail::kReadOnlyVariant
-                                                     : detail::Nvfp4DecodeVariant(),
-                                           a, static_cast<cudaStream_t>(stream));
+  const int head_dim = static_cast<int>(g.head_dim);
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (cudaError_t e = read_only ? detail::LaunchDecodeReadProbe(head_dim, a, st)
+                                : detail::LaunchDecode(static_cast<int>(pool->format), head_dim, a, st);
       e != cudaSuccess) {
     return CudaFail(e, read_only ? "decode read probe launch" : "decode launch");
   }

@@ -35,40 +35,25 @@ struct DecodeLaunch {
   int32_t* error_flag;      // or null
   // The decode lets the merge grid launch (griddepcontrol.launch_dependents) at its start
   // instead of in its epilogue, so the merge CTAs can be resident, waiting in
-  // griddepcontrol.wait, before the decode's last CTAs end (MergeMode; set by api.cu).
+  // griddepcontrol.wait, before the decode's last CTAs end (set by api.cu when the
+  // decode's grid leaves at least half of the GPU's resident warps free).
   int early_trigger;
 };
 
-// format: 0 nvfp4, 1 fp8, 2 bf16. variant (nvfp4 only): 0 = E2M1 decoded by shift/mask
-// straight to fp16, 1 = shift/mask to E4M3 bytes + hardware cvt to f16x2, 2 = spread to
-// clean fp16 high bytes + one PRMT per half2, 3..11 = 2 with 32 tokens per softmax step
-// (decode.cu and api.cu list them). Returns the launch error.
-cudaError_t LaunchDecode(int format, int head_dim, int variant, const DecodeLaunch& a,
-                         cudaStream_t stream);
+// The paged decode (decode_kernel.cuh), then, when the splits leave more than one partial
+// per row, the split merge (decode_merge.cu). format: 0 nvfp4, 1 fp8, 2 bf16. Returns the
+// launch error.
+cudaError_t LaunchDecode(int format, int head_dim, const DecodeLaunch& a, cudaStream_t stream);
+// The page-read probe (kvt_decode_read_probe): the NVFP4 decode's copy pipeline over the
+// same bytes, with no arithmetic and no output.
+cudaError_t LaunchDecodeReadProbe(int head_dim, const DecodeLaunch& a, cudaStream_t stream);
 // Warps of the decode kernel resident per SM (occupancy x warps per CTA), for the split choice.
-int DecodeWarpsPerSm(int format, int head_dim, int variant);
-// The variant number of the page-read probe (kvt_decode_read_probe): the NVFP4 decode's copy
-// pipeline over the same bytes, with no arithmetic and no output.
-inline constexpr int kReadOnlyVariant = 99;
-// The NVFP4 decode variant in use: $KVTIER_NVFP4_DECODE ("shift", "cvt", "prmt", "prmt32",
-// "prmt32x", "lean32", "lean32p", "lean32a", "lean32m"; read once; another value is
-// reported on stderr once),
-// else the default measured fastest on H200 (docs/kernels.md).
-int Nvfp4DecodeVariant();
-// The split merge ($KVTIER_DECODE_MERGE, for measurements; read once, like the variant):
-//   "lean" (default): a CTA merges its warps' splits; the rest are merged by the lean
-//     merge kernel (128-thread blocks, one round of loads; at most kLeanParts partials per
-//     row, else the merge kernel below), launched programmatically (PDL). The decode
-//     triggers that launch at its start when its grid leaves at least half of the GPU's
-//     resident warps free (the merge CTAs then wait beside it), else in its epilogue.
-//   "lean-early" / "lean-late": "lean" with the trigger always at the start / in the epilogue.
-//   "cta": the CTA merge and the merge kernel of session 5 (blocks of 32 x P threads), PDL
-//     triggered in the epilogue; "pdl": that merge kernel, no CTA merge; "plain": neither
-//     (the session-4 behaviour).
-enum MergeMode { kMergeCta = 0, kMergePdl = 1, kMergePlain = 2, kMergeLean = 3, kMergeLeanEarly = 4,
-                 kMergeLeanLate = 5 };
+int DecodeWarpsPerSm(int format, int head_dim);
+// The split merge of a.ws_parts partials per (b, hq) row, launched with PDL: the lean merge
+// kernel (128-thread blocks, one round of loads) up to kLeanParts partials per row, the
+// general merge kernel beyond.
+cudaError_t LaunchDecodeMerge(int head_dim, const DecodeLaunch& a, cudaStream_t stream);
 inline constexpr int kLeanParts = 256;
-int DecodeMergeMode();
 inline constexpr int kDecodeWarps = 4;  // warps per CTA; one warp per (b, kv head, split)
 
 struct QuantizeLaunch {

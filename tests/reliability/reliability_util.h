@@ -5,7 +5,7 @@
 //
 // Figures: every test prints one "RELIABILITY ..." line per figure and builds a
 // bench::Report table; the table is appended to the file named by the environment
-// variable KVTIER_RELIABILITY_RESULTS (e.g. bench/RESULTS.md) when it is set, and only
+// variable KVTIER_RELIABILITY_RESULTS (e.g. bench/history/results.md) when it is set, and only
 // printed otherwise (ctest runs must not edit the source tree).
 #pragma once
 

@@ -3,7 +3,7 @@
 // bounded time. Every block a client is served is byte-checked (its bytes derive from its
 // key). Afterwards every lease must be back, the daemon's RSS within 10% of its warm level,
 // and no wrong block seen. Figures and the RSS curve go to the report
-// (KVTIER_RELIABILITY_RESULTS=bench/RESULTS.md to append them).
+// (KVTIER_RELIABILITY_RESULTS=bench/history/results.md to append them).
 //   KVTIER_SOAK_SECONDS   load duration (default 20; the long run in docs/reliability.md)
 //   KVTIER_SOAK_CLIENTS   client processes (default 16)
 #include <gtest/gtest.h>

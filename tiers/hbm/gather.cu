@@ -4,7 +4,7 @@
 // Why a kernel and not the copy engines: a KV block of a small model is ~150 KB (8 layers
 // x 16 tokens of NVFP4), and the DMA engines pay a per-copy setup that is as long as the
 // transfer itself: on the H200, cudaMemcpyAsync per block reached 0.33 of one large
-// cudaMemcpy and cudaMemcpyBatchAsync 0.49 (bench/RESULTS.md). SM loads over PCIe have no
+// cudaMemcpy and cudaMemcpyBatchAsync 0.49 (docs/tiers.md). SM loads over PCIe have no
 // per-block cost; with enough loads in flight they reach the link's bandwidth.
 #include "tiers/hbm/gather.h"
 

@@ -453,7 +453,7 @@ const cli::CommandRegistrar kReg(
     "  --sustain-ms N   run each kernel back to back for N ms before timing it, 0-600000 (default 0);\n"
     "                   the time a GPU held at that load gets (an H200 then hits its power cap)\n"
     "  --json FILE      also write the rows as JSON\n"
-    "  --results FILE   append the table to FILE (default: bench/RESULTS.md)\n"
+    "  --results FILE   append the table to FILE (default: bench/history/results.md)\n"
     "Each row also gives the mean SM clock over its timed launches and the share of them\n"
     "throttled by the board's power cap (NVML; n/a without it).");
 

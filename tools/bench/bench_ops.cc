@@ -7,7 +7,7 @@
 // index with --blocks committed blocks (alloc + commit through the rings; the bytes are
 // not written, the index is what is measured) and measures again. Also times the two
 // requests behind the command (kvtier_stats, kvtier_list_contracts) from a client.
-// Target (issue 10): `kvtierctl stats` under 50 ms with a million blocks indexed.
+// Target: `kvtierctl stats` under 50 ms with a million blocks indexed.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>

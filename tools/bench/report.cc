@@ -42,9 +42,9 @@ std::string Report::MachineDescription() {
 std::string Report::DefaultResultsPath() {
   if (const char* p = std::getenv("KVTIER_RESULTS")) return p;
 #ifdef KVTIER_SOURCE_DIR
-  return std::string(KVTIER_SOURCE_DIR) + "/bench/RESULTS.md";
+  return std::string(KVTIER_SOURCE_DIR) + "/bench/history/results.md";
 #else
-  return "bench/RESULTS.md";
+  return "bench/history/results.md";
 #endif
 }
 

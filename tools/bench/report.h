@@ -1,4 +1,5 @@
-// Benchmark report: a table printed to stdout and appended to bench/RESULTS.md.
+// Benchmark report: a table printed to stdout and appended to bench/history/results.md
+// (the log of runs; bench/README.md holds the current table of each suite).
 //
 // Every kvtier benchmark measures its baseline in the same run and reports ratios
 // (absolute times on shared machines are noise; ratios hold). Report names the machine
@@ -38,7 +39,7 @@ class Report {
 
   std::string ToMarkdown() const;
   // Prints the markdown to stdout and appends it to `results_path` (default:
-  // $KVTIER_RESULTS or <source>/bench/RESULTS.md). An empty path only prints.
+  // $KVTIER_RESULTS or <source>/bench/history/results.md). An empty path only prints.
   Status Emit(const std::string& results_path) const;
 
   static std::string DefaultResultsPath();
@@ -58,7 +59,7 @@ std::string Fmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // same for every suite that writes a table.
 inline constexpr char kResultsUsage[] =
     "  --results FILE   append the table to FILE (default: $KVTIER_RESULTS, else the source\n"
-    "                   tree's bench/RESULTS.md)\n"
+    "                   tree's bench/history/results.md)\n"
     "  --no-append      print the table only";
 
 }  // namespace kvtier::bench

@@ -5,7 +5,7 @@ ABI, kernels/include/kvtier/kernels.h, via ctypes), and a pure-read kernel as ro
 
 Usage: decode_baseline.py --lib build/lib/libkvtier_kernels.so --out DIR [--results FILE]
 Writes DIR/decode_baseline.json and DIR/decode_baseline.md; appends the markdown table to
---results (bench/RESULTS.md by default). Also cross-checks kvtier's BF16 decode against
+--results (bench/history/results.md by default). Also cross-checks kvtier's BF16 decode against
 SDPA on the same values (relative L2 printed; fails the run above 1e-2).
 """
 import argparse
@@ -175,11 +175,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "..", "..", "bench", "RESULTS.md"))
+    ap.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "..", "..", "bench", "history", "results.md"))
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--formats", default="bf16,fp8,nvfp4", help="kvtier formats to time")
-    ap.add_argument("--shapes", default="", help="e.g. 16x65536,1x131072 (default: the four of the issue)")
+    ap.add_argument("--shapes", default="", help="e.g. 16x65536,1x131072 (default: the four target shapes)")
     ap.add_argument("--block-tokens", default="16,64")
     ap.add_argument("--no-sdpa", action="store_true", help="skip torch SDPA (e.g. under a profiler)")
     args = ap.parse_args()

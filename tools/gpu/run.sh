@@ -6,14 +6,13 @@
 set -uo pipefail
 OUT=${1:?usage: tools/gpu/run.sh OUT_DIR [--quick] [--no-bench]}
 shift
-QUICK=""; BENCH=1; PROFILE=0; TESTS=1; COMPARE=0; QBENCH=0
+QUICK=""; BENCH=1; PROFILE=0; TESTS=1; QBENCH=0
 for a in "$@"; do
   case "$a" in
     --quick) QUICK="--quick" ;;
     --no-bench) BENCH=0 ;;
     --no-tests) TESTS=0 ;;
     --profile) PROFILE=1 ;;  # ncu of decode (nvfp4, fp8) and quantize + SASS into $OUT/profile.txt
-    --compare) COMPARE=1 ;;  # time the NVFP4 decode variants ($COMPARE_VARIANTS, default prmt32x lean32 lean32p)
     --qbench) QBENCH=1 ;;    # kvtier-bench decode: quantize_append (N=65536) + nvfp4 decode at 16x8192 only
   esac
 done
@@ -56,12 +55,11 @@ cat "$OUT/sass_summary.txt" | cut -c1-220
 RC=0
 if [ "$PROFILE" = 1 ]; then
   {
-    # $PROFILE_VARIANTS: NVFP4 decode variants to profile (default: the default variant),
-    # with the per-instruction-issue stall reasons (warps stalled per issued instruction).
-    for V in ${PROFILE_VARIANTS:-default} fp8; do
-      F=nvfp4; [ "$V" = fp8 ] && F=fp8
-      echo "== ncu: decode $F (variant $V), batch 16 x 8192, T=16"
-      KVTIER_NVFP4_DECODE=$V ncu --clock-control none -k regex:DecodeKernel --launch-skip 3 --launch-count 1 \
+    # The NVFP4 and FP8 decodes, with the per-instruction-issue stall reasons (warps
+    # stalled per issued instruction).
+    for F in nvfp4 fp8; do
+      echo "== ncu: decode $F, batch 16 x 8192, T=16"
+      ncu --clock-control none -k regex:DecodeKernel --launch-skip 3 --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats \
         --section WarpStateStats --section InstructionStats --section Occupancy --section MemoryWorkloadAnalysis \
         --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_fp16.avg.pct_of_peak_sustained_active \
@@ -72,7 +70,7 @@ if [ "$PROFILE" = 1 ]; then
     # Per SASS instruction: PC-sampled stall reasons of the default NVFP4 decode at 16 x 64K
     # (one launch), summarized by tools/gpu/stall_summary.py (reason shares, the hot loop's
     # instruction mix, the most-sampled instructions).
-    echo "== ncu source counters: decode nvfp4 (default variant), 16 x 64K, T=16"
+    echo "== ncu source counters: decode nvfp4, 16 x 64K, T=16"
     ncu --clock-control none -k regex:DecodeKernel --launch-skip 3 --launch-count 1 \
       --section SourceCounters --section WarpStateStats --import-source no -o /tmp/kvt_src -f \
       "$BUILD/bin/kvtier-bench" decode --formats nvfp4 --shapes 16x65536 --block-tokens 16 --iters 2 \
@@ -84,9 +82,9 @@ if [ "$PROFILE" = 1 ]; then
       --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
       "$BUILD/bin/kvtier-bench" decode --quick --formats nvfp4 --shapes 16x8192 --block-tokens 16 \
         --results /tmp/prof_results.md 2>&1 | grep -v "^==PROF==" | sed -n "/Quantize/,\$p"
-    echo "== SASS of DecodeKernel<nvfp4, 128> (variants matching \$SASS_DEC, default all) and QuantizeMax6Kernel"
+    echo "== SASS of DecodeKernel<nvfp4, 128> and QuantizeMax6Kernel"
     cuobjdump --dump-sass "$BUILD/lib/libkvtier_kernels.so" | \
-      awk -v re="DecodeKernelILi0ELi128ELi${SASS_DEC:-[0-9]}E|QuantizeMax6Kernel" '/Function :/ {p = ($0 ~ re)} p'
+      awk -v re="DecodeKernelILi0ELi128ELb0E|QuantizeMax6Kernel" '/Function :/ {p = ($0 ~ re)} p'
   } > "$OUT/profile.txt" 2>&1
   grep -E "==|Duration|Throughput|Issue Slots|Issued Ipc|No Eligible|Stall|Warp Cycles|Achieved Occupancy|Registers|Eligible Warps|issue_stalled|pipe_" "$OUT/profile.txt" \
     | cut -c1-150 | head -150
@@ -96,33 +94,6 @@ fi
 [ "$TESTS" = 1 ] && { ctest --test-dir "$SRC_BUILD" -L gpu -j 8 --output-on-failure --timeout 900 \
   --output-junit "$OUT/ctest_gpu.xml" > "$OUT/ctest_gpu.log" 2>&1 || RC=1
   grep -E "tests passed|\(Failed\)|Not Run|SKIP" "$OUT/ctest_gpu.log" | tail -n 40; }
-# The NVFP4 decode tests once more with the other E2M1 decode variants in $NVFP4_RETEST
-# (default "shift prmt32x lean32"; the default variant, lean32p, ran above).
-[ "$TESTS" = 1 ] && { echo "== NVFP4 decode tests again with KVTIER_NVFP4_DECODE=${NVFP4_RETEST:-shift prmt32x lean32}"
-  for V in ${NVFP4_RETEST:-shift prmt32x lean32}; do
-    KVTIER_NVFP4_DECODE=$V ctest --test-dir "$SRC_BUILD" -L gpu -R 'nvfp4|DecodeGuards' -j 8 --timeout 900 \
-      >> "$OUT/ctest_gpu.log" 2>&1 || RC=1
-    echo "variant $V: $(grep -E 'tests passed' "$OUT/ctest_gpu.log" | tail -1)"
-  done; }
-
-# The decode tests once more with the other split-merge paths in $MERGE_RETEST (default
-# "cta plain lean-early": session 5's merge kernel; no CTA merge and no PDL; the lean
-# merge always triggered at the decode's start, so both trigger points are tested).
-[ "$TESTS" = 1 ] && { echo "== decode tests again with KVTIER_DECODE_MERGE=${MERGE_RETEST:-cta plain lean-early}"
-  for M in ${MERGE_RETEST:-cta plain lean-early}; do
-    KVTIER_DECODE_MERGE=$M ctest --test-dir "$SRC_BUILD" -L gpu -R 'Decode' -j 8 --timeout 900 \
-      >> "$OUT/ctest_gpu.log" 2>&1 || RC=1
-    echo "merge $M: $(grep -E 'tests passed' "$OUT/ctest_gpu.log" | tail -1)"
-  done; }
-if [ "$COMPARE" = 1 ]; then
-  for V in ${COMPARE_VARIANTS:-prmt32x lean32 lean32p}; do
-    echo "== NVFP4 decode variant $V"
-    KVTIER_NVFP4_DECODE=$V python3 tools/gpu/decode_baseline.py --lib "$BUILD/lib/libkvtier_kernels.so" \
-      --out /tmp/cmp_$V --results "" --formats nvfp4 --shapes 16x65536,1x131072,64x8192 --block-tokens 16 --no-sdpa \
-      2>&1 | grep -E "kvtier decode|cross-check"
-  done
-fi
-
 if [ "$QBENCH" = 1 ]; then
   echo "== kvtier-bench decode --formats nvfp4 --shapes 16x8192 --block-tokens 16 (quantize_append N=65536)"
   "$BUILD/bin/kvtier-bench" decode --formats nvfp4 --shapes 16x8192 --block-tokens 16 --results "$OUT/qbench.md" 2>&1 | tail -n 12
@@ -135,7 +106,7 @@ if [ "$BENCH" = 1 ]; then
   PYTHONUNBUFFERED=1 python3 tools/gpu/decode_baseline.py --lib "$BUILD/lib/libkvtier_kernels.so" \
     --out "$OUT" --results "$OUT/RESULTS_gpu.md" $QUICK || RC=1
   # The same kernels held at their load ($SUSTAIN_MS ms each before timing; 0 skips): what a
-  # busy server gets once the board's power cap lowers the clock (docs/kernels.md, Session 6).
+  # busy server gets once the board's power cap lowers the clock (docs/kernels.md).
   if [ "${SUSTAIN_MS:-3000}" != 0 ] && [ -z "$QUICK" ]; then
     echo "== kvtier-bench decode --sustain-ms ${SUSTAIN_MS:-3000} (16 x 64K and 64 x 8K, T=16)"
     "$BUILD/bin/kvtier-bench" decode --shapes 16x65536,64x8192 --block-tokens 16 --sustain-ms "${SUSTAIN_MS:-3000}" \

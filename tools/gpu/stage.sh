@@ -4,7 +4,7 @@
 #                     shared libraries, CTest files), so `ctest -L gpu` works there
 #   $DC/lib/    shared libraries the binaries link that the GPU image lacks (ldd)
 # Usage: tools/gpu/stage.sh [BUILD_DIR]   (default build-kernels; .devcarry is gitignored)
-# DEVCARRY=.devcarry-NAME stages into another gitignored folder (one per worktree/helper).
+# DEVCARRY=.devcarry-NAME stages into another gitignored folder (one per worktree).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build-kernels}

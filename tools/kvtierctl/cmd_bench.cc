@@ -65,7 +65,7 @@ replay:
   --prefill-tok-s R       prefill rate for the time-saved estimate (20000)
   --json                  one JSON document on stdout
   --plot FILE.svg         hit rate against HBM budget, one line per format
-  --append                append the table to bench/RESULTS.md
+  --append                append the table to bench/history/results.md
 )";
 
 const std::vector<std::string> kKnown = {

@@ -7,7 +7,7 @@
 //
 //     kv_scale = amax / (448 * 6) = amax / 2688        (nvfp4::GlobalScaleFromAmax)
 //
-// The "amax / 448" of the issue is the FP8 convention (one E4M3 per value: the top is 448
+// The "amax / 448" rule is the FP8 convention (one E4M3 per value: the top is 448
 // * scale). Used as an NVFP4 multiplier, amax/448 leaves the top 6x of the block-scale
 // range unused (block scales never exceed 74.7) and moves the bottom of the range 6x
 // lower; both choices are lossless at the top and differ only for blocks 2^14 times
