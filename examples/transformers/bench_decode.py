@@ -148,12 +148,12 @@ def fill_pages(cache, ctx, chunk=1 << 16):
     cache._columns = ctx
 
 
-def kvtier_contract(model, fmt):
+def kvtier_contract(model, fmt, block_tokens=16):
     # Random weights: K/V of a forward are ~N(0, 1)-sized; unit-variance randn pages need
     # a global scale that keeps amax (~5) inside E4M3 x E2M1.
     L = model.config.num_hidden_layers
     s = {"nvfp4": 2.0 ** -8, "fp8": 2.0 ** -6, "bf16": 1.0}[fmt]
-    return kt.contract_for(model, fmt, 16, "max6", [s] * L, [s] * L)
+    return kt.contract_for(model, fmt, block_tokens, "max6", [s] * L, [s] * L)
 
 
 def kvtier_runner(model, client, contract, ctx, B, warmup, steps, graphed):
@@ -185,11 +185,15 @@ def main(argv=None):
     ap.add_argument("--compile-budget-s", type=float, default=240,
                     help="stop compiling StaticCache shapes once this much time went to them")
     ap.add_argument("--no-max-batch", action="store_true")
+    ap.add_argument("--block-tokens", type=int, default=16, help="tokens per block of the kvtier caches")
+    ap.add_argument("--eager-ab", type=int, default=0, metavar="ROUNDS",
+                    help="also: ROUNDS alternating rounds of DynamicCache, StaticCache and kvtier NVFP4, all eager, "
+                         "at the smallest context (what the integration's Python costs)")
     ap.add_argument("--json", help="write every row here")
     a = ap.parse_args(argv)
     contexts = [int(x) for x in a.contexts.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
-    caches = a.caches.split(",")
+    caches = [c for c in a.caches.split(",") if c]
     dev = torch.cuda.get_device_name()
     log(f"bench_decode: {dev}, torch {torch.__version__}, transformers {__import__('transformers').__version__}")
     bw = hbm_read_gbps()
@@ -216,11 +220,12 @@ def main(argv=None):
     # kvtier: one daemon per page format, its HBM tier sized for the largest shape that fits.
     for name in [c for c in caches if c.startswith("kvtier-")]:
         fmt = name.split("-", 1)[1]
-        contract = kvtier_contract(model, fmt)
+        contract = kvtier_contract(model, fmt, a.block_tokens)
         bb = contract.block_bytes()
         slot = (bb + 4095) // 4096 * 4096
         budget = free_after_weights - 12 * GiB   # activations, workspaces, the graphs' pools
-        need = {(c, B): B * (-(-(c + a.warmup + a.steps + 8) // 16)) * slot for c in contexts for B in batches}
+        T = a.block_tokens
+        need = {(c, B): B * (-(-(c + a.warmup + a.steps + 8) // T)) * slot for c in contexts for B in batches}
         fits = {k: v for k, v in need.items() if v <= budget}
         hbm = max(fits.values()) if fits else slot * 64
         with Daemon(slot_bytes=bb, hbm=f"{(hbm + GiB - 1) // GiB}GiB", host="1GiB", nvme="1GiB",
@@ -290,12 +295,45 @@ def main(argv=None):
             r["step_vs_floor"] = round(r["step_ms"] / r["floor_ms"], 3)
     out = {"gpu": dev, "hbm_read_gbps": round(bw, 1), "weights_bytes": weights, "rows": rows,
            "torch": torch.__version__, "transformers": __import__("transformers").__version__}
+    if a.eager_ab:
+        out["eager_ab"] = eager_ab(model, min(contexts), batches, a)
     if not a.no_max_batch:
         out["max_batch_128k"] = max_batch(model, free_after_weights, a)
     print_table(out, contexts)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
+
+
+def eager_ab(model, ctx, batches, a):
+    """Eager steps of DynamicCache, StaticCache (sdpa) and kvtier NVFP4 pages in alternating
+    rounds at `ctx`: medians per cache and kvtier's ratio to each."""
+    res = {}
+    contract = kvtier_contract(model, "nvfp4")
+    with Daemon(slot_bytes=contract.block_bytes(), hbm="8GiB", host="1GiB", nvme="1GiB") as d:
+        client = kvtier.Client(d.socket, name="eager-ab", has_gpu=True)
+        for B in batches:
+            t = {"dynamic": [], "static": [], "kvtier-nvfp4": []}
+            for _ in range(a.eager_ab):
+                for name in t:
+                    with torch.no_grad():
+                        if name == "kvtier-nvfp4":
+                            model.set_attn_implementation("kvtier")
+                            step, cache = kvtier_runner(model, client, contract, ctx, B, a.warmup, a.steps, False)
+                        else:
+                            model.set_attn_implementation("sdpa")
+                            step, cache = hf_runner(model, name, ctx, B, a.warmup, a.steps)
+                        t[name].append(median_step_ms(step, a.warmup, a.steps))
+                    if name == "kvtier-nvfp4":
+                        cache.release()
+                    step = cache = None
+            med = {k: round(statistics.median(v), 2) for k, v in t.items()}
+            res[f"b{B}"] = {"rounds_ms": {k: [round(x, 2) for x in v] for k, v in t.items()}, "median_ms": med,
+                            "kvtier_vs_static": round(med["kvtier-nvfp4"] / med["static"], 3),
+                            "kvtier_vs_dynamic": round(med["kvtier-nvfp4"] / med["dynamic"], 3)}
+            log(f"eager A/B at {ctx} b{B}: {res[f'b{B}']}")
+        client.close()
+    return res
 
 
 def base_kv(rows, r, contexts):
