@@ -51,15 +51,16 @@ def main(argv=None):
     ap.add_argument("--context", type=int, default=32768)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--block-tokens", type=int, default=16)
     ap.add_argument("--nvme-dir", default=None, help="NVMe tier folder (default: a temp folder)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     with torch.no_grad():
         model = models.build(models.config("llama", small=False), seed=0)
         kt.use_kvtier(model)
-        contract = kt.contract_for(model, "nvfp4")
+        contract = kt.contract_for(model, "nvfp4", a.block_tokens)
         bb = contract.block_bytes()
-        blocks = a.context // 16 + 8
+        blocks = a.context // a.block_tokens + 8
         gib = -(-blocks * ((bb + 4095) // 4096 * 4096) // (1 << 30)) + 1
         g = torch.Generator().manual_seed(5)
         conv1 = torch.randint(0, model.config.vocab_size, (1, a.context), generator=g).cuda()

@@ -238,7 +238,7 @@ def test_shared_system_prompt_is_stored_once(model_dirs):
     with daemon_for(model) as d:
         client = kvtier.Client(d.socket, name="shared", has_gpu=True)
         ids, mask = batch([5, 21, 40, 13])
-        with kt.prefix_cache(model, client, ids, mask, max_new_tokens=4) as cache:
+        with kt.prefix_cache(model, client, ids, mask, max_new_tokens=4, block_tokens=16) as cache:
             assert cache.hit_blocks == [0, 0, 0, 0]
             out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=4, do_sample=False)
             committed = cache.commit(out)
@@ -251,7 +251,7 @@ def test_shared_system_prompt_is_stored_once(model_dirs):
         hbm = [s for s in client.stats() if s.tier == "hbm"][0]
         assert hbm.blocks == distinct
         ids2, mask2 = batch([30, 9, 17, 50])
-        with kt.prefix_cache(model, client, ids2, mask2, max_new_tokens=2) as c2:
+        with kt.prefix_cache(model, client, ids2, mask2, max_new_tokens=2, block_tokens=16) as c2:
             assert c2.hit_blocks == [4, 4, 4, 4]
             assert len({tuple(t[:4]) for t in c2.tables}) == 1, "every row reads the same 4 slots"
             out2 = model.generate(ids2, attention_mask=mask2, past_key_values=c2, max_new_tokens=2, do_sample=True,

@@ -24,7 +24,7 @@ def turn(model, client, ids, commit, want_logits=False):
     cache. commit: returns (sequences, blocks committed); else (info, logits [1, new, vocab])."""
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
-    cache = kt.prefix_cache(model, client, ids, max_new_tokens=NEW_TOKENS, kv_format="nvfp4")
+    cache = kt.prefix_cache(model, client, ids, max_new_tokens=NEW_TOKENS, kv_format="nvfp4", block_tokens=16)
     try:
         r = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
                            max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,

@@ -67,6 +67,12 @@ FORMATS = ("nvfp4", "fp8", "bf16")
 _SUPPORTED_HEAD_DIMS = (64, 128, 256)
 _SUPPORTED_GROUPS = (1, 2, 4, 8)
 _SUPPORTED_BLOCK_TOKENS = (16, 32, 64)
+# 64-token blocks: the decode reads each layer's page of a block as one run per head, and
+# the daemon's slots put a block's layers side by side, so one layer's pages sit a slot
+# apart. At (32K, batch 8) on an H200 the NVFP4 decode's long-context share is 1.29x its
+# bytes with 64-token blocks and 4.5x with 16 (bench/README.md, "transformers"); the cost
+# is coarser prefix reuse (a prompt is reused in whole 64-token blocks).
+DEFAULT_BLOCK_TOKENS = 64
 
 
 class UnsupportedModel(ValueError):
@@ -198,7 +204,7 @@ def calibrate(model, kv_format: str, input_ids: Optional[torch.Tensor] = None, t
     return ks, vs
 
 
-def contract_for(model, kv_format: str = "nvfp4", block_tokens: int = 16, scale_rule: str = "max6",
+def contract_for(model, kv_format: str = "nvfp4", block_tokens: int = DEFAULT_BLOCK_TOKENS, scale_rule: str = "max6",
                  k_scales: Optional[Sequence[float]] = None, v_scales: Optional[Sequence[float]] = None,
                  model_id: Optional[str] = None) -> kvtier.Contract:
     """The scale contract of `model`'s KV blocks in `kv_format`. Scales default to
@@ -600,7 +606,7 @@ class KvtierCache(Cache):
 
 
 def prefix_cache(model, client: kvtier.Client, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                 max_new_tokens: int = 256, kv_format: str = "nvfp4", block_tokens: int = 16,
+                 max_new_tokens: int = 256, kv_format: str = "nvfp4", block_tokens: int = DEFAULT_BLOCK_TOKENS,
                  scale_rule: str = "max6", contract: Optional[kvtier.Contract] = None) -> KvtierCache:
     """A KvtierCache for `input_ids` ([B, S], left padded where `attention_mask` is 0) that
     already holds each row's longest cached prefix (restored into HBM by one acquire per
