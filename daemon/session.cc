@@ -15,7 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "formats/contract.h"
-#include "tiers/test_point.h"
+#include "testing/test_point.h"
 
 namespace kvtier::daemon {
 

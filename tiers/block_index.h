@@ -1,4 +1,4 @@
-// Hash of the TierManager's block index (tier_manager.cc: blocks_), here so that tests can
+// Hash of the TierManager's block index (block.h: BlockIndex), here so that tests can
 // build (contract, key) pairs that collide in it.
 //
 // A key is an XXH3-128 output, already uniform, but it comes from a client, which may send
@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "tiers/nvme/nvme_store.h"  // BlockId
+#include "tiers/types.h"  // BlockId
 
 namespace kvtier::tiers {
 

@@ -26,13 +26,13 @@
 #include <unordered_set>
 
 #include "tiers/block_index.h"
-#include "tiers/hbm/cuda_env.h"
+#include "common/cuda_env.h"
 #include "tiers/hbm/hbm_pool.h"
 #include "tiers/host/host_pool.h"
 #include "tiers/nvme/nvme_store.h"
 #include "tiers/policy/policy.h"
 #include "tiers/remote/remote_tier.h"
-#include "tiers/test_point.h"
+#include "testing/test_point.h"
 
 namespace kvtier::tiers {
 

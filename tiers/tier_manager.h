@@ -31,15 +31,9 @@
 #include "formats/keys.h"
 #include "formats/status.h"
 #include "tiers/remote/remote_options.h"
+#include "tiers/types.h"
 
 namespace kvtier::tiers {
-
-enum class Tier : uint8_t { kHbm = 0, kHost = 1, kNvme = 2, kRemote = 3, kNone = 255 };
-const char* TierName(Tier t);
-
-enum class PolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kPrefixLru = 2 };
-enum class OnEvict : uint8_t { kDemote = 0, kDrop = 1 };
-enum class Admission : uint8_t { kAlways = 0, kSecondHit = 1 };
 
 struct TierOptions {
   uint64_t capacity_bytes = 0;   // 0 = tier disabled. Rounded down to whole slots. Default: 0

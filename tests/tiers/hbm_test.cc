@@ -10,7 +10,7 @@
 
 #include "formats/contract.h"
 #include "tests/tiers/test_util.h"
-#include "tiers/hbm/cuda_env.h"
+#include "common/cuda_env.h"
 #include "tiers/hbm/hbm_pool.h"
 #include "tiers/host/host_pool.h"
 #include "tiers/nvme/nvme_store.h"

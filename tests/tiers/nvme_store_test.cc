@@ -11,7 +11,7 @@
 
 #include "formats/record.h"
 #include "tests/tiers/test_util.h"
-#include "tiers/test_point.h"
+#include "testing/test_point.h"
 
 namespace kvtier::tiers {
 namespace {

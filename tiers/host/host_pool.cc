@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "tiers/hbm/cuda_env.h"
+#include "common/cuda_env.h"
 
 namespace kvtier::tiers {
 

@@ -15,7 +15,7 @@
 #include "formats/record.h"
 #include "tiers/nvme/fault_device.h"
 #include "tiers/nvme/uring_device.h"
-#include "tiers/test_point.h"
+#include "testing/test_point.h"
 
 namespace kvtier::tiers {
 

@@ -50,23 +50,13 @@
 #include "formats/status.h"
 #include "tiers/nvme/device.h"
 #include "tiers/slot_allocator.h"
+#include "tiers/types.h"
 
 namespace rocksdb {
 class DB;
 }
 
 namespace kvtier::tiers {
-
-struct BlockId {
-  uint64_t contract = 0;
-  Key128 key;
-  bool operator==(const BlockId&) const = default;
-};
-struct BlockIdHash {
-  size_t operator()(const BlockId& b) const noexcept {
-    return Key128Hash()(b.key) ^ static_cast<size_t>(b.contract * 0xC2B2AE3D27D4EB4Full);
-  }
-};
 
 struct NvmeStoreOptions {
   std::string dir;              // folder for data files and index; created. Default: "" (refused)

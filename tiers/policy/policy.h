@@ -23,8 +23,9 @@
 #include <memory>
 #include <optional>
 
-#include "tiers/nvme/nvme_store.h"  // BlockId
-#include "tiers/tier_manager.h"      // PolicyKind
+#include <string_view>
+
+#include "tiers/types.h"  // BlockId, PolicyKind
 
 namespace kvtier::tiers {
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "formats/contract.h"
-#include "tiers/hbm/cuda_env.h"
+#include "common/cuda_env.h"
 #include "tiers/hbm/hbm_pool.h"
 #include "tiers/host/host_pool.h"
 #include "tiers/nvme/nvme_store.h"

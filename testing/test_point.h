@@ -1,4 +1,4 @@
-// Test-only sync/kill points (RocksDB's TEST_SYNC_POINT, reduced to what tiers/ needs).
+// Test-only sync/kill points (RocksDB's TEST_SYNC_POINT, reduced to what kvtier needs).
 //
 // KVTIER_TEST_POINT("name") calls the callback a test installed with SetTestPointCallback,
 // if any; crash tests use it to _exit() a child process at an exact point of the commit
@@ -20,17 +20,17 @@
 #include <functional>
 #include <string_view>
 
-namespace kvtier::tiers {
+namespace kvtier {
 
 using TestPointCallback = std::function<void(std::string_view name)>;
 // Installs (or, with an empty function, removes) the process-wide callback.
 void SetTestPointCallback(TestPointCallback cb);
 void RunTestPoint(std::string_view name);
 
-}  // namespace kvtier::tiers
+}  // namespace kvtier
 
 #if KVTIER_TEST_POINTS
-#define KVTIER_TEST_POINT(name) ::kvtier::tiers::RunTestPoint(name)
+#define KVTIER_TEST_POINT(name) ::kvtier::RunTestPoint(name)
 #else
 #define KVTIER_TEST_POINT(name) \
   do {                          \

@@ -1,10 +1,10 @@
-#include "tiers/hbm/cuda_env.h"
+#include "common/cuda_env.h"
 
 #if KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
-namespace kvtier::tiers::cuda {
+namespace kvtier::cuda {
 
 #if KVTIER_HAVE_CUDA
 bool Compiled() { return true; }
@@ -56,4 +56,4 @@ Status HostRegister(void*, size_t) { return Status::Unsupported("built without C
 Status HostUnregister(void*) { return Status::Unsupported("built without CUDA"); }
 #endif
 
-}  // namespace kvtier::tiers::cuda
+}  // namespace kvtier::cuda

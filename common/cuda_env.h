@@ -8,7 +8,7 @@
 
 #include "formats/status.h"
 
-namespace kvtier::tiers::cuda {
+namespace kvtier::cuda {
 
 // True when this library was compiled with the CUDA runtime (KVTIER_HAVE_CUDA).
 bool Compiled();
@@ -21,4 +21,4 @@ std::string DeviceName(int dev);
 Status HostRegister(void* ptr, size_t bytes);
 Status HostUnregister(void* ptr);
 
-}  // namespace kvtier::tiers::cuda
+}  // namespace kvtier::cuda

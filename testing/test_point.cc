@@ -1,4 +1,4 @@
-#include "tiers/test_point.h"
+#include "testing/test_point.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace kvtier::tiers {
+namespace kvtier {
 
 namespace {
 std::mutex g_mu;
@@ -102,4 +102,4 @@ void RunTestPoint(std::string_view name) {
 #endif
 }
 
-}  // namespace kvtier::tiers
+}  // namespace kvtier
