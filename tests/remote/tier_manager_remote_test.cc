@@ -7,10 +7,12 @@
 #include <atomic>
 #include <filesystem>
 #include <future>
+#include <mutex>
 #include <random>
 #include <thread>
 
 #include "formats/contract.h"
+#include "testing/test_point.h"
 #include "tests/remote/redis_env.h"
 #include "tiers/tier_manager.h"
 
@@ -209,6 +211,49 @@ TEST(TierManagerRemote, ConcurrentAcquiresWhileWriting) {
   for (const Key128& k : keys) (void)b->tm->Evict(cid, k);
   EXPECT_EQ(AcquireChecked(*b->tm, cid, block, keys), 24);
   EXPECT_EQ(RemoteStats(*b->tm).checksum_failures, 0u);
+}
+
+// A fetch stages its blocks into host held, and they stay held until the acquire that
+// follows has pinned them. At the point between the two, an eviction of a staged block
+// is refused and the acquire serves every block; were they committed and left unpinned
+// and unheld there (or did the eviction ignore holds), the evictions would go through and
+// the acquire would stop at the first evicted block.
+TEST(TierManagerRemote, RemoteFetchHoldsStagedBlocksUntilAcquired) {
+  KVTIER_REQUIRE_SHARED_CLUSTER();
+#if !KVTIER_TEST_POINTS
+  GTEST_SKIP() << "built without KVTIER_TEST_POINTS: the staging point is compiled out";
+#else
+  const ScaleContract c = Contract("tmr/staged");
+  const uint64_t cid = c.Id(), block = c.block_bytes();
+  auto a = Open(remote::RemoteWrite::kWriteThrough, 16, 0, c);
+  auto b = Open(remote::RemoteWrite::kOff, 16, 0, c);
+  const auto keys = Keys(6);
+  Store(*a->tm, cid, block, keys);
+  a->tm->Drain();
+  TierManager* tb = b->tm.get();
+  std::mutex mu;
+  int hits = 0;
+  std::vector<Status> evicts;
+  SetTestPointCallback([&](std::string_view name) {
+    if (name != "TierManager::RemoteFetch:Staged") return;
+    std::lock_guard<std::mutex> l(mu);
+    ++hits;
+    for (const Key128& k : keys) evicts.push_back(tb->Evict(cid, k));
+  });
+  std::vector<Tier> from;
+  const long got = AcquireChecked(*b->tm, cid, block, keys, &from);
+  SetTestPointCallback({});
+  std::lock_guard<std::mutex> l(mu);
+  EXPECT_EQ(hits, 1) << "the fetch passes its staging point once";
+  ASSERT_EQ(evicts.size(), keys.size());
+  for (const Status& s : evicts) EXPECT_EQ(s.code(), StatusCode::kRejected) << s.ToString();
+  EXPECT_EQ(got, 6);
+  ASSERT_EQ(from.size(), 6u);
+  for (Tier t : from) EXPECT_EQ(t, Tier::kRemote);
+  // Acquired and unpinned: nothing holds them any more.
+  b->tm->Drain();
+  EXPECT_TRUE(b->tm->Evict(cid, keys[0]).ok());
+#endif
 }
 
 }  // namespace

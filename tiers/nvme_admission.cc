@@ -1,0 +1,46 @@
+#include "tiers/nvme_admission.h"
+
+#include <algorithm>
+
+namespace kvtier::tiers {
+
+NvmeAdmission::NvmeAdmission(Admission mode, uint64_t daily_budget_bytes, size_t ghost_capacity,
+                             Clock::time_point now)
+    : mode_(mode), budget_(daily_budget_bytes), ghost_capacity_(std::max<size_t>(1024, ghost_capacity)),
+      window_start_(now) {}
+
+void NvmeAdmission::Configure(Admission mode, uint64_t daily_budget_bytes) {
+  mode_ = mode;
+  budget_ = daily_budget_bytes;
+}
+
+bool NvmeAdmission::Admit(const BlockId& id, uint64_t bytes, uint32_t uses, bool force, Clock::time_point now) {
+  if (budget_ > 0) {
+    if (now - window_start_ >= std::chrono::hours(24)) {
+      window_start_ = now;
+      budget_used_ = 0;
+    }
+    if (budget_used_ + bytes > budget_) {
+      ++rejects_;
+      return false;
+    }
+  }
+  if (!force && mode_ == Admission::kSecondHit && uses < 2) {
+    if (ghost_set_.erase(id) == 0) {  // first time offered: remember it, refuse it
+      ghost_set_.insert(id);
+      ghost_.push_back(id);
+      while (ghost_.size() > ghost_capacity_) {
+        ghost_set_.erase(ghost_.front());
+        ghost_.pop_front();
+      }
+      ++rejects_;
+      return false;
+    }
+  }
+  budget_used_ += bytes;
+  return true;
+}
+
+void NvmeAdmission::Refund(uint64_t bytes) { budget_used_ -= std::min(budget_used_, bytes); }
+
+}  // namespace kvtier::tiers

@@ -1,0 +1,182 @@
+// TierManagerImpl: eviction. Which block goes (the tier's policy, among the blocks that
+// MayGo), what happens to it (dropped when a copy exists below or the tier drops on
+// eviction; else demoted: HBM -> host by DMA, host -> NVMe through admission), the
+// watermarks that start it, and the operator's evictions.
+#include <algorithm>
+
+#include "tiers/tier_manager_impl.h"
+
+namespace kvtier::tiers {
+
+void TierManagerImpl::MaybeEraseLocked(Block* b) {
+  if (b->Cached() || !MayGo(*b, kAllTiers)) return;
+  blocks_.erase(b->id);
+}
+
+void TierManagerImpl::DropCopyLocked(int t, Block* b, bool demoted) {
+  TierState& ts = T(t);
+  ts.policy->Remove(b->id);
+  if (t == kN) {
+    (void)nvme_->Remove(b->id);  // NotFound when the store dropped it itself (corrupt)
+    b->nvme = false;
+  } else {
+    ts.Free(static_cast<uint32_t>(b->slot[t]));
+    b->slot[t] = -1;
+  }
+  ++(demoted ? ts.c.evictions_demoted : ts.c.evictions_dropped);
+}
+
+void TierManagerImpl::DropBlockLocked(Block* b) {
+  for (int t : {kH, kS}) {
+    if (b->slot[t] >= 0) DropCopyLocked(t, b, false);
+  }
+  if (b->nvme) DropCopyLocked(kN, b, false);
+  MaybeEraseLocked(b);
+}
+
+Block* TierManagerImpl::VictimLocked(int t, const Block* except) {
+  auto v = T(t).policy->Victim([&](const BlockId& id) {
+    Block* b = FindLocked(id);
+    return b && b != except && MayGo(*b, t);
+  });
+  return v ? FindLocked(*v) : nullptr;
+}
+
+uint32_t TierManagerImpl::EvictCleanLocked(int t, uint32_t need) {
+  TierState& ts = T(t);
+  uint32_t freed = 0;
+  const bool drop_all = ts.DropsOnEvict(/*tier_below=*/t == kH || (t == kS && nvme_));
+  while (freed < need) {
+    auto v = ts.policy->Victim([&](const BlockId& id) {
+      Block* b = FindLocked(id);
+      if (!b || !MayGo(*b, t)) return false;
+      return drop_all || ts.CopyBelow(*b);  // a copy below: no I/O needed
+    });
+    if (!v) break;
+    Block* b = FindLocked(*v);
+    if (t == kS) QueueRemoteWriteLocked(b);
+    DropCopyLocked(t, b, ts.CopyBelow(*b));
+    MaybeEraseLocked(b);
+    ++freed;
+  }
+  return freed;
+}
+
+std::optional<uint32_t> TierManagerImpl::ReserveLocked(int t, Block* loading_for) {
+  TierState& ts = T(t);
+  auto s = ts.Alloc();
+  if (!s && EvictCleanLocked(t, 1) > 0) s = ts.Alloc();
+  if (!s) {
+    KickLocked();  // let the mover demote dirty blocks; the caller retries or fails
+    return std::nullopt;
+  }
+  ts.slots[*s] = SlotInfo{loading_for ? SlotState::kLoading : SlotState::kAlloc, loading_for, 0};
+  return s;
+}
+
+bool TierManagerImpl::AdmitLocked(Block* b, bool force) {
+  if (admission_->Admit(b->id, RoundUp4K(b->bytes) + kIoAlign, b->uses, force)) return true;
+  ++T(kN).c.admission_rejects;
+  return false;
+}
+
+void TierManagerImpl::EvictOneLocked(int t, Block* b, uint32_t* pending_out) {
+  if (t == kS) QueueRemoteWriteLocked(b);  // leaving host: its bytes are still there
+  TierState& ts = T(t);
+  const bool below = ts.CopyBelow(*b);
+  if (t == kN || below || ts.opts().on_evict == OnEvict::kDrop) {
+    DropCopyLocked(t, b, below);
+    MaybeEraseLocked(b);
+    return;
+  }
+  if (t == kH) {  // demote HBM -> host by DMA
+    auto s = b->promo[kS] ? std::nullopt : ReserveLocked(kS, b);
+    if (!s) {
+      DropCopyLocked(kH, b, false);
+      MaybeEraseLocked(b);
+      return;
+    }
+    // Out of the policy at once: under prefix-lru its parent becomes a candidate in this
+    // same pass, so a chain demotes in one batch instead of one block per round trip.
+    ts.policy->Remove(b->id);
+    ++ts.demoting;
+    b->busy[kH] = true;
+    b->io_pins[kH]++;
+    copies_.push_back({b, static_cast<int>(*s), false, true});
+    ++*pending_out;
+    return;
+  }
+  // host -> NVMe
+  if (!nvme_ || !AdmitLocked(b, false)) {
+    DropCopyLocked(kS, b, false);
+    MaybeEraseLocked(b);
+    return;
+  }
+  ts.policy->Remove(b->id);  // see the HBM case above
+  ++ts.demoting;
+  b->busy[kS] = true;
+  writes_.emplace_back(b, true);
+  ++*pending_out;
+}
+
+void TierManagerImpl::MaintainLocked() {
+  for (TierState& ts : tiers_) {
+    const int t = ts.index();
+    if (ts.total() == 0) continue;
+    // Demote above the high watermark, and also when an alloc is waiting for more free
+    // slots than the watermarks would ever leave (a tier of unpinned blocks that are not
+    // on the next tier yet: only demotion can free them).
+    const bool over = ts.OverHigh();
+    const bool demand = ts.want_free > 0 && ts.free() < ts.want_free;
+    if (!over && !demand) continue;
+    double target = over ? ts.opts().low_watermark * ts.total() : static_cast<double>(ts.total());
+    if (demand) target = std::min(target, static_cast<double>(ts.total() - ts.want_free));
+    uint32_t pending = 0;
+    // Demotions already in flight out of this tier count as freed.
+    for (const auto& w : writes_) pending += (t == kS && w.second) ? 1 : 0;
+    for (const auto& c : copies_) pending += (t == kH && c.demote) ? 1 : 0;
+    while (ts.used() - std::min(pending, ts.used()) > target) {
+      Block* v = VictimLocked(t);
+      if (!v) break;  // everything left is pinned or in flight
+      EvictOneLocked(t, v, &pending);
+    }
+  }
+}
+
+// ---- operator evictions --------------------------------------------------------------------
+
+Status TierManagerImpl::Evict(uint64_t contract_id, const Key128& key) {
+  std::lock_guard<std::mutex> l(mu_);
+  Block* b = FindLocked({contract_id, key});
+  if (!b || !b->Cached()) return Status::NotFound("Evict: block not cached");
+  if (!MayGo(*b, kAllTiers)) return Status::Rejected("Evict: block is pinned or being moved");
+  DropBlockLocked(b);
+  return Status::Ok();
+}
+
+Status TierManagerImpl::EvictContract(uint64_t contract_id, uint64_t* evicted, uint64_t* skipped) {
+  uint64_t ev = 0, sk = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (contracts_.count(contract_id) == 0) {
+      return Status::NotFound("contract " + ContractIdHex(contract_id) + " is not registered");
+    }
+    std::vector<Block*> victims;
+    for (const auto& b : blocks_) {
+      if (b->id.contract == contract_id && b->Cached()) victims.push_back(b.get());
+    }
+    for (Block* b : victims) {
+      if (!MayGo(*b, kAllTiers)) {
+        ++sk;
+        continue;
+      }
+      DropBlockLocked(b);
+      ++ev;
+    }
+  }
+  if (evicted) *evicted = ev;
+  if (skipped) *skipped = sk;
+  return Status::Ok();
+}
+
+}  // namespace kvtier::tiers

@@ -1,0 +1,244 @@
+// TierManagerImpl: the storage engine behind TierManager (tier_manager.h).
+//
+// One class, its methods split over files by data flow (as RocksDB splits DBImpl over
+// db_impl_*.cc), on top of classes that own one concern each:
+//
+//   tier_manager.cc            open, contracts, lookup, alloc / commit / unpin, settings, stats
+//   tier_manager_promotion.cc  acquire and prefetch: promotions into HBM or host
+//   tier_manager_eviction.cc   eviction, demotion decisions, watermarks, operator evictions
+//   tier_manager_mover.cc      the mover thread: NVMe reads and writes, host <-> HBM copies, flush
+//   tier_manager_views.cc      operator views (contracts, blocks, inspect, verify)
+//   tier_manager_remote.cc     the engine's side of the remote tier (StagingHost, write-back)
+//
+//   block.h            Block, the block index, MayGo (the one "may this block go" rule)
+//   tier_state.h       TierState: settings, arena, slot table, policy, counters per tier
+//   nvme_admission.h   NvmeAdmission: which demotions NVMe takes, and the write budget
+//   remote_stage.h     RemoteStage: the remote tier's fetch and write-back threads
+//
+// Locking: one mutex (mu_) guards the block index, the tier states, the admission and
+// the mover's queues. No I/O or DMA runs under it: the mover thread takes the queued work
+// out under the lock, runs the NVMe batches and launches the copies without it, and
+// applies the results under it again. User callbacks (AcquireDone) are queued in deferred_
+// and run by the mover with no lock held, so they may call back into the TierManager; an
+// acquire that completes inside Acquire (nothing to move) runs its callback on the
+// caller's thread after mu_ is released, which is just as safe. The remote stage has its
+// own mutex, taken after mu_ (QueueRemoteWriteLocked), never before it.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tiers/block.h"
+#include "tiers/hbm/hbm_pool.h"
+#include "tiers/host/host_pool.h"
+#include "tiers/nvme/nvme_store.h"
+#include "tiers/nvme_admission.h"
+#include "tiers/remote_stage.h"
+#include "tiers/tier_manager.h"
+#include "tiers/tier_state.h"
+
+namespace kvtier::tiers {
+
+// One acquire in progress (tier_manager_promotion.cc).
+struct AcquireCtx {
+  TierManager::AcquireDone done;
+  Tier target = Tier::kNone;
+  std::vector<Block*> blocks;
+  std::vector<SlotRef> slots;  // slots[i].from is set when block i is found
+  std::vector<bool> ok;
+  size_t pending = 0;
+  // KVTIER_TRACE_COPIES=1: when the acquire came in, and how long its set-up took.
+  std::chrono::steady_clock::time_point t0{};
+  double setup_us = 0;
+  double found_us = 0, first_send_us = -1;  // prefix found and held; first copies sent
+  size_t promoted = 0;
+};
+
+struct CopyJob {  // host <-> HBM
+  Block* b;
+  int dst_slot;
+  bool to_hbm;  // H2D (promotion) or D2H
+  bool demote;  // D2H as eviction (drop the HBM copy after)
+};
+struct CopyDoneMsg {
+  Block* b;
+  int dst_slot;
+  bool to_hbm, demote;
+  Status st;
+};
+
+// KVTIER_TRACE_COPIES=1 (read once): acquires of 64 blocks or more log their timeline
+// (set-up under the lock, answer), and HbmPool logs each copy batch.
+bool TraceCopies();
+
+class TierManagerImpl final : public TierManager, private StagingHost {
+ public:
+  explicit TierManagerImpl(const TierManagerOptions& o);
+  ~TierManagerImpl() override;
+  Status Init();
+
+  uint64_t slot_bytes() const override { return opts_.slot_bytes; }
+  bool has_tier(Tier t) const override {
+    return (t == Tier::kHbm && hbm_) || (t == Tier::kHost && host_) || (t == Tier::kNvme && nvme_) ||
+           (t == Tier::kRemote && remote_);
+  }
+  int host_arena_fd() const override { return host_->fd(); }
+  uint64_t host_arena_bytes() const override { return host_->arena_bytes(); }
+  uint8_t* hbm_base() const override { return hbm_ ? hbm_->base() : nullptr; }
+  Status hbm_ipc_handle(uint8_t out[64]) const override {
+    if (!hbm_) return Status::Unsupported("no HBM tier");
+    return hbm_->IpcHandle(out);
+  }
+  Status RegisterContract(const ScaleContract& c) override;
+  bool HasContract(uint64_t id) const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return contracts_.count(id) != 0;
+  }
+  LookupResult Lookup(uint64_t contract_id, std::span<const Key128> keys) override;
+  size_t LookupInto(uint64_t contract_id, std::span<const Key128> keys, Tier* tiers_out,
+                    double* est_seconds_to_hbm) override;
+  void Acquire(uint64_t contract_id, std::span<const Key128> keys, Tier target, AcquireDone done) override;
+  Status AllocSlots(uint64_t contract_id, uint32_t n, Tier target, std::vector<SlotRef>* out) override;
+  Status Commit(uint64_t contract_id, SlotRef slot, const Key128& key, const Key128& parent) override;
+  Status Unpin(SlotRef slot) override;
+  Status FreeSlot(SlotRef slot) override;
+  void Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) override;
+  Status Evict(uint64_t contract_id, const Key128& key) override;
+  Status Flush(Tier to) override;
+  Status Reconfigure(const TierManagerOptions& opts) override;
+  std::vector<TierStats> Stats() const override;
+  void Drain() override;
+  std::vector<ContractInfo> Contracts() const override;
+  Status ListBlocks(uint64_t contract_id, Tier tier, uint64_t offset, uint32_t limit,
+                    std::vector<BlockInfo>* out, uint64_t* total) const override;
+  StatusOr<BlockInfo> InspectBlock(uint64_t contract_id, const Key128& key) const override;
+  Status VerifyNvme(uint64_t offset, uint32_t limit, VerifyReport* report) override;
+  Status EvictContract(uint64_t contract_id, uint64_t* evicted, uint64_t* skipped) override;
+
+ private:
+  // ---- all *Locked methods run with mu_ held ----
+  TierState& T(int t) { return tiers_[t]; }
+  const TierState& T(int t) const { return tiers_[t]; }
+  Block* FindLocked(const BlockId& id) {
+    auto it = blocks_.find(id);
+    return it == blocks_.end() ? nullptr : it->get();
+  }
+  size_t LocalPrefixLocked(uint64_t contract_id, std::span<const Key128> keys) {
+    size_t n = 0;
+    for (const Key128& k : keys) {
+      Block* b = FindLocked({contract_id, k});
+      if (!b || !b->Cached()) break;
+      ++n;
+    }
+    return n;
+  }
+
+  // tier_manager.cc: the internal alloc / commit that the public calls and the remote
+  // stage share. CommitLocked returns the block now cached under the key (the new one,
+  // or the one already there: then the slot becomes a duplicate, freed by Unpin), or
+  // nullptr with *err set.
+  Status AllocLocked(uint64_t contract_id, uint32_t n, int t, std::vector<uint32_t>* out);
+  Block* CommitLocked(uint64_t contract_id, int t, uint32_t slot, const Key128& key, const Key128& parent,
+                      bool pin, bool from_remote, Status* err);
+
+  // tier_manager_eviction.cc
+  void MaybeEraseLocked(Block* b);
+  // Drops one hold per entry of `blocks` (a block may appear several times) and erases a
+  // block no longer needed once its last hold is gone. Linear: a block is looked at for
+  // erasure only at its last occurrence, so no pass touches an erased block.
+  void ReleaseHoldsLocked(const std::vector<Block*>& blocks) {
+    for (Block* b : blocks) {
+      if (--b->holds == 0) MaybeEraseLocked(b);
+    }
+  }
+  void DropCopyLocked(int t, Block* b, bool demoted);
+  // Drops every copy of a block that MayGo(kAllTiers) and erases it.
+  void DropBlockLocked(Block* b);
+  // Frees up to `need` slots in tier t by dropping victims that need no I/O (a copy exists
+  // below, or the tier drops on eviction). Returns how many were freed.
+  uint32_t EvictCleanLocked(int t, uint32_t need);
+  std::optional<uint32_t> ReserveLocked(int t, Block* loading_for);
+  void EvictOneLocked(int t, Block* b, uint32_t* pending_out);
+  // The policy's next victim in tier t that MayGo, other than `except`.
+  Block* VictimLocked(int t, const Block* except = nullptr);
+  bool AdmitLocked(Block* b, bool force);
+  void MaintainLocked();
+
+  // tier_manager_promotion.cc. StartPromotionLocked returns false when the promotion
+  // could not even start.
+  bool StartPromotionLocked(Block* b, int t, Waiter w);
+  void LaunchLocked(Block* b, int t);
+  void RetrySpaceWaitersLocked(int t);
+  void FinishPromotionLocked(Block* b, int t, bool ok);
+  // Queues ctx's answer for the mover to deliver, or, with `now` (an acquire that finished
+  // inside Acquire: nothing had to move), hands it to the caller to run after unlocking.
+  void FinishAcquireLocked(const std::shared_ptr<AcquireCtx>& ctx, std::function<void()>* now = nullptr);
+  void AcquireLocal(uint64_t contract_id, std::span<const Key128> keys, Tier target, AcquireDone done);
+  // Queues a fetch of the keys past the local prefix when a remote tier may have them;
+  // false when the local acquire can run at once.
+  bool MaybeFetchRemote(uint64_t contract_id, std::span<const Key128> keys, Tier target, AcquireDone& done);
+
+  // tier_manager_remote.cc
+  void QueueRemoteWriteLocked(Block* b);
+  bool LocalPrefix(uint64_t contract, std::span<const Key128> keys, uint64_t* block_bytes, size_t* prefix) override;
+  std::vector<Slot> ReserveStaging(uint64_t contract, uint32_t n) override;
+  size_t CommitStaging(uint64_t contract, std::span<const Slot> slots, std::span<const remote::GetItem> items,
+                       size_t good, std::vector<Block*>* held) override;
+  void AcquireStaged(RemoteFetch job, std::vector<Block*> held, size_t fetched_from) override;
+
+  // tier_manager_mover.cc
+  void KickLocked() {
+    work_ = true;
+    cv_.notify_all();
+  }
+  void MoverLoop();
+  void DrainMover();
+  bool HasWorkLocked() const {
+    return work_ || !reads_.empty() || !writes_.empty() || !copies_.empty() || !deferred_.empty() ||
+           !copy_done_.empty() || flush_req_ != nullptr;
+  }
+  void RunReads(std::vector<Block*> batch);
+  void RunWrites(std::vector<std::pair<Block*, bool>> batch);
+  void RunCopies(std::vector<CopyJob> batch);
+  void SendCopiesInlineLocked(std::unique_lock<std::mutex>& l);
+  void ApplyCopyDone(const CopyDoneMsg& m);
+  Status DoFlush(Tier to);
+
+  TierManagerOptions opts_;
+  std::unique_ptr<HbmPool> hbm_;
+  std::unique_ptr<HostPool> host_;
+  std::unique_ptr<NvmeStore> nvme_;
+  std::unique_ptr<RemoteStage> remote_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::unordered_map<uint64_t, ScaleContract> contracts_;
+  BlockIndex blocks_;
+  TierState tiers_[3];  // indexed by kH, kS, kN
+  std::unique_ptr<NvmeAdmission> admission_;
+  // Mover queues.
+  std::vector<Block*> reads_;                    // NVMe -> host promotions (slot in promo[kS])
+  std::vector<std::pair<Block*, bool>> writes_;  // host -> NVMe (bool: eviction)
+  std::vector<CopyJob> copies_;
+  std::vector<std::function<void()>> deferred_;  // user callbacks, run without mu_
+  std::vector<CopyDoneMsg> copy_done_;           // from CUDA host callbacks
+  uint32_t copies_in_flight_ = 0;
+  uint32_t inline_copies_ = 0;  // copy batches an acquiring thread is sending (SendCopiesInlineLocked)
+  static constexpr size_t kInlineFirst = 64, kInlineCopies = 256;
+  bool work_ = false, stop_ = false, busy_step_ = false;
+  std::promise<Status>* flush_req_ = nullptr;
+  Tier flush_to_ = Tier::kNvme;  // with flush_req_
+  std::thread mover_;
+};
+
+}  // namespace kvtier::tiers

@@ -1,0 +1,75 @@
+// Settings of the storage engine: TierName and the Validate() of the option structs.
+#include "tiers/remote/cluster_client.h"
+#include "tiers/tier_manager.h"
+
+namespace kvtier::tiers {
+
+const char* TierName(Tier t) {
+  switch (t) {
+    case Tier::kHbm: return "hbm";
+    case Tier::kHost: return "host";
+    case Tier::kNvme: return "nvme";
+    case Tier::kRemote: return "remote";
+    case Tier::kNone: return "none";
+  }
+  return "?";
+}
+
+Status TierOptions::Validate(const char* tier_name) const {
+  if (!(low_watermark > 0.0 && low_watermark <= high_watermark && high_watermark <= 1.0)) {
+    return Status::Invalid(std::string(tier_name) + ": watermarks must satisfy 0 < low (" +
+                           std::to_string(low_watermark) + ") <= high (" +
+                           std::to_string(high_watermark) + ") <= 1");
+  }
+  if (policy != PolicyKind::kLru && policy != PolicyKind::kS3Fifo && policy != PolicyKind::kPrefixLru) {
+    return Status::Invalid(std::string(tier_name) + ": unknown eviction policy");
+  }
+  if (on_evict != OnEvict::kDemote && on_evict != OnEvict::kDrop) {
+    return Status::Invalid(std::string(tier_name) + ": unknown on_evict");
+  }
+  return Status::Ok();
+}
+
+Status TierManagerOptions::Validate() const {
+  if (slot_bytes == 0 || slot_bytes % 4096) {
+    return Status::Invalid("slot_bytes " + std::to_string(slot_bytes) + " is not a positive multiple of 4096");
+  }
+  KVTIER_RETURN_IF_ERROR(hbm.Validate("hbm"));
+  KVTIER_RETURN_IF_ERROR(host.Validate("host"));
+  KVTIER_RETURN_IF_ERROR(nvme.tier.Validate("nvme"));
+  if (host.capacity_bytes < slot_bytes) {
+    return Status::Invalid("host tier: capacity " + std::to_string(host.capacity_bytes) +
+                           " bytes holds no slot of " + std::to_string(slot_bytes));
+  }
+  if (host.capacity_bytes / slot_bytes > UINT32_MAX || hbm.capacity_bytes / slot_bytes > UINT32_MAX) {
+    return Status::Invalid("more than 2^32 slots in a tier");
+  }
+  if (hbm.capacity_bytes > 0 && hbm.capacity_bytes < slot_bytes) {
+    return Status::Invalid("hbm tier: capacity holds no slot");
+  }
+  if (cuda_device < 0) return Status::Invalid("cuda_device is negative");
+  if (nvme.tier.capacity_bytes > 0) {
+    if (nvme.dir.empty()) return Status::Invalid("nvme tier: empty dir");
+    if (nvme.admission != Admission::kAlways && nvme.admission != Admission::kSecondHit) {
+      return Status::Invalid("nvme tier: unknown admission");
+    }
+    if (nvme.queue_depth == 0 || nvme.queue_depth > 4096) {
+      return Status::Invalid("nvme tier: queue_depth not in [1, 4096]");
+    }
+  }
+  if (mover_batch == 0) return Status::Invalid("mover_batch is 0");
+  if (!(host_to_hbm_gbps > 0) || !(nvme_read_gbps > 0)) return Status::Invalid("bandwidths must be > 0");
+  if (remote.enabled()) {
+    remote::ClusterOptions co;
+    co.nodes = remote.nodes;
+    co.connect_timeout_ms = remote.connect_timeout_ms;
+    co.command_timeout_ms = remote.command_timeout_ms;
+    co.pool_size = remote.pool_size;
+    Status s = co.Validate();
+    if (!s.ok()) return Status::Invalid("remote tier: " + s.message());
+    if (remote.batch == 0 || remote.batch > 1024) return Status::Invalid("remote tier: batch not in [1, 1024]");
+    if (!(remote.read_gbps > 0)) return Status::Invalid("remote tier: read_gbps must be > 0");
+  }
+  return Status::Ok();
+}
+}  // namespace kvtier::tiers

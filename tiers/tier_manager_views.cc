@@ -1,0 +1,170 @@
+// TierManagerImpl: the operator's views (kvtierctl): contracts with their blocks per
+// tier, pages of the block index, one block with its NVMe record, and the re-verification
+// of NVMe records.
+#include <algorithm>
+#include <cstdlib>
+
+#include "tiers/tier_manager_impl.h"
+
+namespace kvtier::tiers {
+
+namespace {
+BlockInfo InfoOf(const Block& b) {
+  BlockInfo i;
+  i.contract_id = b.id.contract;
+  i.key = b.id.key;
+  i.parent = b.parent;
+  i.bytes = b.bytes;
+  i.hbm_slot = b.slot[kH];
+  i.host_slot = b.slot[kS];
+  i.in_nvme = b.nvme;
+  i.pins_hbm = b.pins[kH];
+  i.pins_host = b.pins[kS];
+  i.uses = b.uses;
+  return i;
+}
+bool InTier(const Block& b, Tier t) {
+  switch (t) {
+    case Tier::kHbm: return b.slot[kH] >= 0;
+    case Tier::kHost: return b.slot[kS] >= 0;
+    case Tier::kNvme: return b.nvme;
+    default: return b.Cached();
+  }
+}
+}  // namespace
+
+std::vector<ContractInfo> TierManagerImpl::Contracts() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<ContractInfo> out;
+  for (const auto& [id, c] : contracts_) {
+    ContractInfo ci;
+    ci.id = id;
+    ci.contract = c;
+    ci.block_bytes = c.block_bytes();
+    // Counted by the tiers' policies as blocks enter and leave: no scan of the index.
+    for (const TierState& ts : tiers_) ci.blocks[ts.index()] = ts.policy ? ts.policy->Count(id) : 0;
+    out.push_back(std::move(ci));
+  }
+  std::sort(out.begin(), out.end(), [](const ContractInfo& a, const ContractInfo& b) { return a.id < b.id; });
+  return out;
+}
+
+Status TierManagerImpl::ListBlocks(uint64_t contract_id, Tier tier, uint64_t offset, uint32_t limit,
+                                   std::vector<BlockInfo>* out, uint64_t* total) const {
+  if (tier != Tier::kHbm && tier != Tier::kHost && tier != Tier::kNvme && tier != Tier::kNone) {
+    return Status::Invalid("ListBlocks: tier filter must be hbm, host, nvme or none");
+  }
+  out->clear();
+  uint64_t n = 0;
+  std::lock_guard<std::mutex> l(mu_);
+  if (contract_id != 0 && contracts_.count(contract_id) == 0) {
+    return Status::NotFound("contract " + ContractIdHex(contract_id) + " is not registered");
+  }
+  for (const auto& b : blocks_) {
+    if (contract_id != 0 && b->id.contract != contract_id) continue;
+    if (!InTier(*b, tier)) continue;
+    if (n >= offset && out->size() < limit) out->push_back(InfoOf(*b));
+    ++n;
+  }
+  *total = n;
+  return Status::Ok();
+}
+
+StatusOr<BlockInfo> TierManagerImpl::InspectBlock(uint64_t contract_id, const Key128& key) const {
+  BlockInfo info;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const Block* found = nullptr;
+    if (contract_id != 0) {
+      auto it = blocks_.find(BlockId{contract_id, key});
+      if (it != blocks_.end()) found = it->get();
+    } else {
+      for (const auto& b : blocks_) {
+        if (b->id.key == key && InTier(*b, Tier::kNone)) {
+          found = b.get();
+          break;
+        }
+      }
+    }
+    if (found == nullptr || !InTier(*found, Tier::kNone)) {
+      return Status::NotFound("block " + key.ToHex() + " is not cached");
+    }
+    info = InfoOf(*found);
+  }
+  if (info.in_nvme && nvme_) {
+    if (auto e = nvme_->Find({info.contract_id, info.key})) {
+      info.nvme_record = e->record;
+      info.nvme_hits = e->hits;
+      info.payload_xxh3 = e->payload_xxh3;
+      info.header_xxh3 = e->header_xxh3;
+      info.nvme_verified = e->verified;
+    }
+  }
+  return info;
+}
+
+Status TierManagerImpl::VerifyNvme(uint64_t offset, uint32_t limit, VerifyReport* report) {
+  *report = VerifyReport{};
+  if (limit == 0) return Status::Invalid("VerifyNvme: limit 0");
+  if (!nvme_) return Status::Ok();  // nothing to verify
+  std::vector<NvmeEntry> ents = nvme_->Entries();
+  std::sort(ents.begin(), ents.end(), [](const NvmeEntry& a, const NvmeEntry& b) { return a.record < b.record; });
+  report->total = ents.size();
+  if (offset >= ents.size()) return Status::Ok();
+  const size_t end = static_cast<size_t>(std::min<uint64_t>(ents.size(), offset + limit));
+  const uint64_t cap = (opts_.slot_bytes + 4095) / 4096 * 4096;
+  constexpr size_t kBatch = 16;
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> buf(static_cast<uint8_t*>(std::aligned_alloc(4096, cap * kBatch)));
+  if (!buf) return Status::Rejected("VerifyNvme: out of memory");
+  for (size_t i = offset; i < end; i += kBatch) {
+    const size_t n = std::min(kBatch, end - i);
+    std::vector<NvmeRead> rd;
+    std::vector<Block*> held;
+    {
+      // Pin each block's NVMe copy (as a read for promotion does) so that it is not
+      // evicted and its record reused while it is being read.
+      std::lock_guard<std::mutex> l(mu_);
+      for (size_t j = 0; j < n; ++j) {
+        Block* b = FindLocked(ents[i + j].id);
+        if (b == nullptr || !b->nvme) {
+          ++report->missing;
+          continue;
+        }
+        if (b->io_pins[kN]++ == 0) ++T(kN).pinned;
+        NvmeRead r;
+        r.id = b->id;
+        r.dst = buf.get() + rd.size() * cap;
+        r.dst_capacity = cap;
+        rd.push_back(r);
+        held.push_back(b);
+      }
+    }
+    if (!rd.empty()) (void)nvme_->ReadBatch(rd);
+    std::lock_guard<std::mutex> l(mu_);
+    for (size_t j = 0; j < rd.size(); ++j) {
+      Block* b = held[j];
+      if (--b->io_pins[kN] == 0) --T(kN).pinned;
+      ++report->checked;
+      const Status& r = rd[j].result;
+      if (r.ok()) {
+        ++report->ok;
+      } else if (r.IsCorrupt() || r.IsNotFound()) {
+        // The store dropped the record (and counted a corrupt one): gone from NVMe.
+        ++(r.IsCorrupt() ? report->corrupt : report->missing);
+        if (b->nvme) {
+          T(kN).policy->Remove(b->id);
+          b->nvme = false;
+        }
+        MaybeEraseLocked(b);
+      } else {
+        ++report->io_errors;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvtier::tiers

@@ -1,0 +1,130 @@
+// TierState: everything the engine keeps per local tier (HBM, host, NVMe) in one object:
+// the tier's settings, its slot arena, what each slot holds, its eviction policy, its
+// counters and the demotion and space bookkeeping of the mover. The engine keeps one per
+// tier in TierManagerImpl::tiers_, indexed by the Tier's value (block.h: kH, kS, kN).
+//
+// Internal to the TierManager; guarded by its mutex.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "tiers/block.h"
+#include "tiers/policy/policy.h"
+#include "tiers/tier_manager.h"
+
+namespace kvtier::tiers {
+
+class HbmPool;
+class HostPool;
+class NvmeStore;
+
+// The tier's eviction policy, counting its blocks per contract on the way (for the
+// operator views: per-contract counts without a scan of the block index).
+class CountingPolicy {
+ public:
+  explicit CountingPolicy(std::unique_ptr<EvictionPolicy> p) : p_(std::move(p)) {}
+  static std::unique_ptr<CountingPolicy> Make(PolicyKind kind, uint64_t capacity) {
+    return std::make_unique<CountingPolicy>(EvictionPolicy::Create(kind, capacity));
+  }
+  void Insert(const BlockId& b, const BlockId& parent) {
+    if (!p_->Contains(b)) ++per_contract_[b.contract];
+    p_->Insert(b, parent);
+  }
+  void Touch(const BlockId& b) { p_->Touch(b); }
+  void Remove(const BlockId& b) {
+    if (p_->Contains(b)) {
+      auto it = per_contract_.find(b.contract);
+      if (it != per_contract_.end() && --it->second == 0) per_contract_.erase(it);
+    }
+    p_->Remove(b);
+  }
+  std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& evictable) {
+    return p_->Victim(evictable);
+  }
+  size_t size() const { return p_->size(); }
+  bool Contains(const BlockId& b) const { return p_->Contains(b); }
+  uint64_t Count(uint64_t contract) const {
+    auto it = per_contract_.find(contract);
+    return it == per_contract_.end() ? 0 : it->second;
+  }
+
+ private:
+  std::unique_ptr<EvictionPolicy> p_;
+  std::unordered_map<uint64_t, uint64_t> per_contract_;
+};
+
+// What a slot of the HBM or host arena holds.
+enum class SlotState : uint8_t { kFree, kAlloc, kBlock, kDup, kLoading };
+struct SlotInfo {
+  SlotState state = SlotState::kFree;
+  Block* block = nullptr;  // kBlock, kLoading
+  uint64_t contract = 0;   // kAlloc, kDup
+};
+
+class TierState {
+ public:
+  // `opts` points into the engine's options (it follows a Reconfigure). At most one of
+  // the pools backs the tier; none: the tier is absent (0 slots).
+  void Init(Tier tier, const TierOptions* opts, HbmPool* hbm, HostPool* host, NvmeStore* nvme);
+
+  Tier tier() const { return tier_; }
+  int index() const { return IndexOf(tier_); }
+  const TierOptions& opts() const { return *opts_; }
+  bool present() const { return total() > 0; }
+
+  // Slots of the arena (NVMe: records), taken and free.
+  uint32_t total() const;
+  uint32_t used() const;
+  uint32_t free() const { return total() - used(); }
+  // HBM and host: a slot from the arena, and its return (the slot's SlotInfo is cleared).
+  std::optional<uint32_t> Alloc();
+  void Free(uint32_t slot);
+  // Above the high watermark.
+  bool OverHigh() const { return total() > 0 && used() > opts_->high_watermark * total(); }
+  // A victim of this tier is dropped instead of demoted (the settings say so, or there is
+  // no tier below to take it).
+  bool DropsOnEvict(bool tier_below) const {
+    return tier_ == Tier::kNvme || opts_->on_evict == OnEvict::kDrop || !tier_below;
+  }
+  // Whether b has a copy in the tier below this one (HBM: host; host: NVMe).
+  bool CopyBelow(const Block& b) const {
+    return tier_ == Tier::kHbm ? b.slot[kS] >= 0 : tier_ == Tier::kHost ? b.nvme : false;
+  }
+  // Whether b has a copy in this tier.
+  bool Holds(const Block& b) const { return tier_ == Tier::kNvme ? b.nvme : b.slot[index()] >= 0; }
+  // A fresh policy of the configured kind over the blocks of `all` this tier holds.
+  template <typename Blocks>
+  void ResetPolicy(const Blocks& all) {
+    policy = CountingPolicy::Make(opts_->policy, total());
+    for (const auto& b : all) {
+      if (Holds(*b)) policy->Insert(b->id, BlockId{b->id.contract, b->parent});
+    }
+  }
+
+  std::vector<SlotInfo> slots;  // HBM and host: what each slot of the arena holds
+  std::unique_ptr<CountingPolicy> policy;
+  uint64_t pinned = 0;  // blocks with pins > 0 here (NVMe: io_pins, a read in flight)
+  // The counters: hits, misses, promotions_in, demotions_out, bytes_read / written,
+  // evictions_demoted / dropped, admission_rejects, read / write_gbps. Stats() fills in
+  // the rest of the record.
+  TierStats c;
+  // Free slots a Retry'd AllocSlots is waiting for (0: none); MaintainLocked demotes until
+  // they exist, watermarks or not.
+  uint32_t want_free = 0;
+  uint32_t demoting = 0;             // demotions in flight out of this tier (HBM, host)
+  std::vector<Block*> space_wait;    // promotions waiting for a demotion to free a slot
+
+ private:
+  Tier tier_ = Tier::kNone;
+  const TierOptions* opts_ = nullptr;
+  HbmPool* hbm_ = nullptr;
+  HostPool* host_ = nullptr;
+  NvmeStore* nvme_ = nullptr;
+};
+
+}  // namespace kvtier::tiers
