@@ -92,6 +92,18 @@ void CUDART_CB RunDone(void* p) {
   c->done(Status::Ok());
   delete c;
 }
+// One copy on stream s, then `done` on the same stream once it has landed.
+Status CopyThenDone(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind, cudaStream_t s,
+                    HbmPool::CopyDone done, const char* what) {
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(dst, src, bytes, kind, s), what));
+  auto* c = new HostFnCtx{std::move(done)};
+  cudaError_t e = cudaLaunchHostFunc(s, RunDone, c);
+  if (e != cudaSuccess) {
+    delete c;
+    return CudaErr(e, "cudaLaunchHostFunc");
+  }
+  return Status::Ok();
+}
 }  // namespace
 
 StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
@@ -209,29 +221,15 @@ Status HbmPool::IpcHandle(uint8_t out[64]) const {
 Status HbmPool::CopyToDevice(uint32_t slot, const void* src, uint64_t bytes, CopyDone done) {
   if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
   cudaSetDevice(opts_.device);
-  auto s = static_cast<cudaStream_t>(h2d_);
-  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(slot_ptr(slot), src, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync H2D"));
-  auto* c = new HostFnCtx{std::move(done)};
-  cudaError_t e = cudaLaunchHostFunc(s, RunDone, c);
-  if (e != cudaSuccess) {
-    delete c;
-    return CudaErr(e, "cudaLaunchHostFunc");
-  }
-  return Status::Ok();
+  return CopyThenDone(slot_ptr(slot), src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(h2d_),
+                      std::move(done), "cudaMemcpyAsync H2D");
 }
 
 Status HbmPool::CopyToHost(uint32_t slot, void* dst, uint64_t bytes, CopyDone done) {
   if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
   cudaSetDevice(opts_.device);
-  auto s = static_cast<cudaStream_t>(d2h_);
-  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(dst, slot_ptr(slot), bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync D2H"));
-  auto* c = new HostFnCtx{std::move(done)};
-  cudaError_t e = cudaLaunchHostFunc(s, RunDone, c);
-  if (e != cudaSuccess) {
-    delete c;
-    return CudaErr(e, "cudaLaunchHostFunc");
-  }
-  return Status::Ok();
+  return CopyThenDone(dst, slot_ptr(slot), bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(d2h_),
+                      std::move(done), "cudaMemcpyAsync D2H");
 }
 
 Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, CopyDone done) {
