@@ -12,14 +12,14 @@ namespace {
 
 using testing::DaemonProcess;
 
-// tiers/tier_manager.cc, AllocSlots (the `Slots(t) - UsedLocked(t) < n` branch) and
+// tiers/tier_manager.cc, AllocLocked (the `ts.free() < n` branch) and
 // MaintainLocked: when the tier holds committed, unpinned blocks that are not yet on
 // NVMe ("dirty"), AllocSlots frees only clean blocks (EvictCleanLocked) and otherwise
 // calls MaintainLocked, which demotes only while the tier is above its high watermark
 // and only down to the low one. A request for more slots than (free + clean + the
 // high->low margin) therefore returns RETRY forever although nothing is pinned
 // (tier_manager.h promises RETRY only "when the tier is full of pinned blocks").
-// Fixed: a Retry'd alloc records the free slots it waits for (want_free_), and
+// Fixed: a Retry'd alloc records the free slots it waits for (TierState::want_free), and
 // MaintainLocked demotes until they exist.
 TEST(KnownBugs, AllocOfMoreThanTheWatermarkMarginDemotesUnpinnedBlocks) {
   DaemonProcess d;  // host: 64 slots, watermarks 0.95 / 0.85
