@@ -712,14 +712,8 @@ kvtier_status kvtier_stats(kvtier_client* c, kvtier_tier_stats* out, size_t cap,
   kvtier_status st = Call(c, req, nullptr, 0, ws.data(), want * sizeof(w::WireTierStats), &cmp);
   if (st != KVTIER_OK) return st;
   *n = std::min<size_t>(cmp.count, want);
-  for (size_t i = 0; i < *n; ++i) {
-    const auto& s = ws[i];
-    out[i] = kvtier_tier_stats{s.tier, s.present, s.capacity_bytes, s.used_bytes, s.slots_total,
-                               s.slots_used, s.blocks, s.pinned, s.hits, s.misses, s.promotions_in,
-                               s.demotions_out, s.bytes_read, s.bytes_written, s.checksum_failures,
-                               s.evictions_demoted, s.evictions_dropped, s.admission_rejects,
-                               s.read_gbps, s.write_gbps};
-  }
+  // The wire record is the C ABI record (formats/wire.h): no conversion.
+  std::copy(ws.begin(), ws.begin() + static_cast<std::ptrdiff_t>(*n), out);
   return Ok();
   KVTIER_GUARD_END
 }

@@ -154,10 +154,14 @@ const std::vector<Entry>& Schema() {
                                     1 << 20)});
     s.push_back({"daemon.spin_us",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.spin_us; }, 0, 100000)});
+    s.push_back({"daemon.trace_copies", BoolField([](Config& c) { return &c.daemon.trace_copies; })});
     s.push_back({"tiers.slot_bytes", SizeField([](Config& c) { return &c.tiers.slot_bytes; })});
     AddTier(s, "tiers.hbm", [](Config& c) { return &c.tiers.hbm; });
     s.push_back({"tiers.hbm.cuda_device",
                  IntField<int32_t>([](Config& c) { return &c.tiers.cuda_device; }, 0, 1024)});
+    s.push_back({"tiers.hbm.copy", StringField([](Config& c) { return &c.tiers.hbm_copy; })});
+    s.push_back({"tiers.hbm.copy_streams",
+                 IntField<uint32_t>([](Config& c) { return &c.tiers.hbm_copy_streams; }, 1, 8)});
     AddTier(s, "tiers.host", [](Config& c) { return &c.tiers.host; });
     AddTier(s, "tiers.nvme", [](Config& c) { return &c.tiers.nvme.tier; });
     s.push_back({"tiers.nvme.dir", StringField([](Config& c) { return &c.tiers.nvme.dir; })});
@@ -327,6 +331,12 @@ Status Config::Validate() const {
                            " is not a positive multiple of 4096 up to 4GiB");
   }
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.hbm", t.hbm, t.slot_bytes));
+  if (!InSet(t.hbm_copy, {"auto", "kernel", "batch", "loop"})) {
+    return Status::Invalid("tiers.hbm.copy: \"" + t.hbm_copy + "\" is not auto, kernel, batch or loop");
+  }
+  if (t.hbm_copy_streams < 1 || t.hbm_copy_streams > 8) {
+    return Status::Invalid("tiers.hbm.copy_streams: " + std::to_string(t.hbm_copy_streams) + " not in [1, 8]");
+  }
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.host", t.host, t.slot_bytes));
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.nvme", t.nvme.tier, t.slot_bytes));
   if (t.nvme.tier.on_evict != "drop") {
@@ -421,60 +431,6 @@ StatusOr<Config> LoadFile(const std::string& path, const std::vector<Override>& 
   ss << in.rdbuf();
   if (in.bad()) return Status::Invalid("--config " + path + ": cannot read");
   return LoadString(ss.str(), overrides, path);
-}
-
-StatusOr<uint64_t> ParseSize(std::string_view s) {
-  std::string str(s);
-  while (!str.empty() && str.back() == ' ') str.pop_back();
-  while (!str.empty() && str.front() == ' ') str.erase(str.begin());
-  auto bad = [&] {
-    return Status::Invalid("bad size \"" + std::string(s) +
-                           "\" (expected e.g. 4096, 512MiB, 4GiB, 1.5TiB)");
-  };
-  if (str.empty() || !(std::isdigit(static_cast<unsigned char>(str[0])) || str[0] == '.')) return bad();
-  // Plain decimal only ("1.5"): strtod would also take hex, exponents and "inf".
-  size_t numlen = 0;
-  bool dot = false;
-  while (numlen < str.size() &&
-         (std::isdigit(static_cast<unsigned char>(str[numlen])) || (str[numlen] == '.' && !dot))) {
-    dot = dot || str[numlen] == '.';
-    ++numlen;
-  }
-  const std::string num = str.substr(0, numlen);
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(num.c_str(), &end);
-  if (num.empty() || end != num.c_str() + num.size() || errno != 0 || !std::isfinite(v)) return bad();
-  std::string unit = str.substr(numlen);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  static const std::map<std::string, double> kUnits = {
-      {"", 1.0},          {"B", 1.0},
-      {"KiB", 1024.0},    {"MiB", 1048576.0},
-      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
-      {"KB", 1e3},        {"MB", 1e6},
-      {"GB", 1e9},        {"TB", 1e12}};
-  auto it = kUnits.find(unit);
-  if (it == kUnits.end()) return bad();
-  const double bytes = v * it->second;
-  if (bytes > 1.8e19) return Status::Invalid("size \"" + std::string(s) + "\" is too large");
-  if (bytes != std::floor(bytes)) {
-    return Status::Invalid("size \"" + std::string(s) + "\" is not a whole number of bytes");
-  }
-  return static_cast<uint64_t>(bytes);
-}
-
-std::string FormatSize(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[64];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%lluB", static_cast<unsigned long long>(bytes));
-  else std::snprintf(buf, sizeof buf, "%.1f%s", v, units[u]);
-  return buf;
 }
 
 std::vector<std::string> SchemaKeys() {

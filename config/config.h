@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "formats/size.h"
 #include "formats/status.h"
 
 namespace kvtier::config {
@@ -56,6 +57,10 @@ struct TiersConfig {
                                   // (80 layers x 8 heads x 128 dim x 16 tokens NVFP4)
   TierConfig hbm;                 // capacity Default: 0 (set it on a GPU machine)
   int32_t cuda_device = 0;        // GPU for the HBM tier, >= 0. Default: 0
+  // tiers.hbm.copy: how host -> HBM batches are copied: auto | kernel | batch | loop
+  // (docs/tiers.md). Default: "auto"
+  std::string hbm_copy = "auto";
+  uint32_t hbm_copy_streams = 1;  // tiers.hbm.copy_streams: copy-engine streams, [1, 8]. Default: 1
   TierConfig host;                // capacity Default: 1GiB
   NvmeConfig nvme;
   RemoteConfig remote;
@@ -73,6 +78,7 @@ struct DaemonConfig {
   uint32_t max_leases_per_client = 65536;  // open leases per client, [1, 1<<24]. Default: 65536
   uint32_t max_bad_requests = 16;        // malformed requests before disconnect. Default: 16
   uint32_t spin_us = 50;                 // request loop busy-poll before sleeping. Default: 50
+  bool trace_copies = false;             // log large acquires' and HBM copies' timelines. Default: false
 };
 
 struct Config {
@@ -105,11 +111,9 @@ StatusOr<Config> LoadString(std::string_view toml_text, const std::vector<Overri
                             const std::string& source = "<string>");
 StatusOr<Config> LoadFile(const std::string& path, const std::vector<Override>& overrides);
 
-// Parses "4GiB", "512MiB", "1.5GiB", "4096", "10GB" (B, KiB, MiB, GiB, TiB; KB, MB, GB,
-// TB). Invalid on anything else.
-StatusOr<uint64_t> ParseSize(std::string_view s);
-// "1.0GiB", "512.0MiB", "4096B": for logs.
-std::string FormatSize(uint64_t bytes);
+// Sizes ("4GiB", "4G", 4096) use the one grammar of formats/size.h, re-exported here.
+using ::kvtier::FormatSize;
+using ::kvtier::ParseSize;
 
 // Every key of the schema, dotted ("daemon.socket", ...), in file order.
 std::vector<std::string> SchemaKeys();

@@ -60,6 +60,11 @@ tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
   o.slot_bytes = c.tiers.slot_bytes;
   o.hbm = TierOf(c.tiers.hbm);
   o.cuda_device = c.tiers.cuda_device;
+  // Config::Validate checked the name: ParseHbmCopy cannot fail here.
+  const auto copy = tiers::ParseHbmCopy(c.tiers.hbm_copy);
+  o.hbm_copy = copy.ok() ? *copy : tiers::HbmCopy::kAuto;
+  o.hbm_copy_streams = static_cast<int>(c.tiers.hbm_copy_streams);
+  o.trace_copies = c.daemon.trace_copies;
   o.host = TierOf(c.tiers.host);
   o.nvme.tier = TierOf(c.tiers.nvme.tier);
   o.nvme.tier.on_evict = tiers::OnEvict::kDrop;

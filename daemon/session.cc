@@ -14,6 +14,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/stats_record.h"
 #include "formats/contract.h"
 #include "testing/test_point.h"
 
@@ -533,27 +534,7 @@ void Session::Execute(const wire::RequestEntry& req, std::span<const uint8_t> in
       uint32_t n = 0;
       for (const auto& t : stats) {
         if (n >= req.count) break;
-        wire::WireTierStats w;
-        w.tier = static_cast<uint8_t>(t.tier);
-        w.present = t.present ? 1 : 0;
-        w.capacity_bytes = t.capacity_bytes;
-        w.used_bytes = t.used_bytes;
-        w.slots_total = t.slots_total;
-        w.slots_used = t.slots_used;
-        w.blocks = t.blocks;
-        w.pinned = t.pinned;
-        w.hits = t.hits;
-        w.misses = t.misses;
-        w.promotions_in = t.promotions_in;
-        w.demotions_out = t.demotions_out;
-        w.bytes_read = t.bytes_read;
-        w.bytes_written = t.bytes_written;
-        w.checksum_failures = t.checksum_failures;
-        w.evictions_demoted = t.evictions_demoted;
-        w.evictions_dropped = t.evictions_dropped;
-        w.admission_rejects = t.admission_rejects;
-        w.read_gbps = t.read_gbps;
-        w.write_gbps = t.write_gbps;
+        const wire::WireTierStats w = ToWire(t);
         std::memcpy(out + n * sizeof(w), &w, sizeof(w));
         ++n;
       }

@@ -58,13 +58,15 @@
 #include <cstring>
 #include <string>
 
+#include "client/include/kvtier/tier_stats.h"
 #include "formats/keys.h"
 #include "formats/status.h"
 
 namespace kvtier::wire {
 
 // 2: WireSlot.from_tier (was reserved[0]): acquire says where each block was.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: WireTierStats.errors and write_errors (the remote tier's), 168 bytes (was 152).
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr uint32_t kControlMagic = 0x5754564Bu;  // "KVTW" as u32 LE
 inline constexpr uint32_t kRingMagic = 0x5254564Bu + 1;  // "LVTR": differs from records
 inline constexpr size_t kCacheLine = 64;
@@ -242,18 +244,11 @@ struct CommitItem {
 };
 static_assert(sizeof(CommitItem) == 40);
 
-struct WireTierStats {
-  uint8_t tier = kTierNone;
-  uint8_t present = 0;
-  uint8_t reserved[6] = {};
-  uint64_t capacity_bytes = 0, used_bytes = 0, slots_total = 0, slots_used = 0;
-  uint64_t blocks = 0, pinned = 0, hits = 0, misses = 0, promotions_in = 0,
-           demotions_out = 0;
-  uint64_t bytes_read = 0, bytes_written = 0, checksum_failures = 0;
-  uint64_t evictions_demoted = 0, evictions_dropped = 0, admission_rejects = 0;
-  double read_gbps = 0.0, write_gbps = 0.0;
-};
-static_assert(sizeof(WireTierStats) == 8 + 16 * 8 + 2 * 8);
+// One tier's statistics, as the C ABI hands them out: the record is defined once, in
+// client/include/kvtier/tier_stats.h (its field list), and travels as is. The daemon
+// fills it from tiers::TierStats (daemon/stats_record.h).
+using WireTierStats = ::kvtier_tier_stats;
+static_assert(sizeof(WireTierStats) == 8 + 20 * 8);
 
 // ---- Operator (admin) requests: Op::kAdmin ------------------------------------------
 // kvtierctl's requests. They travel like every other op (ring or socket); the input is

@@ -1,15 +1,6 @@
 #include "testing/test_point.h"
 
-#include <signal.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cstdio>
-#include <cstdlib>
 #include <mutex>
-#include <random>
-#include <string>
-#include <vector>
 
 namespace kvtier {
 
@@ -26,65 +17,6 @@ void SetTestPointCallback(TestPointCallback cb) {
   Cb() = std::move(cb);
 }
 
-#if KVTIER_TEST_POINTS
-namespace {
-// Kill points from the environment (see test_point.h); read once. Only in test builds.
-struct EnvKill {
-  std::vector<std::string> names;  // empty: no named kill point
-  uint64_t after = 1;              // kill at this hit of a named point
-  uint64_t one_in = 0;             // 0: no random kill
-  std::atomic<uint64_t> hits{0};
-  std::mutex rng_mu;
-  std::mt19937_64 rng;
-
-  EnvKill() {
-    if (const char* v = std::getenv("KVTIER_TEST_KILL_POINT"); v && *v) {
-      std::string s = v;
-      size_t p = 0;
-      while (p <= s.size()) {
-        const size_t c = s.find(',', p);
-        const std::string n = s.substr(p, c == std::string::npos ? std::string::npos : c - p);
-        if (!n.empty()) names.push_back(n);
-        if (c == std::string::npos) break;
-        p = c + 1;
-      }
-    }
-    if (const char* v = std::getenv("KVTIER_TEST_KILL_AFTER"); v && *v) after = std::strtoull(v, nullptr, 10);
-    if (after == 0) after = 1;
-    if (const char* v = std::getenv("KVTIER_TEST_KILL_ONE_IN"); v && *v) one_in = std::strtoull(v, nullptr, 10);
-    uint64_t seed = static_cast<uint64_t>(::getpid());
-    if (const char* v = std::getenv("KVTIER_TEST_KILL_SEED"); v && *v) seed = std::strtoull(v, nullptr, 10);
-    rng.seed(seed);
-  }
-
-  [[noreturn]] static void Die(std::string_view name) {
-    // One line on stderr so the test can tell a kill point from a crash.
-    std::fprintf(stderr, "kvtier test point: killed at %.*s\n", static_cast<int>(name.size()), name.data());
-    std::fflush(stderr);
-    ::kill(::getpid(), SIGKILL);
-    ::_exit(137);
-  }
-
-  void Hit(std::string_view name) {
-    for (const auto& n : names) {
-      if (n == "*" || n == name) {
-        if (hits.fetch_add(1) + 1 == after) Die(name);
-        break;
-      }
-    }
-    if (one_in > 0) {
-      bool die;
-      {
-        std::lock_guard<std::mutex> l(rng_mu);
-        die = std::uniform_int_distribution<uint64_t>(0, one_in - 1)(rng) == 0;
-      }
-      if (die) Die(name);
-    }
-  }
-};
-}  // namespace
-
-#endif  // KVTIER_TEST_POINTS
 
 void RunTestPoint(std::string_view name) {
   TestPointCallback cb;
@@ -92,14 +24,7 @@ void RunTestPoint(std::string_view name) {
     std::lock_guard<std::mutex> l(g_mu);
     cb = Cb();
   }
-  if (cb) {
-    cb(name);
-    return;
-  }
-#if KVTIER_TEST_POINTS
-  static EnvKill env;
-  env.Hit(name);
-#endif
+  if (cb) cb(name);
 }
 
 }  // namespace kvtier

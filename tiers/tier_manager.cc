@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 
 #include "common/cuda_env.h"
@@ -18,19 +19,18 @@ uint64_t RandomSeed() {
 }
 }  // namespace
 
-bool TraceCopies() {
-  static const bool on = [] {
-    const char* e = std::getenv("KVTIER_TRACE_COPIES");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return on;
-}
+namespace {
+std::atomic<bool> g_trace_copies{false};
+}  // namespace
+
+bool TraceCopies() { return g_trace_copies.load(std::memory_order_relaxed); }
 
 TierManagerImpl::TierManagerImpl(const TierManagerOptions& o)
     : opts_(o), blocks_(0, BlockIndexHash{o.index_seed != 0 ? o.index_seed : RandomSeed()}) {}
 
 StatusOr<std::unique_ptr<TierManager>> TierManager::Open(const TierManagerOptions& opts) {
   KVTIER_RETURN_IF_ERROR(opts.Validate());
+  g_trace_copies.store(opts.trace_copies, std::memory_order_relaxed);
   auto tm = std::make_unique<TierManagerImpl>(opts);
   KVTIER_RETURN_IF_ERROR(tm->Init());
   return std::unique_ptr<TierManager>(std::move(tm));
@@ -52,6 +52,9 @@ Status TierManagerImpl::Init() {
     hb.device = opts_.cuda_device;
     hb.slot_bytes = opts_.slot_bytes;
     hb.slots = static_cast<uint32_t>(opts_.hbm.capacity_bytes / opts_.slot_bytes);
+    hb.copy = opts_.hbm_copy;
+    hb.streams = opts_.hbm_copy_streams;
+    hb.trace_copies = opts_.trace_copies;
     auto hbm = HbmPool::Create(hb);
     if (!hbm.ok()) return hbm.status();  // a GPU is there but unusable: say so at start
     hbm_ = std::move(hbm.value());
@@ -317,13 +320,16 @@ Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
   if (o.slot_bytes != opts_.slot_bytes || o.hbm.capacity_bytes != opts_.hbm.capacity_bytes ||
       o.host.capacity_bytes != opts_.host.capacity_bytes ||
       o.nvme.tier.capacity_bytes != opts_.nvme.tier.capacity_bytes || o.nvme.dir != opts_.nvme.dir ||
-      o.cuda_device != opts_.cuda_device || o.nvme.queue_depth != opts_.nvme.queue_depth) {
-    return Status::Invalid("Reconfigure: sizes, folders, device and queue depth cannot change at run time");
+      o.cuda_device != opts_.cuda_device || o.nvme.queue_depth != opts_.nvme.queue_depth ||
+      o.hbm_copy != opts_.hbm_copy || o.hbm_copy_streams != opts_.hbm_copy_streams) {
+    return Status::Invalid(
+        "Reconfigure: sizes, folders, device, queue depth and HBM copy method cannot change at run time");
   }
   if (o.remote.nodes != opts_.remote.nodes || o.remote.connect_timeout_ms != opts_.remote.connect_timeout_ms ||
       o.remote.command_timeout_ms != opts_.remote.command_timeout_ms || o.remote.pool_size != opts_.remote.pool_size) {
     return Status::Invalid("Reconfigure: the remote tier's nodes, timeouts and pool cannot change at run time");
   }
+  g_trace_copies.store(o.trace_copies, std::memory_order_relaxed);
   std::lock_guard<std::mutex> l(mu_);
   const PolicyKind old[3] = {T(kH).opts().policy, T(kS).opts().policy, T(kN).opts().policy};
   opts_ = o;  // the tier states and the remote stage read their settings from here

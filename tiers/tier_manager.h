@@ -27,9 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "client/include/kvtier/tier_stats.h"
 #include "formats/contract.h"
 #include "formats/keys.h"
 #include "formats/status.h"
+#include "tiers/hbm/hbm_pool.h"
 #include "tiers/remote/remote_options.h"
 #include "tiers/types.h"
 
@@ -59,6 +61,13 @@ struct TierManagerOptions {
   uint64_t slot_bytes = 1474560;  // one block; 4 KiB multiple. Default: 80x8x128x16 NVFP4
   TierOptions hbm;                // needs CUDA and a GPU; ignored (tier absent) otherwise
   int cuda_device = 0;            // Default: 0
+  // How the HBM tier copies host -> HBM and over how many streams (HbmPoolOptions::copy,
+  // ::streams). Default: kAuto, 1
+  HbmCopy hbm_copy = HbmCopy::kAuto;
+  int hbm_copy_streams = 1;
+  // Log the timeline of every acquire of 64 blocks or more and of every HBM copy batch.
+  // Default: false
+  bool trace_copies = false;
   TierOptions host;               // required (>= 1 slot): NVMe reads land in host slots
   NvmeOptions nvme;
   // Batching of the mover: NVMe reads per io_uring batch, at least mover_batch blocks and
@@ -95,18 +104,17 @@ struct SlotRef {
   Tier from = Tier::kNone;
 };
 
+// One tier's statistics. The counters are the field list of the record the daemon sends
+// and the C ABI hands out (client/include/kvtier/tier_stats.h: what each one means);
+// daemon/stats_record.h converts. The remote tier's corrupt values are counted in
+// checksum_failures; its errors and write_errors are node down/slow (IoError) answers and
+// writes dropped or failed.
 struct TierStats {
   Tier tier = Tier::kNone;
   bool present = false;
-  uint64_t capacity_bytes = 0, used_bytes = 0, slots_total = 0, slots_used = 0;
-  uint64_t blocks = 0, pinned = 0;
-  uint64_t hits = 0, misses = 0, promotions_in = 0, demotions_out = 0;
-  uint64_t bytes_read = 0, bytes_written = 0, checksum_failures = 0;
-  uint64_t evictions_demoted = 0, evictions_dropped = 0, admission_rejects = 0;
-  double read_gbps = 0.0, write_gbps = 0.0;  // measured (or configured) bandwidth
-  // Remote tier only: node down/slow (IoError) answers, and writes dropped or failed.
-  // Its corrupt values are counted in checksum_failures.
-  uint64_t errors = 0, write_errors = 0;
+#define KVTIER_TIER_STATS_MEMBER_(type, name) type name = 0;
+  KVTIER_TIER_STATS_FIELDS(KVTIER_TIER_STATS_MEMBER_)
+#undef KVTIER_TIER_STATS_MEMBER_
 };
 
 // Operator views (kvtierctl): one registered contract and what it holds per tier.

@@ -57,7 +57,7 @@ struct AcquireCtx {
   std::vector<SlotRef> slots;  // slots[i].from is set when block i is found
   std::vector<bool> ok;
   size_t pending = 0;
-  // KVTIER_TRACE_COPIES=1: when the acquire came in, and how long its set-up took.
+  // TierManagerOptions::trace_copies: when the acquire came in, and how long its set-up took.
   std::chrono::steady_clock::time_point t0{};
   double setup_us = 0;
   double found_us = 0, first_send_us = -1;  // prefix found and held; first copies sent
@@ -77,8 +77,9 @@ struct CopyDoneMsg {
   Status st;
 };
 
-// KVTIER_TRACE_COPIES=1 (read once): acquires of 64 blocks or more log their timeline
-// (set-up under the lock, answer), and HbmPool logs each copy batch.
+// TierManagerOptions::trace_copies of the last Open or Reconfigure in the process (a log
+// switch): acquires of 64 blocks or more log their timeline (set-up under the lock,
+// answer); HbmPool logs each copy batch (HbmPoolOptions::trace_copies).
 bool TraceCopies();
 
 class TierManagerImpl final : public TierManager, private StagingHost {

@@ -37,6 +37,10 @@ Status TierManagerOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(hbm.Validate("hbm"));
   KVTIER_RETURN_IF_ERROR(host.Validate("host"));
   KVTIER_RETURN_IF_ERROR(nvme.tier.Validate("nvme"));
+  if (hbm_copy_streams < 1 || hbm_copy_streams > HbmPoolOptions::kMaxStreams) {
+    return Status::Invalid("hbm copy streams " + std::to_string(hbm_copy_streams) + " not in [1, " +
+                           std::to_string(HbmPoolOptions::kMaxStreams) + "]");
+  }
   if (host.capacity_bytes < slot_bytes) {
     return Status::Invalid("host tier: capacity " + std::to_string(host.capacity_bytes) +
                            " bytes holds no slot of " + std::to_string(slot_bytes));

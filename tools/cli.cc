@@ -105,8 +105,10 @@ std::map<std::string, Command>& Registry() {
   return r;
 }
 
-CommandRegistrar::CommandRegistrar(std::string name, std::string summary, CommandFn fn, std::string usage) {
-  Registry()[name] = Command{name, std::move(summary), std::move(fn), std::move(usage)};
+CommandRegistrar::CommandRegistrar(std::string name, std::string summary, CommandFn fn, std::string usage,
+                                   std::vector<std::string> subcommands) {
+  Registry()[name] =
+      Command{name, std::move(summary), std::move(fn), std::move(usage), std::move(subcommands)};
 }
 
 int Fail(const std::string& message, int code) {
@@ -120,6 +122,11 @@ int Main(const char* program, int argc, char** argv) {
     std::fprintf(f, "usage: %s [--socket PATH] COMMAND [ARGS...]\n\ncommands:\n", program);
     for (const auto& [name, c] : Registry()) {
       std::fprintf(f, "  %-12s %s\n", name.c_str(), c.summary.c_str());
+      if (!c.subcommands.empty()) {
+        std::string subs;
+        for (const auto& s : c.subcommands) subs += (subs.empty() ? "" : ", ") + s;
+        std::fprintf(f, "  %-12s   subcommands: %s\n", "", subs.c_str());
+      }
     }
     std::fprintf(f, "\nRun '%s COMMAND --help' for a command's options.\n", program);
   };
@@ -149,9 +156,10 @@ int Main(const char* program, int argc, char** argv) {
   if (it == Registry().end()) return Fail("unknown command '" + cmd + "' (try --help)", 2);
   std::vector<std::string> rest(argv + first + 1, argv + argc);
   const Command& c = it->second;
-  if (!c.usage.empty() && std::any_of(rest.begin(), rest.end(), [](const std::string& a) {
-        return a == "--help" || a == "-h";
-      })) {
+  const bool help =
+      std::any_of(rest.begin(), rest.end(), [](const std::string& a) { return a == "--help" || a == "-h"; });
+  if (help && c.usage.empty()) return c.fn({"--help"});
+  if (help) {
     // The first line of the usage text is the synopsis, the rest the options.
     const size_t nl = c.usage.find('\n');
     std::printf("usage: %s %s %s\n\n%s\n", program, cmd.c_str(), c.usage.substr(0, nl).c_str(), c.summary.c_str());
@@ -195,33 +203,6 @@ Status WriteFileAtomic(const std::string& path, const void* data, size_t n) {
     return Status::IoError("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
   }
   return Status::Ok();
-}
-
-StatusOr<uint64_t> ParseSize(std::string_view s) {
-  std::string str(s);
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(str.c_str(), &end);
-  if (str.empty() || end == str.c_str() || errno != 0 || !std::isfinite(v) || v < 0) {
-    return Status::Invalid("bad size '" + str + "' (expected e.g. 4096, 64MiB, 1.5GiB)");
-  }
-  std::string unit(end);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  double mult = 1;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "KiB" || unit == "K") mult = 1024.0;
-  else if (unit == "MiB" || unit == "M") mult = 1024.0 * 1024;
-  else if (unit == "GiB" || unit == "G") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "TiB" || unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "KB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
-  else if (unit == "TB") mult = 1e12;
-  else return Status::Invalid("bad size unit '" + unit + "' in '" + str + "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
-  const double bytes = v * mult;
-  if (bytes > 1.8e19) return Status::Invalid("size '" + str + "' is too large");
-  if (bytes != std::floor(bytes)) return Status::Invalid("size '" + str + "' is not a whole number of bytes");
-  return static_cast<uint64_t>(bytes);
 }
 
 }  // namespace kvtier::cli

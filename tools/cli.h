@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "formats/size.h"
 #include "formats/status.h"
 
 namespace kvtier::cli {
@@ -48,18 +49,25 @@ struct Command {
   std::string summary;  // one line for `--help`
   CommandFn fn;
   // The command's options, printed by Main for `COMMAND --help` (or -h) anywhere in its
-  // arguments. Empty: the command handles --help itself (every kvtierctl command does).
+  // arguments. Empty: Main runs the command with the one argument "--help" instead, and the
+  // command prints its own usage and returns 0 (every kvtierctl command does).
   std::string usage;
+  // Names of the command's subcommands ("bench replay", "config check"), listed by the
+  // top-level --help. `COMMAND SUB ... --help` prints the command's usage, which covers them.
+  std::vector<std::string> subcommands;
 };
 
 std::map<std::string, Command>& Registry();
 
 struct CommandRegistrar {
-  CommandRegistrar(std::string name, std::string summary, CommandFn fn, std::string usage = "");
+  CommandRegistrar(std::string name, std::string summary, CommandFn fn, std::string usage = "",
+                   std::vector<std::string> subcommands = {});
 };
 
 // Runs argv[1] as a command from the registry; prints usage for --help / no command.
-// Leading global options: --socket PATH (the daemon's control socket).
+// Leading global options: --socket PATH (the daemon's control socket). `--help` or `-h`
+// anywhere after the command name prints that command's usage and exits 0 without running
+// it (nor reaching a daemon).
 int Main(const char* program, int argc, char** argv);
 
 // The daemon socket: --socket given before the command, else $KVTIER_SOCKET, else the
@@ -73,7 +81,7 @@ int Fail(const std::string& message, int code = 1);
 StatusOr<std::vector<uint8_t>> ReadFile(const std::string& path);
 Status WriteFileAtomic(const std::string& path, const void* data, size_t n);
 
-// Parses a size such as "64MiB", "1.5GiB", "4096", "10GB" into bytes.
-StatusOr<uint64_t> ParseSize(std::string_view s);
+// Sizes ("64MiB", "4G", "1.5GiB", "4096") use the one grammar of formats/size.h.
+using ::kvtier::ParseSize;
 
 }  // namespace kvtier::cli

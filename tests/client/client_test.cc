@@ -2,6 +2,9 @@
 // formats/, the C++ wrapper, and ring vs socket transports giving the same answers.
 #include <gtest/gtest.h>
 
+#include <cstddef>
+#include <string>
+
 #include "formats/contract.h"
 #include "formats/keys.h"
 #include "kvtier/kvtier.hpp"
@@ -65,6 +68,53 @@ TEST(ClientAbi, BadArgumentsAreInvalidNotCrashes) {
   kvtier_close(nullptr);
   EXPECT_STREQ(kvtier_status_name(KVTIER_DISCONNECTED), "DISCONNECTED");
   EXPECT_EQ(kvtier_protocol_version(), wire::kProtocolVersion);
+}
+
+// The layout table bindings check their mirrors against: every record, every field of the
+// tier stats list, at the offsets and sizes the compiler gave them.
+TEST(ClientAbi, LayoutTableDescribesEveryRecord) {
+  size_t n = 0;
+  const kvtier_abi_field* rows = kvtier_abi_layout(&n);
+  ASSERT_NE(rows, nullptr);
+  ASSERT_GT(n, 0u);
+  auto find = [&](const std::string& rec, const std::string& field) -> const kvtier_abi_field* {
+    for (size_t i = 0; i < n; ++i) {
+      if (rec == rows[i].record && field == rows[i].field) return &rows[i];
+    }
+    return nullptr;
+  };
+  const struct {
+    const char* rec;
+    size_t size;
+  } records[] = {{"kvtier_key", sizeof(kvtier_key)},
+                 {"kvtier_slot", sizeof(kvtier_slot)},
+                 {"kvtier_connect_options", sizeof(kvtier_connect_options)},
+                 {"kvtier_contract_desc", sizeof(kvtier_contract_desc)},
+                 {"kvtier_lookup_result", sizeof(kvtier_lookup_result)},
+                 {"kvtier_commit_item", sizeof(kvtier_commit_item)},
+                 {"kvtier_tier_stats", sizeof(kvtier_tier_stats)}};
+  for (const auto& r : records) {
+    const kvtier_abi_field* row = find(r.rec, "");
+    ASSERT_NE(row, nullptr) << r.rec;
+    EXPECT_EQ(row->size, r.size) << r.rec;
+  }
+  size_t stats_fields = 0;
+#define KVT_CHECK(type, name)                                                    \
+  {                                                                              \
+    const kvtier_abi_field* f = find("kvtier_tier_stats", #name);                \
+    ASSERT_NE(f, nullptr) << #name;                                              \
+    EXPECT_EQ(f->offset, offsetof(kvtier_tier_stats, name)) << #name;            \
+    EXPECT_EQ(f->size, sizeof(type)) << #name;                                   \
+    ++stats_fields;                                                              \
+  }
+  KVTIER_TIER_STATS_FIELDS(KVT_CHECK)
+#undef KVT_CHECK
+  EXPECT_EQ(stats_fields, 20u);
+  EXPECT_EQ(sizeof(kvtier_tier_stats), sizeof(wire::WireTierStats));
+  EXPECT_EQ(find("kvtier_slot", "slot")->offset, offsetof(kvtier_slot, slot));
+  EXPECT_EQ(find("kvtier_commit_item", "parent")->offset, offsetof(kvtier_commit_item, parent));
+  EXPECT_EQ(find("kvtier_contract_desc", "v_scales")->offset, offsetof(kvtier_contract_desc, v_scales));
+  EXPECT_EQ(find("kvtier_key", "no_such_field"), nullptr);
 }
 
 TEST(ClientDaemon, RingAndSocketTransportsAgree) {

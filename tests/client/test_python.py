@@ -144,6 +144,38 @@ class PythonClientTest(unittest.TestCase):
             kvtier.Client("/nonexistent/kvtierd.sock")
         self.assertEqual(e.exception.status, "IO_ERROR")
 
+    def test_struct_layouts_match_the_library(self):
+        import ctypes
+        table = kvtier._layout_table(kvtier._load())
+        kvtier._check_layouts(table)  # what _load() ran
+        self.assertEqual(set(kvtier._MIRRORS), {r for r in table})
+        self.assertEqual(table["kvtier_tier_stats"][""], 8 + 20 * 8)
+        self.assertIn("write_errors", table["kvtier_tier_stats"])
+        with kvtier.Client(self.sock) as c:
+            stats = c.stats()
+            self.assertTrue(stats)
+            self.assertEqual(stats[0].errors, 0)
+            self.assertEqual(stats[0].write_errors, 0)
+
+        # A binding that drifted from the C side is refused at load, naming the field.
+        class ShortStats(ctypes.Structure):
+            _fields_ = [f for f in kvtier._TierStats._fields_ if f[0] != "write_errors"]
+
+        class WideKey(ctypes.Structure):
+            _fields_ = [("hi", ctypes.c_uint64), ("lo", ctypes.c_uint32)]
+
+        class MovedSlot(ctypes.Structure):
+            _fields_ = [("from_tier", ctypes.c_uint8), ("tier", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 2),
+                        ("slot", ctypes.c_uint32)]
+
+        for rec, cls, what in (("kvtier_tier_stats", ShortStats, "write_errors"), ("kvtier_key", WideKey, "lo"),
+                               ("kvtier_slot", MovedSlot, "kvtier_slot.")):
+            with self.assertRaises(ImportError) as e:
+                kvtier._check_layouts(table, {rec: cls})
+            self.assertIn(what, str(e.exception))
+        with self.assertRaises(ImportError):
+            kvtier._check_layouts(table, {"kvtier_no_such_record": WideKey})
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -66,6 +66,10 @@ TEST(Config, ErrorsNameTheKey) {
       {"[daemon]\nmax_clients = \"many\"\n", {}, "daemon.max_clients", "integer"},
       {"", {{"tiers.host.capacty", "1GiB"}}, "tiers.host.capacty", "unknown key"},
       {"", {{"tiers.host.capacity", "lots"}}, "tiers.host.capacity", "bad size"},
+      {"[tiers.hbm]\ncopy = \"dma\"\n", {}, "tiers.hbm.copy", "auto, kernel, batch or loop"},
+      {"", {{"tiers.hbm.copy_streams", "9"}}, "tiers.hbm.copy_streams", "[1, 8]"},
+      {"", {{"tiers.hbm.copy_streams", "0"}}, "tiers.hbm.copy_streams", "[1, 8]"},
+      {"[daemon]\ntrace_copies = 1\n", {}, "daemon.trace_copies", "true or false"},
   };
   for (const auto& bc : cases) {
     auto c = LoadString(bc.toml, bc.overrides, "test.toml");
@@ -92,6 +96,36 @@ TEST(Config, ParseSize) {
   for (const char* bad : {"", "GiB", "4 GiBs", "1.5B", "-4", "4gib", "0x10"}) {
     EXPECT_FALSE(ParseSize(bad).ok()) << bad;
   }
+}
+
+// The HBM copy method and the copy trace are config keys (they were environment variables).
+TEST(Config, HbmCopyKeys) {
+  auto d = LoadString("", {});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->tiers.hbm_copy, "auto");
+  EXPECT_EQ(d->tiers.hbm_copy_streams, 1u);
+  EXPECT_FALSE(d->daemon.trace_copies);
+  auto c = LoadString("[daemon]\ntrace_copies = true\n[tiers.hbm]\ncopy = \"batch\"\n",
+                      {{"tiers.hbm.copy_streams", "4"}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->tiers.hbm_copy, "batch");
+  EXPECT_EQ(c->tiers.hbm_copy_streams, 4u);
+  EXPECT_TRUE(c->daemon.trace_copies);
+}
+
+// The config file, --set and the CLI flags share one size grammar (formats/size.h).
+TEST(Config, SizesTakeTheCliGrammar) {
+  auto c = LoadString("[tiers.host]\ncapacity = \"2G\"\n[tiers.nvme]\ncapacity = \"3G\"\n",
+                      {{"tiers.host.capacity", "4G"}, {"daemon.ring_data_bytes", "8M"}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->tiers.host.capacity_bytes, uint64_t{4} << 30);
+  EXPECT_EQ(c->tiers.nvme.tier.capacity_bytes, uint64_t{3} << 30);
+  EXPECT_EQ(c->daemon.ring_data_bytes, uint64_t{8} << 20);
+  auto o = ParseOverride("tiers.host.capacity=4G");
+  ASSERT_TRUE(o.ok());
+  auto d = LoadString("", {*o});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->tiers.host.capacity_bytes, uint64_t{4} << 30);
 }
 
 TEST(Config, ParseOverride) {

@@ -116,6 +116,9 @@ struct DaemonConfig {
   std::string extra;                      // appended TOML
   int metrics_port = 0;                   // 0: pick a free one
   int max_bad_requests = 4;
+  // The daemon binary in KVTIER_BIN_DIR: kvtierd, or kvtierd-test for the tests that arm
+  // kill points or fault injection from the environment (KVTIER_TEST_*).
+  std::string binary = "kvtierd";
 };
 
 // Result of a short kvtierd run (config errors).
@@ -176,7 +179,7 @@ class DaemonProcess {
 
   // Starts kvtierd and waits until its socket accepts a connection.
   bool Start(std::vector<std::string> extra_args = {}) {
-    const std::string bin = std::string(KVTIER_BIN_DIR) + "/kvtierd";
+    const std::string bin = std::string(KVTIER_BIN_DIR) + "/" + cfg_.binary;
     log_ = dir_.path() + "/kvtierd.log";
     pid_ = ::fork();
     if (pid_ == 0) {

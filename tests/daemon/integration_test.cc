@@ -446,16 +446,20 @@ TEST_F(DaemonTest, CorruptRingIndicesDisconnectOnlyThatClient) {
   kvtier_close(good);
 }
 
-// Protocol 1 (before WireSlot.from_tier): its acquire replies would be read with the
-// source tier in a byte it expects to be zero, so the daemon refuses it at attach.
+// Protocol 1 (before WireSlot.from_tier) would read acquire replies with the source tier
+// in a byte it expects to be zero; protocol 2 (152-byte WireTierStats, before the remote
+// tier's error counters) would read stats with the wrong stride. The daemon refuses both
+// at attach.
 TEST_F(DaemonTest, OlderProtocolVersionIsRefused) {
-  static_assert(wire::kProtocolVersion == 2, "update this test with the next protocol change");
-  RawClient old;
-  wire::AttachReply reply;
-  ASSERT_TRUE(old.Attach(d_.socket(), &reply, 1));
-  EXPECT_EQ(reply.status, static_cast<int32_t>(StatusCode::kUnsupported));
-  EXPECT_NE(std::string(reply.message).find("protocol version"), std::string::npos) << reply.message;
-  EXPECT_TRUE(old.WaitSocketClosed(5000));
+  static_assert(wire::kProtocolVersion == 3, "update this test with the next protocol change");
+  for (uint32_t version : {1u, 2u}) {
+    RawClient old;
+    wire::AttachReply reply;
+    ASSERT_TRUE(old.Attach(d_.socket(), &reply, version));
+    EXPECT_EQ(reply.status, static_cast<int32_t>(StatusCode::kUnsupported)) << version;
+    EXPECT_NE(std::string(reply.message).find("protocol version"), std::string::npos) << reply.message;
+    EXPECT_TRUE(old.WaitSocketClosed(5000));
+  }
 }
 
 TEST_F(DaemonTest, WrongProtocolVersionIsRefused) {

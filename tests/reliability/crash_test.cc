@@ -71,6 +71,7 @@ TEST(CrashTest, KillRestartCyclesNeverServeWrongOrUncommittedBlocks) {
   // blocks down to the low watermark at once -- allowed for a cache, but it would hide
   // which durable blocks were lost to the crash. (extra lands in [tiers.nvme].)
   cfg.extra = "high_watermark = 1.0\nlow_watermark = 0.9\n";
+  cfg.binary = "kvtierd-test";  // the daemon with the kill points armed from the environment
   DaemonProcess d(cfg);
 
   KeySet sent;       // commit sent (may or may not have gone through)

@@ -36,6 +36,7 @@ TEST(FaultInjection, DaemonServesOnlyRightBytesUnderNvmeFaults) {
   const long blocks = EnvInt("KVTIER_FAULT_BLOCKS", 1500);
   DaemonConfig cfg;
   cfg.nvme_capacity = "4MiB";  // 512 records
+  cfg.binary = "kvtierd-test";  // the daemon that reads KVTIER_TEST_FAULTS
   DaemonProcess d(cfg);
   bool started;
   {

@@ -3,12 +3,18 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
+#include <unistd.h>
+
 #include <csignal>
+#include <filesystem>
 #include <random>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/daemon/harness.h"
 #include "tests/remote/redis_env.h"
+#include "tests/tools/run_tool.h"
 #include "tiers/remote/cluster_client.h"
 #include "tiers/remote/remote_tier.h"
 
@@ -227,6 +233,37 @@ TEST(FleetDown, ClusterDownIsMissesAndCountersNeverErrors) {
   EXPECT_GE(a->WaitMetric("kvtier_tier_write_errors_total{tier=\"remote\"}", 3), 3);
   EXPECT_GE(Metric(*a, "kvtier_tier_errors_total"), 1);
   EXPECT_TRUE(a->Alive());
+
+  // The same counters cross the wire: the C ABI's stats and kvtierctl stats (text and JSON).
+  kvtier_tier_stats ts[8];
+  size_t n = 0;
+  ASSERT_EQ(kvtier_stats(ca.c, ts, 8, &n), KVTIER_OK) << kvtier_last_error();
+  int remote = -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (ts[i].tier == KVTIER_TIER_REMOTE) remote = static_cast<int>(i);
+  }
+  ASSERT_GE(remote, 0) << "no remote tier in kvtier_stats";
+  EXPECT_GE(ts[remote].write_errors, 3u);
+  EXPECT_GE(ts[remote].errors, 1u);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("fleet_down_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto r = kvtier::testing_tools::RunTool("kvtierctl", {"--socket", a->socket(), "stats", "--json"}, dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  bool seen = false;
+  for (const auto& t : j["tiers"]) {
+    if (t["tier"] != "remote") continue;
+    seen = true;
+    EXPECT_GE(t["write_errors"].get<uint64_t>(), 3u) << t.dump();
+    EXPECT_GE(t["errors"].get<uint64_t>(), 1u) << t.dump();
+  }
+  EXPECT_TRUE(seen) << r.out;
+  const auto text = kvtier::testing_tools::RunTool("kvtierctl", {"--socket", a->socket(), "stats"}, dir);
+  EXPECT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("ERRORS"), std::string::npos) << text.out;
+  std::filesystem::remove_all(dir);
 }
 
 // A master is killed; its replica takes over. Reads go on (misses while the slot has no

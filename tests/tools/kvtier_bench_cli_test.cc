@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/tools/help_walk.h"
 #include "tests/tools/run_tool.h"
 
 namespace kvtier {
@@ -41,7 +42,8 @@ TEST_F(KvtierBenchCli, EveryCommandAnswersHelpWithItsOptions) {
       {"ops", {"--blocks", "--reps", "--results", "--no-append"}},
       {"quality", {"--layers", "--tokens", "--seed", "--results", "--no-append"}},
       {"remote", {"--nodes", "--port", "--blocks", "--layers", "--batch", "--reps", "--results", "--no-append"}},
-      {"tiers", {"--dir", "--blocks", "--layers", "--qd", "--reps", "--results", "--no-append"}},
+      {"tiers", {"--dir", "--blocks", "--layers", "--qd", "--reps", "--hbm-copy", "--hbm-streams", "--results",
+                 "--no-append"}},
   };
   for (const auto& [cmd, opts] : suites) {
     for (const char* h : {"--help", "-h"}) {
@@ -58,6 +60,12 @@ TEST_F(KvtierBenchCli, EveryCommandAnswersHelpWithItsOptions) {
   EXPECT_EQ(r.out.find("GB/s"), std::string::npos) << "the benchmark ran";
 }
 
+// Every suite the top-level --help lists answers --help and -h (a suite added later too).
+TEST_F(KvtierBenchCli, EveryListedCommandAnswersHelp) {
+  testing_tools::ExpectEveryCommandAnswersHelp("kvtier-bench", dir_,
+                                               {"client", "codec", "decode", "ops", "quality", "remote", "tiers"});
+}
+
 TEST_F(KvtierBenchCli, BadOptionsAreRefused) {
   const fs::path results = dir_ / "results.md";
   Result r = Bench({"codec", "--mib", "0", "--results", results.string()}, dir_);
@@ -67,6 +75,16 @@ TEST_F(KvtierBenchCli, BadOptionsAreRefused) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("bogus"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(results)) << "a refused run wrote results";
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--hbm-copy", "fast"},
+                                              std::vector<std::string>{"--hbm-streams", "9"},
+                                              std::vector<std::string>{"--hbm-streams", "0"}}) {
+    std::vector<std::string> a = {"tiers", "--dir", dir_.string(), "--results", results.string()};
+    a.insert(a.end(), bad.begin(), bad.end());
+    r = Bench(a, dir_);
+    EXPECT_EQ(r.code, 2) << bad[0] << " " << bad[1] << ": " << r.err;
+    EXPECT_NE(r.err.find(bad[0]), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(results)) << "a refused run wrote results";
+  }
   r = Bench({"nosuch"}, dir_);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("unknown command"), std::string::npos) << r.err;

@@ -15,6 +15,7 @@
 #include "formats/contract.h"
 #include "formats/keys.h"
 #include "formats/nvfp4.h"
+#include "tests/tools/help_walk.h"
 #include "tests/tools/run_tool.h"
 
 namespace kvtier {
@@ -151,6 +152,18 @@ TEST_F(KvtierctlCli, BadKeysInputFailsCleanly) {
   ExpectCleanFailure(Ctl({"keys", "--contract", "xyz", "--block-tokens", "16", "--in", good}, dir_), none);
   ExpectCleanFailure(Ctl({"keys", "--contract", "1046e2d6e69eae7a", "--block-tokens", "16", "--in", dir_ / "missing"}, dir_), none);
   ExpectCleanFailure(Ctl({"keys", "--block-tokens", "16", "--in", good}, dir_), none);
+}
+
+// Every command and subcommand the top-level --help lists answers --help and -h.
+TEST_F(KvtierctlCli, EveryCommandAndSubcommandAnswersHelp) {
+  testing_tools::ExpectEveryCommandAnswersHelp(
+      "kvtierctl", dir_,
+      {"analyze", "bench", "bench replay", "bench policies", "codec", "codec encode", "config", "config check",
+       "config reload", "contract id", "keys", "stats", "tiers"});
+  // A subcommand's options after --help (the value-taking --trace included) change nothing.
+  const Result r = Ctl({"bench", "replay", "--help", "--trace"}, dir_);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("bench replay"), std::string::npos) << r.out;
 }
 
 }  // namespace

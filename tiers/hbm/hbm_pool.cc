@@ -16,6 +16,23 @@
 
 namespace kvtier::tiers {
 
+const char* HbmCopyName(HbmCopy c) {
+  switch (c) {
+    case HbmCopy::kAuto: return "auto";
+    case HbmCopy::kKernel: return "kernel";
+    case HbmCopy::kBatch: return "batch";
+    case HbmCopy::kLoop: return "loop";
+  }
+  return "?";
+}
+
+StatusOr<HbmCopy> ParseHbmCopy(std::string_view name) {
+  for (HbmCopy c : {HbmCopy::kAuto, HbmCopy::kKernel, HbmCopy::kBatch, HbmCopy::kLoop}) {
+    if (name == HbmCopyName(c)) return c;
+  }
+  return Status::Invalid("hbm copy method \"" + std::string(name) + "\" unknown (auto, kernel, batch, loop)");
+}
+
 Status HbmPoolOptions::Validate() const {
   if (slot_bytes == 0 || slot_bytes % 4096) {
     return Status::Invalid("hbm pool: slot_bytes " + std::to_string(slot_bytes) +
@@ -23,6 +40,13 @@ Status HbmPoolOptions::Validate() const {
   }
   if (slots == 0) return Status::Invalid("hbm pool: zero slots");
   if (device < 0) return Status::Invalid("hbm pool: negative device ordinal");
+  if (streams < 1 || streams > kMaxStreams) {
+    return Status::Invalid("hbm pool: streams " + std::to_string(streams) + " not in [1, " +
+                           std::to_string(kMaxStreams) + "]");
+  }
+  if (static_cast<uint8_t>(copy) > static_cast<uint8_t>(HbmCopy::kLoop)) {
+    return Status::Invalid("hbm pool: copy method " + std::to_string(static_cast<int>(copy)) + " unknown");
+  }
   return Status::Ok();
 }
 
@@ -127,17 +151,7 @@ StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
   p->h2d_ = a;
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), "stream"));
   p->d2h_ = b;
-  if (const char* sn = std::getenv("KVTIER_HBM_STREAMS"); sn != nullptr) {
-    char* end = nullptr;
-    const long v = std::strtol(sn, &end, 10);
-    if (end == sn || *end != '\0' || v < 1 || v > kMaxStreams) {
-      return Status::Invalid(std::string("KVTIER_HBM_STREAMS=") + sn + ": must be an integer from 1 to " +
-                             std::to_string(kMaxStreams));
-    }
-    p->streams_ = static_cast<int>(v);
-  } else {
-    p->streams_ = kDefaultStreams;
-  }
+  p->streams_ = opts.streams;
   for (int d = 0; d < 2; ++d) {
     for (int i = 1; i < p->streams_; ++i) {
       cudaStream_t fs;
@@ -156,23 +170,18 @@ StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
     KVTIER_RETURN_IF_ERROR(CudaErr(cudaEventCreateWithFlags(&ce, cudaEventDisableTiming), "event"));
     p->cb_event_[d] = ce;
   }
-  const char* tr = std::getenv("KVTIER_TRACE_COPIES");
-  p->trace_ = tr != nullptr && std::string(tr) == "1";
+  p->trace_ = opts.trace_copies;
   p->alloc_.Reset(opts.slots);
-  // KVTIER_HBM_COPY (hbm_pool.h): auto (default), or one method forced for a benchmark.
-  const char* env = std::getenv("KVTIER_HBM_COPY");
-  const std::string mode = env != nullptr ? env : "auto";
+  // HbmPoolOptions::copy: auto (default), or one method forced for a benchmark.
+  const HbmCopy mode = opts.copy;
   int host_ptr_ok = 0;
   cudaDeviceGetAttribute(&host_ptr_ok, cudaDevAttrCanUseHostPointerForRegisteredMem, opts.device);
   cudaGetLastError();
-  if (mode != "auto" && mode != "kernel" && mode != "batch" && mode != "loop") {
-    return Status::Invalid("KVTIER_HBM_COPY=" + mode + ": must be auto, kernel, batch or loop");
-  }
-  p->gather_kernel_.store((mode == "auto" || mode == "kernel") && host_ptr_ok == 1);
-  p->gather_always_.store(mode == "kernel");
-  p->batch_api_.store(mode != "loop");
-  p->loop_only_.store(mode == "loop");
-  p->batch_always_.store(mode == "batch");
+  p->gather_kernel_.store((mode == HbmCopy::kAuto || mode == HbmCopy::kKernel) && host_ptr_ok == 1);
+  p->gather_always_.store(mode == HbmCopy::kKernel);
+  p->batch_api_.store(mode != HbmCopy::kLoop);
+  p->loop_only_.store(mode == HbmCopy::kLoop);
+  p->batch_always_.store(mode == HbmCopy::kBatch);
   return p;
 }
 
@@ -324,7 +333,7 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
     }
     return Status::Ok();
   };
-  // Several runs and several streams (KVTIER_HBM_STREAMS): the runs are split into
+  // Several runs and several streams (HbmPoolOptions::streams): the runs are split into
   // contiguous parts of about equal bytes, part k on stream k, so that one copy's DMA setup
   // overlaps another's transfer; the parts join `s` by events before the completion.
   std::lock_guard<std::mutex> fan_lock(fan_mu_);

@@ -19,16 +19,34 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 
 #include "formats/status.h"
 #include "tiers/slot_allocator.h"
 
 namespace kvtier::tiers {
 
+// How CopyBatch moves host -> HBM batches. kAuto: neighbouring slots are coalesced into
+// runs first; runs of 1 MiB or more on average go to the copy engines (a loop of
+// cudaMemcpyAsync for up to 64 runs, else cudaMemcpyBatchAsync), shorter runs to the gather
+// kernel (hbm/gather.cu), which has no per-copy setup. The others force one method
+// (benchmarks). HBM -> host never uses the kernel.
+enum class HbmCopy : uint8_t { kAuto = 0, kKernel = 1, kBatch = 2, kLoop = 3 };
+// "auto", "kernel", "batch", "loop" (the config's tiers.hbm.copy values).
+const char* HbmCopyName(HbmCopy c);
+StatusOr<HbmCopy> ParseHbmCopy(std::string_view name);
+
 struct HbmPoolOptions {
+  static constexpr int kMaxStreams = 8;
   int device = 0;           // CUDA device ordinal. Default: 0
   uint64_t slot_bytes = 0;  // bytes per slot, 4096 multiple. Default: 0 (refused)
   uint32_t slots = 0;       // number of slots. Default: 0 (refused)
+  HbmCopy copy = HbmCopy::kAuto;  // host -> HBM copy method. Default: kAuto
+  // Streams per direction for the copy-engine paths, [1, kMaxStreams]: a batch's runs are
+  // split over them so that the DMA setup of one copy overlaps the transfer of another.
+  // Default: 1
+  int streams = 1;
+  bool trace_copies = false;  // one log line per copy batch (timeline). Default: false
 
   Status Validate() const;
 };
@@ -98,12 +116,10 @@ class HbmPool {
   uint8_t* base_ = nullptr;
   void* h2d_ = nullptr;  // cudaStream_t
   void* d2h_ = nullptr;  // cudaStream_t
-  // Extra streams per direction for the copy-engine paths (KVTIER_HBM_STREAMS, default
-  // kDefaultStreams): a batch's runs are split over them so that the DMA setup of one copy
-  // overlaps the transfer of another, and joined back into h2d_/d2h_ by events before the
-  // completion. fan_[d][0] is unused (the direction's own stream).
-  static constexpr int kMaxStreams = 8;
-  static constexpr int kDefaultStreams = 1;
+  // Extra streams per direction for the copy-engine paths (HbmPoolOptions::streams),
+  // joined back into h2d_/d2h_ by events before the completion. fan_[d][0] is unused (the
+  // direction's own stream).
+  static constexpr int kMaxStreams = HbmPoolOptions::kMaxStreams;
   int streams_ = 1;
   void* fan_[2][kMaxStreams] = {};       // cudaStream_t
   void* fan_done_[2][kMaxStreams] = {};  // cudaEvent_t
@@ -114,19 +130,15 @@ class HbmPool {
   // in groups of 128 moved 40 GB/s of a link that gives 55).
   void* cb_stream_[2] = {};  // cudaStream_t
   void* cb_event_[2] = {};   // cudaEvent_t
-  bool trace_ = false;                   // KVTIER_TRACE_COPIES=1: one log line per batch
+  bool trace_ = false;                   // HbmPoolOptions::trace_copies
   std::mutex fan_mu_;                    // the events above are recorded and waited in pairs
   mutable std::mutex mu_;
   SlotAllocator alloc_;
-  // How CopyBatch moves host -> HBM batches. Default ("auto"): neighbouring slots are
-  // coalesced into runs first; runs of 1 MiB or more on average go to the copy engines
-  // (a loop of cudaMemcpyAsync for up to 64 runs, else cudaMemcpyBatchAsync), shorter runs
-  // to the gather kernel (hbm/gather.cu), which has no per-copy setup. KVTIER_HBM_COPY=
-  // kernel|batch|loop forces one method (benchmarks). HBM -> host never uses the kernel.
+  // HbmPoolOptions::copy, as the copy paths test it.
   std::atomic<bool> gather_kernel_{true};   // the kernel may be used (host pointers usable)
-  std::atomic<bool> gather_always_{false};  // KVTIER_HBM_COPY=kernel
-  std::atomic<bool> loop_only_{false};      // KVTIER_HBM_COPY=loop
-  std::atomic<bool> batch_always_{false};   // KVTIER_HBM_COPY=batch
+  std::atomic<bool> gather_always_{false};  // HbmCopy::kKernel
+  std::atomic<bool> loop_only_{false};      // HbmCopy::kLoop
+  std::atomic<bool> batch_always_{false};   // HbmCopy::kBatch
   std::atomic<bool> batch_api_{true};
 };
 

@@ -21,11 +21,12 @@
 // Every injected fault is counted (counts()) and logged as one warn line starting with
 // "fault injected:", so an integration test can count them in a daemon's log.
 //
-// Test hook: a kvtierd (or any process) built with KVTIER_TEST_POINTS picks up a spec
-// from the environment variable KVTIER_TEST_FAULTS ("read_error=0.01,enospc=0.02,
-// seed=7"; see ParseFaultSpec) and NvmeStore::Open then wraps its device with a
-// FaultDevice (EnvironmentDeviceWrapper). Without KVTIER_TEST_POINTS the variable is
-// ignored: release builds cannot be made to inject faults.
+// Test hook: the test daemon kvtierd-test (built with KVTIER_TEST_POINTS, linked with
+// tiers/test_point_env.cc) picks up a spec from the environment variable
+// KVTIER_TEST_FAULTS ("read_error=0.01,enospc=0.02,seed=7"; see ParseFaultSpec) and
+// NvmeStore::Open then wraps its device with a FaultDevice (EnvironmentDeviceWrapper).
+// This file is compiled into the test-only library kvtier_fault: the kvtierd that
+// scripts/run.sh starts cannot be made to inject faults.
 #pragma once
 
 #include <atomic>
@@ -100,8 +101,9 @@ class FaultDevice : public Device {
 // decimals, record_bytes and seed as integers). Invalid naming the key on anything else.
 StatusOr<FaultOptions> ParseFaultSpec(std::string_view spec);
 
-// The wrapper NvmeStore::Open applies when its caller passed none: a FaultDevice when the
-// build has KVTIER_TEST_POINTS and KVTIER_TEST_FAULTS is set (an unparsable spec aborts
+// The wrapper tiers/test_point_env.cc installs as NvmeStore's default (the one Open
+// applies when its caller passed none): a FaultDevice when the build has
+// KVTIER_TEST_POINTS and KVTIER_TEST_FAULTS is set (an unparsable spec aborts
 // the process with a message: a test that asked for faults must not run without them),
 // else an empty function. `record_bytes` is the store's record size.
 std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)> EnvironmentDeviceWrapper(

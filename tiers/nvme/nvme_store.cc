@@ -13,7 +13,6 @@
 
 #include "formats/bytes.h"
 #include "formats/record.h"
-#include "tiers/nvme/fault_device.h"
 #include "tiers/nvme/uring_device.h"
 #include "testing/test_point.h"
 
@@ -85,7 +84,23 @@ Status FromRocks(const rocksdb::Status& s, const char* what) {
   return Status::IoError(std::string(what) + ": " + s.ToString());
 }
 
+std::mutex g_wrapper_mu;
+NvmeStore::DefaultWrapperFactory& WrapperFactory() {
+  static NvmeStore::DefaultWrapperFactory f;
+  return f;
+}
+
+NvmeStore::DeviceWrapper DefaultDeviceWrapper(uint64_t record_bytes) {
+  std::lock_guard<std::mutex> l(g_wrapper_mu);
+  return WrapperFactory() ? WrapperFactory()(record_bytes) : nullptr;
+}
+
 }  // namespace
+
+void NvmeStore::SetDefaultDeviceWrapper(DefaultWrapperFactory f) {
+  std::lock_guard<std::mutex> l(g_wrapper_mu);
+  WrapperFactory() = std::move(f);
+}
 
 Status NvmeStoreOptions::Validate() const {
   if (dir.empty()) return Status::Invalid("nvme: empty dir");
@@ -167,7 +182,7 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
   if (!dev.ok()) return dev.status();
   if (!(*dev)->fixed_buffers()) spdlog::warn("nvme: running without registered buffers");
   s->dev_ = std::move(dev.value());
-  if (!wrap) wrap = EnvironmentDeviceWrapper(s->record_bytes_);  // test builds: KVTIER_TEST_FAULTS
+  if (!wrap) wrap = DefaultDeviceWrapper(s->record_bytes_);  // test builds: fault injection
   if (wrap) s->dev_ = wrap(std::move(s->dev_));
 
   KVTIER_RETURN_IF_ERROR(s->LoadIndex());

@@ -108,6 +108,11 @@ class NvmeStore {
   using DeviceWrapper = std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)>;
   static StatusOr<std::unique_ptr<NvmeStore>> Open(const NvmeStoreOptions& opts,
                                                    DeviceWrapper wrap = nullptr);
+  // The wrapper Open applies when its caller passes none, made per store from its record
+  // size: process-wide, installed at start by test builds only (fault injection from the
+  // environment, tiers/test_point_env.cc). Default: none.
+  using DefaultWrapperFactory = std::function<DeviceWrapper(uint64_t record_bytes)>;
+  static void SetDefaultDeviceWrapper(DefaultWrapperFactory f);
   ~NvmeStore();
 
   Status WriteBatch(std::span<NvmeWrite> writes);

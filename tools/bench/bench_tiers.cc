@@ -102,7 +102,9 @@ std::vector<SlotRef> AcquireSync(TierManager& tm, uint64_t cid, const std::vecto
 int Run(const std::vector<std::string>& argv) {
   auto args = cli::Args::Parse(argv, {"no-append"});
   if (!args.ok()) return cli::Fail("tiers: " + args.status().message(), 2);
-  if (Status s = args->CheckKnown({"dir", "blocks", "layers", "qd", "reps", "no-append", "results"}); !s.ok()) {
+  if (Status s = args->CheckKnown({"dir", "blocks", "layers", "qd", "reps", "hbm-copy", "hbm-streams", "no-append",
+                                   "results"});
+      !s.ok()) {
     return cli::Fail("bench tiers: " + s.message(), 2);
   }
   auto blocks_a = args->GetInt("blocks", 192);
@@ -113,6 +115,14 @@ int Run(const std::vector<std::string>& argv) {
       *layers_a < 1 || *layers_a > 1024 || *qd_a < 1 || *qd_a > 4096 || *reps_a < 1 || *reps_a > 100) {
     return cli::Fail("bench tiers: --blocks in [8, 100000], --layers in [1, 1024], --qd in [1, 4096], --reps in [1, 100]", 2);
   }
+  // How the HBM pools copy (the daemon's tiers.hbm.copy and tiers.hbm.copy_streams).
+  auto hbm_copy = ParseHbmCopy(args->Get("hbm-copy").value_or("auto"));
+  if (!hbm_copy.ok()) return cli::Fail("bench tiers: --hbm-copy: " + hbm_copy.status().message(), 2);
+  auto streams_a = args->GetInt("hbm-streams", 1);
+  if (!streams_a.ok() || *streams_a < 1 || *streams_a > HbmPoolOptions::kMaxStreams) {
+    return cli::Fail("bench tiers: --hbm-streams in [1, " + std::to_string(HbmPoolOptions::kMaxStreams) + "]", 2);
+  }
+  const int hbm_streams = static_cast<int>(*streams_a);
   const uint32_t nblocks = static_cast<uint32_t>(*blocks_a);
   const int reps = static_cast<int>(*reps_a);
   std::string base = args->Get("dir").value_or("/var/tmp");
@@ -164,6 +174,8 @@ int Run(const std::vector<std::string>& argv) {
   to.nvme.tier.low_watermark = 0.99;
   to.nvme.dir = dir + "/tm";
   to.nvme.queue_depth = static_cast<uint32_t>(*qd_a);
+  to.hbm_copy = *hbm_copy;
+  to.hbm_copy_streams = hbm_streams;
   auto tmo = TierManager::Open(to);
   if (!tmo.ok()) return cli::Fail(tmo.status().ToString());
   TierManager& tm = **tmo;
@@ -304,7 +316,7 @@ int Run(const std::vector<std::string>& argv) {
       for (auto s : got) (void)tm.Unpin(s);
       if (Status st = tm.Flush(); !st.ok()) return cli::Fail("flush: " + st.ToString());
     }
-    // The copy-engine path alone (KVTIER_HBM_COPY=loop for this pool: the default gather
+    // The copy-engine path alone (HbmCopy::kLoop for this pool: the default gather
     // kernel does not coalesce), HbmPool::CopyBatch of the same bytes from a registered host
     // arena: blocks in neighbouring slots (coalesced into one copy) and in every other
     // slot (nothing coalesces: one cudaMemcpyAsync per block).
@@ -317,12 +329,9 @@ int Run(const std::vector<std::string>& argv) {
       dpo.slot_bytes = slot;
       dpo.slots = 2 * nblocks;
       auto hp = HostPool::Create(hpo);
-      const char* mode = std::getenv("KVTIER_HBM_COPY");
-      const std::string saved = mode ? mode : "";
-      ::setenv("KVTIER_HBM_COPY", "loop", 1);
+      dpo.copy = HbmCopy::kLoop;
+      dpo.streams = hbm_streams;
       auto dp = HbmPool::Create(dpo);
-      if (mode) ::setenv("KVTIER_HBM_COPY", saved.c_str(), 1);
-      else ::unsetenv("KVTIER_HBM_COPY");
       if (!hp.ok() || !dp.ok()) return cli::Fail("bench tiers: pools for the CopyBatch rows failed");
       // reps + 1 CopyBatch calls of the blocks in every `stride`-th slot; the first warms up.
       auto time_batches = [&](HbmPool& pool, uint32_t stride, std::vector<double>* out) -> Status {
@@ -343,10 +352,10 @@ int Run(const std::vector<std::string>& argv) {
           return cli::Fail("bench tiers: CopyBatch: " + st.ToString());
         }
       }
-      // The same scattered blocks through a pool made as the daemon makes it (the
-      // environment's KVTIER_HBM_COPY / KVTIER_HBM_STREAMS): the copy method alone, without
-      // the TierManager around it.
+      // The same scattered blocks through a pool made as the daemon makes it (--hbm-copy,
+      // --hbm-streams): the copy method alone, without the TierManager around it.
       (*dp).reset();  // one arena at a time
+      dpo.copy = *hbm_copy;
       dp = HbmPool::Create(dpo);
       if (!dp.ok()) return cli::Fail("bench tiers: pool for the configured CopyBatch row failed");
       if (Status st = time_batches(**dp, 2, &cb_conf); !st.ok()) {
@@ -360,13 +369,9 @@ int Run(const std::vector<std::string>& argv) {
         gb / Median(cb_apart) / base_h2d, "");
     row("HbmPool::CopyBatch, copy engine, blocks in neighbouring slots (coalesced)", gb / Median(cb_run),
         gb / Median(cb_run) / base_h2d, "");
-    {
-      const char* m = std::getenv("KVTIER_HBM_COPY");
-      const char* ns = std::getenv("KVTIER_HBM_STREAMS");
-      row(Fmt("HbmPool::CopyBatch as the daemon runs it (KVTIER_HBM_COPY=%s, KVTIER_HBM_STREAMS=%s), every other slot",
-              m ? m : "auto", ns ? ns : "default"),
-          gb / Median(cb_conf), gb / Median(cb_conf) / base_h2d, "");
-    }
+    row(Fmt("HbmPool::CopyBatch as the daemon runs it (--hbm-copy %s --hbm-streams %d), every other slot",
+            HbmCopyName(*hbm_copy), hbm_streams),
+        gb / Median(cb_conf), gb / Median(cb_conf) / base_h2d, "");
     row("TierManager Acquire, host -> HBM (batch)", h2d_gbps, h2d_gbps / base_h2d, ">= 0.90");
     row("TierManager Acquire, NVMe -> host -> HBM (pipelined; ratio to the slower stage)", gb / Median(n2d),
         gb / Median(n2d) / slower, ">= 0.85");
@@ -390,12 +395,16 @@ int Run(const std::vector<std::string>& argv) {
 
 const cli::CommandRegistrar kReg(
     "tiers", "NVMe store / mover restore and demotion vs plain O_DIRECT (and host/NVMe -> HBM on a GPU)", Run,
-    "[--dir DIR] [--blocks N] [--layers N] [--qd N] [--reps N] [--results FILE | --no-append]\n"
+    "[--dir DIR] [--blocks N] [--layers N] [--qd N] [--reps N] [--hbm-copy M] [--hbm-streams N]\n"
+    "      [--results FILE | --no-append]\n"
     "  --dir DIR        where the NVMe files go (default /var/tmp)\n"
     "  --blocks N       blocks stored and restored, 8-100000 (default 192)\n"
     "  --layers N       layers per block, 1-1024 (default 80)\n"
     "  --qd N           io_uring queue depth, 1-4096 (default 64)\n"
     "  --reps N         repetitions; the median is reported, 1-100 (default 3)\n"
+    "  --hbm-copy M     host -> HBM copy method of the pools: auto|kernel|batch|loop (default auto;\n"
+    "                   the daemon's tiers.hbm.copy)\n"
+    "  --hbm-streams N  copy-engine streams per direction, 1-8 (default 1; tiers.hbm.copy_streams)\n"
     + std::string(kvtier::bench::kResultsUsage));
 
 }  // namespace

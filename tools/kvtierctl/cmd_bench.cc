@@ -503,7 +503,8 @@ int Run(const std::vector<std::string>& argv) {
   return Fail("bench: unknown benchmark '" + argv[0] + "' (replay, policies)", 2);
 }
 
-cli::CommandRegistrar reg("bench", "replay a workload per KV format; compare eviction policies", Run);
+cli::CommandRegistrar reg("bench", "replay a workload per KV format; compare eviction policies", Run, "",
+                          {"replay", "policies"});
 
 }  // namespace
 }  // namespace kvtier

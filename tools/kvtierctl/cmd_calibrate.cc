@@ -133,7 +133,7 @@ const CommandRegistrar kCalibrate("calibrate",
                                   "per-layer NVFP4 global scales from a KV dump (scales TOML)",
                                   Calibrate);
 const CommandRegistrar kContract("contract", "contract id of a geometry and scales file",
-                                 Contract);
+                                 Contract, "", {"id"});
 
 }  // namespace
 }  // namespace kvtier::cli

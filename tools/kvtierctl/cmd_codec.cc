@@ -121,7 +121,8 @@ int Run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-cli::CommandRegistrar reg("codec", "NVFP4 encode/decode/roundtrip of raw float32 files", Run);
+cli::CommandRegistrar reg("codec", "NVFP4 encode/decode/roundtrip of raw float32 files", Run, "",
+                          {"encode", "decode", "roundtrip"});
 
 }  // namespace
 }  // namespace kvtier

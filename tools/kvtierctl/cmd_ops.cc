@@ -275,6 +275,8 @@ int RunStatsOrTiers(const std::vector<std::string>& argv, bool full) {
       j["admission_rejects"] = t.admission_rejects;
       j["read_gbps"] = t.read_gbps;
       j["write_gbps"] = t.write_gbps;
+      j["errors"] = t.errors;              // remote tier: answers lost to a down or slow node
+      j["write_errors"] = t.write_errors;  // remote tier: writes dropped or failed
     }
     tiers.push_back(j);
   }
@@ -285,8 +287,8 @@ int RunStatsOrTiers(const std::vector<std::string>& argv, bool full) {
   std::printf("%-5s %-7s %11s %11s %6s %10s %8s", "TIER", "PRESENT", "CAPACITY", "USED", "USED%", "BLOCKS",
               "PINNED");
   if (full) {
-    std::printf(" %11s %11s %7s %9s %9s %11s %6s", "PAYLOAD", "SCALES", "HIT%", "PROMOTED", "DEMOTED", "MOVED",
-                "CKSUM!");
+    std::printf(" %11s %11s %7s %9s %9s %11s %6s %7s %7s", "PAYLOAD", "SCALES", "HIT%", "PROMOTED", "DEMOTED",
+                "MOVED", "CKSUM!", "ERRORS", "WRITE!");
   }
   std::printf("\n");
   for (const auto& j : tiers) {
@@ -296,11 +298,12 @@ int RunStatsOrTiers(const std::vector<std::string>& argv, bool full) {
                 cap ? 100.0 * static_cast<double>(used) / static_cast<double>(cap) : 0.0,
                 j["blocks"].get<uint64_t>(), j["pinned"].get<uint64_t>());
     if (full) {
-      std::printf(" %11s %11s %6.1f%% %9" PRIu64 " %9" PRIu64 " %11s %6" PRIu64,
+      std::printf(" %11s %11s %6.1f%% %9" PRIu64 " %9" PRIu64 " %11s %6" PRIu64 " %7" PRIu64 " %7" PRIu64,
                   Bytes(j["payload_bytes"].get<uint64_t>()).c_str(), Bytes(j["scale_bytes"].get<uint64_t>()).c_str(),
                   100.0 * j["hit_ratio"].get<double>(), j["promotions_in"].get<uint64_t>(),
                   j["demotions_out"].get<uint64_t>(), Bytes(j["bytes_moved"].get<uint64_t>()).c_str(),
-                  j["checksum_failures"].get<uint64_t>());
+                  j["checksum_failures"].get<uint64_t>(), j["errors"].get<uint64_t>(),
+                  j["write_errors"].get<uint64_t>());
     }
     std::printf("\n");
   }
@@ -845,7 +848,7 @@ cli::CommandRegistrar r5("inspect", "one block: contract, tiers, size, checksums
 cli::CommandRegistrar r6("verify", "re-read and check every NVMe record", RunVerify);
 cli::CommandRegistrar r7("evict", "evict one block (KEY) or a whole contract (--contract ID)", RunEvict);
 cli::CommandRegistrar r8("flush", "demote everything unpinned from HBM and host to NVMe", RunFlush);
-cli::CommandRegistrar r9("config", "config check PATH | config reload", RunConfig);
+cli::CommandRegistrar r9("config", "config check PATH | config reload", RunConfig, "", {"check", "reload"});
 cli::CommandRegistrar r10("export", "export a contract's blocks to a .kvt file", RunExport);
 cli::CommandRegistrar r11("import", "import a .kvt file into the daemon (verified first)", RunImport);
 

@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tier_stats.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -33,7 +35,7 @@ extern "C" {
 #define KVTIER_API
 #endif
 
-#define KVTIER_ABI_VERSION 1
+#define KVTIER_ABI_VERSION 2 /* 2: kvtier_tier_stats.errors, write_errors; kvtier_abi_layout */
 
 typedef enum kvtier_status {
   KVTIER_OK = 0,
@@ -111,13 +113,21 @@ typedef struct kvtier_commit_item {
   kvtier_key parent;  /* parent block key; {0,0} for the first block */
 } kvtier_commit_item;
 
-typedef struct kvtier_tier_stats {
-  uint8_t tier, present;
-  uint64_t capacity_bytes, used_bytes, slots_total, slots_used, blocks, pinned;
-  uint64_t hits, misses, promotions_in, demotions_out, bytes_read, bytes_written;
-  uint64_t checksum_failures, evictions_demoted, evictions_dropped, admission_rejects;
-  double read_gbps, write_gbps;
-} kvtier_tier_stats;
+/* kvtier_tier_stats: one tier's statistics, defined in tier_stats.h (the field list the
+ * daemon, the wire and Python share). */
+
+/* ---- record layouts ---------------------------------------------------------------- */
+/* One row of the layout table: a field of a public record (offsetof and sizeof as this
+ * library was compiled), or, with field "", the record's own sizeof. Bindings that mirror
+ * the records (Python's ctypes structs) check theirs against it when they load. */
+typedef struct kvtier_abi_field {
+  const char* record; /* "kvtier_tier_stats" */
+  const char* field;  /* "hits"; "" for the row of sizeof(record) */
+  uint32_t offset;    /* offsetof(record, field); 0 on the sizeof row */
+  uint32_t size;      /* sizeof(field); sizeof(record) on the sizeof row */
+} kvtier_abi_field;
+/* The table of every public record's fields, *n rows; static, never fails. */
+KVTIER_API const kvtier_abi_field* kvtier_abi_layout(size_t* n);
 
 /* ---- errors ---------------------------------------------------------------------- */
 KVTIER_API const char* kvtier_status_name(kvtier_status s);

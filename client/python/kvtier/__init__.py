@@ -52,7 +52,10 @@ class KvtierError(RuntimeError):
         super().__init__(f"{self.status}: {message}")
 
 
-# ---- C structs (must match client/include/kvtier/kvtier.h) ------------------------------
+# ---- C structs (client/include/kvtier/kvtier.h) -------------------------------------------
+# Each mirrors a public record; _load() checks every one, field by field, against the
+# library's own layout table (kvtier_abi_layout), so a mismatch is an error at load, not
+# wrong numbers later.
 
 class _Key(ctypes.Structure):
     _fields_ = [("hi", ctypes.c_uint64), ("lo", ctypes.c_uint64)]
@@ -87,12 +90,67 @@ class _CommitItem(ctypes.Structure):
 
 
 class _TierStats(ctypes.Structure):
-    _fields_ = [("tier", ctypes.c_uint8), ("present", ctypes.c_uint8)] + [
+    # client/include/kvtier/tier_stats.h (KVTIER_TIER_STATS_FIELDS), in its order.
+    _fields_ = [("tier", ctypes.c_uint8), ("present", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 6)] + [
         (n, ctypes.c_uint64) for n in (
             "capacity_bytes", "used_bytes", "slots_total", "slots_used", "blocks", "pinned", "hits", "misses",
             "promotions_in", "demotions_out", "bytes_read", "bytes_written", "checksum_failures",
             "evictions_demoted", "evictions_dropped", "admission_rejects")
-    ] + [("read_gbps", ctypes.c_double), ("write_gbps", ctypes.c_double)]
+    ] + [("read_gbps", ctypes.c_double), ("write_gbps", ctypes.c_double)] + [
+        ("errors", ctypes.c_uint64), ("write_errors", ctypes.c_uint64)]
+
+
+class _AbiField(ctypes.Structure):
+    _fields_ = [("record", ctypes.c_char_p), ("field", ctypes.c_char_p), ("offset", ctypes.c_uint32),
+                ("size", ctypes.c_uint32)]
+
+
+# C record name -> the ctypes struct that mirrors it.
+_MIRRORS = {
+    "kvtier_key": _Key,
+    "kvtier_slot": _Slot,
+    "kvtier_connect_options": _ConnectOptions,
+    "kvtier_contract_desc": _ContractDesc,
+    "kvtier_lookup_result": _LookupResult,
+    "kvtier_commit_item": _CommitItem,
+    "kvtier_tier_stats": _TierStats,
+}
+
+
+def _layout_table(lib) -> dict:
+    """{record: {"": sizeof, field: (offset, size)}} from the library's kvtier_abi_layout."""
+    f = lib.kvtier_abi_layout
+    f.restype = ctypes.POINTER(_AbiField)
+    f.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+    n = ctypes.c_size_t()
+    rows = f(ctypes.byref(n))
+    table = {}
+    for i in range(n.value):
+        r = rows[i]
+        rec = table.setdefault(r.record.decode(), {})
+        name = r.field.decode()
+        rec[name] = r.size if name == "" else (r.offset, r.size)
+    return table
+
+
+def _check_layouts(table: dict, mirrors: dict = None):
+    """Raises ImportError naming the first ctypes struct that differs from the C record:
+    a missing record, a field missing on either side, an offset, a size or the sizeof."""
+    for rec, cls in (mirrors or _MIRRORS).items():
+        c = table.get(rec)
+        if c is None:
+            raise ImportError(f"libkvtier has no record {rec} (an older or newer library?)")
+        py = {name: (getattr(cls, name).offset, getattr(cls, name).size) for name, _ in cls._fields_}
+        cf = {k: v for k, v in c.items() if k != ""}
+        for name in sorted(set(py) | set(cf)):
+            if name not in cf:
+                raise ImportError(f"{rec}.{name}: in the Python binding, not in libkvtier")
+            if name not in py:
+                raise ImportError(f"{rec}.{name}: in libkvtier, not in the Python binding")
+            if py[name] != cf[name]:
+                raise ImportError(f"{rec}.{name}: Python has offset/size {py[name]}, libkvtier {cf[name]}")
+        if ctypes.sizeof(cls) != c.get(""):
+            raise ImportError(f"{rec}: Python sizeof {ctypes.sizeof(cls)}, libkvtier {c.get('')}")
 
 
 # ---- Loading ------------------------------------------------------------------------------
@@ -136,6 +194,7 @@ def _load():
     global _lib, _lib_path
     if _lib is None:
         lib, path = _load_first(_candidates(), "libkvtier.so (set KVTIER_LIB)")
+        _check_layouts(_layout_table(lib))
         _declare(lib)
         _lib, _lib_path = lib, path
     return _lib
@@ -357,6 +416,8 @@ class TierStats:
     admission_rejects: int
     read_gbps: float
     write_gbps: float
+    errors: int  # remote tier: answers lost to a down or slow node
+    write_errors: int  # remote tier: writes dropped or failed
 
 
 @dataclass
@@ -633,7 +694,7 @@ class Client:
         res = []
         for i in range(n.value):
             s = out[i]
-            vals = {f: getattr(s, f) for f, _ in _TierStats._fields_}
+            vals = {f: getattr(s, f) for f, _ in _TierStats._fields_ if f != "reserved"}
             vals["tier"] = _TIER_NAMES.get(s.tier, str(s.tier))
             vals["present"] = bool(s.present)
             res.append(TierStats(**vals))
