@@ -732,11 +732,48 @@ kvtier_status kvtier_ping(kvtier_client* c) {
 
 // ---- operator requests ---------------------------------------------------------------
 
+// The operator records arrive straight in the caller's C structs: every field of each
+// must sit where the wire record (formats/wire.h) puts it.
+#define KVT_SAME_FIELD(c_rec, w_rec, f)                                                  \
+  static_assert(offsetof(c_rec, f) == offsetof(w_rec, f) &&                              \
+                    sizeof(static_cast<c_rec*>(nullptr)->f) == sizeof(static_cast<w_rec*>(nullptr)->f), \
+                #c_rec "." #f " differs from the wire")
+// Keys go out and slots come back as the caller's arrays, too.
+static_assert(sizeof(kvtier_key) == sizeof(w::WireKey));
+KVT_SAME_FIELD(kvtier_key, w::WireKey, hi);
+KVT_SAME_FIELD(kvtier_key, w::WireKey, lo);
+static_assert(sizeof(kvtier_slot) == sizeof(w::WireSlot));
+KVT_SAME_FIELD(kvtier_slot, w::WireSlot, tier);
+KVT_SAME_FIELD(kvtier_slot, w::WireSlot, from_tier);
+KVT_SAME_FIELD(kvtier_slot, w::WireSlot, slot);
 static_assert(sizeof(kvtier_block_info) == sizeof(w::AdminBlockInfo));
-static_assert(offsetof(kvtier_block_info, header_xxh3) == offsetof(w::AdminBlockInfo, header_xxh3));
-static_assert(offsetof(kvtier_block_info, where) == offsetof(w::AdminBlockInfo, where));
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, contract_id);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, key);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, parent);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, bytes);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, where);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, uses);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, hbm_slot);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, host_slot);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, pins_hbm);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, pins_host);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, nvme_record);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, nvme_hits);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, payload_xxh3);
+KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, header_xxh3);
 static_assert(sizeof(kvtier_verify_report) == sizeof(w::AdminVerifyReport));
+KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, total);
+KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, checked);
+KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, ok);
+KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, corrupt);
+KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, missing);
+KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, io_errors);
 static_assert(sizeof(kvtier_contract_info) == sizeof(w::AdminContractInfo));
+KVT_SAME_FIELD(kvtier_contract_info, w::AdminContractInfo, contract_id);
+KVT_SAME_FIELD(kvtier_contract_info, w::AdminContractInfo, block_bytes);
+KVT_SAME_FIELD(kvtier_contract_info, w::AdminContractInfo, blocks);
+KVT_SAME_FIELD(kvtier_contract_info, w::AdminContractInfo, contract_bytes);
+#undef KVT_SAME_FIELD
 
 static kvtier_status Admin(kvtier_client* c, const w::AdminRequest& a, void* out, size_t out_cap,
                            w::CompletionEntry* cmp) {

@@ -154,6 +154,18 @@ TEST_F(KvtierctlCli, BadKeysInputFailsCleanly) {
   ExpectCleanFailure(Ctl({"keys", "--block-tokens", "16", "--in", good}, dir_), none);
 }
 
+// kvtierctl links what its commands use: libkvtier, the quality and replay tools, the
+// config parser and the eviction policies; not the storage engine's libraries.
+TEST_F(KvtierctlCli, LinksNoStorageEngineLibrary) {
+  std::ifstream in(std::string(KVTIER_BIN_DIR) + "/kvtierctl", std::ios::binary);
+  const std::string bin((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bin.size(), 0u);
+  EXPECT_NE(bin.find("libkvtier.so"), std::string::npos) << "the NEEDED list is not where this test looks";
+  for (const char* lib : {"librocksdb", "liburing", "libhiredis", "libspdlog"}) {
+    EXPECT_EQ(bin.find(lib), std::string::npos) << "kvtierctl links " << lib;
+  }
+}
+
 // Every command and subcommand the top-level --help lists answers --help and -h.
 TEST_F(KvtierctlCli, EveryCommandAndSubcommandAnswersHelp) {
   testing_tools::ExpectEveryCommandAnswersHelp(

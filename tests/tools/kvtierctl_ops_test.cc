@@ -187,9 +187,13 @@ TEST_F(KvtierctlOps, StatsTiersAndContracts) {
     const uint64_t scale = BlockScaleBytes(KvFormat::kNvfp4, Geometry{2, 2, 64, 16});
     EXPECT_EQ(t["scale_bytes"].get<uint64_t>(), 10 * scale);
     EXPECT_EQ(t["payload_bytes"].get<uint64_t>(), 10 * (blocks_[0].size() - scale));
+    // The remote tier's counters travel for every tier (0 where there is no remote).
+    EXPECT_EQ(t["errors"].get<uint64_t>(), 0u);
+    EXPECT_EQ(t["write_errors"].get<uint64_t>(), 0u);
   }
   Result human = Run({"stats"});
   EXPECT_EQ(human.code, 0) << human.err;
+  EXPECT_NE(human.out.find("ERRORS"), std::string::npos) << human.out;
   EXPECT_NE(human.out.find("host"), std::string::npos);
   EXPECT_NE(human.out.find("capacity in tokens per contract"), std::string::npos);
 

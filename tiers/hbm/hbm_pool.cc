@@ -95,7 +95,7 @@ Status CudaErr(cudaError_t e, const char* what) {
 }
 struct HostFnCtx {
   HbmPool::CopyDone done;
-  // KVTIER_TRACE_COPIES: what the batch was and when it was issued.
+  // HbmPoolOptions::trace_copies: what the batch was and when it was issued.
   bool trace = false;
   std::chrono::steady_clock::time_point t0{};
   double issue_us = 0;

@@ -8,7 +8,8 @@ and removes the folder.
 The binary comes from $KVTIER_BIN_DIR, else the repo's build/bin or build-gpu/bin, else
 kvtierd on $PATH. $KVTIER_DAEMON_LOG_LEVEL overrides the daemon's log level (default
 warn), and $KVTIER_DAEMON_LOG names a file that stop() appends the daemon's log to
-before the temp folder goes.
+before the temp folder goes. trace_copies=True sets the config's daemon.trace_copies, which
+logs the timeline of every large acquire and copy batch.
 """
 import os
 import shutil
@@ -38,7 +39,7 @@ def kvtierd_path():
 
 class Daemon:
     def __init__(self, slot_bytes, hbm="8GiB", host="16GiB", nvme="32GiB", nvme_dir=None, policy="prefix-lru",
-                 log_level=None, timeout_s=120):
+                 log_level=None, timeout_s=120, trace_copies=False):
         """hbm=None starts a daemon without an HBM tier."""
         log_level = log_level or os.environ.get("KVTIER_DAEMON_LOG_LEVEL", "warn")
         self.dir = tempfile.mkdtemp(prefix="kvtierd-")
@@ -52,6 +53,7 @@ socket = "{self.socket}"
 log_level = "{log_level}"
 metrics_port = 0
 ring_data_bytes = "16MiB"
+trace_copies = {"true" if trace_copies else "false"}
 [tiers]
 slot_bytes = {slot}
 {{hbm_section}}[tiers.host]
