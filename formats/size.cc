@@ -87,7 +87,7 @@ StatusOr<uint64_t> ParseSize(std::string_view text) {
   return static_cast<uint64_t>(bytes);
 }
 
-std::string FormatSize(uint64_t bytes) {
+std::string FormatSize(uint64_t bytes, std::string_view sep) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(bytes);
   int u = 0;
@@ -96,9 +96,9 @@ std::string FormatSize(uint64_t bytes) {
     ++u;
   }
   char buf[64];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%lluB", static_cast<unsigned long long>(bytes));
-  else std::snprintf(buf, sizeof buf, "%.1f%s", v, units[u]);
-  return buf;
+  if (u == 0) std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(bytes));
+  else std::snprintf(buf, sizeof buf, "%.1f", v);
+  return std::string(buf) + std::string(sep) + units[u];
 }
 
 }  // namespace kvtier

@@ -23,6 +23,7 @@ namespace kvtier {
 StatusOr<uint64_t> ParseSize(std::string_view text);
 
 // "4096B", "512.0MiB", "1.5GiB": for logs and messages (one decimal, powers of 1024).
-std::string FormatSize(uint64_t bytes);
+// `sep` goes between the number and the unit ("1.5 GiB" for tables).
+std::string FormatSize(uint64_t bytes, std::string_view sep = "");
 
 }  // namespace kvtier

@@ -66,6 +66,8 @@ TEST(Size, FormatReadsBack) {
   EXPECT_EQ(FormatSize(4096), "4.0KiB");
   EXPECT_EQ(FormatSize(1000), "1000B");
   EXPECT_EQ(FormatSize(1610612736ull), "1.5GiB");
+  EXPECT_EQ(FormatSize(1610612736ull, " "), "1.5 GiB");
+  EXPECT_EQ(FormatSize(1000, " "), "1000 B");
   for (uint64_t b : {uint64_t{1} << 20, uint64_t{3} << 30, uint64_t{1} << 40}) {
     auto v = ParseSize(FormatSize(b));
     ASSERT_TRUE(v.ok());

@@ -37,6 +37,7 @@
 #include "formats/contract.h"
 #include "formats/keys.h"
 #include "formats/layout.h"
+#include "formats/size.h"
 #include "kvtier/kvtier.h"
 #include "tools/cli.h"
 #include "tools/export_file.h"
@@ -59,19 +60,7 @@ const char* TierStr(uint8_t t) {
   return "none";
 }
 
-std::string Bytes(uint64_t b) {
-  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int i = 0;
-  while (v >= 1024.0 && i < 4) {
-    v /= 1024.0;
-    ++i;
-  }
-  char buf[32];
-  if (i == 0) std::snprintf(buf, sizeof buf, "%" PRIu64 " B", b);
-  else std::snprintf(buf, sizeof buf, "%.1f %s", v, u[i]);
-  return buf;
-}
+std::string Bytes(uint64_t b) { return FormatSize(b, " "); }
 
 std::string KeyHex(const kvtier_key& k) { return Key128{k.hi, k.lo}.ToHex(); }
 
