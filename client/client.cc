@@ -732,47 +732,33 @@ kvtier_status kvtier_ping(kvtier_client* c) {
 
 // ---- operator requests ---------------------------------------------------------------
 
-// The operator records arrive straight in the caller's C structs: every field of each
-// must sit where the wire record (formats/wire.h) puts it.
-#define KVT_SAME_FIELD(c_rec, w_rec, f)                                                  \
-  static_assert(offsetof(c_rec, f) == offsetof(w_rec, f) &&                              \
+// Keys go out, and slots and the operator records come back, as the caller's C arrays:
+// every field of each must sit where the wire record (formats/wire.h) puts it.
+#define KVT_SAME_FIELD(c_rec, w_rec, f)                                                              \
+  static_assert(offsetof(c_rec, f) == offsetof(w_rec, f) &&                                          \
                     sizeof(static_cast<c_rec*>(nullptr)->f) == sizeof(static_cast<w_rec*>(nullptr)->f), \
-                #c_rec "." #f " differs from the wire")
-// Keys go out and slots come back as the caller's arrays, too.
-static_assert(sizeof(kvtier_key) == sizeof(w::WireKey));
-KVT_SAME_FIELD(kvtier_key, w::WireKey, hi);
-KVT_SAME_FIELD(kvtier_key, w::WireKey, lo);
-static_assert(sizeof(kvtier_slot) == sizeof(w::WireSlot));
-KVT_SAME_FIELD(kvtier_slot, w::WireSlot, tier);
-KVT_SAME_FIELD(kvtier_slot, w::WireSlot, from_tier);
-KVT_SAME_FIELD(kvtier_slot, w::WireSlot, slot);
+                #c_rec "." #f " differs from the wire");
+#define KVT_KEY(f) KVT_SAME_FIELD(kvtier_key, w::WireKey, f)
+#define KVT_SLOT(f) KVT_SAME_FIELD(kvtier_slot, w::WireSlot, f)
+#define KVT_BLOCK(f) KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, f)
+#define KVT_VERIFY(f) KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, f)
+#define KVT_CONTRACT(f) KVT_SAME_FIELD(kvtier_contract_info, w::AdminContractInfo, f)
+static_assert(sizeof(kvtier_key) == sizeof(w::WireKey) && sizeof(kvtier_slot) == sizeof(w::WireSlot));
 static_assert(sizeof(kvtier_block_info) == sizeof(w::AdminBlockInfo));
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, contract_id);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, key);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, parent);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, bytes);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, where);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, uses);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, hbm_slot);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, host_slot);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, pins_hbm);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, pins_host);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, nvme_record);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, nvme_hits);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, payload_xxh3);
-KVT_SAME_FIELD(kvtier_block_info, w::AdminBlockInfo, header_xxh3);
 static_assert(sizeof(kvtier_verify_report) == sizeof(w::AdminVerifyReport));
-KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, total);
-KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, checked);
-KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, ok);
-KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, corrupt);
-KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, missing);
-KVT_SAME_FIELD(kvtier_verify_report, w::AdminVerifyReport, io_errors);
 static_assert(sizeof(kvtier_contract_info) == sizeof(w::AdminContractInfo));
-KVT_SAME_FIELD(kvtier_contract_info, w::AdminContractInfo, contract_id);
-KVT_SAME_FIELD(kvtier_contract_info, w::AdminContractInfo, block_bytes);
-KVT_SAME_FIELD(kvtier_contract_info, w::AdminContractInfo, blocks);
-KVT_SAME_FIELD(kvtier_contract_info, w::AdminContractInfo, contract_bytes);
+KVT_KEY(hi) KVT_KEY(lo)
+KVT_SLOT(tier) KVT_SLOT(from_tier) KVT_SLOT(slot)
+KVT_BLOCK(contract_id) KVT_BLOCK(key) KVT_BLOCK(parent) KVT_BLOCK(bytes) KVT_BLOCK(where) KVT_BLOCK(uses)
+KVT_BLOCK(hbm_slot) KVT_BLOCK(host_slot) KVT_BLOCK(pins_hbm) KVT_BLOCK(pins_host) KVT_BLOCK(nvme_record)
+KVT_BLOCK(nvme_hits) KVT_BLOCK(payload_xxh3) KVT_BLOCK(header_xxh3)
+KVT_VERIFY(total) KVT_VERIFY(checked) KVT_VERIFY(ok) KVT_VERIFY(corrupt) KVT_VERIFY(missing) KVT_VERIFY(io_errors)
+KVT_CONTRACT(contract_id) KVT_CONTRACT(block_bytes) KVT_CONTRACT(blocks) KVT_CONTRACT(contract_bytes)
+#undef KVT_KEY
+#undef KVT_SLOT
+#undef KVT_BLOCK
+#undef KVT_VERIFY
+#undef KVT_CONTRACT
 #undef KVT_SAME_FIELD
 
 static kvtier_status Admin(kvtier_client* c, const w::AdminRequest& a, void* out, size_t out_cap,
