@@ -4,12 +4,13 @@
 set -euo pipefail
 
 PKGS=(
-  build-essential cmake ninja-build pkg-config git python3
+  build-essential cmake ninja-build pkg-config git python3 systemd
   liburing-dev librocksdb-dev libxxhash-dev libboost-dev libzstd-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtomlplusplus-dev libhiredis-dev nlohmann-json3-dev libabsl-dev
   redis-server redis-tools
-  python3-numpy
+  python3-numpy python3-setuptools python3-pip
+  prometheus dpkg-dev
   clang libclang-rt-14-dev
 )
 # Set KVTIER_DEPS_EXTRA="pkg ..." to add packages (e.g. a debugger).
