@@ -22,12 +22,13 @@ from typing import List, Optional
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_ROOT = os.path.normpath(os.path.join(_HERE, "..", "..", ".."))
-LIB_SONAME = "libkvtier.so.1"
 
 try:
     from . import _installed  # written by the install rules or by setup.py
 except ImportError:  # a source checkout
     _installed = None
+
+LIB_SONAME = getattr(_installed, "SONAME", None) or "libkvtier.so.1"
 
 
 def _installed_libdir() -> Optional[str]:
