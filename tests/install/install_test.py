@@ -323,6 +323,11 @@ def case_python():
         out = run([sys.executable, "-c", script], env=env).stdout
         if "python: ok" not in out:
             fail(out)
+    if ARGS.cuda == "ON":  # the kernels library installed beside it, without variables
+        kpath = run([sys.executable, "-c", "import kvtier.kernels as k; print(k.library()._name)"],
+                    env=env).stdout.strip()
+        if os.path.realpath(kpath) != os.path.realpath(os.path.join(p, "lib", "libkvtier_kernels.so")):
+            fail(f"installed package loaded kernels {kpath}, not {p}/lib/libkvtier_kernels.so")
     # KVTIER_LIB still wins, and a wrong one fails naming it.
     bogus = os.path.join(ARGS.build, "install-test", "no-such-libkvtier.so")
     env2 = dict(env, KVTIER_LIB=bogus)
@@ -466,7 +471,8 @@ def case_deb():
     run(["dpkg-deb", "-x", deb, x])
     for f in ("usr/bin/kvtierd", "usr/bin/kvtierctl", "usr/lib/libkvtier.so.1", "etc/kvtier/kvtier.toml",
               "usr/lib/systemd/system/kvtierd.service", "usr/lib/python3/dist-packages/kvtier/__init__.py",
-              "usr/include/kvtier/kvtier.h", "usr/lib/pkgconfig/kvtier.pc"):
+              "usr/include/kvtier/kvtier.h", "usr/lib/pkgconfig/kvtier.pc") + (
+                  ("usr/lib/libkvtier_kernels.so",) if ARGS.cuda == "ON" else ()):
         if not os.path.exists(os.path.join(x, f)):
             fail(f"the .deb lacks /{f}")
     unit = open(os.path.join(x, "usr/lib/systemd/system/kvtierd.service")).read()
