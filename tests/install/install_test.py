@@ -10,7 +10,8 @@ version     every place the version shows: kvtierd/kvtierctl --version, the C AB
 systemd     systemd-analyze verify on the installed kvtierd.service
 pkgconfig   tests/install/consumer/consumer.c built with pkg-config, run against the
             installed kvtierd (lookup, alloc, commit, acquire)
-cmake       the same program as a CMake project using find_package(kvtier CONFIG)
+cmake       the same program, and one on the C++ wrapper, as a CMake project using
+            find_package(kvtier CONFIG)
 python      the installed package loads the installed libkvtier.so without environment
             variables and still honours KVTIER_LIB; pip installs client/python offline
 promtool    promtool check metrics accepts the installed kvtierd's /metrics
@@ -260,11 +261,11 @@ def case_systemd():
     print(f"systemd-analyze verify: {unit} clean")
 
 
-def run_consumer(exe: str):
+def run_consumer(exe: str, done: str = "consumer: ok"):
     with installed_daemon() as d:
         out = run([exe, d.socket], env=clean_env()).stdout
-        if "consumer: ok" not in out:
-            fail(f"consumer did not finish:\n{out}")
+        if done not in out:
+            fail(f"{exe} did not finish:\n{out}")
         print(out.strip())
 
 
@@ -299,6 +300,7 @@ def case_cmake():
          f"-DKVTIER_CONSUMER_EXPECT_KERNELS={ARGS.cuda}"], env=clean_env())
     run(["cmake", "--build", bld], env=clean_env())
     run_consumer(os.path.join(bld, "kvtier-consumer"))
+    run_consumer(os.path.join(bld, "kvtier-consumer-cxx"), "consumer-cxx: ok")
     shutil.rmtree(work, ignore_errors=True)
 
 
