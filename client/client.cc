@@ -322,6 +322,8 @@ const char* kvtier_status_name(kvtier_status s) {
 const char* kvtier_last_error(void) { return g_last_error.c_str(); }
 uint32_t kvtier_protocol_version(void) { return w::kProtocolVersion; }
 
+const char* kvtier_version(void) { return KVTIER_VERSION_STRING; }
+
 kvtier_status kvtier_connect(const char* socket_path, const kvtier_connect_options* opts,
                              kvtier_client** out) {
   KVTIER_GUARD_BEGIN

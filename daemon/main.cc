@@ -1,6 +1,7 @@
 // kvtierd: the kvtier daemon. See docs/daemon.md.
 //
 //   kvtierd --config PATH [--set section.key=value ...]
+//   kvtierd --version
 //
 // Exit codes: 0 after a clean drain (SIGTERM/SIGINT), 2 for a usage or config error
 // (one line on stderr naming the key), 1 when start-up fails for another reason.
@@ -15,6 +16,7 @@
 #include "config/config.h"
 #include "daemon/server.h"
 #include "formats/wire.h"
+#include "kvtier/version.h"
 
 namespace {
 
@@ -24,6 +26,7 @@ void Usage(FILE* f) {
                "  --config PATH   TOML config (see config/kvtier.toml)\n"
                "  --set K=V       override one key, e.g. --set tiers.host.capacity=4GiB\n"
                "  --check         validate the config and exit\n"
+               "  --version       print the version and exit\n"
                "Signals: SIGHUP reloads eviction/admission settings; SIGTERM drains and exits.\n");
 }
 
@@ -49,6 +52,9 @@ int main(int argc, char** argv) {
     };
     if (a == "--help" || a == "-h") {
       Usage(stdout);
+      return 0;
+    } else if (a == "--version") {
+      std::printf("kvtierd %s (protocol %u)\n", KVTIER_VERSION_STRING, wire::kProtocolVersion);
       return 0;
     } else if (a == "--check") {
       check_only = true;
@@ -104,6 +110,6 @@ int main(int argc, char** argv) {
               t.nvme.tier.capacity_bytes ? config::FormatSize(t.nvme.tier.capacity_bytes).c_str() : "off",
               t.nvme.dir.c_str(), config::FormatSize(t.slot_bytes).c_str());
   std::fflush(stdout);
-  spdlog::info("listening on {}", (*d)->ListenDescription());
+  spdlog::info("kvtierd {} listening on {}", KVTIER_VERSION_STRING, (*d)->ListenDescription());
   return (*d)->Run();
 }

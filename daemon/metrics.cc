@@ -2,7 +2,16 @@
 
 #include <cstdio>
 
+#include "kvtier/version.h"
+
 namespace kvtier::daemon {
+namespace {
+#ifdef KVTIER_HAVE_CUDA
+constexpr bool kBuiltWithCuda = true;
+#else
+constexpr bool kBuiltWithCuda = false;
+#endif
+}  // namespace
 
 void Histogram::Observe(uint64_t nanos) {
   const double s = static_cast<double>(nanos) * 1e-9;
@@ -80,7 +89,7 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
       {"kvtier_tier_capacity_bytes", "gauge", "Configured capacity of the tier.",
        &tiers::TierStats::capacity_bytes},
       {"kvtier_tier_used_bytes", "gauge", "Bytes of the tier in use.", &tiers::TierStats::used_bytes},
-      {"kvtier_tier_slots_total", "gauge", "Slots in the tier.", &tiers::TierStats::slots_total},
+      {"kvtier_tier_slots", "gauge", "Slots in the tier.", &tiers::TierStats::slots_total},
       {"kvtier_tier_slots_used", "gauge", "Slots in use.", &tiers::TierStats::slots_used},
       {"kvtier_tier_blocks", "gauge", "Committed blocks held by the tier.", &tiers::TierStats::blocks},
       {"kvtier_tier_pinned_blocks", "gauge", "Blocks pinned by leases.", &tiers::TierStats::pinned},
@@ -170,6 +179,12 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
   Line(&o, "kvtier_leases", "", static_cast<double>(leases.load()));
   Family(&o, "kvtier_leased_slots", "gauge", "Slots held by open leases.");
   Line(&o, "kvtier_leased_slots", "", static_cast<double>(leased_slots.load()));
+  // Build information: always 1; the labels carry the version (kvtier/version.h).
+  Family(&o, "kvtier_build_info", "gauge", "Version of this kvtierd; the value is always 1.");
+  Line(&o, "kvtier_build_info",
+       std::string("version=\"") + KVTIER_VERSION_STRING + "\",protocol=\"" +
+           std::to_string(wire::kProtocolVersion) + "\",cuda=\"" + (kBuiltWithCuda ? "yes" : "no") + "\"",
+       1);
   Family(&o, "kvtier_config_reloads_total", "counter", "SIGHUP reloads, by result.");
   Line(&o, "kvtier_config_reloads_total", "result=\"ok\"", static_cast<double>(reloads.load()));
   Line(&o, "kvtier_config_reloads_total", "result=\"failed\"",

@@ -5,14 +5,15 @@
 // TierManager::Stats() snapshot each time /metrics is scraped.
 //
 // Exposed families (all prefixed kvtier_):
-//   tier_capacity_bytes, tier_used_bytes, tier_slots_total, tier_slots_used, tier_blocks,
+//   tier_capacity_bytes, tier_used_bytes, tier_slots, tier_slots_used, tier_blocks,
 //   tier_pinned_blocks, tier_hits_total, tier_misses_total, tier_promotions_total,
 //   tier_demotions_total, tier_bytes_read_total, tier_bytes_written_total,
 //   tier_checksum_failures_total, tier_evictions_total{reason=demoted|dropped},
 //   tier_admission_rejects_total                                   {tier="hbm|host|nvme"}
 //   request_duration_seconds (histogram)                {op="lookup|...",transport="ring|socket"}
 //   requests_failed_total{op,transport}, requests_malformed_total, clients, clients_attached_total,
-//   clients_disconnected_total{reason}, leases, leased_slots
+//   clients_disconnected_total{reason}, leases, leased_slots,
+//   build_info{version,protocol,cuda} (always 1)
 #pragma once
 
 #include <array>

@@ -23,6 +23,7 @@
 #include "daemon/metrics.h"
 #include "daemon/session.h"
 #include "formats/wire.h"
+#include "kvtier/version.h"
 
 namespace kvtier::daemon {
 
@@ -288,7 +289,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     ++d_->attached_;
     d_->metrics_.clients.fetch_add(1);
     d_->metrics_.clients_attached.fetch_add(1);
-    spdlog::info("client {} ({}, pid {}{}) attached", client_id, name, a.pid, has_gpu ? ", gpu" : "");
+    spdlog::info("client {} ({}, pid {}{}) attached to kvtierd {} (protocol {})", client_id, name, a.pid,
+                 has_gpu ? ", gpu" : "", KVTIER_VERSION_STRING, wire::kProtocolVersion);
     ReadHeader();
   }
 

@@ -4,12 +4,15 @@
 set -euo pipefail
 
 PKGS=(
-  build-essential cmake ninja-build pkg-config git python3
+  build-essential cmake ninja-build pkg-config git python3 systemd
   liburing-dev librocksdb-dev libxxhash-dev libboost-dev libzstd-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtomlplusplus-dev libhiredis-dev nlohmann-json3-dev libabsl-dev
   redis-server redis-tools
-  python3-numpy
+  python3-numpy python3-setuptools python3-pip
+  # tests/install: promtool (prometheus), dpkg-shlibdeps for cpack -G DEB (dpkg-dev),
+  # systemd-analyze (systemd, above), the offline pip install (python3-pip, -setuptools)
+  prometheus dpkg-dev
   clang libclang-rt-14-dev
 )
 # Set KVTIER_DEPS_EXTRA="pkg ..." to add packages (e.g. a debugger).
@@ -35,3 +38,7 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Only promtool is wanted from prometheus: a server the package just started is stopped.
+if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+  $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+fi

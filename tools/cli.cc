@@ -11,6 +11,8 @@
 #include <fstream>
 #include <iostream>
 
+#include "kvtier/version.h"
+
 namespace kvtier::cli {
 
 namespace {
@@ -119,7 +121,8 @@ int Fail(const std::string& message, int code) {
 int Main(const char* program, int argc, char** argv) {
   g_program = program;
   auto usage = [&](FILE* f) {
-    std::fprintf(f, "usage: %s [--socket PATH] COMMAND [ARGS...]\n\ncommands:\n", program);
+    std::fprintf(f, "usage: %s [--socket PATH] COMMAND [ARGS...]\n       %s --version\n\ncommands:\n", program,
+                 program);
     for (const auto& [name, c] : Registry()) {
       std::fprintf(f, "  %-12s %s\n", name.c_str(), c.summary.c_str());
       if (!c.subcommands.empty()) {
@@ -150,6 +153,10 @@ int Main(const char* program, int argc, char** argv) {
   const std::string cmd = argv[first];
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     usage(stdout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    std::printf("%s %s\n", program, KVTIER_VERSION_STRING);
     return 0;
   }
   auto it = Registry().find(cmd);

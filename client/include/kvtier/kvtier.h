@@ -23,7 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tier_stats.h"
+#include "kvtier/tier_stats.h"
+#include "kvtier/version.h" /* KVTIER_VERSION_STRING, KVTIER_VERSION (generated) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -134,6 +135,11 @@ KVTIER_API const char* kvtier_status_name(kvtier_status s);
 /* One line: why the calling thread's last failed call failed ("" after a success). */
 KVTIER_API const char* kvtier_last_error(void);
 KVTIER_API uint32_t kvtier_protocol_version(void);
+
+/* ---- version ---------------------------------------------------------------------- */
+/* The loaded library's version, "MAJOR.MINOR.PATCH" (compare with KVTIER_VERSION_STRING,
+ * the version of the header compiled against). */
+KVTIER_API const char* kvtier_version(void);
 
 /* ---- connection ------------------------------------------------------------------- */
 KVTIER_API kvtier_status kvtier_connect(const char* socket_path, const kvtier_connect_options* opts,

@@ -2,7 +2,8 @@
 
 Loads in any Python 3 (no compiled extension). The shared library is found through
 $KVTIER_LIB (a path to libkvtier.so), then build/lib/libkvtier.so next to this source
-tree, then the system's library path.
+tree, then the library folder it was installed with, then the system's library path
+(kvtier/_locate.py). kvtier.__version__ is the package's version.
 
     import kvtier
     c = kvtier.Client("./kvtier-data/kvtierd.sock", name="my-engine")
@@ -25,14 +26,17 @@ from __future__ import annotations
 
 import collections.abc
 import ctypes
-import ctypes.util
-import os
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
+# ---- Version and library lookup (kvtier/_locate.py) --------------------------------------
+from . import _locate
+
+__version__ = _locate.package_version()
+
 __all__ = [
     "KvtierError", "Contract", "Key", "Slot", "LookupResult", "TierNames", "Lease", "TierStats", "Client",
-    "key_chain", "key_chain_array", "KeyArray", "contract_id", "library_path", "TIER_HBM", "TIER_HOST", "TIER_NVME", "TIER_NONE",
+    "key_chain", "key_chain_array", "KeyArray", "contract_id", "library_path", "library_version", "TIER_HBM", "TIER_HOST", "TIER_NVME", "TIER_NONE",
 ]
 
 TIER_HBM, TIER_HOST, TIER_NVME, TIER_REMOTE, TIER_NONE = 0, 1, 2, 3, 255
@@ -156,16 +160,7 @@ def _check_layouts(table: dict, mirrors: dict = None):
 # ---- Loading ------------------------------------------------------------------------------
 
 def _candidates() -> List[str]:
-    env = os.environ.get("KVTIER_LIB")
-    if env:
-        return [env]
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.normpath(os.path.join(here, "..", "..", ".."))
-    out = [os.path.join(root, "build", "lib", "libkvtier.so")]
-    found = ctypes.util.find_library("kvtier")
-    if found:
-        out.append(found)
-    return out
+    return _locate.library_candidates()
 
 
 _lib = None
@@ -176,6 +171,11 @@ def library_path() -> str:
     """Path of the libkvtier.so in use (loads it)."""
     _load()
     return _lib_path
+
+
+def library_version() -> str:
+    """Version of the libkvtier.so in use (loads it); __version__ is the package's."""
+    return _load().kvtier_version().decode()
 
 
 def _load_first(candidates, what: str):
@@ -208,6 +208,7 @@ def _declare(lib):
         "kvtier_status_name": (ctypes.c_char_p, [S]),
         "kvtier_last_error": (ctypes.c_char_p, []),
         "kvtier_protocol_version": (u32, []),
+        "kvtier_version": (ctypes.c_char_p, []),
         "kvtier_connect": (S, [ctypes.c_char_p, ctypes.POINTER(_ConnectOptions), ctypes.POINTER(P)]),
         "kvtier_close": (None, [P]),
         "kvtier_set_transport": (S, [P, S]),

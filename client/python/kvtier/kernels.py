@@ -16,10 +16,9 @@ arguments raises :class:`KernelError` with the library's one-line reason, and no
 launched.
 """
 import ctypes
-import os
 from typing import List, Optional
 
-from . import _load_first
+from . import _load_first, _locate
 
 NVFP4, FP8, BF16 = 0, 1, 2
 FORMAT_NAMES = {NVFP4: "nvfp4", FP8: "fp8", BF16: "bf16"}
@@ -71,23 +70,13 @@ _lib = None
 
 
 def _candidates() -> List[str]:
-    out = []
-    env = os.environ.get("KVTIER_KERNELS_LIB")
-    if env:
-        out.append(env)
-    klib = os.environ.get("KVTIER_LIB")
-    if klib:  # usually next to libkvtier.so
-        out.append(os.path.join(os.path.dirname(klib), "libkvtier_kernels.so"))
-    here = os.path.dirname(os.path.abspath(__file__))
-    for build in ("build", "build-gpu"):
-        out.append(os.path.join(here, "..", "..", "..", build, "lib", "libkvtier_kernels.so"))
-    out.append("libkvtier_kernels.so")
-    return out
+    return _locate.kernels_candidates()
 
 
 def library():
     """Loads libkvtier_kernels.so once (KVTIER_KERNELS_LIB, else next to KVTIER_LIB, else
-    the repo's build folders, else the loader's search path)."""
+    the repo's build folders, else the installed library folder, else the loader's
+    search path)."""
     global _lib
     if _lib is None:
         lib, _ = _load_first(_candidates(), "libkvtier_kernels.so (set KVTIER_KERNELS_LIB; it is built only with CUDA)")
