@@ -1,33 +1,17 @@
-// libkvtier: attach over the unix socket, then requests through the shared-memory rings
-// (formats/wire.h). Implements the C ABI of client/include/kvtier/kvtier.h; nothing here
-// throws across it (every entry point catches, just in case an allocation fails).
-//
-// One request in flight per client: a call takes the client's mutex, writes its input at
-// the start of the data area and its output room after it, pushes one RequestEntry,
-// wakes the daemon's ring thread if it sleeps, and waits for the completion with the
-// same tag (spin, then futex on the completion ring's tail). While it waits it also
-// watches the socket, so a daemon that died ends the call with DISCONNECTED instead of a
-// hang.
+// libkvtier: the C ABI of client/include/kvtier/kvtier.h. Argument checks and the
+// encoding of each request live here; the attach is in attach.cc, the exchange of one
+// request and its completion (rings or socket) in transport.cc. Nothing here throws
+// across the ABI (every entry point catches, just in case an allocation fails).
 #include "kvtier/kvtier.h"
 
-#include <fcntl.h>
-#include <linux/futex.h>
-#include <poll.h>
-#include <sched.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include <cerrno>
+#include <algorithm>
 #include <cstddef>
-#include <chrono>
-#include <climits>
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,37 +19,16 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "client/client_internal.h"
 #include "formats/contract.h"
 #include "formats/keys.h"
 #include "formats/wire.h"
 
 namespace w = kvtier::wire;
 
-struct kvtier_client {
-  int sock = -1;
-  uint8_t* ring = nullptr;
-  uint64_t ring_bytes = 0;
-  w::RingRegionHeader hdr;
-  w::RingView<w::RequestEntry> req;
-  w::RingView<w::CompletionEntry> cmp;
-  uint8_t* data = nullptr;
-  uint8_t* host = nullptr;
-  uint64_t host_bytes = 0;
-  w::AttachReply reply;
-  std::mutex mu;
-  uint64_t next_tag = 1;
-  bool broken = false;
-  kvtier_transport transport = KVTIER_TRANSPORT_RING;
-  uint32_t timeout_ms = 60000;
-  uint32_t spin_us = 50;
-  void* hbm_ptr = nullptr;
-};
+namespace kvtier::lib {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-thread_local std::string g_last_error;
+thread_local std::string g_last_error;  // kvtier_last_error()
 
 kvtier_status Fail(kvtier_status s, std::string msg) {
   g_last_error = std::move(msg);
@@ -80,54 +43,11 @@ kvtier_status FromStatus(const kvtier::Status& s) {
   return Fail(static_cast<kvtier_status>(s.code()), s.ToString());
 }
 
-void FutexWait(uint32_t* addr, uint32_t expected, long timeout_ns) {
-  timespec ts{timeout_ns / 1000000000L, timeout_ns % 1000000000L};
-  ::syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-void FutexWake(uint32_t* addr) { ::syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+}  // namespace kvtier::lib
 
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
+namespace {
 
-bool WriteAll(int fd, const void* p, size_t n) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  while (n > 0) {
-    const ssize_t k = ::send(fd, b, n, MSG_NOSIGNAL);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    b += k;
-    n -= static_cast<size_t>(k);
-  }
-  return true;
-}
-
-bool ReadAll(int fd, void* p, size_t n) {
-  auto* b = static_cast<uint8_t*>(p);
-  while (n > 0) {
-    const ssize_t k = ::recv(fd, b, n, 0);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    b += k;
-    n -= static_cast<size_t>(k);
-  }
-  return true;
-}
-
-// True when the daemon's end of the socket is gone.
-bool PeerClosed(int fd) {
-  pollfd p{fd, POLLIN | POLLRDHUP, 0};
-  if (::poll(&p, 1, 0) <= 0) return false;
-  if (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) return true;
-  if (p.revents & POLLIN) {
-    char b;
-    const ssize_t k = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return k == 0;
-  }
-  return false;
-}
+using namespace kvtier::lib;  // NOLINT: Fail, Ok, Call, Attach within this file
 
 kvtier::Status ToContract(const kvtier_contract_desc* d, kvtier::ScaleContract* c) {
   if (d == nullptr) return kvtier::Status::Invalid("contract description is NULL");
@@ -153,151 +73,11 @@ kvtier::Status ToContract(const kvtier_contract_desc* d, kvtier::ScaleContract* 
   return c->Validate();
 }
 
-// One request/completion exchange. `in` goes to the daemon; up to out_cap bytes of its
-// output land in `out`. Caller holds c->mu.
-kvtier_status Call(kvtier_client* c, w::RequestEntry req, const void* in, size_t in_len, void* out,
-                   size_t out_cap, w::CompletionEntry* done) {
-  if (c->broken) return Fail(KVTIER_DISCONNECTED, "connection to kvtierd is closed");
-  req.tag = c->next_tag++;
-  req.in_len = static_cast<uint32_t>(in_len);
-  const size_t want_out = std::max<size_t>(out_cap, 256);  // room for an error message
-  w::CompletionEntry cmp;
-  std::string body;
-  if (c->transport == KVTIER_TRANSPORT_SOCKET) {
-    req.out_len = static_cast<uint32_t>(out_cap);
-    w::ControlHeader h;
-    h.type = static_cast<uint16_t>(w::ControlType::kRequest);
-    if (sizeof req + in_len > w::kMaxControlPayload) {
-      return Fail(KVTIER_INVALID, "request too large for one socket message");
-    }
-    h.length = static_cast<uint32_t>(sizeof req + in_len);
-    std::vector<uint8_t> msg(sizeof h + h.length);
-    std::memcpy(msg.data(), &h, sizeof h);
-    std::memcpy(msg.data() + sizeof h, &req, sizeof req);
-    if (in_len) std::memcpy(msg.data() + sizeof h + sizeof req, in, in_len);
-    w::ControlHeader rh;
-    if (!WriteAll(c->sock, msg.data(), msg.size()) || !ReadAll(c->sock, &rh, sizeof rh)) {
-      c->broken = true;
-      return Fail(KVTIER_DISCONNECTED, "kvtierd closed the connection");
-    }
-    if (!w::ValidateControlHeader(rh).ok() || rh.type != static_cast<uint16_t>(w::ControlType::kCompletion) ||
-        rh.length < sizeof cmp) {
-      c->broken = true;
-      return Fail(KVTIER_IO_ERROR, "malformed reply from kvtierd");
-    }
-    std::vector<uint8_t> payload(rh.length);
-    if (!ReadAll(c->sock, payload.data(), payload.size())) {
-      c->broken = true;
-      return Fail(KVTIER_DISCONNECTED, "kvtierd closed the connection");
-    }
-    std::memcpy(&cmp, payload.data(), sizeof cmp);
-    body.assign(reinterpret_cast<const char*>(payload.data() + sizeof cmp), payload.size() - sizeof cmp);
-    if (cmp.tag != req.tag) {
-      c->broken = true;
-      return Fail(KVTIER_IO_ERROR, "reply tag mismatch");
-    }
-  } else {
-    const uint64_t out_off = (in_len + 7) / 8 * 8;
-    if (out_off + want_out > c->hdr.data_bytes) {
-      return Fail(KVTIER_INVALID, "request needs " + std::to_string(out_off + want_out) +
-                                      " bytes of the ring data area, which has " +
-                                      std::to_string(c->hdr.data_bytes) + " (split it)");
-    }
-    req.in_off = 0;
-    req.out_off = static_cast<uint32_t>(out_off);
-    req.out_len = static_cast<uint32_t>(want_out);
-    if (in_len) std::memcpy(c->data, in, in_len);
-    const auto deadline = Clock::now() + std::chrono::milliseconds(c->timeout_ms);
-    while (!c->req.TryPush(req)) {  // full only with stale requests of a timed-out call
-      if (Clock::now() > deadline) return Fail(KVTIER_TIMEOUT, "request ring stayed full");
-      CpuRelax();
-    }
-    if (c->req.ConsumerSleeping()) FutexWake(c->req.tail_word());
-    const auto spin_end = Clock::now() + std::chrono::microseconds(c->spin_us);
-    bool got = false;
-    uint32_t spins = 0;
-    c->cmp.SetConsumerCpu(::sched_getcpu());
-    while (!got) {
-      uint32_t n = 0;
-      if (!c->cmp.Available(&n)) {
-        c->broken = true;
-        return Fail(KVTIER_IO_ERROR, "completion ring indices are corrupt");
-      }
-      if (n > 0) {
-        c->cmp.Pop(&cmp);
-        if (cmp.tag == req.tag) got = true;  // else: a stale completion; skip it
-        continue;
-      }
-      const auto now = Clock::now();
-      if (now < spin_end) {
-        // Bounded spin, then futex sleep. Yield now and then only while the daemon's ring
-        // thread last ran on this same CPU (it cannot answer while we spin here); else
-        // never: a yield gives the CPU to any runnable task for a whole CFS slice (wire.h).
-        CpuRelax();
-        if ((++spins & 63) == 0) {
-          const int cpu = ::sched_getcpu();
-          c->cmp.SetConsumerCpu(cpu);
-          if (cpu >= 0 && cpu == c->req.ConsumerCpu()) ::sched_yield();
-        }
-        continue;
-      }
-      if (now > deadline) {
-        c->broken = true;  // its out region may still be written later: retire the client
-        return Fail(KVTIER_TIMEOUT, "no completion within " + std::to_string(c->timeout_ms) + " ms");
-      }
-      c->cmp.SetSleeping(true);
-      const uint32_t tail = c->cmp.LoadTail();
-      uint32_t m = 0;
-      if (c->cmp.Available(&m) && m == 0) FutexWait(c->cmp.tail_word(), tail, 20'000'000L);
-      c->cmp.SetSleeping(false);
-      if (c->cmp.Available(&m) && m == 0 && PeerClosed(c->sock)) {
-        c->broken = true;
-        return Fail(KVTIER_DISCONNECTED, "kvtierd closed the connection");
-      }
-    }
-    const size_t room = req.out_len;
-    const size_t nbody = std::min<size_t>(std::max<size_t>(cmp.out_bytes, cmp.msg_len), room);
-    body.assign(reinterpret_cast<const char*>(c->data + req.out_off), nbody);
-  }
-  *done = cmp;
-  if (cmp.status != 0) {
-    const std::string msg = body.substr(0, std::min<size_t>(cmp.msg_len, body.size()));
-    const int code = cmp.status;
-    const kvtier_status s = (code >= 1 && code <= 7) ? static_cast<kvtier_status>(code) : KVTIER_IO_ERROR;
-    return Fail(s, std::string("kvtierd: ") + w::OpName(req.op) + ": " +
-                       kvtier::StatusCodeName(static_cast<kvtier::StatusCode>(code)) + ": " + msg);
-  }
-  if (cmp.out_bytes > out_cap || cmp.out_bytes > body.size()) {
-    return Fail(KVTIER_IO_ERROR, "completion claims more output than there is room for");
-  }
-  if (cmp.out_bytes) std::memcpy(out, body.data(), cmp.out_bytes);
-  return Ok();
-}
-
-#define KVTIER_GUARD_BEGIN try {
-#define KVTIER_GUARD_END                                                  \
-  }                                                                      \
-  catch (const std::bad_alloc&) {                                        \
-    return Fail(KVTIER_REJECTED, "out of memory");                       \
-  }                                                                      \
-  catch (...) {                                                          \
-    return Fail(KVTIER_INVALID, "internal error (exception)");           \
-  }
-
 kvtier_status CheckClient(const kvtier_client* c) {
   if (c == nullptr) return Fail(KVTIER_INVALID, "client is NULL");
   return KVTIER_OK;
 }
 
-void Teardown(kvtier_client* c) {
-  if (c->ring) ::munmap(c->ring, c->ring_bytes);
-  if (c->host) ::munmap(c->host, c->host_bytes);
-  if (c->sock >= 0) ::close(c->sock);
-#if KVTIER_HAVE_CUDA
-  if (c->hbm_ptr) cudaIpcCloseMemHandle(c->hbm_ptr);
-#endif
-  delete c;
-}
 
 }  // namespace
 
@@ -319,7 +99,7 @@ const char* kvtier_status_name(kvtier_status s) {
   return "UNKNOWN";
 }
 
-const char* kvtier_last_error(void) { return g_last_error.c_str(); }
+const char* kvtier_last_error(void) { return kvtier::lib::g_last_error.c_str(); }
 uint32_t kvtier_protocol_version(void) { return w::kProtocolVersion; }
 
 const char* kvtier_version(void) { return KVTIER_VERSION_STRING; }
@@ -329,142 +109,25 @@ kvtier_status kvtier_connect(const char* socket_path, const kvtier_connect_optio
   KVTIER_GUARD_BEGIN
   if (socket_path == nullptr || out == nullptr) return Fail(KVTIER_INVALID, "socket_path and out are required");
   *out = nullptr;
-  sockaddr_un addr{};
-  if (std::strlen(socket_path) >= sizeof addr.sun_path) return Fail(KVTIER_INVALID, "socket path too long");
-  addr.sun_family = AF_UNIX;
-  std::strcpy(addr.sun_path, socket_path);
   auto* c = new kvtier_client();
   if (opts) {
     if (opts->timeout_ms) c->timeout_ms = opts->timeout_ms;
     if (opts->spin_us) c->spin_us = opts->spin_us;
   }
-  c->sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (c->sock < 0 || ::connect(c->sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    const std::string err = std::strerror(errno);
-    Teardown(c);
-    return Fail(KVTIER_IO_ERROR, std::string("cannot connect to ") + socket_path + ": " + err);
+  const kvtier_status s = Attach(socket_path, opts, c);
+  if (s != KVTIER_OK) {
+    delete c;
+    return s;
   }
-  w::AttachRequest a;
-  a.flags = (opts && opts->has_gpu) ? w::kAttachHasGpu : 0;
-  a.pid = static_cast<uint32_t>(::getpid());
-  std::snprintf(a.name, sizeof a.name, "%s", (opts && opts->name) ? opts->name : "libkvtier");
-  w::ControlHeader h;
-  h.type = static_cast<uint16_t>(w::ControlType::kAttach);
-  h.length = sizeof a;
-  uint8_t msg[sizeof h + sizeof a];
-  std::memcpy(msg, &h, sizeof h);
-  std::memcpy(msg + sizeof h, &a, sizeof a);
-  if (!WriteAll(c->sock, msg, sizeof msg)) {
-    Teardown(c);
-    return Fail(KVTIER_IO_ERROR, "attach: send failed");
-  }
-  // The reply carries the fds (SCM_RIGHTS) with its first bytes.
-  uint8_t buf[sizeof(w::ControlHeader) + sizeof(w::AttachReply)];
-  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 8)];
-  iovec iov{buf, sizeof buf};
-  msghdr mh{};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = ctrl;
-  mh.msg_controllen = sizeof ctrl;
-  ssize_t got;
-  do {
-    got = ::recvmsg(c->sock, &mh, MSG_CMSG_CLOEXEC);
-  } while (got < 0 && errno == EINTR);
-  std::vector<int> fds;
-  for (cmsghdr* cm = got > 0 ? CMSG_FIRSTHDR(&mh) : nullptr; cm; cm = CMSG_NXTHDR(&mh, cm)) {
-    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-      const size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < n; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-        fds.push_back(fd);
-      }
-    }
-  }
-  auto close_fds = [&] {
-    for (int fd : fds) ::close(fd);
-  };
-  if (got <= 0 || (static_cast<size_t>(got) < sizeof buf &&
-                   !ReadAll(c->sock, buf + got, sizeof buf - static_cast<size_t>(got)))) {
-    close_fds();
-    Teardown(c);
-    return Fail(KVTIER_DISCONNECTED, "attach: kvtierd closed the connection");
-  }
-  w::ControlHeader rh;
-  std::memcpy(&rh, buf, sizeof rh);
-  std::memcpy(&c->reply, buf + sizeof rh, sizeof c->reply);
-  const w::AttachReply& r = c->reply;
-  if (!w::ValidateControlHeader(rh).ok() || rh.type != static_cast<uint16_t>(w::ControlType::kAttachReply) ||
-      rh.length != sizeof(w::AttachReply)) {
-    close_fds();
-    Teardown(c);
-    return Fail(KVTIER_IO_ERROR, "attach: malformed reply");
-  }
-  if (r.status != 0) {
-    char m[sizeof r.message + 1] = {};
-    std::memcpy(m, r.message, sizeof r.message);
-    const kvtier_status s = (r.status >= 1 && r.status <= 7) ? static_cast<kvtier_status>(r.status) : KVTIER_IO_ERROR;
-    close_fds();
-    Teardown(c);
-    return Fail(s, std::string("attach refused: ") + m);
-  }
-  const bool has_host = (r.flags & w::kReplyHasHost) != 0;
-  if (fds.size() != r.num_fds || fds.size() != (has_host ? 2u : 1u)) {
-    close_fds();
-    Teardown(c);
-    return Fail(KVTIER_IO_ERROR, "attach: expected " + std::to_string(has_host ? 2 : 1) + " fds, got " +
-                                     std::to_string(fds.size()));
-  }
-  struct stat st;
-  if (::fstat(fds[0], &st) != 0 || static_cast<uint64_t>(st.st_size) != r.ring_bytes) {
-    close_fds();
-    Teardown(c);
-    return Fail(KVTIER_IO_ERROR, "attach: ring region size mismatch");
-  }
-  void* p = ::mmap(nullptr, r.ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-  if (p == MAP_FAILED) {
-    const std::string err = std::strerror(errno);
-    close_fds();
-    Teardown(c);
-    return Fail(KVTIER_IO_ERROR, "attach: mmap ring region: " + err);
-  }
-  c->ring = static_cast<uint8_t*>(p);
-  c->ring_bytes = r.ring_bytes;
-  std::memcpy(&c->hdr, c->ring, sizeof c->hdr);
-  kvtier::Status hs = w::CheckRingHeader(c->hdr, c->ring_bytes);
-  if (!hs.ok()) {
-    close_fds();
-    Teardown(c);
-    return Fail(KVTIER_IO_ERROR, "attach: " + hs.ToString());
-  }
-  c->req = w::RequestRing(c->ring, c->hdr);
-  c->cmp = w::CompletionRing(c->ring, c->hdr);
-  c->data = c->ring + c->hdr.data_offset;
-  if (has_host) {
-    if (::fstat(fds[1], &st) != 0 || static_cast<uint64_t>(st.st_size) < r.host_arena_bytes) {
-      close_fds();
-      Teardown(c);
-      return Fail(KVTIER_IO_ERROR, "attach: host arena size mismatch");
-    }
-    p = ::mmap(nullptr, r.host_arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
-    if (p == MAP_FAILED) {
-      const std::string err = std::strerror(errno);
-      close_fds();
-      Teardown(c);
-      return Fail(KVTIER_IO_ERROR, "attach: mmap host arena: " + err);
-    }
-    c->host = static_cast<uint8_t*>(p);
-    c->host_bytes = r.host_arena_bytes;
-  }
-  close_fds();  // the mappings stay
   *out = c;
   return Ok();
   KVTIER_GUARD_END
 }
 
 void kvtier_close(kvtier_client* c) {
-  if (c != nullptr) Teardown(c);
+  if (c == nullptr) return;
+  Detach(c);
+  delete c;
 }
 
 kvtier_status kvtier_set_transport(kvtier_client* c, kvtier_transport t) {

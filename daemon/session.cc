@@ -16,6 +16,7 @@
 
 #include "daemon/stats_record.h"
 #include "formats/contract.h"
+#include "formats/ring_wait.h"
 #include "testing/test_point.h"
 
 namespace kvtier::daemon {
@@ -27,22 +28,6 @@ using Clock = std::chrono::steady_clock;
 uint64_t NowNs() {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
-}
-
-// Shared (not PRIVATE) futex ops: the word lives in a MAP_SHARED memfd mapping that
-// another process maps too.
-void FutexWait(uint32_t* addr, uint32_t expected, long timeout_ns) {
-  timespec ts{timeout_ns / 1000000000L, timeout_ns % 1000000000L};
-  ::syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-void FutexWake(uint32_t* addr) { ::syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-#endif
 }
 
 // Lookup replies copy tiers::Tier values into the wire's tier bytes as they are.
@@ -166,27 +151,12 @@ void Session::RingLoop() {
     }
     if (n == 0) {
       if (stopping) break;  // drained
-      // Spin, then sleep. Yield now and then only while the client last ran on this very
-      // CPU (it cannot submit while we spin here); otherwise never: under CFS a yield
-      // hands the CPU to any other runnable task (another process's compile job) for a
-      // whole time slice, which put multi-millisecond stalls into the p99 (wire.h).
+      // Spin, then sleep (formats/ring_wait.h says when the spin yields).
       if (Clock::now() - idle_start < spin) {
-        CpuRelax();
-        if ((++spins & 63) == 0) {
-          const int cpu = ::sched_getcpu();
-          req_ring_.SetConsumerCpu(cpu);
-          if (cpu >= 0 && cpu == cmp_ring_.ConsumerCpu()) ::sched_yield();
-        }
+        wire::SpinOnce(req_ring_, cmp_ring_, &spins);
         continue;
       }
-      // Sleep protocol (wire.h): flag, re-check, wait on the tail word.
-      req_ring_.SetSleeping(true);
-      const uint32_t tail = req_ring_.LoadTail();
-      uint32_t m = 0;
-      if (req_ring_.Available(&m) && m == 0 && !stop_.load()) {
-        FutexWait(req_ring_.tail_word(), tail, 50'000'000L);
-      }
-      req_ring_.SetSleeping(false);
+      wire::SleepUntilPushed(req_ring_, 50'000'000L, [this] { return stop_.load(); });
       idle_start = Clock::now();
       continue;
     }
@@ -230,7 +200,7 @@ void Session::HandleRingRequest(const wire::RequestEntry& e) {
   }
   const uint16_t op = e.op;
   Execute(e, std::span<const uint8_t>(data_ + e.in_off, e.in_len),
-          e.out_len ? data_ + e.out_off : nullptr, Transport::kRing,
+          e.out_len ? data_ + e.out_off : nullptr,
           [this, t0, op](const wire::CompletionEntry& c) {
             metrics_->ObserveRequest(op, Transport::kRing, NowNs() - t0, c.status == 0);
             PublishCompletion(c);
@@ -241,7 +211,7 @@ void Session::ExecuteSocket(const wire::RequestEntry& req, std::vector<uint8_t> 
                             Done done) {
   const uint64_t t0 = NowNs();
   const uint16_t op = req.op;
-  Execute(req, in, out, Transport::kSocket,
+  Execute(req, in, out,
           [this, t0, op, done = std::move(done)](const wire::CompletionEntry& c) {
             metrics_->ObserveRequest(op, Transport::kSocket, NowNs() - t0, c.status == 0);
             done(c);
@@ -356,7 +326,75 @@ Status Session::DoCommit(const wire::RequestEntry& req, std::span<const uint8_t>
 }
 
 void Session::Execute(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
-                      Transport transport, Done done) {
+                      Done done) {
+  const auto op = static_cast<wire::Op>(req.op);
+  if (op == wire::Op::kAcquire) return HandleAcquire(req, in, out, std::move(done));
+  wire::CompletionEntry c;
+  c.tag = req.tag;
+  c.op = req.op;
+  Status s;
+  switch (op) {
+    case wire::Op::kNop: break;
+    case wire::Op::kAdmin: s = DoAdmin(req, in, out, &c); break;
+    case wire::Op::kRegisterContract: s = HandleRegisterContract(req, in, &c); break;
+    case wire::Op::kLookup: s = HandleLookup(req, in, out, &c); break;
+    case wire::Op::kAlloc: s = HandleAlloc(req, out, &c); break;
+    case wire::Op::kCommit: s = HandleCommit(req, in, &c); break;
+    case wire::Op::kRelease: s = DoRelease(req.lease_id); break;
+    case wire::Op::kPrefetch: s = HandlePrefetch(req, in); break;
+    case wire::Op::kStats: s = HandleStats(req, out, &c); break;
+    case wire::Op::kAcquire: break;  // above
+    default: s = Status::Invalid("op " + std::to_string(req.op) + " unknown"); break;
+  }
+  if (!s.ok()) {
+    const uint32_t committed = c.count;
+    SetError(&c, s, out, req.out_len);
+    if (op == wire::Op::kCommit) c.count = committed;  // committed before the failure
+  }
+  done(c);
+}
+
+Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<const uint8_t> in,
+                                       wire::CompletionEntry* c) {
+  (void)req;
+  const std::vector<uint8_t> bytes(in.begin(), in.end());
+  auto ct = ScaleContract::Deserialize(bytes);
+  if (!ct.ok()) return ct.status();
+  KVTIER_RETURN_IF_ERROR(tm_->RegisterContract(*ct));
+  c->value = ct->Id();
+  spdlog::info("client {} ({}): contract {} ({}, L={} H={} D={} T={}) registered", id_, name_,
+               ContractIdHex(c->value), ct->model_id, ct->geometry.num_layers,
+               ct->geometry.num_kv_heads, ct->geometry.head_dim, ct->geometry.block_tokens);
+  return Status::Ok();
+}
+
+Status Session::HandleLookup(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
+                             wire::CompletionEntry* c) {
+  KVTIER_RETURN_IF_ERROR(CheckContract(req.contract_id));
+  // Keys and tiers in buffers of this thread that keep their size: no allocation per
+  // lookup. The keys are copied out of the request (the ring's data area is the
+  // client's to change while we read); out has room for count bytes (validated).
+  thread_local std::vector<Key128> keys;
+  thread_local std::vector<tiers::Tier> tiers;
+  if (keys.size() < req.count) {
+    keys.resize(req.count);
+    tiers.resize(req.count);
+  }
+  std::memcpy(keys.data(), in.data(), sizeof(Key128) * req.count);
+  double est = 0.0;
+  const size_t hit = std::min<size_t>(
+      tm_->LookupInto(req.contract_id, std::span<const Key128>(keys.data(), req.count), tiers.data(), &est),
+      req.count);
+  std::memcpy(out, tiers.data(), hit);
+  std::memset(out + hit, wire::kTierNone, req.count - hit);
+  c->count = static_cast<uint32_t>(hit);
+  c->out_bytes = req.count;
+  c->est_seconds = est;
+  return Status::Ok();
+}
+
+void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
+                            Done done) {
   wire::CompletionEntry c;
   c.tag = req.tag;
   c.op = req.op;
@@ -364,352 +402,123 @@ void Session::Execute(const wire::RequestEntry& req, std::span<const uint8_t> in
     SetError(&c, s, out, req.out_len);
     done(c);
   };
-  switch (static_cast<wire::Op>(req.op)) {
-    case wire::Op::kNop:
-      done(c);
-      return;
-    case wire::Op::kAdmin: {
-      Status s = DoAdmin(req, in, out, &c);
-      if (!s.ok()) return fail(s);
-      done(c);
-      return;
+  Status s = CheckContract(req.contract_id);
+  if (s.ok()) s = CheckTarget(req.tier);
+  if (!s.ok()) return fail(s);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return fail(Status::Rejected("client is closing"));
+    if (leases_.size() >= limits_.max_leases) {
+      return fail(Status::Rejected("lease table full: release leases first"));
     }
-    case wire::Op::kRegisterContract: {
-      const std::vector<uint8_t> bytes(in.begin(), in.end());
-      auto ct = ScaleContract::Deserialize(bytes);
-      if (!ct.ok()) return fail(ct.status());
-      Status s = tm_->RegisterContract(*ct);
-      if (!s.ok()) return fail(s);
-      c.value = ct->Id();
-      spdlog::info("client {} ({}): contract {} ({}, L={} H={} D={} T={}) registered", id_, name_,
-                   ContractIdHex(c.value), ct->model_id, ct->geometry.num_layers,
-                   ct->geometry.num_kv_heads, ct->geometry.head_dim, ct->geometry.block_tokens);
-      done(c);
-      return;
-    }
-    case wire::Op::kLookup: {
-      Status s = CheckContract(req.contract_id);
-      if (!s.ok()) return fail(s);
-      // Keys and tiers in buffers of this thread that keep their size: no allocation per
-      // lookup. The keys are copied out of the request (the ring's data area is the
-      // client's to change while we read); out has room for count bytes (validated).
-      thread_local std::vector<Key128> keys;
-      thread_local std::vector<tiers::Tier> tiers;
-      if (keys.size() < req.count) {
-        keys.resize(req.count);
-        tiers.resize(req.count);
-      }
-      std::memcpy(keys.data(), in.data(), sizeof(Key128) * req.count);
-      double est = 0.0;
-      const size_t hit = std::min<size_t>(
-          tm_->LookupInto(req.contract_id, std::span<const Key128>(keys.data(), req.count), tiers.data(), &est),
-          req.count);
-      std::memcpy(out, tiers.data(), hit);
-      std::memset(out + hit, wire::kTierNone, req.count - hit);
-      c.count = static_cast<uint32_t>(hit);
-      c.out_bytes = req.count;
-      c.est_seconds = est;
-      done(c);
-      return;
-    }
-    case wire::Op::kAcquire: {
-      Status s = CheckContract(req.contract_id);
-      if (s.ok()) s = CheckTarget(req.tier);
-      if (!s.ok()) return fail(s);
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        if (closed_) return fail(Status::Rejected("client is closing"));
-        if (leases_.size() >= limits_.max_leases) {
-          return fail(Status::Rejected("lease table full: release leases first"));
-        }
-        ++inflight_;
-      }
-      auto keys = std::make_shared<std::vector<Key128>>(CopyArray<Key128>(in.data(), req.count));
-      auto self = shared_from_this();
-      const uint32_t max_out = req.count;
-      const uint64_t contract_id = req.contract_id;
-      tm_->Acquire(contract_id, *keys, static_cast<tiers::Tier>(req.tier),
-                   [self, keys, c, out, max_out, contract_id, out_len = req.out_len,
-                    done = std::move(done)](Status st, std::vector<tiers::SlotRef> slots) mutable {
-                     if (slots.size() > max_out) {  // never more than asked; return extras
-                       for (size_t i = max_out; i < slots.size(); ++i) (void)self->tm_->Unpin(slots[i]);
-                       slots.resize(max_out);
-                     }
-                     if (slots.empty()) {
-                       if (!st.ok()) SetError(&c, st, out, out_len);
-                     } else {
-                       Lease lease;
-                       lease.alloc = false;
-                       lease.contract_id = contract_id;
-                       lease.slots = slots;
-                       auto id = self->AddLease(std::move(lease));
-                       if (!id.ok()) {
-                         SetError(&c, id.status(), out, out_len);
-                       } else {
-                         for (size_t i = 0; i < slots.size(); ++i) {
-                           wire::WireSlot ws;
-                           ws.tier = static_cast<uint8_t>(slots[i].tier);
-                           ws.from_tier = static_cast<uint8_t>(slots[i].from);
-                           ws.slot = slots[i].slot;
-                           std::memcpy(out + i * sizeof(ws), &ws, sizeof(ws));
-                         }
-                         c.value = *id;
-                         c.count = static_cast<uint32_t>(slots.size());
-                         c.out_bytes = static_cast<uint32_t>(slots.size() * sizeof(wire::WireSlot));
-                       }
-                     }
-                     done(c);
-                     std::lock_guard<std::mutex> l(self->mu_);
-                     --self->inflight_;
-                   });
-      return;
-    }
-    case wire::Op::kAlloc: {
-      Status s = CheckContract(req.contract_id);
-      if (s.ok()) s = CheckTarget(req.tier);
-      if (!s.ok()) return fail(s);
-      std::vector<tiers::SlotRef> slots;
-      s = tm_->AllocSlots(req.contract_id, req.count, static_cast<tiers::Tier>(req.tier), &slots);
-      if (!s.ok()) return fail(s);
-      if (slots.size() != req.count) {
-        Lease tmp;
-        tmp.alloc = true;
-        tmp.slots = slots;
-        tmp.committed.assign(slots.size(), 0);
-        ReleaseSlots(tmp);
-        return fail(Status::Retry("tier returned " + std::to_string(slots.size()) + " of " +
-                                  std::to_string(req.count) + " slots"));
-      }
-      Lease lease;
-      lease.alloc = true;
-      lease.contract_id = req.contract_id;
-      lease.slots = slots;
-      lease.committed.assign(slots.size(), 0);
-      for (uint32_t i = 0; i < slots.size(); ++i) lease.index.emplace(SlotKey(slots[i]), i);
-      auto id = AddLease(std::move(lease));
-      if (!id.ok()) return fail(id.status());
-      for (size_t i = 0; i < slots.size(); ++i) {
-        wire::WireSlot ws;
-        ws.tier = static_cast<uint8_t>(slots[i].tier);
-        ws.slot = slots[i].slot;
-        std::memcpy(out + i * sizeof(ws), &ws, sizeof(ws));
-      }
-      c.value = *id;
-      c.count = req.count;
-      c.out_bytes = static_cast<uint32_t>(slots.size() * sizeof(wire::WireSlot));
-      done(c);
-      return;
-    }
-    case wire::Op::kCommit: {
-      Status s = CheckContract(req.contract_id);
-      uint32_t n = 0;
-      if (s.ok()) s = DoCommit(req, in, &n);
-      if (!s.ok()) {
-        SetError(&c, s, out, req.out_len);
-        c.count = n;  // committed before the failure
-        done(c);
-        return;
-      }
-      c.count = n;
-      done(c);
-      return;
-    }
-    case wire::Op::kRelease: {
-      Status s = DoRelease(req.lease_id);
-      if (!s.ok()) return fail(s);
-      done(c);
-      return;
-    }
-    case wire::Op::kPrefetch: {
-      Status s = CheckContract(req.contract_id);
-      if (s.ok()) s = CheckTarget(req.tier);
-      if (!s.ok()) return fail(s);
-      const auto keys = CopyArray<Key128>(in.data(), req.count);
-      tm_->Prefetch(req.contract_id, keys, static_cast<tiers::Tier>(req.tier));
-      done(c);
-      return;
-    }
-    case wire::Op::kStats: {
-      const auto stats = tm_->Stats();
-      uint32_t n = 0;
-      for (const auto& t : stats) {
-        if (n >= req.count) break;
-        const wire::WireTierStats w = ToWire(t);
-        std::memcpy(out + n * sizeof(w), &w, sizeof(w));
-        ++n;
-      }
-      c.count = n;
-      c.out_bytes = n * static_cast<uint32_t>(sizeof(wire::WireTierStats));
-      done(c);
-      return;
-    }
+    ++inflight_;
   }
-  fail(Status::Invalid("op " + std::to_string(req.op) + " unknown"));
-  (void)transport;
+  auto keys = std::make_shared<std::vector<Key128>>(CopyArray<Key128>(in.data(), req.count));
+  auto self = shared_from_this();
+  const uint32_t max_out = req.count;
+  const uint64_t contract_id = req.contract_id;
+  tm_->Acquire(contract_id, *keys, static_cast<tiers::Tier>(req.tier),
+               [self, keys, c, out, max_out, contract_id, out_len = req.out_len,
+                done = std::move(done)](Status st, std::vector<tiers::SlotRef> slots) mutable {
+                 if (slots.size() > max_out) {  // never more than asked; return extras
+                   for (size_t i = max_out; i < slots.size(); ++i) (void)self->tm_->Unpin(slots[i]);
+                   slots.resize(max_out);
+                 }
+                 if (slots.empty()) {
+                   if (!st.ok()) SetError(&c, st, out, out_len);
+                 } else {
+                   Lease lease;
+                   lease.alloc = false;
+                   lease.contract_id = contract_id;
+                   lease.slots = slots;
+                   auto id = self->AddLease(std::move(lease));
+                   if (!id.ok()) {
+                     SetError(&c, id.status(), out, out_len);
+                   } else {
+                     for (size_t i = 0; i < slots.size(); ++i) {
+                       wire::WireSlot ws;
+                       ws.tier = static_cast<uint8_t>(slots[i].tier);
+                       ws.from_tier = static_cast<uint8_t>(slots[i].from);
+                       ws.slot = slots[i].slot;
+                       std::memcpy(out + i * sizeof(ws), &ws, sizeof(ws));
+                     }
+                     c.value = *id;
+                     c.count = static_cast<uint32_t>(slots.size());
+                     c.out_bytes = static_cast<uint32_t>(slots.size() * sizeof(wire::WireSlot));
+                   }
+                 }
+                 done(c);
+                 std::lock_guard<std::mutex> l(self->mu_);
+                 --self->inflight_;
+               });
 }
 
-namespace {
-wire::AdminBlockInfo ToWire(const tiers::BlockInfo& b) {
-  wire::AdminBlockInfo w;
-  w.contract_id = b.contract_id;
-  w.key = {b.key.hi, b.key.lo};
-  w.parent = {b.parent.hi, b.parent.lo};
-  w.bytes = b.bytes;
-  w.where = static_cast<uint8_t>((b.hbm_slot >= 0 ? wire::kBlockInHbm : 0) |
-                                 (b.host_slot >= 0 ? wire::kBlockInHost : 0) |
-                                 (b.in_nvme ? wire::kBlockInNvme : 0) |
-                                 (b.nvme_verified ? wire::kBlockNvmeVerified : 0));
-  w.uses = b.uses;
-  w.hbm_slot = b.hbm_slot;
-  w.host_slot = b.host_slot;
-  w.pins_hbm = b.pins_hbm;
-  w.pins_host = b.pins_host;
-  w.nvme_record = b.nvme_record;
-  w.nvme_hits = b.nvme_hits;
-  w.payload_xxh3 = b.payload_xxh3;
-  w.header_xxh3 = b.header_xxh3;
-  return w;
-}
-}  // namespace
-
-Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
-                        wire::CompletionEntry* c) {
-  wire::AdminRequest a;
-  std::memcpy(&a, in.data(), sizeof a);  // one copy out of shared memory
-  KVTIER_RETURN_IF_ERROR(wire::ValidateAdminRequest(a));
-  const uint64_t room = req.out_len;
-  auto need = [&](uint64_t bytes, const char* what) -> Status {
-    if (bytes > room) {
-      return Status::Invalid(std::string("out_len ") + std::to_string(room) + " too small for " + what +
-                             " (" + std::to_string(bytes) + " bytes)");
-    }
-    return Status::Ok();
-  };
-  const Key128 key{a.key.hi, a.key.lo};
-  switch (static_cast<wire::AdminAction>(a.action)) {
-    case wire::AdminAction::kListContracts: {
-      const auto all = tm_->Contracts();
-      uint64_t pos = 0;
-      uint32_t n = 0;
-      for (uint64_t i = a.offset; i < all.size() && n < a.limit; ++i) {
-        const auto& ci = all[i];
-        const std::vector<uint8_t> bytes = ci.contract.Serialize();
-        wire::AdminContractInfo w;
-        w.contract_id = ci.id;
-        w.block_bytes = ci.block_bytes;
-        for (int t = 0; t < 3; ++t) w.blocks[t] = ci.blocks[t];
-        w.contract_bytes = static_cast<uint32_t>(bytes.size());
-        const uint64_t padded = (bytes.size() + 7) / 8 * 8;
-        if (pos + sizeof w + padded > room) {
-          if (n == 0) KVTIER_RETURN_IF_ERROR(need(pos + sizeof w + padded, "one contract"));
-          break;  // the page ends here; the caller asks again from offset + count
-        }
-        std::memcpy(out + pos, &w, sizeof w);
-        std::memcpy(out + pos + sizeof w, bytes.data(), bytes.size());
-        std::memset(out + pos + sizeof w + bytes.size(), 0, padded - bytes.size());
-        pos += sizeof w + padded;
-        ++n;
-      }
-      c->value = all.size();
-      c->count = n;
-      c->out_bytes = static_cast<uint32_t>(pos);
-      return Status::Ok();
-    }
-    case wire::AdminAction::kListBlocks: {
-      const uint32_t fit = static_cast<uint32_t>(std::min<uint64_t>(a.limit, room / sizeof(wire::AdminBlockInfo)));
-      if (fit == 0) KVTIER_RETURN_IF_ERROR(need(sizeof(wire::AdminBlockInfo), "one block"));
-      if (a.contract_id != 0) KVTIER_RETURN_IF_ERROR(CheckContract(a.contract_id));
-      std::vector<tiers::BlockInfo> blocks;
-      uint64_t total = 0;
-      KVTIER_RETURN_IF_ERROR(tm_->ListBlocks(a.contract_id, static_cast<tiers::Tier>(a.tier), a.offset,
-                                             fit, &blocks, &total));
-      for (size_t i = 0; i < blocks.size(); ++i) {
-        const wire::AdminBlockInfo w = ToWire(blocks[i]);
-        std::memcpy(out + i * sizeof w, &w, sizeof w);
-      }
-      c->value = total;
-      c->count = static_cast<uint32_t>(blocks.size());
-      c->out_bytes = static_cast<uint32_t>(blocks.size() * sizeof(wire::AdminBlockInfo));
-      return Status::Ok();
-    }
-    case wire::AdminAction::kInspect: {
-      KVTIER_RETURN_IF_ERROR(need(sizeof(wire::AdminBlockInfo), "a block"));
-      if (a.contract_id != 0) KVTIER_RETURN_IF_ERROR(CheckContract(a.contract_id));
-      auto info = tm_->InspectBlock(a.contract_id, key);
-      if (!info.ok()) return info.status();
-      const wire::AdminBlockInfo w = ToWire(*info);
-      std::memcpy(out, &w, sizeof w);
-      c->count = 1;
-      c->out_bytes = sizeof w;
-      return Status::Ok();
-    }
-    case wire::AdminAction::kVerifyNvme: {
-      KVTIER_RETURN_IF_ERROR(need(sizeof(wire::AdminVerifyReport), "a verify report"));
-      tiers::VerifyReport r;
-      KVTIER_RETURN_IF_ERROR(tm_->VerifyNvme(a.offset, a.limit, &r));
-      wire::AdminVerifyReport w;
-      w.total = r.total;
-      w.checked = r.checked;
-      w.ok = r.ok;
-      w.corrupt = r.corrupt;
-      w.missing = r.missing;
-      w.io_errors = r.io_errors;
-      std::memcpy(out, &w, sizeof w);
-      c->count = 1;
-      c->out_bytes = sizeof w;
-      if (r.corrupt > 0) {
-        spdlog::warn("client {} ({}): verify found {} corrupt NVMe records (dropped)", id_, name_, r.corrupt);
-      }
-      return Status::Ok();
-    }
-    case wire::AdminAction::kEvictKey: {
-      uint64_t contract = a.contract_id;
-      if (contract != 0) {
-        KVTIER_RETURN_IF_ERROR(CheckContract(contract));
-      } else {
-        auto info = tm_->InspectBlock(0, key);
-        if (!info.ok()) return info.status();
-        contract = info->contract_id;
-      }
-      Status s = tm_->Evict(contract, key);
-      if (s.IsNotFound()) return Status::NotFound("block " + key.ToHex() + " is not cached");
-      KVTIER_RETURN_IF_ERROR(s);
-      spdlog::info("client {} ({}): evicted block {} of contract {}", id_, name_, key.ToHex(),
-                   ContractIdHex(contract));
-      c->value = 1;
-      return Status::Ok();
-    }
-    case wire::AdminAction::kEvictContract: {
-      uint64_t evicted = 0, skipped = 0;
-      KVTIER_RETURN_IF_ERROR(tm_->EvictContract(a.contract_id, &evicted, &skipped));
-      spdlog::info("client {} ({}): evicted {} blocks of contract {} ({} pinned left)", id_, name_, evicted,
-                   ContractIdHex(a.contract_id), skipped);
-      c->value = evicted;
-      c->count = static_cast<uint32_t>(std::min<uint64_t>(skipped, UINT32_MAX));
-      return Status::Ok();
-    }
-    case wire::AdminAction::kFlush: {
-      const tiers::Tier to = a.tier == wire::kTierHost ? tiers::Tier::kHost : tiers::Tier::kNvme;
-      KVTIER_RETURN_IF_ERROR(tm_->Flush(to));
-      spdlog::info("client {} ({}): flush to {} done", id_, name_, tiers::TierName(to));
-      return Status::Ok();
-    }
-    case wire::AdminAction::kReloadConfig: {
-      if (!reload_) return Status::Unsupported("this daemon cannot reload its config");
-      std::string summary;
-      KVTIER_RETURN_IF_ERROR(reload_(&summary));
-      const size_t n = std::min<size_t>(summary.size(), room);
-      if (n > 0) std::memcpy(out, summary.data(), n);
-      c->out_bytes = static_cast<uint32_t>(n);
-      return Status::Ok();
-    }
+Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c) {
+  KVTIER_RETURN_IF_ERROR(CheckContract(req.contract_id));
+  KVTIER_RETURN_IF_ERROR(CheckTarget(req.tier));
+  std::vector<tiers::SlotRef> slots;
+  KVTIER_RETURN_IF_ERROR(
+      tm_->AllocSlots(req.contract_id, req.count, static_cast<tiers::Tier>(req.tier), &slots));
+  if (slots.size() != req.count) {
+    Lease tmp;
+    tmp.alloc = true;
+    tmp.slots = slots;
+    tmp.committed.assign(slots.size(), 0);
+    ReleaseSlots(tmp);
+    return Status::Retry("tier returned " + std::to_string(slots.size()) + " of " +
+                         std::to_string(req.count) + " slots");
   }
-  return Status::Invalid("admin action " + std::to_string(a.action) + " unknown");
+  Lease lease;
+  lease.alloc = true;
+  lease.contract_id = req.contract_id;
+  lease.slots = slots;
+  lease.committed.assign(slots.size(), 0);
+  for (uint32_t i = 0; i < slots.size(); ++i) lease.index.emplace(SlotKey(slots[i]), i);
+  auto id = AddLease(std::move(lease));
+  if (!id.ok()) return id.status();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    wire::WireSlot ws;
+    ws.tier = static_cast<uint8_t>(slots[i].tier);
+    ws.slot = slots[i].slot;
+    std::memcpy(out + i * sizeof(ws), &ws, sizeof(ws));
+  }
+  c->value = *id;
+  c->count = req.count;
+  c->out_bytes = static_cast<uint32_t>(slots.size() * sizeof(wire::WireSlot));
+  return Status::Ok();
+}
+
+Status Session::HandleCommit(const wire::RequestEntry& req, std::span<const uint8_t> in,
+                             wire::CompletionEntry* c) {
+  KVTIER_RETURN_IF_ERROR(CheckContract(req.contract_id));
+  return DoCommit(req, in, &c->count);
+}
+
+Status Session::HandlePrefetch(const wire::RequestEntry& req, std::span<const uint8_t> in) {
+  KVTIER_RETURN_IF_ERROR(CheckContract(req.contract_id));
+  KVTIER_RETURN_IF_ERROR(CheckTarget(req.tier));
+  const auto keys = CopyArray<Key128>(in.data(), req.count);
+  tm_->Prefetch(req.contract_id, keys, static_cast<tiers::Tier>(req.tier));
+  return Status::Ok();
+}
+
+Status Session::HandleStats(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c) {
+  const auto stats = tm_->Stats();
+  uint32_t n = 0;
+  for (const auto& t : stats) {
+    if (n >= req.count) break;
+    const wire::WireTierStats w = ToWire(t);
+    std::memcpy(out + n * sizeof(w), &w, sizeof(w));
+    ++n;
+  }
+  c->count = n;
+  c->out_bytes = n * static_cast<uint32_t>(sizeof(wire::WireTierStats));
+  return Status::Ok();
 }
 
 void Session::DrainOverflowLocked() {
   while (!overflow_.empty() && cmp_ring_.TryPush(overflow_.front())) overflow_.pop_front();
-  if (cmp_ring_.ConsumerSleeping()) FutexWake(cmp_ring_.tail_word());
+  if (cmp_ring_.ConsumerSleeping()) wire::FutexWake(cmp_ring_.tail_word());
 }
 
 void Session::PublishCompletion(const wire::CompletionEntry& c) {
@@ -722,7 +531,7 @@ void Session::PublishCompletion(const wire::CompletionEntry& c) {
       kick_("completion ring not consumed");
     }
   }
-  if (cmp_ring_.ConsumerSleeping()) FutexWake(cmp_ring_.tail_word());
+  if (cmp_ring_.ConsumerSleeping()) wire::FutexWake(cmp_ring_.tail_word());
 }
 
 void Session::Close(bool drain) {
@@ -731,7 +540,7 @@ void Session::Close(bool drain) {
   close_done_ = true;
   drain_ = drain;
   stop_.store(true, std::memory_order_release);
-  FutexWake(req_ring_.tail_word());
+  wire::FutexWake(req_ring_.tail_word());
   if (thread_.joinable()) {
     if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
     else thread_.join();

@@ -93,13 +93,26 @@ class Session : public std::enable_shared_from_this<Session> {
   void RingLoop();
   void HandleRingRequest(const wire::RequestEntry& e);
   // Validated request. `in` may point into the client's shared memory: every op copies
-  // what it reads out of it exactly once, before using it (no double fetch).
-  void Execute(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
-               Transport transport, Done done);
-  Status CheckContract(uint64_t contract_id) const;
-  // Op::kAdmin (operator requests): runs the action, fills the completion.
+  // what it reads out of it exactly once, before using it (no double fetch). Dispatches
+  // to one handler per op; `done` gets the completion (later, for an acquire).
+  void Execute(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out, Done done);
+  // One handler per op: each fills *c and returns the status that Execute turns into the
+  // completion's error (with its text in the out region).
+  Status HandleRegisterContract(const wire::RequestEntry& req, std::span<const uint8_t> in,
+                                wire::CompletionEntry* c);
+  Status HandleLookup(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
+                      wire::CompletionEntry* c);
+  // Completes through `done` from a TierManager thread once the blocks are pinned.
+  void HandleAcquire(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out, Done done);
+  Status HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c);
+  // c->count says how many items went through, on failure too.
+  Status HandleCommit(const wire::RequestEntry& req, std::span<const uint8_t> in, wire::CompletionEntry* c);
+  Status HandlePrefetch(const wire::RequestEntry& req, std::span<const uint8_t> in);
+  Status HandleStats(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c);
+  // Op::kAdmin (operator requests, daemon/admin.cc): runs the action, fills the completion.
   Status DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
                  wire::CompletionEntry* c);
+  Status CheckContract(uint64_t contract_id) const;
   Status CheckTarget(uint8_t tier) const;
   // Adds a lease; returns its id (0 when the lease table is full: slots are returned).
   StatusOr<uint64_t> AddLease(Lease lease);

@@ -1,0 +1,174 @@
+// libkvtier's attach: connect to the daemon's unix socket, send AttachRequest, receive
+// AttachReply with the ring region's memfd (and the host arena's) by SCM_RIGHTS, check
+// the region's header and map both. After that every request goes through transport.cc.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "client/client_internal.h"
+
+namespace kvtier::lib {
+
+namespace w = kvtier::wire;
+
+kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts, kvtier_client* c) {
+  sockaddr_un addr{};
+  if (std::strlen(socket_path) >= sizeof addr.sun_path) return Fail(KVTIER_INVALID, "socket path too long");
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, socket_path);
+  c->sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c->sock < 0 || ::connect(c->sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const std::string err = std::strerror(errno);
+    Detach(c);
+    return Fail(KVTIER_IO_ERROR, std::string("cannot connect to ") + socket_path + ": " + err);
+  }
+  w::AttachRequest a;
+  a.flags = (opts && opts->has_gpu) ? w::kAttachHasGpu : 0;
+  a.pid = static_cast<uint32_t>(::getpid());
+  std::snprintf(a.name, sizeof a.name, "%s", (opts && opts->name) ? opts->name : "libkvtier");
+  w::ControlHeader h;
+  h.type = static_cast<uint16_t>(w::ControlType::kAttach);
+  h.length = sizeof a;
+  uint8_t msg[sizeof h + sizeof a];
+  std::memcpy(msg, &h, sizeof h);
+  std::memcpy(msg + sizeof h, &a, sizeof a);
+  if (!WriteAll(c->sock, msg, sizeof msg)) {
+    Detach(c);
+    return Fail(KVTIER_IO_ERROR, "attach: send failed");
+  }
+  // The reply carries the fds (SCM_RIGHTS) with its first bytes.
+  uint8_t buf[sizeof(w::ControlHeader) + sizeof(w::AttachReply)];
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 8)];
+  iovec iov{buf, sizeof buf};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = ctrl;
+  mh.msg_controllen = sizeof ctrl;
+  ssize_t got;
+  do {
+    got = ::recvmsg(c->sock, &mh, MSG_CMSG_CLOEXEC);
+  } while (got < 0 && errno == EINTR);
+  std::vector<int> fds;
+  for (cmsghdr* cm = got > 0 ? CMSG_FIRSTHDR(&mh) : nullptr; cm; cm = CMSG_NXTHDR(&mh, cm)) {
+    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+      const size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < n; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+        fds.push_back(fd);
+      }
+    }
+  }
+  auto close_fds = [&] {
+    for (int fd : fds) ::close(fd);
+  };
+  if (got <= 0 || (static_cast<size_t>(got) < sizeof buf &&
+                   !ReadAll(c->sock, buf + got, sizeof buf - static_cast<size_t>(got)))) {
+    close_fds();
+    Detach(c);
+    return Fail(KVTIER_DISCONNECTED, "attach: kvtierd closed the connection");
+  }
+  w::ControlHeader rh;
+  std::memcpy(&rh, buf, sizeof rh);
+  std::memcpy(&c->reply, buf + sizeof rh, sizeof c->reply);
+  const w::AttachReply& r = c->reply;
+  if (!w::ValidateControlHeader(rh).ok() || rh.type != static_cast<uint16_t>(w::ControlType::kAttachReply) ||
+      rh.length != sizeof(w::AttachReply)) {
+    close_fds();
+    Detach(c);
+    return Fail(KVTIER_IO_ERROR, "attach: malformed reply");
+  }
+  if (r.status != 0) {
+    char m[sizeof r.message + 1] = {};
+    std::memcpy(m, r.message, sizeof r.message);
+    const kvtier_status s = (r.status >= 1 && r.status <= 7) ? static_cast<kvtier_status>(r.status) : KVTIER_IO_ERROR;
+    close_fds();
+    Detach(c);
+    return Fail(s, std::string("attach refused: ") + m);
+  }
+  const bool has_host = (r.flags & w::kReplyHasHost) != 0;
+  if (fds.size() != r.num_fds || fds.size() != (has_host ? 2u : 1u)) {
+    close_fds();
+    Detach(c);
+    return Fail(KVTIER_IO_ERROR, "attach: expected " + std::to_string(has_host ? 2 : 1) + " fds, got " +
+                                     std::to_string(fds.size()));
+  }
+  struct stat st;
+  if (::fstat(fds[0], &st) != 0 || static_cast<uint64_t>(st.st_size) != r.ring_bytes) {
+    close_fds();
+    Detach(c);
+    return Fail(KVTIER_IO_ERROR, "attach: ring region size mismatch");
+  }
+  void* p = ::mmap(nullptr, r.ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+  if (p == MAP_FAILED) {
+    const std::string err = std::strerror(errno);
+    close_fds();
+    Detach(c);
+    return Fail(KVTIER_IO_ERROR, "attach: mmap ring region: " + err);
+  }
+  c->ring = static_cast<uint8_t*>(p);
+  c->ring_bytes = r.ring_bytes;
+  std::memcpy(&c->hdr, c->ring, sizeof c->hdr);
+  kvtier::Status hs = w::CheckRingHeader(c->hdr, c->ring_bytes);
+  if (!hs.ok()) {
+    close_fds();
+    Detach(c);
+    return Fail(KVTIER_IO_ERROR, "attach: " + hs.ToString());
+  }
+  c->req = w::RequestRing(c->ring, c->hdr);
+  c->cmp = w::CompletionRing(c->ring, c->hdr);
+  c->data = c->ring + c->hdr.data_offset;
+  if (has_host) {
+    if (::fstat(fds[1], &st) != 0 || static_cast<uint64_t>(st.st_size) < r.host_arena_bytes) {
+      close_fds();
+      Detach(c);
+      return Fail(KVTIER_IO_ERROR, "attach: host arena size mismatch");
+    }
+    p = ::mmap(nullptr, r.host_arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
+    if (p == MAP_FAILED) {
+      const std::string err = std::strerror(errno);
+      close_fds();
+      Detach(c);
+      return Fail(KVTIER_IO_ERROR, "attach: mmap host arena: " + err);
+    }
+    c->host = static_cast<uint8_t*>(p);
+    c->host_bytes = r.host_arena_bytes;
+  }
+  close_fds();  // the mappings stay
+  return Ok();
+}
+
+
+void Detach(kvtier_client* c) {
+  if (c->ring) ::munmap(c->ring, c->ring_bytes);
+  if (c->host) ::munmap(c->host, c->host_bytes);
+  if (c->sock >= 0) ::close(c->sock);
+#if KVTIER_HAVE_CUDA
+  if (c->hbm_ptr) cudaIpcCloseMemHandle(c->hbm_ptr);
+#endif
+  c->ring = nullptr;
+  c->ring_bytes = 0;
+  c->host = nullptr;
+  c->host_bytes = 0;
+  c->sock = -1;
+  c->hbm_ptr = nullptr;
+  c->data = nullptr;
+  c->req = {};
+  c->cmp = {};
+}
+
+}  // namespace kvtier::lib

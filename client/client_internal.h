@@ -1,0 +1,70 @@
+// libkvtier internals shared by its three parts: attach.cc (the handshake that maps the
+// ring region and the host arena), transport.cc (one request/completion exchange over the
+// rings or the socket) and client.cc (the C ABI of client/include/kvtier/kvtier.h).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "formats/status.h"
+#include "formats/wire.h"
+#include "kvtier/kvtier.h"
+
+// One attached client. `mu` serialises requests (one in flight per client) and guards
+// every field below it; the fields above it are set by the attach and read-only after.
+struct kvtier_client {
+  int sock = -1;                 // the control socket (stays open for the client's life)
+  uint8_t* ring = nullptr;       // mapped ring region
+  uint64_t ring_bytes = 0;
+  kvtier::wire::RingRegionHeader hdr;
+  kvtier::wire::RingView<kvtier::wire::RequestEntry> req;
+  kvtier::wire::RingView<kvtier::wire::CompletionEntry> cmp;
+  uint8_t* data = nullptr;       // the ring region's data area
+  uint8_t* host = nullptr;       // mapped host arena (NULL without a host tier)
+  uint64_t host_bytes = 0;
+  kvtier::wire::AttachReply reply;
+  std::mutex mu;
+  uint64_t next_tag = 1;
+  bool broken = false;           // the connection is given up; every call fails at once
+  std::string broken_reason;     // why, in one line (the daemon's reason when it gave one)
+  kvtier_status broken_status = KVTIER_DISCONNECTED;
+  kvtier_transport transport = KVTIER_TRANSPORT_RING;
+  uint32_t timeout_ms = 60000;
+  uint32_t spin_us = 50;
+  void* hbm_ptr = nullptr;
+};
+
+namespace kvtier::lib {
+
+// Sets the calling thread's kvtier_last_error() and returns s.
+kvtier_status Fail(kvtier_status s, std::string msg);
+kvtier_status Ok();
+kvtier_status FromStatus(const Status& s);
+
+// attach.cc: connects to socket_path, attaches and maps what the reply passes. On
+// failure everything it opened is closed again and `c` is as it was.
+kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts, kvtier_client* c);
+// Unmaps and closes what Attach opened (the daemon then releases the client's leases).
+void Detach(kvtier_client* c);
+
+// transport.cc: whole-buffer socket I/O (false when the peer is gone), and one request/completion exchange on c's current transport. `in` goes to
+// the daemon; up to out_cap bytes of its output land in `out`. Caller holds c->mu.
+bool WriteAll(int fd, const void* p, size_t n);
+bool ReadAll(int fd, void* p, size_t n);
+kvtier_status Call(kvtier_client* c, wire::RequestEntry req, const void* in, size_t in_len, void* out,
+                   size_t out_cap, wire::CompletionEntry* done);
+
+}  // namespace kvtier::lib
+
+#define KVTIER_GUARD_BEGIN try {
+#define KVTIER_GUARD_END                                                      \
+  }                                                                          \
+  catch (const std::bad_alloc&) {                                            \
+    return ::kvtier::lib::Fail(KVTIER_REJECTED, "out of memory");            \
+  }                                                                          \
+  catch (...) {                                                              \
+    return ::kvtier::lib::Fail(KVTIER_INVALID, "internal error (exception)"); \
+  }
