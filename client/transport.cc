@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/client_internal.h"
@@ -43,6 +44,33 @@ bool PeerClosed(int fd) {
   return false;
 }
 
+// The reason the daemon sent before it closed the socket (ControlType::kGoodbye), or "".
+// Reads only what is already there: the peer is gone, nothing more will come.
+std::string GoodbyeReason(int fd, const w::ControlHeader* already_read = nullptr) {
+  w::ControlHeader h;
+  if (already_read != nullptr) {
+    h = *already_read;
+  } else if (::recv(fd, &h, sizeof h, MSG_DONTWAIT | MSG_WAITALL) != static_cast<ssize_t>(sizeof h)) {
+    return {};
+  }
+  if (!w::ValidateControlHeader(h).ok() || h.type != static_cast<uint16_t>(w::ControlType::kGoodbye) ||
+      h.length > w::kMaxGoodbyeBytes) {
+    return {};
+  }
+  std::string why(h.length, '\0');
+  if (h.length > 0 && ::recv(fd, why.data(), why.size(), MSG_DONTWAIT | MSG_WAITALL) != static_cast<ssize_t>(why.size())) {
+    return {};
+  }
+  return why;
+}
+
+// The daemon closed the connection; the error says why when it said so.
+std::string ClosedText(int fd, const w::ControlHeader* already_read = nullptr) {
+  const std::string why = GoodbyeReason(fd, already_read);
+  return why.empty() ? std::string("kvtierd closed the connection")
+                     : "kvtierd closed the connection: " + why;
+}
+
 // Gives the connection up: every later call fails at once with the same status and text.
 kvtier_status Broken(kvtier_client* c, kvtier_status s, std::string why) {
   c->broken = true;
@@ -66,7 +94,10 @@ kvtier_status SocketExchange(kvtier_client* c, w::RequestEntry& req, const void*
   if (in_len) std::memcpy(msg.data() + sizeof h + sizeof req, in, in_len);
   w::ControlHeader rh;
   if (!WriteAll(c->sock, msg.data(), msg.size()) || !ReadAll(c->sock, &rh, sizeof rh)) {
-    return Broken(c, KVTIER_DISCONNECTED, "kvtierd closed the connection");
+    return Broken(c, KVTIER_DISCONNECTED, ClosedText(c->sock));
+  }
+  if (rh.type == static_cast<uint16_t>(w::ControlType::kGoodbye)) {
+    return Broken(c, KVTIER_DISCONNECTED, ClosedText(c->sock, &rh));
   }
   if (!w::ValidateControlHeader(rh).ok() || rh.type != static_cast<uint16_t>(w::ControlType::kCompletion) ||
       rh.length < sizeof *cmp) {
@@ -96,9 +127,11 @@ kvtier_status RingExchange(kvtier_client* c, w::RequestEntry& req, const void* i
   req.out_len = static_cast<uint32_t>(want_out);
   if (in_len) std::memcpy(c->data, in, in_len);
   const auto deadline = Clock::now() + std::chrono::milliseconds(c->timeout_ms);
-  while (!c->req.TryPush(req)) {  // full only with stale requests of a timed-out call
+  // Full only with stale requests of a timed-out call, or indices the daemon gave up on.
+  while (!c->req.TryPush(req)) {
+    if (PeerClosed(c->sock)) return Broken(c, KVTIER_DISCONNECTED, ClosedText(c->sock));
     if (Clock::now() > deadline) return Fail(KVTIER_TIMEOUT, "request ring stayed full");
-    w::CpuRelax();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   w::WakeConsumer(c->req);
   const auto spin_end = Clock::now() + std::chrono::microseconds(c->spin_us);
@@ -124,7 +157,7 @@ kvtier_status RingExchange(kvtier_client* c, w::RequestEntry& req, const void* i
     w::SleepUntilPushed(c->cmp, 20'000'000L);
     uint32_t m = 0;
     if (c->cmp.Available(&m) && m == 0 && PeerClosed(c->sock)) {
-      return Broken(c, KVTIER_DISCONNECTED, "kvtierd closed the connection");
+      return Broken(c, KVTIER_DISCONNECTED, ClosedText(c->sock));
     }
   }
   const size_t room = req.out_len;
@@ -161,7 +194,9 @@ bool ReadAll(int fd, void* p, size_t n) {
 
 kvtier_status Call(kvtier_client* c, w::RequestEntry req, const void* in, size_t in_len, void* out,
                    size_t out_cap, w::CompletionEntry* done) {
-  if (c->broken) return Fail(KVTIER_DISCONNECTED, "connection to kvtierd is closed");
+  if (c->broken) {
+    return Fail(KVTIER_DISCONNECTED, "connection to kvtierd is closed (" + c->broken_reason + ")");
+  }
   req.tag = c->next_tag++;
   req.in_len = static_cast<uint32_t>(in_len);
   w::CompletionEntry cmp;

@@ -152,6 +152,9 @@ const std::vector<Entry>& Schema() {
     s.push_back({"daemon.max_bad_requests",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_bad_requests; }, 1,
                                     1 << 20)});
+    s.push_back({"daemon.bad_request_decay_ms",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.bad_request_decay_ms; }, 1,
+                                    1 << 30)});
     s.push_back({"daemon.spin_us",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.spin_us; }, 0, 100000)});
     s.push_back({"daemon.trace_copies", BoolField([](Config& c) { return &c.daemon.trace_copies; })});

@@ -76,7 +76,8 @@ struct DaemonConfig {
   uint32_t max_clients = 64;             // attached clients at once, [1, 4096]. Default: 64
   uint32_t max_keys_per_request = 65536;  // [1, 1048576]. Default: 65536
   uint32_t max_leases_per_client = 65536;  // open leases per client, [1, 1<<24]. Default: 65536
-  uint32_t max_bad_requests = 16;        // malformed requests before disconnect. Default: 16
+  uint32_t max_bad_requests = 16;        // corrupt ring requests before disconnect. Default: 16
+  uint32_t bad_request_decay_ms = 10000;  // one strike forgiven per interval, [1, 1<<30]. Default: 10000
   uint32_t spin_us = 50;                 // request loop busy-poll before sleeping. Default: 50
   bool trace_copies = false;             // log large acquires' and HBM copies' timelines. Default: false
 };

@@ -132,11 +132,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void Start() { ReadHeader(); }
 
-  // Closes the socket and ends the session (releasing its leases). Idempotent.
-  void Close(bool drain) {
+  // Closes the socket and ends the session (releasing its leases). Idempotent. A
+  // non-empty `why` goes to the client first (ControlType::kGoodbye), so that its next
+  // call says why it was disconnected.
+  void Close(bool drain, const std::string& why = {}) {
     if (closed_) return;
     closed_ = true;
     boost::system::error_code ec;
+    if (!why.empty()) {
+      const size_t n = std::min<size_t>(why.size(), wire::kMaxGoodbyeBytes);
+      wire::ControlHeader h;
+      h.type = static_cast<uint16_t>(wire::ControlType::kGoodbye);
+      h.length = static_cast<uint32_t>(n);
+      std::vector<uint8_t> msg(sizeof h + n);
+      std::memcpy(msg.data(), &h, sizeof h);
+      std::memcpy(msg.data() + sizeof h, why.data(), n);
+      asio::write(sock_, asio::buffer(msg), ec);  // best effort: the client may be gone
+    }
     sock_.shutdown(asio::socket_base::shutdown_both, ec);
     sock_.close(ec);
     if (session_) {
@@ -241,6 +253,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     lim.max_keys = dc.max_keys_per_request;
     lim.max_leases = dc.max_leases_per_client;
     lim.max_bad_requests = dc.max_bad_requests;
+    lim.bad_request_decay_ms = dc.bad_request_decay_ms;
     lim.spin_us = dc.spin_us;
     const uint64_t client_id = d_->next_client_id_.fetch_add(1);
     std::weak_ptr<Connection> weak = shared_from_this();
@@ -250,7 +263,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         if (auto c = weak.lock()) {
           spdlog::warn("disconnecting client: {}", why);
           c->kicked_ = true;
-          c->Close(false);
+          c->Close(false, why);
         }
       });
     };

@@ -142,7 +142,7 @@ void Session::RingLoop() {
     }
     uint32_t n = 0;
     if (!req_ring_.Available(&n)) {
-      CountBad("request ring indices are corrupt");
+      metrics_->requests_malformed.fetch_add(1, std::memory_order_relaxed);
       if (!kicked_.exchange(true)) {
         metrics_->disconnect_misbehaved.fetch_add(1);
         kick_("request ring indices are corrupt");
@@ -169,13 +169,25 @@ void Session::RingLoop() {
 }
 
 void Session::CountBad(const std::string& why) {
-  metrics_->requests_malformed.fetch_add(1, std::memory_order_relaxed);
+  // Decay first: one strike forgiven per bad_request_decay_ms since the last forgiveness.
+  const auto now = Clock::now();
+  const auto decay = std::chrono::milliseconds(std::max<uint32_t>(limits_.bad_request_decay_ms, 1));
+  const auto forgiven = static_cast<uint64_t>((now - last_decay_) / decay);
+  if (forgiven >= bad_requests_) {
+    bad_requests_ = 0;
+    last_decay_ = now;
+  } else {
+    bad_requests_ -= static_cast<uint32_t>(forgiven);
+    last_decay_ += forgiven * decay;
+  }
   ++bad_requests_;
-  spdlog::warn("client {} ({}, pid {}): malformed request: {}", id_, name_, pid_, why);
+  spdlog::warn("client {} ({}, pid {}): corrupt request ({} of {}): {}", id_, name_, pid_, bad_requests_,
+               limits_.max_bad_requests, why);
   if (bad_requests_ >= limits_.max_bad_requests && !kicked_.exchange(true)) {
     metrics_->disconnect_misbehaved.fetch_add(1);
-    spdlog::warn("client {} ({}): {} malformed requests, disconnecting", id_, name_, bad_requests_);
-    kick_("too many malformed requests");
+    spdlog::warn("client {} ({}): {} corrupt requests, disconnecting", id_, name_, bad_requests_);
+    kick_(std::to_string(bad_requests_) + " corrupt ring requests within the decay window (daemon.max_bad_requests " +
+          std::to_string(limits_.max_bad_requests) + "), the last: " + why);
   }
 }
 
@@ -194,8 +206,11 @@ void Session::HandleRingRequest(const wire::RequestEntry& e) {
                         uint64_t{e.out_off} + e.out_len <= hdr_.data_bytes;
     SetError(&c, v, out_ok ? data_ + e.out_off : nullptr, out_ok ? e.out_len : 0);
     metrics_->ObserveRequest(e.op, Transport::kRing, NowNs() - t0, false);
+    metrics_->requests_malformed.fetch_add(1, std::memory_order_relaxed);
     PublishCompletion(c);
-    CountBad(v.message());
+    // Only a broken frame is a strike; a sound request with a bad argument is a mistake
+    // the error completion already answers.
+    if (!wire::CheckRingFrame(e, lim).ok()) CountBad(v.message());
     return;
   }
   const uint16_t op = e.op;

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -40,15 +41,17 @@ struct SessionLimits {
   uint64_t ring_data_bytes = 4u << 20;    // data area
   uint32_t max_keys = 65536;              // per request
   uint32_t max_leases = 65536;            // open leases
-  uint32_t max_bad_requests = 16;         // before disconnect
+  uint32_t max_bad_requests = 16;         // corrupt requests (broken frames) before disconnect
+  uint32_t bad_request_decay_ms = 10000;  // one strike forgiven per interval
   uint32_t spin_us = 50;                  // busy-poll before sleeping
 };
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
   using Done = std::function<void(const wire::CompletionEntry&)>;
-  // Called (once) when the session decides the client must go (misbehaviour); the
-  // control server then closes the socket, which ends in Close().
+  // Called (once) when the session decides the client must go (a ring it cannot read,
+  // too many corrupt requests); the control server sends `why` to the client
+  // (ControlType::kGoodbye) and closes the socket, which ends in Close().
   using KickFn = std::function<void(const std::string& why)>;
   // Re-reads the daemon's config (kvtierctl config reload); *summary gets what changed.
   using ReloadFn = std::function<Status(std::string* summary)>;
@@ -123,6 +126,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void PublishCompletion(const wire::CompletionEntry& c);
   void DrainOverflowLocked();
+  // One strike for a corrupt request (decaying; daemon.max_bad_requests); kicks at the limit.
   void CountBad(const std::string& why);
 
   const uint64_t id_;
@@ -146,7 +150,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<bool> stop_{false};
   std::atomic<bool> drain_{false};
   std::atomic<bool> kicked_{false};
-  uint32_t bad_requests_ = 0;           // ring thread only
+  uint32_t bad_requests_ = 0;           // strikes (ring thread only)
+  std::chrono::steady_clock::time_point last_decay_ = std::chrono::steady_clock::now();
 
   mutable std::mutex mu_;               // protects leases_, closed_, inflight_
   std::unordered_map<uint64_t, Lease> leases_;

@@ -17,6 +17,10 @@
 //                                     path: the same operations as the ring, for tools
 //                                     and as the benchmark baseline; in_off is ignored)
 //   daemon -> client  kCompletion    CompletionEntry + out_bytes bytes of output
+//   daemon -> client  kGoodbye       the reason, as text (up to kMaxGoodbyeBytes), sent
+//                                     just before the daemon closes a client's socket
+//                                     (a ring it cannot read, too many corrupt requests);
+//                                     the client shows it in the error of its next call
 // The first message must be kAttach; its protocol_version must equal kProtocolVersion
 // or the reply carries status Unsupported and the daemon closes the socket. The socket
 // stays open for the life of the client: when it closes (crash included) the daemon
@@ -82,7 +86,9 @@ enum class ControlType : uint16_t {
   kAttachReply = 2,
   kRequest = 3,
   kCompletion = 4,
+  kGoodbye = 5,
 };
+inline constexpr uint32_t kMaxGoodbyeBytes = 1024;
 
 struct ControlHeader {
   uint32_t magic = kControlMagic;
@@ -538,6 +544,29 @@ inline Status ValidateRingRequest(const RequestEntry& req, const RequestLimits& 
   return Status::Ok();
 }
 
+// The frame of a ring request alone: op known, flags and reserved bytes zero, in_len and
+// out_len consistent with count, both regions inside the data area and aligned. A
+// request that fails ValidateRingRequest with a sound frame is an ordinary mistake
+// (a count over the limit, a tier it may not target, lease 0) and is answered with an
+// error; a broken frame means the client's ring or library is corrupt, and the daemon
+// counts it against the client (daemon.max_bad_requests).
+inline Status CheckRingFrame(const RequestEntry& req, const RequestLimits& lim) {
+  if (req.op == 0 || req.op > kMaxOp) return Status::Invalid("op " + std::to_string(req.op) + " unknown");
+  if (req.flags != 0) return Status::Invalid("flags must be 0");
+  for (uint8_t b : req.reserved) {
+    if (b != 0) return Status::Invalid("reserved bytes must be 0");
+  }
+  if (req.in_len != RequiredInBytes(req)) return Status::Invalid("in_len does not match count");
+  if (req.out_len < RequiredOutBytes(req)) return Status::Invalid("out_len too small for count");
+  if (req.in_len > 0 && (req.in_off % 8 != 0 || uint64_t{req.in_off} + req.in_len > lim.data_bytes)) {
+    return Status::Invalid("in region outside the data area or unaligned");
+  }
+  if (req.out_len > 0 && (req.out_off % 8 != 0 || uint64_t{req.out_off} + req.out_len > lim.data_bytes)) {
+    return Status::Invalid("out region outside the data area or unaligned");
+  }
+  return Status::Ok();
+}
+
 // The same for a socket request, whose input is inline (`inline_in_bytes` of payload
 // followed the entry) and whose output is returned inline (out_len bounded by the
 // socket message limit); in_off and out_off are ignored there.
@@ -562,7 +591,7 @@ inline Status ValidateControlHeader(const ControlHeader& h) {
   if (h.magic != kControlMagic) return Status::Invalid("control message magic mismatch");
   if (h.reserved != 0) return Status::Invalid("control header reserved field not 0");
   if (h.type < static_cast<uint16_t>(ControlType::kAttach) ||
-      h.type > static_cast<uint16_t>(ControlType::kCompletion)) {
+      h.type > static_cast<uint16_t>(ControlType::kGoodbye)) {
     return Status::Invalid("control message type " + std::to_string(h.type) + " unknown");
   }
   if (h.length > kMaxControlPayload) {

@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -119,6 +120,8 @@ struct DaemonConfig {
   // The daemon binary in KVTIER_BIN_DIR: kvtierd, or kvtierd-test for the tests that arm
   // kill points or fault injection from the environment (KVTIER_TEST_*).
   std::string binary = "kvtierd";
+  int bad_request_decay_ms = 0;           // 0: the daemon's default
+  int max_keys_per_request = 0;           // 0: the daemon's default
 };
 
 // Result of a short kvtierd run (config errors).
@@ -169,7 +172,10 @@ class DaemonProcess {
     std::ostringstream o;
     o << "[daemon]\nsocket = \"" << socket_ << "\"\nlog_level = \"info\"\nmetrics_port = "
       << metrics_port_ << "\nring_entries = 64\nring_data_bytes = \"1MiB\"\nmax_bad_requests = "
-      << cfg_.max_bad_requests << "\n[tiers]\nslot_bytes = \"" << cfg_.slot_bytes
+      << cfg_.max_bad_requests << "\n"
+      << (cfg_.bad_request_decay_ms ? "bad_request_decay_ms = " + std::to_string(cfg_.bad_request_decay_ms) + "\n" : "")
+      << (cfg_.max_keys_per_request ? "max_keys_per_request = " + std::to_string(cfg_.max_keys_per_request) + "\n" : "")
+      << "[tiers]\nslot_bytes = \"" << cfg_.slot_bytes
       << "\"\n[tiers.host]\ncapacity = \"" << cfg_.host_capacity
       << "\"\npolicy = \"prefix-lru\"\n[tiers.nvme]\ncapacity = \"" << cfg_.nvme_capacity
       << "\"\ndir = \"" << dir_.path() << "/nvme\"\n"
@@ -448,12 +454,25 @@ class RawClient {
   bool WaitSocketClosed(int timeout_ms) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (std::chrono::steady_clock::now() < deadline) {
-      char b;
-      const ssize_t k = ::recv(sock_, &b, 1, MSG_DONTWAIT);
+      char b[4096];
+      const ssize_t k = ::recv(sock_, b, sizeof b, MSG_DONTWAIT);
       if (k == 0) return true;
+      if (k > 0) continue;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return false;
+  }
+  // The text of the daemon's goodbye message (ControlType::kGoodbye) when one arrives
+  // within timeout_ms; "" otherwise.
+  std::string ReadGoodbye(int timeout_ms) {
+    pollfd p{sock_, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) return {};
+    wire::ControlHeader h;
+    if (::recv(sock_, &h, sizeof h, MSG_WAITALL) != static_cast<ssize_t>(sizeof h)) return {};
+    if (h.type != static_cast<uint16_t>(wire::ControlType::kGoodbye) || h.length > wire::kMaxGoodbyeBytes) return {};
+    std::string why(h.length, '\0');
+    if (::recv(sock_, why.data(), why.size(), MSG_WAITALL) != static_cast<ssize_t>(why.size())) return {};
+    return why;
   }
   // Sends one socket-path request with a chosen header version; reads the completion.
   bool SocketRequest(const wire::RequestEntry& e, const void* in, size_t in_len, uint16_t version,

@@ -1,0 +1,147 @@
+// What libkvtier answers around the happy path, against a real kvtierd: ordinary
+// mistakes are errors and never strikes, only corrupt requests count (and the count
+// decays), and a client the daemon disconnects is told why.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "kvtier/kvtier.h"
+#include "tests/daemon/harness.h"
+
+namespace kvtier::testing {
+namespace {
+
+kvtier_client* ConnectClient(const std::string& socket, uint32_t timeout_ms = 0) {
+  kvtier_connect_options o{};
+  o.name = "semantics";
+  o.timeout_ms = timeout_ms;
+  kvtier_client* c = nullptr;
+  if (kvtier_connect(socket.c_str(), &o, &c) != KVTIER_OK) return nullptr;
+  return c;
+}
+
+std::string LastError() { return kvtier_last_error(); }
+
+// A request libkvtier never sends: an unknown op (a broken frame).
+wire::RequestEntry CorruptEntry(uint64_t tag) {
+  wire::RequestEntry e;
+  e.op = 77;
+  e.tag = tag;
+  e.out_off = 4096;
+  e.out_len = 256;
+  return e;
+}
+
+TEST(ClientSemantics, MistakesAreErrorsNotStrikes) {
+  DaemonConfig cfg;
+  cfg.max_bad_requests = 4;
+  cfg.max_keys_per_request = 8;
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_client* c = ConnectClient(d.socket());
+  ASSERT_NE(c, nullptr) << LastError();
+  const auto desc = SmallContract();
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_register_contract(c, &desc, &cid), KVTIER_OK) << LastError();
+  std::vector<kvtier_key> keys(9);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = kvtier_key{7, i + 1};
+  std::vector<kvtier_slot> slots(16);
+  uint64_t lease = 0;
+  // Far more mistakes than max_bad_requests: each is an error, none a strike.
+  for (int round = 0; round < 5; ++round) {
+    EXPECT_EQ(kvtier_release(c, 987654321), KVTIER_NOT_FOUND) << LastError();
+    EXPECT_NE(LastError().find("not held"), std::string::npos) << LastError();
+    EXPECT_EQ(kvtier_alloc(c, cid, 9, KVTIER_TIER_HOST, &lease, slots.data()), KVTIER_INVALID);
+    EXPECT_NE(LastError().find("not in [1, 8]"), std::string::npos) << LastError();
+    kvtier_lookup_result r{};
+    EXPECT_EQ(kvtier_lookup(c, cid, keys.data(), 9, &r, nullptr), KVTIER_INVALID);
+    EXPECT_EQ(kvtier_alloc(c, cid, 1, KVTIER_TIER_NVME, &lease, slots.data()), KVTIER_INVALID);
+    EXPECT_NE(LastError().find("target tier"), std::string::npos) << LastError();
+  }
+  EXPECT_EQ(kvtier_ping(c), KVTIER_OK) << LastError();
+  kvtier_lookup_result r{};
+  EXPECT_EQ(kvtier_lookup(c, cid, keys.data(), 8, &r, nullptr), KVTIER_OK) << LastError();
+  EXPECT_EQ(r.hit_blocks, 0u);
+  EXPECT_EQ(MetricValue(d.Metrics(), "kvtier_clients_disconnected_total{reason=\"misbehaved\"}"), 0);
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// Strikes decay: corrupt requests spread out wider than the decay never reach the
+// limit; max_bad_requests of them inside the window disconnect, with the reason sent.
+TEST(ClientSemantics, StrikesDecayAndTheDisconnectSaysWhy) {
+  DaemonConfig cfg;
+  cfg.max_bad_requests = 4;
+  cfg.bad_request_decay_ms = 1500;
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  RawClient raw;
+  wire::AttachReply reply;
+  ASSERT_TRUE(raw.Attach(d.socket(), &reply));
+  ASSERT_EQ(reply.status, 0);
+  uint64_t tag = 1;
+  auto strike = [&] {
+    wire::CompletionEntry c;
+    ASSERT_TRUE(raw.Submit(CorruptEntry(++tag), &c));
+    EXPECT_EQ(c.status, static_cast<int>(StatusCode::kInvalid));
+  };
+  auto nop_ok = [&] {
+    wire::RequestEntry e;
+    e.op = static_cast<uint16_t>(wire::Op::kNop);
+    e.tag = ++tag;
+    wire::CompletionEntry c;
+    return raw.Submit(e, &c) && c.status == 0 && c.tag == e.tag;
+  };
+  for (int i = 0; i < 3; ++i) strike();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5000));  // forgives 3 strikes
+  for (int i = 0; i < 3; ++i) strike();
+  EXPECT_TRUE(nop_ok()) << "6 corrupt requests, but never 4 within the decay window";
+  strike();  // the 4th inside the window
+  const std::string why = raw.ReadGoodbye(5000);
+  EXPECT_NE(why.find("corrupt ring requests"), std::string::npos) << why;
+  EXPECT_NE(why.find("op 77 unknown"), std::string::npos) << why;
+  EXPECT_TRUE(raw.WaitSocketClosed(5000));
+  EXPECT_GE(MetricValue(d.Metrics(), "kvtier_clients_disconnected_total{reason=\"misbehaved\"}"), 1);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// The start of this process's mapping of a client's ring region (memfd "kvtier-ring-N").
+uint8_t* MappedRingRegion() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("memfd:kvtier-ring-") == std::string::npos) continue;
+    unsigned long long start = 0;
+    if (std::sscanf(line.c_str(), "%llx-", &start) == 1) return reinterpret_cast<uint8_t*>(start);
+  }
+  return nullptr;
+}
+
+// A libkvtier client whose ring the daemon can no longer read is disconnected, and its
+// calls say why in the daemon's words, not just "closed".
+TEST(ClientSemantics, DisconnectedClientShowsTheDaemonsReason) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_client* c = ConnectClient(d.socket(), 3000);
+  ASSERT_NE(c, nullptr) << LastError();
+  ASSERT_EQ(kvtier_ping(c), KVTIER_OK);
+  uint8_t* region = MappedRingRegion();
+  ASSERT_NE(region, nullptr);
+  wire::RingRegionHeader h;
+  std::memcpy(&h, region, sizeof h);
+  auto* ctl = reinterpret_cast<wire::RingControl*>(region + h.req_offset);
+  std::atomic_ref<uint32_t>(ctl->tail).fetch_add(100000);  // impossible indices
+  EXPECT_EQ(kvtier_ping(c), KVTIER_DISCONNECTED) << LastError();
+  EXPECT_NE(LastError().find("request ring indices are corrupt"), std::string::npos) << LastError();
+  EXPECT_EQ(kvtier_ping(c), KVTIER_DISCONNECTED);
+  EXPECT_NE(LastError().find("connection to kvtierd is closed"), std::string::npos) << LastError();
+  EXPECT_NE(LastError().find("request ring indices are corrupt"), std::string::npos) << LastError();
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+}  // namespace
+}  // namespace kvtier::testing
