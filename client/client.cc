@@ -239,7 +239,12 @@ kvtier_status kvtier_lookup(kvtier_client* c, uint64_t contract_id, const kvtier
                             kvtier_lookup_result* result, uint8_t* tiers_out) {
   KVTIER_GUARD_BEGIN
   if (CheckClient(c)) return KVTIER_INVALID;
-  if (keys == nullptr || n == 0 || result == nullptr) return Fail(KVTIER_INVALID, "keys, n > 0 and result are required");
+  if (result == nullptr) return Fail(KVTIER_INVALID, "result is required");
+  if (n == 0) {  // a prompt shorter than a block: nothing cached, nothing to ask
+    *result = kvtier_lookup_result{0, 0.0};
+    return Ok();
+  }
+  if (keys == nullptr) return Fail(KVTIER_INVALID, "keys is NULL");
   if (n > UINT32_MAX) return Fail(KVTIER_INVALID, "too many keys");
   w::RequestEntry req;
   req.op = static_cast<uint16_t>(w::Op::kLookup);
@@ -265,9 +270,13 @@ kvtier_status kvtier_acquire(kvtier_client* c, uint64_t contract_id, const kvtie
                              kvtier_tier target, uint64_t* lease, kvtier_slot* slots_out, size_t* n_slots) {
   KVTIER_GUARD_BEGIN
   if (CheckClient(c)) return KVTIER_INVALID;
-  if (keys == nullptr || n == 0 || lease == nullptr || slots_out == nullptr || n_slots == nullptr) {
-    return Fail(KVTIER_INVALID, "keys, n > 0, lease, slots_out and n_slots are required");
+  if (lease == nullptr || n_slots == nullptr) return Fail(KVTIER_INVALID, "lease and n_slots are required");
+  if (n == 0) {  // 0 hits: no lease, as for a miss
+    *lease = 0;
+    *n_slots = 0;
+    return Ok();
   }
+  if (keys == nullptr || slots_out == nullptr) return Fail(KVTIER_INVALID, "keys and slots_out are required");
   if (n > UINT32_MAX) return Fail(KVTIER_INVALID, "too many keys");
   w::RequestEntry req;
   req.op = static_cast<uint16_t>(w::Op::kAcquire);
@@ -338,6 +347,7 @@ kvtier_status kvtier_commit(kvtier_client* c, uint64_t contract_id, uint64_t lea
 kvtier_status kvtier_release(kvtier_client* c, uint64_t lease) {
   KVTIER_GUARD_BEGIN
   if (CheckClient(c)) return KVTIER_INVALID;
+  if (lease == 0) return Ok();  // the lease of a miss: nothing to end, like free(NULL)
   w::RequestEntry req;
   req.op = static_cast<uint16_t>(w::Op::kRelease);
   req.lease_id = lease;
@@ -351,7 +361,8 @@ kvtier_status kvtier_prefetch(kvtier_client* c, uint64_t contract_id, const kvti
                               kvtier_tier target) {
   KVTIER_GUARD_BEGIN
   if (CheckClient(c)) return KVTIER_INVALID;
-  if (keys == nullptr || n == 0 || n > UINT32_MAX) return Fail(KVTIER_INVALID, "keys and n > 0 are required");
+  if (n == 0) return Ok();
+  if (keys == nullptr || n > UINT32_MAX) return Fail(KVTIER_INVALID, "keys are required");
   w::RequestEntry req;
   req.op = static_cast<uint16_t>(w::Op::kPrefetch);
   req.count = static_cast<uint32_t>(n);

@@ -235,7 +235,8 @@ void Session::ExecuteSocket(const wire::RequestEntry& req, std::vector<uint8_t> 
 
 Status Session::CheckContract(uint64_t contract_id) const {
   if (!tm_->HasContract(contract_id)) {
-    return Status::NotFound("contract " + ContractIdHex(contract_id) + " is not registered");
+    return Status::NotFound("contract " + ContractIdHex(contract_id) +
+                            " is not registered: register it first (kvtier_register_contract)");
   }
   return Status::Ok();
 }
@@ -283,6 +284,7 @@ void Session::ReleaseSlots(const Lease& lease) {
 }
 
 Status Session::DoRelease(uint64_t lease_id) {
+  if (lease_id == 0) return Status::Ok();  // the lease of a miss: a no-op, like free(NULL)
   Lease lease;
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -507,9 +507,7 @@ inline Status CheckRequestFields(const RequestEntry& req, const RequestLimits& l
   } else if (req.tier != 0) {
     return Status::Invalid("tier must be 0 for " + std::string(OpName(req.op)));
   }
-  if ((op == Op::kCommit || op == Op::kRelease) && req.lease_id == 0) {
-    return Status::Invalid("lease_id 0 is never a lease");
-  }
+  if (op == Op::kCommit && req.lease_id == 0) return Status::Invalid("lease_id 0 is never a lease");
   return Status::Ok();
 }
 }  // namespace internal

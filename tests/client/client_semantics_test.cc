@@ -70,6 +70,60 @@ TEST(ClientSemantics, MistakesAreErrorsNotStrikes) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// The empty and miss cases need no special code: lease 0 (what a miss returns) releases
+// as a no-op, 0 keys are 0 hits; an unknown contract is NOT_FOUND, as kvtier.h says.
+TEST(ClientSemantics, EmptyAndMissCases) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_client* c = ConnectClient(d.socket());
+  ASSERT_NE(c, nullptr) << LastError();
+  const auto desc = SmallContract();
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_register_contract(c, &desc, &cid), KVTIER_OK) << LastError();
+  // A miss: acquire of keys never stored gives lease 0, and releasing it is fine.
+  kvtier_key k{42, 43};
+  uint64_t lease = 77;
+  size_t n = 9;
+  kvtier_slot s{};
+  ASSERT_EQ(kvtier_acquire(c, cid, &k, 1, KVTIER_TIER_HOST, &lease, &s, &n), KVTIER_OK) << LastError();
+  EXPECT_EQ(lease, 0u);
+  EXPECT_EQ(n, 0u);
+  EXPECT_EQ(kvtier_release(c, lease), KVTIER_OK) << LastError();
+  EXPECT_STREQ(kvtier_last_error(), "");
+  // 0 keys (a prompt shorter than a block): 0 hits, keys may be NULL.
+  kvtier_lookup_result r{7, 1.0};
+  EXPECT_EQ(kvtier_lookup(c, cid, nullptr, 0, &r, nullptr), KVTIER_OK) << LastError();
+  EXPECT_EQ(r.hit_blocks, 0u);
+  lease = 5;
+  n = 5;
+  EXPECT_EQ(kvtier_acquire(c, cid, nullptr, 0, KVTIER_TIER_HOST, &lease, nullptr, &n), KVTIER_OK);
+  EXPECT_EQ(lease, 0u);
+  EXPECT_EQ(n, 0u);
+  EXPECT_EQ(kvtier_prefetch(c, cid, nullptr, 0, KVTIER_TIER_HOST), KVTIER_OK);
+  // Lease 0 on the wire (a raw request) is a no-op too.
+  RawClient raw;
+  wire::AttachReply reply;
+  ASSERT_TRUE(raw.Attach(d.socket(), &reply));
+  wire::RequestEntry e;
+  e.op = static_cast<uint16_t>(wire::Op::kRelease);
+  e.tag = 3;
+  e.out_off = 4096;
+  e.out_len = 256;
+  wire::CompletionEntry done;
+  ASSERT_TRUE(raw.Submit(e, &done));
+  EXPECT_EQ(done.status, 0);
+  // An unknown contract is NOT_FOUND and says what to do.
+  EXPECT_EQ(kvtier_lookup(c, 0x1234, &k, 1, &r, nullptr), KVTIER_NOT_FOUND);
+  EXPECT_NE(LastError().find("register it first"), std::string::npos) << LastError();
+  EXPECT_EQ(kvtier_acquire(c, 0x1234, &k, 1, KVTIER_TIER_HOST, &lease, &s, &n), KVTIER_NOT_FOUND);
+  EXPECT_EQ(kvtier_alloc(c, 0x1234, 1, KVTIER_TIER_HOST, &lease, &s), KVTIER_NOT_FOUND);
+  // A lease never held is still NOT_FOUND (a real mistake, answered, not a strike).
+  EXPECT_EQ(kvtier_release(c, 123456789), KVTIER_NOT_FOUND);
+  EXPECT_EQ(kvtier_ping(c), KVTIER_OK);
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // Strikes decay: corrupt requests spread out wider than the decay never reach the
 // limit; max_bad_requests of them inside the window disconnect, with the reason sent.
 TEST(ClientSemantics, StrikesDecayAndTheDisconnectSaysWhy) {

@@ -174,12 +174,15 @@ KVTIER_API kvtier_status kvtier_key_chain(uint64_t contract_id, const uint32_t* 
 
 /* ---- operations ------------------------------------------------------------------- */
 /* Longest cached prefix of keys; tiers_out (n bytes, may be NULL) gets each block's tier
- * (KVTIER_TIER_NONE from the first miss on). */
+ * (KVTIER_TIER_NONE from the first miss on). n = 0 (a prompt shorter than a block) is 0
+ * hits, with no round trip. A contract the daemon does not know is NOT_FOUND ("register
+ * it first"), for every operation: a caller that forgot to register hears so. */
 KVTIER_API kvtier_status kvtier_lookup(kvtier_client* c, uint64_t contract_id, const kvtier_key* keys,
                                        size_t n, kvtier_lookup_result* result, uint8_t* tiers_out);
 /* Promotes the cached prefix of keys to `target` (HBM, or host for a client without a
  * GPU) and pins it under a new lease. slots_out (n entries) gets the slots; *n_slots how
- * many (the prefix; 0 means nothing was cached and no lease was made: *lease = 0). */
+ * many (the prefix; 0 means nothing was cached and no lease was made: *lease = 0, which
+ * kvtier_release accepts). n = 0 is 0 hits (keys and slots_out may then be NULL). */
 KVTIER_API kvtier_status kvtier_acquire(kvtier_client* c, uint64_t contract_id, const kvtier_key* keys,
                                         size_t n, kvtier_tier target, uint64_t* lease,
                                         kvtier_slot* slots_out, size_t* n_slots);
@@ -191,9 +194,11 @@ KVTIER_API kvtier_status kvtier_alloc(kvtier_client* c, uint64_t contract_id, si
  * pinned until the lease is released. */
 KVTIER_API kvtier_status kvtier_commit(kvtier_client* c, uint64_t contract_id, uint64_t lease,
                                        const kvtier_commit_item* items, size_t n, size_t* n_committed);
-/* Ends a lease: acquired and committed blocks are unpinned, uncommitted slots freed. */
+/* Ends a lease: acquired and committed blocks are unpinned, uncommitted slots freed.
+ * Lease 0 (the lease of a miss) is a no-op returning OK, like free(NULL); a lease this
+ * client does not hold is NOT_FOUND. */
 KVTIER_API kvtier_status kvtier_release(kvtier_client* c, uint64_t lease);
-/* Starts promoting the cached prefix of keys to target; returns at once. */
+/* Starts promoting the cached prefix of keys to target; returns at once (n = 0: nothing). */
 KVTIER_API kvtier_status kvtier_prefetch(kvtier_client* c, uint64_t contract_id, const kvtier_key* keys,
                                          size_t n, kvtier_tier target);
 /* Per-tier statistics; up to cap entries, *n gets the count. */
