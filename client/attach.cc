@@ -8,6 +8,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -147,6 +150,8 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
     }
     c->host = static_cast<uint8_t*>(p);
     c->host_bytes = r.host_arena_bytes;
+    c->host_fd = fds[1];  // kept: kvtier_host_arena_fd (a language binding maps it itself)
+    fds.pop_back();
   }
   close_fds();  // the mappings stay
   return Ok();
@@ -157,6 +162,7 @@ void Detach(kvtier_client* c) {
   if (c->ring) ::munmap(c->ring, c->ring_bytes);
   if (c->host) ::munmap(c->host, c->host_bytes);
   if (c->sock >= 0) ::close(c->sock);
+  if (c->host_fd >= 0) ::close(c->host_fd);
 #if KVTIER_HAVE_CUDA
   if (c->hbm_ptr) cudaIpcCloseMemHandle(c->hbm_ptr);
 #endif
@@ -165,10 +171,22 @@ void Detach(kvtier_client* c) {
   c->host = nullptr;
   c->host_bytes = 0;
   c->sock = -1;
+  c->host_fd = -1;
   c->hbm_ptr = nullptr;
   c->data = nullptr;
   c->req = {};
   c->cmp = {};
+}
+
+namespace {
+std::atomic<uint64_t> g_fork_generation{0};
+void AfterForkInChild() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace
+
+uint64_t ForkGeneration() {
+  static const bool registered = [] { return ::pthread_atfork(nullptr, nullptr, AfterForkInChild) == 0; }();
+  (void)registered;
+  return g_fork_generation.load(std::memory_order_relaxed);
 }
 
 }  // namespace kvtier::lib

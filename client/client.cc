@@ -75,6 +75,9 @@ kvtier::Status ToContract(const kvtier_contract_desc* d, kvtier::ScaleContract* 
 
 kvtier_status CheckClient(const kvtier_client* c) {
   if (c == nullptr) return Fail(KVTIER_INVALID, "client is NULL");
+  if (c->fork_generation != ForkGeneration()) {
+    return Fail(KVTIER_INVALID, "kvtier client used after fork: connect again in the child");
+  }
   return KVTIER_OK;
 }
 
@@ -101,6 +104,8 @@ const char* kvtier_status_name(kvtier_status s) {
 
 const char* kvtier_last_error(void) { return kvtier::lib::g_last_error.c_str(); }
 uint32_t kvtier_protocol_version(void) { return w::kProtocolVersion; }
+uint32_t kvtier_abi_version(void) { return KVTIER_ABI_VERSION; }
+
 
 const char* kvtier_version(void) { return KVTIER_VERSION_STRING; }
 
@@ -110,6 +115,7 @@ kvtier_status kvtier_connect(const char* socket_path, const kvtier_connect_optio
   if (socket_path == nullptr || out == nullptr) return Fail(KVTIER_INVALID, "socket_path and out are required");
   *out = nullptr;
   auto* c = new kvtier_client();
+  c->fork_generation = ForkGeneration();
   if (opts) {
     if (opts->timeout_ms) c->timeout_ms = opts->timeout_ms;
     if (opts->spin_us) c->spin_us = opts->spin_us;
@@ -140,6 +146,8 @@ kvtier_status kvtier_set_transport(kvtier_client* c, kvtier_transport t) {
 
 uint64_t kvtier_client_id(const kvtier_client* c) { return c ? c->reply.client_id : 0; }
 uint64_t kvtier_slot_bytes(const kvtier_client* c) { return c ? c->reply.slot_bytes : 0; }
+
+int kvtier_host_arena_fd(const kvtier_client* c) { return c ? c->host_fd : -1; }
 
 void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes) {
   if (bytes) *bytes = c ? c->host_bytes : 0;

@@ -25,6 +25,8 @@ struct kvtier_client {
   uint8_t* data = nullptr;       // the ring region's data area
   uint8_t* host = nullptr;       // mapped host arena (NULL without a host tier)
   uint64_t host_bytes = 0;
+  int host_fd = -1;              // the host arena's memfd (kvtier_host_arena_fd)
+  uint64_t fork_generation = 0;  // ForkGeneration() at connect: a forked child differs
   kvtier::wire::AttachReply reply;
   std::mutex mu;
   uint64_t next_tag = 1;
@@ -49,6 +51,10 @@ kvtier_status FromStatus(const Status& s);
 kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts, kvtier_client* c);
 // Unmaps and closes what Attach opened (the daemon then releases the client's leases).
 void Detach(kvtier_client* c);
+// How many forks this process descends from since libkvtier first asked (a
+// pthread_atfork child handler counts them): a client made before a fork is the
+// parent's, and a call from the child fails at once instead of sharing its ring.
+uint64_t ForkGeneration();
 
 // transport.cc: whole-buffer socket I/O (false when the peer is gone), and one request/completion exchange on c's current transport. `in` goes to
 // the daemon; up to out_cap bytes of its output land in `out`. Caller holds c->mu.

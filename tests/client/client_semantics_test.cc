@@ -162,6 +162,39 @@ TEST(ClientSemantics, StrikesDecayAndTheDisconnectSaysWhy) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// A client made before fork() is the parent's: the child's calls fail at once (they would
+// share the parent's ring), and the parent carries on.
+TEST(ClientSemantics, ForkedChildIsRefusedParentUnaffected) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_client* c = ConnectClient(d.socket(), 3000);
+  ASSERT_NE(c, nullptr) << LastError();
+  ASSERT_EQ(kvtier_ping(c), KVTIER_OK);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    const kvtier_status s = kvtier_ping(c);
+    const std::string msg = std::to_string(static_cast<int>(s)) + " " + kvtier_last_error();
+    (void)!::write(fds[1], msg.data(), msg.size());
+    kvtier_close(c);  // the child's copies only: the parent's connection stays
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[512];
+  for (ssize_t k; (k = ::read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(k));
+  ::close(fds[0]);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  EXPECT_EQ(got.substr(0, 2), "6 ") << got;
+  EXPECT_NE(got.find("used after fork: connect again in the child"), std::string::npos) << got;
+  for (int i = 0; i < 20; ++i) ASSERT_EQ(kvtier_ping(c), KVTIER_OK) << LastError();
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // The start of this process's mapping of a client's ring region (memfd "kvtier-ring-N").
 uint8_t* MappedRingRegion() {
   std::ifstream maps("/proc/self/maps");

@@ -3,6 +3,7 @@
 
 Run by ctest with KVTIER_LIB, KVTIER_BIN_DIR and PYTHONPATH set (tests/client/CMakeLists.txt).
 """
+import gc
 import os
 import signal
 import socket
@@ -175,6 +176,119 @@ class PythonClientTest(unittest.TestCase):
             self.assertIn(what, str(e.exception))
         with self.assertRaises(ImportError):
             kvtier._check_layouts(table, {"kvtier_no_such_record": WideKey})
+
+    def test_views_outlive_close_and_collection(self):
+        # A view used after close() or after the Client is collected reads and writes
+        # valid memory (no SIGSEGV); run in a child so that a crash fails this test
+        # instead of killing the runner.
+        code = f"""
+import gc, kvtier
+c = kvtier.Client({self.sock!r})
+v = c.host_slot(3)
+v[:4] = b"abcd"
+c.close()
+assert bytes(v[:4]) == b"abcd"
+v[:4] = b"wxyz"
+w = kvtier.Client({self.sock!r}).host_slot(5)   # the Client is only referenced by its view
+gc.collect()
+w[:2] = b"ok"
+assert bytes(w[:2]) == b"ok"
+try:
+    c.host_slot(0)
+except kvtier.KvtierError as e:
+    assert e.status == "DISCONNECTED", e
+else:
+    raise AssertionError("host_slot on a closed client")
+print("views ok")
+"""
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("views ok", r.stdout)
+
+    def test_range_checks(self):
+        with kvtier.Client(self.sock) as c:
+            n = c.host_arena()[1] // c.slot_bytes
+            self.assertEqual(n, 64)
+            for bad in (-1, n, 1 << 40):
+                with self.assertRaises(kvtier.KvtierError) as e:
+                    c.host_slot(bad)
+                self.assertEqual(e.exception.status, "INVALID")
+                with self.assertRaises(kvtier.KvtierError):
+                    c.host_slot_address(bad)
+            self.assertEqual(len(c.host_slot(n - 1)), c.slot_bytes)
+            with self.assertRaises(kvtier.KvtierError) as e:
+                c.host_slot(kvtier.Slot(kvtier.TIER_HBM, 0))
+            self.assertIn("not host", str(e.exception))
+            for tokens in ([1, 2, -1] + [0] * 13, [1 << 32] + [0] * 15):
+                with self.assertRaises(kvtier.KvtierError) as e:
+                    kvtier.key_chain(1, tokens, 16)
+                self.assertEqual(e.exception.status, "INVALID")
+                with self.assertRaises(kvtier.KvtierError):
+                    kvtier.key_chain_array(1, tokens, 16)
+            ok = [(1 << 32) - 1] + [0] * 15
+            self.assertEqual(len(kvtier.key_chain(1, ok, 16)), 1)
+
+    def test_empty_and_miss_cases(self):
+        with kvtier.Client(self.sock) as c:
+            cid = c.register_contract(self.contract("py/empty"))
+            self.assertEqual(c.lookup(cid, []).hit_blocks, 0)
+            lease = c.acquire(cid, [])
+            self.assertEqual((lease.id, len(lease.slots)), (0, 0))
+            miss = c.acquire(cid, [kvtier.Key(5, 5)])
+            self.assertEqual(miss.id, 0)
+            c.release(miss)  # lease 0: a no-op
+            c.prefetch(cid, [])
+
+    def test_commit_error_carries_committed_count(self):
+        with kvtier.Client(self.sock) as c:
+            cid = c.register_contract(self.contract("py/partial"))
+            lease = c.alloc(cid, 2)
+            k1, k2 = kvtier.Key(11, 1), kvtier.Key(11, 2)
+            s0 = lease.slots[0]
+            with self.assertRaises(kvtier.KvtierError) as e:
+                c.commit(cid, lease, [(s0, k1, None), (s0, k2, k1)])  # the same slot twice
+            self.assertEqual(e.exception.status, "INVALID")
+            self.assertEqual(e.exception.committed, 1)
+            self.assertEqual(c.lookup(cid, [k1]).hit_blocks, 1)
+            c.release(lease)
+            self.assertEqual(c.evict_contract(cid), (1, 0))  # leave the tiers as they were
+
+    def test_abi_version(self):
+        lib = kvtier._load()
+        self.assertEqual(lib.kvtier_abi_version(), kvtier._ABI_VERSION)
+
+    def test_fork_child_is_refused_parent_unaffected(self):
+        with kvtier.Client(self.sock) as c:
+            c.ping()
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                msg = b"no error"
+                try:
+                    c.ping()
+                except kvtier.KvtierError as e:
+                    msg = str(e).encode()
+                try:  # the C library refuses too, for a caller that bypasses the package
+                    rc = kvtier._load().kvtier_ping(c._h)
+                    msg += b" | C:" + str(rc).encode() + b" " + kvtier._load().kvtier_last_error()
+                except Exception as e:  # noqa: BLE001
+                    msg += str(e).encode()
+                os.write(w, msg)
+                os._exit(0)
+            os.close(w)
+            out = b""
+            while True:
+                b = os.read(r, 4096)
+                if not b:
+                    break
+                out += b
+            os.close(r)
+            os.waitpid(pid, 0)
+            self.assertIn(b"used after fork: connect again in the child", out)
+            self.assertIn(b"C:6 kvtier client used after fork", out)
+            for _ in range(20):
+                c.ping()  # the parent is unaffected
 
 
 if __name__ == "__main__":

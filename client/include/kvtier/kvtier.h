@@ -135,6 +135,9 @@ KVTIER_API const char* kvtier_status_name(kvtier_status s);
 /* One line: why the calling thread's last failed call failed ("" after a success). */
 KVTIER_API const char* kvtier_last_error(void);
 KVTIER_API uint32_t kvtier_protocol_version(void);
+/* KVTIER_ABI_VERSION of the library loaded at run time (a caller built against another
+ * header compares it with its own KVTIER_ABI_VERSION). */
+KVTIER_API uint32_t kvtier_abi_version(void);
 
 /* ---- version ---------------------------------------------------------------------- */
 /* The loaded library's version, "MAJOR.MINOR.PATCH" (compare with KVTIER_VERSION_STRING,
@@ -151,6 +154,10 @@ KVTIER_API uint64_t kvtier_client_id(const kvtier_client* c);
 KVTIER_API uint64_t kvtier_slot_bytes(const kvtier_client* c);
 /* Base of the mapped host arena (NULL without a host tier); *bytes gets its size. */
 KVTIER_API void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes);
+/* The host arena's memfd (owned by the client, closed by kvtier_close; -1 without a host
+ * tier). A binding may map it itself (dup it first) so that its views outlive the client's
+ * own mapping: the Python package does. */
+KVTIER_API int kvtier_host_arena_fd(const kvtier_client* c);
 /* Copies the HBM arena's CUDA IPC handle (64 bytes); UNSUPPORTED without an HBM tier. */
 KVTIER_API kvtier_status kvtier_hbm_ipc_handle(const kvtier_client* c, uint8_t out[64]);
 /* Opens the HBM arena in this process (cudaIpcOpenMemHandle), once; *dev_ptr is the

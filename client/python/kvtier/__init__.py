@@ -20,12 +20,22 @@ For torch: HBM slot s of the arena starts at c.hbm_device_ptr() + s * c.slot_byt
 (pass it to kernels via data_ptr()-style integers); host slot s is c.host_slot(s), a
 writable memoryview, or c.host_slot_address(s) as an integer address.
 Errors raise kvtier.KvtierError carrying the status name and the library's message.
+
+Lifetimes: a host_slot() view keeps its Client and the arena mapping alive (the package
+maps the arena itself), so a view used after close() or after the last other reference
+to the Client is gone still reads and writes valid memory, never an unmapped page; the
+Client's connection (and its leases) end when close() is called or when the Client and
+all its views are collected. An integer from host_slot_address() is valid only while the
+Client or one of its views is alive. A Client made before os.fork() belongs to the parent:
+in the child every call raises "used after fork: connect again in the child".
 """
 
 from __future__ import annotations
 
 import collections.abc
 import ctypes
+import mmap
+import os
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
@@ -48,11 +58,14 @@ _STATUS = ["OK", "NOT_FOUND", "REJECTED", "RETRY", "IO_ERROR", "CORRUPT", "INVAL
 
 
 class KvtierError(RuntimeError):
-    """A libkvtier call failed. `status` is the C status name ("NOT_FOUND", ...)."""
+    """A libkvtier call failed. `status` is the C status name ("NOT_FOUND", ...).
+    `committed` is set by Client.commit: how many items went through before the failure
+    (they are visible and stay pinned until the lease is released); None elsewhere."""
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, code: int, message: str, committed: Optional[int] = None):
         self.code = code
         self.status = _STATUS[code] if 0 <= code < len(_STATUS) else str(code)
+        self.committed = committed
         super().__init__(f"{self.status}: {message}")
 
 
@@ -190,14 +203,44 @@ def _load_first(candidates, what: str):
     raise OSError(f"{what} not found: " + "; ".join(errors))
 
 
+# The C ABI these ctypes declarations follow (kvtier.h's KVTIER_ABI_VERSION).
+_ABI_VERSION = 1
+
+
+def _check_abi_version(lib, path: str):
+    """Refuses a library of another ABI version than these declarations."""
+    if not hasattr(lib, "kvtier_abi_version"):
+        raise OSError(f"{path} has no kvtier_abi_version: it predates this Python package")
+    lib.kvtier_abi_version.restype, lib.kvtier_abi_version.argtypes = ctypes.c_uint32, []
+    v = lib.kvtier_abi_version()
+    if v != _ABI_VERSION:
+        raise OSError(f"{path} has ABI version {v}; this Python package speaks {_ABI_VERSION}")
+
+
 def _load():
     global _lib, _lib_path
     if _lib is None:
         lib, path = _load_first(_candidates(), "libkvtier.so (set KVTIER_LIB)")
         _check_layouts(_layout_table(lib))
+        _check_abi_version(lib, path)
         _declare(lib)
         _lib, _lib_path = lib, path
     return _lib
+
+
+# Forks seen by this process (os.register_at_fork): a Client remembers the count it was
+# made under, so a call from a forked child fails at once instead of sharing the
+# parent's ring (libkvtier checks the same in C).
+_fork_generation = 0
+
+
+def _after_fork_in_child():
+    global _fork_generation
+    _fork_generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _declare(lib):
@@ -215,6 +258,7 @@ def _declare(lib):
         "kvtier_client_id": (u64, [P]),
         "kvtier_slot_bytes": (u64, [P]),
         "kvtier_host_arena": (P, [P, ctypes.POINTER(u64)]),
+        "kvtier_host_arena_fd": (S, [P]),
         "kvtier_hbm_ipc_handle": (S, [P, ctypes.POINTER(ctypes.c_uint8)]),
         "kvtier_hbm_open": (S, [P, ctypes.POINTER(P)]),
         "kvtier_contract_id": (S, [ctypes.POINTER(_ContractDesc), ctypes.POINTER(u64)]),
@@ -489,12 +533,20 @@ def key_chain(contract_id: int, tokens: Sequence[int], block_tokens: int) -> Lis
     """Keys of every full block of `tokens` (the same code the daemon and C++ use)."""
     lib = _load()
     n_tok = len(tokens)
+    _check_token_range(tokens)
     arr = (ctypes.c_uint32 * n_tok)(*tokens)
     cap = n_tok // block_tokens if block_tokens > 0 else 0
     out = (_Key * max(cap, 1))()
     n = ctypes.c_size_t()
     _check(lib.kvtier_key_chain(contract_id, arr, n_tok, block_tokens, out, cap, ctypes.byref(n)))
     return [Key(out[i].hi, out[i].lo) for i in range(n.value)]
+
+
+def _check_token_range(tokens):
+    """Token ids are uint32 in the key chain: anything else is refused, never wrapped."""
+    if len(tokens) and (min(tokens) < 0 or max(tokens) > 0xFFFFFFFF):
+        bad = next(t for t in tokens if not 0 <= t <= 0xFFFFFFFF)
+        raise KvtierError(6, f"token id {bad} is not in [0, 2**32)")
 
 
 class KeyArray:
@@ -537,9 +589,16 @@ def key_chain_array(contract_id: int, tokens, block_tokens: int) -> KeyArray:
     except ImportError:
         np = None
     if np is not None:
-        a = np.ascontiguousarray(np.asarray(tokens), dtype=np.uint32)
+        src = np.asarray(tokens)
+        if src.size and src.dtype != np.uint32:
+            if src.dtype.kind not in "iu":
+                raise KvtierError(6, f"token ids must be integers, not {src.dtype}")
+            if int(src.min()) < 0 or int(src.max()) > 0xFFFFFFFF:
+                raise KvtierError(6, "token ids must be in [0, 2**32)")
+        a = np.ascontiguousarray(src, dtype=np.uint32)
         ptr, n_tok = a.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)), a.size
     else:
+        _check_token_range(tokens)
         a = (ctypes.c_uint32 * len(tokens))(*tokens)
         ptr, n_tok = a, len(tokens)
     cap = n_tok // block_tokens if block_tokens > 0 else 0
@@ -574,16 +633,31 @@ class Client:
         lib = _load()
         opts = _ConnectOptions(name.encode("utf-8"), 1 if has_gpu else 0, timeout_ms, 0)
         h = ctypes.c_void_p()
+        self._h = None
         _check(lib.kvtier_connect(socket_path.encode("utf-8"), ctypes.byref(opts), ctypes.byref(h)))
         self._h = h
         self._lib = lib
+        self._fork_generation = _fork_generation
+        self._slot_bytes = lib.kvtier_slot_bytes(h)
+        # The package's own mapping of the host arena (the same memfd, MAP_SHARED): views
+        # export this mmap object, so it outlives kvtier_close's munmap of the C mapping.
+        self._mm, self._arena_base, self._arena_bytes = None, 0, 0
+        n = ctypes.c_uint64()
+        if lib.kvtier_host_arena(h, ctypes.byref(n)) and n.value:
+            fd = lib.kvtier_host_arena_fd(h)
+            if fd >= 0:
+                self._mm = mmap.mmap(fd, n.value, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                self._arena_base = ctypes.addressof(ctypes.c_char.from_buffer(self._mm))
+                self._arena_bytes = n.value
         if transport != "ring":
             self.set_transport(transport)
 
     def close(self):
-        if self._h:
-            self._lib.kvtier_close(self._h)
-            self._h = None
+        """Ends the connection (the daemon releases its leases). Views of host slots stay
+        valid memory; calls on a closed client raise."""
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            self._lib.kvtier_close(h)
 
     def __enter__(self):
         return self
@@ -598,6 +672,8 @@ class Client:
             pass
 
     def _handle(self):
+        if self._fork_generation != _fork_generation:
+            raise KvtierError(6, "kvtier client used after fork: connect again in the child")
         if not self._h:
             raise KvtierError(8, "client is closed")
         return self._h
@@ -614,26 +690,39 @@ class Client:
 
     @property
     def slot_bytes(self) -> int:
-        return self._lib.kvtier_slot_bytes(self._handle())
+        self._handle()
+        return self._slot_bytes
 
     def host_arena(self) -> Tuple[int, int]:
-        """(address, bytes) of the mapped host arena; (0, 0) without a host tier."""
-        n = ctypes.c_uint64()
-        p = self._lib.kvtier_host_arena(self._handle(), ctypes.byref(n))
-        return (p or 0, n.value)
+        """(address, bytes) of this package's mapping of the host arena; (0, 0) without a
+        host tier."""
+        self._handle()
+        return (self._arena_base, self._arena_bytes)
+
+    def _host_slot_index(self, slot) -> int:
+        if isinstance(slot, Slot):
+            if slot.tier != TIER_HOST:
+                raise KvtierError(6, f"slot {slot.slot} is in {_TIER_NAMES.get(slot.tier, slot.tier)}, not host")
+            s = slot.slot
+        else:
+            s = int(slot)
+        self._handle()
+        n = self._arena_bytes // self._slot_bytes if self._slot_bytes else 0
+        if not self._mm or not 0 <= s < n:
+            raise KvtierError(6, f"host slot {s} is outside the arena (slots 0..{n - 1})")
+        return s
 
     def host_slot_address(self, slot) -> int:
-        s = slot.slot if isinstance(slot, Slot) else int(slot)
-        base, size = self.host_arena()
-        sb = self.slot_bytes
-        if not base or (s + 1) * sb > size:
-            raise KvtierError(6, f"host slot {s} is outside the arena")
-        return base + s * sb
+        """Address of one host slot; valid while this Client or one of its views lives."""
+        return self._arena_base + self._host_slot_index(slot) * self._slot_bytes
 
     def host_slot(self, slot) -> memoryview:
-        """Writable view of one host slot (slot_bytes long)."""
-        addr = self.host_slot_address(slot)
-        return memoryview((ctypes.c_uint8 * self.slot_bytes).from_address(addr)).cast("B")
+        """Writable view of one host slot (slot_bytes long). The view keeps this Client
+        and the mapping alive."""
+        s = self._host_slot_index(slot)
+        arr = (ctypes.c_uint8 * self._slot_bytes).from_buffer(self._mm, s * self._slot_bytes)
+        arr._kvtier_client = self
+        return memoryview(arr).cast("B")
 
     def hbm_device_ptr(self) -> int:
         """Device address of HBM slot 0 in this process (cudaIpcOpenMemHandle, once)."""
@@ -678,7 +767,9 @@ class Client:
             if parent is not None:
                 arr[i].parent.hi, arr[i].parent.lo = parent.hi, parent.lo
         done = ctypes.c_size_t()
-        _check(self._lib.kvtier_commit(self._handle(), contract_id, lease.id, arr, len(items), ctypes.byref(done)))
+        code = self._lib.kvtier_commit(self._handle(), contract_id, lease.id, arr, len(items), ctypes.byref(done))
+        if code != 0:
+            raise KvtierError(code, self._lib.kvtier_last_error().decode("utf-8", "replace"), committed=done.value)
         return done.value
 
     def release(self, lease):
