@@ -1,17 +1,51 @@
-// Thin C++ wrapper over the C ABI (kvtier.h): RAII for the client handle and for leases,
-// std::vector/std::span in place of pointer+count pairs. No exceptions: every call
-// returns a Result with the C status and the error line, so it can sit on a data path.
+// Thin C++ wrapper over the C ABI (kvtier.h): RAII for the client handle and for leases
+// (ScopedLease), containers in place of pointer+count pairs. Builds as C++17 and C++20
+// (PyTorch extensions are C++17): Span is a minimal view that any contiguous container,
+// and std::span where the library has it, converts to. No exceptions: every call returns
+// an Error with the C status and the error line, so it can sit on a data path; an empty
+// result is a success with nothing in it, never an error in disguise.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kvtier/kvtier.h"
 
 namespace kvtier::client {
+
+// A pointer and a count (what std::span<T> is in C++20): built from std::vector,
+// std::array, std::span, a C array, or (pointer, size).
+template <typename T>
+class Span {
+ public:
+  Span() = default;
+  Span(T* p, size_t n) : p_(p), n_(n) {}
+  template <size_t N>
+  Span(T (&a)[N]) : p_(a), n_(N) {}  // NOLINT: implicit, like std::span
+  template <typename C,
+            typename = std::enable_if_t<std::is_convertible_v<decltype(std::declval<C&>().data()), T*> &&
+                                        std::is_convertible_v<decltype(std::declval<C&>().size()), size_t>>>
+  Span(C& c) : p_(c.data()), n_(c.size()) {}  // NOLINT: implicit, like std::span
+  template <typename C,
+            typename = std::enable_if_t<std::is_const_v<T> &&
+                                        std::is_convertible_v<decltype(std::declval<const C&>().data()), T*>>,
+            typename = void>
+  Span(const C& c) : p_(c.data()), n_(c.size()) {}  // NOLINT: implicit, like std::span
+  T* data() const { return p_; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  T& operator[](size_t i) const { return p_[i]; }
+  T* begin() const { return p_; }
+  T* end() const { return p_ + n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
 
 struct Error {
   kvtier_status status = KVTIER_OK;
@@ -28,22 +62,35 @@ struct LookupResult {
   std::vector<uint8_t> tiers;  // one per key; KVTIER_TIER_NONE from the first miss on
 };
 
+// A lease as plain data: the caller releases it (Client::Release). ScopedLease below does
+// that by itself.
 struct Lease {
   uint64_t id = 0;                 // 0: no lease (nothing acquired)
   std::vector<kvtier_slot> slots;
 };
 
-// Key chain of a prompt (pure computation; identical to the daemon's and Python's).
-inline std::vector<kvtier_key> KeyChain(uint64_t contract_id, std::span<const uint32_t> tokens,
-                                        uint32_t block_tokens) {
-  std::vector<kvtier_key> keys(block_tokens ? tokens.size() / block_tokens : 0);
+// Key chain of a prompt (pure computation; identical to the daemon's and Python's):
+// *keys gets one key per full block, none for a prompt shorter than a block (a success).
+// INVALID (and *keys empty) for block_tokens 0 or a NULL token pointer.
+inline Error KeyChain(uint64_t contract_id, Span<const uint32_t> tokens, uint32_t block_tokens,
+                      std::vector<kvtier_key>* keys) {
+  keys->assign(block_tokens ? tokens.size() / block_tokens : 0, kvtier_key{0, 0});
   size_t n = 0;
-  if (kvtier_key_chain(contract_id, tokens.data(), tokens.size(), block_tokens, keys.data(),
-                       keys.size(), &n) != KVTIER_OK) {
-    keys.clear();
-  }
+  const kvtier_status s = kvtier_key_chain(contract_id, tokens.data(), tokens.size(), block_tokens,
+                                           keys->data(), keys->size(), &n);
+  keys->resize(s == KVTIER_OK ? n : 0);
+  return LastError(s);
+}
+// The same, for callers that need no error: an empty vector for both a short prompt and
+// an error. Prefer the overload above, which tells them apart.
+inline std::vector<kvtier_key> KeyChain(uint64_t contract_id, Span<const uint32_t> tokens,
+                                        uint32_t block_tokens) {
+  std::vector<kvtier_key> keys;
+  (void)KeyChain(contract_id, tokens, block_tokens, &keys);
   return keys;
 }
+
+class ScopedLease;
 
 class Client {
  public:
@@ -64,6 +111,7 @@ class Client {
     Close();
     return LastError(kvtier_connect(socket_path.c_str(), opts, &c_));
   }
+  // Every ScopedLease of this client must be gone (or released) first.
   void Close() {
     if (c_) kvtier_close(c_);
     c_ = nullptr;
@@ -71,6 +119,7 @@ class Client {
   bool connected() const { return c_ != nullptr; }
   kvtier_client* get() const { return c_; }
   uint64_t slot_bytes() const { return kvtier_slot_bytes(c_); }
+  // Address of host slot `slot`; nullptr when it is outside the arena.
   uint8_t* host_slot(uint32_t slot) const {
     uint64_t bytes = 0;
     auto* base = static_cast<uint8_t*>(kvtier_host_arena(c_, &bytes));
@@ -82,7 +131,7 @@ class Client {
   Error RegisterContract(const kvtier_contract_desc& d, uint64_t* id) {
     return LastError(kvtier_register_contract(c_, &d, id));
   }
-  Error Lookup(uint64_t contract, std::span<const kvtier_key> keys, LookupResult* r) {
+  Error Lookup(uint64_t contract, Span<const kvtier_key> keys, LookupResult* r) {
     r->tiers.assign(keys.size(), KVTIER_TIER_NONE);
     kvtier_lookup_result lr{};
     const kvtier_status s = kvtier_lookup(c_, contract, keys.data(), keys.size(), &lr, r->tiers.data());
@@ -90,7 +139,8 @@ class Client {
     r->est_seconds_to_hbm = lr.est_seconds_to_hbm;
     return LastError(s);
   }
-  Error Acquire(uint64_t contract, std::span<const kvtier_key> keys, kvtier_tier target, Lease* l) {
+  // A miss is a success with l->id == 0 and no slots.
+  Error Acquire(uint64_t contract, Span<const kvtier_key> keys, kvtier_tier target, Lease* l) {
     l->slots.resize(keys.size());
     size_t n = 0;
     const kvtier_status s =
@@ -104,12 +154,16 @@ class Client {
     if (s != KVTIER_OK) l->slots.clear();
     return LastError(s);
   }
-  Error Commit(uint64_t contract, uint64_t lease, std::span<const kvtier_commit_item> items,
+  // The same, into a lease that releases itself (any lease *l held before is released).
+  inline Error Acquire(uint64_t contract, Span<const kvtier_key> keys, kvtier_tier target, ScopedLease* l);
+  inline Error Alloc(uint64_t contract, size_t n, kvtier_tier target, ScopedLease* l);
+  Error Commit(uint64_t contract, uint64_t lease, Span<const kvtier_commit_item> items,
                size_t* committed = nullptr) {
     return LastError(kvtier_commit(c_, contract, lease, items.data(), items.size(), committed));
   }
+  // Lease 0 (a miss) is a no-op.
   Error Release(uint64_t lease) { return LastError(kvtier_release(c_, lease)); }
-  Error Prefetch(uint64_t contract, std::span<const kvtier_key> keys, kvtier_tier target) {
+  Error Prefetch(uint64_t contract, Span<const kvtier_key> keys, kvtier_tier target) {
     return LastError(kvtier_prefetch(c_, contract, keys.data(), keys.size(), target));
   }
   Error Stats(std::vector<kvtier_tier_stats>* out) {
@@ -124,5 +178,66 @@ class Client {
  private:
   kvtier_client* c_ = nullptr;
 };
+
+// A lease that ends when it goes out of scope (move-only). It refers to its Client,
+// which must outlive it. Release() ends it early and says how that went; Detach() hands
+// the id over to the caller, who then releases it.
+class ScopedLease {
+ public:
+  ScopedLease() = default;
+  ScopedLease(Client* client, Lease lease) : client_(client), lease_(std::move(lease)) {}
+  ~ScopedLease() { (void)Release(); }
+  ScopedLease(const ScopedLease&) = delete;
+  ScopedLease& operator=(const ScopedLease&) = delete;
+  ScopedLease(ScopedLease&& o) noexcept
+      : client_(std::exchange(o.client_, nullptr)), lease_(std::exchange(o.lease_, Lease{})) {}
+  ScopedLease& operator=(ScopedLease&& o) noexcept {
+    if (this != &o) {
+      (void)Release();
+      client_ = std::exchange(o.client_, nullptr);
+      lease_ = std::exchange(o.lease_, Lease{});
+    }
+    return *this;
+  }
+
+  uint64_t id() const { return lease_.id; }
+  const std::vector<kvtier_slot>& slots() const { return lease_.slots; }
+  size_t size() const { return lease_.slots.size(); }
+  bool empty() const { return lease_.id == 0; }
+  explicit operator bool() const { return lease_.id != 0; }
+
+  Error Release() {
+    Error e;
+    if (client_ != nullptr && lease_.id != 0) e = client_->Release(lease_.id);
+    client_ = nullptr;
+    lease_ = Lease{};
+    return e;
+  }
+  uint64_t Detach() {
+    client_ = nullptr;
+    return std::exchange(lease_, Lease{}).id;
+  }
+
+ private:
+  Client* client_ = nullptr;
+  Lease lease_;
+};
+
+inline Error Client::Acquire(uint64_t contract, Span<const kvtier_key> keys, kvtier_tier target,
+                             ScopedLease* l) {
+  (void)l->Release();
+  Lease lease;
+  Error e = Acquire(contract, keys, target, &lease);
+  if (e) *l = ScopedLease(this, std::move(lease));
+  return e;
+}
+
+inline Error Client::Alloc(uint64_t contract, size_t n, kvtier_tier target, ScopedLease* l) {
+  (void)l->Release();
+  Lease lease;
+  Error e = Alloc(contract, n, target, &lease);
+  if (e) *l = ScopedLease(this, std::move(lease));
+  return e;
+}
 
 }  // namespace kvtier::client
