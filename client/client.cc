@@ -82,6 +82,15 @@ kvtier_status CheckClient(const kvtier_client* c) {
 }
 
 
+// Items per request for an op whose request and reply take `bytes_per_item` of the ring's
+// data area together: under the daemon's max_keys_per_request and inside the data area
+// (with the error message's room).
+size_t KeyChunk(const kvtier_client* c, size_t bytes_per_item) {
+  const size_t max_keys = c->reply.max_keys_per_request ? c->reply.max_keys_per_request : 65536;
+  const size_t room = c->hdr.data_bytes > 512 ? (c->hdr.data_bytes - 512) / bytes_per_item : 1;
+  return std::max<size_t>(1, std::min(max_keys, room));
+}
+
 }  // namespace
 
 extern "C" {
@@ -221,6 +230,7 @@ kvtier_status kvtier_register_contract(kvtier_client* c, const kvtier_contract_d
   kvtier_status st = Call(c, req, bytes.data(), bytes.size(), nullptr, 0, &cmp);
   if (st != KVTIER_OK) return st;
   if (cmp.value != sc.Id()) return Fail(KVTIER_IO_ERROR, "daemon returned a different contract id");
+  c->contracts[cmp.value] = RegisteredContract{sc.geometry.block_tokens, sc.block_bytes(), bytes};
   if (contract_id) *contract_id = cmp.value;
   return Ok();
   KVTIER_GUARD_END
@@ -243,6 +253,149 @@ kvtier_status kvtier_key_chain(uint64_t contract_id, const uint32_t* tokens, siz
   KVTIER_GUARD_END
 }
 
+// ---- token-level calls ----------------------------------------------------------------
+
+kvtier_status kvtier_contract_block_tokens(kvtier_client* c, uint64_t contract_id, uint32_t* block_tokens) {
+  KVTIER_GUARD_BEGIN
+  if (CheckClient(c)) return KVTIER_INVALID;
+  if (block_tokens == nullptr) return Fail(KVTIER_INVALID, "block_tokens is NULL");
+  std::lock_guard<std::mutex> l(c->mu);
+  auto it = c->contracts.find(contract_id);
+  if (it == c->contracts.end()) {
+    return Fail(KVTIER_NOT_FOUND, "contract " + kvtier::ContractIdHex(contract_id) +
+                                      " was not registered by this client (kvtier_register_contract)");
+  }
+  *block_tokens = it->second.block_tokens;
+  return Ok();
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_key_chain_tokens(kvtier_client* c, uint64_t contract_id, const uint32_t* tokens,
+                                      size_t n_tokens, kvtier_key* out, size_t out_cap, size_t* n_keys) {
+  uint32_t bt = 0;
+  const kvtier_status s = kvtier_contract_block_tokens(c, contract_id, &bt);
+  if (s != KVTIER_OK) return s;
+  return kvtier_key_chain(contract_id, tokens, n_tokens, bt, out, out_cap, n_keys);
+}
+
+namespace {
+// Keys of the blocks a prompt of n_tokens may reuse: every full block, but never the one
+// holding the last prompt token (the engine recomputes it to get the next token's logits).
+kvtier_status ReusableKeys(kvtier_client* c, uint64_t contract_id, const uint32_t* tokens, size_t n_tokens,
+                           std::vector<kvtier_key>* keys, uint32_t* block_tokens) {
+  kvtier_status s = kvtier_contract_block_tokens(c, contract_id, block_tokens);
+  if (s != KVTIER_OK) return s;
+  const size_t usable = n_tokens == 0 ? 0 : (n_tokens - 1) / *block_tokens;
+  keys->assign(usable, kvtier_key{0, 0});
+  size_t n = 0;
+  return kvtier_key_chain(contract_id, tokens, usable * *block_tokens, *block_tokens, keys->data(),
+                          keys->size(), &n);
+}
+}  // namespace
+
+kvtier_status kvtier_lookup_tokens(kvtier_client* c, uint64_t contract_id, const uint32_t* tokens,
+                                   size_t n_tokens, size_t* cached_tokens) {
+  KVTIER_GUARD_BEGIN
+  if (cached_tokens == nullptr) return Fail(KVTIER_INVALID, "cached_tokens is NULL");
+  *cached_tokens = 0;
+  std::vector<kvtier_key> keys;
+  uint32_t bt = 0;
+  kvtier_status s = ReusableKeys(c, contract_id, tokens, n_tokens, &keys, &bt);
+  if (s != KVTIER_OK) return s;
+  kvtier_lookup_result r{};
+  s = kvtier_lookup(c, contract_id, keys.data(), keys.size(), &r, nullptr);
+  if (s != KVTIER_OK) return s;
+  *cached_tokens = r.hit_blocks * bt;
+  return Ok();
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_commit_chain(kvtier_client* c, uint64_t contract_id, uint64_t lease,
+                                  const kvtier_slot* slots, const kvtier_key* keys, size_t n,
+                                  kvtier_key parent, size_t* n_committed) {
+  KVTIER_GUARD_BEGIN
+  if (n_committed) *n_committed = 0;
+  if (slots == nullptr || keys == nullptr) return Fail(KVTIER_INVALID, "slots and keys are required");
+  std::vector<kvtier_commit_item> items(n);
+  for (size_t i = 0; i < n; ++i) items[i] = kvtier_commit_item{slots[i], keys[i], i ? keys[i - 1] : parent};
+  return kvtier_commit(c, contract_id, lease, items.data(), n, n_committed);
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_store_tokens(kvtier_client* c, uint64_t contract_id, const uint32_t* tokens,
+                                  size_t n_tokens, const void* const* blocks, size_t* stored_blocks) {
+  KVTIER_GUARD_BEGIN
+  if (stored_blocks) *stored_blocks = 0;
+  uint32_t bt = 0;
+  kvtier_status s = kvtier_contract_block_tokens(c, contract_id, &bt);
+  if (s != KVTIER_OK) return s;
+  const size_t nkeys = n_tokens / bt;
+  if (nkeys > 0 && blocks == nullptr) return Fail(KVTIER_INVALID, "blocks is NULL");
+  std::vector<kvtier_key> keys(nkeys);
+  size_t n = 0;
+  s = kvtier_key_chain(contract_id, tokens, n_tokens, bt, keys.data(), keys.size(), &n);
+  if (s != KVTIER_OK) return s;
+  kvtier_lookup_result r{};
+  s = kvtier_lookup(c, contract_id, keys.data(), keys.size(), &r, nullptr);
+  if (s != KVTIER_OK) return s;
+  uint64_t block_bytes = 0;
+  {
+    std::lock_guard<std::mutex> l(c->mu);
+    block_bytes = c->contracts[contract_id].block_bytes;
+  }
+  if (r.hit_blocks < nkeys && c->host == nullptr) return Fail(KVTIER_UNSUPPORTED, "the daemon has no host tier");
+  // The uncached tail, in leases of at most max_keys_per_request blocks each.
+  const size_t chunk = c->reply.max_keys_per_request ? c->reply.max_keys_per_request : 65536;
+  size_t done = r.hit_blocks;
+  while (done < nkeys) {
+    const size_t m = std::min(chunk, nkeys - done);
+    uint64_t lease = 0;
+    std::vector<kvtier_slot> slots(m);
+    s = kvtier_alloc(c, contract_id, m, KVTIER_TIER_HOST, &lease, slots.data());
+    if (s != KVTIER_OK) return s;
+    for (size_t i = 0; i < m; ++i) {
+      if (blocks[done + i] == nullptr) {
+        (void)kvtier_release(c, lease);
+        return Fail(KVTIER_INVALID, "blocks[" + std::to_string(done + i) + "] is NULL");
+      }
+      std::memcpy(c->host + uint64_t{slots[i].slot} * c->reply.slot_bytes, blocks[done + i], block_bytes);
+    }
+    size_t committed = 0;
+    s = kvtier_commit_chain(c, contract_id, lease, slots.data(), keys.data() + done, m,
+                            done ? keys[done - 1] : kvtier_key{0, 0}, &committed);
+    const std::string err = s == KVTIER_OK ? "" : kvtier_last_error();
+    (void)kvtier_release(c, lease);  // committed blocks stay cached, unpinned
+    if (stored_blocks) *stored_blocks += committed;
+    if (s != KVTIER_OK) return Fail(s, err);
+    done += m;
+  }
+  return Ok();
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_load_tokens(kvtier_client* c, uint64_t contract_id, const uint32_t* tokens,
+                                 size_t n_tokens, kvtier_tier target, uint64_t* lease,
+                                 kvtier_slot* slots_out, size_t slots_cap, size_t* cached_tokens) {
+  KVTIER_GUARD_BEGIN
+  if (lease == nullptr || cached_tokens == nullptr) return Fail(KVTIER_INVALID, "lease and cached_tokens are required");
+  *lease = 0;
+  *cached_tokens = 0;
+  std::vector<kvtier_key> keys;
+  uint32_t bt = 0;
+  kvtier_status s = ReusableKeys(c, contract_id, tokens, n_tokens, &keys, &bt);
+  if (s != KVTIER_OK) return s;
+  if (keys.size() > slots_cap || (!keys.empty() && slots_out == nullptr)) {
+    return Fail(KVTIER_INVALID, "slots_out has room for " + std::to_string(slots_cap) + " slots, " +
+                                    std::to_string(keys.size()) + " needed");
+  }
+  size_t n = 0;
+  s = kvtier_acquire(c, contract_id, keys.data(), keys.size(), target, lease, slots_out, &n);
+  if (s != KVTIER_OK) return s;
+  *cached_tokens = n * bt;
+  return Ok();
+  KVTIER_GUARD_END
+}
+
 kvtier_status kvtier_lookup(kvtier_client* c, uint64_t contract_id, const kvtier_key* keys, size_t n,
                             kvtier_lookup_result* result, uint8_t* tiers_out) {
   KVTIER_GUARD_BEGIN
@@ -254,22 +407,37 @@ kvtier_status kvtier_lookup(kvtier_client* c, uint64_t contract_id, const kvtier
   }
   if (keys == nullptr) return Fail(KVTIER_INVALID, "keys is NULL");
   if (n > UINT32_MAX) return Fail(KVTIER_INVALID, "too many keys");
-  w::RequestEntry req;
-  req.op = static_cast<uint16_t>(w::Op::kLookup);
-  req.count = static_cast<uint32_t>(n);
-  req.contract_id = contract_id;
   std::vector<uint8_t> tiers_buf;
   uint8_t* tout = tiers_out;
   if (tout == nullptr) {
     tiers_buf.resize(n);
     tout = tiers_buf.data();
   }
-  w::CompletionEntry cmp;
   std::lock_guard<std::mutex> l(c->mu);
-  kvtier_status st = Call(c, req, keys, n * sizeof(kvtier_key), tout, n, &cmp);
-  if (st != KVTIER_OK) return st;
-  result->hit_blocks = cmp.count;
-  result->est_seconds_to_hbm = cmp.est_seconds;
+  // Long requests go in chunks under max_keys_per_request (and the ring's data area); the
+  // prefix ends in the first chunk that is not a full hit.
+  const size_t chunk = KeyChunk(c, sizeof(kvtier_key) + 1);
+  size_t hit = 0;
+  double est = 0.0;
+  for (size_t off = 0; off < n;) {
+    const size_t m = std::min(chunk, n - off);
+    w::RequestEntry req;
+    req.op = static_cast<uint16_t>(w::Op::kLookup);
+    req.count = static_cast<uint32_t>(m);
+    req.contract_id = contract_id;
+    w::CompletionEntry cmp;
+    kvtier_status st = Call(c, req, keys + off, m * sizeof(kvtier_key), tout + off, m, &cmp);
+    if (st != KVTIER_OK) return st;
+    hit += cmp.count;
+    est += cmp.est_seconds;
+    off += m;
+    if (cmp.count < m) {
+      std::memset(tout + off, KVTIER_TIER_NONE, n - off);
+      break;
+    }
+  }
+  result->hit_blocks = hit;
+  result->est_seconds_to_hbm = est;
   return Ok();
   KVTIER_GUARD_END
 }
@@ -339,16 +507,24 @@ kvtier_status kvtier_commit(kvtier_client* c, uint64_t contract_id, uint64_t lea
     wi[i].key = w::WireKey{items[i].key.hi, items[i].key.lo};
     wi[i].parent = w::WireKey{items[i].parent.hi, items[i].parent.lo};
   }
-  w::RequestEntry req;
-  req.op = static_cast<uint16_t>(w::Op::kCommit);
-  req.count = static_cast<uint32_t>(n);
-  req.contract_id = contract_id;
-  req.lease_id = lease;
-  w::CompletionEntry cmp;
   std::lock_guard<std::mutex> l(c->mu);
-  kvtier_status st = Call(c, req, wi.data(), n * sizeof(w::CommitItem), nullptr, 0, &cmp);
-  if (n_committed) *n_committed = cmp.count;
-  return st;
+  const size_t chunk = KeyChunk(c, sizeof(w::CommitItem));
+  size_t done = 0;
+  for (size_t off = 0; off < n;) {
+    const size_t m = std::min(chunk, n - off);
+    w::RequestEntry req;
+    req.op = static_cast<uint16_t>(w::Op::kCommit);
+    req.count = static_cast<uint32_t>(m);
+    req.contract_id = contract_id;
+    req.lease_id = lease;
+    w::CompletionEntry cmp;
+    kvtier_status st = Call(c, req, wi.data() + off, m * sizeof(w::CommitItem), nullptr, 0, &cmp);
+    done += std::min<size_t>(cmp.count, m);
+    if (n_committed) *n_committed = done;
+    if (st != KVTIER_OK) return st;
+    off += m;
+  }
+  return Ok();
   KVTIER_GUARD_END
 }
 
@@ -371,14 +547,21 @@ kvtier_status kvtier_prefetch(kvtier_client* c, uint64_t contract_id, const kvti
   if (CheckClient(c)) return KVTIER_INVALID;
   if (n == 0) return Ok();
   if (keys == nullptr || n > UINT32_MAX) return Fail(KVTIER_INVALID, "keys are required");
-  w::RequestEntry req;
-  req.op = static_cast<uint16_t>(w::Op::kPrefetch);
-  req.count = static_cast<uint32_t>(n);
-  req.contract_id = contract_id;
-  req.tier = static_cast<uint8_t>(target);
-  w::CompletionEntry cmp;
   std::lock_guard<std::mutex> l(c->mu);
-  return Call(c, req, keys, n * sizeof(kvtier_key), nullptr, 0, &cmp);
+  const size_t chunk = KeyChunk(c, sizeof(kvtier_key));
+  for (size_t off = 0; off < n;) {
+    const size_t m = std::min(chunk, n - off);
+    w::RequestEntry req;
+    req.op = static_cast<uint16_t>(w::Op::kPrefetch);
+    req.count = static_cast<uint32_t>(m);
+    req.contract_id = contract_id;
+    req.tier = static_cast<uint8_t>(target);
+    w::CompletionEntry cmp;
+    kvtier_status st = Call(c, req, keys + off, m * sizeof(kvtier_key), nullptr, 0, &cmp);
+    if (st != KVTIER_OK) return st;
+    off += m;
+  }
+  return Ok();
   KVTIER_GUARD_END
 }
 

@@ -8,10 +8,20 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "formats/status.h"
 #include "formats/wire.h"
 #include "kvtier/kvtier.h"
+
+// A contract this client registered: what the token-level calls need (block_tokens) and
+// the canonical bytes to register it again.
+struct RegisteredContract {
+  uint32_t block_tokens = 0;
+  uint64_t block_bytes = 0;
+  std::vector<uint8_t> bytes;
+};
 
 // One attached client. `mu` serialises requests (one in flight per client) and guards
 // every field below it; the fields above it are set by the attach and read-only after.
@@ -30,6 +40,7 @@ struct kvtier_client {
   kvtier::wire::AttachReply reply;
   std::mutex mu;
   uint64_t next_tag = 1;
+  std::unordered_map<uint64_t, RegisteredContract> contracts;  // by contract id
   bool broken = false;           // the connection is given up; every call fails at once
   std::string broken_reason;     // why, in one line (the daemon's reason when it gave one)
   kvtier_status broken_status = KVTIER_DISCONNECTED;

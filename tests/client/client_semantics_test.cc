@@ -25,6 +25,8 @@ kvtier_client* ConnectClient(const std::string& socket, uint32_t timeout_ms = 0)
 
 std::string LastError() { return kvtier_last_error(); }
 
+constexpr size_t kBlockBytes = 576;  // SmallContract(): 2 layers x 288 bytes
+
 // A request libkvtier never sends: an unknown op (a broken frame).
 wire::RequestEntry CorruptEntry(uint64_t tag) {
   wire::RequestEntry e;
@@ -56,8 +58,8 @@ TEST(ClientSemantics, MistakesAreErrorsNotStrikes) {
     EXPECT_NE(LastError().find("not held"), std::string::npos) << LastError();
     EXPECT_EQ(kvtier_alloc(c, cid, 9, KVTIER_TIER_HOST, &lease, slots.data()), KVTIER_INVALID);
     EXPECT_NE(LastError().find("not in [1, 8]"), std::string::npos) << LastError();
-    kvtier_lookup_result r{};
-    EXPECT_EQ(kvtier_lookup(c, cid, keys.data(), 9, &r, nullptr), KVTIER_INVALID);
+    size_t got = 0;
+    EXPECT_EQ(kvtier_acquire(c, cid, keys.data(), 9, KVTIER_TIER_HOST, &lease, slots.data(), &got), KVTIER_INVALID);
     EXPECT_EQ(kvtier_alloc(c, cid, 1, KVTIER_TIER_NVME, &lease, slots.data()), KVTIER_INVALID);
     EXPECT_NE(LastError().find("target tier"), std::string::npos) << LastError();
   }
@@ -120,6 +122,109 @@ TEST(ClientSemantics, EmptyAndMissCases) {
   // A lease never held is still NOT_FOUND (a real mistake, answered, not a strike).
   EXPECT_EQ(kvtier_release(c, 123456789), KVTIER_NOT_FOUND);
   EXPECT_EQ(kvtier_ping(c), KVTIER_OK);
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// The token-level calls: the block size from the contract, the "last prompt token is
+// recomputed" rule, parents filled in, and requests longer than max_keys_per_request (4
+// here) split by the library.
+TEST(ClientSemantics, TokenLevelCalls) {
+  DaemonConfig cfg;
+  cfg.max_keys_per_request = 4;
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_client* c = ConnectClient(d.socket());
+  ASSERT_NE(c, nullptr) << LastError();
+  const auto desc = SmallContract();  // 16 tokens, 576 bytes a block
+  uint64_t cid = 0;
+  std::vector<uint32_t> tokens(16 * 10 + 5);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(1000 + i * 7);
+  size_t cached = 99;
+  kvtier_key key{};
+  size_t n = 0;
+  // Unregistered by this client: the block size is unknown, NOT_FOUND says so.
+  EXPECT_EQ(kvtier_key_chain_tokens(c, 0x77, tokens.data(), tokens.size(), &key, 1, &n), KVTIER_NOT_FOUND);
+  EXPECT_NE(LastError().find("not registered by this client"), std::string::npos) << LastError();
+  ASSERT_EQ(kvtier_register_contract(c, &desc, &cid), KVTIER_OK) << LastError();
+  uint32_t bt = 0;
+  ASSERT_EQ(kvtier_contract_block_tokens(c, cid, &bt), KVTIER_OK);
+  EXPECT_EQ(bt, 16u);
+  std::vector<kvtier_key> keys(10), want(10);
+  ASSERT_EQ(kvtier_key_chain_tokens(c, cid, tokens.data(), tokens.size(), keys.data(), keys.size(), &n), KVTIER_OK);
+  ASSERT_EQ(n, 10u);
+  ASSERT_EQ(kvtier_key_chain(cid, tokens.data(), tokens.size(), 16, want.data(), want.size(), &n), KVTIER_OK);
+  for (size_t i = 0; i < 10; ++i) EXPECT_TRUE(keys[i].hi == want[i].hi && keys[i].lo == want[i].lo) << i;
+  ASSERT_EQ(kvtier_lookup_tokens(c, cid, tokens.data(), tokens.size(), &cached), KVTIER_OK) << LastError();
+  EXPECT_EQ(cached, 0u);
+  // Store after prefill: 10 blocks in 3 leases of at most 4.
+  std::vector<std::vector<uint8_t>> bytes(12, std::vector<uint8_t>(kBlockBytes));
+  std::vector<const void*> ptrs(12);
+  for (size_t i = 0; i < 12; ++i) {
+    for (size_t j = 0; j < kBlockBytes; ++j) bytes[i][j] = static_cast<uint8_t>(i * 13 + j);
+    ptrs[i] = bytes[i].data();
+  }
+  size_t stored = 0;
+  ASSERT_EQ(kvtier_store_tokens(c, cid, tokens.data(), tokens.size(), ptrs.data(), &stored), KVTIER_OK) << LastError();
+  EXPECT_EQ(stored, 10u);
+  // Parents are the chain's: block i's parent is block i - 1, the first has none.
+  for (size_t i = 0; i < 10; ++i) {
+    kvtier_block_info info{};
+    ASSERT_EQ(kvtier_inspect(c, cid, keys[i], &info), KVTIER_OK) << LastError();
+    const kvtier_key p = i ? keys[i - 1] : kvtier_key{0, 0};
+    EXPECT_TRUE(info.parent.hi == p.hi && info.parent.lo == p.lo) << i;
+  }
+  // 10 cached blocks under a 4-key limit: lookup splits itself.
+  kvtier_lookup_result r{};
+  ASSERT_EQ(kvtier_lookup(c, cid, keys.data(), keys.size(), &r, nullptr), KVTIER_OK) << LastError();
+  EXPECT_EQ(r.hit_blocks, 10u);
+  // The recompute rule: never the block of the last prompt token.
+  auto lookup_tokens = [&](size_t n_tokens) {
+    size_t got = 12345;
+    EXPECT_EQ(kvtier_lookup_tokens(c, cid, tokens.data(), n_tokens, &got), KVTIER_OK) << LastError();
+    return got;
+  };
+  EXPECT_EQ(lookup_tokens(tokens.size()), 160u);  // 165 tokens: all 10 blocks
+  EXPECT_EQ(lookup_tokens(160), 144u);            // exactly 10 blocks: the 10th is recomputed
+  EXPECT_EQ(lookup_tokens(17), 16u);
+  EXPECT_EQ(lookup_tokens(16), 0u);
+  EXPECT_EQ(lookup_tokens(0), 0u);
+  // Storing again stores nothing; a longer prompt stores only its new blocks (the
+  // cached prefix's entries are not read).
+  ASSERT_EQ(kvtier_store_tokens(c, cid, tokens.data(), tokens.size(), ptrs.data(), &stored), KVTIER_OK);
+  EXPECT_EQ(stored, 0u);
+  std::vector<uint32_t> longer = tokens;
+  for (uint32_t i = 0; i < 32; ++i) longer.push_back(5000 + i);
+  std::vector<const void*> tail(12, nullptr);
+  tail[10] = ptrs[10];
+  tail[11] = ptrs[11];
+  ASSERT_EQ(kvtier_store_tokens(c, cid, longer.data(), longer.size(), tail.data(), &stored), KVTIER_OK) << LastError();
+  EXPECT_EQ(stored, 2u);
+  // Load on the next request: a 4-block prompt plus one token pins 4 blocks, bytes intact.
+  std::vector<kvtier_slot> slots(4);
+  uint64_t lease = 0;
+  ASSERT_EQ(kvtier_load_tokens(c, cid, tokens.data(), 65, KVTIER_TIER_HOST, &lease, slots.data(), slots.size(), &cached),
+            KVTIER_OK) << LastError();
+  EXPECT_EQ(cached, 64u);
+  ASSERT_NE(lease, 0u);
+  uint64_t arena = 0;
+  auto* host = static_cast<uint8_t*>(kvtier_host_arena(c, &arena));
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(std::memcmp(host + uint64_t{slots[i].slot} * kvtier_slot_bytes(c), bytes[i].data(), kBlockBytes), 0) << i;
+  }
+  EXPECT_EQ(kvtier_release(c, lease), KVTIER_OK);
+  // A miss: a prompt never stored.
+  std::vector<uint32_t> other(40, 3);
+  ASSERT_EQ(kvtier_load_tokens(c, cid, other.data(), other.size(), KVTIER_TIER_HOST, &lease, slots.data(), slots.size(),
+                               &cached), KVTIER_OK);
+  EXPECT_EQ(cached, 0u);
+  EXPECT_EQ(lease, 0u);
+  EXPECT_EQ(kvtier_release(c, lease), KVTIER_OK);
+  // One lease cannot be split: a load over max_keys_per_request is refused with the limit.
+  std::vector<kvtier_slot> many(12);
+  EXPECT_EQ(kvtier_load_tokens(c, cid, longer.data(), longer.size(), KVTIER_TIER_HOST, &lease, many.data(),
+                               many.size(), &cached), KVTIER_INVALID);
+  EXPECT_NE(LastError().find("not in [1, 4]"), std::string::npos) << LastError();
   kvtier_close(c);
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }

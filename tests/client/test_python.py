@@ -253,6 +253,34 @@ print("views ok")
             c.release(lease)
             self.assertEqual(c.evict_contract(cid), (1, 0))  # leave the tiers as they were
 
+    def test_token_level_store_load(self):
+        with kvtier.Client(self.sock) as c:
+            cid = c.register_contract(self.contract("py/tokens"))
+            self.assertEqual(c.block_tokens(cid), 16)
+            tokens = list(range(7000, 7000 + 16 * 3 + 2))
+            self.assertEqual(c.key_chain(cid, tokens), kvtier.key_chain(cid, tokens, 16))
+            self.assertEqual(c.lookup_tokens(cid, tokens), 0)
+            blocks = [bytes([i + 40]) * 576 for i in range(3)]
+            with self.assertRaises(kvtier.KvtierError):
+                c.store(cid, tokens, [b"short"] * 3)  # wrong block size: refused, nothing stored
+            self.assertEqual(c.lookup_tokens(cid, tokens), 0)
+            self.assertEqual(c.store(cid, tokens, blocks), 3)
+            self.assertEqual(c.store(cid, tokens, blocks), 0)
+            self.assertEqual(c.lookup_tokens(cid, tokens), 48)
+            self.assertEqual(c.lookup_tokens(cid, tokens[:48]), 32)  # the last token's block is recomputed
+            cached, lease = c.load(cid, tokens)
+            self.assertEqual((cached, len(lease.slots)), (48, 3))
+            for i, s in enumerate(lease.slots):
+                self.assertEqual(bytes(c.host_slot(s)[:576]), blocks[i])
+            c.release(lease)
+            cached, miss = c.load(cid, [1, 2, 3] * 20)
+            self.assertEqual((cached, miss.id), (0, 0))
+            c.release(miss)
+            with self.assertRaises(kvtier.KvtierError) as e:
+                c.lookup_tokens(self.contract("py/never").id(), tokens)
+            self.assertEqual(e.exception.status, "NOT_FOUND")
+            self.assertEqual(c.evict_contract(cid), (3, 0))
+
     def test_abi_version(self):
         lib = kvtier._load()
         self.assertEqual(lib.kvtier_abi_version(), kvtier._ABI_VERSION)

@@ -179,6 +179,47 @@ KVTIER_API kvtier_status kvtier_key_chain(uint64_t contract_id, const uint32_t* 
                                           size_t n_tokens, uint32_t block_tokens, kvtier_key* out,
                                           size_t out_cap, size_t* n_keys);
 
+/* ---- token-level calls ------------------------------------------------------------
+ * Prompts as token ids instead of keys, leases and parents (what vLLM's KV connector and
+ * LMCache's store/retrieve ask for). The block size comes from the contract, which this
+ * client must have registered (NOT_FOUND otherwise). Requests over the daemon's
+ * max_keys_per_request are split by the library. */
+
+/* block_tokens of a contract this client registered. */
+KVTIER_API kvtier_status kvtier_contract_block_tokens(kvtier_client* c, uint64_t contract_id,
+                                                      uint32_t* block_tokens);
+/* kvtier_key_chain with the contract's own block_tokens. */
+KVTIER_API kvtier_status kvtier_key_chain_tokens(kvtier_client* c, uint64_t contract_id,
+                                                 const uint32_t* tokens, size_t n_tokens,
+                                                 kvtier_key* out, size_t out_cap, size_t* n_keys);
+/* How many leading tokens of the prompt the engine can take from the cache: whole cached
+ * blocks, never the block holding the last prompt token (the engine recomputes that token
+ * to get the next token's logits; vLLM's get_num_new_matched_tokens). A prompt of
+ * n_tokens <= block_tokens gives 0 without a round trip. */
+KVTIER_API kvtier_status kvtier_lookup_tokens(kvtier_client* c, uint64_t contract_id,
+                                              const uint32_t* tokens, size_t n_tokens,
+                                              size_t* cached_tokens);
+/* kvtier_commit of slots[i] under keys[i] with the parents filled in: keys[i - 1], and
+ * `parent` ({0,0} for a chain that starts at the prompt's first block) for keys[0]. */
+KVTIER_API kvtier_status kvtier_commit_chain(kvtier_client* c, uint64_t contract_id, uint64_t lease,
+                                             const kvtier_slot* slots, const kvtier_key* keys, size_t n,
+                                             kvtier_key parent, size_t* n_committed);
+/* Stores a prompt's blocks in the host tier after prefill: looks up the cached prefix,
+ * and for every full block after it copies blocks[i] (block_bytes of the contract) into a
+ * fresh host slot and commits the chain. blocks has n_tokens / block_tokens entries; the
+ * cached prefix's entries are not read (may be NULL). *stored_blocks (may be NULL) gets
+ * how many blocks it stored; they stay cached, unpinned. */
+KVTIER_API kvtier_status kvtier_store_tokens(kvtier_client* c, uint64_t contract_id,
+                                             const uint32_t* tokens, size_t n_tokens,
+                                             const void* const* blocks, size_t* stored_blocks);
+/* Pins the reusable cached prefix of a prompt (kvtier_lookup_tokens' rule) in `target` under
+ * a new lease: *cached_tokens tokens, in *cached_tokens / block_tokens slots (slots_out,
+ * slots_cap entries, at least (n_tokens - 1) / block_tokens). A miss is *lease = 0. */
+KVTIER_API kvtier_status kvtier_load_tokens(kvtier_client* c, uint64_t contract_id,
+                                            const uint32_t* tokens, size_t n_tokens, kvtier_tier target,
+                                            uint64_t* lease, kvtier_slot* slots_out, size_t slots_cap,
+                                            size_t* cached_tokens);
+
 /* ---- operations ------------------------------------------------------------------- */
 /* Longest cached prefix of keys; tiers_out (n bytes, may be NULL) gets each block's tier
  * (KVTIER_TIER_NONE from the first miss on). n = 0 (a prompt shorter than a block) is 0
@@ -198,7 +239,9 @@ KVTIER_API kvtier_status kvtier_alloc(kvtier_client* c, uint64_t contract_id, si
                                       uint64_t* lease, kvtier_slot* slots_out);
 /* Makes written slots of an alloc lease visible under their keys. Stops at the first
  * failure; *n_committed (may be NULL) says how many went through. The blocks stay
- * pinned until the lease is released. */
+ * pinned until the lease is released. Lookup, commit and prefetch split a long request
+ * under the daemon's max_keys_per_request themselves; acquire and alloc (one lease each)
+ * answer INVALID over it. */
 KVTIER_API kvtier_status kvtier_commit(kvtier_client* c, uint64_t contract_id, uint64_t lease,
                                        const kvtier_commit_item* items, size_t n, size_t* n_committed);
 /* Ends a lease: acquired and committed blocks are unpinned, uncommitted slots freed.

@@ -275,6 +275,13 @@ def _declare(lib):
         "kvtier_prefetch": (S, [P, u64, ctypes.POINTER(_Key), sz, S]),
         "kvtier_stats": (S, [P, ctypes.POINTER(_TierStats), sz, ctypes.POINTER(sz)]),
         "kvtier_ping": (S, [P]),
+        "kvtier_contract_block_tokens": (S, [P, u64, ctypes.POINTER(u32)]),
+        "kvtier_lookup_tokens": (S, [P, u64, ctypes.POINTER(u32), sz, ctypes.POINTER(sz)]),
+        "kvtier_commit_chain": (S, [P, u64, u64, ctypes.POINTER(_Slot), ctypes.POINTER(_Key), sz, _Key,
+                                    ctypes.POINTER(sz)]),
+        "kvtier_store_tokens": (S, [P, u64, ctypes.POINTER(u32), sz, ctypes.POINTER(P), ctypes.POINTER(sz)]),
+        "kvtier_load_tokens": (S, [P, u64, ctypes.POINTER(u32), sz, S, ctypes.POINTER(u64), ctypes.POINTER(_Slot),
+                                   sz, ctypes.POINTER(sz)]),
         "kvtier_flush_to": (S, [P, S]),
         "kvtier_evict_contract": (S, [P, u64, ctypes.POINTER(u64), ctypes.POINTER(u64)]),
     }
@@ -638,6 +645,7 @@ class Client:
         self._h = h
         self._lib = lib
         self._fork_generation = _fork_generation
+        self._block_bytes = {}  # contract id -> block bytes, of the contracts registered here
         self._slot_bytes = lib.kvtier_slot_bytes(h)
         # The package's own mapping of the host arena (the same memfd, MAP_SHARED): views
         # export this mmap object, so it outlives kvtier_close's munmap of the C mapping.
@@ -734,6 +742,7 @@ class Client:
         d, _keep = contract._desc()
         out = ctypes.c_uint64()
         _check(self._lib.kvtier_register_contract(self._handle(), ctypes.byref(d), ctypes.byref(out)))
+        self._block_bytes[out.value] = contract.block_bytes()
         return out.value
 
     def lookup(self, contract_id: int, keys: Sequence[Key]) -> LookupResult:
@@ -771,6 +780,85 @@ class Client:
         if code != 0:
             raise KvtierError(code, self._lib.kvtier_last_error().decode("utf-8", "replace"), committed=done.value)
         return done.value
+
+    # ---- token level: prompts as token ids (the block size comes from the contract) ----
+
+    def block_tokens(self, contract_id: int) -> int:
+        """block_tokens of a contract this client registered (NOT_FOUND otherwise)."""
+        out = ctypes.c_uint32()
+        _check(self._lib.kvtier_contract_block_tokens(self._handle(), contract_id, ctypes.byref(out)))
+        return out.value
+
+    def key_chain(self, contract_id: int, tokens: Sequence[int]) -> List[Key]:
+        """kvtier.key_chain with the registered contract's block size."""
+        return key_chain(contract_id, tokens, self.block_tokens(contract_id))
+
+    @staticmethod
+    def _tokens(tokens):
+        _check_token_range(tokens)
+        return (ctypes.c_uint32 * len(tokens))(*tokens)
+
+    def lookup_tokens(self, contract_id: int, tokens: Sequence[int]) -> int:
+        """How many leading tokens can come from the cache: whole cached blocks, never the
+        block that holds the last prompt token (the engine recomputes it)."""
+        out = ctypes.c_size_t()
+        _check(self._lib.kvtier_lookup_tokens(self._handle(), contract_id, self._tokens(tokens), len(tokens),
+                                              ctypes.byref(out)))
+        return out.value
+
+    def commit_chain(self, contract_id: int, lease: Lease, slots: Sequence[Slot], keys: Sequence[Key],
+                     parent: Optional[Key] = None) -> int:
+        """commit with the parents filled in (keys[i - 1]; `parent` or none for keys[0])."""
+        if len(slots) != len(keys):
+            raise KvtierError(6, f"{len(slots)} slots for {len(keys)} keys")
+        sa = (_Slot * max(len(slots), 1))()
+        for i, s in enumerate(slots):
+            sa[i].tier, sa[i].slot = s.tier, s.slot
+        p = _Key(parent.hi, parent.lo) if parent is not None else _Key(0, 0)
+        done = ctypes.c_size_t()
+        code = self._lib.kvtier_commit_chain(self._handle(), contract_id, lease.id, sa, _keys_array(keys),
+                                             len(keys), p, ctypes.byref(done))
+        if code != 0:
+            raise KvtierError(code, self._lib.kvtier_last_error().decode("utf-8", "replace"), committed=done.value)
+        return done.value
+
+    def store(self, contract_id: int, tokens: Sequence[int], blocks) -> int:
+        """After prefill: stores the prompt's full blocks that are not cached yet in the
+        host tier. blocks[i] (bytes-like, the contract's block_bytes) is block i's KV;
+        entries of the cached prefix are not read. Returns how many blocks were stored."""
+        n = len(tokens) // self.block_tokens(contract_id)
+        block_bytes = self._block_bytes[contract_id]
+        if len(blocks) < n:
+            raise KvtierError(6, f"{len(blocks)} blocks for a prompt of {n} full blocks")
+        keep, ptrs = [], (ctypes.c_void_p * max(n, 1))()
+        for i in range(n):
+            b = blocks[i]
+            if b is None:
+                continue
+            data = bytes(memoryview(b).cast("B"))
+            if len(data) != block_bytes:
+                raise KvtierError(6, f"block {i} has {len(data)} bytes; the contract's blocks have {block_bytes}")
+            buf = (ctypes.c_char * len(data)).from_buffer_copy(data)
+            keep.append(buf)
+            ptrs[i] = ctypes.addressof(buf)
+        done = ctypes.c_size_t()
+        code = self._lib.kvtier_store_tokens(self._handle(), contract_id, self._tokens(tokens), len(tokens), ptrs,
+                                             ctypes.byref(done))
+        if code != 0:
+            raise KvtierError(code, self._lib.kvtier_last_error().decode("utf-8", "replace"), committed=done.value)
+        return done.value
+
+    def load(self, contract_id: int, tokens: Sequence[int], tier="host") -> Tuple[int, Lease]:
+        """On the next request: pins the reusable cached prefix (lookup_tokens' rule).
+        Returns (cached_tokens, lease); the lease's slots hold the blocks in order, and a
+        miss is (0, a lease with id 0), which release() accepts."""
+        bt = self.block_tokens(contract_id)
+        cap = max((len(tokens) - 1) // bt, 0) if tokens else 0
+        slots = (_Slot * max(cap, 1))()
+        lease, cached = ctypes.c_uint64(), ctypes.c_size_t()
+        _check(self._lib.kvtier_load_tokens(self._handle(), contract_id, self._tokens(tokens), len(tokens), _tier(tier),
+                                            ctypes.byref(lease), slots, cap, ctypes.byref(cached)))
+        return cached.value, _lease_from_array(lease.value, slots, cached.value // bt)
 
     def release(self, lease):
         _check(self._lib.kvtier_release(self._handle(), lease.id if isinstance(lease, Lease) else int(lease)))
