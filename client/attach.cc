@@ -154,6 +154,7 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
     fds.pop_back();
   }
   close_fds();  // the mappings stay
+  ++c->attaches;
   return Ok();
 }
 

@@ -43,6 +43,35 @@ kvtier_status FromStatus(const kvtier::Status& s) {
   return Fail(static_cast<kvtier_status>(s.code()), s.ToString());
 }
 
+kvtier_status Reconnect(kvtier_client* c) {
+  Detach(c);
+  c->broken = true;  // until the attach and every registration went through
+  kvtier_connect_options o{};
+  o.name = c->name.c_str();
+  o.has_gpu = c->has_gpu ? 1 : 0;
+  kvtier_status s = Attach(c->socket_path.c_str(), &o, c);
+  if (s != KVTIER_OK) {
+    c->broken_reason = std::string("reconnect failed: ") + g_last_error;
+    return s;
+  }
+  c->broken = false;
+  c->broken_reason.clear();
+  for (const auto& [id, rc] : c->contracts) {
+    w::RequestEntry req;
+    req.op = static_cast<uint16_t>(w::Op::kRegisterContract);
+    req.count = static_cast<uint32_t>(rc.bytes.size());
+    w::CompletionEntry cmp;
+    s = Call(c, req, rc.bytes.data(), rc.bytes.size(), nullptr, 0, &cmp);
+    if (s != KVTIER_OK) {
+      const std::string why = "reconnect: registering contract " + kvtier::ContractIdHex(id) + ": " + g_last_error;
+      c->broken = true;
+      c->broken_reason = why;
+      return Fail(s, why);
+    }
+  }
+  return Ok();
+}
+
 }  // namespace kvtier::lib
 
 namespace {
@@ -125,6 +154,9 @@ kvtier_status kvtier_connect(const char* socket_path, const kvtier_connect_optio
   *out = nullptr;
   auto* c = new kvtier_client();
   c->fork_generation = ForkGeneration();
+  c->socket_path = socket_path;
+  c->name = (opts && opts->name) ? opts->name : "libkvtier";
+  c->has_gpu = opts && opts->has_gpu;
   if (opts) {
     if (opts->timeout_ms) c->timeout_ms = opts->timeout_ms;
     if (opts->spin_us) c->spin_us = opts->spin_us;
@@ -137,6 +169,21 @@ kvtier_status kvtier_connect(const char* socket_path, const kvtier_connect_optio
   *out = c;
   return Ok();
   KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_reconnect(kvtier_client* c) {
+  KVTIER_GUARD_BEGIN
+  if (CheckClient(c)) return KVTIER_INVALID;
+  std::lock_guard<std::mutex> l(c->mu);
+  return Reconnect(c);
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_set_auto_reconnect(kvtier_client* c, int enable) {
+  if (CheckClient(c)) return KVTIER_INVALID;
+  std::lock_guard<std::mutex> l(c->mu);
+  c->auto_reconnect = enable != 0;
+  return Ok();
 }
 
 void kvtier_close(kvtier_client* c) {
@@ -157,6 +204,7 @@ uint64_t kvtier_client_id(const kvtier_client* c) { return c ? c->reply.client_i
 uint64_t kvtier_slot_bytes(const kvtier_client* c) { return c ? c->reply.slot_bytes : 0; }
 
 int kvtier_host_arena_fd(const kvtier_client* c) { return c ? c->host_fd : -1; }
+uint64_t kvtier_attach_generation(const kvtier_client* c) { return c ? c->attaches : 0; }
 
 void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes) {
   if (bytes) *bytes = c ? c->host_bytes : 0;

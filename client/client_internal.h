@@ -39,6 +39,11 @@ struct kvtier_client {
   uint64_t fork_generation = 0;  // ForkGeneration() at connect: a forked child differs
   kvtier::wire::AttachReply reply;
   std::mutex mu;
+  std::string socket_path;       // what kvtier_reconnect attaches to again
+  std::string name;
+  bool has_gpu = false;
+  bool auto_reconnect = false;   // kvtier_set_auto_reconnect
+  uint64_t attaches = 0;         // successful attaches (kvtier_attach_generation)
   uint64_t next_tag = 1;
   std::unordered_map<uint64_t, RegisteredContract> contracts;  // by contract id
   bool broken = false;           // the connection is given up; every call fails at once
@@ -73,6 +78,10 @@ bool WriteAll(int fd, const void* p, size_t n);
 bool ReadAll(int fd, void* p, size_t n);
 kvtier_status Call(kvtier_client* c, wire::RequestEntry req, const void* in, size_t in_len, void* out,
                    size_t out_cap, wire::CompletionEntry* done);
+
+// client.cc: attaches c again (a new socket, ring and arena mapping) and registers the
+// contracts c registered before. Caller holds c->mu. On failure c stays given up.
+kvtier_status Reconnect(kvtier_client* c);
 
 }  // namespace kvtier::lib
 

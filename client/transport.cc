@@ -151,8 +151,11 @@ kvtier_status RingExchange(kvtier_client* c, w::RequestEntry& req, const void* i
       continue;
     }
     if (now > deadline) {
-      // Its out region may still be written later: retire the client.
-      return Broken(c, KVTIER_TIMEOUT, "no completion within " + std::to_string(c->timeout_ms) + " ms");
+      // Its out region may still be written later: retire the connection.
+      return Broken(c, KVTIER_TIMEOUT, "no completion within " + std::to_string(c->timeout_ms) +
+                                           " ms: the connection is given up (kvtierd may be hung; a late "
+                                           "completion would land in reused memory); kvtier_reconnect "
+                                           "attaches again, its leases are gone");
     }
     w::SleepUntilPushed(c->cmp, 20'000'000L);
     uint32_t m = 0;
@@ -195,7 +198,12 @@ bool ReadAll(int fd, void* p, size_t n) {
 kvtier_status Call(kvtier_client* c, w::RequestEntry req, const void* in, size_t in_len, void* out,
                    size_t out_cap, w::CompletionEntry* done) {
   if (c->broken) {
-    return Fail(KVTIER_DISCONNECTED, "connection to kvtierd is closed (" + c->broken_reason + ")");
+    if (!c->auto_reconnect) {
+      return Fail(KVTIER_DISCONNECTED, "connection to kvtierd is closed (" + c->broken_reason +
+                                           "): kvtier_reconnect attaches again");
+    }
+    const kvtier_status rs = Reconnect(c);
+    if (rs != KVTIER_OK) return rs;
   }
   req.tag = c->next_tag++;
   req.in_len = static_cast<uint32_t>(in_len);

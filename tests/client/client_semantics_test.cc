@@ -300,6 +300,64 @@ TEST(ClientSemantics, ForkedChildIsRefusedParentUnaffected) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// After a daemon restart: DISCONNECTED, then kvtier_reconnect attaches again and
+// registers the client's contracts again, so that its calls work at once; with automatic
+// reconnect on, the call after the failed one does that by itself.
+TEST(ClientSemantics, ReconnectAfterRestartRegistersContractsAgain) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_client* c = ConnectClient(d.socket(), 3000);
+  kvtier_client* a = ConnectClient(d.socket(), 3000);
+  ASSERT_TRUE(c != nullptr && a != nullptr) << LastError();
+  ASSERT_EQ(kvtier_set_auto_reconnect(a, 1), KVTIER_OK);
+  const auto desc = SmallContract();
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_register_contract(c, &desc, &cid), KVTIER_OK) << LastError();
+  ASSERT_EQ(kvtier_register_contract(a, &desc, &cid), KVTIER_OK) << LastError();
+  EXPECT_EQ(kvtier_attach_generation(c), 1u);
+  ASSERT_EQ(d.Stop(), 0) << d.log();
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_key k{1, 2};
+  kvtier_lookup_result r{};
+  EXPECT_EQ(kvtier_lookup(c, cid, &k, 1, &r, nullptr), KVTIER_DISCONNECTED);
+  EXPECT_EQ(kvtier_ping(c), KVTIER_DISCONNECTED);
+  EXPECT_NE(LastError().find("kvtier_reconnect attaches again"), std::string::npos) << LastError();
+  ASSERT_EQ(kvtier_reconnect(c), KVTIER_OK) << LastError();
+  EXPECT_EQ(kvtier_attach_generation(c), 2u);
+  EXPECT_EQ(kvtier_lookup(c, cid, &k, 1, &r, nullptr), KVTIER_OK) << LastError();  // registered again
+  EXPECT_EQ(r.hit_blocks, 0u);
+  uint32_t bt = 0;
+  EXPECT_EQ(kvtier_contract_block_tokens(c, cid, &bt), KVTIER_OK);
+  // Automatic: the call that finds the connection gone fails, the next one reconnects.
+  EXPECT_NE(kvtier_ping(a), KVTIER_OK);
+  EXPECT_EQ(kvtier_lookup(a, cid, &k, 1, &r, nullptr), KVTIER_OK) << LastError();
+  EXPECT_EQ(kvtier_attach_generation(a), 2u);
+  kvtier_close(c);
+  kvtier_close(a);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// A hung daemon: TIMEOUT says the connection is given up and how to recover; once the
+// daemon runs again, kvtier_reconnect brings the client back.
+TEST(ClientSemantics, TimeoutGivesUpAndSaysHowToRecover) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_client* c = ConnectClient(d.socket(), 300);
+  ASSERT_NE(c, nullptr) << LastError();
+  ASSERT_EQ(kvtier_ping(c), KVTIER_OK);
+  ASSERT_EQ(::kill(d.pid(), SIGSTOP), 0);
+  EXPECT_EQ(kvtier_ping(c), KVTIER_TIMEOUT);
+  EXPECT_NE(LastError().find("the connection is given up"), std::string::npos) << LastError();
+  EXPECT_NE(LastError().find("kvtier_reconnect"), std::string::npos) << LastError();
+  EXPECT_EQ(kvtier_ping(c), KVTIER_DISCONNECTED);  // at once, and it says why
+  EXPECT_NE(LastError().find("no completion within 300 ms"), std::string::npos) << LastError();
+  ASSERT_EQ(::kill(d.pid(), SIGCONT), 0);
+  ASSERT_EQ(kvtier_reconnect(c), KVTIER_OK) << LastError();
+  EXPECT_EQ(kvtier_ping(c), KVTIER_OK) << LastError();
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // The start of this process's mapping of a client's ring region (memfd "kvtier-ring-N").
 uint8_t* MappedRingRegion() {
   std::ifstream maps("/proc/self/maps");

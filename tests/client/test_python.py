@@ -281,6 +281,21 @@ print("views ok")
             self.assertEqual(e.exception.status, "NOT_FOUND")
             self.assertEqual(c.evict_contract(cid), (3, 0))
 
+    def test_reconnect_keeps_contracts_and_arena(self):
+        with kvtier.Client(self.sock) as c:
+            cid = c.register_contract(self.contract("py/reconnect"))
+            old = c.host_slot(0)
+            c.reconnect()
+            self.assertEqual(c.block_tokens(cid), 16)
+            self.assertEqual(c.lookup_tokens(cid, list(range(40))), 0)  # registered again
+            self.assertEqual(c.store(cid, list(range(33)), [bytes([9]) * 576] * 2), 2)
+            cached, lease = c.load(cid, list(range(33)))
+            self.assertEqual(cached, 32)
+            self.assertEqual(bytes(c.host_slot(lease.slots[1])[:576]), bytes([9]) * 576)
+            old[:1] = b"x"  # a view of the old mapping is still valid memory
+            c.release(lease)
+            self.assertEqual(c.evict_contract(cid), (2, 0))
+
     def test_abi_version(self):
         lib = kvtier._load()
         self.assertEqual(lib.kvtier_abi_version(), kvtier._ABI_VERSION)

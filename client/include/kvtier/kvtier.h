@@ -47,8 +47,10 @@ typedef enum kvtier_status {
   KVTIER_CORRUPT = 5,       /* stored bytes failed a check */
   KVTIER_INVALID = 6,       /* malformed argument or request */
   KVTIER_UNSUPPORTED = 7,   /* valid but not supported here (version, tier, geometry) */
-  KVTIER_DISCONNECTED = 8,  /* the daemon closed the connection; close the client */
-  KVTIER_TIMEOUT = 9,       /* no completion within the client's timeout */
+  KVTIER_DISCONNECTED = 8,  /* the daemon closed the connection (the error says why when it
+                               said so); kvtier_reconnect or close the client */
+  KVTIER_TIMEOUT = 9,       /* no completion within the client's timeout: the connection is
+                               given up (later calls fail at once); kvtier_reconnect */
 } kvtier_status;
 
 typedef enum kvtier_tier {
@@ -149,6 +151,14 @@ KVTIER_API kvtier_status kvtier_connect(const char* socket_path, const kvtier_co
                                         kvtier_client** out);
 /* Releases nothing explicitly: closing the socket makes the daemon release the leases. */
 KVTIER_API void kvtier_close(kvtier_client* c);
+/* Attaches again to the same socket (after DISCONNECTED, TIMEOUT, or a daemon restart) and
+ * registers again every contract this client registered. The old connection's leases are
+ * gone, and the host arena is mapped anew (kvtier_host_arena may return another address).
+ * On failure the client stays given up and a later call may try again. */
+KVTIER_API kvtier_status kvtier_reconnect(kvtier_client* c);
+/* Opt-in: a call on a given-up connection first runs kvtier_reconnect (the call that
+ * found the connection broken still fails; the next one reconnects). Default: off. */
+KVTIER_API kvtier_status kvtier_set_auto_reconnect(kvtier_client* c, int enable);
 KVTIER_API kvtier_status kvtier_set_transport(kvtier_client* c, kvtier_transport t);
 KVTIER_API uint64_t kvtier_client_id(const kvtier_client* c);
 KVTIER_API uint64_t kvtier_slot_bytes(const kvtier_client* c);
@@ -158,6 +168,10 @@ KVTIER_API void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes);
  * tier). A binding may map it itself (dup it first) so that its views outlive the client's
  * own mapping: the Python package does. */
 KVTIER_API int kvtier_host_arena_fd(const kvtier_client* c);
+/* Counts the client's successful attaches (1 after kvtier_connect, one more per reconnect,
+ * automatic ones included): a binding that caches the arena's address maps it again when
+ * this changes. */
+KVTIER_API uint64_t kvtier_attach_generation(const kvtier_client* c);
 /* Copies the HBM arena's CUDA IPC handle (64 bytes); UNSUPPORTED without an HBM tier. */
 KVTIER_API kvtier_status kvtier_hbm_ipc_handle(const kvtier_client* c, uint8_t out[64]);
 /* Opens the HBM arena in this process (cudaIpcOpenMemHandle), once; *dev_ptr is the

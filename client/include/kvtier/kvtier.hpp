@@ -116,6 +116,9 @@ class Client {
     if (c_) kvtier_close(c_);
     c_ = nullptr;
   }
+  // After DISCONNECTED, TIMEOUT or a daemon restart (kvtier_reconnect).
+  Error Reconnect() { return LastError(kvtier_reconnect(c_)); }
+  Error SetAutoReconnect(bool on) { return LastError(kvtier_set_auto_reconnect(c_, on ? 1 : 0)); }
   bool connected() const { return c_ != nullptr; }
   kvtier_client* get() const { return c_; }
   uint64_t slot_bytes() const { return kvtier_slot_bytes(c_); }

@@ -254,11 +254,14 @@ def _declare(lib):
         "kvtier_version": (ctypes.c_char_p, []),
         "kvtier_connect": (S, [ctypes.c_char_p, ctypes.POINTER(_ConnectOptions), ctypes.POINTER(P)]),
         "kvtier_close": (None, [P]),
+        "kvtier_reconnect": (S, [P]),
+        "kvtier_set_auto_reconnect": (S, [P, S]),
         "kvtier_set_transport": (S, [P, S]),
         "kvtier_client_id": (u64, [P]),
         "kvtier_slot_bytes": (u64, [P]),
         "kvtier_host_arena": (P, [P, ctypes.POINTER(u64)]),
         "kvtier_host_arena_fd": (S, [P]),
+        "kvtier_attach_generation": (u64, [P]),
         "kvtier_hbm_ipc_handle": (S, [P, ctypes.POINTER(ctypes.c_uint8)]),
         "kvtier_hbm_open": (S, [P, ctypes.POINTER(P)]),
         "kvtier_contract_id": (S, [ctypes.POINTER(_ContractDesc), ctypes.POINTER(u64)]),
@@ -636,7 +639,7 @@ class Client:
     """One attachment to kvtierd. Leases are released by the daemon when it closes."""
 
     def __init__(self, socket_path: str, name: str = "python", has_gpu: bool = False,
-                 timeout_ms: int = 60000, transport: str = "ring"):
+                 timeout_ms: int = 60000, transport: str = "ring", auto_reconnect: bool = False):
         lib = _load()
         opts = _ConnectOptions(name.encode("utf-8"), 1 if has_gpu else 0, timeout_ms, 0)
         h = ctypes.c_void_p()
@@ -646,9 +649,18 @@ class Client:
         self._lib = lib
         self._fork_generation = _fork_generation
         self._block_bytes = {}  # contract id -> block bytes, of the contracts registered here
-        self._slot_bytes = lib.kvtier_slot_bytes(h)
+        self._map_arena()
+        if transport != "ring":
+            self.set_transport(transport)
+        if auto_reconnect:
+            _check(lib.kvtier_set_auto_reconnect(h, 1))
+
+    def _map_arena(self):
         # The package's own mapping of the host arena (the same memfd, MAP_SHARED): views
         # export this mmap object, so it outlives kvtier_close's munmap of the C mapping.
+        lib, h = self._lib, self._h
+        self._attach_generation = lib.kvtier_attach_generation(h)
+        self._slot_bytes = lib.kvtier_slot_bytes(h)
         self._mm, self._arena_base, self._arena_bytes = None, 0, 0
         n = ctypes.c_uint64()
         if lib.kvtier_host_arena(h, ctypes.byref(n)) and n.value:
@@ -657,8 +669,13 @@ class Client:
                 self._mm = mmap.mmap(fd, n.value, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
                 self._arena_base = ctypes.addressof(ctypes.c_char.from_buffer(self._mm))
                 self._arena_bytes = n.value
-        if transport != "ring":
-            self.set_transport(transport)
+
+    def reconnect(self):
+        """Attaches again (after DISCONNECTED, TIMEOUT or a daemon restart) and registers
+        the contracts registered here again. The old leases are gone; the host arena is
+        mapped anew (views taken before stay valid memory, of the old arena)."""
+        _check(self._lib.kvtier_reconnect(self._handle()))
+        self._map_arena()
 
     def close(self):
         """Ends the connection (the daemon releases its leases). Views of host slots stay
@@ -698,13 +715,18 @@ class Client:
 
     @property
     def slot_bytes(self) -> int:
-        self._handle()
+        self._current_arena()
         return self._slot_bytes
+
+    def _current_arena(self):
+        h = self._handle()
+        if self._lib.kvtier_attach_generation(h) != self._attach_generation:  # reconnected
+            self._map_arena()
 
     def host_arena(self) -> Tuple[int, int]:
         """(address, bytes) of this package's mapping of the host arena; (0, 0) without a
         host tier."""
-        self._handle()
+        self._current_arena()
         return (self._arena_base, self._arena_bytes)
 
     def _host_slot_index(self, slot) -> int:
@@ -714,7 +736,7 @@ class Client:
             s = slot.slot
         else:
             s = int(slot)
-        self._handle()
+        self._current_arena()
         n = self._arena_bytes // self._slot_bytes if self._slot_bytes else 0
         if not self._mm or not 0 <= s < n:
             raise KvtierError(6, f"host slot {s} is outside the arena (slots 0..{n - 1})")
