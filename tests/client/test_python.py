@@ -296,6 +296,16 @@ print("views ok")
             c.release(lease)
             self.assertEqual(c.evict_contract(cid), (2, 0))
 
+    def test_library_exports_only_its_c_abi(self):
+        import shutil
+        if not shutil.which("nm"):
+            self.skipTest("nm (binutils) is not installed")
+        out = subprocess.run(["nm", "-D", "--defined-only", kvtier.library_path()], capture_output=True, text=True,
+                             check=True).stdout
+        names = [line.split()[-1] for line in out.splitlines() if line.strip()]
+        self.assertIn("kvtier_connect", names)
+        self.assertEqual([n for n in names if not n.startswith("kvtier_")], [])
+
     def test_abi_version(self):
         lib = kvtier._load()
         self.assertEqual(lib.kvtier_abi_version(), kvtier._ABI_VERSION)

@@ -18,7 +18,8 @@ SRC = os.environ["KVTIER_SOURCE_DIR"]
 
 
 def snippet(lang: str) -> str:
-    text = open(os.path.join(SRC, "README.md")).read()
+    with open(os.path.join(SRC, "README.md")) as f:
+        text = f.read()
     m = re.search(r"<!-- quickstart:%s -->\n```%s\n(.*?)\n```" % (lang, lang), text, re.S)
     if not m:
         raise AssertionError(f"README.md has no quickstart:{lang} block")
