@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <new>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #if KVTIER_HAVE_CUDA
@@ -539,6 +541,18 @@ kvtier_status kvtier_alloc(kvtier_client* c, uint64_t contract_id, size_t n, kvt
   *lease = cmp.value;
   return Ok();
   KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_alloc_wait(kvtier_client* c, uint64_t contract_id, size_t n, kvtier_tier target,
+                                uint32_t wait_ms, uint64_t* lease, kvtier_slot* slots_out) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  auto pause = std::chrono::milliseconds(1);
+  while (true) {
+    const kvtier_status s = kvtier_alloc(c, contract_id, n, target, lease, slots_out);
+    if (s != KVTIER_RETRY || std::chrono::steady_clock::now() + pause > deadline) return s;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(20));
+  }
 }
 
 kvtier_status kvtier_commit(kvtier_client* c, uint64_t contract_id, uint64_t lease,

@@ -474,8 +474,9 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
   KVTIER_RETURN_IF_ERROR(CheckContract(req.contract_id));
   KVTIER_RETURN_IF_ERROR(CheckTarget(req.tier));
   std::vector<tiers::SlotRef> slots;
-  KVTIER_RETURN_IF_ERROR(
-      tm_->AllocSlots(req.contract_id, req.count, static_cast<tiers::Tier>(req.tier), &slots));
+  Status as = tm_->AllocSlots(req.contract_id, req.count, static_cast<tiers::Tier>(req.tier), &slots);
+  if (as.code() == StatusCode::kRetry) return AllocRefusal(req, as);
+  KVTIER_RETURN_IF_ERROR(as);
   if (slots.size() != req.count) {
     Lease tmp;
     tmp.alloc = true;
@@ -503,6 +504,30 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
   c->count = req.count;
   c->out_bytes = static_cast<uint32_t>(slots.size() * sizeof(wire::WireSlot));
   return Status::Ok();
+}
+
+Status Session::AllocRefusal(const wire::RequestEntry& req, const Status& retry) const {
+  const auto tier = static_cast<tiers::Tier>(req.tier);
+  uint64_t own = 0, own_leases = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [id, lease] : leases_) {
+      uint64_t k = 0;
+      for (const auto& s : lease.slots) k += s.tier == tier ? 1 : 0;
+      own += k;
+      own_leases += k > 0 ? 1 : 0;
+    }
+  }
+  uint64_t total = 0;
+  for (const auto& t : tm_->Stats()) {
+    if (t.tier == tier) total = t.slots_total;
+  }
+  const std::string numbers = std::string(tiers::TierName(tier)) + " tier has " + std::to_string(total) +
+                              " slots; this client holds " + std::to_string(own) + " of them in " +
+                              std::to_string(own_leases) + " leases and asks for " + std::to_string(req.count);
+  // The caller's own pins keep the tier full: waiting cannot help, releasing can.
+  if (own + req.count > total) return Status::Rejected(numbers + ": release leases first");
+  return Status::Retry(retry.message() + "; " + numbers + ": the pressure passes as blocks are demoted or released");
 }
 
 Status Session::HandleCommit(const wire::RequestEntry& req, std::span<const uint8_t> in,

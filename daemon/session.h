@@ -108,6 +108,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Completes through `done` from a TierManager thread once the blocks are pinned.
   void HandleAcquire(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out, Done done);
   Status HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c);
+  // What an alloc the tier answered Retry gets: Rejected, with the numbers, when this
+  // client's own leases keep the tier full; else Retry (pressure that passes).
+  Status AllocRefusal(const wire::RequestEntry& req, const Status& retry) const;
   // c->count says how many items went through, on failure too.
   Status HandleCommit(const wire::RequestEntry& req, std::span<const uint8_t> in, wire::CompletionEntry* c);
   Status HandlePrefetch(const wire::RequestEntry& req, std::span<const uint8_t> in);

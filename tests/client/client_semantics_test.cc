@@ -5,7 +5,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvtier/kvtier.h"
@@ -355,6 +357,46 @@ TEST(ClientSemantics, TimeoutGivesUpAndSaysHowToRecover) {
   ASSERT_EQ(kvtier_reconnect(c), KVTIER_OK) << LastError();
   EXPECT_EQ(kvtier_ping(c), KVTIER_OK) << LastError();
   kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// alloc answers REJECTED, with the numbers, when the caller's own leases fill the tier
+// (waiting cannot help); RETRY when other clients' pins do (it passes); and
+// kvtier_alloc_wait waits that out.
+TEST(ClientSemantics, AllocRejectsOwnPinsRetriesPassingPressure) {
+  DaemonProcess d;  // host tier: 64 slots of 4 KiB
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_client* a = ConnectClient(d.socket());
+  kvtier_client* b = ConnectClient(d.socket());
+  ASSERT_TRUE(a != nullptr && b != nullptr) << LastError();
+  const auto desc = SmallContract();
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_register_contract(a, &desc, &cid), KVTIER_OK) << LastError();
+  std::vector<kvtier_slot> slots(64);
+  uint64_t held = 0, lease = 0;
+  ASSERT_EQ(kvtier_alloc(a, cid, 60, KVTIER_TIER_HOST, &held, slots.data()), KVTIER_OK) << LastError();
+  EXPECT_EQ(kvtier_alloc(a, cid, 8, KVTIER_TIER_HOST, &lease, slots.data()), KVTIER_REJECTED);
+  EXPECT_NE(LastError().find("host tier has 64 slots; this client holds 60 of them in 1 leases and asks for 8"),
+            std::string::npos) << LastError();
+  EXPECT_NE(LastError().find("release leases first"), std::string::npos) << LastError();
+  // The waiting variant does not wait for what cannot come.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(kvtier_alloc_wait(a, cid, 8, KVTIER_TIER_HOST, 2000, &lease, slots.data()), KVTIER_REJECTED);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1000));
+  // Another client's view: someone else's pins, pressure that passes.
+  EXPECT_EQ(kvtier_alloc(b, cid, 8, KVTIER_TIER_HOST, &lease, slots.data()), KVTIER_RETRY);
+  EXPECT_NE(LastError().find("this client holds 0 of them"), std::string::npos) << LastError();
+  EXPECT_EQ(kvtier_alloc_wait(b, cid, 8, KVTIER_TIER_HOST, 100, &lease, slots.data()), KVTIER_RETRY);
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    (void)kvtier_release(a, held);
+  });
+  EXPECT_EQ(kvtier_alloc_wait(b, cid, 8, KVTIER_TIER_HOST, 5000, &lease, slots.data()), KVTIER_OK) << LastError();
+  releaser.join();
+  EXPECT_NE(lease, 0u);
+  EXPECT_EQ(kvtier_release(b, lease), KVTIER_OK);
+  kvtier_close(a);
+  kvtier_close(b);
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 

@@ -248,9 +248,17 @@ KVTIER_API kvtier_status kvtier_lookup(kvtier_client* c, uint64_t contract_id, c
 KVTIER_API kvtier_status kvtier_acquire(kvtier_client* c, uint64_t contract_id, const kvtier_key* keys,
                                         size_t n, kvtier_tier target, uint64_t* lease,
                                         kvtier_slot* slots_out, size_t* n_slots);
-/* n free slots of `target` to write blocks into, under a new lease. */
+/* n free slots of `target` to write blocks into, under a new lease. RETRY: the tier is
+ * full for now (blocks being demoted, other clients' pins); REJECTED, with the numbers
+ * (slots in the tier, held by this client, asked for), when this client's own leases keep
+ * it full: release leases first, waiting cannot help. */
 KVTIER_API kvtier_status kvtier_alloc(kvtier_client* c, uint64_t contract_id, size_t n, kvtier_tier target,
                                       uint64_t* lease, kvtier_slot* slots_out);
+/* kvtier_alloc that waits out RETRY for up to wait_ms (backing off from 1 to 20 ms), so
+ * an engine calls it once; any other answer, REJECTED included, returns at once. */
+KVTIER_API kvtier_status kvtier_alloc_wait(kvtier_client* c, uint64_t contract_id, size_t n,
+                                           kvtier_tier target, uint32_t wait_ms, uint64_t* lease,
+                                           kvtier_slot* slots_out);
 /* Makes written slots of an alloc lease visible under their keys. Stops at the first
  * failure; *n_committed (may be NULL) says how many went through. The blocks stay
  * pinned until the lease is released. Lookup, commit and prefetch split a long request

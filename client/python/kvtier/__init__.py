@@ -273,6 +273,7 @@ def _declare(lib):
         "kvtier_acquire": (S, [P, u64, ctypes.POINTER(_Key), sz, S, ctypes.POINTER(u64), ctypes.POINTER(_Slot),
                                ctypes.POINTER(sz)]),
         "kvtier_alloc": (S, [P, u64, sz, S, ctypes.POINTER(u64), ctypes.POINTER(_Slot)]),
+        "kvtier_alloc_wait": (S, [P, u64, sz, S, u32, ctypes.POINTER(u64), ctypes.POINTER(_Slot)]),
         "kvtier_commit": (S, [P, u64, u64, ctypes.POINTER(_CommitItem), sz, ctypes.POINTER(sz)]),
         "kvtier_release": (S, [P, u64]),
         "kvtier_prefetch": (S, [P, u64, ctypes.POINTER(_Key), sz, S]),
@@ -783,9 +784,15 @@ class Client:
                                         ctypes.byref(lease), slots, ctypes.byref(n)))
         return _lease_from_array(lease.value, slots, n.value)
 
-    def alloc(self, contract_id: int, n: int, tier="host") -> Lease:
+    def alloc(self, contract_id: int, n: int, tier="host", wait_ms: int = 0) -> Lease:
+        """n free slots under a new lease. wait_ms > 0 waits out RETRY (a tier full for
+        now) up to that long; REJECTED (this client's own leases fill the tier) at once."""
         slots = (_Slot * max(n, 1))()
         lease = ctypes.c_uint64()
+        if wait_ms:
+            _check(self._lib.kvtier_alloc_wait(self._handle(), contract_id, n, _tier(tier), wait_ms,
+                                               ctypes.byref(lease), slots))
+            return _lease_from_array(lease.value, slots, n)
         _check(self._lib.kvtier_alloc(self._handle(), contract_id, n, _tier(tier), ctypes.byref(lease), slots))
         return _lease_from_array(lease.value, slots, n)
 
