@@ -151,14 +151,15 @@ StatusOr<DriveResult> Drive(const std::vector<Request>& reqs, const DriveOptions
       uint64_t lease_b = 0;
       std::vector<kvtier_slot> fresh(miss);
       // A full tier (everything pinned or on its way down) answers RETRY: back off while
-      // the mover demotes, as an engine would; if it stays full, the engine just does
-      // not store this time (a cache may decline a block).
+      // the mover demotes, as an engine would; if it stays full, or the tier answers
+      // REJECTED (this client's own leases fill it), the engine just does not store this
+      // time (a cache may decline a block).
       kvtier_status st = KVTIER_RETRY;
       for (int attempt = 0; attempt < 100 && st == KVTIER_RETRY; ++attempt) {
         st = kvtier_alloc(c.get(), cid, miss, KVTIER_TIER_HOST, &lease_b, fresh.data());
         if (st == KVTIER_RETRY) std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
-      if (st == KVTIER_RETRY) {
+      if (st == KVTIER_RETRY || st == KVTIER_REJECTED) {
         r.stores_declined += miss;
       } else if (st != KVTIER_OK) {
         fail("alloc");
