@@ -16,6 +16,20 @@
  *  - Tiers: KVTIER_TIER_HBM (slot ids index the HBM arena: the decode kernels' block
  *    table), KVTIER_TIER_HOST (slot s is at kvtier_host_arena() + s * slot_bytes),
  *    KVTIER_TIER_NVME.
+ *
+ * Lifetimes:
+ *  - kvtier_last_error() points at a per-thread buffer that the calling thread's next
+ *    libkvtier call overwrites; copy it to keep it. It is "" after a success.
+ *  - The host arena (kvtier_host_arena) is mapped from kvtier_connect until kvtier_close
+ *    or kvtier_reconnect, which unmap it (a reconnect maps a new one, maybe elsewhere).
+ *    Bytes of a slot are the caller's only while a lease holds that slot: after release
+ *    the daemon may reuse it for another block.
+ *  - kvtier_close must not run concurrently with another call on the same client, and no
+ *    call may follow it: the handle is freed. Every lease ends with it (the daemon
+ *    releases them when the socket closes). Other calls may come from any thread.
+ *  - A client belongs to the process that connected it: after fork() the child's calls
+ *    fail with INVALID ("used after fork: connect again in the child"); kvtier_close in
+ *    the child frees the child's copy and leaves the parent's connection alone.
  */
 #ifndef KVTIER_KVTIER_H_
 #define KVTIER_KVTIER_H_
