@@ -20,6 +20,7 @@
 #include <boost/beast/http.hpp>
 #include <spdlog/spdlog.h>
 
+#include "daemon/contract_store.h"
 #include "daemon/metrics.h"
 #include "daemon/session.h"
 #include "formats/wire.h"
@@ -112,6 +113,7 @@ class Daemon::Impl {
   std::unique_ptr<asio::local::stream_protocol::acceptor> acceptor_;
   std::unique_ptr<asio::ip::tcp::acceptor> metrics_acceptor_;
   std::unique_ptr<tiers::TierManager> tm_;
+  std::unique_ptr<ContractStore> contracts_;  // with an NVMe tier: registrations that outlive restarts
   Metrics metrics_;
   std::string socket_path_;
   std::string metrics_url_ = "off";
@@ -269,8 +271,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     };
     Daemon::Impl* impl = d_;
     auto reload = [impl](std::string* summary) { return impl->ReloadFromAnyThread(summary); };
+    Session::RegisteredFn registered;
+    if (ContractStore* store = d_->contracts_.get()) {
+      registered = [store](const ScaleContract& ct) {
+        Status s = store->Add(ct);
+        if (!s.ok()) spdlog::warn("contract {} is registered but not kept for restarts: {}", ContractIdHex(ct.Id()),
+                                  s.ToString());
+      };
+    }
     auto sess = Session::Create(client_id, name, a.pid, has_gpu, d_->tm_.get(), &d_->metrics_, lim, kick,
-                                reload);
+                                reload, std::move(registered));
     if (!sess.ok()) return RefuseAttach(&r, sess.status());
     tiers::TierManager* tm = d_->tm_.get();
     r.status = 0;
@@ -530,6 +540,28 @@ Status Daemon::Impl::Start() {
   auto tm = tiers::TierManager::Open(ToTierManagerOptions(c));
   if (!tm.ok()) return Status(tm.status().code(), "tiers: " + tm.status().message());
   tm_ = std::move(*tm);
+  if (c.tiers.nvme.tier.capacity_bytes != 0) {
+    // Contracts registered before the restart: their blocks on NVMe are reachable at once.
+    std::vector<ScaleContract> known;
+    uint64_t dropped = 0;
+    auto store = ContractStore::Open(Abs(c.tiers.nvme.dir) + "/contracts.kvc", &known, &dropped);
+    if (!store.ok()) return Status(store.status().code(), "tiers.nvme.dir: " + store.status().message());
+    contracts_ = std::move(*store);
+    if (dropped > 0) {
+      spdlog::warn("{}: dropped a torn tail of {} bytes (an append cut short)", contracts_->path(), dropped);
+    }
+    size_t restored = 0;
+    for (const auto& ct : known) {
+      Status rs = tm_->RegisterContract(ct);
+      if (rs.ok()) {
+        ++restored;
+      } else {
+        spdlog::warn("contract {} ({}) from {} not registered again: {}", ContractIdHex(ct.Id()), ct.model_id,
+                     contracts_->path(), rs.ToString());
+      }
+    }
+    if (restored > 0) spdlog::info("{} contracts registered again from {}", restored, contracts_->path());
+  }
 
   boost::system::error_code bec;
   acceptor_ = std::make_unique<asio::local::stream_protocol::acceptor>(io_);

@@ -85,10 +85,11 @@ StatusOr<std::shared_ptr<Session>> Session::Create(uint64_t client_id, const std
                                                    uint32_t pid, bool has_gpu,
                                                    tiers::TierManager* tm, Metrics* metrics,
                                                    const SessionLimits& limits, KickFn kick,
-                                                   ReloadFn reload) {
+                                                   ReloadFn reload, RegisteredFn registered) {
   std::shared_ptr<Session> s(
       new Session(client_id, name, pid, has_gpu, tm, metrics, limits, std::move(kick)));
   s->reload_ = std::move(reload);
+  s->registered_ = std::move(registered);
   KVTIER_RETURN_IF_ERROR(wire::MakeRingLayout(limits.ring_entries, limits.ring_data_bytes, &s->hdr_));
   const std::string memfd_name = "kvtier-ring-" + std::to_string(client_id);
   s->ring_fd_ = ::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -378,6 +379,7 @@ Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<
   auto ct = ScaleContract::Deserialize(bytes);
   if (!ct.ok()) return ct.status();
   KVTIER_RETURN_IF_ERROR(tm_->RegisterContract(*ct));
+  if (registered_) registered_(*ct);
   c->value = ct->Id();
   spdlog::info("client {} ({}): contract {} ({}, L={} H={} D={} T={}) registered", id_, name_,
                ContractIdHex(c->value), ct->model_id, ct->geometry.num_layers,

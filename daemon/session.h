@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "daemon/metrics.h"
+#include "formats/contract.h"
 #include "formats/wire.h"
 #include "tiers/tier_manager.h"
 
@@ -55,13 +56,15 @@ class Session : public std::enable_shared_from_this<Session> {
   using KickFn = std::function<void(const std::string& why)>;
   // Re-reads the daemon's config (kvtierctl config reload); *summary gets what changed.
   using ReloadFn = std::function<Status(std::string* summary)>;
+  // Called after a contract registration went through (the daemon keeps it for restarts).
+  using RegisteredFn = std::function<void(const ScaleContract& contract)>;
 
   // Creates the ring region (a sealed memfd) and maps it. Does not start the thread.
   static StatusOr<std::shared_ptr<Session>> Create(uint64_t client_id, const std::string& name,
                                                    uint32_t pid, bool has_gpu,
                                                    tiers::TierManager* tm, Metrics* metrics,
                                                    const SessionLimits& limits, KickFn kick,
-                                                   ReloadFn reload = nullptr);
+                                                   ReloadFn reload = nullptr, RegisteredFn registered = nullptr);
   ~Session();
 
   void Start();  // starts the ring thread
@@ -141,6 +144,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const SessionLimits limits_;
   KickFn kick_;
   ReloadFn reload_;
+  RegisteredFn registered_;
 
   int ring_fd_ = -1;
   uint8_t* base_ = nullptr;

@@ -400,6 +400,62 @@ TEST(ClientSemantics, AllocRejectsOwnPinsRetriesPassingPressure) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// The daemon keeps registrations next to the NVMe tier: after a restart the blocks
+// restored from NVMe answer lookups and operator calls before anyone registers again; a
+// torn tail of the file is dropped; a file of another format is refused by name.
+TEST(ClientSemantics, RegistrationsOutliveRestarts) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_client* c = ConnectClient(d.socket());
+  ASSERT_NE(c, nullptr) << LastError();
+  const auto desc = SmallContract();
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_register_contract(c, &desc, &cid), KVTIER_OK) << LastError();
+  std::vector<uint32_t> tokens(16 * 3);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i + 9);
+  std::vector<uint8_t> block(kBlockBytes, 0x5a);
+  const void* blocks[3] = {block.data(), block.data(), block.data()};
+  size_t stored = 0;
+  ASSERT_EQ(kvtier_store_tokens(c, cid, tokens.data(), tokens.size(), blocks, &stored), KVTIER_OK) << LastError();
+  ASSERT_EQ(stored, 3u);
+  ASSERT_EQ(kvtier_flush(c), KVTIER_OK) << LastError();  // to NVMe, which outlives the restart
+  std::vector<kvtier_key> keys(3);
+  size_t n = 0;
+  ASSERT_EQ(kvtier_key_chain(cid, tokens.data(), tokens.size(), 16, keys.data(), 3, &n), KVTIER_OK);
+  kvtier_close(c);
+  auto restart_and_check = [&](const char* when) {
+    ASSERT_EQ(d.Stop(), 0) << d.log();
+    ASSERT_TRUE(d.Start()) << d.log();
+    kvtier_client* fresh = ConnectClient(d.socket());  // never registers anything
+    ASSERT_NE(fresh, nullptr) << LastError();
+    kvtier_lookup_result r{};
+    EXPECT_EQ(kvtier_lookup(fresh, cid, keys.data(), keys.size(), &r, nullptr), KVTIER_OK) << when << LastError();
+    EXPECT_EQ(r.hit_blocks, 3u) << when;
+    kvtier_close(fresh);
+  };
+  restart_and_check("after a clean restart");
+  // A torn append (a crash mid-write) at the end: dropped, the rest still read.
+  const std::string file = d.dir() + "/nvme/contracts.kvc";
+  {
+    std::ofstream f(file, std::ios::app | std::ios::binary);
+    ASSERT_TRUE(f.good()) << file;
+    f.write("KVCR\x40\0\0\0torn", 12);
+  }
+  restart_and_check("after a torn tail");
+  EXPECT_NE(d.log().find("dropped a torn tail of 12 bytes"), std::string::npos);
+  kvtier_client* op = ConnectClient(d.socket());
+  ASSERT_NE(op, nullptr);
+  uint64_t evicted = 0, skipped = 0;
+  EXPECT_EQ(kvtier_evict_contract(op, cid, &evicted, &skipped), KVTIER_OK) << LastError();
+  EXPECT_EQ(evicted, 3u);
+  kvtier_close(op);
+  // Another format in its place: the daemon refuses to start and names the file.
+  ASSERT_EQ(d.Stop(), 0) << d.log();
+  WriteText(file, "not a contract file at all");
+  EXPECT_FALSE(d.Start());
+  EXPECT_NE(d.log().find("contracts.kvc is not a kvtier contract file"), std::string::npos) << d.log();
+}
+
 // The start of this process's mapping of a client's ring region (memfd "kvtier-ring-N").
 uint8_t* MappedRingRegion() {
   std::ifstream maps("/proc/self/maps");
