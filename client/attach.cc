@@ -95,6 +95,13 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
     Detach(c);
     return Fail(KVTIER_IO_ERROR, "attach: malformed reply");
   }
+  if (r.status == 0 && (r.protocol_version < w::kMinProtocolVersion || r.protocol_version > w::kProtocolVersion)) {
+    close_fds();
+    Detach(c);
+    return Fail(KVTIER_UNSUPPORTED, "attach: kvtierd chose protocol version " + std::to_string(r.protocol_version) +
+                                        ", outside this library's " + std::to_string(w::kMinProtocolVersion) + " to " +
+                                        std::to_string(w::kProtocolVersion));
+  }
   if (r.status != 0) {
     char m[sizeof r.message + 1] = {};
     std::memcpy(m, r.message, sizeof r.message);

@@ -144,6 +144,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!why.empty()) {
       const size_t n = std::min<size_t>(why.size(), wire::kMaxGoodbyeBytes);
       wire::ControlHeader h;
+      h.version = static_cast<uint16_t>(protocol_);
       h.type = static_cast<uint16_t>(wire::ControlType::kGoodbye);
       h.length = static_cast<uint32_t>(n);
       std::vector<uint8_t> msg(sizeof h + n);
@@ -229,13 +230,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     wire::AttachRequest a;
     std::memcpy(&a, payload_.data(), sizeof a);
-    if (hdr_.version != wire::kProtocolVersion || a.protocol_version != wire::kProtocolVersion) {
+    const uint32_t version = wire::NegotiateProtocol(a.min_protocol_version, a.protocol_version);
+    if (hdr_.version != a.protocol_version || version == 0) {
       return RefuseAttach(&r, Status::Unsupported(
                                   "protocol version " + std::to_string(a.protocol_version) +
-                                  " (header " + std::to_string(hdr_.version) +
-                                  "); this daemon speaks " + std::to_string(wire::kProtocolVersion)));
+                                  (a.min_protocol_version ? " (from " + std::to_string(a.min_protocol_version) + ")" : "") +
+                                  " (header " + std::to_string(hdr_.version) + "); this daemon speaks " +
+                                  std::to_string(wire::kMinProtocolVersion) + " to " +
+                                  std::to_string(wire::kProtocolVersion)));
     }
-    if ((a.flags & ~wire::kAttachHasGpu) != 0 || a.reserved != 0) {
+    protocol_ = version;
+    if ((a.flags & ~wire::kAttachHasGpu) != 0) {
       return RefuseAttach(&r, Status::Invalid("attach flags/reserved bits unknown"));
     }
     if (d_->shutting_down_) return RefuseAttach(&r, Status::Retry("daemon is shutting down"));
@@ -257,6 +262,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     lim.max_bad_requests = dc.max_bad_requests;
     lim.bad_request_decay_ms = dc.bad_request_decay_ms;
     lim.spin_us = dc.spin_us;
+    lim.protocol_version = protocol_;
     const uint64_t client_id = d_->next_client_id_.fetch_add(1);
     std::weak_ptr<Connection> weak = shared_from_this();
     asio::io_context* io = &d_->io_;
@@ -284,6 +290,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!sess.ok()) return RefuseAttach(&r, sess.status());
     tiers::TierManager* tm = d_->tm_.get();
     r.status = 0;
+    r.protocol_version = protocol_;
     r.client_id = client_id;
     r.slot_bytes = tm->slot_bytes();
     r.ring_bytes = (*sess)->ring_bytes();
@@ -380,12 +387,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     wire::RequestEntry e;
     std::memcpy(&e, payload_.data(), sizeof e);
-    if (hdr_.version != wire::kProtocolVersion) {
+    if (hdr_.version != protocol_) {
       d_->metrics_.requests_malformed.fetch_add(1);
       return reply_error(e.tag, e.op,
                          Status::Unsupported("protocol version " + std::to_string(hdr_.version) +
-                                             "; this daemon speaks " +
-                                             std::to_string(wire::kProtocolVersion)));
+                                             "; this connection attached with " +
+                                             std::to_string(protocol_)));
     }
     wire::RequestLimits lim;
     lim.max_keys = d_->opts_.config.daemon.max_keys_per_request;
@@ -411,6 +418,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
             if (!self || self->closed_) return;
             const uint32_t body = std::max<uint32_t>(c.out_bytes, c.msg_len);
             wire::ControlHeader h;
+            h.version = static_cast<uint16_t>(self->protocol_);
             h.type = static_cast<uint16_t>(wire::ControlType::kCompletion);
             h.length = static_cast<uint32_t>(sizeof c + body);
             std::memcpy(buf->data(), &h, sizeof h);
@@ -421,9 +429,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
         });
   }
 
-  static void AppendCompletion(std::vector<uint8_t>* buf, const wire::CompletionEntry& c,
-                               const uint8_t* body, size_t n) {
+  void AppendCompletion(std::vector<uint8_t>* buf, const wire::CompletionEntry& c, const uint8_t* body,
+                        size_t n) const {
     wire::ControlHeader h;
+    h.version = static_cast<uint16_t>(protocol_);
     h.type = static_cast<uint16_t>(wire::ControlType::kCompletion);
     h.length = static_cast<uint32_t>(sizeof c + n);
     buf->resize(sizeof h + sizeof c + n);
@@ -459,6 +468,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  public:
   bool kicked_ = false;
+  uint32_t protocol_ = wire::kProtocolVersion;  // negotiated at attach
 };
 
 // One /metrics HTTP exchange.

@@ -91,6 +91,7 @@ StatusOr<std::shared_ptr<Session>> Session::Create(uint64_t client_id, const std
   s->reload_ = std::move(reload);
   s->registered_ = std::move(registered);
   KVTIER_RETURN_IF_ERROR(wire::MakeRingLayout(limits.ring_entries, limits.ring_data_bytes, &s->hdr_));
+  s->hdr_.version = limits.protocol_version;
   const std::string memfd_name = "kvtier-ring-" + std::to_string(client_id);
   s->ring_fd_ = ::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (s->ring_fd_ < 0) return Status::IoError(std::string("memfd_create: ") + std::strerror(errno));

@@ -21,8 +21,12 @@
 //                                     just before the daemon closes a client's socket
 //                                     (a ring it cannot read, too many corrupt requests);
 //                                     the client shows it in the error of its next call
-// The first message must be kAttach; its protocol_version must equal kProtocolVersion
-// or the reply carries status Unsupported and the daemon closes the socket. The socket
+// The first message must be kAttach. It names the range of versions the client speaks,
+// [min_protocol_version, protocol_version] (min 0: protocol_version alone); the daemon
+// answers with the highest version both speak (NegotiateProtocol: it serves every
+// version from kMinProtocolVersion to kProtocolVersion) in AttachReply.protocol_version,
+// the ring region's header and every later control header, or with status Unsupported
+// when the ranges do not meet, and closes the socket. The socket
 // stays open for the life of the client: when it closes (crash included) the daemon
 // releases every lease the client held.
 //
@@ -56,6 +60,7 @@
 // When you change any struct here, bump kProtocolVersion.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -71,6 +76,10 @@ namespace kvtier::wire {
 // 2: WireSlot.from_tier (was reserved[0]): acquire says where each block was.
 // 3: WireTierStats.errors and write_errors (the remote tier's), 168 bytes (was 152).
 inline constexpr uint32_t kProtocolVersion = 3;
+// The oldest client protocol this daemon still serves: a newer daemon serves older
+// clients within one major version. 3, since a version-2 client would misread the
+// version-3 stats record.
+inline constexpr uint32_t kMinProtocolVersion = 3;
 inline constexpr uint32_t kControlMagic = 0x5754564Bu;  // "KVTW" as u32 LE
 inline constexpr uint32_t kRingMagic = 0x5254564Bu + 1;  // "LVTR": differs from records
 inline constexpr size_t kCacheLine = 64;
@@ -102,10 +111,10 @@ static_assert(sizeof(ControlHeader) == 16);
 inline constexpr uint32_t kAttachHasGpu = 1u << 0;  // client can map HBM (CUDA IPC)
 
 struct AttachRequest {
-  uint32_t protocol_version = kProtocolVersion;
+  uint32_t protocol_version = kProtocolVersion;  // the newest version the client speaks
   uint32_t flags = 0;   // kAttach* bits; others must be 0
   uint32_t pid = 0;     // informational (logs, metrics)
-  uint32_t reserved = 0;
+  uint32_t min_protocol_version = kMinProtocolVersion;  // the oldest it speaks; 0: protocol_version
   char name[48] = {};   // informational client name, NUL-padded
 };
 static_assert(sizeof(AttachRequest) == 64);
@@ -416,7 +425,7 @@ inline Status MakeRingLayout(uint32_t entries, uint64_t data_bytes, RingRegionHe
 // the layout must be exactly what MakeRingLayout computes for its entries and size.
 inline Status CheckRingHeader(const RingRegionHeader& h, uint64_t mapped_bytes) {
   if (h.magic != kRingMagic) return Status::Corrupt("ring region magic mismatch");
-  if (h.version != kProtocolVersion) {
+  if (h.version < kMinProtocolVersion || h.version > kProtocolVersion) {
     return Status::Unsupported("ring region version " + std::to_string(h.version));
   }
   RingRegionHeader expect;
@@ -581,6 +590,15 @@ inline Status ValidateSocketRequest(const RequestEntry& req, uint64_t inline_in_
     return Status::Invalid("out_len " + std::to_string(req.out_len) + " out of range");
   }
   return Status::Ok();
+}
+
+// The version both ends of an attach speak: the highest in the intersection of the
+// client's [client_min, client_max] (client_min 0: client_max alone) and this side's
+// [kMinProtocolVersion, kProtocolVersion]; 0 when they do not meet.
+inline uint32_t NegotiateProtocol(uint32_t client_min, uint32_t client_max) {
+  const uint32_t lo = std::max(client_min == 0 ? client_max : client_min, kMinProtocolVersion);
+  const uint32_t hi = std::min(client_max, kProtocolVersion);
+  return lo <= hi ? hi : 0;
 }
 
 // Checks a control header: magic, reserved, type known, length bounded. The version

@@ -348,6 +348,13 @@ TEST(ClientSemantics, TimeoutGivesUpAndSaysHowToRecover) {
   ASSERT_NE(c, nullptr) << LastError();
   ASSERT_EQ(kvtier_ping(c), KVTIER_OK);
   ASSERT_EQ(::kill(d.pid(), SIGSTOP), 0);
+  // Wait until the kernel reports it stopped (state T): the stop is not instantaneous.
+  for (int i = 0; i < 500; ++i) {
+    const std::string stat = ReadText("/proc/" + std::to_string(d.pid()) + "/stat");
+    const size_t paren = stat.rfind(')');
+    if (paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] == 'T') break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   EXPECT_EQ(kvtier_ping(c), KVTIER_TIMEOUT);
   EXPECT_NE(LastError().find("the connection is given up"), std::string::npos) << LastError();
   EXPECT_NE(LastError().find("kvtier_reconnect"), std::string::npos) << LastError();
@@ -454,6 +461,51 @@ TEST(ClientSemantics, RegistrationsOutliveRestarts) {
   WriteText(file, "not a contract file at all");
   EXPECT_FALSE(d.Start());
   EXPECT_NE(d.log().find("contracts.kvc is not a kvtier contract file"), std::string::npos) << d.log();
+}
+
+// The attach names a range of protocol versions: a client that also speaks this
+// daemon's version is served with it; ranges that do not meet are refused, by name.
+TEST(ClientSemantics, AttachNegotiatesAProtocolRange) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  auto attach = [&](uint32_t min, uint32_t max, wire::AttachReply* reply) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", d.socket().c_str());
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return false;
+    wire::ControlHeader h;
+    h.version = static_cast<uint16_t>(max);
+    h.type = static_cast<uint16_t>(wire::ControlType::kAttach);
+    h.length = sizeof(wire::AttachRequest);
+    wire::AttachRequest r;
+    r.protocol_version = max;
+    r.min_protocol_version = min;
+    uint8_t msg[sizeof h + sizeof r];
+    std::memcpy(msg, &h, sizeof h);
+    std::memcpy(msg + sizeof h, &r, sizeof r);
+    uint8_t buf[sizeof(wire::ControlHeader) + sizeof(wire::AttachReply)];
+    const bool ok = ::write(fd, msg, sizeof msg) == static_cast<ssize_t>(sizeof msg) &&
+                    ::recv(fd, buf, sizeof buf, MSG_WAITALL) == static_cast<ssize_t>(sizeof buf);
+    if (ok) std::memcpy(reply, buf + sizeof(wire::ControlHeader), sizeof *reply);
+    ::close(fd);
+    return ok;
+  };
+  wire::AttachReply reply;
+  const uint32_t v = wire::kProtocolVersion;
+  ASSERT_TRUE(attach(v, v + 3, &reply));  // a newer client that still speaks ours
+  EXPECT_EQ(reply.status, 0) << reply.message;
+  EXPECT_EQ(reply.protocol_version, v);
+  ASSERT_TRUE(attach(0, v, &reply));  // an older client: one version
+  EXPECT_EQ(reply.status, 0) << reply.message;
+  ASSERT_TRUE(attach(v + 1, v + 3, &reply));
+  EXPECT_EQ(reply.status, static_cast<int32_t>(StatusCode::kUnsupported));
+  EXPECT_NE(std::string(reply.message).find("this daemon speaks"), std::string::npos) << reply.message;
+  ASSERT_TRUE(attach(0, wire::kMinProtocolVersion - 1, &reply));
+  EXPECT_EQ(reply.status, static_cast<int32_t>(StatusCode::kUnsupported));
+  EXPECT_EQ(wire::NegotiateProtocol(1, 9), v);
+  EXPECT_EQ(wire::NegotiateProtocol(0, v + 1), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
 // The start of this process's mapping of a client's ring region (memfd "kvtier-ring-N").

@@ -371,7 +371,7 @@ class RawClient {
   }
 
   // Returns the reply (status != 0 when refused). `version` goes in both the header and
-  // the attach request.
+  // the attach request, as the only version this client speaks.
   bool Attach(const std::string& path, wire::AttachReply* reply, uint32_t version = wire::kProtocolVersion) {
     sock_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
     sockaddr_un a{};
@@ -384,6 +384,7 @@ class RawClient {
     h.length = sizeof(wire::AttachRequest);
     wire::AttachRequest r;
     r.protocol_version = version;
+    r.min_protocol_version = version;  // speaks exactly `version`
     std::snprintf(r.name, sizeof r.name, "raw");
     uint8_t msg[sizeof h + sizeof r];
     std::memcpy(msg, &h, sizeof h);
