@@ -2,7 +2,8 @@
 """The README's quickstart, C and Python, extracted and run as written against a real
 kvtierd (host tier, no GPU), so that it never rots.
 
-Run by ctest with KVTIER_BIN_DIR, KVTIER_LIB, KVTIER_CC, KVTIER_SOURCE_DIR and PYTHONPATH set.
+Run by ctest with KVTIER_BIN_DIR, KVTIER_LIB, KVTIER_CC, KVTIER_SOURCE_DIR,
+KVTIER_GENERATED_INCLUDE (the build's kvtier/version.h) and PYTHONPATH set.
 """
 import os
 import re
@@ -71,7 +72,7 @@ class QuickstartTest(unittest.TestCase):
             f.write(snippet("c"))
         libdir = os.path.dirname(os.environ["KVTIER_LIB"])
         cc = [os.environ["KVTIER_CC"], "-std=c11", "-Wall", "-Werror", src, "-I", os.path.join(SRC, "client", "include"),
-              "-L", libdir, "-lkvtier", "-Wl,-rpath," + libdir, "-o", exe]
+              "-I", os.environ["KVTIER_GENERATED_INCLUDE"], "-L", libdir, "-lkvtier", "-Wl,-rpath," + libdir, "-o", exe]
         r = subprocess.run(cc, capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
         r = subprocess.run([exe], capture_output=True, text=True, env=self.env, timeout=60)

@@ -204,7 +204,7 @@ def _load_first(candidates, what: str):
 
 
 # The C ABI these ctypes declarations follow (kvtier.h's KVTIER_ABI_VERSION).
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 
 
 def _check_abi_version(lib, path: str):
