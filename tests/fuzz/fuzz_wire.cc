@@ -49,7 +49,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(req.count >= 1 && req.count <= lim.max_keys);
     }
     if (op == Op::kAcquire || op == Op::kAlloc || op == Op::kPrefetch) FUZZ_CHECK(req.tier <= kTierHost);
-    if (op == Op::kCommit || op == Op::kRelease) FUZZ_CHECK(req.lease_id != 0);
+    if (op == Op::kCommit) FUZZ_CHECK(req.lease_id != 0);  // release of lease 0 is a no-op
+  }
+  // A request that passes has a sound frame; a broken frame never passes (only broken
+  // frames are strikes against a client).
+  if (!CheckRingFrame(req, lim).ok()) FUZZ_CHECK(!ValidateRingRequest(req, lim).ok());
+  {
+    const uint32_t v = NegotiateProtocol(req.count, static_cast<uint32_t>(req.lease_id));
+    if (v != 0) FUZZ_CHECK(v >= kMinProtocolVersion && v <= kProtocolVersion && v <= req.lease_id);
   }
   uint32_t inline_bytes = 0;
   (void)Take(p, n, &inline_bytes);
