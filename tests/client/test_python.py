@@ -296,6 +296,52 @@ print("views ok")
             c.release(lease)
             self.assertEqual(c.evict_contract(cid), (2, 0))
 
+    def test_auto_reconnect_after_a_daemon_restart(self):
+        # A daemon of its own, restarted under the client: with auto_reconnect the call
+        # after the failed one attaches again, the contract is registered again, and the
+        # package maps the new daemon's arena.
+        d = tempfile.mkdtemp(prefix="kvtier-py-re-", dir=self.tmp.name)
+        sock = os.path.join(d, "kvtierd.sock")
+        cfg = os.path.join(d, "kvtier.toml")
+        with open(cfg, "w") as f:
+            f.write(f'[daemon]\nsocket = "{sock}"\nmetrics_port = 0\n[tiers]\nslot_bytes = "4KiB"\n'
+                    f'[tiers.host]\ncapacity = "256KiB"\n[tiers.nvme]\ncapacity = "0"\n')
+        binary = os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd")
+
+        def start():
+            p = subprocess.Popen([binary, "--config", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(1000):
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect(sock)
+                    return p
+                except OSError:
+                    time.sleep(0.02)
+                finally:
+                    s.close()
+            raise RuntimeError("kvtierd did not start")
+
+        proc = start()
+        try:
+            with kvtier.Client(sock, auto_reconnect=True, timeout_ms=3000) as c:
+                cid = c.register_contract(self.contract("py/auto"))
+                self.assertEqual(c.store(cid, list(range(17)), [bytes([3]) * 576]), 1)
+                proc.send_signal(signal.SIGTERM)
+                self.assertEqual(proc.wait(timeout=20), 0)
+                proc = start()
+                with self.assertRaises(kvtier.KvtierError) as e:
+                    c.ping()
+                self.assertEqual(e.exception.status, "DISCONNECTED")
+                self.assertEqual(c.lookup_tokens(cid, list(range(40))), 0)  # reconnected, registered again
+                self.assertEqual(c.store(cid, list(range(17)), [bytes([4]) * 576]), 1)
+                cached, lease = c.load(cid, list(range(17)))
+                self.assertEqual(cached, 16)
+                self.assertEqual(bytes(c.host_slot(lease.slots[0])[:576]), bytes([4]) * 576)  # the new arena
+                c.release(lease)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+
     def test_library_exports_only_its_c_abi(self):
         import shutil
         if not shutil.which("nm"):
