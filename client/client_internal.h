@@ -48,7 +48,6 @@ struct kvtier_client {
   std::unordered_map<uint64_t, RegisteredContract> contracts;  // by contract id
   bool broken = false;           // the connection is given up; every call fails at once
   std::string broken_reason;     // why, in one line (the daemon's reason when it gave one)
-  kvtier_status broken_status = KVTIER_DISCONNECTED;
   kvtier_transport transport = KVTIER_TRANSPORT_RING;
   uint32_t timeout_ms = 60000;
   uint32_t spin_us = 50;

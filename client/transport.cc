@@ -74,7 +74,6 @@ std::string ClosedText(int fd, const w::ControlHeader* already_read = nullptr) {
 // Gives the connection up: every later call fails at once with the same status and text.
 kvtier_status Broken(kvtier_client* c, kvtier_status s, std::string why) {
   c->broken = true;
-  c->broken_status = s;
   c->broken_reason = why;
   return Fail(s, std::move(why));
 }
