@@ -191,9 +191,7 @@ const std::vector<Entry>& Schema() {
                  DoubleField([](Config& c) { return &c.tiers.policy.reuse_protected_fraction; })});
     s.push_back({"tiers.policy.reuse_ghost_factor",
                  DoubleField([](Config& c) { return &c.tiers.policy.reuse_ghost_factor; })});
-    s.push_back({"tiers.policy.reuse_adapt", BoolField([](Config& c) { return &c.tiers.policy.reuse_adapt; })});
-    s.push_back({"tiers.policy.reuse_tail_fraction",
-                 DoubleField([](Config& c) { return &c.tiers.policy.reuse_tail_fraction; })});
+    s.push_back({"tiers.policy.reuse_density", BoolField([](Config& c) { return &c.tiers.policy.reuse_density; })});
     return s;
   }();
   return schema;

@@ -319,7 +319,7 @@ TEST(Arc, ASecondUseProtectsAndGhostHitsMoveTheTarget) {
 
 TEST(Reuse, UsedAgainBlocksOutliveNewOnesAndReturningKeysAreProtected) {
   PolicyOptions o;
-  o.reuse_adapt = false;
+  o.reuse_density = false;
   auto p = EvictionPolicy::Create(PolicyKind::kReuse, 10, o);  // protected may hold 9
   auto all = [](const BlockId&) { return true; };
   for (uint64_t i = 0; i < 6; ++i) p->Insert(B(i), None());

@@ -4,6 +4,7 @@
 #include <absl/container/flat_hash_set.h>
 
 #include <algorithm>
+#include <cmath>
 #include <list>
 #include <set>
 #include <unordered_map>
@@ -366,17 +367,23 @@ class ArcPolicy final : public EvictionPolicy {
 
 // ---- reuse (kvtier's own) ----------------------------------------------------------
 // Two segments (0 probation, 1 protected), each split into leaves and inner blocks, four
-// sets ordered by last use: O(log n) per operation. The ghost is a FIFO of evicted keys
-// with the segment each left from.
+// sets ordered by last use: O(log n) per operation. The ghost is a FIFO of evicted keys.
+//
+// Hit density (LHD's measure, Beckmann et al., NSDI'18), learned per segment and age:
+// hits_[s][a] and ends_[s][a] count blocks of segment s hit, or gone, at age a (ticks
+// since last use, in log buckets). From them, for each age, P(hit later) / expected
+// remaining life. Victim() takes the least recent candidate of each segment and evicts
+// the one of lower density, so the split between segments follows the workload (dead
+// protected blocks lose to new ones when they stop being hit). Until the first table is
+// built, protected gives up blocks only above reuse_protected_fraction of the tier.
 class ReusePolicy final : public EvictionPolicy {
  public:
   ReusePolicy(uint64_t capacity, const PolicyOptions& o)
       : cap_(capacity),
         ghost_cap_(static_cast<uint64_t>(static_cast<double>(capacity) * o.reuse_ghost_factor)),
-        adapt_(o.reuse_adapt),
-        tail_(o.reuse_tail_fraction),
-        target_(std::clamp(static_cast<double>(capacity) * o.reuse_protected_fraction, 1.0,
-                           std::max(1.0, static_cast<double>(capacity) - 1.0))) {}
+        density_on_(o.reuse_density),
+        period_(std::max<uint64_t>(1024, capacity / 2)),
+        target_(static_cast<double>(capacity) * o.reuse_protected_fraction) {}
   const char* name() const override { return "reuse"; }
   void Insert(const BlockId& b, const BlockId& parent) override {
     if (map_.count(b)) return Touch(b);
@@ -386,7 +393,7 @@ class ReusePolicy final : public EvictionPolicy {
     e.tick = ++clock_;
     if (auto g = ghost_map_.find(b); g != ghost_map_.end()) {
       e.seg = 1;  // it came back while remembered: reused
-      ghost_.erase(g->second.pos);
+      ghost_.erase(g->second);
       ghost_map_.erase(g);
     }
     map_[b] = e;
@@ -404,7 +411,7 @@ class ReusePolicy final : public EvictionPolicy {
     auto it = map_.find(b);
     if (it == map_.end()) return;
     Entry& e = it->second;
-    if (adapt_) Adapt(e);
+    Count(hits_[e.seg], e.tick, clock_);
     const bool inner = children_.Get(b) != 0;
     Set(e.seg, inner).erase({e.tick, b});
     --seg_size_[e.seg];
@@ -417,6 +424,7 @@ class ReusePolicy final : public EvictionPolicy {
     auto it = map_.find(b);
     if (it == map_.end()) return;
     const Entry e = it->second;
+    Count(ends_[e.seg], e.tick, clock_);
     Set(e.seg, children_.Get(b) != 0).erase({e.tick, b});
     --seg_size_[e.seg];
     map_.erase(it);
@@ -429,7 +437,7 @@ class ReusePolicy final : public EvictionPolicy {
     }
     if (ghost_cap_ > 0) {
       ghost_.push_back(b);
-      ghost_map_[b] = {std::prev(ghost_.end()), e.seg};
+      ghost_map_[b] = std::prev(ghost_.end());
       while (ghost_.size() > ghost_cap_) {
         ghost_map_.erase(ghost_.front());
         ghost_.pop_front();
@@ -437,13 +445,27 @@ class ReusePolicy final : public EvictionPolicy {
     }
   }
   std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& ok) override {
-    const int pref = (static_cast<double>(seg_size_[1]) > target_ || seg_size_[0] == 0) ? 1 : 0;
+    // Leaves first (a chain is eaten from its tail), then inner blocks; within each, the
+    // least recent evictable block of each segment competes.
     for (bool inner : {false, true}) {
-      for (int seg : {pref, 1 - pref}) {
-        for (const auto& [tick, b] : Set(seg, inner)) {
-          if (ok(b)) return b;
+      const std::pair<uint64_t, BlockId>* cand[2] = {nullptr, nullptr};
+      for (int seg : {0, 1}) {
+        for (const auto& tb : Set(seg, inner)) {
+          if (ok(tb.second)) {
+            cand[seg] = &tb;
+            break;
+          }
         }
       }
+      if (!cand[0] && !cand[1]) continue;
+      if (!cand[0] || !cand[1]) return (cand[0] ? cand[0] : cand[1])->second;
+      int evict;
+      if (density_on_ && built_) {
+        evict = density_[1][Bucket(clock_ - cand[1]->first)] < density_[0][Bucket(clock_ - cand[0]->first)] ? 1 : 0;
+      } else {
+        evict = static_cast<double>(seg_size_[1]) > target_ ? 1 : 0;
+      }
+      return cand[evict]->second;
     }
     return std::nullopt;
   }
@@ -451,42 +473,61 @@ class ReusePolicy final : public EvictionPolicy {
   bool Contains(const BlockId& b) const override { return map_.count(b) != 0; }
 
  private:
+  static constexpr int kBuckets = 96;  // 4 per doubling of the age: up to ~2^24 ticks
   struct Entry {
     BlockId parent;
     bool has_parent = false;
     uint8_t seg = 0;
     uint64_t tick = 0;
   };
-  struct Ghost {
-    std::list<BlockId>::iterator pos;
-    uint8_t seg = 0;
-  };
-  TickSet& Set(int seg, bool inner) { return sets_[seg * 2 + (inner ? 1 : 0)]; }
-  // A hit on a block in the oldest tail_ share (by age) of its segment would have been a
-  // miss had that segment been a little smaller: that segment earns one block.
-  void Adapt(const Entry& e) {
-    uint64_t oldest = e.tick;
-    for (bool inner : {false, true}) {
-      const TickSet& s = Set(e.seg, inner);
-      if (!s.empty()) oldest = std::min(oldest, s.begin()->first);
-    }
-    const double span = static_cast<double>(clock_ - oldest);
-    if (static_cast<double>(e.tick - oldest) >= tail_ * span) return;
-    const double lo = std::max(1.0, 0.1 * static_cast<double>(cap_));
-    const double hi = std::max(lo, static_cast<double>(cap_) - 1.0);
-    target_ = std::clamp(target_ + (e.seg == 1 ? 1.0 : -1.0), lo, hi);
+  static int Bucket(uint64_t age) {
+    if (age < 4) return static_cast<int>(age);
+    const int lg = 63 - __builtin_clzll(age);  // >= 2
+    const int frac = static_cast<int>((age >> (lg - 2)) & 3);
+    return std::min(kBuckets - 1, (lg - 1) * 4 + frac);
   }
+  static double Age(int k) {  // the middle of bucket k
+    if (k < 4) return k;
+    const int lg = k / 4 + 1, frac = k % 4;
+    return std::ldexp(4.0 + frac + 0.5, lg - 2);
+  }
+  // A block last used at `tick` is hit or leaves at `now`.
+  void Count(double (&c)[kBuckets], uint64_t tick, uint64_t now) {
+    c[Bucket(now - tick)] += 1.0;
+    if (++events_ % period_ == 0) Rebuild();
+  }
+  // density_[s][k] = P(a block of s at age k is hit before it goes) / its expected
+  // remaining life; then every count decays, so the tables follow the workload.
+  void Rebuild() {
+    for (int s = 0; s < 2; ++s) {
+      double h = 0, e = 0, w = 0;
+      for (int k = kBuckets - 1; k >= 0; --k) {
+        h += hits_[s][k];
+        e += hits_[s][k] + ends_[s][k];
+        w += (hits_[s][k] + ends_[s][k]) * Age(k);
+        density_[s][k] = e > 0 ? (h / e) / std::max(1.0, w / e - Age(k)) : 0.0;
+      }
+      for (int k = 0; k < kBuckets; ++k) {
+        hits_[s][k] *= 0.9;
+        ends_[s][k] *= 0.9;
+      }
+    }
+    built_ = true;
+  }
+  TickSet& Set(int seg, bool inner) { return sets_[seg * 2 + (inner ? 1 : 0)]; }
   const uint64_t cap_, ghost_cap_;
-  const bool adapt_;
-  const double tail_;
-  double target_;  // protected blocks allowed before protected gives up blocks
-  uint64_t clock_ = 0;
+  const bool density_on_;
+  const uint64_t period_;  // events (hits and departures) between table rebuilds
+  const double target_;    // protected blocks allowed before the first table
+  uint64_t clock_ = 0, events_ = 0;
   uint64_t seg_size_[2] = {0, 0};
+  bool built_ = false;
+  double hits_[2][kBuckets] = {}, ends_[2][kBuckets] = {}, density_[2][kBuckets] = {};
   absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
   ChildCounts children_;
   TickSet sets_[4] = {TickSet{TickLess}, TickSet{TickLess}, TickSet{TickLess}, TickSet{TickLess}};
   std::list<BlockId> ghost_;
-  absl::flat_hash_map<BlockId, Ghost, BlockIdHash> ghost_map_;
+  absl::flat_hash_map<BlockId, std::list<BlockId>::iterator, BlockIdHash> ghost_map_;
 };
 
 }  // namespace

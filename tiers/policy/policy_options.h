@@ -42,19 +42,16 @@ struct PolicyOptions {
   // s3fifo: the small FIFO's share of the tier's blocks, in (0, 1). Default: 0.1
   double s3fifo_small_fraction = 0.1;
   // reuse: the share of the tier that blocks used more than once may fill before the
-  // protected segment gives up blocks, in (0, 1); the starting point of the online
-  // adaptation (adapt = true), or fixed. Default: 0.9
+  // protected segment gives up blocks, in (0, 1): the rule until the first hit-density
+  // table is built (after max(1024, capacity / 2) hits and departures), or always with
+  // reuse_density = false. Default: 0.9
   double reuse_protected_fraction = 0.9;
   // reuse: keys of evicted blocks remembered (a returning key enters protected), as a
   // multiple of the tier's capacity, in [0, 16]. Default: 2
   double reuse_ghost_factor = 2.0;
-  // reuse: move the protected share online by marginal hits: a hit on a block in the
-  // oldest reuse_tail_fraction of its segment gives that segment one block (between 10%
-  // and all but one block of the tier). Default: true
-  bool reuse_adapt = true;
-  // reuse: the share of a segment's age span that counts as its tail, in (0, 1).
-  // Default: 0.1
-  double reuse_tail_fraction = 0.1;
+  // reuse: choose between the two segments' least recent blocks by hit density learned
+  // online per segment and age. Default: true
+  bool reuse_density = true;
 
   bool operator==(const PolicyOptions&) const = default;
 
@@ -64,7 +61,6 @@ struct PolicyOptions {
     if (!(reuse_protected_fraction > 0.0 && reuse_protected_fraction < 1.0)) {
       return "reuse_protected_fraction must be in (0, 1)";
     }
-    if (!(reuse_tail_fraction > 0.0 && reuse_tail_fraction < 1.0)) return "reuse_tail_fraction must be in (0, 1)";
     if (!(reuse_ghost_factor >= 0.0 && reuse_ghost_factor <= 16.0)) return "reuse_ghost_factor must be in [0, 16]";
     return "";
   }

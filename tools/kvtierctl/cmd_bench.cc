@@ -64,7 +64,7 @@ tiers:
   --policies A,B,...      bench policies: the policies to compare with lru (all)
   policies: {policies} (knobs as in [tiers.policy]:
   --s3fifo-small-fraction F --reuse-protected-fraction F --reuse-ghost-factor F
-  --reuse-adapt 0|1 --reuse-tail-fraction F)
+  --reuse-density 0|1)
 replay:
   --sweep SIZE,SIZE,...   HBM budgets to sweep (replay) or budgets to test (policies)
   --prefill-tok-s R       prefill rate for the time-saved estimate (20000)
@@ -79,8 +79,8 @@ const std::vector<std::string> kKnown = {
     "turn-tokens", "max-turns", "zipf", "seed", "save-trace", "layers", "kv-heads", "head-dim",
     "block-tokens", "hbm", "host", "policy", "formats", "sweep", "prefill-tok-s", "json", "plot",
     "append", "simulate", "results", "spawn", "socket", "nvme", "verify-full", "max-requests", "quick",
-    "s3fifo-small-fraction", "reuse-protected-fraction", "reuse-ghost-factor", "reuse-adapt",
-    "reuse-tail-fraction", "workload", "policies"};
+    "s3fifo-small-fraction", "reuse-protected-fraction", "reuse-ghost-factor", "reuse-density",
+    "workload", "policies"};
 
 struct Setup {
   std::vector<replay::Request> reqs;
@@ -206,16 +206,15 @@ StatusOr<Setup> ParseSetup(const cli::Args& a) {
   }
   for (auto [name, field] : {std::pair{"s3fifo-small-fraction", &s.knobs.s3fifo_small_fraction},
                              std::pair{"reuse-protected-fraction", &s.knobs.reuse_protected_fraction},
-                             std::pair{"reuse-ghost-factor", &s.knobs.reuse_ghost_factor},
-                             std::pair{"reuse-tail-fraction", &s.knobs.reuse_tail_fraction}}) {
+                             std::pair{"reuse-ghost-factor", &s.knobs.reuse_ghost_factor}}) {
     auto v = a.GetDouble(name, *field);
     if (!v.ok()) return v.status();
     *field = *v;
   }
-  if (auto v = a.GetInt("reuse-adapt", s.knobs.reuse_adapt ? 1 : 0); !v.ok() || (*v != 0 && *v != 1)) {
-    return Status::Invalid("--reuse-adapt must be 0 or 1");
+  if (auto v = a.GetInt("reuse-density", s.knobs.reuse_density ? 1 : 0); !v.ok() || (*v != 0 && *v != 1)) {
+    return Status::Invalid("--reuse-density must be 0 or 1");
   } else {
-    s.knobs.reuse_adapt = *v == 1;
+    s.knobs.reuse_density = *v == 1;
   }
   if (std::string why = s.knobs.Check(); !why.empty()) return Status::Invalid("--" + why);
   // Against one running daemon (fixed slot size) the default is the format it is sized
@@ -530,7 +529,8 @@ int Replay(const cli::Args& a) {
   return 0;
 }
 
-int Policies(const cli::Args& a) {
+// cmdline: the command as typed, for the report (it must reproduce the table).
+int Policies(const cli::Args& a, const std::string& cmdline) {
   auto s = ParseSetup(a);
   if (!s.ok()) return Fail("bench policies: " + s.status().message(), 2);
   std::vector<uint64_t> budgets = s->sweep;
@@ -542,8 +542,7 @@ int Policies(const cli::Args& a) {
   std::string formats;
   for (KvFormat f : s->formats) formats += std::string(formats.empty() ? "" : ", ") + KvFormatName(f);
   bench::Report rep("policies: block-weighted prefix hit rate by eviction policy (single tier, " + formats + ")",
-                    "build/bin/kvtierctl bench policies" + std::string(a.Has("trace") ? " --trace " + *a.Get("trace") : "") +
-                        " --block-tokens " + std::to_string(s->geo.block_tokens) + " --formats " + formats);
+                    cmdline);
   std::vector<std::string> cols = {"format", "budget", "blocks"};
   for (auto k : kinds) cols.push_back(std::string(tiers::PolicyName(k)) + (k == tiers::PolicyKind::kLru ? " (baseline)" : ""));
   cols.insert(cols.end(), {"best", "best - lru (points)", "oracle", "infinite bound"});
@@ -637,7 +636,13 @@ int Run(const std::vector<std::string>& argv) {
   if (auto st = a->CheckKnown(kKnown); !st.ok()) return Fail("bench " + argv[0] + ": " + st.message(), 2);
   if (!a->positional().empty()) return Fail("bench " + argv[0] + ": unexpected argument '" + a->positional()[0] + "'", 2);
   if (argv[0] == "replay") return Replay(*a);
-  if (argv[0] == "policies") return Policies(*a);
+  if (argv[0] == "policies") {
+    std::string cmdline = "build/bin/kvtierctl bench";
+    for (const auto& w : argv) {
+      if (w != "--append") cmdline += " " + w;
+    }
+    return Policies(*a, cmdline);
+  }
   return Fail("bench: unknown benchmark '" + argv[0] + "' (replay, policies)", 2);
 }
 
