@@ -8,6 +8,7 @@
 #include <set>
 
 #include "tests/tiers/test_util.h"
+#include "tiers/tier_manager.h"  // TierOptions
 
 namespace kvtier::tiers {
 namespace {

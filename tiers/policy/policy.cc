@@ -20,7 +20,7 @@ namespace {
 // ---- LRU ---------------------------------------------------------------------------
 class LruPolicy final : public EvictionPolicy {
  public:
-  const char* name() const override { return "lru"; }
+  const char* name() const override { return PolicyName(PolicyKind::kLru); }
   void Insert(const BlockId& b, const BlockId&) override {
     if (map_.count(b)) return Touch(b);
     list_.push_front(b);
@@ -56,7 +56,7 @@ class S3FifoPolicy final : public EvictionPolicy {
   S3FifoPolicy(uint64_t capacity, double small_fraction)
       : small_target_(std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(capacity) * small_fraction))),
         ghost_cap_(std::max<uint64_t>(1, capacity)) {}
-  const char* name() const override { return "s3fifo"; }
+  const char* name() const override { return PolicyName(PolicyKind::kS3Fifo); }
   void Insert(const BlockId& b, const BlockId&) override {
     if (map_.count(b)) return Touch(b);
     const bool ghost = ghost_set_.erase(b) != 0;
@@ -175,7 +175,7 @@ bool TickLess(const std::pair<uint64_t, BlockId>& a, const std::pair<uint64_t, B
 // inner blocks sit in a second one, offered only when no leaf is evictable.
 class PrefixLruPolicy final : public EvictionPolicy {
  public:
-  const char* name() const override { return "prefix-lru"; }
+  const char* name() const override { return PolicyName(PolicyKind::kPrefixLru); }
   void Insert(const BlockId& b, const BlockId& parent) override {
     if (map_.count(b)) return Touch(b);
     Entry e;
@@ -245,7 +245,7 @@ class PrefixLruPolicy final : public EvictionPolicy {
 // moves the hand to the next one, so the next search resumes where this one stopped.
 class SievePolicy final : public EvictionPolicy {
  public:
-  const char* name() const override { return "sieve"; }
+  const char* name() const override { return PolicyName(PolicyKind::kSieve); }
   void Insert(const BlockId& b, const BlockId&) override {
     if (map_.count(b)) return Touch(b);
     list_.push_back(b);
@@ -298,7 +298,7 @@ class SievePolicy final : public EvictionPolicy {
 class ArcPolicy final : public EvictionPolicy {
  public:
   explicit ArcPolicy(uint64_t capacity) : c_(capacity) {}
-  const char* name() const override { return "arc"; }
+  const char* name() const override { return PolicyName(PolicyKind::kArc); }
   void Insert(const BlockId& b, const BlockId&) override {
     if (auto it = map_.find(b); it != map_.end()) {
       if (it->second.list < 2) return Touch(b);
@@ -384,7 +384,7 @@ class ReusePolicy final : public EvictionPolicy {
         density_on_(o.reuse_density),
         period_(std::max<uint64_t>(1024, capacity / 2)),
         target_(static_cast<double>(capacity) * o.reuse_protected_fraction) {}
-  const char* name() const override { return "reuse"; }
+  const char* name() const override { return PolicyName(PolicyKind::kReuse); }
   void Insert(const BlockId& b, const BlockId& parent) override {
     if (map_.count(b)) return Touch(b);
     Entry e;
