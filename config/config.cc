@@ -185,6 +185,13 @@ const std::vector<Entry>& Schema() {
                  IntField<uint32_t>([](Config& c) { return &c.tiers.remote.pool_size; }, 1, 256)});
     s.push_back({"tiers.remote.write", StringField([](Config& c) { return &c.tiers.remote.write; })});
     s.push_back({"tiers.remote.compress", BoolField([](Config& c) { return &c.tiers.remote.compress; })});
+    s.push_back({"tiers.policy.s3fifo_small_fraction",
+                 DoubleField([](Config& c) { return &c.tiers.policy.s3fifo_small_fraction; })});
+    s.push_back({"tiers.policy.reuse_protected_fraction",
+                 DoubleField([](Config& c) { return &c.tiers.policy.reuse_protected_fraction; })});
+    s.push_back({"tiers.policy.reuse_ghost_factor",
+                 DoubleField([](Config& c) { return &c.tiers.policy.reuse_ghost_factor; })});
+    s.push_back({"tiers.policy.reuse_density", BoolField([](Config& c) { return &c.tiers.policy.reuse_density; })});
     return s;
   }();
   return schema;
@@ -199,7 +206,7 @@ const Entry* FindEntry(const std::string& key) {
 
 bool IsSection(const std::string& path) {
   return path == "daemon" || path == "tiers" || path == "tiers.hbm" || path == "tiers.host" ||
-         path == "tiers.nvme" || path == "tiers.remote";
+         path == "tiers.nvme" || path == "tiers.remote" || path == "tiers.policy";
 }
 
 std::string Where(const std::string& source, const toml::node& n) {
@@ -243,8 +250,8 @@ std::string Num(double v) {
 }
 
 Status ValidateTier(const std::string& p, const TierConfig& t, uint64_t slot_bytes) {
-  if (!InSet(t.policy, {"lru", "s3fifo", "prefix-lru"})) {
-    return Status::Invalid(p + ".policy: \"" + t.policy + "\" is not lru, s3fifo or prefix-lru");
+  if (tiers::PolicyIndex(t.policy) < 0) {
+    return Status::Invalid(p + ".policy: \"" + t.policy + "\" is not one of " + tiers::PolicyNameList());
   }
   if (!InSet(t.on_evict, {"demote", "drop"})) {
     return Status::Invalid(p + ".on_evict: \"" + t.on_evict + "\" is not demote or drop");
@@ -342,6 +349,9 @@ Status Config::Validate() const {
   }
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.host", t.host, t.slot_bytes));
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.nvme", t.nvme.tier, t.slot_bytes));
+  if (std::string why = t.policy.Check(); !why.empty()) {
+    return Status::Invalid("tiers.policy." + why);
+  }
   if (t.nvme.tier.on_evict != "drop") {
     return Status::Invalid("tiers.nvme.on_evict: the last tier can only drop");
   }

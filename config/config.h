@@ -22,12 +22,14 @@
 
 #include "formats/size.h"
 #include "formats/status.h"
+#include "tiers/policy/policy_options.h"  // header-only: the policy names and knobs
 
 namespace kvtier::config {
 
 struct TierConfig {
   uint64_t capacity_bytes = 0;     // 0 disables the tier. Default: per tier (see below)
-  std::string policy = "lru";      // lru | s3fifo | prefix-lru. Default: "lru"
+  std::string policy = "lru";      // a name of tiers::kPolicyNames (lru, s3fifo, prefix-lru,
+                                   // sieve, arc, reuse). Default: "lru"
   double high_watermark = 0.95;    // start evicting above this fill, in (0, 1]. Default: 0.95
   double low_watermark = 0.85;     // evict down to this fill, below high. Default: 0.85
   std::string on_evict = "demote";  // demote | drop. Default: "demote"
@@ -64,6 +66,9 @@ struct TiersConfig {
   TierConfig host;                // capacity Default: 1GiB
   NvmeConfig nvme;
   RemoteConfig remote;
+  // [tiers.policy]: the eviction policies' knobs, the same for every tier (each field's
+  // range and default are in tiers/policy/policy_options.h).
+  tiers::PolicyOptions policy;
 };
 
 struct DaemonConfig {

@@ -25,6 +25,7 @@
 #include "daemon/session.h"
 #include "formats/wire.h"
 #include "kvtier/version.h"
+#include "tiers/policy/policy.h"
 
 namespace kvtier::daemon {
 
@@ -35,16 +36,14 @@ using UnixSocket = asio::local::stream_protocol::socket;
 
 namespace {
 
-tiers::PolicyKind PolicyOf(const std::string& s) {
-  if (s == "s3fifo") return tiers::PolicyKind::kS3Fifo;
-  if (s == "prefix-lru") return tiers::PolicyKind::kPrefixLru;
-  return tiers::PolicyKind::kLru;
-}
-
-tiers::TierOptions TierOf(const config::TierConfig& t) {
+tiers::TierOptions TierOf(const config::TierConfig& t, const tiers::PolicyOptions& knobs) {
   tiers::TierOptions o;
   o.capacity_bytes = t.capacity_bytes;
-  o.policy = PolicyOf(t.policy);
+  // config::Config::Validate checked the name against the same table; an unknown one
+  // cannot reach this point, and would fail TierOptions::Validate rather than become lru.
+  o.policy = static_cast<tiers::PolicyKind>(tiers::kPolicyNames.size());
+  (void)tiers::ParsePolicy(t.policy, &o.policy);
+  o.policy_options = knobs;
   o.high_watermark = t.high_watermark;
   o.low_watermark = t.low_watermark;
   o.on_evict = t.on_evict == "drop" ? tiers::OnEvict::kDrop : tiers::OnEvict::kDemote;
@@ -60,15 +59,15 @@ std::string Abs(const std::string& p) { return std::filesystem::absolute(p).lexi
 tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
   tiers::TierManagerOptions o;
   o.slot_bytes = c.tiers.slot_bytes;
-  o.hbm = TierOf(c.tiers.hbm);
+  o.hbm = TierOf(c.tiers.hbm, c.tiers.policy);
   o.cuda_device = c.tiers.cuda_device;
   // Config::Validate checked the name: ParseHbmCopy cannot fail here.
   const auto copy = tiers::ParseHbmCopy(c.tiers.hbm_copy);
   o.hbm_copy = copy.ok() ? *copy : tiers::HbmCopy::kAuto;
   o.hbm_copy_streams = static_cast<int>(c.tiers.hbm_copy_streams);
   o.trace_copies = c.daemon.trace_copies;
-  o.host = TierOf(c.tiers.host);
-  o.nvme.tier = TierOf(c.tiers.nvme.tier);
+  o.host = TierOf(c.tiers.host, c.tiers.policy);
+  o.nvme.tier = TierOf(c.tiers.nvme.tier, c.tiers.policy);
   o.nvme.tier.on_evict = tiers::OnEvict::kDrop;
   o.nvme.dir = c.tiers.nvme.dir.empty() ? "" : Abs(c.tiers.nvme.dir);
   o.nvme.admission =
@@ -701,6 +700,7 @@ Status Daemon::Impl::Reload(std::string* summary) {
   take(merged.tiers.hbm, n.tiers.hbm);
   take(merged.tiers.host, n.tiers.host);
   take(merged.tiers.nvme.tier, n.tiers.nvme.tier);
+  merged.tiers.policy = n.tiers.policy;
   merged.tiers.nvme.admission = n.tiers.nvme.admission;
   merged.tiers.nvme.daily_write_budget_bytes = n.tiers.nvme.daily_write_budget_bytes;
   merged.daemon.log_level = n.daemon.log_level;

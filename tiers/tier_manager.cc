@@ -331,11 +331,12 @@ Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
   }
   g_trace_copies.store(o.trace_copies, std::memory_order_relaxed);
   std::lock_guard<std::mutex> l(mu_);
-  const PolicyKind old[3] = {T(kH).opts().policy, T(kS).opts().policy, T(kN).opts().policy};
+  const TierOptions old[3] = {T(kH).opts(), T(kS).opts(), T(kN).opts()};
   opts_ = o;  // the tier states and the remote stage read their settings from here
   admission_->Configure(o.nvme.admission, o.nvme.daily_write_budget_bytes);
   for (TierState& ts : tiers_) {
-    if (ts.opts().policy != old[ts.index()]) ts.ResetPolicy(blocks_);
+    const TierOptions& was = old[ts.index()];
+    if (ts.opts().policy != was.policy || !(ts.opts().policy_options == was.policy_options)) ts.ResetPolicy(blocks_);
   }
   KickLocked();
   return Status::Ok();

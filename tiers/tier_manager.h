@@ -32,6 +32,7 @@
 #include "formats/keys.h"
 #include "formats/status.h"
 #include "tiers/hbm/hbm_pool.h"
+#include "tiers/policy/policy_options.h"
 #include "tiers/remote/remote_options.h"
 #include "tiers/types.h"
 
@@ -39,7 +40,8 @@ namespace kvtier::tiers {
 
 struct TierOptions {
   uint64_t capacity_bytes = 0;   // 0 = tier disabled. Rounded down to whole slots. Default: 0
-  PolicyKind policy = PolicyKind::kLru;  // Default: lru (prefix-lru recommended)
+  PolicyKind policy = PolicyKind::kLru;  // Default: lru (docs/tiers.md compares them)
+  PolicyOptions policy_options;          // the policy's knobs. Default: see policy_options.h
   double high_watermark = 0.95;  // start evicting above this fill. Default: 0.95
   double low_watermark = 0.85;   // evict down to this fill. Default: 0.85
   OnEvict on_evict = OnEvict::kDemote;  // demote to the next tier or drop. Default: demote

@@ -21,8 +21,11 @@ Status TierOptions::Validate(const char* tier_name) const {
                            std::to_string(low_watermark) + ") <= high (" +
                            std::to_string(high_watermark) + ") <= 1");
   }
-  if (policy != PolicyKind::kLru && policy != PolicyKind::kS3Fifo && policy != PolicyKind::kPrefixLru) {
+  if (static_cast<size_t>(policy) >= kPolicyNames.size()) {
     return Status::Invalid(std::string(tier_name) + ": unknown eviction policy");
+  }
+  if (std::string why = policy_options.Check(); !why.empty()) {
+    return Status::Invalid(std::string(tier_name) + ": policy: " + why);
   }
   if (on_evict != OnEvict::kDemote && on_evict != OnEvict::kDrop) {
     return Status::Invalid(std::string(tier_name) + ": unknown on_evict");

@@ -28,8 +28,8 @@ class NvmeStore;
 class CountingPolicy {
  public:
   explicit CountingPolicy(std::unique_ptr<EvictionPolicy> p) : p_(std::move(p)) {}
-  static std::unique_ptr<CountingPolicy> Make(PolicyKind kind, uint64_t capacity) {
-    return std::make_unique<CountingPolicy>(EvictionPolicy::Create(kind, capacity));
+  static std::unique_ptr<CountingPolicy> Make(const TierOptions& t, uint64_t capacity) {
+    return std::make_unique<CountingPolicy>(EvictionPolicy::Create(t.policy, capacity, t.policy_options));
   }
   void Insert(const BlockId& b, const BlockId& parent) {
     if (!p_->Contains(b)) ++per_contract_[b.contract];
@@ -100,7 +100,7 @@ class TierState {
   // A fresh policy of the configured kind over the blocks of `all` this tier holds.
   template <typename Blocks>
   void ResetPolicy(const Blocks& all) {
-    policy = CountingPolicy::Make(opts_->policy, total());
+    policy = CountingPolicy::Make(*opts_, total());
     for (const auto& b : all) {
       if (Holds(*b)) policy->Insert(b->id, BlockId{b->id.contract, b->parent});
     }

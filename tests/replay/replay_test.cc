@@ -1,12 +1,15 @@
 // Traces, the agentic generator and the in-process simulator.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 
 #include "formats/keys.h"
@@ -189,6 +192,87 @@ TEST(Simulator, TwoTiersDemoteAndPromote) {
   EXPECT_GT(two.hit_rate(), one.hit_rate());
 }
 
+// Belady is above every online policy and below the bound, on both generators, at every
+// budget from tiny to everything-fits (where it equals the bound); the policy knobs and
+// the policy fields of the tiers do not change it.
+TEST(Simulator, OracleIsAboveEveryPolicyAndBelowTheBound) {
+  GeneratorOptions g;
+  g.requests = 300;
+  g.sessions = 30;
+  g.system_tokens = 256;
+  g.first_turn_tokens = 128;
+  g.turn_tokens = 64;
+  ToolLoopOptions tl;
+  tl.requests = 300;
+  tl.tool_prompt_tokens = 512;
+  tl.task_tokens = 64;
+  tl.tool_output_tokens = 64;
+  for (const auto& reqs : {GenerateAgentic(g), GenerateToolLoops(tl)}) {
+    SimOptions o;
+    o.geometry = {2, 2, 64, 16};
+    const uint64_t slot = SlotBytes(KvFormat::kNvfp4, o.geometry);
+    const double bound = InfiniteBoundHitRate(reqs, 16);
+    for (uint64_t blocks : {8, 40, 200, 1000000}) {
+      o.oracle = true;
+      o.tiers = {{"hbm", blocks * slot, tiers::PolicyKind::kLru}};
+      const double oracle = Simulate(reqs, o).hit_rate();
+      o.tiers[0].policy = tiers::PolicyKind::kReuse;
+      o.policy_options.reuse_ghost_factor = 5;
+      EXPECT_EQ(Simulate(reqs, o).hit_rate(), oracle) << "the oracle must ignore the tier's policy";
+      o.policy_options = {};
+      EXPECT_LE(oracle, bound + 1e-12);
+      if (blocks == 1000000) {
+        EXPECT_NEAR(oracle, bound, 1e-12);
+      }
+      o.oracle = false;
+      for (auto p : tiers::AllPolicies()) {
+        o.tiers = {{"hbm", blocks * slot, p}};
+        const double hr = Simulate(reqs, o).hit_rate();
+        EXPECT_LE(hr, oracle + 1e-12) << tiers::PolicyName(p) << " beat the oracle at " << blocks << " blocks";
+        if (blocks == 40) {
+          EXPECT_LT(hr, oracle) << tiers::PolicyName(p) << ": the oracle should be strictly ahead here";
+        }
+      }
+    }
+  }
+}
+
+TEST(Generator, ToolLoopsShareTheToolPromptAndAreDeterministic) {
+  ToolLoopOptions o;
+  o.requests = 400;
+  const auto a = GenerateToolLoops(o), b = GenerateToolLoops(o);
+  ASSERT_EQ(a.size(), 400u);
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i].tokens, b[i].tokens) << i;
+  o.seed = 2;
+  EXPECT_NE(GenerateToolLoops(o)[5].tokens, a[5].tokens);
+  // Every request starts with one of the tool prompts; a session's turn extends its
+  // previous turn; one-shots exist and have turn 0.
+  std::map<std::string, std::vector<uint32_t>> last;
+  size_t one_shots = 0, turns = 0;
+  for (const auto& r : a) {
+    ASSERT_GE(r.tokens.size(), o.tool_prompt_tokens + o.task_tokens);
+    bool tool = false;
+    for (uint32_t t = 0; t < o.tool_prompts && !tool; ++t) {
+      const auto p = SegmentTokens("tool-" + std::to_string(t), o.tool_prompt_tokens);
+      tool = std::equal(p.begin(), p.end(), r.tokens.begin());
+    }
+    EXPECT_TRUE(tool) << r.session;
+    if (r.session[0] == 'o') ++one_shots;
+    if (auto it = last.find(r.session); it != last.end()) {
+      ++turns;
+      ASSERT_GT(r.tokens.size(), it->second.size());
+      EXPECT_TRUE(std::equal(it->second.begin(), it->second.end(), r.tokens.begin())) << r.session;
+    }
+    last[r.session] = r.tokens;
+  }
+  EXPECT_GT(one_shots, 60u);
+  EXPECT_LT(one_shots, 180u);
+  EXPECT_GT(turns, 100u);
+  o.min_turns = 5;
+  o.max_turns = 4;
+  EXPECT_FALSE(o.Validate().ok());
+}
+
 // Runs build/bin/kvtierctl with args; returns exit code and stdout.
 std::pair<int, std::string> Ctl(const std::vector<std::string>& args) {
   std::string cmd = std::string(KVTIER_BIN_DIR) + "/kvtierctl";
@@ -216,6 +300,28 @@ TEST(ReplayCli, SimulationIsDeterministicWithAFixedSeed) {
   EXPECT_NE(Ctl(other).second, a.second);
   EXPECT_EQ(Ctl({"bench", "replay", "--simulate", "--trace", "/nonexistent.jsonl"}).first, 2);
   EXPECT_EQ(Ctl({"bench", "replay", "--simulate", "--hbm", "12parsecs"}).first, 2);
+  EXPECT_NE(a.second.find("\"oracle_hit_rate\""), std::string::npos);
+}
+
+// bench policies: every policy of the table, the oracle and the bound; an unknown policy
+// name is refused (exit 2), as is an out-of-range knob.
+TEST(ReplayCli, PoliciesPrintEveryPolicyTheOracleAndTheBound) {
+  const auto r = Ctl({"bench", "policies", "--json", "--quick", "--layers", "2", "--sweep", "4MiB,64MiB"});
+  ASSERT_EQ(r.first, 0);
+  auto doc = nlohmann::json::parse(r.second);
+  ASSERT_EQ(doc["budgets"].size(), 2u);
+  for (const auto& b : doc["budgets"]) {
+    for (auto name : tiers::kPolicyNames) {
+      ASSERT_TRUE(b.contains(std::string(name))) << name;
+      EXPECT_LE(b[std::string(name)].get<double>(), b["oracle"].get<double>() + 1e-12) << name;
+    }
+    EXPECT_LE(b["oracle"].get<double>(), doc["infinite_bound_hit_rate"].get<double>() + 1e-12);
+  }
+  EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--policy", "fifo"}).first, 2);
+  EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--policies", "lru,oracle"}).first, 2);
+  EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--reuse-ghost-factor", "99"}).first, 2);
+  EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--workload", "chat"}).first, 2);
+  EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--workload", "tool-loop", "--requests", "50", "--json"}).first, 0);
 }
 
 // The whole path through real daemons: one kvtierd per format, every acquired block's

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "tests/tiers/test_util.h"
+#include "tiers/tier_manager.h"  // TierOptions
 
 namespace kvtier::tiers {
 namespace {
@@ -81,8 +82,9 @@ TEST_P(PolicyTest, HotBlockSurvivesAScan) {
   EXPECT_TRUE(resident.count(0)) << PolicyName(GetParam()) << " evicted the hot block";
 }
 
-// Chains of blocks (prompts sharing prefixes). prefix-lru never picks a block that has a
-// cached child; the others may (that is the difference the test pins down).
+// Chains of blocks (prompts sharing prefixes). prefix-lru and reuse never pick a block
+// that has a cached child while a leaf is evictable; the others may (that is the
+// difference the test pins down).
 TEST_P(PolicyTest, PrefixChainsRule) {
   // 6 chains of 8 blocks; chain c block j has parent chain c block j-1.
   auto id = [](int c, int j) { return B(static_cast<uint64_t>(c * 100 + j)); };
@@ -104,8 +106,8 @@ TEST_P(PolicyTest, PrefixChainsRule) {
       if (on && id(k.first, k.second) == *v) vc = k.first, vj = k.second;
     ASSERT_GE(vc, 0);
     const bool has_child = vj + 1 < 8 && present[{vc, vj + 1}];
-    if (GetParam() == PolicyKind::kPrefixLru) {
-      ASSERT_FALSE(has_child) << "prefix-lru evicted block " << vj << " of chain " << vc
+    if (GetParam() == PolicyKind::kPrefixLru || GetParam() == PolicyKind::kReuse) {
+      ASSERT_FALSE(has_child) << PolicyName(GetParam()) << " evicted block " << vj << " of chain " << vc
                               << " while its child is cached";
     }
     stranded |= has_child;
@@ -146,8 +148,76 @@ TEST_P(PolicyTest, PinnedBlocksNeverHideAnEvictableOne) {
   EXPECT_TRUE(p->Victim(all).has_value());
 }
 
-INSTANTIATE_TEST_SUITE_P(All, PolicyTest,
-                         ::testing::Values(PolicyKind::kLru, PolicyKind::kS3Fifo, PolicyKind::kPrefixLru),
+// Whatever the parent graph (self-loops, two-block and longer cycles, parents that are
+// never inserted, parents inserted after their children, a forest), draining the policy
+// offers every unpinned block exactly once and never a pinned one, with random touches
+// and removals on the way.
+TEST_P(PolicyTest, EveryUnpinnedBlockIsOfferedWhateverTheParentGraph) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    std::mt19937_64 rng(seed);
+    auto p = EvictionPolicy::Create(GetParam(), 16 + rng() % 64);
+    const uint64_t n = 20 + rng() % 100;
+    std::set<uint64_t> present, pinned;
+    for (uint64_t i = 0; i < n; ++i) {
+      BlockId parent = None();
+      switch (rng() % 6) {
+        case 0: parent = B(i); break;                           // self-loop
+        case 1: parent = B(i + 1 + rng() % 5); break;            // a later block (cycles)
+        case 2: parent = B(1000 + rng() % 50); break;            // an orphan's parent
+        case 3: break;                                           // a root
+        default: if (i) parent = B(rng() % i); break;            // an earlier block
+      }
+      p->Insert(B(i), parent);
+      present.insert(i);
+      if (rng() % 8 == 0) pinned.insert(i);
+      if (rng() % 4 == 0) p->Touch(B(rng() % (i + 1)));
+      if (rng() % 10 == 0 && !present.empty()) {  // a block leaves for another reason
+        const uint64_t r = rng() % (i + 1);
+        if (present.erase(r)) {
+          pinned.erase(r);
+          p->Remove(B(r));
+        }
+      }
+    }
+    auto index = [](const BlockId& b) { return (b.key.hi & 0xFFFFFFFFull) - 1; };
+    auto evictable = [&](const BlockId& b) { return pinned.count(index(b)) == 0; };
+    std::set<uint64_t> offered;
+    while (auto v = p->Victim(evictable)) {
+      const uint64_t i = index(*v);
+      ASSERT_TRUE(present.count(i)) << PolicyName(GetParam()) << " seed " << seed << ": offered absent block " << i;
+      ASSERT_FALSE(pinned.count(i)) << PolicyName(GetParam()) << " seed " << seed << ": offered pinned block " << i;
+      ASSERT_TRUE(offered.insert(i).second) << PolicyName(GetParam()) << " seed " << seed << ": offered " << i << " twice";
+      p->Remove(*v);
+    }
+    EXPECT_EQ(offered.size(), present.size() - pinned.size())
+        << PolicyName(GetParam()) << " seed " << seed << ": some unpinned block is never offered";
+    EXPECT_EQ(p->size(), pinned.size());
+  }
+}
+
+TEST(PolicyNames, OneTableParsesEveryNameAndRefusesTheRest) {
+  for (PolicyKind k : AllPolicies()) {
+    PolicyKind back = PolicyKind::kLru;
+    ASSERT_TRUE(ParsePolicy(PolicyName(k), &back)) << PolicyName(k);
+    EXPECT_EQ(back, k);
+    EXPECT_STREQ(EvictionPolicy::Create(k, 8)->name(), PolicyName(k));
+  }
+  EXPECT_EQ(AllPolicies().size(), kPolicyNames.size());
+  PolicyKind k = PolicyKind::kS3Fifo;
+  for (const char* bad : {"", "LRU", "fifo", "prefix_lru", "lru ", "oracle"}) {
+    EXPECT_FALSE(ParsePolicy(bad, &k)) << bad;
+    EXPECT_EQ(k, PolicyKind::kS3Fifo) << "a refused name changed the kind";
+  }
+  TierOptions t;
+  t.policy = static_cast<PolicyKind>(kPolicyNames.size());
+  EXPECT_FALSE(t.Validate("host").ok());
+  t.policy = PolicyKind::kReuse;
+  EXPECT_TRUE(t.Validate("host").ok());
+  t.policy_options.reuse_protected_fraction = 1.5;
+  EXPECT_FALSE(t.Validate("host").ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(All, PolicyTest, ::testing::ValuesIn(AllPolicies()),
                          [](const auto& info) {
                            std::string n = PolicyName(info.param);
                            for (auto& ch : n)
@@ -205,8 +275,81 @@ TEST(PrefixLru, ParentBecomesCandidateWhenLastChildLeaves) {
   p->Insert(B(5), None());
   p->Remove(B(1));
   EXPECT_EQ(*p->Victim(all), B(6));
-  // A pinned leaf keeps its whole prefix in place.
-  EXPECT_FALSE(p->Victim([](const BlockId& b) { return !(b == B(6)); }).has_value());
+  // A pinned leaf keeps its prefix in place while anything else is evictable; with
+  // nothing else left, the prefix is offered (a full tier must still make room).
+  EXPECT_EQ(*p->Victim([](const BlockId& b) { return !(b == B(6)); }), B(5));
+  // A block named as its own parent is a leaf like any other.
+  p->Insert(B(7), B(7));
+  EXPECT_EQ(*p->Victim([](const BlockId& b) { return b == B(7); }), B(7));
+}
+
+TEST(Sieve, HitsSetABitAndTheHandSweepsOldestFirst) {
+  auto p = EvictionPolicy::Create(PolicyKind::kSieve, 8);
+  auto all = [](const BlockId&) { return true; };
+  for (uint64_t i = 0; i < 4; ++i) p->Insert(B(i), None());
+  p->Touch(B(0));
+  p->Touch(B(2));
+  EXPECT_EQ(*p->Victim(all), B(1));  // 0 visited: its bit cleared, the hand moves on
+  p->Remove(B(1));
+  EXPECT_EQ(*p->Victim(all), B(3));  // 2 visited, cleared; 3 is not
+  p->Remove(B(3));                   // 3 was the newest: the hand wraps to the oldest
+  p->Insert(B(4), None());
+  EXPECT_EQ(*p->Victim(all), B(0));  // its bit was cleared by the first sweep
+  p->Remove(B(0));
+  p->Touch(B(4));
+  EXPECT_EQ(*p->Victim(all), B(2));
+  p->Remove(B(2));
+  EXPECT_EQ(*p->Victim(all), B(4));  // alone and visited: cleared, then chosen
+}
+
+TEST(Arc, ASecondUseProtectsAndGhostHitsMoveTheTarget) {
+  auto p = EvictionPolicy::Create(PolicyKind::kArc, 4);
+  auto all = [](const BlockId&) { return true; };
+  for (uint64_t i = 0; i < 4; ++i) p->Insert(B(i), None());
+  p->Touch(B(0));                    // 0 -> T2
+  EXPECT_EQ(*p->Victim(all), B(1));  // T1 is above its target (0): its LRU goes
+  p->Remove(B(1));                   // 1 -> ghost B1
+  EXPECT_FALSE(p->Contains(B(1)));
+  p->Insert(B(1), None());           // a B1 hit: the target grows, 1 enters T2
+  EXPECT_TRUE(p->Contains(B(1)));
+  EXPECT_EQ(*p->Victim(all), B(2));  // T1 (2, 3) is above the target of 1: 2 goes
+  p->Remove(B(2));
+  EXPECT_EQ(*p->Victim(all), B(0));  // T1 = {3} is at the target: T2's LRU (0) goes
+  EXPECT_EQ(p->size(), 3u);
+}
+
+TEST(Reuse, UsedAgainBlocksOutliveNewOnesAndReturningKeysAreProtected) {
+  PolicyOptions o;
+  o.reuse_density = false;
+  auto p = EvictionPolicy::Create(PolicyKind::kReuse, 10, o);  // protected may hold 9
+  auto all = [](const BlockId&) { return true; };
+  for (uint64_t i = 0; i < 6; ++i) p->Insert(B(i), None());
+  p->Touch(B(0));
+  p->Touch(B(1));
+  // Probation (2..5, least recent first) goes before protected (0, 1).
+  for (uint64_t want : {2, 3}) {
+    auto v = p->Victim(all);
+    ASSERT_EQ(*v, B(want));
+    p->Remove(*v);
+  }
+  p->Insert(B(2), None());  // remembered: returns straight to protected
+  p->Insert(B(7), None());  // new: probation
+  std::vector<BlockId> order;
+  while (auto x = p->Victim(all)) {
+    order.push_back(*x);
+    p->Remove(*x);
+  }
+  std::vector<BlockId> want = {B(4), B(5), B(7), B(0), B(1), B(2)};
+  EXPECT_EQ(order, want);
+  // With no ghost, a returning key is new again.
+  o.reuse_ghost_factor = 0;
+  auto q = EvictionPolicy::Create(PolicyKind::kReuse, 10, o);
+  q->Insert(B(0), None());
+  q->Insert(B(1), None());
+  q->Touch(B(1));
+  q->Remove(B(0));
+  q->Insert(B(0), None());
+  EXPECT_EQ(*q->Victim(all), B(0));
 }
 
 }  // namespace

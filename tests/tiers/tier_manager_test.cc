@@ -518,8 +518,7 @@ TEST_P(TierManagerTest, BlockIndexCollisionsNeverMixBlocks) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, TierManagerTest,
-                         ::testing::Values(PolicyKind::kLru, PolicyKind::kS3Fifo, PolicyKind::kPrefixLru),
+INSTANTIATE_TEST_SUITE_P(Policies, TierManagerTest, ::testing::ValuesIn(AllPolicies()),
                          [](const auto& info) {
                            std::string n = PolicyName(info.param);
                            for (auto& ch : n)

@@ -3,6 +3,8 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 
+#include <algorithm>
+#include <cmath>
 #include <list>
 #include <set>
 #include <unordered_map>
@@ -18,7 +20,7 @@ namespace {
 // ---- LRU ---------------------------------------------------------------------------
 class LruPolicy final : public EvictionPolicy {
  public:
-  const char* name() const override { return "lru"; }
+  const char* name() const override { return PolicyName(PolicyKind::kLru); }
   void Insert(const BlockId& b, const BlockId&) override {
     if (map_.count(b)) return Touch(b);
     list_.push_front(b);
@@ -51,9 +53,10 @@ class LruPolicy final : public EvictionPolicy {
 // ---- S3-FIFO -----------------------------------------------------------------------
 class S3FifoPolicy final : public EvictionPolicy {
  public:
-  explicit S3FifoPolicy(uint64_t capacity)
-      : small_target_(std::max<uint64_t>(1, capacity / 10)), ghost_cap_(std::max<uint64_t>(1, capacity)) {}
-  const char* name() const override { return "s3fifo"; }
+  S3FifoPolicy(uint64_t capacity, double small_fraction)
+      : small_target_(std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(capacity) * small_fraction))),
+        ghost_cap_(std::max<uint64_t>(1, capacity)) {}
+  const char* name() const override { return PolicyName(PolicyKind::kS3Fifo); }
   void Insert(const BlockId& b, const BlockId&) override {
     if (map_.count(b)) return Touch(b);
     const bool ghost = ghost_set_.erase(b) != 0;
@@ -133,64 +136,91 @@ class S3FifoPolicy final : public EvictionPolicy {
   absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
 };
 
+// ---- chain bookkeeping (prefix-lru, reuse) -------------------------------------------
+// children_[p] counts present blocks whose parent is p, whether or not p itself is
+// present, so the order of insertion does not matter. A block named as its own parent
+// has no parent (a self-loop must not make it an inner block forever); a cycle of
+// parents leaves every block of it inner, which the inner fallback still offers.
+class ChildCounts {
+ public:
+  uint32_t Get(const BlockId& b) const {
+    auto it = c_.find(b);
+    return it == c_.end() ? 0 : it->second;
+  }
+  uint32_t Add(const BlockId& p) { return ++c_[p]; }
+  uint32_t Drop(const BlockId& p) {
+    auto it = c_.find(p);
+    if (it == c_.end()) return 0;
+    if (--it->second == 0) {
+      c_.erase(it);
+      return 0;
+    }
+    return it->second;
+  }
+
+ private:
+  absl::flat_hash_map<BlockId, uint32_t, BlockIdHash> c_;
+};
+
+bool HasParent(const BlockId& b, const BlockId& parent) { return !parent.key.IsZero() && !(parent == b); }
+
+using TickSet = std::set<std::pair<uint64_t, BlockId>, bool (*)(const std::pair<uint64_t, BlockId>&,
+                                                                 const std::pair<uint64_t, BlockId>&)>;
+bool TickLess(const std::pair<uint64_t, BlockId>& a, const std::pair<uint64_t, BlockId>& b) {
+  return a.first < b.first;  // ticks are unique per policy
+}
+
 // ---- prefix-LRU --------------------------------------------------------------------
 // Leaves (blocks with no cached child in this tier) sit in an ordered set by last use;
-// inner blocks wait outside it. children_[p] counts present blocks whose parent is p,
-// whether or not p itself is present, so the order of insertion does not matter.
+// inner blocks sit in a second one, offered only when no leaf is evictable.
 class PrefixLruPolicy final : public EvictionPolicy {
  public:
-  const char* name() const override { return "prefix-lru"; }
+  const char* name() const override { return PolicyName(PolicyKind::kPrefixLru); }
   void Insert(const BlockId& b, const BlockId& parent) override {
     if (map_.count(b)) return Touch(b);
     Entry e;
     e.parent = parent;
-    e.has_parent = !parent.key.IsZero();
+    e.has_parent = HasParent(b, parent);
     e.tick = ++clock_;
-    auto cit = children_.find(b);
-    e.children = cit == children_.end() ? 0 : cit->second;
+    const bool leaf = children_.Get(b) == 0;
     map_[b] = e;
-    if (e.children == 0) leaves_.insert({e.tick, b});
-    if (e.has_parent) {
-      uint32_t& c = children_[parent];
-      ++c;
+    (leaf ? leaves_ : inner_).insert({e.tick, b});
+    if (e.has_parent && children_.Add(parent) == 1) {
       auto pit = map_.find(parent);
-      if (pit != map_.end() && c == 1) leaves_.erase({pit->second.tick, parent});
-      if (pit != map_.end()) pit->second.children = c;
+      if (pit != map_.end()) {
+        leaves_.erase({pit->second.tick, parent});
+        inner_.insert({pit->second.tick, parent});
+      }
     }
   }
   void Touch(const BlockId& b) override {
     auto it = map_.find(b);
     if (it == map_.end()) return;
     Entry& e = it->second;
-    const bool leaf = e.children == 0;
-    if (leaf) leaves_.erase({e.tick, b});
+    TickSet& s = children_.Get(b) == 0 ? leaves_ : inner_;
+    s.erase({e.tick, b});
     e.tick = ++clock_;
-    if (leaf) leaves_.insert({e.tick, b});
+    s.insert({e.tick, b});
   }
   void Remove(const BlockId& b) override {
     auto it = map_.find(b);
     if (it == map_.end()) return;
-    Entry e = it->second;
-    if (e.children == 0) leaves_.erase({e.tick, b});
+    const Entry e = it->second;
+    (children_.Get(b) == 0 ? leaves_ : inner_).erase({e.tick, b});
     map_.erase(it);
-    if (e.has_parent) {
-      auto cit = children_.find(e.parent);
-      if (cit != children_.end() && --cit->second == 0) {
-        children_.erase(cit);
-        auto pit = map_.find(e.parent);
-        if (pit != map_.end()) {
-          pit->second.children = 0;
-          leaves_.insert({pit->second.tick, e.parent});
-        }
-      } else if (cit != children_.end()) {
-        auto pit = map_.find(e.parent);
-        if (pit != map_.end()) pit->second.children = cit->second;
+    if (e.has_parent && children_.Drop(e.parent) == 0) {
+      auto pit = map_.find(e.parent);
+      if (pit != map_.end()) {
+        inner_.erase({pit->second.tick, e.parent});
+        leaves_.insert({pit->second.tick, e.parent});
       }
     }
   }
   std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& ok) override {
-    for (const auto& [tick, b] : leaves_) {
-      if (ok(b)) return b;
+    for (const TickSet* s : {&leaves_, &inner_}) {
+      for (const auto& [tick, b] : *s) {
+        if (ok(b)) return b;
+      }
     }
     return std::nullopt;
   }
@@ -202,45 +232,338 @@ class PrefixLruPolicy final : public EvictionPolicy {
     BlockId parent;
     bool has_parent = false;
     uint64_t tick = 0;
-    uint32_t children = 0;
-  };
-  struct TickLess {
-    bool operator()(const std::pair<uint64_t, BlockId>& a, const std::pair<uint64_t, BlockId>& b) const {
-      return a.first < b.first;  // ticks are unique
-    }
   };
   uint64_t clock_ = 0;
   absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
-  absl::flat_hash_map<BlockId, uint32_t, BlockIdHash> children_;
-  std::set<std::pair<uint64_t, BlockId>, TickLess> leaves_;
+  ChildCounts children_;
+  TickSet leaves_{TickLess}, inner_{TickLess};
+};
+
+// ---- SIEVE -------------------------------------------------------------------------
+// list_ runs from the oldest block (front) to the newest (back); the hand walks front to
+// back and wraps. Victim() leaves the hand on the block it names; Remove() of that block
+// moves the hand to the next one, so the next search resumes where this one stopped.
+class SievePolicy final : public EvictionPolicy {
+ public:
+  const char* name() const override { return PolicyName(PolicyKind::kSieve); }
+  void Insert(const BlockId& b, const BlockId&) override {
+    if (map_.count(b)) return Touch(b);
+    list_.push_back(b);
+    map_[b] = {std::prev(list_.end()), false};
+  }
+  void Touch(const BlockId& b) override {
+    auto it = map_.find(b);
+    if (it != map_.end()) it->second.visited = true;
+  }
+  void Remove(const BlockId& b) override {
+    auto it = map_.find(b);
+    if (it == map_.end()) return;
+    if (hand_ == it->second.pos) hand_ = std::next(hand_);
+    list_.erase(it->second.pos);
+    map_.erase(it);
+  }
+  std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& ok) override {
+    // Two passes clear every visited bit of an evictable block, so a third finds one if
+    // any exists; pinned blocks keep their bit and are stepped over.
+    size_t budget = 3 * list_.size() + 1;
+    while (budget-- > 0 && !list_.empty()) {
+      if (hand_ == list_.end()) hand_ = list_.begin();
+      Entry& e = map_.find(*hand_)->second;
+      if (ok(*hand_)) {
+        if (!e.visited) return *hand_;
+        e.visited = false;
+      }
+      ++hand_;
+    }
+    return std::nullopt;
+  }
+  size_t size() const override { return map_.size(); }
+  bool Contains(const BlockId& b) const override { return map_.count(b) != 0; }
+
+ private:
+  struct Entry {
+    std::list<BlockId>::iterator pos;
+    bool visited = false;
+  };
+  std::list<BlockId> list_;
+  std::list<BlockId>::iterator hand_ = list_.end();
+  absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
+};
+
+// ---- ARC ---------------------------------------------------------------------------
+// Resident lists T1 (seen once since it entered) and T2 (seen again), ghost lists B1 and
+// B2 of keys evicted from them; each list's front is its least recent key. The tier
+// manager, not the policy, decides when a block leaves, so ARC's REPLACE becomes the
+// choice of Victim() and Remove() moves the leaving block to its ghost list.
+class ArcPolicy final : public EvictionPolicy {
+ public:
+  explicit ArcPolicy(uint64_t capacity) : c_(capacity) {}
+  const char* name() const override { return PolicyName(PolicyKind::kArc); }
+  void Insert(const BlockId& b, const BlockId&) override {
+    if (auto it = map_.find(b); it != map_.end()) {
+      if (it->second.list < 2) return Touch(b);
+      const int g = it->second.list;  // a ghost hit: adapt p, then b enters T2
+      const double b1 = static_cast<double>(lists_[2].size()), b2 = static_cast<double>(lists_[3].size());
+      if (g == 2) p_ = std::min<double>(static_cast<double>(c_), p_ + std::max(1.0, b2 / std::max(b1, 1.0)));
+      else p_ = std::max(0.0, p_ - std::max(1.0, b1 / std::max(b2, 1.0)));
+      Move(it->second, b, 1);
+      return;
+    }
+    lists_[0].push_back(b);
+    map_[b] = {std::prev(lists_[0].end()), 0};
+    TrimGhosts();
+  }
+  void Touch(const BlockId& b) override {
+    auto it = map_.find(b);
+    if (it == map_.end() || it->second.list >= 2) return;
+    Move(it->second, b, 1);
+  }
+  void Remove(const BlockId& b) override {
+    auto it = map_.find(b);
+    if (it == map_.end() || it->second.list >= 2) return;
+    Move(it->second, b, it->second.list + 2);
+    TrimGhosts();
+  }
+  std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& ok) override {
+    const bool t1_first = !lists_[0].empty() && (static_cast<double>(lists_[0].size()) > p_ || lists_[1].empty());
+    for (int l : {t1_first ? 0 : 1, t1_first ? 1 : 0}) {
+      for (const BlockId& b : lists_[l]) {
+        if (ok(b)) return b;
+      }
+    }
+    return std::nullopt;
+  }
+  size_t size() const override { return lists_[0].size() + lists_[1].size(); }
+  bool Contains(const BlockId& b) const override {
+    auto it = map_.find(b);
+    return it != map_.end() && it->second.list < 2;
+  }
+
+ private:
+  struct Entry {
+    std::list<BlockId>::iterator pos;
+    int list = 0;  // 0 T1, 1 T2, 2 B1, 3 B2
+  };
+  void Move(Entry& e, const BlockId& b, int to) {
+    lists_[to].splice(lists_[to].end(), lists_[e.list], e.pos);
+    e.list = to;
+  }
+  void DropGhost(int l) {
+    map_.erase(lists_[l].front());
+    lists_[l].pop_front();
+  }
+  // |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c, as in ARC.
+  void TrimGhosts() {
+    while (!lists_[2].empty() && lists_[0].size() + lists_[2].size() > c_) DropGhost(2);
+    while (lists_[2].size() + lists_[3].size() > 0 && map_.size() > 2 * c_) {
+      DropGhost(lists_[3].empty() ? 2 : 3);
+    }
+  }
+  const uint64_t c_;
+  double p_ = 0;  // target size of T1
+  std::list<BlockId> lists_[4];
+  absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
+};
+
+// ---- reuse (kvtier's own) ----------------------------------------------------------
+// Two segments (0 probation, 1 protected), each split into leaves and inner blocks, four
+// sets ordered by last use: O(log n) per operation. The ghost is a FIFO of evicted keys.
+//
+// Hit density (LHD's measure, Beckmann et al., NSDI'18), learned per segment and age:
+// hits_[s][a] and ends_[s][a] count blocks of segment s hit, or gone, at age a (ticks
+// since last use, in log buckets). From them, for each age, P(hit later) / expected
+// remaining life. Victim() takes the least recent candidate of each segment and evicts
+// the one of lower density, so the split between segments follows the workload (dead
+// protected blocks lose to new ones when they stop being hit). Until the first table is
+// built, protected gives up blocks only above reuse_protected_fraction of the tier.
+class ReusePolicy final : public EvictionPolicy {
+ public:
+  ReusePolicy(uint64_t capacity, const PolicyOptions& o)
+      : cap_(capacity),
+        ghost_cap_(static_cast<uint64_t>(static_cast<double>(capacity) * o.reuse_ghost_factor)),
+        density_on_(o.reuse_density),
+        period_(std::max<uint64_t>(1024, capacity / 2)),
+        target_(static_cast<double>(capacity) * o.reuse_protected_fraction) {}
+  const char* name() const override { return PolicyName(PolicyKind::kReuse); }
+  void Insert(const BlockId& b, const BlockId& parent) override {
+    if (map_.count(b)) return Touch(b);
+    Entry e;
+    e.parent = parent;
+    e.has_parent = HasParent(b, parent);
+    e.tick = ++clock_;
+    if (auto g = ghost_map_.find(b); g != ghost_map_.end()) {
+      e.seg = 1;  // it came back while remembered: reused
+      ghost_.erase(g->second);
+      ghost_map_.erase(g);
+    }
+    map_[b] = e;
+    Set(e.seg, children_.Get(b) != 0).insert({e.tick, b});
+    ++seg_size_[e.seg];
+    if (e.has_parent && children_.Add(parent) == 1) {
+      auto pit = map_.find(parent);
+      if (pit != map_.end()) {
+        Set(pit->second.seg, false).erase({pit->second.tick, parent});
+        Set(pit->second.seg, true).insert({pit->second.tick, parent});
+      }
+    }
+  }
+  void Touch(const BlockId& b) override {
+    auto it = map_.find(b);
+    if (it == map_.end()) return;
+    Entry& e = it->second;
+    Count(hits_[e.seg], e.tick, clock_);
+    const bool inner = children_.Get(b) != 0;
+    Set(e.seg, inner).erase({e.tick, b});
+    --seg_size_[e.seg];
+    e.seg = 1;
+    e.tick = ++clock_;
+    Set(e.seg, inner).insert({e.tick, b});
+    ++seg_size_[e.seg];
+  }
+  void Remove(const BlockId& b) override {
+    auto it = map_.find(b);
+    if (it == map_.end()) return;
+    const Entry e = it->second;
+    Count(ends_[e.seg], e.tick, clock_);
+    Set(e.seg, children_.Get(b) != 0).erase({e.tick, b});
+    --seg_size_[e.seg];
+    map_.erase(it);
+    if (e.has_parent && children_.Drop(e.parent) == 0) {
+      auto pit = map_.find(e.parent);
+      if (pit != map_.end()) {
+        Set(pit->second.seg, true).erase({pit->second.tick, e.parent});
+        Set(pit->second.seg, false).insert({pit->second.tick, e.parent});
+      }
+    }
+    if (ghost_cap_ > 0) {
+      ghost_.push_back(b);
+      ghost_map_[b] = std::prev(ghost_.end());
+      while (ghost_.size() > ghost_cap_) {
+        ghost_map_.erase(ghost_.front());
+        ghost_.pop_front();
+      }
+    }
+  }
+  std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& ok) override {
+    // Leaves first (a chain is eaten from its tail), then inner blocks; within each, the
+    // least recent evictable block of each segment competes.
+    for (bool inner : {false, true}) {
+      const std::pair<uint64_t, BlockId>* cand[2] = {nullptr, nullptr};
+      for (int seg : {0, 1}) {
+        for (const auto& tb : Set(seg, inner)) {
+          if (ok(tb.second)) {
+            cand[seg] = &tb;
+            break;
+          }
+        }
+      }
+      if (!cand[0] && !cand[1]) continue;
+      if (!cand[0] || !cand[1]) return (cand[0] ? cand[0] : cand[1])->second;
+      int evict;
+      if (density_on_ && built_) {
+        evict = density_[1][Bucket(clock_ - cand[1]->first)] < density_[0][Bucket(clock_ - cand[0]->first)] ? 1 : 0;
+      } else {
+        evict = static_cast<double>(seg_size_[1]) > target_ ? 1 : 0;
+      }
+      return cand[evict]->second;
+    }
+    return std::nullopt;
+  }
+  size_t size() const override { return map_.size(); }
+  bool Contains(const BlockId& b) const override { return map_.count(b) != 0; }
+
+ private:
+  static constexpr int kBuckets = 96;  // 4 per doubling of the age: up to ~2^24 ticks
+  struct Entry {
+    BlockId parent;
+    bool has_parent = false;
+    uint8_t seg = 0;
+    uint64_t tick = 0;
+  };
+  static int Bucket(uint64_t age) {
+    if (age < 4) return static_cast<int>(age);
+    const int lg = 63 - __builtin_clzll(age);  // >= 2
+    const int frac = static_cast<int>((age >> (lg - 2)) & 3);
+    return std::min(kBuckets - 1, (lg - 1) * 4 + frac);
+  }
+  static double Age(int k) {  // the middle of bucket k
+    if (k < 4) return k;
+    const int lg = k / 4 + 1, frac = k % 4;
+    return std::ldexp(4.0 + frac + 0.5, lg - 2);
+  }
+  // A block last used at `tick` is hit or leaves at `now`.
+  void Count(double (&c)[kBuckets], uint64_t tick, uint64_t now) {
+    c[Bucket(now - tick)] += 1.0;
+    if (++events_ % period_ == 0) Rebuild();
+  }
+  // density_[s][k] = P(a block of s at age k is hit before it goes) / its expected
+  // remaining life; then every count decays, so the tables follow the workload.
+  void Rebuild() {
+    for (int s = 0; s < 2; ++s) {
+      double h = 0, e = 0, w = 0;
+      for (int k = kBuckets - 1; k >= 0; --k) {
+        h += hits_[s][k];
+        e += hits_[s][k] + ends_[s][k];
+        w += (hits_[s][k] + ends_[s][k]) * Age(k);
+        density_[s][k] = e > 0 ? (h / e) / std::max(1.0, w / e - Age(k)) : 0.0;
+      }
+      for (int k = 0; k < kBuckets; ++k) {
+        hits_[s][k] *= 0.9;
+        ends_[s][k] *= 0.9;
+      }
+    }
+    built_ = true;
+  }
+  TickSet& Set(int seg, bool inner) { return sets_[seg * 2 + (inner ? 1 : 0)]; }
+  const uint64_t cap_, ghost_cap_;
+  const bool density_on_;
+  const uint64_t period_;  // events (hits and departures) between table rebuilds
+  const double target_;    // protected blocks allowed before the first table
+  uint64_t clock_ = 0, events_ = 0;
+  uint64_t seg_size_[2] = {0, 0};
+  bool built_ = false;
+  double hits_[2][kBuckets] = {}, ends_[2][kBuckets] = {}, density_[2][kBuckets] = {};
+  absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
+  ChildCounts children_;
+  TickSet sets_[4] = {TickSet{TickLess}, TickSet{TickLess}, TickSet{TickLess}, TickSet{TickLess}};
+  std::list<BlockId> ghost_;
+  absl::flat_hash_map<BlockId, std::list<BlockId>::iterator, BlockIdHash> ghost_map_;
 };
 
 }  // namespace
 
-std::unique_ptr<EvictionPolicy> EvictionPolicy::Create(PolicyKind kind, uint64_t capacity) {
+static_assert(kPolicyNames.size() == static_cast<size_t>(PolicyKind::kReuse) + 1,
+              "kPolicyNames and PolicyKind must list the same policies in the same order");
+
+std::unique_ptr<EvictionPolicy> EvictionPolicy::Create(PolicyKind kind, uint64_t capacity, const PolicyOptions& o) {
+  capacity = std::max<uint64_t>(capacity, 1);
   switch (kind) {
     case PolicyKind::kLru: return std::make_unique<LruPolicy>();
-    case PolicyKind::kS3Fifo: return std::make_unique<S3FifoPolicy>(capacity);
+    case PolicyKind::kS3Fifo: return std::make_unique<S3FifoPolicy>(capacity, o.s3fifo_small_fraction);
     case PolicyKind::kPrefixLru: return std::make_unique<PrefixLruPolicy>();
+    case PolicyKind::kSieve: return std::make_unique<SievePolicy>();
+    case PolicyKind::kArc: return std::make_unique<ArcPolicy>(capacity);
+    case PolicyKind::kReuse: return std::make_unique<ReusePolicy>(capacity, o);
   }
-  return std::make_unique<LruPolicy>();
+  return nullptr;  // TierOptions::Validate refuses a kind outside the table
 }
 
 const char* PolicyName(PolicyKind k) {
-  switch (k) {
-    case PolicyKind::kLru: return "lru";
-    case PolicyKind::kS3Fifo: return "s3fifo";
-    case PolicyKind::kPrefixLru: return "prefix-lru";
-  }
-  return "?";
+  const size_t i = static_cast<size_t>(k);
+  return i < kPolicyNames.size() ? kPolicyNames[i].data() : "?";
 }
 
 bool ParsePolicy(std::string_view s, PolicyKind* k) {
-  if (s == "lru") *k = PolicyKind::kLru;
-  else if (s == "s3fifo") *k = PolicyKind::kS3Fifo;
-  else if (s == "prefix-lru") *k = PolicyKind::kPrefixLru;
-  else return false;
+  const int i = PolicyIndex(s);
+  if (i < 0) return false;
+  *k = static_cast<PolicyKind>(i);
   return true;
+}
+
+std::vector<PolicyKind> AllPolicies() {
+  std::vector<PolicyKind> v;
+  for (size_t i = 0; i < kPolicyNames.size(); ++i) v.push_back(static_cast<PolicyKind>(i));
+  return v;
 }
 
 }  // namespace kvtier::tiers

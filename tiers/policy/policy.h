@@ -1,5 +1,5 @@
-// Eviction policies: one small interface, three implementations, chosen per tier in the
-// config (TierOptions::policy).
+// Eviction policies: one small interface, six implementations, chosen per tier by name in
+// the config (TierOptions::policy; the names and knobs are in policy_options.h).
 //
 //   lru        least recently used first.
 //   s3fifo     S3-FIFO (Yang et al., SOSP'23): a small FIFO (10% of the blocks) that
@@ -9,7 +9,25 @@
 //   prefix-lru LRU among blocks with no cached descendant in this tier. A prefix hit stops
 //              at its first miss, so evicting an inner block would strand every cached
 //              block after it; prefix-lru evicts a chain from its tail. A block becomes a
-//              candidate again as soon as its last cached child leaves the tier.
+//              candidate again as soon as its last cached child leaves the tier. When
+//              every leaf is pinned (or the parent graph has cycles, so that no block is
+//              a leaf) the inner blocks are offered in LRU order.
+//   sieve      SIEVE (Zhang et al., NSDI'24): one FIFO with a visited bit per block and a
+//              hand that walks from the oldest block toward the newest, clearing visited
+//              bits and stopping at the first unvisited block. A hit only sets a bit.
+//   arc        ARC (Megiddo and Modha, FAST'03): T1 (seen once) and T2 (seen again) in
+//              LRU order, ghost lists B1/B2 of their evicted keys (capacity keys in all),
+//              and a target size p for T1 that a ghost hit in B1 raises and in B2 lowers.
+//   reuse      kvtier's own: a block's reuse is predicted from whether it was used again
+//              since it entered the tier (or returned while its key was remembered), and
+//              from its place in its chain. Probation (used once) and protected (used
+//              again, or returning within reuse_ghost_factor x capacity evictions), each
+//              in LRU order and each offering blocks with no cached child first, so a
+//              chain is eaten from its tail. The protected share adapts online: a
+//              returning key that was evicted from probation says probation is too small
+//              (the share drops by one block), one evicted from protected says the
+//              opposite. On the Mooncake trace the used-again blocks are reused about
+//              twice as often as new ones (docs/tiers.md).
 //
 // The policy only orders blocks; the TierManager decides when to evict (watermarks) and
 // what happens to a victim (demote or drop). Victim() takes a predicate so that pinned
@@ -22,10 +40,11 @@
 #include <functional>
 #include <memory>
 #include <optional>
-
 #include <string_view>
+#include <vector>
 
-#include "tiers/types.h"  // BlockId, PolicyKind
+#include "tiers/policy/policy_options.h"  // names, knobs
+#include "tiers/types.h"                  // BlockId, PolicyKind
 
 namespace kvtier::tiers {
 
@@ -44,12 +63,17 @@ class EvictionPolicy {
   virtual size_t size() const = 0;
   virtual bool Contains(const BlockId& b) const = 0;
 
-  // capacity: the tier's slots (S3-FIFO sizes its queues from it).
-  static std::unique_ptr<EvictionPolicy> Create(PolicyKind kind, uint64_t capacity);
+  // capacity: the tier's slots (S3-FIFO, SIEVE's nothing, ARC and reuse size their
+  // queues and ghosts from it). `o` must pass o.Check().
+  static std::unique_ptr<EvictionPolicy> Create(PolicyKind kind, uint64_t capacity,
+                                                const PolicyOptions& o = PolicyOptions{});
 };
 
+// kPolicyNames[k], or "?" for a value outside the table.
 const char* PolicyName(PolicyKind k);
-// "lru", "s3fifo", "prefix-lru" -> kind; false on anything else.
+// A name of kPolicyNames -> kind; false on anything else (*k unchanged).
 bool ParsePolicy(std::string_view s, PolicyKind* k);
+// Every policy, in table order.
+std::vector<PolicyKind> AllPolicies();
 
 }  // namespace kvtier::tiers

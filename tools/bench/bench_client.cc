@@ -32,6 +32,7 @@
 
 #include "formats/contract.h"
 #include "kvtier/kvtier.h"
+#include "tiers/policy/policy_options.h"
 #include "tiers/tier_manager.h"
 #include "tools/bench/daemon_proc.h"
 #include "tools/bench/report.h"
@@ -216,8 +217,13 @@ double Throughput(const std::string& sock, uint64_t cid, const std::vector<kvtie
 int Run(const std::vector<std::string>& argv) {
   auto args = cli::Args::Parse(argv, {"no-append", "no-pin"});
   if (!args.ok()) return cli::Fail(args.status().message(), 2);
-  if (Status s = args->CheckKnown({"blocks", "iters", "seconds", "results", "no-append", "no-pin"}); !s.ok()) {
+  if (Status s = args->CheckKnown({"blocks", "iters", "seconds", "results", "no-append", "no-pin", "policy"}); !s.ok()) {
     return cli::Fail(s.message(), 2);
+  }
+  // The host and NVMe tiers' eviction policy (the hot path touches it on every hit).
+  const std::string policy = args->Get("policy").value_or("lru");
+  if (tiers::PolicyIndex(policy) < 0) {
+    return cli::Fail("--policy: \"" + policy + "\" is not one of " + tiers::PolicyNameList(), 2);
   }
   auto blocks = args->GetInt("blocks", 1000);
   auto iters = args->GetInt("iters", 2000);
@@ -231,8 +237,9 @@ int Run(const std::vector<std::string>& argv) {
   const bool pin = !args->Has("no-pin") && ::sysconf(_SC_NPROCESSORS_ONLN) >= 2;
   bench::DaemonProc d;
   if (Status s = bench::StartDaemon(&d,
-                                    "[tiers]\nslot_bytes = \"4KiB\"\n[tiers.host]\ncapacity = \"16MiB\"\n"
-                                    "[tiers.nvme]\ncapacity = \"16MiB\"\ndir = \"{dir}/nvme\"",
+                                    "[tiers]\nslot_bytes = \"4KiB\"\n[tiers.host]\ncapacity = \"16MiB\"\npolicy = \"" +
+                                        policy + "\"\n[tiers.nvme]\ncapacity = \"16MiB\"\npolicy = \"" + policy +
+                                        "\"\ndir = \"{dir}/nvme\"",
                                     "ring_data_bytes = \"1MiB\"", pin ? 1 : -1, 10.0);
       !s.ok()) {
     return cli::Fail(s.ToString());
@@ -282,7 +289,7 @@ int Run(const std::vector<std::string>& argv) {
 
   Report rep("client: ring vs unix-socket round trips through kvtierd",
              "kvtier-bench client --blocks " + std::to_string(n) + " --iters " + std::to_string(*iters) +
-                 " --seconds " + Fmt("%g", *seconds) + (pin ? "" : " --no-pin"));
+                 " --seconds " + Fmt("%g", *seconds) + (pin ? "" : " --no-pin") + " --policy " + policy);
   rep.SetColumns({"measure", "ring", "socket (baseline)", "socket / ring"});
   auto row = [&](const char* name, const std::vector<double>& r, const std::vector<double>& s, double p) {
     const double a = Pct(r, p), b = Pct(s, p);

@@ -5,7 +5,7 @@
 // --sweep also varies the HBM budget (and --plot draws hit rate against it).
 //
 // kvtierctl bench policies: every eviction policy at several budgets on one trace, next
-// to plain LRU and the infinite-cache bound.
+// to plain LRU, the Belady oracle and the infinite-cache bound.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -51,6 +51,7 @@ constexpr const char* kUsage = R"(usage:
 
 workload (default: the built-in agentic generator):
   --trace FILE            kvtier JSON lines or a Mooncake FAST'25 trace
+  --workload agentic|tool-loop   the generator (tool-loop takes --requests and --seed)
   --requests N --sessions N --system-prompts N --system-tokens N
   --first-turn-tokens N --turn-tokens N --max-turns N --zipf A --seed N
   --quick                 a small generated workload (200 requests) that runs in seconds
@@ -58,13 +59,18 @@ workload (default: the built-in agentic generator):
 model geometry (the block size comes from it and the format):
   --layers L (32) --kv-heads H (8) --head-dim D (128) --block-tokens T (16)
 tiers:
-  --hbm SIZE (4GiB) --host SIZE (16GiB) --policy lru|s3fifo|prefix-lru (prefix-lru)
+  --hbm SIZE (4GiB) --host SIZE (16GiB) --policy NAME (prefix-lru)
   --formats nvfp4,fp8,bf16
+  --policies A,B,...      bench policies: the policies to compare with lru (all)
+  policies: {policies} (knobs as in [tiers.policy]:
+  --s3fifo-small-fraction F --reuse-protected-fraction F --reuse-ghost-factor F
+  --reuse-density 0|1)
 replay:
   --sweep SIZE,SIZE,...   HBM budgets to sweep (replay) or budgets to test (policies)
   --prefill-tok-s R       prefill rate for the time-saved estimate (20000)
   --json                  one JSON document on stdout
-  --plot FILE.svg         hit rate against HBM budget, one line per format
+  --plot FILE.svg         hit rate against HBM budget, one line per format (replay), per
+                          policy and format (policies), with the oracle and the bound
   --append                append the table to bench/history/results.md
 )";
 
@@ -72,7 +78,9 @@ const std::vector<std::string> kKnown = {
     "trace", "requests", "sessions", "system-prompts", "system-tokens", "first-turn-tokens",
     "turn-tokens", "max-turns", "zipf", "seed", "save-trace", "layers", "kv-heads", "head-dim",
     "block-tokens", "hbm", "host", "policy", "formats", "sweep", "prefill-tok-s", "json", "plot",
-    "append", "simulate", "results", "spawn", "socket", "nvme", "verify-full", "max-requests", "quick"};
+    "append", "simulate", "results", "spawn", "socket", "nvme", "verify-full", "max-requests", "quick",
+    "s3fifo-small-fraction", "reuse-protected-fraction", "reuse-ghost-factor", "reuse-density",
+    "workload", "policies"};
 
 struct Setup {
   std::vector<replay::Request> reqs;
@@ -81,6 +89,8 @@ struct Setup {
   Geometry geo;
   uint64_t hbm = 0, host = 0;
   tiers::PolicyKind policy = tiers::PolicyKind::kPrefixLru;
+  tiers::PolicyOptions knobs;
+  std::vector<tiers::PolicyKind> compare;  // bench policies: the policies to compare
   std::vector<KvFormat> formats;
   std::vector<uint64_t> sweep;
   double prefill_tok_s = 20000;
@@ -128,6 +138,20 @@ StatusOr<Setup> ParseSetup(const cli::Args& a) {
     if (!r.ok()) return r.status();
     s.reqs = std::move(*r);
     s.workload = "trace " + *t;
+  } else if (a.Get("workload").value_or("agentic") == "tool-loop") {
+    replay::ToolLoopOptions g;
+    KVT_U32(g.requests, "requests", g.requests, 1, 10'000'000);
+    auto seed = a.GetInt("seed", 1);
+    if (!seed.ok()) return seed.status();
+    g.seed = static_cast<uint64_t>(*seed);
+    KVTIER_RETURN_IF_ERROR(g.Validate());
+    s.reqs = replay::GenerateToolLoops(g);
+    s.workload = "generated tool-agent loops (" + std::to_string(g.requests) + " requests, " +
+                 std::to_string(g.tool_prompts) + " tool prompts of " + std::to_string(g.tool_prompt_tokens) +
+                 " tokens, " + std::to_string(g.burst_sessions) + " sessions a burst, seed " + std::to_string(g.seed) + ")";
+    if (auto path = a.Get("save-trace")) KVTIER_RETURN_IF_ERROR(replay::WriteKvtierTrace(*path, s.reqs));
+  } else if (a.Get("workload").value_or("agentic") != "agentic") {
+    return Status::Invalid("--workload must be agentic or tool-loop");
   } else {
     replay::GeneratorOptions g;
     if (a.Has("quick")) {  // a small workload that finishes in seconds (README one-liner)
@@ -166,8 +190,33 @@ StatusOr<Setup> ParseSetup(const cli::Args& a) {
   s.hbm = *hbm;
   s.host = *host;
   if (!tiers::ParsePolicy(a.Get("policy").value_or("prefix-lru"), &s.policy)) {
-    return Status::Invalid("--policy must be lru, s3fifo or prefix-lru");
+    return Status::Invalid("--policy must be one of " + tiers::PolicyNameList());
   }
+  s.compare = tiers::AllPolicies();
+  if (auto list = a.Get("policies")) {
+    s.compare.clear();
+    std::stringstream ps(*list);
+    std::string n;
+    while (std::getline(ps, n, ',')) {
+      tiers::PolicyKind k;
+      if (!tiers::ParsePolicy(n, &k)) return Status::Invalid("--policies: '" + n + "' is not one of " + tiers::PolicyNameList());
+      if (k != tiers::PolicyKind::kLru) s.compare.push_back(k);
+    }
+    s.compare.insert(s.compare.begin(), tiers::PolicyKind::kLru);  // the baseline, always
+  }
+  for (auto [name, field] : {std::pair{"s3fifo-small-fraction", &s.knobs.s3fifo_small_fraction},
+                             std::pair{"reuse-protected-fraction", &s.knobs.reuse_protected_fraction},
+                             std::pair{"reuse-ghost-factor", &s.knobs.reuse_ghost_factor}}) {
+    auto v = a.GetDouble(name, *field);
+    if (!v.ok()) return v.status();
+    *field = *v;
+  }
+  if (auto v = a.GetInt("reuse-density", s.knobs.reuse_density ? 1 : 0); !v.ok() || (*v != 0 && *v != 1)) {
+    return Status::Invalid("--reuse-density must be 0 or 1");
+  } else {
+    s.knobs.reuse_density = *v == 1;
+  }
+  if (std::string why = s.knobs.Check(); !why.empty()) return Status::Invalid("--" + why);
   // Against one running daemon (fixed slot size) the default is the format it is sized
   // for; the simulation and --spawn compare all three.
   const bool one_daemon = !a.Has("simulate") && !a.Has("spawn");
@@ -194,11 +243,14 @@ StatusOr<Setup> ParseSetup(const cli::Args& a) {
 
 std::string GiB(uint64_t b) { return bench::Fmt("%.2f GiB", b / 1073741824.0); }
 
-replay::SimResult Simulate1(const Setup& s, KvFormat f, uint64_t hbm, tiers::PolicyKind p) {
+// oracle: Belady in both tiers instead of p.
+replay::SimResult Simulate1(const Setup& s, KvFormat f, uint64_t hbm, tiers::PolicyKind p, bool oracle = false) {
   replay::SimOptions o;
   o.format = f;
   o.geometry = s.geo;
   o.tiers = {{"hbm", hbm, p}, {"host", s.host, p}};
+  o.policy_options = s.knobs;
+  o.oracle = oracle;
   return replay::Simulate(s.keyed, o);
 }
 
@@ -215,9 +267,19 @@ void Parallel(std::vector<std::function<void()>> jobs) {
   for (auto& th : pool) th.join();
 }
 
-Status WritePlot(const std::string& path, const std::vector<uint64_t>& budgets,
-                 const std::map<KvFormat, std::vector<double>>& curves, double bound) {
-  const double W = 640, H = 400, L = 60, R = 20, Tp = 30, B = 50;
+// One line of a plot: a name, a colour, dashed or not, one hit rate per budget.
+struct Series {
+  std::string name;
+  std::string color;
+  bool dashed = false;
+  std::vector<double> y;
+};
+
+// Hit rate against budget (log scale), one polyline per series, the bound as a dashed
+// horizontal line, a legend in the right margin.
+Status WritePlot(const std::string& path, const std::string& title, const std::vector<uint64_t>& budgets,
+                 const std::vector<Series>& series, double bound) {
+  const double W = 760, H = 420, L = 60, R = 160, Tp = 30, B = 50;
   const double xmax = static_cast<double>(budgets.back()), xmin = static_cast<double>(budgets.front());
   auto X = [&](double v) {
     const double lo = std::log2(xmin), hi = std::log2(xmax);
@@ -227,7 +289,7 @@ Status WritePlot(const std::string& path, const std::vector<uint64_t>& budgets,
   std::ostringstream o;
   o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
     << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n";
-  o << "<text x='" << L << "' y='18'>prefix hit rate vs HBM budget (host budget fixed)</text>\n";
+  o << "<text x='" << L << "' y='18'>" << title << "</text>\n";
   for (int i = 0; i <= 5; ++i) {
     const double h = i / 5.0;
     o << "<line x1='" << L << "' x2='" << W - R << "' y1='" << Y(h) << "' y2='" << Y(h)
@@ -239,17 +301,28 @@ Status WritePlot(const std::string& path, const std::vector<uint64_t>& budgets,
   o << "<line x1='" << L << "' x2='" << W - R << "' y1='" << Y(bound) << "' y2='" << Y(bound)
     << "' stroke='black' stroke-dasharray='4 3'/><text x='" << W - R - 110 << "' y='" << Y(bound) - 4
     << "'>infinite cache</text>\n";
-  const std::map<KvFormat, const char*> color = {{KvFormat::kNvfp4, "#1b7837"}, {KvFormat::kFp8, "#2166ac"}, {KvFormat::kBf16, "#b2182b"}};
   int li = 0;
-  for (const auto& [f, c] : curves) {
-    o << "<polyline fill='none' stroke-width='2' stroke='" << color.at(f) << "' points='";
-    for (size_t i = 0; i < budgets.size(); ++i) o << X(budgets[i]) << "," << Y(c[i]) << " ";
-    o << "'/>\n<text x='" << L + 10 + 90 * li << "' y='" << H - 12 << "' fill='" << color.at(f) << "'>" << KvFormatName(f) << "</text>\n";
+  for (const Series& c : series) {
+    o << "<polyline fill='none' stroke-width='2' stroke='" << c.color << "'"
+      << (c.dashed ? " stroke-dasharray='6 3'" : "") << " points='";
+    for (size_t i = 0; i < budgets.size(); ++i) o << X(budgets[i]) << "," << Y(c.y[i]) << " ";
+    o << "'/>\n<line x1='" << W - R + 10 << "' x2='" << W - R + 30 << "' y1='" << Tp + 16 * li << "' y2='"
+      << Tp + 16 * li << "' stroke-width='2' stroke='" << c.color << "'" << (c.dashed ? " stroke-dasharray='6 3'" : "")
+      << "/><text x='" << W - R + 35 << "' y='" << Tp + 16 * li + 4 << "'>" << c.name << "</text>\n";
     ++li;
   }
-  o << "<text x='" << W - R - 80 << "' y='" << H - 12 << "'>HBM budget</text>\n</svg>\n";
+  o << "<text x='" << (W - R) / 2 << "' y='" << H - 12 << "'>budget</text>\n</svg>\n";
   const std::string svg = o.str();
   return cli::WriteFileAtomic(path, svg.data(), svg.size());
+}
+
+const char* FormatColor(KvFormat f) {
+  return f == KvFormat::kNvfp4 ? "#1b7837" : f == KvFormat::kFp8 ? "#2166ac" : "#b2182b";
+}
+
+const char* PolicyColor(size_t i) {
+  static const char* const kColors[] = {"#000000", "#e41a1c", "#377eb8", "#4daf4a", "#984ea3", "#ff7f00", "#a65628"};
+  return kColors[i % (sizeof(kColors) / sizeof(kColors[0]))];
 }
 
 // Tiers of a kvtierd spawned for one format: slots of that format's block size, the
@@ -355,18 +428,23 @@ int Replay(const cli::Args& a) {
   bench::Report rep("replay: KV formats at the same tier budgets (simulated, " +
                         std::string(tiers::PolicyName(s->policy)) + ")",
                     "build/bin/kvtierctl bench replay --simulate --hbm " + GiB(s->hbm) + " --host " + GiB(s->host));
-  rep.SetColumns({"format", "block bytes", "tokens held", "vs fp8", "hit rate", "hbm hits",
+  rep.SetColumns({"format", "block bytes", "tokens held", "vs fp8", "hit rate", "oracle", "bound", "hbm hits",
                   "host hits", "recomputed tokens", "promoted", "demoted", "prefill saved (s)"});
   uint64_t fp8_tokens = 0;
   std::map<KvFormat, replay::SimResult> results;
+  std::map<KvFormat, double> oracle;
   {
-    std::vector<replay::SimResult> out(s->formats.size());
+    const size_t n = s->formats.size();
+    std::vector<replay::SimResult> out(2 * n);
     std::vector<std::function<void()>> jobs;
-    for (size_t i = 0; i < s->formats.size(); ++i) {
-      jobs.push_back([&, i] { out[i] = Simulate1(*s, s->formats[i], s->hbm, s->policy); });
+    for (size_t i = 0; i < 2 * n; ++i) {
+      jobs.push_back([&, i] { out[i] = Simulate1(*s, s->formats[i % n], s->hbm, s->policy, i >= n); });
     }
     Parallel(std::move(jobs));
-    for (size_t i = 0; i < s->formats.size(); ++i) results[s->formats[i]] = out[i];
+    for (size_t i = 0; i < n; ++i) {
+      results[s->formats[i]] = out[i];
+      oracle[s->formats[i]] = out[n + i].hit_rate();
+    }
   }
   if (results.count(KvFormat::kFp8)) fp8_tokens = results[KvFormat::kFp8].token_capacity(s->geo.block_tokens);
   for (KvFormat f : s->formats) {
@@ -378,6 +456,7 @@ int Replay(const cli::Args& a) {
     j["slot_bytes"] = r.slot_bytes;
     j["tokens_held"] = tokens;
     j["hit_rate"] = r.hit_rate();
+    j["oracle_hit_rate"] = oracle[f];
     j["hits_by_tier"] = {{"hbm", r.hits_by_tier[0]}, {"host", r.hits_by_tier[1]}};
     j["blocks"] = r.blocks;
     j["recomputed_tokens"] = r.recomputed_tokens;
@@ -388,7 +467,8 @@ int Replay(const cli::Args& a) {
     doc["formats"].push_back(j);
     rep.AddRow({KvFormatName(f), std::to_string(r.slot_bytes), std::to_string(tokens),
                 fp8_tokens ? bench::Fmt("%.3fx", static_cast<double>(tokens) / fp8_tokens) : "-",
-                bench::Fmt("%.4f", r.hit_rate()), std::to_string(r.hits_by_tier[0]),
+                bench::Fmt("%.4f", r.hit_rate()), bench::Fmt("%.4f", oracle[f]), bench::Fmt("%.4f", bound),
+                std::to_string(r.hits_by_tier[0]),
                 std::to_string(r.hits_by_tier[1]), std::to_string(r.recomputed_tokens),
                 GiB(r.promoted_blocks * r.slot_bytes), GiB(r.demoted_blocks * r.slot_bytes),
                 bench::Fmt("%.1f", saved)});
@@ -400,30 +480,42 @@ int Replay(const cli::Args& a) {
   if (!s->sweep.empty()) {
     std::vector<uint64_t> budgets = s->sweep;
     std::sort(budgets.begin(), budgets.end());
-    std::map<KvFormat, std::vector<double>> curves;
+    std::map<KvFormat, std::vector<double>> curves, oracles;
     std::vector<std::function<void()>> jobs;
     for (KvFormat f : s->formats) {
       curves[f].assign(budgets.size(), 0.0);
+      oracles[f].assign(budgets.size(), 0.0);
       for (size_t i = 0; i < budgets.size(); ++i) {
         jobs.push_back([&, f, i] { curves[f][i] = Simulate1(*s, f, budgets[i], s->policy).hit_rate(); });
+        jobs.push_back([&, f, i] { oracles[f][i] = Simulate1(*s, f, budgets[i], s->policy, true).hit_rate(); });
       }
     }
     Parallel(std::move(jobs));
-    std::string line = "HBM sweep (hit rate):";
+    std::string line = "HBM sweep (hit rate, oracle in brackets; bound " + bench::Fmt("%.3f", bound) + "):";
     for (size_t i = 0; i < budgets.size(); ++i) {
       json pt;
       pt["hbm_bytes"] = budgets[i];
       line += " " + GiB(budgets[i]) + ":";
       for (KvFormat f : s->formats) {
         pt[KvFormatName(f)] = curves[f][i];
-        line += std::string(" ") + KvFormatName(f) + "=" + bench::Fmt("%.3f", curves[f][i]);
+        pt[std::string(KvFormatName(f)) + "_oracle"] = oracles[f][i];
+        line += std::string(" ") + KvFormatName(f) + "=" + bench::Fmt("%.3f", curves[f][i]) + " (" +
+                bench::Fmt("%.3f", oracles[f][i]) + ")";
       }
+      pt["bound"] = bound;
       doc["sweep"].push_back(pt);
       line += ";";
     }
     rep.AddNote(line);
     if (auto p = a.Get("plot")) {
-      if (auto st = WritePlot(*p, budgets, curves, bound); !st.ok()) return Fail("bench replay: " + st.message());
+      std::vector<Series> lines;
+      for (KvFormat f : s->formats) {
+        lines.push_back({std::string(KvFormatName(f)) + " " + tiers::PolicyName(s->policy), FormatColor(f), false, curves[f]});
+        lines.push_back({std::string(KvFormatName(f)) + " oracle", FormatColor(f), true, oracles[f]});
+      }
+      if (auto st = WritePlot(*p, "prefix hit rate vs HBM budget (host budget fixed)", budgets, lines, bound); !st.ok()) {
+        return Fail("bench replay: " + st.message());
+      }
     }
   } else if (a.Has("plot")) {
     return Fail("bench replay: --plot needs --sweep (the HBM budgets to draw)", 2);
@@ -437,49 +529,86 @@ int Replay(const cli::Args& a) {
   return 0;
 }
 
-int Policies(const cli::Args& a) {
+// cmdline: the command as typed, for the report (it must reproduce the table).
+int Policies(const cli::Args& a, const std::string& cmdline) {
   auto s = ParseSetup(a);
   if (!s.ok()) return Fail("bench policies: " + s.status().message(), 2);
   std::vector<uint64_t> budgets = s->sweep;
   if (budgets.empty()) budgets = {s->hbm / 4, s->hbm / 2, s->hbm, s->hbm * 2, s->hbm * 4};
   std::sort(budgets.begin(), budgets.end());
   const double bound = replay::InfiniteBoundHitRate(s->keyed);
-  const KvFormat f = s->formats.front();
-  bench::Report rep("policies: block-weighted prefix hit rate by eviction policy (single tier, " +
-                        std::string(KvFormatName(f)) + ")",
-                    "build/bin/kvtierctl bench policies" + std::string(a.Has("trace") ? " --trace " + *a.Get("trace") : ""));
-  rep.SetColumns({"budget", "blocks", "lru (baseline)", "s3fifo", "prefix-lru", "best / lru", "infinite bound"});
+  const auto& kinds = s->compare;  // lru first
+  const size_t np = kinds.size() + 1;  // + the oracle, last
+  std::string formats;
+  for (KvFormat f : s->formats) formats += std::string(formats.empty() ? "" : ", ") + KvFormatName(f);
+  bench::Report rep("policies: block-weighted prefix hit rate by eviction policy (single tier, " + formats + ")",
+                    cmdline);
+  std::vector<std::string> cols = {"format", "budget", "blocks"};
+  for (auto k : kinds) cols.push_back(std::string(tiers::PolicyName(k)) + (k == tiers::PolicyKind::kLru ? " (baseline)" : ""));
+  cols.insert(cols.end(), {"best", "best - lru (points)", "oracle", "infinite bound"});
+  rep.SetColumns(cols);
   json doc;
   doc["workload"] = s->workload;
   doc["infinite_bound_hit_rate"] = bound;
-  const tiers::PolicyKind kinds[3] = {tiers::PolicyKind::kLru, tiers::PolicyKind::kS3Fifo,
-                                       tiers::PolicyKind::kPrefixLru};
-  std::vector<std::array<double, 3>> rates(budgets.size());
+  // rates[format][budget][policy]; the last policy slot is the oracle.
+  std::vector<std::vector<std::vector<double>>> rates(
+      s->formats.size(), std::vector<std::vector<double>>(budgets.size(), std::vector<double>(np, 0.0)));
   std::vector<std::function<void()>> jobs;
-  for (size_t bi = 0; bi < budgets.size(); ++bi) {
-    for (int pi = 0; pi < 3; ++pi) {
-      jobs.push_back([&, bi, pi] {
-        replay::SimOptions o;
-        o.format = f;
-        o.geometry = s->geo;
-        o.tiers = {{"cache", budgets[bi], kinds[pi]}};
-        rates[bi][pi] = replay::Simulate(s->keyed, o).hit_rate();
-      });
+  for (size_t fi = 0; fi < s->formats.size(); ++fi) {
+    for (size_t bi = 0; bi < budgets.size(); ++bi) {
+      for (size_t pi = 0; pi < np; ++pi) {
+        jobs.push_back([&, fi, bi, pi] {
+          replay::SimOptions o;
+          o.format = s->formats[fi];
+          o.geometry = s->geo;
+          o.policy_options = s->knobs;
+          o.oracle = pi + 1 == np;
+          o.tiers = {{"cache", budgets[bi], o.oracle ? tiers::PolicyKind::kLru : kinds[pi]}};
+          rates[fi][bi][pi] = replay::Simulate(s->keyed, o).hit_rate();
+        });
+      }
     }
   }
   Parallel(std::move(jobs));
-  for (size_t bi = 0; bi < budgets.size(); ++bi) {
-    const uint64_t b = budgets[bi];
-    const double* hr = rates[bi].data();
-    const uint64_t cap = b / SlotBytes(f, s->geo);
-    const double best = std::max(hr[1], hr[2]);
-    rep.AddRow({GiB(b), std::to_string(cap), bench::Fmt("%.4f", hr[0]), bench::Fmt("%.4f", hr[1]),
-                bench::Fmt("%.4f", hr[2]), hr[0] > 0 ? bench::Fmt("%.2fx", best / hr[0]) : "-",
-                bench::Fmt("%.4f", bound)});
-    doc["budgets"].push_back({{"bytes", b}, {"blocks", cap}, {"lru", hr[0]}, {"s3fifo", hr[1]}, {"prefix-lru", hr[2]}});
+  std::vector<Series> lines;
+  for (size_t fi = 0; fi < s->formats.size(); ++fi) {
+    const KvFormat f = s->formats[fi];
+    for (size_t bi = 0; bi < budgets.size(); ++bi) {
+      const uint64_t b = budgets[bi];
+      const auto& hr = rates[fi][bi];
+      const uint64_t cap = b / SlotBytes(f, s->geo);
+      size_t best = 0;
+      for (size_t pi = 1; pi + 1 < np; ++pi) {
+        if (hr[pi] > hr[best]) best = pi;
+      }
+      std::vector<std::string> row = {KvFormatName(f), GiB(b), std::to_string(cap)};
+      json j = {{"format", KvFormatName(f)}, {"bytes", b}, {"blocks", cap}};
+      for (size_t pi = 0; pi + 1 < np; ++pi) {
+        row.push_back(bench::Fmt("%.4f", hr[pi]));
+        j[tiers::PolicyName(kinds[pi])] = hr[pi];
+      }
+      row.insert(row.end(), {tiers::PolicyName(kinds[best]), bench::Fmt("%+.2f", 100.0 * (hr[best] - hr[0])),
+                             bench::Fmt("%.4f", hr[np - 1]), bench::Fmt("%.4f", bound)});
+      j["oracle"] = hr[np - 1];
+      j["best"] = tiers::PolicyName(kinds[best]);
+      rep.AddRow(row);
+      doc["budgets"].push_back(j);
+    }
+    for (size_t pi = 0; pi < np; ++pi) {
+      Series ln{std::string(KvFormatName(f)) + " " + (pi + 1 == np ? "oracle" : tiers::PolicyName(kinds[pi])),
+                pi + 1 == np ? "#000000" : PolicyColor(pi + 1), pi + 1 == np || fi > 0, {}};
+      for (size_t bi = 0; bi < budgets.size(); ++bi) ln.y.push_back(rates[fi][bi][pi]);
+      lines.push_back(std::move(ln));
+    }
   }
-  rep.AddNote("Workload: " + s->workload + ". Block size " + std::to_string(SlotBytes(f, s->geo)) +
-              " bytes (T=" + std::to_string(s->geo.block_tokens) + ").");
+  rep.AddNote("Workload: " + s->workload + ". Block size " + std::to_string(SlotBytes(s->formats.front(), s->geo)) +
+              " bytes for " + KvFormatName(s->formats.front()) + " (T=" + std::to_string(s->geo.block_tokens) +
+              "). Oracle: Belady (farthest next use first) over the same requests; bound: every repeated block a hit.");
+  if (auto p = a.Get("plot")) {
+    if (auto st = WritePlot(*p, "prefix hit rate vs budget by policy (single tier)", budgets, lines, bound); !st.ok()) {
+      return Fail("bench policies: " + st.message());
+    }
+  }
   if (a.Has("json")) {
     std::printf("%s\n", doc.dump(2).c_str());
     return 0;
@@ -489,9 +618,17 @@ int Policies(const cli::Args& a) {
   return 0;
 }
 
+// The usage text with the policy names filled in from their one table.
+std::string Usage() {
+  std::string u = kUsage;
+  const std::string mark = "{policies}";
+  u.replace(u.find(mark), mark.size(), tiers::PolicyNameList());
+  return u;
+}
+
 int Run(const std::vector<std::string>& argv) {
   if (argv.empty() || argv[0] == "--help") {
-    std::fputs(kUsage, argv.empty() ? stderr : stdout);
+    std::fputs(Usage().c_str(), argv.empty() ? stderr : stdout);
     return argv.empty() ? 2 : 0;
   }
   auto a = cli::Args::Parse(std::vector<std::string>(argv.begin() + 1, argv.end()), {"json", "append", "simulate", "spawn", "verify-full", "quick"});
@@ -499,7 +636,13 @@ int Run(const std::vector<std::string>& argv) {
   if (auto st = a->CheckKnown(kKnown); !st.ok()) return Fail("bench " + argv[0] + ": " + st.message(), 2);
   if (!a->positional().empty()) return Fail("bench " + argv[0] + ": unexpected argument '" + a->positional()[0] + "'", 2);
   if (argv[0] == "replay") return Replay(*a);
-  if (argv[0] == "policies") return Policies(*a);
+  if (argv[0] == "policies") {
+    std::string cmdline = "build/bin/kvtierctl bench";
+    for (const auto& w : argv) {
+      if (w != "--append") cmdline += " " + w;
+    }
+    return Policies(*a, cmdline);
+  }
   return Fail("bench: unknown benchmark '" + argv[0] + "' (replay, policies)", 2);
 }
 

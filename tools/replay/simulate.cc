@@ -1,5 +1,6 @@
 #include "tools/replay/simulate.h"
 
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -13,6 +14,7 @@ using tiers::BlockIdHash;
 
 Status SimOptions::Validate() const {
   if (tiers.empty()) return Status::Invalid("simulation needs at least one tier");
+  if (std::string why = policy_options.Check(); !why.empty()) return Status::Invalid("policy: " + why);
   return geometry.Validate(format);
 }
 
@@ -24,20 +26,91 @@ uint64_t SimResult::token_capacity(uint32_t block_tokens) const {
 
 namespace {
 
+// When a block is referenced next, and how deep in its chain: what the oracle ranks by.
+struct NextUse {
+  uint64_t next = UINT64_MAX;  // request index of the next reference; never again = max
+  uint32_t depth = 0;          // position in the chain
+};
+using NextUseMap = std::unordered_map<BlockId, NextUse, BlockIdHash>;
+
+// Belady's rule as an EvictionPolicy: reads the simulator's NextUseMap on Insert and
+// Touch (the simulator updates it before each), keeps resident blocks ordered by it.
+class BeladyPolicy final : public tiers::EvictionPolicy {
+ public:
+  explicit BeladyPolicy(const NextUseMap* next) : next_(next) {}
+  const char* name() const override { return "oracle"; }
+  void Insert(const BlockId& b, const BlockId&) override { Touch(b, true); }
+  void Touch(const BlockId& b) override { Touch(b, false); }
+  void Remove(const BlockId& b) override {
+    auto it = map_.find(b);
+    if (it == map_.end()) return;
+    order_.erase({it->second, b});
+    map_.erase(it);
+  }
+  std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& ok) override {
+    for (const auto& [nu, b] : order_) {
+      if (ok(b)) return b;
+    }
+    return std::nullopt;
+  }
+  size_t size() const override { return map_.size(); }
+  bool Contains(const BlockId& b) const override { return map_.count(b) != 0; }
+
+ private:
+  void Touch(const BlockId& b, bool insert) {
+    auto it = map_.find(b);
+    if (it == map_.end() && !insert) return;
+    NextUse nu;
+    if (auto n = next_->find(b); n != next_->end()) nu = n->second;
+    if (it != map_.end()) {
+      order_.erase({it->second, b});
+      it->second = nu;
+    } else {
+      map_[b] = nu;
+    }
+    order_.insert({nu, b});
+  }
+  struct Farthest {  // farthest next use first, then the deepest, then any fixed order
+    bool operator()(const std::pair<NextUse, BlockId>& a, const std::pair<NextUse, BlockId>& b) const {
+      if (a.first.next != b.first.next) return a.first.next > b.first.next;
+      if (a.first.depth != b.first.depth) return a.first.depth > b.first.depth;
+      if (a.second.key != b.second.key) return a.second.key > b.second.key;
+      return a.second.contract > b.second.contract;
+    }
+  };
+  const NextUseMap* next_;
+  std::unordered_map<BlockId, NextUse, BlockIdHash> map_;
+  std::set<std::pair<NextUse, BlockId>, Farthest> order_;
+};
+
 class Simulator {
  public:
-  explicit Simulator(const SimOptions& o) : opts_(o) {
+  // next: per request, per block, the index of the request that references the block
+  // next (UINT64_MAX: never); only for the oracle.
+  Simulator(const SimOptions& o, const std::vector<std::vector<uint64_t>>* next) : opts_(o), next_of_(next) {
     res_.slot_bytes = SlotBytes(o.format, o.geometry);
     for (const auto& t : o.tiers) {
       const uint64_t cap = t.capacity_bytes / res_.slot_bytes;
       res_.capacity_blocks.push_back(cap);
-      policies_.push_back(tiers::EvictionPolicy::Create(t.policy, std::max<uint64_t>(cap, 1)));
+      if (o.oracle) {
+        policies_.push_back(std::make_unique<BeladyPolicy>(&next_use_));
+      } else {
+        policies_.push_back(tiers::EvictionPolicy::Create(t.policy, std::max<uint64_t>(cap, 1), o.policy_options));
+      }
     }
     res_.hits_by_tier.assign(o.tiers.size(), 0);
   }
 
   void Run(const std::vector<Key128>& keys, uint32_t prompt_tokens) {
     const uint32_t T = opts_.geometry.block_tokens;
+    if (opts_.oracle) {  // every block of this request: its next use is now a later one
+      const auto& nx = (*next_of_)[res_.requests];
+      for (size_t j = 0; j < keys.size(); ++j) {
+        const BlockId b = Id(keys[j]);
+        next_use_[b] = NextUse{nx[j], static_cast<uint32_t>(j)};
+        if (auto it = where_.find(b); it != where_.end()) policies_[it->second]->Touch(b);
+      }
+    }
     ++res_.requests;
     res_.blocks += keys.size();
     res_.prompt_tokens += prompt_tokens;
@@ -102,6 +175,8 @@ class Simulator {
   }
 
   SimOptions opts_;
+  const std::vector<std::vector<uint64_t>>* next_of_;
+  NextUseMap next_use_;
   SimResult res_;
   std::vector<std::unique_ptr<tiers::EvictionPolicy>> policies_;
   std::unordered_map<BlockId, int, BlockIdHash> where_;
@@ -123,7 +198,21 @@ KeyedTrace KeyTrace(const std::vector<Request>& reqs, uint32_t block_tokens, uin
 }
 
 SimResult Simulate(const KeyedTrace& trace, const SimOptions& opts) {
-  Simulator s(opts);
+  std::vector<std::vector<uint64_t>> next;
+  if (opts.oracle) {  // one backward pass: the next request that references each block
+    next.resize(trace.keys.size());
+    std::unordered_map<Key128, uint64_t, Key128Hash> later;
+    for (size_t i = trace.keys.size(); i-- > 0;) {
+      const auto& keys = trace.keys[i];
+      next[i].resize(keys.size());
+      for (size_t j = 0; j < keys.size(); ++j) {
+        auto it = later.find(keys[j]);
+        next[i][j] = it == later.end() ? UINT64_MAX : it->second;
+      }
+      for (const auto& k : keys) later[k] = i;
+    }
+  }
+  Simulator s(opts, &next);
   for (size_t i = 0; i < trace.keys.size(); ++i) s.Run(trace.keys[i], trace.prompt_tokens[i]);
   return s.result();
 }

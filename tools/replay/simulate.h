@@ -13,6 +13,11 @@
 //      policy's victim, demoted to the next tier or, from the last tier, dropped.
 // "Block-weighted prefix hit rate" = prefix-hit blocks / referenced blocks.
 // The infinite-cache bound counts every reference to a block seen before as a hit.
+// The oracle (SimOptions::oracle) is Belady's rule in every tier: the victim is the
+// evictable block whose next reference is farthest in the future (never again first),
+// ties going to the block deepest in its chain. It reads the whole trace ahead, so it
+// exists only here; it is the line an online policy is measured against, not the true
+// optimum of prefix caching (which must also weigh a chain's blocks together).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "formats/layout.h"
+#include "tiers/policy/policy_options.h"
 #include "tiers/tier_manager.h"
 #include "tools/replay/trace.h"
 
@@ -36,6 +42,8 @@ struct SimOptions {
   KvFormat format = KvFormat::kNvfp4;
   Geometry geometry{32, 8, 128, 16};  // Llama-3-8B shaped. Default: 32 x 8 x 128, T=16
   uint64_t contract_id = 0;         // salt for the key chain (format-independent keys)
+  tiers::PolicyOptions policy_options;  // knobs of the tiers' policies. Default: defaults
+  bool oracle = false;              // every tier evicts by Belady (tier policies ignored). Default: false
   Status Validate() const;
 };
 

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <random>
@@ -220,6 +221,83 @@ std::vector<Request> GenerateAgentic(const GeneratorOptions& o) {
     r.output_tokens = 64;
     ++turn[s];
     out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Status ToolLoopOptions::Validate() const {
+  if (requests < 1 || requests > 10'000'000) return Status::Invalid("requests must be in [1, 1e7]");
+  if (tool_prompts < 1) return Status::Invalid("tool_prompts must be >= 1");
+  if (min_turns < 1 || max_turns < min_turns) return Status::Invalid("turns must satisfy 1 <= min_turns <= max_turns");
+  if (!(one_shot_fraction >= 0.0 && one_shot_fraction <= 1.0)) return Status::Invalid("one_shot_fraction must be in [0, 1]");
+  if (burst_sessions < 1) return Status::Invalid("burst_sessions must be >= 1");
+  if (!(rate_per_s > 0.0)) return Status::Invalid("rate_per_s must be > 0");
+  const uint64_t longest = uint64_t{tool_prompt_tokens} + task_tokens + uint64_t{tool_output_tokens} * 2 * max_turns;
+  if (longest > kMaxTraceTokens) return Status::Invalid("sessions would grow past the token limit");
+  return Status::Ok();
+}
+
+std::vector<Request> GenerateToolLoops(const ToolLoopOptions& o) {
+  std::mt19937_64 rng(o.seed);
+  std::vector<double> w(o.tool_prompts);
+  for (uint32_t i = 0; i < o.tool_prompts; ++i) w[i] = 1.0 / (i + 1);
+  std::discrete_distribution<uint32_t> tool(w.begin(), w.end());
+  std::uniform_int_distribution<uint32_t> turns(o.min_turns, o.max_turns);
+  std::uniform_int_distribution<uint32_t> out_len(std::max<uint32_t>(1, o.tool_output_tokens / 4),
+                                                  std::max<uint32_t>(1, o.tool_output_tokens * 7 / 4));
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  // A session: its tool prompt, its turns so far, how many it will take, the lengths of
+  // the tool outputs it appended.
+  struct Session {
+    std::string id;
+    uint32_t tool = 0, turns = 0, done = 0;
+    std::vector<uint32_t> outputs;
+  };
+  uint64_t next_id = 0;
+  auto open_session = [&] {
+    Session s;
+    s.id = "a" + std::to_string(next_id++);
+    s.tool = tool(rng);
+    s.turns = turns(rng);
+    return s;
+  };
+  std::vector<Session> live;
+  for (uint32_t i = 0; i < o.burst_sessions; ++i) live.push_back(open_session());
+  // Bursts: a burst of requests arrives at 10x the mean rate, then a quiet gap keeps the
+  // mean at rate_per_s.
+  std::exponential_distribution<double> fast(o.rate_per_s * 10.0);
+  const double quiet = o.burst_sessions * 0.9 / o.rate_per_s;
+  std::vector<Request> out;
+  out.reserve(o.requests);
+  double t = 0;
+  for (uint32_t n = 0; n < o.requests; ++n) {
+    t += fast(rng);
+    if (n > 0 && n % o.burst_sessions == 0) t += quiet;
+    Request r;
+    r.arrival_s = t;
+    r.output_tokens = 64;
+    auto append = [&](const std::string& id, uint32_t count) {
+      auto tok = SegmentTokens(id, count);
+      r.tokens.insert(r.tokens.end(), tok.begin(), tok.end());
+    };
+    if (u(rng) < o.one_shot_fraction) {
+      const std::string id = "o" + std::to_string(next_id++);
+      r.session = id;
+      append("tool-" + std::to_string(tool(rng)), o.tool_prompt_tokens);
+      append(id + "-task", o.task_tokens);
+      out.push_back(std::move(r));
+      continue;
+    }
+    Session& s = live[std::uniform_int_distribution<size_t>(0, live.size() - 1)(rng)];
+    r.session = s.id;
+    r.turn = s.done;
+    append("tool-" + std::to_string(s.tool), o.tool_prompt_tokens);
+    append(s.id + "-task", o.task_tokens);
+    for (uint32_t k = 0; k < s.done; ++k) append(s.id + "-out" + std::to_string(k), s.outputs[k]);
+    s.outputs.push_back(out_len(rng));
+    ++s.done;
+    out.push_back(std::move(r));
+    if (s.done >= s.turns) s = open_session();  // the loop ends; a new session takes its place
   }
   return out;
 }

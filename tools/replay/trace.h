@@ -64,6 +64,27 @@ struct GeneratorOptions {
 };
 std::vector<Request> GenerateAgentic(const GeneratorOptions& opts);
 
+// Tool-agent loops: a few long tool-definition prompts shared by everything, short
+// sessions (a task, then call -> tool output -> call turns that append to the context)
+// interleaved a burst at a time, and one-shot requests that share only the tool prompt.
+// Reuse is a long shared head, a short-lived session tail, and one-hit tasks.
+struct ToolLoopOptions {
+  uint32_t requests = 3000;            // total requests. Default: 3000
+  uint32_t tool_prompts = 8;           // shared tool-definition prompts (Zipf 1). Default: 8
+  uint32_t tool_prompt_tokens = 6144;  // tokens per tool prompt. Default: 6144
+  uint32_t task_tokens = 512;          // a session's or one-shot's own task. Default: 512
+  uint32_t min_turns = 2;              // turns per session, uniform in [min, max]. Default: 2
+  uint32_t max_turns = 8;              // Default: 8
+  uint32_t tool_output_tokens = 768;   // mean tokens a turn appends (uniform in [1/4, 7/4] of it). Default: 768
+  double one_shot_fraction = 0.3;      // requests that are one-shot tasks, in [0, 1]. Default: 0.3
+  uint32_t burst_sessions = 32;        // sessions open at once; a burst replaces them. Default: 32
+  double rate_per_s = 20.0;            // mean arrival rate (arrivals come in bursts). Default: 20
+  uint64_t seed = 1;                   // Default: 1
+
+  Status Validate() const;
+};
+std::vector<Request> GenerateToolLoops(const ToolLoopOptions& opts);
+
 // Writes requests in kvtier's JSON-lines format (explicit tokens).
 Status WriteKvtierTrace(const std::string& path, const std::vector<Request>& reqs);
 
