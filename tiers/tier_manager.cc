@@ -245,6 +245,12 @@ Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& 
 Block* TierManagerImpl::CommitLocked(uint64_t contract_id, int t, uint32_t slot, const Key128& key,
                                      const Key128& parent, bool pin, bool from_remote, Status* err) {
   TierState& ts = T(t);
+  // A block that names itself as its parent would be its own prefix: refused, so that no
+  // parent graph the index holds has a self-loop.
+  if (parent == key) {
+    *err = Status::Invalid("Commit: block " + key.ToHex() + " names itself as its parent");
+    return nullptr;
+  }
   if (slot >= ts.slots.size() || ts.slots[slot].state != SlotState::kAlloc) {
     *err = Status::Invalid("Commit: slot " + std::to_string(slot) + " is not an allocated, uncommitted slot");
     return nullptr;

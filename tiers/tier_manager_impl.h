@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/log_limit.h"
 #include "tiers/block.h"
 #include "tiers/hbm/hbm_pool.h"
 #include "tiers/host/host_pool.h"
@@ -227,6 +228,9 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   BlockIndex blocks_;
   TierState tiers_[3];  // indexed by kH, kS, kN
   std::unique_ptr<NvmeAdmission> admission_;
+  // Blocks lost on the way down (an eviction whose NVMe write failed): counted in the host
+  // tier's evictions_dropped, logged at most once per interval.
+  LogLimit drop_log_;
   // Mover queues.
   std::vector<Block*> reads_;                    // NVMe -> host promotions (slot in promo[kS])
   std::vector<std::pair<Block*, bool>> writes_;  // host -> NVMe (bool: eviction)

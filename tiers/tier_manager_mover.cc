@@ -131,10 +131,17 @@ void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
   KVTIER_TEST_POINT("TierManager::Demote:AfterNvmeWrite");  // durable, host copy not yet dropped
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> l(mu_);
-  uint64_t bytes = 0;
+  uint64_t bytes = 0, lost = 0;
+  std::string why;
   for (size_t i = 0; i < batch.size(); ++i) {
     Block* b = batch[i].first;
     b->busy[kS] = false;
+    // An eviction whose write failed loses the block unless it is still on NVMe.
+    if (!wr[i].result.ok() && batch[i].second && !b->nvme && b->pins[kS] == 0 && b->io_pins[kS] == 0 &&
+        b->slot[kS] >= 0) {
+      ++lost;
+      if (why.empty()) why = wr[i].result.message();
+    }
     if (batch[i].second) --T(kS).demoting;
     if (wr[i].result.ok()) {
       bytes += RoundUp4K(b->bytes) + kIoAlign;
@@ -156,6 +163,11 @@ void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
   }
   T(kN).c.bytes_written += bytes;
   if (secs > 0 && bytes > (16u << 20)) T(kN).c.write_gbps = bytes / secs / 1e9;
+  uint64_t held = 0;
+  if (lost > 0 && drop_log_.Allow(&held)) {
+    spdlog::warn("tiers: {} blocks dropped on the way down to nvme ({}); {} more such lines held back",
+                 lost, why, held);
+  }
   RetrySpaceWaitersLocked(kS);
   KickLocked();
 }

@@ -155,6 +155,11 @@ Status ExportReader::VerifyAll(const std::function<void(uint64_t, uint64_t)>& pr
       return Status(s.code(), s.message());
     }
     if (eof) break;
+    if (rec.parent == rec.key) {
+      (void)Rewind();
+      return Status::Invalid("record " + std::to_string(n) + ": block " + rec.key.ToHex() +
+                             " names itself as its parent");
+    }
     ++n;
     if (progress) progress(static_cast<uint64_t>(std::ftell(f_)), file_bytes_);
   }

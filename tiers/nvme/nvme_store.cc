@@ -201,7 +201,7 @@ Status NvmeStore::LoadIndex() {
   std::vector<uint32_t> taken;
   std::set<uint32_t> seen;
   rocksdb::WriteBatch drops;
-  uint64_t dropped = 0;
+  uint64_t dropped = 0, self_parent = 0;
   for (it->Seek("b"); it->Valid() && it->key().starts_with("b"); it->Next()) {
     NvmeEntry e;
     const bool ok = ParseIndexKey(it->key(), &e.id) && DecodeEntry(it->value(), &e) &&
@@ -212,6 +212,13 @@ Status NvmeStore::LoadIndex() {
       ++dropped;
       continue;
     }
+    if (e.parent == e.id.key) {  // a block cannot be its own parent: never committed so
+      drops.Delete(it->key());
+      ++dropped;
+      ++self_parent;
+      seen.erase(e.record);
+      continue;
+    }
     e.verified = false;
     next_seq_ = std::max(next_seq_, e.sequence + 1);
     taken.push_back(e.record);
@@ -219,7 +226,8 @@ Status NvmeStore::LoadIndex() {
   }
   KVTIER_RETURN_IF_ERROR(FromRocks(it->status(), "scan index"));
   if (dropped) {
-    spdlog::warn("nvme: dropped {} malformed or overlapping index entries", dropped);
+    spdlog::warn("nvme: dropped {} malformed or overlapping index entries ({} naming their own block as parent)",
+                 dropped, self_parent);
     KVTIER_RETURN_IF_ERROR(FromRocks(db_->Write(rocksdb::WriteOptions(), &drops), "drop bad entries"));
   }
   index_dropped_ += dropped;

@@ -1,0 +1,233 @@
+// What an attached client, or a file handed to the daemon, can try against a real
+// kvtierd: each test plays one hostile or careless move and checks that it gets a clear
+// error, changes nothing it must not change, and costs the daemon a bounded amount.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "formats/contract.h"
+#include "formats/wire.h"
+#include "tests/reliability/reliability_util.h"
+#include "tests/tools/run_tool.h"
+#include "tiers/nvme/nvme_store.h"
+#include "tools/export_file.h"
+
+namespace kvtier::hostile {
+namespace {
+
+using reliability::Conn;
+using reliability::ScopedEnv;
+using testing::DaemonConfig;
+using testing::DaemonProcess;
+using testing::MetricValue;
+
+size_t CountLines(const std::string& log, const std::string& needle) {
+  size_t n = 0, p = 0;
+  while ((p = log.find(needle, p)) != std::string::npos) {
+    ++n;
+    p += needle.size();
+  }
+  return n;
+}
+
+// The harness's config with `lines` added to its [daemon] table, written over its file.
+void SetDaemonKeys(const DaemonProcess& d, const std::string& lines) {
+  std::string t = d.ConfigText();
+  const size_t at = t.find("[daemon]\n");
+  t.insert(at + 9, lines);
+  testing::WriteText(d.config_path(), t);
+}
+
+// A raw control-socket connection (fd), or -1.
+int RawConnect(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// True when the daemon closes fd within timeout_ms (what it sent first is skipped).
+bool ClosedWithin(int fd, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    char b[4096];
+    const ssize_t k = ::recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (k == 0) return true;
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return true;
+    if (k > 0) continue;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+// The daemon's resident memory in KiB (VmRSS), or -1.
+long RssKib(pid_t pid) {
+  std::istringstream in(testing::ReadText("/proc/" + std::to_string(pid) + "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+  }
+  return -1;
+}
+
+bool Hits(Conn& c, const kvtier_key& k) {
+  kvtier_lookup_result lr{};
+  if (kvtier_lookup(c.c, c.contract, &k, 1, &lr, nullptr) != KVTIER_OK) return false;
+  return lr.hit_blocks == 1;
+}
+
+// ---- a block that names itself as its parent ------------------------------------------
+
+TEST(Hostile, CommitNamingItselfAsParentIsRefused) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  Conn c;
+  ASSERT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  uint64_t lease = 0;
+  kvtier_slot slot{};
+  ASSERT_EQ(kvtier_alloc(c.c, c.contract, 1, KVTIER_TIER_HOST, &lease, &slot), KVTIER_OK) << kvtier_last_error();
+  const kvtier_key k = reliability::MakeKey(1, 1);
+  testing::FillBlock(c.host + uint64_t{slot.slot} * c.slot_bytes, c.block_bytes, c.contract, k);
+  kvtier_commit_item it{};
+  it.slot = slot;
+  it.key = k;
+  it.parent = k;
+  size_t n = 7;
+  EXPECT_EQ(kvtier_commit(c.c, c.contract, lease, &it, 1, &n), KVTIER_INVALID);
+  EXPECT_NE(std::string(kvtier_last_error()).find("names itself as its parent"), std::string::npos)
+      << kvtier_last_error();
+  EXPECT_EQ(n, 0u);
+  ASSERT_EQ(kvtier_release(c.c, lease), KVTIER_OK) << kvtier_last_error();
+  EXPECT_FALSE(Hits(c, k)) << "the refused block is cached";
+  // The same block with a real parent is taken.
+  ASSERT_EQ(kvtier_alloc(c.c, c.contract, 1, KVTIER_TIER_HOST, &lease, &slot), KVTIER_OK) << kvtier_last_error();
+  testing::FillBlock(c.host + uint64_t{slot.slot} * c.slot_bytes, c.block_bytes, c.contract, k);
+  it.slot = slot;
+  it.parent = reliability::MakeKey(1, 0);
+  EXPECT_EQ(kvtier_commit(c.c, c.contract, lease, &it, 1, &n), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(kvtier_release(c.c, lease), KVTIER_OK);
+  EXPECT_TRUE(Hits(c, k));
+  EXPECT_TRUE(d.Alive());
+}
+
+// An NVMe index written elsewhere (an older daemon, a hand-edited folder) with an entry
+// whose parent is its own key: the daemon drops it at load, says so, and keeps the rest.
+TEST(Hostile, NvmeIndexEntryNamingItselfAsParentIsDroppedAtLoad) {
+  DaemonProcess d;
+  uint64_t contract = 0;
+  kvtier_contract_desc desc = testing::SmallContract();
+  ASSERT_EQ(kvtier_contract_id(&desc, &contract), KVTIER_OK);
+  const kvtier_key self = reliability::MakeKey(2, 1), good = reliability::MakeKey(2, 2);
+  {
+    tiers::NvmeStoreOptions o;  // what the harness's config gives the daemon
+    o.dir = d.dir() + "/nvme";
+    o.slot_bytes = 4096;
+    o.capacity_bytes = 1 << 20;
+    auto s = tiers::NvmeStore::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    void* buf = std::aligned_alloc(4096, 4096);
+    std::memset(buf, 0x5a, 4096);
+    std::vector<tiers::NvmeWrite> w(2);
+    w[0].id = tiers::BlockId{contract, Key128{self.hi, self.lo}};
+    w[0].parent = Key128{self.hi, self.lo};
+    w[1].id = tiers::BlockId{contract, Key128{good.hi, good.lo}};
+    for (auto& x : w) {
+      x.payload = static_cast<const uint8_t*>(buf);
+      x.len = 576;
+    }
+    EXPECT_TRUE((*s)->WriteBatch(w).ok());
+    for (auto& x : w) EXPECT_TRUE(x.result.ok()) << x.result.ToString();
+    s->reset();
+    std::free(buf);
+  }
+  ASSERT_TRUE(d.Start()) << d.log();
+  Conn c;
+  ASSERT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(c.contract, contract);
+  EXPECT_FALSE(Hits(c, self)) << "an entry naming itself as its parent was loaded";
+  EXPECT_TRUE(Hits(c, good)) << "the good entry beside it was lost";
+  EXPECT_NE(d.log().find("1 naming their own block as parent"), std::string::npos) << d.log();
+}
+
+// kvtierctl import of a .kvt file holding such a record: refused before anything is stored.
+TEST(Hostile, ImportOfARecordNamingItselfAsParentStoresNothing) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  ScaleContract ct;
+  ct.model_id = "test/import";
+  ct.geometry = {2, 1, 16, 16};
+  ct.SetUnitScales();
+  const std::string file = d.dir() + "/self.kvt";
+  {
+    auto w = ExportWriter::Create(file, ct);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    const std::vector<uint8_t> zeros(ct.block_bytes(), 0);
+    const Key128 a{1, 11}, b{2, 22};
+    ASSERT_TRUE((*w)->Add(a, Key128{}, zeros).ok());
+    ASSERT_TRUE((*w)->Add(b, b, zeros).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  auto r = testing_tools::RunTool("kvtierctl", {"--socket", d.socket(), "import", file}, d.dir());
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.err.find("names itself as its parent"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("nothing stored"), std::string::npos) << r.err;
+  EXPECT_EQ(MetricValue(d.Metrics(), "kvtier_tier_blocks{tier=\"host\"}"), 0) << r.err;
+}
+
+// Every NVMe write fails while a client keeps storing: host evictions lose their blocks.
+// Each loss is counted, and the log says so once per interval, not once per block.
+TEST(Hostile, BlocksLostOnTheWayDownAreCountedAndLoggedRateLimited) {
+#if !KVTIER_TEST_POINTS
+  GTEST_SKIP() << "built without KVTIER_TEST_POINTS: KVTIER_TEST_FAULTS is compiled out";
+#endif
+  DaemonConfig cfg;
+  cfg.binary = "kvtierd-test";
+  DaemonProcess d(cfg);
+  bool started;
+  {
+    ScopedEnv f("KVTIER_TEST_FAULTS", "write_error=1,seed=1");
+    started = d.Start();
+  }
+  ASSERT_TRUE(started) << d.log();
+  Conn c;
+  ASSERT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  uint64_t stored = 0;
+  for (uint64_t i = 0; i < 400; i += 4) {
+    std::vector<kvtier_key> keys;
+    for (uint64_t j = 0; j < 4; ++j) keys.push_back(reliability::MakeKey(3, i + j));
+    size_t done = 0;
+    kvtier_status s = KVTIER_RETRY;
+    for (int t = 0; t < 500 && s == KVTIER_RETRY; ++t) {
+      if (t > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      s = c.Store(keys, [](const kvtier_key&) {}, &done);
+    }
+    ASSERT_EQ(s, KVTIER_OK) << kvtier_last_error();
+    stored += done;
+  }
+  const std::string m = d.Metrics();
+  const double dropped = MetricValue(m, "kvtier_tier_evictions_total{tier=\"host\",reason=\"dropped\"}");
+  EXPECT_GE(dropped, 200) << m;  // 400 stored, 64 host slots, nothing reaches NVMe
+  const std::string log = d.log();
+  const size_t lines = CountLines(log, "dropped on the way down to nvme");
+  EXPECT_GE(lines, 1u) << log;
+  EXPECT_LE(lines, 2u) << log;
+  EXPECT_TRUE(d.Alive());
+}
+
+}  // namespace
+}  // namespace kvtier::hostile
