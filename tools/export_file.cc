@@ -1,5 +1,6 @@
 #include "tools/export_file.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,12 +18,22 @@ StatusOr<std::unique_ptr<ExportWriter>> ExportWriter::Create(const std::string& 
   KVTIER_RETURN_IF_ERROR(contract.Validate());
   std::unique_ptr<ExportWriter> w(new ExportWriter());
   w->path_ = path;
-  w->tmp_ = path + ".tmp";
   w->contract_ = contract;
   w->contract_id_ = contract.Id();
   w->level_ = zstd_level;
-  w->f_ = std::fopen(w->tmp_.c_str(), "wb");
-  if (!w->f_) return Status::IoError("cannot create " + w->tmp_ + ": " + std::strerror(errno));
+  // A fresh name beside the target (the rename stays in one folder), made with O_EXCL:
+  // never an existing file, never through a link someone planted there.
+  std::string tmpl = path + ".tmp.XXXXXX";
+  const int fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
+  if (fd < 0) return Status::IoError("cannot create " + path + ".tmp.*: " + std::strerror(errno));
+  w->tmp_ = tmpl;
+  (void)::fchmod(fd, 0644);  // what the file's mode was before the temp name became unique
+  w->f_ = ::fdopen(fd, "wb");
+  if (!w->f_) {
+    const int e = errno;
+    ::close(fd);
+    return Status::IoError("cannot create " + w->tmp_ + ": " + std::strerror(e));
+  }
   const auto hdr = ef::EncodeFileHeader(contract, static_cast<uint64_t>(std::time(nullptr)));
   KVTIER_RETURN_IF_ERROR(w->Write(hdr.data(), hdr.size()));
   return w;

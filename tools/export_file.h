@@ -1,7 +1,8 @@
 // Reading and writing export files (.kvt, byte format in formats/export.h).
 //
-// ExportWriter writes FILE.tmp and renames it into place on Finish(), so a crash or an
-// error never leaves a partial file under the real name. ExportReader reads frames one
+// ExportWriter writes FILE.tmp.XXXXXX (a fresh name made with O_EXCL, so never through a
+// planted file or link) and renames it into place on Finish(), so a crash or an error
+// never leaves a partial file under the real name. ExportReader reads frames one
 // by one; VerifyAll() runs the whole file through every check (frame checksums, record
 // headers, decompression, payload checksums, trailer) without handing out any data,
 // which is how `kvtierctl import` refuses a corrupt file before it stores anything.

@@ -229,5 +229,57 @@ TEST(Hostile, BlocksLostOnTheWayDownAreCountedAndLoggedRateLimited) {
   EXPECT_TRUE(d.Alive());
 }
 
+
+// ---- files a local user could plant ------------------------------------------------------
+
+// A symlink planted where the daemon keeps an NVMe data file: the daemon must not
+// preallocate or write its target. It refuses to start and says why.
+TEST(Hostile, PlantedNvmeDataFileLinkIsRefused) {
+  DaemonProcess d;
+  const std::string victim = d.dir() + "/victim";
+  testing::WriteText(victim, "precious");
+  std::filesystem::create_directories(d.dir() + "/nvme/data");
+  ASSERT_EQ(::symlink(victim.c_str(), (d.dir() + "/nvme/data/kvtier-0000.dat").c_str()), 0);
+  EXPECT_FALSE(d.Start()) << "kvtierd started with a planted data file link";
+  EXPECT_NE(d.log().find("is a symbolic link: refused"), std::string::npos) << d.log();
+  EXPECT_EQ(std::filesystem::file_size(victim), 8u) << "the link's target was preallocated";
+  EXPECT_TRUE(testing::ReadText(victim) == "precious") << "the link's target was written";
+}
+
+// An NVMe folder other users can write: anyone could plant files there. Refused at start.
+TEST(Hostile, NvmeDirWritableByOthersIsRefused) {
+  DaemonProcess d;
+  const std::string dir = d.dir() + "/nvme";
+  std::filesystem::create_directories(dir);
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  EXPECT_FALSE(d.Start()) << "kvtierd started on a world-writable NVMe folder";
+  EXPECT_NE(d.log().find("is writable by other users"), std::string::npos) << d.log();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/data/kvtier-0000.dat"));
+}
+
+// kvtierctl export beside a planted FILE.tmp link: the export lands under its own name,
+// the link's target is untouched.
+TEST(Hostile, ExportDoesNotFollowAPlantedTempLink) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  Conn c;
+  ASSERT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  size_t done = 0;
+  ASSERT_EQ(c.Store({reliability::MakeKey(4, 1)}, [](const kvtier_key&) {}, &done), KVTIER_OK) << kvtier_last_error();
+  const std::string out = d.dir() + "/out.kvt", victim = d.dir() + "/victim";
+  testing::WriteText(victim, "precious");
+  ASSERT_EQ(::symlink(victim.c_str(), (out + ".tmp").c_str()), 0);
+  auto r = testing_tools::RunTool(
+      "kvtierctl", {"--socket", d.socket(), "export", "--contract", ContractIdHex(c.contract), "--out", out}, d.dir());
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(testing::ReadText(victim) == "precious") << "the planted link's target was written";
+  EXPECT_TRUE(std::filesystem::is_regular_file(std::filesystem::symlink_status(out)));
+  auto rd = ExportReader::Open(out);
+  ASSERT_TRUE(rd.ok()) << rd.status().ToString();
+  uint64_t n = 0;
+  EXPECT_TRUE((*rd)->VerifyAll(nullptr, &n).ok());
+  EXPECT_EQ(n, 1u);
+}
+
 }  // namespace
 }  // namespace kvtier::hostile

@@ -5,6 +5,7 @@
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -119,6 +120,33 @@ Status NvmeStoreOptions::Validate() const {
   return Status::Ok();
 }
 
+namespace {
+
+// The NVMe folder and its data/ and index/ folders: directories of the daemon's user that
+// no other user can write, so that nobody else can plant a file or a link the daemon
+// would then write through. Only the top folder may be reached through a link (a mount
+// elsewhere); what the check sees is its target.
+Status CheckPrivateDir(const std::string& dir, bool may_link) {
+  struct stat st{};
+  if ((may_link ? ::stat(dir.c_str(), &st) : ::lstat(dir.c_str(), &st)) != 0) {
+    return Status::IoError("nvme: stat " + dir + ": " + std::strerror(errno));
+  }
+  if (S_ISLNK(st.st_mode)) return Status::Invalid("nvme: " + dir + " is a symbolic link: refused");
+  if (!S_ISDIR(st.st_mode)) return Status::Invalid("nvme: " + dir + " is not a directory");
+  if (st.st_uid != ::geteuid()) {
+    return Status::Invalid("nvme: " + dir + " belongs to uid " + std::to_string(st.st_uid) +
+                           ", not to the daemon's uid " + std::to_string(::geteuid()) +
+                           ": chown it to the daemon's user");
+  }
+  if (st.st_mode & S_IWOTH) {
+    return Status::Invalid("nvme: " + dir + " is writable by other users (mode " +
+                           fmt::format("{:o}", st.st_mode & 07777) + "): chmod o-w it");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opts,
                                                      DeviceWrapper wrap) {
   KVTIER_RETURN_IF_ERROR(opts.Validate());
@@ -135,6 +163,11 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
   std::error_code ec;
   std::filesystem::create_directories(opts.dir + "/data", ec);
   if (ec) return Status::IoError("nvme: create " + opts.dir + "/data: " + ec.message());
+  KVTIER_RETURN_IF_ERROR(CheckPrivateDir(opts.dir, /*may_link=*/true));
+  KVTIER_RETURN_IF_ERROR(CheckPrivateDir(opts.dir + "/data", /*may_link=*/false));
+  if (std::filesystem::exists(std::filesystem::symlink_status(opts.dir + "/index"))) {
+    KVTIER_RETURN_IF_ERROR(CheckPrivateDir(opts.dir + "/index", /*may_link=*/false));
+  }
 
   // Index first: a folder made with another geometry is refused before any file changes.
   rocksdb::Options ro;

@@ -36,11 +36,17 @@ StatusOr<std::unique_ptr<UringDevice>> UringDevice::Open(const UringDeviceOption
   std::unique_ptr<UringDevice> d(
       new UringDevice(static_cast<uint32_t>(opts.paths.size()), opts.file_bytes));
   for (const std::string& p : opts.paths) {
-    int fd = open(p.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
+    // Never through a link: a planted symlink would make the daemon preallocate and write
+    // its target. An existing file is opened as it is; a missing one is created here and
+    // nowhere else (O_EXCL).
+    int fd = open(p.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT) fd = open(p.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 && errno == ELOOP) return Status::Invalid("nvme data file " + p + " is a symbolic link: refused");
     if (fd < 0) return Status::IoError("open " + p + " O_DIRECT: " + Errno(errno));
     d->fds_.push_back(fd);
     struct stat st{};
     if (fstat(fd, &st) != 0) return Status::IoError("fstat " + p + ": " + Errno(errno));
+    if (!S_ISREG(st.st_mode)) return Status::Invalid("nvme data file " + p + " is not a regular file: refused");
     if (static_cast<uint64_t>(st.st_size) < opts.file_bytes) {
       // Preallocate so that writes never allocate blocks (and never fail ENOSPC later).
       int r = posix_fallocate(fd, 0, static_cast<off_t>(opts.file_bytes));
