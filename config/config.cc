@@ -143,6 +143,10 @@ const std::vector<Entry>& Schema() {
                  SizeField([](Config& c) { return &c.daemon.ring_data_bytes; })});
     s.push_back({"daemon.max_clients",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_clients; }, 1, 4096)});
+    s.push_back({"daemon.max_unattached",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.max_unattached; }, 1, 4096)});
+    s.push_back({"daemon.attach_timeout_ms",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.attach_timeout_ms; }, 1, 600000)});
     s.push_back({"daemon.max_keys_per_request",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_keys_per_request; }, 1,
                                     1 << 20)});

@@ -79,6 +79,8 @@ struct DaemonConfig {
   uint32_t ring_entries = 256;           // per ring, power of two in [8, 65536]. Default: 256
   uint64_t ring_data_bytes = 4u << 20;   // per-client data area, 4 KiB multiple. Default: 4MiB
   uint32_t max_clients = 64;             // attached clients at once, [1, 4096]. Default: 64
+  uint32_t max_unattached = 16;          // connections not yet attached, [1, 4096]. Default: 16
+  uint32_t attach_timeout_ms = 5000;     // accept to attach reply, [1, 600000]. Default: 5000
   uint32_t max_keys_per_request = 65536;  // [1, 1048576]. Default: 65536
   uint32_t max_leases_per_client = 65536;  // open leases per client, [1, 1<<24]. Default: 65536
   uint32_t max_bad_requests = 16;        // corrupt ring requests before disconnect. Default: 16

@@ -20,6 +20,7 @@
 #include <boost/beast/http.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/log_limit.h"
 #include "daemon/contract_store.h"
 #include "daemon/metrics.h"
 #include "daemon/session.h"
@@ -120,6 +121,9 @@ class Daemon::Impl {
   uint64_t next_conn_id_ = 1;
   std::atomic<uint64_t> next_client_id_{1};
   size_t attached_ = 0;  // io thread only
+  // Lines about connections that never attach (refused, timed out, over the cap): any
+  // local process can cause them at any rate.
+  LogLimit unattached_log_;
   bool shutting_down_ = false;
   int exit_code_ = 0;
 };
@@ -131,7 +135,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(Daemon::Impl* d, uint64_t id, UnixSocket sock)
       : d_(d), id_(id), sock_(std::move(sock)) {}
 
-  void Start() { ReadHeader(); }
+  // Reads the attach, which must complete within daemon.attach_timeout_ms.
+  void Start() {
+    std::weak_ptr<Connection> w = shared_from_this();
+    attach_timer_.expires_after(std::chrono::milliseconds(d_->opts_.config.daemon.attach_timeout_ms));
+    attach_timer_.async_wait([w](const boost::system::error_code& ec) {
+      auto self = w.lock();
+      if (ec || !self || self->closed_ || self->session_) return;
+      self->d_->metrics_.attach_refused.fetch_add(1);
+      uint64_t held = 0;
+      if (self->d_->unattached_log_.Allow(&held)) {
+        spdlog::warn("control connection {}: no attach within daemon.attach_timeout_ms ({} ms); closing "
+                     "({} more lines about unattached connections held back)",
+                     self->id_, self->d_->opts_.config.daemon.attach_timeout_ms, held);
+      }
+      self->Close(false);
+    });
+    ReadHeader();
+  }
 
   // Closes the socket and ends the session (releasing its leases). Idempotent. A
   // non-empty `why` goes to the client first (ControlType::kGoodbye), so that its next
@@ -139,6 +160,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Close(bool drain, const std::string& why = {}) {
     if (closed_) return;
     closed_ = true;
+    attach_timer_.cancel();
     boost::system::error_code ec;
     if (!why.empty()) {
       const size_t n = std::min<size_t>(why.size(), wire::kMaxGoodbyeBytes);
@@ -177,6 +199,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
                          self->d_->metrics_.requests_malformed.fetch_add(1);
                          return self->Close(false);
                        }
+                       if (!self->session_) {
+                         // Before attach only an attach of exactly its size is read: nothing
+                         // a stranger declares is allocated.
+                         if (self->hdr_.type != static_cast<uint16_t>(wire::ControlType::kAttach)) {
+                           return self->Dispatch();
+                         }
+                         if (self->hdr_.length != sizeof(wire::AttachRequest)) {
+                           wire::AttachReply r;
+                           return self->RefuseAttach(
+                               &r, Status::Invalid("attach payload is " + std::to_string(self->hdr_.length) +
+                                                   " bytes, expected " +
+                                                   std::to_string(sizeof(wire::AttachRequest))));
+                         }
+                       }
                        self->payload_.resize(self->hdr_.length);
                        self->ReadPayload();
                      });
@@ -201,7 +237,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     if (type == wire::ControlType::kRequest) {
       if (!session_) {
-        spdlog::warn("control connection {}: request before attach; closing", id_);
+        uint64_t held = 0;
+        if (d_->unattached_log_.Allow(&held)) {
+          spdlog::warn("control connection {}: request before attach; closing ({} more lines about unattached "
+                       "connections held back)", id_, held);
+        }
         return Close(false);
       }
       HandleRequest();
@@ -215,7 +255,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     r->status = static_cast<int32_t>(s.code());
     std::snprintf(r->message, sizeof r->message, "%s", s.message().c_str());
     d_->metrics_.attach_refused.fetch_add(1);
-    spdlog::warn("control connection {}: attach refused: {}", id_, s.ToString());
+    uint64_t held = 0;
+    if (d_->unattached_log_.Allow(&held)) {
+      spdlog::warn("control connection {}: attach refused: {} ({} more lines about unattached connections held back)",
+                   id_, s.ToString(), held);
+    }
     (void)SendAttachReply(*r, {});
     Close(false);
   }
@@ -468,6 +512,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   bool kicked_ = false;
   uint32_t protocol_ = wire::kProtocolVersion;  // negotiated at attach
+  asio::steady_timer attach_timer_{d_->io_};     // daemon.attach_timeout_ms from accept
 };
 
 // One /metrics HTTP exchange.
@@ -605,6 +650,18 @@ void Daemon::Impl::Accept() {
     if (ec) {
       if (ec == asio::error::operation_aborted || shutting_down_) return;
       spdlog::warn("accept: {}", ec.message());
+    } else if (!shutting_down_ && conns_.size() - attached_ >= opts_.config.daemon.max_unattached) {
+      // Connections that have not attached yet are capped: idle ones cannot crowd out the
+      // clients that attach.
+      metrics_.attach_refused.fetch_add(1);
+      uint64_t held = 0;
+      if (unattached_log_.Allow(&held)) {
+        spdlog::warn("accept: daemon.max_unattached ({}) connections have not attached yet; closing a new one "
+                     "({} more lines about unattached connections held back)",
+                     opts_.config.daemon.max_unattached, held);
+      }
+      boost::system::error_code cec;
+      s.close(cec);
     } else if (!shutting_down_) {
       const uint64_t id = next_conn_id_++;
       auto conn = std::make_shared<Connection>(this, id, std::move(s));

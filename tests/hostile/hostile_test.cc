@@ -281,5 +281,81 @@ TEST(Hostile, ExportDoesNotFollowAPlantedTempLink) {
   EXPECT_EQ(n, 1u);
 }
 
+// ---- before attach ---------------------------------------------------------------------
+
+// Attach headers that declare 16 MiB: each is refused at once, before its payload would be
+// read, and the daemon's memory does not grow with them.
+TEST(Hostile, OversizedAttachIsRefusedBeforeAnythingIsAllocated) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  const long rss0 = RssKib(d.pid());
+  ASSERT_GT(rss0, 0);
+  std::vector<int> fds;
+  for (int i = 0; i < 40; ++i) {
+    const int fd = RawConnect(d.socket());
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+    wire::ControlHeader h;
+    h.type = static_cast<uint16_t>(wire::ControlType::kAttach);
+    h.length = wire::kMaxControlPayload;
+    ASSERT_EQ(::write(fd, &h, sizeof h), static_cast<ssize_t>(sizeof h));
+    uint8_t buf[sizeof(wire::ControlHeader) + sizeof(wire::AttachReply)];
+    pollfd p{fd, POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 3000), 1) << "no attach reply to a 16 MiB attach header within 3 s (connection " << i << ")";
+    ASSERT_EQ(::recv(fd, buf, sizeof buf, MSG_WAITALL), static_cast<ssize_t>(sizeof buf));
+    wire::AttachReply rep;
+    std::memcpy(&rep, buf + sizeof(wire::ControlHeader), sizeof rep);
+    EXPECT_NE(rep.status, 0);
+    EXPECT_NE(std::string(rep.message).find("attach payload is 16777216 bytes"), std::string::npos) << rep.message;
+    EXPECT_TRUE(ClosedWithin(fd, 3000));
+  }
+  const long grown = RssKib(d.pid()) - rss0;
+  EXPECT_LT(grown, 32 * 1024) << "daemon RSS grew by " << grown << " KiB over 40 refused attaches";
+  for (int fd : fds) ::close(fd);
+  Conn c;
+  EXPECT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+}
+
+// A connection that never sends its attach is closed after daemon.attach_timeout_ms.
+TEST(Hostile, SilentConnectionIsClosedAfterTheAttachTimeout) {
+  DaemonProcess d;
+  SetDaemonKeys(d, "attach_timeout_ms = 300\n");
+  ASSERT_TRUE(d.Start()) << d.log();
+  const int fd = RawConnect(d.socket());
+  ASSERT_GE(fd, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(ClosedWithin(fd, 5000)) << "a silent connection stayed open 5 s";
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(s, 0.25);
+  ::close(fd);
+  EXPECT_NE(d.log().find("no attach within daemon.attach_timeout_ms"), std::string::npos) << d.log();
+}
+
+// Past daemon.max_unattached idle connections a new one is closed at accept; once they
+// go, clients attach again.
+TEST(Hostile, UnattachedConnectionsAreCapped) {
+  DaemonProcess d;
+  SetDaemonKeys(d, "max_unattached = 4\nattach_timeout_ms = 60000\n");
+  ASSERT_TRUE(d.Start()) << d.log();
+  // The harness's start probe is an unattached connection too: let it go.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) {
+    idle.push_back(RawConnect(d.socket()));
+    ASSERT_GE(idle.back(), 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (int fd : idle) EXPECT_FALSE(ClosedWithin(fd, 100)) << "an idle connection under the cap was closed";
+  const int extra = RawConnect(d.socket());
+  ASSERT_GE(extra, 0);
+  EXPECT_TRUE(ClosedWithin(extra, 3000)) << "a connection over daemon.max_unattached stayed open";
+  ::close(extra);
+  for (int fd : idle) ::close(fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Conn c;
+  EXPECT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  EXPECT_NE(d.log().find("daemon.max_unattached (4)"), std::string::npos) << d.log();
+}
+
 }  // namespace
 }  // namespace kvtier::hostile
