@@ -5,13 +5,16 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -27,15 +30,40 @@ namespace kvtier::lib {
 
 namespace w = kvtier::wire;
 
+namespace {
+
+// Bounds the socket's next blocking call (connect, send, receive) by what is left of the
+// attach's deadline; at least 1 ms, so that an expired deadline still fails the call.
+void BoundBy(int sock, std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - std::chrono::steady_clock::now());
+  const int64_t us = std::max<int64_t>(1000, left.count());
+  timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+  (void)::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  (void)::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+}  // namespace
+
 kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts, kvtier_client* c) {
+  // The whole attach (connect, request, reply) within timeout_ms: a daemon that accepts
+  // and never answers, or whose backlog is full, is a timeout, not a hang.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(c->timeout_ms);
+  auto timed_out = [&] { return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINPROGRESS) &&
+                                std::chrono::steady_clock::now() >= deadline - std::chrono::milliseconds(1); };
   sockaddr_un addr{};
   if (std::strlen(socket_path) >= sizeof addr.sun_path) return Fail(KVTIER_INVALID, "socket path too long");
   addr.sun_family = AF_UNIX;
   std::strcpy(addr.sun_path, socket_path);
   c->sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c->sock >= 0) BoundBy(c->sock, deadline);
   if (c->sock < 0 || ::connect(c->sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     const std::string err = std::strerror(errno);
+    const bool late = c->sock >= 0 && timed_out();
     Detach(c);
+    if (late) {
+      return Fail(KVTIER_TIMEOUT, std::string("cannot connect to ") + socket_path + " within " +
+                                      std::to_string(c->timeout_ms) + " ms (timeout_ms)");
+    }
     return Fail(KVTIER_IO_ERROR, std::string("cannot connect to ") + socket_path + ": " + err);
   }
   w::AttachRequest a;
@@ -48,6 +76,7 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
   uint8_t msg[sizeof h + sizeof a];
   std::memcpy(msg, &h, sizeof h);
   std::memcpy(msg + sizeof h, &a, sizeof a);
+  BoundBy(c->sock, deadline);
   if (!WriteAll(c->sock, msg, sizeof msg)) {
     Detach(c);
     return Fail(KVTIER_IO_ERROR, "attach: send failed");
@@ -62,9 +91,11 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
   mh.msg_control = ctrl;
   mh.msg_controllen = sizeof ctrl;
   ssize_t got;
+  BoundBy(c->sock, deadline);
   do {
     got = ::recvmsg(c->sock, &mh, MSG_CMSG_CLOEXEC);
   } while (got < 0 && errno == EINTR);
+  const bool reply_late = got < 0 && timed_out();
   std::vector<int> fds;
   for (cmsghdr* cm = got > 0 ? CMSG_FIRSTHDR(&mh) : nullptr; cm; cm = CMSG_NXTHDR(&mh, cm)) {
     if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
@@ -81,9 +112,20 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
   };
   if (got <= 0 || (static_cast<size_t>(got) < sizeof buf &&
                    !ReadAll(c->sock, buf + got, sizeof buf - static_cast<size_t>(got)))) {
+    const bool late = reply_late || (got > 0 && timed_out());
     close_fds();
     Detach(c);
+    if (late) {
+      return Fail(KVTIER_TIMEOUT, "attach: no reply from kvtierd within " + std::to_string(c->timeout_ms) +
+                                      " ms (timeout_ms)");
+    }
     return Fail(KVTIER_DISCONNECTED, "attach: kvtierd closed the connection");
+  }
+  // Requests have their own deadline (transport.cc); the socket blocks again as before.
+  {
+    timeval none{0, 0};
+    (void)::setsockopt(c->sock, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+    (void)::setsockopt(c->sock, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
   }
   w::ControlHeader rh;
   std::memcpy(&rh, buf, sizeof rh);

@@ -1,6 +1,8 @@
 #include "daemon/server.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -124,6 +126,13 @@ class Daemon::Impl {
   // Lines about connections that never attach (refused, timed out, over the cap): any
   // local process can cause them at any rate.
   LogLimit unattached_log_;
+  // Out of fds (EMFILE/ENFILE): the accept loop closes this spare descriptor, takes the
+  // pending connection and closes it (the client sees a clean close, not a hang), opens
+  // the spare again and waits accept_backoff_ before the next accept, so that a full fd
+  // table costs neither a spinning core nor a log line per try.
+  int spare_fd_ = -1;
+  std::unique_ptr<asio::steady_timer> accept_backoff_;
+  LogLimit accept_log_;
   bool shutting_down_ = false;
   int exit_code_ = 0;
 };
@@ -563,6 +572,21 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
 
 Status Daemon::Impl::Start() {
   const config::Config& c = opts_.config;
+  // Every client costs a few descriptors: take all the fds the hard limit allows.
+  {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      const rlim_t was = rl.rlim_cur;
+      rl.rlim_cur = rl.rlim_max;
+      if (::setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        spdlog::info("fds: soft RLIMIT_NOFILE raised from {} to the hard limit {}", was, rl.rlim_max);
+      } else {
+        spdlog::warn("fds: cannot raise soft RLIMIT_NOFILE from {}: {}", was, std::strerror(errno));
+      }
+    }
+  }
+  spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  accept_backoff_ = std::make_unique<asio::steady_timer>(io_);
   socket_path_ = Abs(c.daemon.socket);
   // A live daemon on the socket path is an error; a stale socket file is replaced.
   {
@@ -649,7 +673,23 @@ void Daemon::Impl::Accept() {
   acceptor_->async_accept([this](const boost::system::error_code& ec, UnixSocket s) {
     if (ec) {
       if (ec == asio::error::operation_aborted || shutting_down_) return;
-      spdlog::warn("accept: {}", ec.message());
+      const bool no_fds = ec.value() == EMFILE || ec.value() == ENFILE;
+      uint64_t held = 0;
+      if (accept_log_.Allow(&held)) {
+        spdlog::warn("accept: {}{} ({} more accept errors held back)", ec.message(),
+                     no_fds ? "; closing new connections until descriptors are free" : "", held);
+      }
+      if (no_fds) {
+        if (spare_fd_ >= 0) ::close(spare_fd_);
+        const int fd = ::accept4(acceptor_->native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd >= 0) ::close(fd);
+        spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      }
+      accept_backoff_->expires_after(std::chrono::milliseconds(no_fds ? 100 : 10));
+      accept_backoff_->async_wait([this](const boost::system::error_code& tec) {
+        if (!tec && !shutting_down_) Accept();
+      });
+      return;
     } else if (!shutting_down_ && conns_.size() - attached_ >= opts_.config.daemon.max_unattached) {
       // Connections that have not attached yet are capped: idle ones cannot crowd out the
       // clients that attach.
@@ -786,6 +826,7 @@ void Daemon::Impl::Shutdown() {
   boost::system::error_code ec;
   if (acceptor_) acceptor_->close(ec);
   if (metrics_acceptor_) metrics_acceptor_->close(ec);
+  if (accept_backoff_) accept_backoff_->cancel();
   ::unlink(socket_path_.c_str());
   signals_.cancel(ec);
   // Drain every client: its ring thread executes what is already queued, in-flight

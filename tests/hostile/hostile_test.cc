@@ -3,9 +3,11 @@
 // error, changes nothing it must not change, and costs the daemon a bounded amount.
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -355,6 +357,120 @@ TEST(Hostile, UnattachedConnectionsAreCapped) {
   Conn c;
   EXPECT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
   EXPECT_NE(d.log().find("daemon.max_unattached (4)"), std::string::npos) << d.log();
+}
+
+// ---- file descriptors --------------------------------------------------------------------
+
+// kvtierd takes every fd its hard limit allows.
+TEST(Hostile, SoftFdLimitIsRaisedToTheHardLimit) {
+  rlimit was{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &was), 0);
+  if (was.rlim_max < 1024) GTEST_SKIP() << "hard RLIMIT_NOFILE " << was.rlim_max << " leaves nothing to raise";
+  DaemonProcess d;
+  bool started;
+  {
+    rlimit low = was;
+    low.rlim_cur = 512;  // inherited by the daemon
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+    started = d.Start();
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &was), 0);
+  }
+  ASSERT_TRUE(started) << d.log();
+  rlimit now{};
+  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, nullptr, &now), 0);
+  EXPECT_EQ(now.rlim_cur, was.rlim_max) << "soft RLIMIT_NOFILE stays " << now.rlim_cur;
+}
+
+// The daemon's CPU time (user + system) in clock ticks.
+long CpuTicks(pid_t pid) {
+  const std::string st = testing::ReadText("/proc/" + std::to_string(pid) + "/stat");
+  std::istringstream in(st.substr(st.rfind(')') + 2));
+  std::string f;
+  long ut = 0, stm = 0;
+  for (int i = 3; i <= 15 && in >> f; ++i) {
+    if (i == 14) ut = std::atol(f.c_str());
+    if (i == 15) stm = std::atol(f.c_str());
+  }
+  return ut + stm;
+}
+
+// Idle connections until the daemon runs out of fds: the accept loop backs off (no
+// spinning core, one log line per interval), new connections are closed rather than left
+// hanging, and once the idle ones go a client attaches again.
+TEST(Hostile, FdExhaustionBacksOffInsteadOfSpinning) {
+  DaemonProcess d;
+  SetDaemonKeys(d, "max_unattached = 4096\nattach_timeout_ms = 600000\n");
+  ASSERT_TRUE(d.Start()) << d.log();
+  size_t open_fds = 0;
+  for (auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(d.pid()) + "/fd")) {
+    (void)e;
+    ++open_fds;
+  }
+  rlimit tight{open_fds + 16, open_fds + 16};
+  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, &tight, nullptr), 0) << std::strerror(errno);
+  std::vector<int> idle;
+  for (int i = 0; i < 64; ++i) {
+    const int fd = RawConnect(d.socket());
+    if (fd >= 0) idle.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const long t0 = CpuTicks(d.pid());
+  const size_t log0 = d.log().size();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const long ticks = CpuTicks(d.pid()) - t0;
+  const size_t logged = d.log().size() - log0;
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  EXPECT_LT(ticks, hz / 2) << "the daemon used " << ticks << " ticks of CPU in 2 s while out of fds";
+  EXPECT_LT(logged, 4096u) << "the daemon logged " << logged << " bytes in 2 s while out of fds";
+  // A connection made now is closed (or refused), not left waiting.
+  const int late = RawConnect(d.socket());
+  if (late >= 0) {
+    EXPECT_TRUE(ClosedWithin(late, 3000)) << "a connection made while out of fds was left hanging";
+    ::close(late);
+  }
+  for (int fd : idle) ::close(fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Conn c;
+  EXPECT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  EXPECT_TRUE(d.Alive());
+}
+
+// A peer that takes the connection and never answers: kvtier_connect gives up after
+// timeout_ms with KVTIER_TIMEOUT instead of hanging in the attach.
+TEST(Hostile, ConnectHonoursTimeoutForTheWholeAttach) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/mute.sock";
+  const int lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 8), 0);  // never accepted: the attach waits in the backlog
+  testing::Child child([&] {
+    kvtier_connect_options o{};
+    o.name = "impatient";
+    o.timeout_ms = 300;
+    kvtier_client* c = nullptr;
+    const auto t0 = std::chrono::steady_clock::now();
+    const kvtier_status s = kvtier_connect(path.c_str(), &o, &c);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHILD_CHECK(s == KVTIER_TIMEOUT);
+    CHILD_CHECK(secs < 2.0);
+    CHILD_CHECK(std::string(kvtier_last_error()).find("timeout_ms") != std::string::npos);
+    return 0;
+  });
+  int rc = -1;
+  for (int i = 0; i < 500; ++i) {
+    siginfo_t si{};
+    if (::waitid(P_PID, static_cast<id_t>(child.pid()), &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        si.si_pid == child.pid()) {
+      rc = child.Wait();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::close(lfd);
+  EXPECT_EQ(rc, 0) << (rc == -1 ? "kvtier_connect(timeout_ms = 300) still waiting after 5 s" : "child check failed");
 }
 
 }  // namespace
