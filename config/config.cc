@@ -147,6 +147,8 @@ const std::vector<Entry>& Schema() {
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_unattached; }, 1, 4096)});
     s.push_back({"daemon.attach_timeout_ms",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.attach_timeout_ms; }, 1, 600000)});
+    s.push_back({"daemon.max_socket_queue_bytes",
+                 SizeField([](Config& c) { return &c.daemon.max_socket_queue_bytes; })});
     s.push_back({"daemon.max_keys_per_request",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_keys_per_request; }, 1,
                                     1 << 20)});
@@ -333,6 +335,10 @@ Status Config::Validate() const {
   if (d.ring_entries < 8 || d.ring_entries > 65536 || (d.ring_entries & (d.ring_entries - 1)) != 0) {
     return Status::Invalid("daemon.ring_entries: " + std::to_string(d.ring_entries) +
                            " is not a power of two in [8, 65536]");
+  }
+  if (d.max_socket_queue_bytes < (64u << 10) || d.max_socket_queue_bytes > (uint64_t{1} << 30)) {
+    return Status::Invalid("daemon.max_socket_queue_bytes: " + FormatSize(d.max_socket_queue_bytes) +
+                           " is not in [64KiB, 1GiB]");
   }
   if (d.ring_data_bytes < (64u << 10) || d.ring_data_bytes > (uint64_t{1} << 30) ||
       d.ring_data_bytes % 4096 != 0) {

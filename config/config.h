@@ -81,6 +81,9 @@ struct DaemonConfig {
   uint32_t max_clients = 64;             // attached clients at once, [1, 4096]. Default: 64
   uint32_t max_unattached = 16;          // connections not yet attached, [1, 4096]. Default: 16
   uint32_t attach_timeout_ms = 5000;     // accept to attach reply, [1, 600000]. Default: 5000
+  // Socket-path replies queued for a client that does not read them, [64KiB, 1GiB];
+  // past it the client is disconnected. Default: 64MiB
+  uint64_t max_socket_queue_bytes = 64u << 20;
   uint32_t max_keys_per_request = 65536;  // [1, 1048576]. Default: 65536
   uint32_t max_leases_per_client = 65536;  // open leases per client, [1, 1<<24]. Default: 65536
   uint32_t max_bad_requests = 16;        // corrupt ring requests before disconnect. Default: 16

@@ -454,9 +454,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
       d_->metrics_.requests_malformed.fetch_add(1);
       return reply_error(e.tag, e.op, v);
     }
-    // Room for the output and for an error message.
+    // Room for what the op can write (not what the client declared: a nop with out_len
+    // 16 MiB gets 256 bytes) and for an error message. Admin output depends on its action
+    // and stays the client's out_len, bounded by the socket message limit.
     wire::RequestEntry req = e;
-    req.out_len = std::max<uint32_t>(e.out_len, 256);
+    uint64_t can_write = e.out_len;
+    if (e.op == static_cast<uint16_t>(wire::Op::kStats)) {
+      can_write = uint64_t{std::min<uint32_t>(e.count, 8)} * sizeof(wire::WireTierStats);  // 4 tiers at most
+    } else if (e.op != static_cast<uint16_t>(wire::Op::kAdmin)) {
+      can_write = wire::RequiredOutBytes(e);
+    }
+    req.out_len = static_cast<uint32_t>(std::max<uint64_t>(std::min<uint64_t>(can_write, e.out_len), 256));
     auto buf = std::make_shared<std::vector<uint8_t>>(sizeof(wire::ControlHeader) +
                                                       sizeof(wire::CompletionEntry) + req.out_len);
     uint8_t* out = buf->data() + sizeof(wire::ControlHeader) + sizeof(wire::CompletionEntry);
@@ -495,6 +503,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void QueueWrite(std::shared_ptr<std::vector<uint8_t>> buf) {
     if (closed_) return;
+    const uint64_t limit = d_->opts_.config.daemon.max_socket_queue_bytes;
+    if (queued_bytes_ + buf->size() > limit && !writes_.empty()) {
+      // A client that does not read its replies: disconnect it rather than hold them.
+      const std::string why = "socket replies not read: " + std::to_string(queued_bytes_ + buf->size()) +
+                              " bytes queued, over daemon.max_socket_queue_bytes (" + std::to_string(limit) + ")";
+      uint64_t held = 0;
+      if (d_->unattached_log_.Allow(&held)) {
+        spdlog::warn("client {}: {}; disconnecting ({} more such lines held back)",
+                     session_ ? session_->id() : 0, why, held);
+      }
+      kicked_ = true;
+      d_->metrics_.disconnect_misbehaved.fetch_add(1);
+      // The reason goes out only if it fits without waiting (the client is not reading).
+      wire::ControlHeader h;
+      h.version = static_cast<uint16_t>(protocol_);
+      h.type = static_cast<uint16_t>(wire::ControlType::kGoodbye);
+      h.length = static_cast<uint32_t>(std::min<size_t>(why.size(), wire::kMaxGoodbyeBytes));
+      std::vector<uint8_t> msg(sizeof h + h.length);
+      std::memcpy(msg.data(), &h, sizeof h);
+      std::memcpy(msg.data() + sizeof h, why.data(), h.length);
+      (void)::send(sock_.native_handle(), msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      return Close(false);
+    }
+    queued_bytes_ += buf->size();
     writes_.push_back(std::move(buf));
     if (writes_.size() == 1) WriteNext();
   }
@@ -504,6 +536,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     asio::async_write(sock_, asio::buffer(*writes_.front()),
                       [self](const boost::system::error_code& ec, size_t) {
                         if (ec) return self->Close(false);
+                        self->queued_bytes_ -= self->writes_.front()->size();
                         self->writes_.pop_front();
                         if (!self->writes_.empty()) self->WriteNext();
                       });
@@ -516,6 +549,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<uint8_t> payload_;
   std::shared_ptr<Session> session_;
   std::deque<std::shared_ptr<std::vector<uint8_t>>> writes_;
+  uint64_t queued_bytes_ = 0;  // bytes in writes_, at most daemon.max_socket_queue_bytes
   bool closed_ = false;
 
  public:

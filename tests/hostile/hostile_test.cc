@@ -473,5 +473,78 @@ TEST(Hostile, ConnectHonoursTimeoutForTheWholeAttach) {
   EXPECT_EQ(rc, 0) << (rc == -1 ? "kvtier_connect(timeout_ms = 300) still waiting after 5 s" : "child check failed");
 }
 
+// ---- the socket path ---------------------------------------------------------------------
+
+// One socket-path request (header + entry, no input); false when the socket is gone.
+bool SendSocketRequest(int fd, const wire::RequestEntry& e) {
+  wire::ControlHeader h;
+  h.type = static_cast<uint16_t>(wire::ControlType::kRequest);
+  h.length = sizeof e;
+  uint8_t msg[sizeof h + sizeof e];
+  std::memcpy(msg, &h, sizeof h);
+  std::memcpy(msg + sizeof h, &e, sizeof e);
+  return ::send(fd, msg, sizeof msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof msg);
+}
+
+// Nops that declare 16 MiB of output, from a client that never reads: the daemon sizes
+// each reply to what a nop writes, so its memory stays flat.
+TEST(Hostile, SocketRepliesAreSizedToWhatTheOpWrites) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  testing::RawClient r;
+  wire::AttachReply rep;
+  ASSERT_TRUE(r.Attach(d.socket(), &rep));
+  ASSERT_EQ(rep.status, 0) << rep.message;
+  // First fill the socket with replies it does not read, so that later replies queue.
+  for (int i = 0; i < 3000; ++i) {
+    wire::RequestEntry e;
+    e.op = static_cast<uint16_t>(wire::Op::kStats);
+    e.tag = 10000 + i;
+    e.count = 8;
+    e.out_len = 8 * sizeof(wire::WireTierStats);
+    ASSERT_TRUE(SendSocketRequest(r.sock(), e));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const long rss0 = RssKib(d.pid());
+  for (int i = 0; i < 40; ++i) {
+    wire::RequestEntry e;
+    e.op = static_cast<uint16_t>(wire::Op::kNop);
+    e.tag = 100 + i;
+    e.out_len = wire::kMaxControlPayload - sizeof(wire::CompletionEntry);
+    ASSERT_TRUE(SendSocketRequest(r.sock(), e));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const long grown = RssKib(d.pid()) - rss0;
+  EXPECT_LT(grown, 32 * 1024) << "daemon RSS grew by " << grown << " KiB for 40 queued nop replies";
+  EXPECT_TRUE(d.Alive());
+}
+
+// A client that sends requests and never reads the replies: once its queued replies
+// pass daemon.max_socket_queue_bytes it is disconnected, with the reason in the log.
+TEST(Hostile, UnreadSocketRepliesAreBoundedByDisconnecting) {
+  DaemonProcess d;
+  SetDaemonKeys(d, "max_socket_queue_bytes = \"64KiB\"\n");
+  ASSERT_TRUE(d.Start()) << d.log();
+  testing::RawClient r;
+  wire::AttachReply rep;
+  ASSERT_TRUE(r.Attach(d.socket(), &rep));
+  ASSERT_EQ(rep.status, 0) << rep.message;
+  int sent = 0;
+  for (int i = 0; i < 20000; ++i) {
+    wire::RequestEntry e;
+    e.op = static_cast<uint16_t>(wire::Op::kStats);
+    e.tag = 1000 + i;
+    e.count = 8;
+    e.out_len = 8 * sizeof(wire::WireTierStats);
+    if (!SendSocketRequest(r.sock(), e)) break;
+    ++sent;
+  }
+  EXPECT_LT(sent, 20000) << "20000 unread stats replies and the daemon still takes requests";
+  EXPECT_TRUE(ClosedWithin(r.sock(), 5000)) << "the client that does not read was not disconnected";
+  EXPECT_NE(d.log().find("over daemon.max_socket_queue_bytes"), std::string::npos) << d.log().substr(0, 4000);
+  Conn c;
+  EXPECT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+}
+
 }  // namespace
 }  // namespace kvtier::hostile
