@@ -79,7 +79,7 @@ struct DaemonConfig {
   uint32_t ring_entries = 256;           // per ring, power of two in [8, 65536]. Default: 256
   uint64_t ring_data_bytes = 4u << 20;   // per-client data area, 4 KiB multiple. Default: 4MiB
   uint32_t max_clients = 64;             // attached clients at once, [1, 4096]. Default: 64
-  uint32_t max_unattached = 16;          // connections not yet attached, [1, 4096]. Default: 16
+  uint32_t max_unattached = 64;          // connections not yet attached, [1, 4096]. Default: 64
   uint32_t attach_timeout_ms = 5000;     // accept to attach reply, [1, 600000]. Default: 5000
   // Socket-path replies queued for a client that does not read them, [64KiB, 1GiB];
   // past it the client is disconnected. Default: 64MiB

@@ -126,6 +126,7 @@ class Daemon::Impl {
   // Lines about connections that never attach (refused, timed out, over the cap): any
   // local process can cause them at any rate.
   LogLimit unattached_log_;
+  LogLimit socket_queue_log_;  // clients disconnected for not reading their replies
   // Out of fds (EMFILE/ENFILE): the accept loop closes this spare descriptor, takes the
   // pending connection and closes it (the client sees a clean close, not a hang), opens
   // the spare again and waits accept_backoff_ before the next accept, so that a full fd
@@ -509,7 +510,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       const std::string why = "socket replies not read: " + std::to_string(queued_bytes_ + buf->size()) +
                               " bytes queued, over daemon.max_socket_queue_bytes (" + std::to_string(limit) + ")";
       uint64_t held = 0;
-      if (d_->unattached_log_.Allow(&held)) {
+      if (d_->socket_queue_log_.Allow(&held)) {
         spdlog::warn("client {}: {}; disconnecting ({} more such lines held back)",
                      session_ ? session_->id() : 0, why, held);
       }
