@@ -14,6 +14,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/log_limit.h"
 #include "daemon/stats_record.h"
 #include "formats/contract.h"
 #include "formats/ring_wait.h"
@@ -382,9 +383,13 @@ Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<
   KVTIER_RETURN_IF_ERROR(tm_->RegisterContract(*ct));
   if (registered_) registered_(*ct);
   c->value = ct->Id();
-  spdlog::info("client {} ({}): contract {} ({}, L={} H={} D={} T={}) registered", id_, name_,
-               ContractIdHex(c->value), ct->model_id, ct->geometry.num_layers,
-               ct->geometry.num_kv_heads, ct->geometry.head_dim, ct->geometry.block_tokens);
+  static LogLimit register_log;  // a client may register (the same contract) at any rate
+  uint64_t held = 0;
+  if (register_log.Allow(&held)) {
+    spdlog::info("client {} ({}): contract {} ({}, L={} H={} D={} T={}) registered ({} more registrations "
+                 "not logged)", id_, name_, ContractIdHex(c->value), ct->model_id, ct->geometry.num_layers,
+                 ct->geometry.num_kv_heads, ct->geometry.head_dim, ct->geometry.block_tokens, held);
+  }
   return Status::Ok();
 }
 

@@ -546,5 +546,24 @@ TEST(Hostile, UnreadSocketRepliesAreBoundedByDisconnecting) {
   EXPECT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
 }
 
+// ---- the log ------------------------------------------------------------------------------
+
+// Registering the same contract thousands of times costs the log one line per interval.
+TEST(Hostile, RepeatedRegistrationsAreLoggedRateLimited) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  Conn c;
+  ASSERT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  kvtier_contract_desc desc = testing::SmallContract();
+  for (int i = 0; i < 2000; ++i) {
+    uint64_t id = 0;
+    ASSERT_EQ(kvtier_register_contract(c.c, &desc, &id), KVTIER_OK) << kvtier_last_error();
+    ASSERT_EQ(id, c.contract);
+  }
+  const size_t lines = CountLines(d.log(), ") registered");
+  EXPECT_GE(lines, 1u);
+  EXPECT_LE(lines, 3u) << lines << " registration lines for 2001 registrations";
+}
+
 }  // namespace
 }  // namespace kvtier::hostile
