@@ -46,6 +46,7 @@ kvtier_status FromStatus(const kvtier::Status& s) {
 }
 
 kvtier_status Reconnect(kvtier_client* c) {
+  AbandonAsync(c, KVTIER_DISCONNECTED, "the client attached again while the acquire was in flight");
   Detach(c);
   c->broken = true;  // until the attach and every registration went through
   kvtier_connect_options o{};
@@ -190,6 +191,7 @@ kvtier_status kvtier_set_auto_reconnect(kvtier_client* c, int enable) {
 
 void kvtier_close(kvtier_client* c) {
   if (c == nullptr) return;
+  ReleaseAsyncAtClose(c);
   Detach(c);
   delete c;
 }
@@ -198,6 +200,7 @@ kvtier_status kvtier_set_transport(kvtier_client* c, kvtier_transport t) {
   if (CheckClient(c)) return KVTIER_INVALID;
   if (t != KVTIER_TRANSPORT_RING && t != KVTIER_TRANSPORT_SOCKET) return Fail(KVTIER_INVALID, "unknown transport");
   std::lock_guard<std::mutex> l(c->mu);
+  if (c->async != nullptr) return Fail(KVTIER_INVALID, "an asynchronous acquire is in flight: finish it first");
   c->transport = t;
   return Ok();
 }

@@ -5,8 +5,11 @@
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -21,6 +24,28 @@ struct RegisteredContract {
   uint32_t block_tokens = 0;
   uint64_t block_bytes = 0;
   std::vector<uint8_t> bytes;
+};
+
+// One asynchronous acquire (async.cc). Its request and reply use the upper half of the
+// ring's data area from `off` on; `ready` is read there while the acquire is in flight.
+// `mu` guards the fields below it; a client's mu is taken before an op's, never after.
+struct kvtier_acquire_op {
+  kvtier_client* c = nullptr;   // NULL once kvtier_close let go of it
+  uint64_t tag = 0;
+  uint32_t n = 0;               // keys asked for
+  uint64_t off = 0;             // the out region's offset in the data area
+  int efd = -1;                 // eventfd, readable once finished
+  std::atomic<uint32_t> deadline_ms{0};
+  std::thread watcher;          // moves the completion off the ring when nobody else does
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  bool taken = false;           // kvtier_acquire_async_result handed the lease over
+  kvtier_status status = KVTIER_OK;
+  std::string error;
+  uint64_t lease = 0;
+  std::vector<kvtier_slot> slots;  // the final slots (finished) or the ready ones copied so far
+  size_t ready = 0;
 };
 
 // One attached client. `mu` serialises requests (one in flight per client) and guards
@@ -52,6 +77,8 @@ struct kvtier_client {
   uint32_t timeout_ms = 60000;
   uint32_t spin_us = 50;
   void* hbm_ptr = nullptr;
+  kvtier_acquire_op* async = nullptr;  // the asynchronous acquire in flight (at most one)
+  std::vector<kvtier_acquire_op*> ops;  // every handle not yet freed (kvtier_close lets go of them)
 };
 
 namespace kvtier::lib {
@@ -77,6 +104,20 @@ bool WriteAll(int fd, const void* p, size_t n);
 bool ReadAll(int fd, void* p, size_t n);
 kvtier_status Call(kvtier_client* c, wire::RequestEntry req, const void* in, size_t in_len, void* out,
                    size_t out_cap, wire::CompletionEntry* done);
+
+// The data area a synchronous request may use: all of it, or the lower half while an
+// asynchronous acquire holds the upper one. Caller holds c->mu.
+uint64_t SyncDataBytes(const kvtier_client* c);
+// Ends c's asynchronous acquire (if any) with `cmp` from the completion ring. Caller
+// holds c->mu; the op's out region is read before c->async is cleared.
+void FinishAsync(kvtier_client* c, const wire::CompletionEntry& cmp);
+// Ends c's asynchronous acquire (if any) with status s and text why, without a completion
+// (the connection is given up or closed). Caller holds c->mu.
+void AbandonAsync(kvtier_client* c, kvtier_status s, const std::string& why);
+
+// kvtier_close's part: ends the acquire in flight, stops its watcher and lets go of it
+// (the handle stays valid until kvtier_acquire_async_free). Caller does not hold c->mu.
+void ReleaseAsyncAtClose(kvtier_client* c);
 
 // client.cc: attaches c again (a new socket, ring and arena mapping) and registers the
 // contracts c registered before. Caller holds c->mu. On failure c stays given up.

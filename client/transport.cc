@@ -73,6 +73,7 @@ std::string ClosedText(int fd, const w::ControlHeader* already_read = nullptr) {
 
 // Gives the connection up: every later call fails at once with the same status and text.
 kvtier_status Broken(kvtier_client* c, kvtier_status s, std::string why) {
+  AbandonAsync(c, s, why);
   c->broken = true;
   c->broken_reason = why;
   return Fail(s, std::move(why));
@@ -116,10 +117,11 @@ kvtier_status RingExchange(kvtier_client* c, w::RequestEntry& req, const void* i
                            size_t out_cap, w::CompletionEntry* cmp, std::string* body) {
   const size_t want_out = std::max<size_t>(out_cap, 256);  // room for an error message
   const uint64_t out_off = (in_len + 7) / 8 * 8;
-  if (out_off + want_out > c->hdr.data_bytes) {
+  if (out_off + want_out > SyncDataBytes(c)) {
     return Fail(KVTIER_INVALID, "request needs " + std::to_string(out_off + want_out) +
                                     " bytes of the ring data area, which has " +
-                                    std::to_string(c->hdr.data_bytes) + " (split it)");
+                                    std::to_string(SyncDataBytes(c)) +
+                                    (c->async ? " while an asynchronous acquire holds the rest" : "") + " (split it)");
   }
   req.in_off = 0;
   req.out_off = static_cast<uint32_t>(out_off);
@@ -142,7 +144,8 @@ kvtier_status RingExchange(kvtier_client* c, w::RequestEntry& req, const void* i
     if (n > 0) {
       c->cmp.Pop(cmp);
       if (cmp->tag == req.tag) break;
-      continue;  // a stale completion of a timed-out call; skip it
+      if (c->async != nullptr && cmp->tag == c->async->tag) FinishAsync(c, *cmp);
+      continue;  // otherwise a stale completion of a timed-out call; skip it
     }
     const auto now = Clock::now();
     if (now < spin_end) {

@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -207,7 +208,13 @@ void Session::HandleRingRequest(const wire::RequestEntry& e) {
     // Say why in the out region when that region itself is sound.
     const bool out_ok = e.out_len > 0 && e.out_off % 8 == 0 &&
                         uint64_t{e.out_off} + e.out_len <= hdr_.data_bytes;
-    SetError(&c, v, out_ok ? data_ + e.out_off : nullptr, out_ok ? e.out_len : 0);
+    // An asynchronous acquire's out region starts with its AcquireProgress: the text
+    // goes after it, so that the progress the client polls stays zero.
+    const uint32_t skip =
+        e.op == static_cast<uint16_t>(wire::Op::kAcquireAsync) && e.out_len >= sizeof(wire::AcquireProgress)
+            ? sizeof(wire::AcquireProgress)
+            : 0;
+    SetError(&c, v, out_ok ? data_ + e.out_off + skip : nullptr, out_ok ? e.out_len - skip : 0);
     metrics_->ObserveRequest(e.op, Transport::kRing, NowNs() - t0, false);
     metrics_->requests_malformed.fetch_add(1, std::memory_order_relaxed);
     PublishCompletion(c);
@@ -349,6 +356,7 @@ void Session::Execute(const wire::RequestEntry& req, std::span<const uint8_t> in
                       Done done) {
   const auto op = static_cast<wire::Op>(req.op);
   if (op == wire::Op::kAcquire) return HandleAcquire(req, in, out, std::move(done));
+  if (op == wire::Op::kAcquireAsync) return HandleAcquireAsync(req, in, out, std::move(done));
   wire::CompletionEntry c;
   c.tag = req.tag;
   c.op = req.op;
@@ -363,7 +371,8 @@ void Session::Execute(const wire::RequestEntry& req, std::span<const uint8_t> in
     case wire::Op::kRelease: s = DoRelease(req.lease_id); break;
     case wire::Op::kPrefetch: s = HandlePrefetch(req, in); break;
     case wire::Op::kStats: s = HandleStats(req, out, &c); break;
-    case wire::Op::kAcquire: break;  // above
+    case wire::Op::kAcquire:
+    case wire::Op::kAcquireAsync: break;  // above
     default: s = Status::Invalid("op " + std::to_string(req.op) + " unknown"); break;
   }
   if (!s.ok()) {
@@ -476,6 +485,141 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
                  std::lock_guard<std::mutex> l(self->mu_);
                  --self->inflight_;
                });
+}
+
+// The acquire in steps: one TierManager acquire per chunk of chunk_blocks keys, all
+// started at once (the promotions overlap as in one acquire). As the leading chunks
+// finish, their slots land in `out` and AcquireProgress.ready grows (a release store
+// after the slots). A chunk that comes back short ends the prefix: the chunks after it
+// are unpinned. The last callback makes one lease of the prefix and completes as the
+// blocking acquire does.
+void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
+                                 Done done) {
+  wire::CompletionEntry c;
+  c.tag = req.tag;
+  c.op = req.op;
+  // Error text goes after the AcquireProgress header (the client polls it).
+  uint8_t* text = out + sizeof(wire::AcquireProgress);
+  const uint32_t text_len = req.out_len - static_cast<uint32_t>(sizeof(wire::AcquireProgress));
+  auto fail = [&](const Status& s) {
+    std::atomic_ref<uint32_t>(reinterpret_cast<wire::AcquireProgress*>(out)->done).store(1, std::memory_order_release);
+    SetError(&c, s, text, text_len);
+    done(c);
+  };
+  wire::AcquireAsyncHeader h;
+  std::memcpy(&h, in.data(), sizeof h);
+  Status s = CheckContract(req.contract_id);
+  if (s.ok()) s = CheckTarget(req.tier);
+  if (s.ok() && h.reserved != 0) s = Status::Invalid("acquire_async header reserved field must be 0");
+  if (!s.ok()) return fail(s);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return fail(Status::Rejected("client is closing"));
+    if (leases_.size() >= limits_.max_leases) {
+      return fail(Status::Rejected("lease table full: release leases first"));
+    }
+    ++inflight_;
+  }
+  struct Steps {
+    std::mutex mu;
+    std::vector<Key128> keys;
+    size_t chunk = 0;
+    std::vector<std::vector<tiers::SlotRef>> got;  // by chunk, as its callback left it
+    std::vector<uint8_t> arrived;
+    std::vector<Status> status;
+    size_t next = 0;        // first chunk not yet folded into the prefix
+    size_t ready = 0;       // slots of the prefix written to out
+    bool ended = false;     // a short chunk ended the prefix
+    size_t remaining = 0;   // callbacks still to come
+    std::vector<tiers::SlotRef> prefix;
+    Status first_error;
+  };
+  auto st = std::make_shared<Steps>();
+  st->keys = CopyArray<Key128>(in.data() + sizeof h, req.count);
+  st->chunk = h.chunk_blocks == 0 ? wire::kDefaultAcquireChunk : h.chunk_blocks;
+  const size_t chunks = (st->keys.size() + st->chunk - 1) / st->chunk;
+  st->got.resize(chunks);
+  st->arrived.assign(chunks, 0);
+  st->status.resize(chunks);
+  st->remaining = chunks;
+  auto self = shared_from_this();
+  auto* progress = reinterpret_cast<wire::AcquireProgress*>(out);
+  uint8_t* slots_out = out + sizeof(wire::AcquireProgress);
+  std::atomic_ref<uint32_t>(progress->ready).store(0, std::memory_order_relaxed);
+  std::atomic_ref<uint32_t>(progress->done).store(0, std::memory_order_release);
+  const uint64_t contract_id = req.contract_id;
+  auto shared_done = std::make_shared<Done>(std::move(done));
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t begin = k * st->chunk;
+    const size_t n = std::min(st->chunk, st->keys.size() - begin);
+    tm_->Acquire(
+        contract_id, std::span<const Key128>(st->keys.data() + begin, n), static_cast<tiers::Tier>(req.tier),
+        [self, st, k, n, c, progress, slots_out, text, text_len, contract_id,
+         shared_done](Status cs, std::vector<tiers::SlotRef> slots) mutable {
+          std::vector<tiers::SlotRef> unpin;
+          bool last = false;
+          {
+            std::lock_guard<std::mutex> l(st->mu);
+            if (slots.size() > n) {  // never more than asked
+              unpin.insert(unpin.end(), slots.begin() + static_cast<ptrdiff_t>(n), slots.end());
+              slots.resize(n);
+            }
+            st->got[k] = std::move(slots);
+            st->status[k] = cs;
+            st->arrived[k] = 1;
+            const size_t before = st->ready;
+            while (st->next < st->got.size() && st->arrived[st->next]) {
+              auto& g = st->got[st->next];
+              if (st->ended) {
+                unpin.insert(unpin.end(), g.begin(), g.end());
+              } else {
+                const size_t want = std::min(st->chunk, st->keys.size() - st->next * st->chunk);
+                for (const auto& ref : g) {
+                  wire::WireSlot ws;
+                  ws.tier = static_cast<uint8_t>(ref.tier);
+                  ws.from_tier = static_cast<uint8_t>(ref.from);
+                  ws.slot = ref.slot;
+                  std::memcpy(slots_out + st->prefix.size() * sizeof(ws), &ws, sizeof(ws));
+                  st->prefix.push_back(ref);
+                }
+                if (st->prefix.empty() && !st->status[st->next].ok()) st->first_error = st->status[st->next];
+                if (g.size() < want) st->ended = true;
+              }
+              g.clear();
+              ++st->next;
+            }
+            st->ready = st->prefix.size();
+            if (st->ready != before) {
+              std::atomic_ref<uint32_t>(progress->ready).store(static_cast<uint32_t>(st->ready),
+                                                               std::memory_order_release);
+            }
+            last = --st->remaining == 0;
+          }
+          for (const auto& ref : unpin) (void)self->tm_->Unpin(ref);
+          if (!last) return;
+          std::atomic_ref<uint32_t>(progress->done).store(1, std::memory_order_release);
+          if (st->prefix.empty()) {
+            if (!st->first_error.ok()) SetError(&c, st->first_error, text, text_len);
+          } else {
+            Lease lease;
+            lease.alloc = false;
+            lease.contract_id = contract_id;
+            lease.slots = st->prefix;
+            const size_t n_slots = st->prefix.size();
+            auto id = self->AddLease(std::move(lease));
+            if (!id.ok()) {
+              SetError(&c, id.status(), text, text_len);
+            } else {
+              c.value = *id;
+              c.count = static_cast<uint32_t>(n_slots);
+              c.out_bytes = static_cast<uint32_t>(sizeof(wire::AcquireProgress) + n_slots * sizeof(wire::WireSlot));
+            }
+          }
+          (*shared_done)(c);
+          std::lock_guard<std::mutex> l(self->mu_);
+          --self->inflight_;
+        });
+  }
 }
 
 Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c) {

@@ -111,6 +111,8 @@ class Session : public std::enable_shared_from_this<Session> {
                       wire::CompletionEntry* c);
   // Completes through `done` from a TierManager thread once the blocks are pinned.
   void HandleAcquire(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out, Done done);
+  void HandleAcquireAsync(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
+                          Done done);
   Status HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c);
   // What an alloc the tier answered Retry gets: Rejected, with the numbers, when this
   // client's own leases keep the tier full; else Retry (pressure that passes).

@@ -75,10 +75,12 @@ namespace kvtier::wire {
 
 // 2: WireSlot.from_tier (was reserved[0]): acquire says where each block was.
 // 3: WireTierStats.errors and write_errors (the remote tier's), 168 bytes (was 152).
-inline constexpr uint32_t kProtocolVersion = 3;
+inline constexpr uint32_t kProtocolVersion = 4;
 // The oldest client protocol this daemon still serves: a newer daemon serves older
 // clients within one major version. 3, since a version-2 client would misread the
-// version-3 stats record.
+// version-3 stats record. Version 4 adds Op::kAcquireAsync; a version-3 client never
+// sends it, and a library that negotiated 3 answers its asynchronous acquire with
+// Unsupported.
 inline constexpr uint32_t kMinProtocolVersion = 3;
 inline constexpr uint32_t kControlMagic = 0x5754564Bu;  // "KVTW" as u32 LE
 inline constexpr uint32_t kRingMagic = 0x5254564Bu + 1;  // "LVTR": differs from records
@@ -179,8 +181,32 @@ enum class Op : uint16_t {
   kRegisterContract = 8,  // in: in_len bytes of canonical contract -> value = contract id
   kNop = 9,               // nothing; for round-trip measurements
   kAdmin = 10,            // in: one AdminRequest (count 0). out: by action (see AdminAction)
+  // in: AcquireAsyncHeader, then count keys; tier = target. out: AcquireProgress, then
+  // count WireSlot. The daemon acquires the keys in steps of chunk_blocks and, as the
+  // leading steps finish, writes their slots and then (release) AcquireProgress.ready,
+  // so the client uses the first blocks while the rest are still moving. The completion
+  // is the blocking acquire's: value = lease, count = slots (protocol 4).
+  kAcquireAsync = 11,
 };
-inline constexpr uint16_t kMaxOp = 10;
+inline constexpr uint16_t kMaxOp = 11;
+
+// Input header of Op::kAcquireAsync.
+struct AcquireAsyncHeader {
+  uint32_t chunk_blocks = 0;  // blocks per readiness step; 0: kDefaultAcquireChunk
+  uint32_t reserved = 0;      // must be 0
+};
+static_assert(sizeof(AcquireAsyncHeader) == 8);
+inline constexpr uint32_t kDefaultAcquireChunk = 16;
+
+// Output header of Op::kAcquireAsync, in the request's out region. `ready` only grows:
+// the WireSlots before it are final. `done` is 1 once no more will become ready (the
+// completion follows). Read both with acquire loads (std::atomic_ref).
+struct AcquireProgress {
+  uint32_t ready = 0;
+  uint32_t done = 0;
+  uint64_t reserved = 0;
+};
+static_assert(sizeof(AcquireProgress) == 16);
 
 inline const char* OpName(uint16_t op) {
   switch (static_cast<Op>(op)) {
@@ -194,6 +220,7 @@ inline const char* OpName(uint16_t op) {
     case Op::kRegisterContract: return "register_contract";
     case Op::kNop: return "nop";
     case Op::kAdmin: return "admin";
+    case Op::kAcquireAsync: return "acquire_async";
   }
   return "unknown";
 }
@@ -453,6 +480,7 @@ inline uint64_t RequiredInBytes(const RequestEntry& req) {
     case Op::kLookup:
     case Op::kAcquire:
     case Op::kPrefetch: return uint64_t{req.count} * sizeof(WireKey);
+    case Op::kAcquireAsync: return sizeof(AcquireAsyncHeader) + uint64_t{req.count} * sizeof(WireKey);
     case Op::kCommit: return uint64_t{req.count} * sizeof(CommitItem);
     case Op::kRegisterContract: return req.count;
     case Op::kAdmin: return sizeof(AdminRequest);
@@ -465,6 +493,7 @@ inline uint64_t RequiredOutBytes(const RequestEntry& req) {
     case Op::kLookup: return req.count;  // one tier byte per key
     case Op::kAcquire:
     case Op::kAlloc: return uint64_t{req.count} * sizeof(WireSlot);
+    case Op::kAcquireAsync: return sizeof(AcquireProgress) + uint64_t{req.count} * sizeof(WireSlot);
     case Op::kStats: return uint64_t{req.count} * sizeof(WireTierStats);
     default: return 0;
   }
@@ -483,6 +512,7 @@ inline Status CheckRequestFields(const RequestEntry& req, const RequestLimits& l
   switch (op) {
     case Op::kLookup:
     case Op::kAcquire:
+    case Op::kAcquireAsync:
     case Op::kAlloc:
     case Op::kCommit:
     case Op::kPrefetch:
@@ -509,7 +539,7 @@ inline Status CheckRequestFields(const RequestEntry& req, const RequestLimits& l
       if (req.count != 0) return Status::Invalid("count must be 0 for " + std::string(OpName(req.op)));
       break;
   }
-  if (op == Op::kAcquire || op == Op::kAlloc || op == Op::kPrefetch) {
+  if (op == Op::kAcquire || op == Op::kAcquireAsync || op == Op::kAlloc || op == Op::kPrefetch) {
     if (req.tier != kTierHbm && req.tier != kTierHost) {
       return Status::Invalid("target tier " + std::to_string(req.tier) + " is not hbm (0) or host (1)");
     }

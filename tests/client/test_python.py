@@ -126,6 +126,55 @@ class PythonClientTest(unittest.TestCase):
             self.assertEqual(c.evict_contract(cid), (6, 0))
             self.assertEqual(c.lookup(cid, keys).hit_blocks, 0)
 
+    def test_acquire_async(self):
+        """acquire_async from NVMe: fileno() turns readable, ready_blocks() only grows, and
+        result() is what acquire() answers (slots and bytes); one in flight at a time."""
+        import select
+        with kvtier.Client(self.sock, name="py-async") as c:
+            cid = c.register_contract(self.contract("py/async"))
+            tokens = list(range(5000, 5000 + 16 * 12))
+            keys = kvtier.key_chain(cid, tokens, 16)
+            lease = c.alloc(cid, 12, "host")
+            for i, s in enumerate(lease.slots):
+                c.host_slot(s)[:576] = bytes([i + 40]) * 576
+            c.commit(cid, lease, [(s, k, keys[i - 1] if i else None)
+                                  for i, (s, k) in enumerate(zip(lease.slots, keys))])
+            c.release(lease)
+            c.flush("nvme")
+            self.assertEqual(c.lookup(cid, keys).tiers, ["nvme"] * 12)
+            op = c.acquire_async(cid, keys, "host", chunk_blocks=3)
+            with self.assertRaises(kvtier.KvtierError) as e:
+                c.acquire_async(cid, keys, "host")
+            if e.exception.status != "REJECTED":
+                self.fail(str(e.exception))
+            self.assertIn("already in flight", str(e.exception))
+            seen = [op.ready_blocks()]
+            while not op.wait(0):
+                r = op.ready_blocks()
+                self.assertGreaterEqual(r, seen[-1])
+                seen.append(r)
+                time.sleep(0.0002)
+            self.assertEqual(select.select([op.fileno()], [], [], 0)[0], [op.fileno()])
+            self.assertEqual(op.ready_blocks(), 12)
+            early = op.ready_slots()
+            got = op.result()
+            self.assertEqual(list(got.from_tier_names()), ["nvme"] * 12)
+            self.assertEqual([(s.tier, s.slot) for s in got.slots], [(s.tier, s.slot) for s in early])
+            for i, s in enumerate(got.slots):
+                self.assertEqual(bytes(c.host_slot(s)[:576]), bytes([i + 40]) * 576)
+            op.close()
+            c.release(got)
+            again = c.acquire(cid, keys, "host")
+            self.assertEqual([(s.tier, s.slot) for s in again.slots], [(s.tier, s.slot) for s in got.slots])
+            c.release(again)
+            # Closed without taking the result: its lease is released.
+            op = c.acquire_async(cid, keys, "host")
+            self.assertTrue(op.wait(10))
+            op.close()
+            with self.assertRaises(kvtier.KvtierError):
+                op.ready_blocks()
+            self.assertEqual(c.evict_contract(cid), (12, 0))  # nothing left pinned
+
     def test_errors(self):
         with kvtier.Client(self.sock) as c:
             with self.assertRaises(kvtier.KvtierError) as e:

@@ -262,6 +262,40 @@ KVTIER_API kvtier_status kvtier_lookup(kvtier_client* c, uint64_t contract_id, c
 KVTIER_API kvtier_status kvtier_acquire(kvtier_client* c, uint64_t contract_id, const kvtier_key* keys,
                                         size_t n, kvtier_tier target, uint64_t* lease,
                                         kvtier_slot* slots_out, size_t* n_slots);
+/* ---- asynchronous acquire --------------------------------------------------------- */
+/* kvtier_acquire without blocking the caller: the request goes out and the call returns a
+ * handle. The daemon acquires the keys in steps of chunk_blocks (0: 16) and publishes the
+ * slots of the leading blocks as they become ready, so an engine uses the first blocks
+ * while the rest still restore (from NVMe, say). One asynchronous acquire per client at a
+ * time: a second answers REJECTED until the first is finished. Synchronous calls on the
+ * client go on meanwhile (in the lower half of the ring's data area). Needs the ring
+ * transport and a daemon of protocol 4 (UNSUPPORTED otherwise). n = 0 is finished at
+ * once with 0 hits.
+ *   kvtier_acquire_async_fd     an eventfd, readable once the acquire finished (poll it
+ *                               in an event loop; do not read it); owned by the handle
+ *   kvtier_acquire_async_ready  *ready = leading blocks usable now (only grows); copies
+ *                               the first min(*ready, cap) slots into slots_out
+ *   kvtier_acquire_async_wait   OK once finished; RETRY if still in flight after
+ *                               timeout_ms (-1: no limit)
+ *   kvtier_acquire_async_result waits, then answers what kvtier_acquire would have:
+ *                               *lease (0 for a miss), *n_slots, slots_out (n entries);
+ *                               the lease is then the caller's to release
+ *   kvtier_acquire_async_free   waits for the acquire to finish (the daemon cannot take
+ *                               it back), releases its lease unless result took it, and
+ *                               frees the handle. After kvtier_close the handle answers
+ *                               DISCONNECTED and must still be freed. */
+typedef struct kvtier_acquire_op kvtier_acquire_op;
+KVTIER_API kvtier_status kvtier_acquire_async(kvtier_client* c, uint64_t contract_id, const kvtier_key* keys,
+                                              size_t n, kvtier_tier target, uint32_t chunk_blocks,
+                                              kvtier_acquire_op** op);
+KVTIER_API int kvtier_acquire_async_fd(const kvtier_acquire_op* op);
+KVTIER_API kvtier_status kvtier_acquire_async_ready(kvtier_acquire_op* op, kvtier_slot* slots_out, size_t cap,
+                                                    size_t* ready);
+KVTIER_API kvtier_status kvtier_acquire_async_wait(kvtier_acquire_op* op, int timeout_ms);
+KVTIER_API kvtier_status kvtier_acquire_async_result(kvtier_acquire_op* op, uint64_t* lease,
+                                                     kvtier_slot* slots_out, size_t* n_slots);
+KVTIER_API void kvtier_acquire_async_free(kvtier_acquire_op* op);
+
 /* n free slots of `target` to write blocks into, under a new lease. RETRY: the tier is
  * full for now (blocks being demoted, other clients' pins); REJECTED, with the numbers
  * (slots in the tier, held by this client, asked for), when this client's own leases keep

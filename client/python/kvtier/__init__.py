@@ -45,7 +45,7 @@ from . import _locate
 __version__ = _locate.package_version()
 
 __all__ = [
-    "KvtierError", "Contract", "Key", "Slot", "LookupResult", "TierNames", "Lease", "TierStats", "Client",
+    "KvtierError", "Contract", "Key", "Slot", "LookupResult", "TierNames", "Lease", "TierStats", "Client", "AsyncAcquire",
     "key_chain", "key_chain_array", "KeyArray", "contract_id", "library_path", "library_version", "TIER_HBM", "TIER_HOST", "TIER_NVME", "TIER_NONE",
 ]
 
@@ -272,6 +272,12 @@ def _declare(lib):
                               ctypes.POINTER(ctypes.c_uint8)]),
         "kvtier_acquire": (S, [P, u64, ctypes.POINTER(_Key), sz, S, ctypes.POINTER(u64), ctypes.POINTER(_Slot),
                                ctypes.POINTER(sz)]),
+        "kvtier_acquire_async": (S, [P, u64, ctypes.POINTER(_Key), sz, S, u32, ctypes.POINTER(P)]),
+        "kvtier_acquire_async_fd": (S, [P]),
+        "kvtier_acquire_async_ready": (S, [P, ctypes.POINTER(_Slot), sz, ctypes.POINTER(sz)]),
+        "kvtier_acquire_async_wait": (S, [P, S]),
+        "kvtier_acquire_async_result": (S, [P, ctypes.POINTER(u64), ctypes.POINTER(_Slot), ctypes.POINTER(sz)]),
+        "kvtier_acquire_async_free": (None, [P]),
         "kvtier_alloc": (S, [P, u64, sz, S, ctypes.POINTER(u64), ctypes.POINTER(_Slot)]),
         "kvtier_alloc_wait": (S, [P, u64, sz, S, u32, ctypes.POINTER(u64), ctypes.POINTER(_Slot)]),
         "kvtier_commit": (S, [P, u64, u64, ctypes.POINTER(_CommitItem), sz, ctypes.POINTER(sz)]),
@@ -398,6 +404,69 @@ class Lease:
     def from_tier_names(self) -> "TierNames":
         """from_tiers by name ("hbm", "host", "nvme", "none"), without numpy."""
         return TierNames(self._from_bytes())
+
+
+class AsyncAcquire:
+    """An acquire in flight (Client.acquire_async). fileno() is an eventfd, readable once it
+    finished (for select/poll/asyncio; do not read it); ready_blocks() is how many leading
+    blocks are usable now (only grows) and ready_slots() their slots; wait(timeout) is True
+    once finished; result() waits and returns the Lease acquire() would have (then the
+    caller's to release). close() (or collection) waits for it and releases a lease that
+    result() did not hand out. It keeps its Client alive."""
+
+    def __init__(self, client, op: int, n: int):
+        self._client = client
+        self._lib = client._lib
+        self._op = op
+        self._n = n
+
+    def _h(self):
+        if not self._op:
+            raise KvtierError(6, "the asynchronous acquire is closed")
+        return self._op
+
+    def fileno(self) -> int:
+        return self._lib.kvtier_acquire_async_fd(self._h())
+
+    def ready_blocks(self) -> int:
+        ready = ctypes.c_size_t()
+        _check(self._lib.kvtier_acquire_async_ready(self._h(), None, 0, ctypes.byref(ready)))
+        return ready.value
+
+    def ready_slots(self) -> List[Slot]:
+        arr = (_Slot * max(self._n, 1))()
+        ready = ctypes.c_size_t()
+        _check(self._lib.kvtier_acquire_async_ready(self._h(), arr, self._n, ctypes.byref(ready)))
+        return [Slot(arr[i].tier, arr[i].slot) for i in range(ready.value)]
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        code = self._lib.kvtier_acquire_async_wait(self._h(), ms)
+        if code == 3:  # RETRY: still in flight
+            return False
+        _check(code)
+        return True
+
+    def result(self) -> Lease:
+        arr = (_Slot * max(self._n, 1))()
+        lease = ctypes.c_uint64()
+        n = ctypes.c_size_t()
+        _check(self._lib.kvtier_acquire_async_result(self._h(), ctypes.byref(lease), arr, ctypes.byref(n)))
+        return _lease_from_array(lease.value, arr, n.value)
+
+    def close(self):
+        op, self._op = getattr(self, "_op", None), None
+        if op:
+            self._lib.kvtier_acquire_async_free(op)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
 
 
 def _lease_from_array(lease_id: int, arr, n: int) -> Lease:
@@ -783,6 +852,15 @@ class Client:
         _check(self._lib.kvtier_acquire(self._handle(), contract_id, arr, len(keys), _tier(tier),
                                         ctypes.byref(lease), slots, ctypes.byref(n)))
         return _lease_from_array(lease.value, slots, n.value)
+
+    def acquire_async(self, contract_id: int, keys: Sequence[Key], tier="host", chunk_blocks: int = 0) -> "AsyncAcquire":
+        """acquire() without blocking: returns an AsyncAcquire at once. The daemon makes the
+        leading blocks ready in steps of chunk_blocks (0: 16); one per client at a time."""
+        arr = _keys_array(keys)
+        op = ctypes.c_void_p()
+        _check(self._lib.kvtier_acquire_async(self._handle(), contract_id, arr, len(keys), _tier(tier),
+                                              chunk_blocks, ctypes.byref(op)))
+        return AsyncAcquire(self, op.value, len(keys))
 
     def alloc(self, contract_id: int, n: int, tier="host", wait_ms: int = 0) -> Lease:
         """n free slots under a new lease. wait_ms > 0 waits out RETRY (a tier full for
