@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvtier/kvtier.h"
+#include "kvtier/kvtier.hpp"
 #include "tests/daemon/harness.h"
 
 namespace kvtier::testing {
@@ -232,6 +233,35 @@ TEST(ClientAsync, FreeAndCloseWhileInFlightAreSafe) {
   EXPECT_EQ(kvtier_acquire_async(c, st.cid, st.keys.data(), kBlocks, KVTIER_TIER_HOST, 4, &op), KVTIER_UNSUPPORTED);
   EXPECT_EQ(op, nullptr);
   kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// The C++ wrapper: AsyncAcquire is move-only RAII, Result() gives a ScopedLease.
+TEST(ClientAsync, CppWrapper) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  Stored st;
+  ASSERT_NO_FATAL_FAILURE(StoreOnNvme(d, &st));
+  kvtier::client::Client c;
+  ASSERT_TRUE(c.Connect(d.socket()).ok()) << LastError();
+  kvtier::client::AsyncAcquire op;
+  ASSERT_TRUE(c.AcquireAsync(st.cid, st.keys, KVTIER_TIER_HOST, &op, 8).ok()) << LastError();
+  ASSERT_TRUE(op);
+  kvtier::client::AsyncAcquire moved = std::move(op);
+  EXPECT_FALSE(op);
+  EXPECT_GE(moved.fd(), 0);
+  ASSERT_TRUE(moved.Wait(-1).ok()) << LastError();
+  size_t ready = 0;
+  std::vector<kvtier_slot> early;
+  ASSERT_TRUE(moved.Ready(&ready, &early).ok());
+  EXPECT_EQ(ready, kBlocks);
+  kvtier::client::ScopedLease lease;
+  ASSERT_TRUE(moved.Result(&lease).ok()) << LastError();
+  ASSERT_EQ(lease.size(), kBlocks);
+  for (size_t i = 0; i < kBlocks; ++i) EXPECT_EQ(lease.slots()[i].slot, early[i].slot) << i;
+  EXPECT_TRUE(lease.Release().ok());
+  EXPECT_EQ(MetricValue(d.Metrics(), "kvtier_leases"), 0) << d.Metrics();
+  c.Close();
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 

@@ -91,6 +91,7 @@ inline std::vector<kvtier_key> KeyChain(uint64_t contract_id, Span<const uint32_
 }
 
 class ScopedLease;
+class AsyncAcquire;
 
 class Client {
  public:
@@ -160,6 +161,9 @@ class Client {
   // The same, into a lease that releases itself (any lease *l held before is released).
   inline Error Acquire(uint64_t contract, Span<const kvtier_key> keys, kvtier_tier target, ScopedLease* l);
   inline Error Alloc(uint64_t contract, size_t n, kvtier_tier target, ScopedLease* l);
+  // Acquire without blocking (kvtier_acquire_async): *op is in flight on success.
+  inline Error AcquireAsync(uint64_t contract, Span<const kvtier_key> keys, kvtier_tier target, AsyncAcquire* op,
+                            uint32_t chunk_blocks = 0);
   Error Commit(uint64_t contract, uint64_t lease, Span<const kvtier_commit_item> items,
                size_t* committed = nullptr) {
     return LastError(kvtier_commit(c_, contract, lease, items.data(), items.size(), committed));
@@ -225,6 +229,69 @@ class ScopedLease {
   Client* client_ = nullptr;
   Lease lease_;
 };
+
+// An acquire in flight (move-only): fd() for an event loop (readable once finished),
+// Ready() for the leading blocks usable now, Wait() and Result() for the end. Its
+// destructor waits for the acquire and releases a lease that Result() did not hand out.
+class AsyncAcquire {
+ public:
+  AsyncAcquire() = default;
+  ~AsyncAcquire() { kvtier_acquire_async_free(op_); }
+  AsyncAcquire(const AsyncAcquire&) = delete;
+  AsyncAcquire& operator=(const AsyncAcquire&) = delete;
+  AsyncAcquire(AsyncAcquire&& o) noexcept
+      : client_(std::exchange(o.client_, nullptr)), op_(std::exchange(o.op_, nullptr)), n_(o.n_) {}
+  AsyncAcquire& operator=(AsyncAcquire&& o) noexcept {
+    if (this != &o) {
+      kvtier_acquire_async_free(op_);
+      client_ = std::exchange(o.client_, nullptr);
+      op_ = std::exchange(o.op_, nullptr);
+      n_ = o.n_;
+    }
+    return *this;
+  }
+  explicit operator bool() const { return op_ != nullptr; }
+  int fd() const { return kvtier_acquire_async_fd(op_); }
+  // The leading blocks usable now (only grows); their slots into *slots when given.
+  Error Ready(size_t* ready, std::vector<kvtier_slot>* slots = nullptr) {
+    if (slots != nullptr) slots->resize(n_);
+    const kvtier_status s = kvtier_acquire_async_ready(op_, slots ? slots->data() : nullptr, slots ? n_ : 0, ready);
+    if (slots != nullptr) slots->resize(s == KVTIER_OK ? *ready : 0);
+    return LastError(s);
+  }
+  // OK once finished; RETRY while in flight after timeout_ms (-1: no limit).
+  Error Wait(int timeout_ms = -1) { return LastError(kvtier_acquire_async_wait(op_, timeout_ms)); }
+  // What Client::Acquire answers, into a lease that releases itself.
+  Error Result(ScopedLease* l) {
+    (void)l->Release();
+    Lease lease;
+    lease.slots.resize(n_);
+    size_t n = 0;
+    const kvtier_status s = kvtier_acquire_async_result(op_, &lease.id, lease.slots.data(), &n);
+    lease.slots.resize(s == KVTIER_OK ? n : 0);
+    if (s == KVTIER_OK) *l = ScopedLease(client_, std::move(lease));
+    return LastError(s);
+  }
+
+ private:
+  friend class Client;
+  Client* client_ = nullptr;
+  kvtier_acquire_op* op_ = nullptr;
+  size_t n_ = 0;
+};
+
+inline Error Client::AcquireAsync(uint64_t contract, Span<const kvtier_key> keys, kvtier_tier target,
+                                  AsyncAcquire* op, uint32_t chunk_blocks) {
+  *op = AsyncAcquire();
+  kvtier_acquire_op* h = nullptr;
+  const kvtier_status s = kvtier_acquire_async(c_, contract, keys.data(), keys.size(), target, chunk_blocks, &h);
+  if (s == KVTIER_OK) {
+    op->client_ = this;
+    op->op_ = h;
+    op->n_ = keys.size();
+  }
+  return LastError(s);
+}
 
 inline Error Client::Acquire(uint64_t contract, Span<const kvtier_key> keys, kvtier_tier target,
                              ScopedLease* l) {
