@@ -449,9 +449,16 @@ TEST_F(DaemonTest, CorruptRingIndicesDisconnectOnlyThatClient) {
 // Protocol 1 (before WireSlot.from_tier) would read acquire replies with the source tier
 // in a byte it expects to be zero; protocol 2 (152-byte WireTierStats, before the remote
 // tier's error counters) would read stats with the wrong stride. The daemon refuses both
-// at attach.
+// at attach. Protocol 3 (before Op::kAcquireAsync) is still served, at version 3.
 TEST_F(DaemonTest, OlderProtocolVersionIsRefused) {
-  static_assert(wire::kProtocolVersion == 3, "update this test with the next protocol change");
+  static_assert(wire::kProtocolVersion == 4, "update this test with the next protocol change");
+  {
+    RawClient v3;
+    wire::AttachReply reply;
+    ASSERT_TRUE(v3.Attach(d_.socket(), &reply, 3));
+    EXPECT_EQ(reply.status, 0) << reply.message;
+    EXPECT_EQ(reply.protocol_version, 3u);
+  }
   for (uint32_t version : {1u, 2u}) {
     RawClient old;
     wire::AttachReply reply;
