@@ -239,6 +239,80 @@ TEST(ClientAsync, FreeAndCloseWhileInFlightAreSafe) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// Op::kAcquireAsync on the wire: a header with reserved bits is an error answered after
+// the progress header (which stays zero), not a strike; a sound request with a miss
+// answers 0 slots, no lease.
+TEST(ClientAsync, WireRequestChecks) {
+  DaemonConfig cfg;
+  cfg.max_bad_requests = 2;
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_client* c = Connect(d.socket());
+  ASSERT_NE(c, nullptr) << LastError();
+  const auto desc = SmallContract();
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_register_contract(c, &desc, &cid), KVTIER_OK) << LastError();
+  RawClient raw;
+  wire::AttachReply reply;
+  ASSERT_TRUE(raw.Attach(d.socket(), &reply));
+  ASSERT_EQ(reply.status, 0);
+  EXPECT_EQ(reply.protocol_version, 4u);
+  const wire::WireKey key{5, 6};
+  for (int round = 0; round < 3; ++round) {  // more than max_bad_requests
+    wire::AcquireAsyncHeader h;
+    h.chunk_blocks = 4;
+    h.reserved = 1;
+    std::memcpy(raw.data(), &h, sizeof h);
+    std::memcpy(raw.data() + sizeof h, &key, sizeof key);
+    std::memset(raw.data() + 4096, 0, 256);
+    wire::RequestEntry e;
+    e.op = static_cast<uint16_t>(wire::Op::kAcquireAsync);
+    e.tag = 10 + static_cast<uint64_t>(round);
+    e.count = 1;
+    e.tier = wire::kTierHost;
+    e.contract_id = cid;
+    e.in_off = 0;
+    e.in_len = sizeof h + sizeof key;
+    e.out_off = 4096;
+    e.out_len = 256;
+    wire::CompletionEntry done;
+    ASSERT_TRUE(raw.Submit(e, &done)) << d.log();
+    EXPECT_EQ(done.status, static_cast<int32_t>(StatusCode::kInvalid));
+    const std::string msg(reinterpret_cast<const char*>(raw.data() + 4096 + sizeof(wire::AcquireProgress)),
+                          done.msg_len);
+    EXPECT_NE(msg.find("reserved"), std::string::npos) << msg;
+    wire::AcquireProgress p;
+    std::memcpy(&p, raw.data() + 4096, sizeof p);
+    EXPECT_EQ(p.ready, 0u);
+  }
+  {
+    wire::AcquireAsyncHeader h;
+    std::memcpy(raw.data(), &h, sizeof h);
+    std::memcpy(raw.data() + sizeof h, &key, sizeof key);
+    wire::RequestEntry e;
+    e.op = static_cast<uint16_t>(wire::Op::kAcquireAsync);
+    e.tag = 20;
+    e.count = 1;
+    e.tier = wire::kTierHost;
+    e.contract_id = cid;
+    e.in_len = sizeof h + sizeof key;
+    e.out_off = 4096;
+    e.out_len = 256;
+    wire::CompletionEntry done;
+    ASSERT_TRUE(raw.Submit(e, &done)) << d.log();
+    EXPECT_EQ(done.status, 0);
+    EXPECT_EQ(done.count, 0u);
+    EXPECT_EQ(done.value, 0u);
+    wire::AcquireProgress p;
+    std::memcpy(&p, raw.data() + 4096, sizeof p);
+    EXPECT_EQ(p.ready, 0u);
+    EXPECT_EQ(p.done, 1u);
+  }
+  EXPECT_EQ(MetricValue(d.Metrics(), "kvtier_clients_disconnected_total{reason=\"misbehaved\"}"), 0);
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // The C++ wrapper: AsyncAcquire is move-only RAII, Result() gives a ScopedLease.
 TEST(ClientAsync, CppWrapper) {
   DaemonProcess d;
