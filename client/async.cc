@@ -82,7 +82,17 @@ void Watch(kvtier_acquire_op* op) {
 
 kvtier_status CheckOp(const kvtier_acquire_op* op) {
   if (op == nullptr) return Fail(KVTIER_INVALID, "acquire handle is NULL");
+  if (op->fork_generation != ForkGeneration()) {
+    return Fail(KVTIER_INVALID, "kvtier acquire handle used after fork: connect again in the child");
+  }
   return KVTIER_OK;
+}
+
+// In a forked child the watcher thread does not exist (and a lock it held stays held):
+// the handle's thread object is left alone, never joined, and the handle never freed.
+void ForsakeInChild(kvtier_acquire_op* op) {
+  if (op->watcher.joinable()) new std::thread(std::move(op->watcher));  // never destroyed
+  op->c = nullptr;
 }
 
 }  // namespace
@@ -131,6 +141,11 @@ void AbandonAsync(kvtier_client* c, kvtier_status s, const std::string& why) {
 }
 
 void ReleaseAsyncAtClose(kvtier_client* c) {
+  if (c->fork_generation != ForkGeneration()) {
+    for (kvtier_acquire_op* op : c->ops) ForsakeInChild(op);
+    c->ops.clear();
+    return;
+  }
   std::vector<kvtier_acquire_op*> ops;
   {
     std::lock_guard<std::mutex> l(c->mu);
@@ -167,6 +182,7 @@ kvtier_status kvtier_acquire_async(kvtier_client* c, uint64_t contract_id, const
   if (op->efd < 0) return Fail(KVTIER_IO_ERROR, std::string("eventfd: ") + std::strerror(errno));
   op->n = static_cast<uint32_t>(n);
   op->c = c;
+  op->fork_generation = c->fork_generation;
   std::lock_guard<std::mutex> l(c->mu);
   if (n == 0) {  // 0 hits, finished at once, as kvtier_acquire answers
     std::lock_guard<std::mutex> ol(op->mu);
@@ -306,6 +322,12 @@ kvtier_status kvtier_acquire_async_result(kvtier_acquire_op* op, uint64_t* lease
 
 void kvtier_acquire_async_free(kvtier_acquire_op* op) {
   if (op == nullptr) return;
+  if (op->fork_generation != ForkGeneration()) {  // the parent's handle: close the child's fd only
+    ForsakeInChild(op);
+    if (op->efd >= 0) ::close(op->efd);
+    op->efd = -1;
+    return;
+  }
   kvtier_client* c = nullptr;
   {
     std::unique_lock<std::mutex> l(op->mu);

@@ -35,6 +35,7 @@ struct kvtier_acquire_op {
   uint32_t n = 0;               // keys asked for
   uint64_t off = 0;             // the out region's offset in the data area
   int efd = -1;                 // eventfd, readable once finished
+  uint64_t fork_generation = 0;  // ForkGeneration() when it was made: a forked child differs
   std::atomic<uint32_t> deadline_ms{0};
   std::thread watcher;          // moves the completion off the ring when nobody else does
   std::mutex mu;

@@ -5,6 +5,8 @@
 // freeing or closing while it is in flight is safe and leaves no pin behind.
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -235,6 +237,45 @@ TEST(ClientAsync, FreeAndCloseWhileInFlightAreSafe) {
   ASSERT_EQ(kvtier_set_transport(c, KVTIER_TRANSPORT_SOCKET), KVTIER_OK);
   EXPECT_EQ(kvtier_acquire_async(c, st.cid, st.keys.data(), kBlocks, KVTIER_TIER_HOST, 4, &op), KVTIER_UNSUPPORTED);
   EXPECT_EQ(op, nullptr);
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// A forked child's calls on the parent's handle fail at once; its free and close leave
+// the parent's acquire alone.
+TEST(ClientAsync, ForkedChildLeavesTheParentsAcquireAlone) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  Stored st;
+  ASSERT_NO_FATAL_FAILURE(StoreOnNvme(d, &st));
+  kvtier_client* c = Connect(d.socket());
+  ASSERT_NE(c, nullptr) << LastError();
+  kvtier_acquire_op* op = nullptr;
+  ASSERT_EQ(kvtier_acquire_async(c, st.cid, st.keys.data(), kBlocks, KVTIER_TIER_HOST, 4, &op), KVTIER_OK)
+      << LastError();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    size_t ready = 0;
+    int rc = 0;
+    if (kvtier_acquire_async_ready(op, nullptr, 0, &ready) != KVTIER_INVALID) rc |= 1;
+    if (std::string(kvtier_last_error()).find("after fork") == std::string::npos) rc |= 2;
+    if (kvtier_acquire_async_wait(op, 0) != KVTIER_INVALID) rc |= 4;
+    kvtier_acquire_async_free(op);
+    kvtier_close(c);
+    ::_exit(rc);
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  uint64_t lease = 0;
+  size_t n = 0;
+  std::vector<kvtier_slot> slots(kBlocks);
+  ASSERT_EQ(kvtier_acquire_async_result(op, &lease, slots.data(), &n), KVTIER_OK) << LastError();
+  EXPECT_EQ(n, kBlocks);
+  kvtier_acquire_async_free(op);
+  EXPECT_EQ(kvtier_release(c, lease), KVTIER_OK) << LastError();
   kvtier_close(c);
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
