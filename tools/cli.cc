@@ -1,12 +1,14 @@
 #include "tools/cli.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -184,10 +186,20 @@ StatusOr<std::vector<uint8_t>> ReadFile(const std::string& path) {
   return data;
 }
 
+Status CreateTempBeside(const std::string& path, std::string* tmp, int* fd) {
+  std::string tmpl = path + ".tmp.XXXXXX";
+  const int f = ::mkostemp(tmpl.data(), O_CLOEXEC);
+  if (f < 0) return Status::IoError("cannot create " + path + ".tmp.*: " + std::strerror(errno));
+  (void)::fchmod(f, 0644);  // mkostemp makes 0600; the files kvtierctl writes are 0644
+  *tmp = std::move(tmpl);
+  *fd = f;
+  return Status::Ok();
+}
+
 Status WriteFileAtomic(const std::string& path, const void* data, size_t n) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::IoError("cannot create " + tmp + ": " + std::strerror(errno));
+  std::string tmp;
+  int fd = -1;
+  KVTIER_RETURN_IF_ERROR(CreateTempBeside(path, &tmp, &fd));
   const auto* p = static_cast<const uint8_t*>(data);
   size_t done = 0;
   while (done < n) {

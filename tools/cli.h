@@ -77,9 +77,15 @@ std::string SocketPath();
 // Prints "program: message" to stderr and returns 2 (bad usage) or 1 (failure).
 int Fail(const std::string& message, int code = 1);
 
-// Whole-file helpers. WriteFileAtomic writes path.tmp and renames it into place.
+// Whole-file helpers. WriteFileAtomic writes a fresh temp file beside path
+// (CreateTempBeside) and renames it into place.
 StatusOr<std::vector<uint8_t>> ReadFile(const std::string& path);
 Status WriteFileAtomic(const std::string& path, const void* data, size_t n);
+
+// Creates "path.tmp.XXXXXX" beside path with mkostemp (O_EXCL: never an existing file, never
+// through a link someone planted there; the rename then stays in one folder), mode 0644.
+// On success *tmp names it and *fd is open for writing (close-on-exec).
+Status CreateTempBeside(const std::string& path, std::string* tmp, int* fd);
 
 // Sizes ("64MiB", "4G", "1.5GiB", "4096") use the one grammar of formats/size.h.
 using ::kvtier::ParseSize;

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "tools/cli.h"
+
 namespace kvtier {
 
 namespace ef = exportfile;
@@ -21,13 +23,8 @@ StatusOr<std::unique_ptr<ExportWriter>> ExportWriter::Create(const std::string& 
   w->contract_ = contract;
   w->contract_id_ = contract.Id();
   w->level_ = zstd_level;
-  // A fresh name beside the target (the rename stays in one folder), made with O_EXCL:
-  // never an existing file, never through a link someone planted there.
-  std::string tmpl = path + ".tmp.XXXXXX";
-  const int fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
-  if (fd < 0) return Status::IoError("cannot create " + path + ".tmp.*: " + std::strerror(errno));
-  w->tmp_ = tmpl;
-  (void)::fchmod(fd, 0644);  // what the file's mode was before the temp name became unique
+  int fd = -1;
+  KVTIER_RETURN_IF_ERROR(cli::CreateTempBeside(path, &w->tmp_, &fd));
   w->f_ = ::fdopen(fd, "wb");
   if (!w->f_) {
     const int e = errno;

@@ -11,6 +11,7 @@
 
 #include "formats/export.h"
 #include "formats/nvfp4.h"
+#include "tools/cli.h"
 #include "tools/export_file.h"
 
 namespace kvtier {
@@ -203,6 +204,32 @@ TEST(ExportFileCompat, ReadsVersion1File) {
     }
     parent = k;
   }
+}
+
+// kvtierctl's other outputs (codec, synth, calibrate, plots) go through WriteFileAtomic: a
+// link planted at the old fixed temp name (FILE.tmp) is never followed, and no temp file is
+// left behind.
+TEST(WriteFileAtomic, DoesNotFollowAPlantedTempLink) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("kvtier-atomic-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string out = (dir / "out.bin").string(), victim = (dir / "victim").string();
+  { std::ofstream(victim) << "precious"; }
+  ASSERT_EQ(::symlink(victim.c_str(), (out + ".tmp").c_str()), 0);
+  const std::string payload = "new bytes";
+  ASSERT_TRUE(cli::WriteFileAtomic(out, payload.data(), payload.size()).ok());
+  std::ifstream v(victim);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(v), {}), "precious") << "the link's target was written";
+  ASSERT_TRUE(fs::is_regular_file(fs::symlink_status(out)));
+  std::ifstream o(out);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(o), {}), payload);
+  size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    (void)e;
+    ++entries;
+  }
+  EXPECT_EQ(entries, 3u) << "victim, the planted link and the output only";
+  fs::remove_all(dir);
 }
 
 }  // namespace
