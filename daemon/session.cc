@@ -261,6 +261,14 @@ Status Session::CheckTarget(uint8_t tier) const {
   return Status::Ok();
 }
 
+Status Session::BeginAcquire() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (closed_) return Status::Rejected("client is closing");
+  if (leases_.size() >= limits_.max_leases) return Status::Rejected("lease table full: release leases first");
+  ++inflight_;
+  return Status::Ok();
+}
+
 StatusOr<uint64_t> Session::AddLease(Lease lease) {
   std::unique_lock<std::mutex> l(mu_);
   if (closed_) {
@@ -439,14 +447,7 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
   Status s = CheckContract(req.contract_id);
   if (s.ok()) s = CheckTarget(req.tier);
   if (!s.ok()) return fail(s);
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (closed_) return fail(Status::Rejected("client is closing"));
-    if (leases_.size() >= limits_.max_leases) {
-      return fail(Status::Rejected("lease table full: release leases first"));
-    }
-    ++inflight_;
-  }
+  if (Status b = BeginAcquire(); !b.ok()) return fail(b);
   auto keys = std::make_shared<std::vector<Key128>>(CopyArray<Key128>(in.data(), req.count));
   auto self = shared_from_this();
   const uint32_t max_out = req.count;
@@ -512,14 +513,7 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
   if (s.ok()) s = CheckTarget(req.tier);
   if (s.ok() && h.reserved != 0) s = Status::Invalid("acquire_async header reserved field must be 0");
   if (!s.ok()) return fail(s);
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (closed_) return fail(Status::Rejected("client is closing"));
-    if (leases_.size() >= limits_.max_leases) {
-      return fail(Status::Rejected("lease table full: release leases first"));
-    }
-    ++inflight_;
-  }
+  if (Status b = BeginAcquire(); !b.ok()) return fail(b);
   struct Steps {
     std::mutex mu;
     std::vector<Key128> keys;

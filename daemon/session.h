@@ -125,6 +125,9 @@ class Session : public std::enable_shared_from_this<Session> {
   Status DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
                  wire::CompletionEntry* c);
   Status CheckContract(uint64_t contract_id) const;
+  // An acquire may start: the session is open and its lease table has room. Counts it in
+  // inflight_ (the callback's end of the acquire takes it off).
+  Status BeginAcquire();
   Status CheckTarget(uint8_t tier) const;
   // Adds a lease; returns its id (0 when the lease table is full: slots are returned).
   StatusOr<uint64_t> AddLease(Lease lease);
