@@ -353,7 +353,7 @@ class KvtierCache(Cache):
     def _start(self, rows_tokens: List[np.ndarray], pads: List[int], max_new_tokens: int):
         B, T = len(rows_tokens), self.T
         self.batch = B
-        self.pads = list(pads)
+        self.pads = np.asarray(pads, dtype=np.int64)
         self.hit_blocks = [0] * B
         self.hit_tiers: List[List[str]] = [[] for _ in range(B)]
         tables: List[List[int]] = [[] for _ in range(B)]
@@ -377,7 +377,7 @@ class KvtierCache(Cache):
                 if len(ids) < min(_CHUNK, usable - start):
                     break
             self.hit_blocks[b] = len(tables[b])
-        self.capacity = [len(t) + max_new_tokens for t in rows_tokens]
+        self.capacity = np.array([len(t) + max_new_tokens for t in rows_tokens], dtype=np.int64)
         need = [-(-self.capacity[b] // T) - self.hit_blocks[b] for b in range(B)]
         self._alloc_index = {}   # (row, block) -> (lease, index in that lease)
         todo = [(b, self.hit_blocks[b] + i) for b in range(B) for i in range(need[b])]
@@ -421,10 +421,10 @@ class KvtierCache(Cache):
             # Decode: one real token per row, at position lens[b] (left padding puts the last
             # column of every row on a real token). Slots and offsets are computed on the
             # device so that a captured graph replays them.
-            if not np.array_equal(self.lens_host, c0 - np.asarray(self.pads)):
+            if not np.array_equal(self.lens_host, c0 - self.pads):
                 raise kvtier.KvtierError(6, "a one-token forward must follow every row's last cached token")
-            if np.any(self.lens_host + 1 > np.asarray(self.capacity)):
-                raise kvtier.KvtierError(2, f"a row outgrew the cache ({self.capacity} tokens per row were "
+            if np.any(self.lens_host + 1 > self.capacity):
+                raise kvtier.KvtierError(2, f"a row outgrew the cache ({self.capacity.tolist()} tokens per row were "
                                          "allocated): pass a larger max_new_tokens to prefix_cache")
             plan.decode = True
             wpos = self.lens
@@ -438,7 +438,7 @@ class KvtierCache(Cache):
         plan.decode = False
         src_b, src_j, slots, offs, rows = [], [], [], [], []
         for b in range(B):
-            pad = self.pads[b]
+            pad = int(self.pads[b])
             j0 = max(0, pad - c0)                 # first real column of this forward
             p0 = c0 + j0 - pad                    # its position in the row
             n_q = S - j0
@@ -450,20 +450,22 @@ class KvtierCache(Cache):
                 raise kvtier.KvtierError(2, f"row {b} needs {p_end} tokens, {self.capacity[b]} were allocated")
             if p0 > self.lens_host[b]:
                 raise kvtier.KvtierError(6, f"row {b}: tokens [{self.lens_host[b]}, {p0}) were never written")
-            for j in range(j0, S):
-                p = c0 + j - pad
-                if p >= self.lens_host[b]:        # cached positions are not written again
-                    src_b.append(b)
-                    src_j.append(j)
-                    slots.append(self.tables[b][p // T])
-                    offs.append(p % T)
+            j = np.arange(j0, S, dtype=np.int64)
+            p = c0 + j - pad
+            new = p >= self.lens_host[b]          # cached positions are not written again
+            j, p = j[new], p[new]
+            src_b.append(np.full(len(j), b, dtype=np.int64))
+            src_j.append(j)
+            slots.append(np.asarray(self.tables[b], dtype=np.int32)[p // T])
+            offs.append((p % T).astype(np.int32))
             rows.append((j0, p0, n_q))
             self.lens_host[b] = max(self.lens_host[b], p_end)
         dev = self.device
-        plan.src_b = torch.tensor(src_b, dtype=torch.long, device=dev)
-        plan.src_j = torch.tensor(src_j, dtype=torch.long, device=dev)
-        plan.slots = torch.tensor(slots, dtype=torch.int32, device=dev)
-        plan.offs = torch.tensor(offs, dtype=torch.int32, device=dev)
+
+        def cat(parts, dtype):
+            return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype)).to(dev)
+        plan.src_b, plan.src_j = cat(src_b, np.int64), cat(src_j, np.int64)
+        plan.slots, plan.offs = cat(slots, np.int32), cat(offs, np.int32)
         plan.rows = rows
         plan.seq = None
         self.lens.copy_(torch.from_numpy(self.lens_host.astype(np.int32)))
@@ -573,11 +575,8 @@ class KvtierCache(Cache):
                 lease, j = self._alloc_index[(b, i)]
                 per_lease.setdefault(lease.id, (lease, []))[1].append((lease.slots[j], key,
                                                                       keys[i - 1] if i > 0 else None))
-        done = 0
-        for lease, items in per_lease.values():
-            for i in range(0, len(items), 1024):
-                done += self.client.commit(self.cid, lease, items[i:i + 1024])
-        return done
+        # kvtier_commit splits a long commit under the daemon's max_keys_per_request itself.
+        return sum(self.client.commit(self.cid, lease, items) for lease, items in per_lease.values())
 
     def release(self):
         """Gives the leases back (uncommitted slots are freed). The cache is unusable after."""
@@ -719,7 +718,7 @@ class DecodeGraph:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         c = self.cache
         c._check_open()
-        if np.any(c.lens_host + 1 > np.asarray(c.capacity)):
+        if np.any(c.lens_host + 1 > c.capacity):
             raise kvtier.KvtierError(2, "a row outgrew the cache: pass a larger max_new_tokens to prefix_cache")
         self.ids.copy_(tokens.reshape(-1, 1))
         self.graph.replay()
