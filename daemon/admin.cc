@@ -10,6 +10,7 @@
 
 #include "daemon/session.h"
 #include "formats/contract.h"
+#include "testing/test_point.h"
 
 namespace kvtier::daemon {
 
@@ -161,6 +162,7 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
     }
     case wire::AdminAction::kReloadConfig: {
       if (!reload_) return Status::Unsupported("this daemon cannot reload its config");
+      KVTIER_TEST_POINT("Session::Admin:Reload");
       std::string summary;
       KVTIER_RETURN_IF_ERROR(reload_(&summary));
       const size_t n = std::min<size_t>(summary.size(), room);

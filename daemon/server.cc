@@ -13,7 +13,6 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <future>
 #include <map>
 #include <mutex>
 
@@ -98,10 +97,9 @@ class Daemon::Impl {
   Status Start();
   int Run();
   void Shutdown();
-  // Re-reads the config (SIGHUP, or kvtierctl config reload). Runs on the io thread.
+  // Re-reads the config (SIGHUP, or kvtierctl config reload). Any thread but the io
+  // thread; reloads are serialised by reload_mu_.
   Status Reload(std::string* summary = nullptr);
-  // The same from any thread: posts to the io thread and waits (direct when already there).
-  Status ReloadFromAnyThread(std::string* summary);
   void WaitSignal();
 
   // Connections.
@@ -136,6 +134,9 @@ class Daemon::Impl {
   LogLimit accept_log_;
   bool shutting_down_ = false;
   int exit_code_ = 0;
+  std::mutex reload_mu_;          // one reload at a time; guards the reloadable fields of opts_.config
+  asio::thread_pool admin_{1};    // reloads and socket-path admin requests (daemon/server.h)
+  asio::thread_pool closer_{1};   // Session::Close of clients that went away
 };
 
 // One control-socket connection; after a successful attach it owns the client's Session.
@@ -181,17 +182,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
       std::vector<uint8_t> msg(sizeof h + n);
       std::memcpy(msg.data(), &h, sizeof h);
       std::memcpy(msg.data() + sizeof h, why.data(), n);
-      asio::write(sock_, asio::buffer(msg), ec);  // best effort: the client may be gone
+      // Best effort, and only what fits without waiting: the client may be gone or not reading.
+      (void)::send(sock_.native_handle(), msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     }
     sock_.shutdown(asio::socket_base::shutdown_both, ec);
     sock_.close(ec);
     if (session_) {
-      session_->Close(drain);
       if (!kicked_) d_->metrics_.disconnect_closed.fetch_add(1);
       d_->metrics_.clients.fetch_sub(1);
       --d_->attached_;
-      spdlog::info("client {} ({}) detached", session_->id(), session_->name());
-      session_.reset();
+      // The ring thread may be inside a long request (an admin flush, a reload): the
+      // session ends on the closer pool, never on the io thread.
+      asio::post(d_->closer_, [s = std::move(session_), drain] {
+        s->Close(drain);
+        spdlog::info("client {} ({}) detached", s->id(), s->name());
+      });
     }
     d_->OnConnectionClosed(id_);
   }
@@ -329,7 +334,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       });
     };
     Daemon::Impl* impl = d_;
-    auto reload = [impl](std::string* summary) { return impl->ReloadFromAnyThread(summary); };
+    auto reload = [impl](std::string* summary) { return impl->Reload(summary); };
     Session::RegisteredFn registered;
     if (ContractStore* store = d_->contracts_.get()) {
       registered = [store](const ScaleContract& ct) {
@@ -471,9 +476,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     uint8_t* out = buf->data() + sizeof(wire::ControlHeader) + sizeof(wire::CompletionEntry);
     std::weak_ptr<Connection> weak = shared_from_this();
     asio::io_context* io = &d_->io_;
-    session_->ExecuteSocket(
-        req, std::vector<uint8_t>(payload_.begin() + sizeof e, payload_.end()), out,
-        [weak, io, buf](const wire::CompletionEntry& c) {
+    auto done = [weak, io, buf](const wire::CompletionEntry& c) {
           asio::post(*io, [weak, buf, c] {
             auto self = weak.lock();
             if (!self || self->closed_) return;
@@ -487,7 +490,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
             buf->resize(sizeof h + sizeof c + body);
             self->QueueWrite(buf);
           });
-        });
+        };
+    std::vector<uint8_t> in(payload_.begin() + sizeof e, payload_.end());
+    if (e.op == static_cast<uint16_t>(wire::Op::kAdmin)) {
+      // Listings, verify, flush and reload can take long: never on the io thread.
+      asio::post(d_->admin_, [s = session_, req, in = std::move(in), out, done = std::move(done)]() mutable {
+        s->ExecuteSocket(req, std::move(in), out, std::move(done));
+      });
+      return;
+    }
+    session_->ExecuteSocket(req, std::move(in), out, std::move(done));
   }
 
   void AppendCompletion(std::vector<uint8_t>* buf, const wire::CompletionEntry& c, const uint8_t* body,
@@ -764,7 +776,7 @@ void Daemon::Impl::WaitSignal() {
   signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
     if (ec) return;
     if (sig == SIGHUP) {
-      (void)Reload();
+      asio::post(admin_, [this] { (void)Reload(); });
       WaitSignal();
       return;
     }
@@ -773,24 +785,8 @@ void Daemon::Impl::WaitSignal() {
   });
 }
 
-Status Daemon::Impl::ReloadFromAnyThread(std::string* summary) {
-  if (io_.get_executor().running_in_this_thread()) return Reload(summary);
-  auto p = std::make_shared<std::promise<std::pair<Status, std::string>>>();
-  auto f = p->get_future();
-  asio::post(io_, [this, p] {
-    std::string sum;
-    Status s = Reload(&sum);
-    p->set_value({s, sum});
-  });
-  if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
-    return Status::Retry("config reload did not finish within 30 s");
-  }
-  auto [s, sum] = f.get();
-  if (summary) *summary = sum;
-  return s;
-}
-
 Status Daemon::Impl::Reload(std::string* summary) {
+  std::lock_guard<std::mutex> rl(reload_mu_);
   if (opts_.config_path.empty()) {
     spdlog::warn("SIGHUP: no config file to reload");
     return Status::Unsupported("the daemon was started without a config file: nothing to reload");
@@ -843,7 +839,14 @@ Status Daemon::Impl::Reload(std::string* summary) {
     return Status::Rejected("tiers refused the new settings, nothing changed: " + s.ToString());
   }
   spdlog::set_level(LevelOf(merged.daemon.log_level));
-  opts_.config = merged;
+  // Only the fields a reload takes: the io thread reads the others at the same time.
+  take(opts_.config.tiers.hbm, n.tiers.hbm);
+  take(opts_.config.tiers.host, n.tiers.host);
+  take(opts_.config.tiers.nvme.tier, n.tiers.nvme.tier);
+  opts_.config.tiers.policy = merged.tiers.policy;
+  opts_.config.tiers.nvme.admission = merged.tiers.nvme.admission;
+  opts_.config.tiers.nvme.daily_write_budget_bytes = merged.tiers.nvme.daily_write_budget_bytes;
+  opts_.config.daemon.log_level = merged.daemon.log_level;
   metrics_.reloads.fetch_add(1);
   spdlog::info("SIGHUP: reloaded eviction/admission settings from {} (host policy {}, watermarks {}/{}; nvme admission {})",
                opts_.config_path, merged.tiers.host.policy, merged.tiers.host.low_watermark,
@@ -878,6 +881,8 @@ int Daemon::Impl::Run() {
   WaitSignal();
   io_.run();
   conns_.clear();
+  closer_.join();  // every session ended, its leases released
+  admin_.join();
   spdlog::info("drained; closing tiers");
   tm_.reset();
   spdlog::info("kvtierd stopped");

@@ -3,6 +3,16 @@
 //
 // One io_context thread runs the control sockets, /metrics and the signals; each attached
 // client has its own ring thread (daemon/session.h); the TierManager has its own workers.
+// The io thread never waits for another thread: work that can take long or that waits
+// for a ring thread runs on one of two single-thread pools instead.
+//   - admin: config reloads (SIGHUP) and the socket path's admin requests (listings,
+//     inspect, verify, flush, reload). A ring-path admin request runs on its client's
+//     ring thread, which may take its time without holding anyone else up.
+//   - closer: the end of a session (Session::Close joins the ring thread, waits for its
+//     in-flight acquires and releases its leases).
+// Nothing these pools run waits for the io thread, and a ring thread waits for neither
+// pool, so no thread waits on one that can wait on it. Config reloads are serialised by
+// one mutex wherever they run.
 //
 // Start-up is all-or-nothing (Create): the config has been validated by the caller, the
 // socket path is checked for a live daemon, folders are created, the TierManager opened,

@@ -4,6 +4,8 @@
 // At start (a static initializer) this file installs
 //   - a test point callback that obeys KVTIER_TEST_KILL_POINT, KVTIER_TEST_KILL_AFTER,
 //     KVTIER_TEST_KILL_ONE_IN and KVTIER_TEST_KILL_SEED (testing/test_point.h), and
+//     KVTIER_TEST_DELAY_POINT=name=ms[,name=ms...]: the thread that reaches a named point
+//     sleeps ms milliseconds there (a race window held open on purpose), and
 //   - NvmeStore's default device wrapper, a FaultDevice from KVTIER_TEST_FAULTS
 //     (tiers/nvme/fault_device.h).
 // Without KVTIER_TEST_POINTS the points compile to nothing and neither is installed.
@@ -11,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +22,8 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "tiers/nvme/fault_device.h"
@@ -37,8 +42,23 @@ struct EnvKill {
   std::atomic<uint64_t> hits{0};
   std::mutex rng_mu;
   std::mt19937_64 rng;
+  std::vector<std::pair<std::string, uint64_t>> delays;  // KVTIER_TEST_DELAY_POINT: name, ms
 
   EnvKill() {
+    if (const char* v = std::getenv("KVTIER_TEST_DELAY_POINT"); v && *v) {
+      const std::string s = v;
+      size_t p = 0;
+      while (p < s.size()) {
+        size_t c = s.find(',', p);
+        if (c == std::string::npos) c = s.size();
+        const std::string item = s.substr(p, c - p);
+        const size_t eq = item.rfind('=');
+        if (eq != std::string::npos && eq > 0) {
+          delays.emplace_back(item.substr(0, eq), std::strtoull(item.c_str() + eq + 1, nullptr, 10));
+        }
+        p = c + 1;
+      }
+    }
     if (const char* v = std::getenv("KVTIER_TEST_KILL_POINT"); v && *v) {
       std::string s = v;
       size_t p = 0;
@@ -67,6 +87,9 @@ struct EnvKill {
   }
 
   void Hit(std::string_view name) {
+    for (const auto& [n, ms] : delays) {
+      if (n == name) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    }
     for (const auto& n : names) {
       if (n == "*" || n == name) {
         if (hits.fetch_add(1) + 1 == after) Die(name);

@@ -433,11 +433,16 @@ class RawClient {
 
   // Pushes an entry (waking the daemon) and waits up to 5 s for a completion.
   bool Submit(const wire::RequestEntry& e, wire::CompletionEntry* out) {
+    if (!Push(e)) return false;
+    return WaitCompletion(out, 5000);
+  }
+  // Pushes an entry and wakes the daemon; does not wait.
+  bool Push(const wire::RequestEntry& e) {
     if (!req_.TryPush(e)) return false;
     if (req_.ConsumerSleeping()) {
       ::syscall(SYS_futex, req_.tail_word(), 1 /*FUTEX_WAKE*/, 1, nullptr, nullptr, 0);
     }
-    return WaitCompletion(out, 5000);
+    return true;
   }
   bool WaitCompletion(wire::CompletionEntry* out, int timeout_ms) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);

@@ -546,6 +546,94 @@ TEST(Hostile, UnreadSocketRepliesAreBoundedByDisconnecting) {
   EXPECT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
 }
 
+// ---- no freeze ------------------------------------------------------------------------------
+
+// Pushes an admin config reload on r's ring; its reply is never read.
+bool PushReload(testing::RawClient& r, uint64_t tag) {
+  wire::AdminRequest a;
+  a.action = static_cast<uint16_t>(wire::AdminAction::kReloadConfig);
+  std::memcpy(r.data(), &a, sizeof a);
+  wire::RequestEntry e;
+  e.op = static_cast<uint16_t>(wire::Op::kAdmin);
+  e.tag = tag;
+  e.in_off = 0;
+  e.in_len = sizeof a;
+  e.out_off = 4096;
+  e.out_len = 4096;
+  return r.Push(e);
+}
+
+// How long a fresh client takes to attach (and register), in ms; -1 when it fails.
+long AttachMs(const std::string& socket, uint32_t timeout_ms) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Conn c;
+  if (c.Open(socket, timeout_ms) != KVTIER_OK) return -1;
+  return static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now() - t0).count());
+}
+
+// A client closes its socket while a reload it pushed on its ring is under way (held
+// open 300 ms by a test point), three times in a row: the daemon goes on attaching
+// clients, serving /metrics and stopping on SIGTERM at once, not after a timeout per
+// session.
+TEST(Hostile, CloseDuringARingReloadFreezesNothing) {
+  DaemonConfig cfg;
+  cfg.binary = "kvtierd-test";
+  ScopedEnv delay("KVTIER_TEST_DELAY_POINT", "Session::Admin:Reload=300");
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {
+    testing::RawClient r;
+    wire::AttachReply rep;
+    ASSERT_TRUE(r.Attach(d.socket(), &rep));
+    ASSERT_EQ(rep.status, 0) << rep.message;
+    ASSERT_TRUE(PushReload(r, 1 + i));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the ring thread is in the reload
+    r.Close();
+  }
+  const long ms = AttachMs(d.socket(), 3000);
+  EXPECT_GE(ms, 0) << "no attach within 3 s after the close/reload races: " << kvtier_last_error();
+  EXPECT_LT(ms, 2000) << "attach took " << ms << " ms";
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  EXPECT_LT(took.count(), 5000) << "three close/reload races and an attach took " << took.count() << " ms";
+  EXPECT_NE(d.Metrics().find("kvtier_clients"), std::string::npos) << "/metrics did not answer";
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(d.Stop(10), 0) << d.log().substr(0, 4000);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "SIGTERM took over 5 s";
+  EXPECT_GE(CountLines(d.log(), "reloaded eviction/admission settings"), 3u) << d.log().substr(0, 4000);
+}
+
+// The same race without the test point's help, many times over (KVTIER_HOSTILE_RACES,
+// default 1000; scripts/sanitize.sh runs it under TSan): a client pushes a reload and
+// closes at once. Every 100 races a fresh client must attach within 2 s.
+TEST(Hostile, CloseRacingARingReloadManyTimes) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  int races = 1000;
+  if (const char* v = std::getenv("KVTIER_HOSTILE_RACES"); v && *v) races = std::atoi(v);
+  for (int i = 0; i < races; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    testing::RawClient r;
+    wire::AttachReply rep;
+    ASSERT_TRUE(r.Attach(d.socket(), &rep)) << "race " << i;
+    const auto attach_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_LT(attach_ms, 2000) << "race " << i << ": attach took " << attach_ms << " ms";
+    ASSERT_EQ(rep.status, 0) << rep.message;
+    ASSERT_TRUE(PushReload(r, 1));
+    if (i % 2 == 1) std::this_thread::sleep_for(std::chrono::microseconds(50 * (i % 7)));
+    r.Close();
+    if (i % 100 == 99) {
+      const long ms = AttachMs(d.socket(), 3000);
+      ASSERT_GE(ms, 0) << "race " << i << ": no attach within 3 s: " << kvtier_last_error();
+      ASSERT_LT(ms, 2000) << "race " << i << ": attach took " << ms << " ms";
+    }
+  }
+  EXPECT_TRUE(d.Alive());
+  EXPECT_EQ(d.Stop(20), 0) << d.log().substr(0, 4000);
+}
+
 // ---- the log ------------------------------------------------------------------------------
 
 // Registering the same contract thousands of times costs the log one line per interval.
