@@ -155,6 +155,14 @@ const std::vector<Entry>& Schema() {
     s.push_back({"daemon.max_leases_per_client",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_leases_per_client; }, 1,
                                     1 << 24)});
+    s.push_back({"daemon.max_tier_share_per_client",
+                 DoubleField([](Config& c) { return &c.daemon.max_tier_share_per_client; })});
+    s.push_back({"daemon.max_contracts_per_client",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.max_contracts_per_client; }, 1, 1 << 20)});
+    s.push_back({"daemon.max_clients_per_uid",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.max_clients_per_uid; }, 1, 4096)});
+    s.push_back({"daemon.max_clients_per_pid",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.max_clients_per_pid; }, 1, 4096)});
     s.push_back({"daemon.max_bad_requests",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_bad_requests; }, 1,
                                     1 << 20)});
@@ -339,6 +347,10 @@ Status Config::Validate() const {
   if (d.max_socket_queue_bytes < (64u << 10) || d.max_socket_queue_bytes > (uint64_t{1} << 30)) {
     return Status::Invalid("daemon.max_socket_queue_bytes: " + FormatSize(d.max_socket_queue_bytes) +
                            " is not in [64KiB, 1GiB]");
+  }
+  if (!(d.max_tier_share_per_client > 0.0 && d.max_tier_share_per_client <= 1.0)) {
+    return Status::Invalid("daemon.max_tier_share_per_client: " + std::to_string(d.max_tier_share_per_client) +
+                           " is not in (0, 1]");
   }
   if (d.ring_data_bytes < (64u << 10) || d.ring_data_bytes > (uint64_t{1} << 30) ||
       d.ring_data_bytes % 4096 != 0) {

@@ -86,6 +86,18 @@ struct DaemonConfig {
   uint64_t max_socket_queue_bytes = 64u << 20;
   uint32_t max_keys_per_request = 65536;  // [1, 1048576]. Default: 65536
   uint32_t max_leases_per_client = 65536;  // open leases per client, [1, 1<<24]. Default: 65536
+  // Share of each tier's slots (hbm, host) one client may hold under its leases, alloc
+  // and acquire together (a slot named twice in one acquire counts once), (0, 1]. Past
+  // it an alloc or acquire is Rejected. Default: 0.75
+  double max_tier_share_per_client = 0.75;
+  // Contracts one client may register (a repeat of its own counts once), [1, 1<<20]. A
+  // contract no attached client registered and no block uses is forgotten when its last
+  // registrant detaches. Default: 1024
+  uint32_t max_contracts_per_client = 1024;
+  // Clients attached at once by one user id / by one process (SO_PEERCRED), [1, 4096].
+  // Default: 48 / 16
+  uint32_t max_clients_per_uid = 48;
+  uint32_t max_clients_per_pid = 16;
   uint32_t max_bad_requests = 16;        // corrupt ring requests before disconnect. Default: 16
   uint32_t bad_request_decay_ms = 10000;  // one strike forgiven per interval, [1, 1<<30]. Default: 10000
   uint32_t spin_us = 50;                 // request loop busy-poll before sleeping. Default: 50

@@ -2,12 +2,14 @@
 // config reload), executed for a Session like every other op. Each action copies the
 // AdminRequest out of shared memory once, checks it, and writes a page of records into
 // the out region, never past its length.
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
+#include "common/log_limit.h"
 #include "daemon/session.h"
 #include "formats/contract.h"
 #include "testing/test_point.h"
@@ -15,6 +17,12 @@
 namespace kvtier::daemon {
 
 namespace {
+// Admin actions any client may ask for at any rate: their log lines, one per interval.
+LogLimit& AdminLog() {
+  static LogLimit l(std::chrono::seconds(1));
+  return l;
+}
+
 wire::AdminBlockInfo ToWire(const tiers::BlockInfo& b) {
   wire::AdminBlockInfo w;
   w.contract_id = b.contract_id;
@@ -123,8 +131,11 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
       std::memcpy(out, &w, sizeof w);
       c->count = 1;
       c->out_bytes = sizeof w;
-      if (r.corrupt > 0) {
-        spdlog::warn("client {} ({}): verify found {} corrupt NVMe records (dropped)", id_, name_, r.corrupt);
+      static LogLimit verify_log;
+      uint64_t held = 0;
+      if (r.corrupt > 0 && verify_log.Allow(&held)) {
+        spdlog::warn("client {} ({}): verify found {} corrupt NVMe records (dropped) ({} more such lines held back)",
+                     id_, name_, r.corrupt, held);
       }
       return Status::Ok();
     }
@@ -140,16 +151,20 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
       Status s = tm_->Evict(contract, key);
       if (s.IsNotFound()) return Status::NotFound("block " + key.ToHex() + " is not cached");
       KVTIER_RETURN_IF_ERROR(s);
-      spdlog::info("client {} ({}): evicted block {} of contract {}", id_, name_, key.ToHex(),
-                   ContractIdHex(contract));
+      if (uint64_t held = 0; AdminLog().Allow(&held)) {
+        spdlog::info("client {} ({}): evicted block {} of contract {} ({} more admin lines held back)", id_, name_,
+                     key.ToHex(), ContractIdHex(contract), held);
+      }
       c->value = 1;
       return Status::Ok();
     }
     case wire::AdminAction::kEvictContract: {
       uint64_t evicted = 0, skipped = 0;
       KVTIER_RETURN_IF_ERROR(tm_->EvictContract(a.contract_id, &evicted, &skipped));
-      spdlog::info("client {} ({}): evicted {} blocks of contract {} ({} pinned left)", id_, name_, evicted,
-                   ContractIdHex(a.contract_id), skipped);
+      if (uint64_t held = 0; AdminLog().Allow(&held)) {
+        spdlog::info("client {} ({}): evicted {} blocks of contract {} ({} pinned left) ({} more admin lines held back)",
+                     id_, name_, evicted, ContractIdHex(a.contract_id), skipped, held);
+      }
       c->value = evicted;
       c->count = static_cast<uint32_t>(std::min<uint64_t>(skipped, UINT32_MAX));
       return Status::Ok();
@@ -157,7 +172,10 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
     case wire::AdminAction::kFlush: {
       const tiers::Tier to = a.tier == wire::kTierHost ? tiers::Tier::kHost : tiers::Tier::kNvme;
       KVTIER_RETURN_IF_ERROR(tm_->Flush(to));
-      spdlog::info("client {} ({}): flush to {} done", id_, name_, tiers::TierName(to));
+      if (uint64_t held = 0; AdminLog().Allow(&held)) {
+        spdlog::info("client {} ({}): flush to {} done ({} more admin lines held back)", id_, name_,
+                     tiers::TierName(to), held);
+      }
       return Status::Ok();
     }
     case wire::AdminAction::kReloadConfig: {

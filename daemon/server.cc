@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -125,6 +126,12 @@ class Daemon::Impl {
   // local process can cause them at any rate.
   LogLimit unattached_log_;
   LogLimit socket_queue_log_;  // clients disconnected for not reading their replies
+  // Lines any client can cause by connecting, attaching, detaching, misbehaving or asking
+  // for reloads in a loop: one per interval each, with the count held back.
+  LogLimit conn_log_;
+  LogLimit attach_log_{std::chrono::seconds(1)};
+  LogLimit detach_log_{std::chrono::seconds(1)};
+  LogLimit reload_log_{std::chrono::seconds(1)};
   // Out of fds (EMFILE/ENFILE): the accept loop closes this spare descriptor, takes the
   // pending connection and closes it (the client sees a clean close, not a hang), opens
   // the spare again and waits accept_backoff_ before the next accept, so that a full fd
@@ -137,6 +144,14 @@ class Daemon::Impl {
   std::mutex reload_mu_;          // one reload at a time; guards the reloadable fields of opts_.config
   asio::thread_pool admin_{1};    // reloads and socket-path admin requests (daemon/server.h)
   asio::thread_pool closer_{1};   // Session::Close of clients that went away
+  // Attached clients per peer uid and pid (SO_PEERCRED; io thread only).
+  std::map<uint32_t, uint32_t> clients_by_uid_, clients_by_pid_;
+  // Attached clients that registered each contract (any thread, under registrants_mu_):
+  // when the last one detaches, a contract no block uses is forgotten.
+  std::mutex registrants_mu_;
+  std::unordered_map<uint64_t, uint32_t> registrants_;
+  void ContractRegistered(const ScaleContract& ct);
+  void ContractsReleased(const std::vector<uint64_t>& ids);
 };
 
 // One control-socket connection; after a successful attach it owns the client's Session.
@@ -191,11 +206,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (!kicked_) d_->metrics_.disconnect_closed.fetch_add(1);
       d_->metrics_.clients.fetch_sub(1);
       --d_->attached_;
+      if (--d_->clients_by_uid_[peer_uid_] == 0) d_->clients_by_uid_.erase(peer_uid_);
+      if (--d_->clients_by_pid_[peer_pid_] == 0) d_->clients_by_pid_.erase(peer_pid_);
       // The ring thread may be inside a long request (an admin flush, a reload): the
       // session ends on the closer pool, never on the io thread.
-      asio::post(d_->closer_, [s = std::move(session_), drain] {
+      Daemon::Impl* d = d_;
+      asio::post(d_->closer_, [d, s = std::move(session_), drain] {
         s->Close(drain);
-        spdlog::info("client {} ({}) detached", s->id(), s->name());
+        d->ContractsReleased(s->registered_contracts());
+        if (uint64_t held = 0; d->detach_log_.Allow(&held)) {
+          spdlog::info("client {} ({}) detached ({} more detach lines held back)", s->id(), s->name(), held);
+        }
       });
     }
     d_->OnConnectionClosed(id_);
@@ -210,7 +231,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
                        Status s = wire::ValidateControlHeader(self->hdr_);
                        if (!s.ok()) {
                          // A stream whose framing is broken cannot be resynchronised.
-                         spdlog::warn("control connection {}: {}; closing", self->id_, s.message());
+                         if (uint64_t held = 0; self->d_->conn_log_.Allow(&held)) {
+                           spdlog::warn("control connection {}: {}; closing ({} more such lines held back)",
+                                        self->id_, s.message(), held);
+                         }
                          self->d_->metrics_.requests_malformed.fetch_add(1);
                          return self->Close(false);
                        }
@@ -245,7 +269,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const auto type = static_cast<wire::ControlType>(hdr_.type);
     if (type == wire::ControlType::kAttach) {
       if (session_) {
-        spdlog::warn("control connection {}: second attach; closing", id_);
+        if (uint64_t held = 0; d_->conn_log_.Allow(&held)) {
+          spdlog::warn("control connection {}: second attach; closing ({} more such lines held back)", id_, held);
+        }
         return Close(false);
       }
       return HandleAttach();
@@ -262,7 +288,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
       HandleRequest();
       return ReadHeader();
     }
-    spdlog::warn("control connection {}: unexpected message type {}; closing", id_, hdr_.type);
+    if (uint64_t held = 0; d_->conn_log_.Allow(&held)) {
+      spdlog::warn("control connection {}: unexpected message type {}; closing ({} more such lines held back)", id_,
+                   hdr_.type, held);
+    }
     Close(false);
   }
 
@@ -307,6 +336,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return RefuseAttach(&r, Status::Rejected("daemon.max_clients (" + std::to_string(dc.max_clients) +
                                                ") clients attached"));
     }
+    // Who is on the other end, as the kernel says (not what the attach request claims).
+    ucred cred{};
+    socklen_t cred_len = sizeof cred;
+    if (::getsockopt(sock_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) {
+      return RefuseAttach(&r, Status::IoError(std::string("SO_PEERCRED: ") + std::strerror(errno)));
+    }
+    auto count_of = [](const std::map<uint32_t, uint32_t>& m, uint32_t k) {
+      auto it = m.find(k);
+      return it == m.end() ? 0u : it->second;
+    };
+    if (count_of(d_->clients_by_uid_, cred.uid) >= dc.max_clients_per_uid) {
+      return RefuseAttach(&r, Status::Rejected("daemon.max_clients_per_uid (" + std::to_string(dc.max_clients_per_uid) +
+                                               ") clients of uid " + std::to_string(cred.uid) + " attached"));
+    }
+    if (count_of(d_->clients_by_pid_, static_cast<uint32_t>(cred.pid)) >= dc.max_clients_per_pid) {
+      return RefuseAttach(&r, Status::Rejected("daemon.max_clients_per_pid (" + std::to_string(dc.max_clients_per_pid) +
+                                               ") clients of pid " + std::to_string(cred.pid) + " attached"));
+    }
     std::string name(a.name, strnlen(a.name, sizeof a.name));
     for (char& ch : name) {
       if (ch < 0x20 || ch > 0x7e) ch = '?';
@@ -317,6 +364,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     lim.ring_data_bytes = dc.ring_data_bytes;
     lim.max_keys = dc.max_keys_per_request;
     lim.max_leases = dc.max_leases_per_client;
+    lim.max_tier_share = dc.max_tier_share_per_client;
+    lim.max_contracts = dc.max_contracts_per_client;
     lim.max_bad_requests = dc.max_bad_requests;
     lim.bad_request_decay_ms = dc.bad_request_decay_ms;
     lim.spin_us = dc.spin_us;
@@ -327,7 +376,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto kick = [weak, io](const std::string& why) {
       asio::post(*io, [weak, why] {
         if (auto c = weak.lock()) {
-          spdlog::warn("disconnecting client: {}", why);
+          if (uint64_t held = 0; c->d_->conn_log_.Allow(&held)) {
+            spdlog::warn("disconnecting client: {} ({} more such lines held back)", why, held);
+          }
           c->kicked_ = true;
           c->Close(false, why);
         }
@@ -335,14 +386,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     };
     Daemon::Impl* impl = d_;
     auto reload = [impl](std::string* summary) { return impl->Reload(summary); };
-    Session::RegisteredFn registered;
-    if (ContractStore* store = d_->contracts_.get()) {
-      registered = [store](const ScaleContract& ct) {
-        Status s = store->Add(ct);
-        if (!s.ok()) spdlog::warn("contract {} is registered but not kept for restarts: {}", ContractIdHex(ct.Id()),
-                                  s.ToString());
-      };
-    }
+    Session::RegisteredFn registered = [impl](const ScaleContract& ct) { impl->ContractRegistered(ct); };
     auto sess = Session::Create(client_id, name, a.pid, has_gpu, d_->tm_.get(), &d_->metrics_, lim, kick,
                                 reload, std::move(registered));
     if (!sess.ok()) return RefuseAttach(&r, sess.status());
@@ -368,17 +412,26 @@ class Connection : public std::enable_shared_from_this<Connection> {
     r.num_fds = static_cast<uint32_t>(fds.size());
     Status s = SendAttachReply(r, fds);
     if (!s.ok()) {
-      spdlog::warn("control connection {}: attach reply failed: {}", id_, s.ToString());
+      if (uint64_t held = 0; d_->conn_log_.Allow(&held)) {
+        spdlog::warn("control connection {}: attach reply failed: {} ({} more such lines held back)", id_,
+                     s.ToString(), held);
+      }
       (*sess)->Close(false);
       return Close(false);
     }
     session_ = std::move(*sess);
     session_->Start();
     ++d_->attached_;
+    peer_uid_ = cred.uid;
+    peer_pid_ = static_cast<uint32_t>(cred.pid);
+    ++d_->clients_by_uid_[peer_uid_];
+    ++d_->clients_by_pid_[peer_pid_];
     d_->metrics_.clients.fetch_add(1);
     d_->metrics_.clients_attached.fetch_add(1);
-    spdlog::info("client {} ({}, pid {}{}) attached to kvtierd {} (protocol {})", client_id, name, a.pid,
-                 has_gpu ? ", gpu" : "", KVTIER_VERSION_STRING, wire::kProtocolVersion);
+    if (uint64_t held = 0; d_->attach_log_.Allow(&held)) {
+      spdlog::info("client {} ({}, pid {}{}) attached to kvtierd {} (protocol {}) ({} more attach lines held back)",
+                   client_id, name, a.pid, has_gpu ? ", gpu" : "", KVTIER_VERSION_STRING, wire::kProtocolVersion, held);
+    }
     ReadHeader();
   }
 
@@ -567,6 +620,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  public:
   bool kicked_ = false;
+  uint32_t peer_uid_ = 0, peer_pid_ = 0;       // SO_PEERCRED at attach
   uint32_t protocol_ = wire::kProtocolVersion;  // negotiated at attach
   asio::steady_timer attach_timer_{d_->io_};     // daemon.attach_timeout_ms from accept
 };
@@ -767,6 +821,36 @@ void Daemon::Impl::AcceptMetrics() {
   });
 }
 
+void Daemon::Impl::ContractRegistered(const ScaleContract& ct) {
+  {
+    std::lock_guard<std::mutex> l(registrants_mu_);
+    ++registrants_[ct.Id()];
+    // Its last registrant may have detached between the registration and this count.
+    if (!tm_->HasContract(ct.Id())) (void)tm_->RegisterContract(ct);
+  }
+  if (contracts_) {
+    Status s = contracts_->Add(ct);
+    if (!s.ok()) {
+      static LogLimit store_log;
+      uint64_t held = 0;
+      if (store_log.Allow(&held)) {
+        spdlog::warn("contract {} is registered but not kept for restarts: {} ({} more such lines held back)",
+                     ContractIdHex(ct.Id()), s.ToString(), held);
+      }
+    }
+  }
+}
+
+void Daemon::Impl::ContractsReleased(const std::vector<uint64_t>& ids) {
+  std::lock_guard<std::mutex> l(registrants_mu_);
+  for (const uint64_t id : ids) {
+    auto it = registrants_.find(id);
+    if (it == registrants_.end() || --it->second > 0) continue;
+    registrants_.erase(it);
+    (void)tm_->ForgetContractIfUnused(id);
+  }
+}
+
 void Daemon::Impl::OnConnectionClosed(uint64_t conn_id) {
   // Deferred: the connection may be running one of its own handlers right now.
   asio::post(io_, [this, conn_id] { conns_.erase(conn_id); });
@@ -787,21 +871,26 @@ void Daemon::Impl::WaitSignal() {
 
 Status Daemon::Impl::Reload(std::string* summary) {
   std::lock_guard<std::mutex> rl(reload_mu_);
+  // Any client may ask for reloads in a loop: the lines of one reload go out together, at
+  // most one reload's per interval.
+  uint64_t held = 0;
+  const bool log = reload_log_.Allow(&held);
+  if (log && held > 0) spdlog::info("SIGHUP: {} reloads not logged since the last one", held);
   if (opts_.config_path.empty()) {
-    spdlog::warn("SIGHUP: no config file to reload");
+    if (log) spdlog::warn("SIGHUP: no config file to reload");
     return Status::Unsupported("the daemon was started without a config file: nothing to reload");
   }
   auto nc = config::LoadFile(opts_.config_path, opts_.overrides);
   if (!nc.ok()) {
     metrics_.reload_failures.fetch_add(1);
-    spdlog::error("SIGHUP: config error, nothing changed: {}", nc.status().message());
+    if (log) spdlog::error("SIGHUP: config error, nothing changed: {}", nc.status().message());
     return Status::Invalid("config error, nothing changed: " + nc.status().message());
   }
   const config::Config& o = opts_.config;
   const config::Config& n = *nc;
   std::string notes;
-  auto ignored = [&notes](const char* key) {
-    spdlog::warn("SIGHUP: {} changed; it needs a restart and is ignored", key);
+  auto ignored = [&notes, log](const char* key) {
+    if (log) spdlog::warn("SIGHUP: {} changed; it needs a restart and is ignored", key);
     notes += std::string(notes.empty() ? "" : "; ") + key + " changed: needs a restart, ignored";
   };
   if (n.tiers.slot_bytes != o.tiers.slot_bytes) ignored("tiers.slot_bytes");
@@ -835,7 +924,7 @@ Status Daemon::Impl::Reload(std::string* summary) {
   Status s = tm_->Reconfigure(ToTierManagerOptions(merged));
   if (!s.ok()) {
     metrics_.reload_failures.fetch_add(1);
-    spdlog::error("SIGHUP: tiers refused the new settings, nothing changed: {}", s.ToString());
+    if (log) spdlog::error("SIGHUP: tiers refused the new settings, nothing changed: {}", s.ToString());
     return Status::Rejected("tiers refused the new settings, nothing changed: " + s.ToString());
   }
   spdlog::set_level(LevelOf(merged.daemon.log_level));
@@ -848,9 +937,11 @@ Status Daemon::Impl::Reload(std::string* summary) {
   opts_.config.tiers.nvme.daily_write_budget_bytes = merged.tiers.nvme.daily_write_budget_bytes;
   opts_.config.daemon.log_level = merged.daemon.log_level;
   metrics_.reloads.fetch_add(1);
-  spdlog::info("SIGHUP: reloaded eviction/admission settings from {} (host policy {}, watermarks {}/{}; nvme admission {})",
+  if (log) {
+    spdlog::info("SIGHUP: reloaded eviction/admission settings from {} (host policy {}, watermarks {}/{}; nvme admission {})",
                opts_.config_path, merged.tiers.host.policy, merged.tiers.host.low_watermark,
                merged.tiers.host.high_watermark, merged.tiers.nvme.admission);
+  }
   if (summary) {
     *summary = "reloaded eviction/admission settings from " + opts_.config_path;
     if (!notes.empty()) *summary += " (" + notes + ")";

@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -112,6 +113,15 @@ StatusOr<std::shared_ptr<Session>> Session::Create(uint64_t client_id, const std
   s->data_ = s->base_ + s->hdr_.data_offset;
   s->req_ring_ = wire::RequestRing(s->base_, s->hdr_);
   s->cmp_ring_ = wire::CompletionRing(s->base_, s->hdr_);
+  for (const auto& t : tm->Stats()) {
+    const int i = t.tier == tiers::Tier::kHbm ? 0 : t.tier == tiers::Tier::kHost ? 1 : -1;
+    if (i >= 0) {
+      s->share_cap_[i] = std::max<uint64_t>(1, static_cast<uint64_t>(limits.max_tier_share *
+                                                                     static_cast<double>(t.slots_total)));
+      // A share of the whole tier is no limit of its own: the tier's size answers.
+      if (s->share_cap_[i] >= t.slots_total) s->share_cap_[i] = UINT64_MAX;
+    }
+  }
   return s;
 }
 
@@ -130,6 +140,11 @@ void Session::Start() { thread_ = std::thread([this] { RingLoop(); }); }
 size_t Session::lease_count() const {
   std::lock_guard<std::mutex> l(mu_);
   return leases_.size();
+}
+
+std::vector<uint64_t> Session::registered_contracts() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return {registered_ids_.begin(), registered_ids_.end()};
 }
 
 void Session::RingLoop() {
@@ -185,11 +200,15 @@ void Session::CountBad(const std::string& why) {
     last_decay_ += forgiven * decay;
   }
   ++bad_requests_;
-  spdlog::warn("client {} ({}, pid {}): corrupt request ({} of {}): {}", id_, name_, pid_, bad_requests_,
-               limits_.max_bad_requests, why);
+  static LogLimit bad_log;  // every client together: a line per interval
+  uint64_t held = 0;
+  if (bad_log.Allow(&held)) {
+    spdlog::warn("client {} ({}, pid {}): corrupt request ({} of {}): {} ({} more corrupt-request lines held back)",
+                 id_, name_, pid_, bad_requests_, limits_.max_bad_requests, why, held);
+  }
   if (bad_requests_ >= limits_.max_bad_requests && !kicked_.exchange(true)) {
     metrics_->disconnect_misbehaved.fetch_add(1);
-    spdlog::warn("client {} ({}): {} corrupt requests, disconnecting", id_, name_, bad_requests_);
+    // The kick's reason is logged once, by the control server (rate-limited there).
     kick_(std::to_string(bad_requests_) + " corrupt ring requests within the decay window (daemon.max_bad_requests " +
           std::to_string(limits_.max_bad_requests) + "), the last: " + why);
   }
@@ -282,6 +301,18 @@ StatusOr<uint64_t> Session::AddLease(Lease lease) {
     return Status::Rejected("lease table full (" + std::to_string(limits_.max_leases) +
                             "): release leases first");
   }
+  uint64_t add[2] = {0, 0};
+  for (const auto& s : lease.slots) ++add[s.tier == tiers::Tier::kHbm ? 0 : 1];
+  for (const tiers::Tier t : {tiers::Tier::kHbm, tiers::Tier::kHost}) {
+    Status cs = CheckShareLocked(t, add[t == tiers::Tier::kHbm ? 0 : 1]);
+    if (!cs.ok()) {
+      l.unlock();
+      ReleaseSlots(lease);
+      return cs;
+    }
+  }
+  held_[0] += add[0];
+  held_[1] += add[1];
   const uint64_t id = NextLeaseId();
   metrics_->leases.fetch_add(1);
   metrics_->leased_slots.fetch_add(static_cast<int64_t>(lease.slots.size()));
@@ -289,14 +320,43 @@ StatusOr<uint64_t> Session::AddLease(Lease lease) {
   return id;
 }
 
+Status Session::CheckShareLocked(tiers::Tier tier, uint64_t n) const {
+  const int i = tier == tiers::Tier::kHbm ? 0 : 1;
+  if (n == 0 || held_[i] + n <= share_cap_[i]) return Status::Ok();
+  return Status::Rejected(std::string("this client holds ") + std::to_string(held_[i]) + " " +
+                          tiers::TierName(tier) + " slots under its leases and asks for " + std::to_string(n) +
+                          " more; daemon.max_tier_share_per_client lets one client hold " +
+                          std::to_string(share_cap_[i]) + ": release leases first");
+}
+
+std::vector<tiers::SlotRef> Session::UniqueSlots(const std::vector<tiers::SlotRef>& slots) {
+  std::vector<uint64_t> keys;
+  keys.reserve(slots.size());
+  for (const auto& s : slots) keys.push_back(SlotKey(s));
+  std::sort(keys.begin(), keys.end());
+  std::vector<tiers::SlotRef> out;
+  out.reserve(slots.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const tiers::SlotRef ref{static_cast<tiers::Tier>(keys[i] >> 32), static_cast<uint32_t>(keys[i])};
+    if (i > 0 && keys[i] == keys[i - 1]) {
+      (void)tm_->Unpin(ref);  // a key named again: its extra pin goes at once
+      continue;
+    }
+    out.push_back(ref);
+  }
+  return out;
+}
+
 void Session::ReleaseSlots(const Lease& lease) {
   for (size_t i = 0; i < lease.slots.size(); ++i) {
     const auto& s = lease.slots[i];
     const bool free_slot = lease.alloc && !lease.committed[i];
     Status st = free_slot ? tm_->FreeSlot(s) : tm_->Unpin(s);
-    if (!st.ok()) {
-      spdlog::warn("client {}: {} of {} slot {} failed: {}", id_, free_slot ? "FreeSlot" : "Unpin",
-                   tiers::TierName(s.tier), s.slot, st.ToString());
+    static LogLimit release_log;
+    uint64_t held = 0;
+    if (!st.ok() && release_log.Allow(&held)) {
+      spdlog::warn("client {}: {} of {} slot {} failed: {} ({} more such lines held back)", id_,
+                   free_slot ? "FreeSlot" : "Unpin", tiers::TierName(s.tier), s.slot, st.ToString(), held);
     }
   }
 }
@@ -312,6 +372,7 @@ Status Session::DoRelease(uint64_t lease_id) {
     }
     lease = std::move(it->second);
     leases_.erase(it);
+    for (const auto& sl : lease.slots) --held_[sl.tier == tiers::Tier::kHbm ? 0 : 1];
   }
   metrics_->leases.fetch_sub(1);
   metrics_->leased_slots.fetch_sub(static_cast<int64_t>(lease.slots.size()));
@@ -397,9 +458,22 @@ Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<
   const std::vector<uint8_t> bytes(in.begin(), in.end());
   auto ct = ScaleContract::Deserialize(bytes);
   if (!ct.ok()) return ct.status();
+  const uint64_t id = ct->Id();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (registered_ids_.count(id) == 0 && registered_ids_.size() >= limits_.max_contracts) {
+      return Status::Rejected("this client registered " + std::to_string(registered_ids_.size()) +
+                              " contracts, daemon.max_contracts_per_client");
+    }
+  }
   KVTIER_RETURN_IF_ERROR(tm_->RegisterContract(*ct));
-  if (registered_) registered_(*ct);
-  c->value = ct->Id();
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    first = registered_ids_.insert(id).second;
+  }
+  if (first && registered_) registered_(*ct);
+  c->value = id;
   static LogLimit register_log;  // a client may register (the same contract) at any rate
   uint64_t held = 0;
   if (register_log.Allow(&held)) {
@@ -465,7 +539,7 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
                    Lease lease;
                    lease.alloc = false;
                    lease.contract_id = contract_id;
-                   lease.slots = slots;
+                   lease.slots = self->UniqueSlots(slots);
                    auto id = self->AddLease(std::move(lease));
                    if (!id.ok()) {
                      SetError(&c, id.status(), out, out_len);
@@ -598,7 +672,7 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
             Lease lease;
             lease.alloc = false;
             lease.contract_id = contract_id;
-            lease.slots = st->prefix;
+            lease.slots = self->UniqueSlots(st->prefix);
             const size_t n_slots = st->prefix.size();
             auto id = self->AddLease(std::move(lease));
             if (!id.ok()) {
@@ -619,6 +693,11 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
 Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c) {
   KVTIER_RETURN_IF_ERROR(CheckContract(req.contract_id));
   KVTIER_RETURN_IF_ERROR(CheckTarget(req.tier));
+  {
+    // Before the tier makes room: a request past this client's share evicts nothing.
+    std::lock_guard<std::mutex> l(mu_);
+    KVTIER_RETURN_IF_ERROR(CheckShareLocked(static_cast<tiers::Tier>(req.tier), req.count));
+  }
   std::vector<tiers::SlotRef> slots;
   Status as = tm_->AllocSlots(req.contract_id, req.count, static_cast<tiers::Tier>(req.tier), &slots);
   if (as.code() == StatusCode::kRetry) return AllocRefusal(req, as);
@@ -740,12 +819,15 @@ void Session::Close(bool drain) {
   while (true) {
     std::unique_lock<std::mutex> l(mu_);
     if (inflight_ == 0 || Clock::now() > deadline) {
-      if (inflight_ != 0) {
-        spdlog::warn("client {}: {} acquires still in flight at close; their callbacks will unpin",
-                     id_, inflight_);
+      static LogLimit inflight_log;
+      uint64_t held = 0;
+      if (inflight_ != 0 && inflight_log.Allow(&held)) {
+        spdlog::warn("client {}: {} acquires still in flight at close; their callbacks will unpin "
+                     "({} more such lines held back)", id_, inflight_, held);
       }
       closed_ = true;
       leases.swap(leases_);
+      held_[0] = held_[1] = 0;
       break;
     }
     l.unlock();
@@ -758,9 +840,11 @@ void Session::Close(bool drain) {
     metrics_->leased_slots.fetch_sub(static_cast<int64_t>(lease.slots.size()));
     ReleaseSlots(lease);
   }
-  if (!leases.empty()) {
-    spdlog::info("client {} ({}, pid {}): released {} leases ({} slots) at disconnect", id_, name_,
-                 pid_, leases.size(), slots);
+  static LogLimit released_log(std::chrono::seconds(1));
+  uint64_t held = 0;
+  if (!leases.empty() && released_log.Allow(&held)) {
+    spdlog::info("client {} ({}, pid {}): released {} leases ({} slots) at disconnect ({} more such lines held back)",
+                 id_, name_, pid_, leases.size(), slots, held);
   }
 }
 

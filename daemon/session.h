@@ -28,6 +28,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "daemon/metrics.h"
@@ -42,6 +43,8 @@ struct SessionLimits {
   uint64_t ring_data_bytes = 4u << 20;    // data area
   uint32_t max_keys = 65536;              // per request
   uint32_t max_leases = 65536;            // open leases
+  double max_tier_share = 0.75;           // of each tier's slots, held under this client's leases
+  uint32_t max_contracts = 1024;          // contracts this client registered
   uint32_t max_bad_requests = 16;         // corrupt requests (broken frames) before disconnect
   uint32_t bad_request_decay_ms = 10000;  // one strike forgiven per interval
   uint32_t spin_us = 50;                  // busy-poll before sleeping
@@ -57,7 +60,8 @@ class Session : public std::enable_shared_from_this<Session> {
   using KickFn = std::function<void(const std::string& why)>;
   // Re-reads the daemon's config (kvtierctl config reload); *summary gets what changed.
   using ReloadFn = std::function<Status(std::string* summary)>;
-  // Called after a contract registration went through (the daemon keeps it for restarts).
+  // Called after this client's first registration of a contract went through (the daemon
+  // keeps it for restarts, and counts the clients that registered it).
   using RegisteredFn = std::function<void(const ScaleContract& contract)>;
 
   // Creates the ring region (a sealed memfd) and maps it. Does not start the thread.
@@ -84,6 +88,8 @@ class Session : public std::enable_shared_from_this<Session> {
   int ring_fd() const { return ring_fd_; }
   uint64_t ring_bytes() const { return hdr_.total_bytes; }
   size_t lease_count() const;
+  // The contracts this client registered (each once). Read after Close().
+  std::vector<uint64_t> registered_contracts() const;
 
  private:
   struct Lease {
@@ -129,8 +135,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // inflight_ (the callback's end of the acquire takes it off).
   Status BeginAcquire();
   Status CheckTarget(uint8_t tier) const;
-  // Adds a lease; returns its id (0 when the lease table is full: slots are returned).
+  // Adds a lease; returns its id. Refused (its slots returned) when the lease table is
+  // full or when its slots would take this client past its share of a tier.
   StatusOr<uint64_t> AddLease(Lease lease);
+  // The slots of an acquire, one per key (a key named twice is pinned twice), as a
+  // lease's: each slot once, the extra pins dropped.
+  std::vector<tiers::SlotRef> UniqueSlots(const std::vector<tiers::SlotRef>& slots);
+  // Refused when `n` more slots of `tier` would take this client past its share.
+  Status CheckShareLocked(tiers::Tier tier, uint64_t n) const;
   void ReleaseSlots(const Lease& lease);
   Status DoCommit(const wire::RequestEntry& req, std::span<const uint8_t> in,
                   uint32_t* committed);
@@ -166,8 +178,11 @@ class Session : public std::enable_shared_from_this<Session> {
   uint32_t bad_requests_ = 0;           // strikes (ring thread only)
   std::chrono::steady_clock::time_point last_decay_ = std::chrono::steady_clock::now();
 
-  mutable std::mutex mu_;               // protects leases_, closed_, inflight_
+  mutable std::mutex mu_;               // protects leases_, held_, registered_ids_, closed_, inflight_
   std::unordered_map<uint64_t, Lease> leases_;
+  uint64_t held_[2] = {0, 0};           // slots under leases, hbm / host
+  uint64_t share_cap_[2] = {0, 0};      // limits_.max_tier_share of each tier's slots; UINT64_MAX: all of it
+  std::unordered_set<uint64_t> registered_ids_;
   bool closed_ = false;
   int inflight_ = 0;                    // acquires waiting for their callback
 

@@ -23,6 +23,9 @@ constexpr int kS = static_cast<int>(Tier::kHost);
 constexpr int kN = static_cast<int>(Tier::kNvme);
 inline constexpr int IndexOf(Tier t) { return static_cast<int>(t); }
 inline constexpr Tier TierAt(int i) { return static_cast<Tier>(i); }
+// Client pins one block may hold in one tier: an acquire past it misses that block
+// rather than wrap the counter.
+inline constexpr uint32_t kMaxPins = UINT32_MAX - 1;
 
 using Waiter = std::function<void(bool ok)>;
 
@@ -40,7 +43,7 @@ struct alignas(64) Block {
   uint64_t bytes = 0;          // payload bytes (the contract's block size)
   int32_t slot[2] = {-1, -1};  // valid copy in HBM / host
   bool nvme = false;           // valid record on NVMe
-  uint32_t pins[2] = {0, 0};   // client pins (leases) in HBM / host
+  uint32_t pins[2] = {0, 0};   // client pins (leases) in HBM / host, at most kMaxPins
   uint32_t io_pins[3] = {0, 0, 0};  // source of an in-flight copy
   bool busy[2] = {false, false};    // a demotion out of HBM / host is in flight
   std::shared_ptr<Promotion> promo[2];

@@ -139,6 +139,17 @@ Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
   return Status::Ok();
 }
 
+bool TierManagerImpl::ForgetContractIfUnused(uint64_t id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = contracts_.find(id);
+  if (it == contracts_.end()) return false;
+  for (const TierState& ts : tiers_) {
+    if (ts.policy && ts.policy->Count(id) != 0) return false;
+  }
+  contracts_.erase(it);
+  return true;
+}
+
 LookupResult TierManagerImpl::Lookup(uint64_t contract_id, std::span<const Key128> keys) {
   LookupResult r;
   r.tiers.resize(keys.size());

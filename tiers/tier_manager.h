@@ -172,6 +172,12 @@ class TierManager {
   // Refuses (Unsupported) a contract whose block does not fit a slot. Idempotent.
   virtual Status RegisterContract(const ScaleContract& c) = 0;
   virtual bool HasContract(uint64_t contract_id) const = 0;
+  // Forgets a registered contract that no tier holds a block of (its registration's
+  // memory freed); true when it did. A later registration brings it back.
+  virtual bool ForgetContractIfUnused(uint64_t contract_id) {
+    (void)contract_id;
+    return false;
+  }
 
   // Longest cached prefix of `keys` and where each block lives. No local I/O; with a
   // remote tier, the keys past the local prefix are asked of it (one pipelined EXISTS

@@ -106,6 +106,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
     std::lock_guard<std::mutex> l(mu_);
     return contracts_.count(id) != 0;
   }
+  bool ForgetContractIfUnused(uint64_t id) override;
   LookupResult Lookup(uint64_t contract_id, std::span<const Key128> keys) override;
   size_t LookupInto(uint64_t contract_id, std::span<const Key128> keys, Tier* tiers_out,
                     double* est_seconds_to_hbm) override;

@@ -191,7 +191,8 @@ void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128>
   // directly for a block already there, and as the waiter of a promotion.
   auto settle = [this, t](const std::shared_ptr<AcquireCtx>& c, size_t i, bool ok) {
     Block* b = c->blocks[i];
-    if (ok && b->slot[t] >= 0) {
+    // A block pinned as often as the counter holds is not pinned again: it ends the prefix.
+    if (ok && b->slot[t] >= 0 && b->pins[t] < kMaxPins) {
       if (b->pins[t]++ == 0) ++T(t).pinned;
       T(t).policy->Touch(b->id);
       c->slots[i].tier = c->target;

@@ -371,7 +371,9 @@ TEST(ClientSemantics, TimeoutGivesUpAndSaysHowToRecover) {
 // (waiting cannot help); RETRY when other clients' pins do (it passes); and
 // kvtier_alloc_wait waits that out.
 TEST(ClientSemantics, AllocRejectsOwnPinsRetriesPassingPressure) {
-  DaemonProcess d;  // host tier: 64 slots of 4 KiB
+  DaemonConfig cfg;  // host tier: 64 slots of 4 KiB, every one of them for one client
+  cfg.daemon_extra = "max_tier_share_per_client = 1.0\n";
+  DaemonProcess d(cfg);
   ASSERT_TRUE(d.Start()) << d.log();
   kvtier_client* a = ConnectClient(d.socket());
   kvtier_client* b = ConnectClient(d.socket());

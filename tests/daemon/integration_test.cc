@@ -86,7 +86,13 @@ class DaemonTest : public ::testing::Test {
       EXPECT_EQ(d_.Stop(), 0) << d_.log();
     }
   }
-  DaemonProcess d_;
+  // KilledClientLosesItsLeases lets one client lease the whole host tier.
+  static DaemonConfig WholeTierShare() {
+    DaemonConfig c;
+    c.daemon_extra = "max_tier_share_per_client = 1.0\n";
+    return c;
+  }
+  DaemonProcess d_{WholeTierShare()};
 };
 
 TEST_F(DaemonTest, AttachStoreLookupAcquireReleaseAcrossProcesses) {

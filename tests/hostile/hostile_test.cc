@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -598,10 +599,10 @@ TEST(Hostile, CloseDuringARingReloadFreezesNothing) {
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
   EXPECT_LT(took.count(), 5000) << "three close/reload races and an attach took " << took.count() << " ms";
   EXPECT_NE(d.Metrics().find("kvtier_clients"), std::string::npos) << "/metrics did not answer";
+  EXPECT_EQ(d.WaitMetric("kvtier_config_reloads_total{result=\"ok\"}", 3), 3) << d.log().substr(0, 4000);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(d.Stop(10), 0) << d.log().substr(0, 4000);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "SIGTERM took over 5 s";
-  EXPECT_GE(CountLines(d.log(), "reloaded eviction/admission settings"), 3u) << d.log().substr(0, 4000);
 }
 
 // The same race without the test point's help, many times over (KVTIER_HOSTILE_RACES,
@@ -632,6 +633,236 @@ TEST(Hostile, CloseRacingARingReloadManyTimes) {
   }
   EXPECT_TRUE(d.Alive());
   EXPECT_EQ(d.Stop(20), 0) << d.log().substr(0, 4000);
+}
+
+// ---- per-client budgets -------------------------------------------------------------------
+
+// One acquire that names the same block 1000 times: the block is pinned once, the lease
+// holds one slot, and every position of the reply points at it.
+TEST(Hostile, DuplicateKeysInOneAcquireArePinnedOnce) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  Conn c;
+  ASSERT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  const kvtier_key k = reliability::MakeKey(3, 1);
+  size_t committed = 0;
+  ASSERT_EQ(c.Store({k}, [](const kvtier_key&) {}, &committed), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(committed, 1u);
+  const std::vector<kvtier_key> keys(1000, k);
+  std::vector<kvtier_slot> slots(keys.size());
+  uint64_t lease = 0;
+  size_t n = 0;
+  ASSERT_EQ(kvtier_acquire(c.c, c.contract, keys.data(), keys.size(), KVTIER_TIER_HOST, &lease, slots.data(), &n),
+            KVTIER_OK)
+      << kvtier_last_error();
+  ASSERT_EQ(n, keys.size());
+  for (size_t i = 1; i < n; ++i) ASSERT_EQ(slots[i].slot, slots[0].slot) << "position " << i;
+  EXPECT_TRUE(testing::CheckBlock(c.host + uint64_t{slots[0].slot} * c.slot_bytes, c.block_bytes, c.contract, k));
+  EXPECT_EQ(d.WaitMetric("kvtier_leased_slots", 1), 1) << "a lease naming one block 1000 times holds more than one slot";
+  kvtier_block_info info{};
+  ASSERT_EQ(kvtier_inspect(c.c, c.contract, k, &info), KVTIER_OK) << kvtier_last_error();
+  EXPECT_EQ(info.pins_host, 1u);
+  ASSERT_EQ(kvtier_release(c.c, lease), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(kvtier_inspect(c.c, c.contract, k, &info), KVTIER_OK) << kvtier_last_error();
+  EXPECT_EQ(info.pins_host, 0u) << "the block stays pinned after its lease is released";
+  EXPECT_EQ(d.WaitMetric("kvtier_leased_slots", 0), 0);
+}
+
+// By default (daemon.max_tier_share_per_client 0.75) one client cannot allocate the
+// whole host tier.
+TEST(Hostile, OneClientCannotAllocateAWholeTierByDefault) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  Conn a;
+  ASSERT_EQ(a.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  std::vector<kvtier_slot> slots(64);
+  uint64_t lease = 0;
+  EXPECT_EQ(kvtier_alloc(a.c, a.contract, 64, KVTIER_TIER_HOST, &lease, slots.data()), KVTIER_REJECTED)
+      << "one client allocated the whole host tier";
+  EXPECT_NE(std::string(kvtier_last_error()).find("daemon.max_tier_share_per_client lets one client hold 48"),
+            std::string::npos)
+      << kvtier_last_error();
+  EXPECT_EQ(kvtier_alloc(a.c, a.contract, 48, KVTIER_TIER_HOST, &lease, slots.data()), KVTIER_OK) << kvtier_last_error();
+}
+
+// The host tier has 64 slots; with daemon.max_tier_share_per_client = 0.5 one client
+// holds at most 32 of them under its leases, by alloc or by acquire, and a second client
+// still allocates and commits.
+TEST(Hostile, OneClientCannotHoldMoreThanItsShareOfATier) {
+  DaemonProcess d;
+  SetDaemonKeys(d, "max_tier_share_per_client = 0.5\n");
+  ASSERT_TRUE(d.Start()) << d.log();
+  Conn a, b;
+  ASSERT_EQ(a.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(b.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  std::vector<kvtier_slot> slots(64);
+  uint64_t lease = 0;
+  EXPECT_EQ(kvtier_alloc(a.c, a.contract, 33, KVTIER_TIER_HOST, &lease, slots.data()), KVTIER_REJECTED)
+      << "one client allocated over half the host tier";
+  EXPECT_NE(std::string(kvtier_last_error()).find("daemon.max_tier_share_per_client"), std::string::npos)
+      << kvtier_last_error();
+  ASSERT_EQ(kvtier_alloc(a.c, a.contract, 32, KVTIER_TIER_HOST, &lease, slots.data()), KVTIER_OK) << kvtier_last_error();
+  uint64_t more = 0;
+  EXPECT_EQ(kvtier_alloc(a.c, a.contract, 1, KVTIER_TIER_HOST, &more, slots.data() + 32), KVTIER_REJECTED);
+  // The second client is not held up by the first one's leases.
+  std::vector<kvtier_key> bk;
+  for (uint64_t i = 0; i < 8; ++i) bk.push_back(reliability::MakeKey(9, i + 1));
+  size_t committed = 0;
+  EXPECT_EQ(b.Store(bk, [](const kvtier_key&) {}, &committed), KVTIER_OK) << kvtier_last_error();
+  EXPECT_EQ(committed, bk.size());
+  ASSERT_EQ(kvtier_release(a.c, lease), KVTIER_OK);
+  // By acquire: 40 cached blocks, acquired at once, are past the share as well.
+  std::vector<kvtier_key> ak;
+  for (uint64_t i = 0; i < 40; ++i) ak.push_back(reliability::MakeKey(4, i + 1));
+  ASSERT_EQ(a.Store(std::vector<kvtier_key>(ak.begin(), ak.begin() + 20), [](const kvtier_key&) {}, &committed), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(a.Store(std::vector<kvtier_key>(ak.begin() + 20, ak.end()), [](const kvtier_key&) {}, &committed), KVTIER_OK) << kvtier_last_error();
+  std::vector<kvtier_slot> got(ak.size());
+  size_t n = 0;
+  EXPECT_EQ(kvtier_acquire(a.c, a.contract, ak.data(), ak.size(), KVTIER_TIER_HOST, &lease, got.data(), &n),
+            KVTIER_REJECTED)
+      << "one client pinned " << n << " of the host tier's 64 slots";
+  EXPECT_EQ(kvtier_acquire(a.c, a.contract, ak.data(), 30, KVTIER_TIER_HOST, &lease, got.data(), &n), KVTIER_OK)
+      << kvtier_last_error();
+  EXPECT_EQ(n, 30u);
+  EXPECT_EQ(kvtier_release(a.c, lease), KVTIER_OK);
+  EXPECT_TRUE(d.Alive());
+}
+
+// daemon.max_contracts_per_client = 8: a ninth contract is refused (a repeat of one of
+// its own is not), another client registers its own, and the contracts of a client that
+// detached, with no block cached, are forgotten.
+TEST(Hostile, ContractsPerClientAreCappedAndUnusedOnesForgotten) {
+  DaemonProcess d;
+  SetDaemonKeys(d, "max_contracts_per_client = 8\n");
+  ASSERT_TRUE(d.Start()) << d.log();
+  Conn other;
+  ASSERT_EQ(other.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  auto count = [&other]() -> uint64_t {
+    std::vector<uint8_t> out(1 << 16);
+    size_t bytes = 0;
+    uint32_t n = 0;
+    uint64_t total = 0;
+    if (kvtier_list_contracts(other.c, 0, 1, out.data(), out.size(), &bytes, &n, &total) != KVTIER_OK) return ~0ull;
+    return total;
+  };
+  const uint64_t before = count();
+  std::vector<std::string> models;
+  for (int i = 0; i < 9; ++i) models.push_back("hostile/model-" + std::to_string(i));
+  {
+    Conn h;
+    ASSERT_EQ(h.Open(d.socket()), KVTIER_OK) << kvtier_last_error();  // registers SmallContract: 1 of 8
+    for (int i = 0; i < 7; ++i) {
+      kvtier_contract_desc desc = testing::SmallContract(models[i].c_str());
+      uint64_t id = 0;
+      ASSERT_EQ(kvtier_register_contract(h.c, &desc, &id), KVTIER_OK) << kvtier_last_error();
+      ASSERT_EQ(kvtier_register_contract(h.c, &desc, &id), KVTIER_OK) << "a repeat is refused: " << kvtier_last_error();
+    }
+    kvtier_contract_desc ninth = testing::SmallContract(models[8].c_str());
+    uint64_t id = 0;
+    EXPECT_EQ(kvtier_register_contract(h.c, &ninth, &id), KVTIER_REJECTED) << "a ninth contract was taken";
+    EXPECT_NE(std::string(kvtier_last_error()).find("daemon.max_contracts_per_client"), std::string::npos)
+        << kvtier_last_error();
+    EXPECT_EQ(kvtier_register_contract(other.c, &ninth, &id), KVTIER_OK) << kvtier_last_error();
+    EXPECT_EQ(count(), before + 8);
+  }
+  // h detached: its seven contracts of its own held no block and are forgotten; the one
+  // it shares with `other` (SmallContract) stays.
+  uint64_t now = count();
+  for (int i = 0; i < 100 && now != before + 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    now = count();
+  }
+  EXPECT_EQ(now, before + 1) << "contracts of a detached client, unused, are still registered";
+}
+
+// Clients per process: daemon.max_clients_per_pid = 4. A fifth attach from this process
+// is refused; another process attaches.
+TEST(Hostile, ClientsPerProcessAreCapped) {
+  DaemonProcess d;
+  SetDaemonKeys(d, "max_clients_per_pid = 4\n");
+  ASSERT_TRUE(d.Start()) << d.log();
+  std::vector<std::unique_ptr<Conn>> held;
+  for (int i = 0; i < 4; ++i) {
+    held.push_back(std::make_unique<Conn>());
+    ASSERT_EQ(held.back()->Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  }
+  Conn fifth;
+  EXPECT_EQ(fifth.Open(d.socket()), KVTIER_REJECTED) << "a fifth client of one process attached";
+  EXPECT_NE(std::string(kvtier_last_error()).find("daemon.max_clients_per_pid"), std::string::npos)
+      << kvtier_last_error();
+  testing::Child child([&d] {
+    Conn c;
+    CHILD_CHECK(c.Open(d.socket()) == KVTIER_OK);
+    return 0;
+  });
+  EXPECT_EQ(child.Wait(), 0) << "another process could not attach";
+}
+
+// Clients per user: daemon.max_clients_per_uid = 3. A fourth attach by this uid is
+// refused; a client of another uid attaches (needs root to run it as nobody).
+TEST(Hostile, ClientsPerUidAreCapped) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to attach as another user";
+  DaemonProcess d;
+  SetDaemonKeys(d, "max_clients_per_uid = 3\n");
+  ASSERT_TRUE(d.Start()) << d.log();
+  ::chmod(d.socket().c_str(), 0666);
+  ::chmod(d.dir().c_str(), 0755);
+  std::vector<std::unique_ptr<Conn>> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(std::make_unique<Conn>());
+    ASSERT_EQ(held.back()->Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  }
+  testing::Child same([&d] {
+    Conn c;
+    CHILD_CHECK(c.Open(d.socket()) == KVTIER_REJECTED);
+    CHILD_CHECK(std::string(kvtier_last_error()).find("daemon.max_clients_per_uid") != std::string::npos);
+    return 0;
+  });
+  EXPECT_EQ(same.Wait(), 0) << "a fourth client of one uid attached";
+  testing::Child nobody([&d] {
+    CHILD_CHECK(::setgid(65534) == 0 && ::setuid(65534) == 0);
+    Conn c;
+    CHILD_CHECK(c.Open(d.socket()) == KVTIER_OK);
+    return 0;
+  });
+  EXPECT_EQ(nobody.Wait(), 0) << "a client of another uid could not attach";
+}
+
+// Attaching and detaching, broken control frames and config reloads, each in a loop of
+// hundreds: every kind of line a client can cause goes to the log once per interval
+// (with the count held back), not once per event.
+TEST(Hostile, ClientCausedLogLinesAreRateLimited) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 300; ++i) {
+    testing::RawClient r;
+    wire::AttachReply rep;
+    ASSERT_TRUE(r.Attach(d.socket(), &rep));
+    ASSERT_EQ(rep.status, 0) << rep.message;
+    if (i < 100) {
+      wire::CompletionEntry cmp;
+      ASSERT_TRUE(PushReload(r, 1));
+      ASSERT_TRUE(r.WaitCompletion(&cmp, 5000)) << "reload " << i;
+    }
+  }
+  for (int i = 0; i < 200; ++i) {
+    const int fd = RawConnect(d.socket());
+    ASSERT_GE(fd, 0);
+    const char junk[sizeof(wire::ControlHeader)] = "not a header";
+    ASSERT_EQ(::send(fd, junk, sizeof junk, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof junk));
+    EXPECT_TRUE(ClosedWithin(fd, 2000));
+    ::close(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the last detaches
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const size_t bound = static_cast<size_t>(secs) + 3;  // one per second, at most, plus the first
+  const std::string log = d.log();
+  EXPECT_LE(CountLines(log, ") attached to kvtierd"), bound) << "300 attaches in " << secs << " s";
+  EXPECT_LE(CountLines(log, ") detached"), bound);
+  EXPECT_LE(CountLines(log, "reloaded eviction/admission settings"), bound) << "100 reloads";
+  EXPECT_LE(CountLines(log, "control connection"), bound / 2 + 3) << "200 broken frames";
+  EXPECT_NE(log.find("more attach lines held back"), std::string::npos) << log.substr(0, 2000);
 }
 
 // ---- the log ------------------------------------------------------------------------------
