@@ -171,6 +171,8 @@ const std::vector<Entry>& Schema() {
                                     1 << 30)});
     s.push_back({"daemon.spin_us",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.spin_us; }, 0, 100000)});
+    s.push_back({"daemon.max_spinning_rings",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.max_spinning_rings; }, 0, 4096)});
     s.push_back({"daemon.trace_copies", BoolField([](Config& c) { return &c.daemon.trace_copies; })});
     s.push_back({"tiers.slot_bytes", SizeField([](Config& c) { return &c.tiers.slot_bytes; })});
     AddTier(s, "tiers.hbm", [](Config& c) { return &c.tiers.hbm; });

@@ -101,6 +101,10 @@ struct DaemonConfig {
   uint32_t max_bad_requests = 16;        // corrupt ring requests before disconnect. Default: 16
   uint32_t bad_request_decay_ms = 10000;  // one strike forgiven per interval, [1, 1<<30]. Default: 10000
   uint32_t spin_us = 50;                 // request loop busy-poll before sleeping. Default: 50
+  // Ring threads busy-polling at once, over every client, [0, 4096]; the others sleep at
+  // once (a request wakes them). Bounds the CPU that requests trickled over many
+  // sessions can buy. Default: 1
+  uint32_t max_spinning_rings = 1;
   bool trace_copies = false;             // log large acquires' and HBM copies' timelines. Default: false
 };
 

@@ -2,6 +2,7 @@
 // config reload), executed for a Session like every other op. Each action copies the
 // AdminRequest out of shared memory once, checks it, and writes a page of records into
 // the out region, never past its length.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -62,29 +63,37 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
   const Key128 key{a.key.hi, a.key.lo};
   switch (static_cast<wire::AdminAction>(a.action)) {
     case wire::AdminAction::kListContracts: {
-      const auto all = tm_->Contracts();
+      // Pages of the TierManager's id snapshot: the index lock is held for a few entries
+      // at a time, never for the listing (a contract gone since the snapshot is skipped).
+      const auto ids = tm_->ContractIds();
       uint64_t pos = 0;
       uint32_t n = 0;
-      for (uint64_t i = a.offset; i < all.size() && n < a.limit; ++i) {
-        const auto& ci = all[i];
-        const std::vector<uint8_t> bytes = ci.contract.Serialize();
-        wire::AdminContractInfo w;
-        w.contract_id = ci.id;
-        w.block_bytes = ci.block_bytes;
-        for (int t = 0; t < 3; ++t) w.blocks[t] = ci.blocks[t];
-        w.contract_bytes = static_cast<uint32_t>(bytes.size());
-        const uint64_t padded = (bytes.size() + 7) / 8 * 8;
-        if (pos + sizeof w + padded > room) {
-          if (n == 0) KVTIER_RETURN_IF_ERROR(need(pos + sizeof w + padded, "one contract"));
-          break;  // the page ends here; the caller asks again from offset + count
+      bool full = false;
+      constexpr uint64_t kChunk = 64;
+      for (uint64_t at = a.offset; !full && at < ids->size() && n < a.limit; at += kChunk) {
+        const uint64_t len = std::min<uint64_t>({kChunk, ids->size() - at, uint64_t{a.limit} - n});
+        const auto infos = tm_->ContractInfos(std::span<const uint64_t>(ids->data() + at, len));
+        for (const auto& ci : infos) {
+          const std::vector<uint8_t> bytes = ci.contract.Serialize();
+          wire::AdminContractInfo w;
+          w.contract_id = ci.id;
+          w.block_bytes = ci.block_bytes;
+          for (int t = 0; t < 3; ++t) w.blocks[t] = ci.blocks[t];
+          w.contract_bytes = static_cast<uint32_t>(bytes.size());
+          const uint64_t padded = (bytes.size() + 7) / 8 * 8;
+          if (pos + sizeof w + padded > room) {
+            if (n == 0) KVTIER_RETURN_IF_ERROR(need(pos + sizeof w + padded, "one contract"));
+            full = true;  // the page ends here; the caller asks again from offset + count
+            break;
+          }
+          std::memcpy(out + pos, &w, sizeof w);
+          std::memcpy(out + pos + sizeof w, bytes.data(), bytes.size());
+          std::memset(out + pos + sizeof w + bytes.size(), 0, padded - bytes.size());
+          pos += sizeof w + padded;
+          ++n;
         }
-        std::memcpy(out + pos, &w, sizeof w);
-        std::memcpy(out + pos + sizeof w, bytes.data(), bytes.size());
-        std::memset(out + pos + sizeof w + bytes.size(), 0, padded - bytes.size());
-        pos += sizeof w + padded;
-        ++n;
       }
-      c->value = all.size();
+      c->value = ids->size();
       c->count = n;
       c->out_bytes = static_cast<uint32_t>(pos);
       return Status::Ok();

@@ -369,6 +369,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     lim.max_bad_requests = dc.max_bad_requests;
     lim.bad_request_decay_ms = dc.bad_request_decay_ms;
     lim.spin_us = dc.spin_us;
+    lim.max_spinning = dc.max_spinning_rings;
     lim.protocol_version = protocol_;
     const uint64_t client_id = d_->next_client_id_.fetch_add(1);
     std::weak_ptr<Connection> weak = shared_from_this();

@@ -147,10 +147,28 @@ std::vector<uint64_t> Session::registered_contracts() const {
   return {registered_ids_.begin(), registered_ids_.end()};
 }
 
+namespace {
+// Ring threads busy-polling now, over every session (daemon.max_spinning_rings).
+std::atomic<uint32_t> g_spinning{0};
+
+bool TakeSpinPlace(uint32_t max) {
+  uint32_t n = g_spinning.load(std::memory_order_relaxed);
+  while (n < max) {
+    if (g_spinning.compare_exchange_weak(n, n + 1, std::memory_order_acquire)) return true;
+  }
+  return false;
+}
+}  // namespace
+
 void Session::RingLoop() {
   const auto spin = std::chrono::microseconds(limits_.spin_us);
   auto idle_start = Clock::now();
   uint32_t spins = 0;
+  bool spinning = false;  // holds one of the daemon's spin places
+  auto stop_spinning = [&spinning] {
+    if (spinning) g_spinning.fetch_sub(1, std::memory_order_release);
+    spinning = false;
+  };
   req_ring_.SetConsumerCpu(::sched_getcpu());
   while (true) {
     const bool stopping = stop_.load(std::memory_order_acquire);
@@ -170,21 +188,25 @@ void Session::RingLoop() {
     }
     if (n == 0) {
       if (stopping) break;  // drained
-      // Spin, then sleep (formats/ring_wait.h says when the spin yields).
-      if (Clock::now() - idle_start < spin) {
+      // Spin, then sleep (formats/ring_wait.h says when the spin yields); a thread that
+      // finds every spin place taken sleeps at once.
+      if (Clock::now() - idle_start < spin && (spinning || (spinning = TakeSpinPlace(limits_.max_spinning)))) {
         wire::SpinOnce(req_ring_, cmp_ring_, &spins);
         continue;
       }
+      stop_spinning();
       wire::SleepUntilPushed(req_ring_, 50'000'000L, [this] { return stop_.load(); });
       idle_start = Clock::now();
       continue;
     }
+    stop_spinning();
     wire::RequestEntry e;
     req_ring_.Pop(&e);
     HandleRingRequest(e);
     if (kicked_.load()) break;
     idle_start = Clock::now();
   }
+  stop_spinning();
 }
 
 void Session::CountBad(const std::string& why) {

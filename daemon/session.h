@@ -48,6 +48,7 @@ struct SessionLimits {
   uint32_t max_bad_requests = 16;         // corrupt requests (broken frames) before disconnect
   uint32_t bad_request_decay_ms = 10000;  // one strike forgiven per interval
   uint32_t spin_us = 50;                  // busy-poll before sleeping
+  uint32_t max_spinning = 1;              // ring threads busy-polling at once, every client together
   uint32_t protocol_version = wire::kProtocolVersion;  // negotiated at attach (ring header)
 };
 

@@ -135,7 +135,7 @@ Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
                                " bytes does not fit a slot of " + std::to_string(opts_.slot_bytes));
   }
   std::lock_guard<std::mutex> l(mu_);
-  contracts_.emplace(c.Id(), c);
+  if (contracts_.emplace(c.Id(), c).second) contracts_gen_.fetch_add(1, std::memory_order_release);
   return Status::Ok();
 }
 
@@ -147,6 +147,7 @@ bool TierManagerImpl::ForgetContractIfUnused(uint64_t id) {
     if (ts.policy && ts.policy->Count(id) != 0) return false;
   }
   contracts_.erase(it);
+  contracts_gen_.fetch_add(1, std::memory_order_release);
   return true;
 }
 

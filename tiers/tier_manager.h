@@ -233,6 +233,18 @@ class TierManager {
   // ---- Operator views and actions (kvtierctl). Additive: the defaults say Unsupported.
   // Every registered contract with its block size and cached blocks per tier.
   virtual std::vector<ContractInfo> Contracts() const { return {}; }
+  // The registered contracts' ids in id order, for paging: a snapshot kept until a
+  // registration comes or goes, so that a listing holds the index lock only to copy the
+  // ids once after a change, never for a page's length.
+  virtual std::shared_ptr<const std::vector<uint64_t>> ContractIds() const {
+    return std::make_shared<const std::vector<uint64_t>>();
+  }
+  // ContractInfo of each of `ids` still registered (the others are left out), the lock
+  // taken for a few entries at a time.
+  virtual std::vector<ContractInfo> ContractInfos(std::span<const uint64_t> ids) const {
+    (void)ids;
+    return {};
+  }
   // A page of the block index: blocks of `contract_id` (0 = all) with a copy in `tier`
   // (kNone = any), skipping `offset` matches, at most `limit`. *total gets the number of
   // matches. The order is the index's (stable while no block is added or erased).

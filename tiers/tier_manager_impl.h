@@ -122,6 +122,8 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   std::vector<TierStats> Stats() const override;
   void Drain() override;
   std::vector<ContractInfo> Contracts() const override;
+  std::shared_ptr<const std::vector<uint64_t>> ContractIds() const override;
+  std::vector<ContractInfo> ContractInfos(std::span<const uint64_t> ids) const override;
   Status ListBlocks(uint64_t contract_id, Tier tier, uint64_t offset, uint32_t limit,
                     std::vector<BlockInfo>* out, uint64_t* total) const override;
   StatusOr<BlockInfo> InspectBlock(uint64_t contract_id, const Key128& key) const override;
@@ -226,6 +228,10 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::unordered_map<uint64_t, ScaleContract> contracts_;
+  std::atomic<uint64_t> contracts_gen_{0};  // bumped (under mu_) when a contract comes or goes
+  mutable std::mutex ids_mu_;                // protects ids_snap_, ids_gen_
+  mutable std::shared_ptr<const std::vector<uint64_t>> ids_snap_;  // sorted; ContractIds()
+  mutable uint64_t ids_gen_ = 0;            // contracts_gen_ that ids_snap_ reflects
   BlockIndex blocks_;
   TierState tiers_[3];  // indexed by kH, kS, kN
   std::unique_ptr<NvmeAdmission> admission_;

@@ -49,6 +49,49 @@ std::vector<ContractInfo> TierManagerImpl::Contracts() const {
   return out;
 }
 
+std::shared_ptr<const std::vector<uint64_t>> TierManagerImpl::ContractIds() const {
+  const uint64_t want = contracts_gen_.load(std::memory_order_acquire);
+  {
+    std::lock_guard<std::mutex> l(ids_mu_);
+    if (ids_snap_ && ids_gen_ == want) return ids_snap_;
+  }
+  auto ids = std::make_shared<std::vector<uint64_t>>();
+  uint64_t gen = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ids->reserve(contracts_.size());
+    for (const auto& [id, c] : contracts_) ids->push_back(id);
+    gen = contracts_gen_.load(std::memory_order_relaxed);
+  }
+  std::sort(ids->begin(), ids->end());  // outside the index lock
+  std::lock_guard<std::mutex> l(ids_mu_);
+  if (!ids_snap_ || ids_gen_ < gen) {
+    ids_snap_ = ids;
+    ids_gen_ = gen;
+  }
+  return ids;
+}
+
+std::vector<ContractInfo> TierManagerImpl::ContractInfos(std::span<const uint64_t> ids) const {
+  std::vector<ContractInfo> out;
+  out.reserve(ids.size());
+  constexpr size_t kPerLock = 64;
+  for (size_t i = 0; i < ids.size(); i += kPerLock) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (size_t j = i; j < std::min(ids.size(), i + kPerLock); ++j) {
+      auto it = contracts_.find(ids[j]);
+      if (it == contracts_.end()) continue;
+      ContractInfo ci;
+      ci.id = it->first;
+      ci.contract = it->second;
+      ci.block_bytes = it->second.block_bytes();
+      for (const TierState& ts : tiers_) ci.blocks[ts.index()] = ts.policy ? ts.policy->Count(ci.id) : 0;
+      out.push_back(std::move(ci));
+    }
+  }
+  return out;
+}
+
 Status TierManagerImpl::ListBlocks(uint64_t contract_id, Tier tier, uint64_t offset, uint32_t limit,
                                    std::vector<BlockInfo>* out, uint64_t* total) const {
   if (tier != Tier::kHbm && tier != Tier::kHost && tier != Tier::kNvme && tier != Tier::kNone) {
