@@ -283,6 +283,55 @@ TEST(PrefixLru, ParentBecomesCandidateWhenLastChildLeaves) {
   EXPECT_EQ(*p->Victim([](const BlockId& b) { return b == B(7); }), B(7));
 }
 
+// prefix-lru against a model that sorts by last use on every call: in a tier of fewer
+// than 64 blocks the O(1) lists give the same victim on every step of a random parent
+// graph with touches, inserts, removals and pins.
+TEST(PrefixLru, SameVictimsAsASortedModel) {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 20; ++round) {
+    auto p = EvictionPolicy::Create(PolicyKind::kPrefixLru, 64);
+    std::map<uint64_t, uint64_t> tick, parent;  // resident block -> last use, parent (or none)
+    uint64_t clock = 0;
+    auto children = [&](uint64_t b) {
+      int n = 0;
+      for (auto& [c, par] : parent) n += par == b && c != b;
+      return n;
+    };
+    for (int step = 0; step < 400; ++step) {
+      const uint64_t b = rng() % 48;
+      const int op = static_cast<int>(rng() % 4);
+      if (op == 0 && !tick.count(b)) {
+        const uint64_t par = rng() % 3 == 0 ? 999 : rng() % 48;
+        p->Insert(B(b), par == 999 ? None() : B(par));
+        tick[b] = ++clock;
+        parent[b] = par;
+      } else if (op == 1 && tick.count(b)) {
+        p->Touch(B(b));
+        tick[b] = ++clock;
+      } else if (op == 2 && tick.count(b)) {
+        p->Remove(B(b));
+        tick.erase(b);
+        parent.erase(b);
+      }
+      const uint64_t pinned = rng() % 48;
+      std::optional<uint64_t> want;
+      for (bool inner : {false, true}) {
+        uint64_t best = UINT64_MAX;
+        for (auto& [blk, t] : tick) {
+          if (blk == pinned || (children(blk) != 0) != inner) continue;
+          if (!want || t < best) want = blk, best = t;
+        }
+        if (want) break;
+      }
+      auto got = p->Victim([&](const BlockId& x) { return !(x == B(pinned)); });
+      ASSERT_EQ(got.has_value(), want.has_value()) << "round " << round << " step " << step;
+      if (want) {
+        ASSERT_EQ(*got, B(*want)) << "round " << round << " step " << step;
+      }
+    }
+  }
+}
+
 TEST(Sieve, HitsSetABitAndTheHandSweepsOldestFirst) {
   auto p = EvictionPolicy::Create(PolicyKind::kSieve, 8);
   auto all = [](const BlockId&) { return true; };

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <list>
-#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -164,14 +163,44 @@ class ChildCounts {
 
 bool HasParent(const BlockId& b, const BlockId& parent) { return !parent.key.IsZero() && !(parent == b); }
 
-using TickSet = std::set<std::pair<uint64_t, BlockId>, bool (*)(const std::pair<uint64_t, BlockId>&,
-                                                                 const std::pair<uint64_t, BlockId>&)>;
-bool TickLess(const std::pair<uint64_t, BlockId>& a, const std::pair<uint64_t, BlockId>& b) {
-  return a.first < b.first;  // ticks are unique per policy
+// Blocks in order of last use, each with the tick of its last use (unique per policy):
+// front = least recent. A touch moves a block to the back, an O(1) splice that allocates
+// nothing, so the request path (an acquire touches every block it pins) costs what LRU
+// costs. A block that changes lists keeps its tick: a parent that gains its first cached
+// child leaves the leaves for the inner blocks, and goes back when the last one leaves.
+// PlaceByTick finds its place by walking at most kPlaceSteps entries in from each end,
+// which is exact in the usual cases (a parent touched just before its new child sits
+// near the back of the inner list; a parent whose last child was the least recent leaf
+// sits at the front of the leaves) and in any list of up to 2 x kPlaceSteps blocks.
+// When both walks stop short, the block goes beside the stopping point nearer in tick:
+// its order is then approximate, never lost (it is in exactly one list).
+struct TickNode {
+  BlockId id;
+  uint64_t tick = 0;
+};
+using TickList = std::list<TickNode>;
+using TickPos = TickList::iterator;
+constexpr int kPlaceSteps = 32;
+
+// Moves the node at `pos` (in `from`) into `to` at its tick's place (see above).
+void PlaceByTick(TickList& to, TickList& from, TickPos pos) {
+  const uint64_t t = pos->tick;
+  TickPos lo = to.begin(), hi = to.end();  // [begin, lo) older than t; [hi, end) newer
+  for (int i = 0; i < kPlaceSteps; ++i) {
+    if (hi == lo) return to.splice(hi, from, pos);  // the walks met: exact
+    if (std::prev(hi)->tick < t) return to.splice(hi, from, pos);
+    --hi;
+    if (hi == lo) return to.splice(hi, from, pos);
+    if (lo->tick > t) return to.splice(lo, from, pos);
+    ++lo;
+  }
+  // lo and hi stand inside the list, lo before hi, prev(lo) older and hi newer than t.
+  const uint64_t below = t - std::prev(lo)->tick, above = hi->tick - t;
+  to.splice(below <= above ? lo : hi, from, pos);
 }
 
 // ---- prefix-LRU --------------------------------------------------------------------
-// Leaves (blocks with no cached child in this tier) sit in an ordered set by last use;
+// Leaves (blocks with no cached child in this tier) sit in one tick list by last use;
 // inner blocks sit in a second one, offered only when no leaf is evictable.
 class PrefixLruPolicy final : public EvictionPolicy {
  public:
@@ -181,15 +210,16 @@ class PrefixLruPolicy final : public EvictionPolicy {
     Entry e;
     e.parent = parent;
     e.has_parent = HasParent(b, parent);
-    e.tick = ++clock_;
-    const bool leaf = children_.Get(b) == 0;
+    e.inner = children_.Get(b) != 0;
+    TickList& l = e.inner ? inner_ : leaves_;
+    l.push_back({b, ++clock_});
+    e.pos = std::prev(l.end());
     map_[b] = e;
-    (leaf ? leaves_ : inner_).insert({e.tick, b});
     if (e.has_parent && children_.Add(parent) == 1) {
       auto pit = map_.find(parent);
       if (pit != map_.end()) {
-        leaves_.erase({pit->second.tick, parent});
-        inner_.insert({pit->second.tick, parent});
+        pit->second.inner = true;
+        PlaceByTick(inner_, leaves_, pit->second.pos);
       }
     }
   }
@@ -197,29 +227,28 @@ class PrefixLruPolicy final : public EvictionPolicy {
     auto it = map_.find(b);
     if (it == map_.end()) return;
     Entry& e = it->second;
-    TickSet& s = children_.Get(b) == 0 ? leaves_ : inner_;
-    s.erase({e.tick, b});
-    e.tick = ++clock_;
-    s.insert({e.tick, b});
+    TickList& l = e.inner ? inner_ : leaves_;
+    e.pos->tick = ++clock_;
+    l.splice(l.end(), l, e.pos);
   }
   void Remove(const BlockId& b) override {
     auto it = map_.find(b);
     if (it == map_.end()) return;
     const Entry e = it->second;
-    (children_.Get(b) == 0 ? leaves_ : inner_).erase({e.tick, b});
+    (e.inner ? inner_ : leaves_).erase(e.pos);
     map_.erase(it);
     if (e.has_parent && children_.Drop(e.parent) == 0) {
       auto pit = map_.find(e.parent);
       if (pit != map_.end()) {
-        inner_.erase({pit->second.tick, e.parent});
-        leaves_.insert({pit->second.tick, e.parent});
+        pit->second.inner = false;
+        PlaceByTick(leaves_, inner_, pit->second.pos);
       }
     }
   }
   std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& ok) override {
-    for (const TickSet* s : {&leaves_, &inner_}) {
-      for (const auto& [tick, b] : *s) {
-        if (ok(b)) return b;
+    for (const TickList* l : {&leaves_, &inner_}) {
+      for (const TickNode& n : *l) {
+        if (ok(n.id)) return n.id;
       }
     }
     return std::nullopt;
@@ -231,12 +260,13 @@ class PrefixLruPolicy final : public EvictionPolicy {
   struct Entry {
     BlockId parent;
     bool has_parent = false;
-    uint64_t tick = 0;
+    bool inner = false;  // children_.Get(key) != 0: the node is in inner_, else leaves_
+    TickPos pos;
   };
   uint64_t clock_ = 0;
   absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
   ChildCounts children_;
-  TickSet leaves_{TickLess}, inner_{TickLess};
+  TickList leaves_, inner_;
 };
 
 // ---- SIEVE -------------------------------------------------------------------------
@@ -367,7 +397,8 @@ class ArcPolicy final : public EvictionPolicy {
 
 // ---- reuse (kvtier's own) ----------------------------------------------------------
 // Two segments (0 probation, 1 protected), each split into leaves and inner blocks, four
-// sets ordered by last use: O(log n) per operation. The ghost is a FIFO of evicted keys.
+// tick lists by last use: a touch is an O(1) splice, a change of list a bounded walk
+// (PlaceByTick). The ghost is a FIFO of evicted keys.
 //
 // Hit density (LHD's measure, Beckmann et al., NSDI'18), learned per segment and age:
 // hits_[s][a] and ends_[s][a] count blocks of segment s hit, or gone, at age a (ticks
@@ -396,14 +427,18 @@ class ReusePolicy final : public EvictionPolicy {
       ghost_.erase(g->second);
       ghost_map_.erase(g);
     }
+    e.inner = children_.Get(b) != 0;
+    TickList& l = Set(e.seg, e.inner);
+    l.push_back({b, e.tick});
+    e.pos = std::prev(l.end());
     map_[b] = e;
-    Set(e.seg, children_.Get(b) != 0).insert({e.tick, b});
     ++seg_size_[e.seg];
     if (e.has_parent && children_.Add(parent) == 1) {
       auto pit = map_.find(parent);
       if (pit != map_.end()) {
-        Set(pit->second.seg, false).erase({pit->second.tick, parent});
-        Set(pit->second.seg, true).insert({pit->second.tick, parent});
+        Entry& pe = pit->second;
+        pe.inner = true;
+        PlaceByTick(Set(pe.seg, true), Set(pe.seg, false), pe.pos);
       }
     }
   }
@@ -412,27 +447,29 @@ class ReusePolicy final : public EvictionPolicy {
     if (it == map_.end()) return;
     Entry& e = it->second;
     Count(hits_[e.seg], e.tick, clock_);
-    const bool inner = children_.Get(b) != 0;
-    Set(e.seg, inner).erase({e.tick, b});
+    TickList& from = Set(e.seg, e.inner);
     --seg_size_[e.seg];
     e.seg = 1;
-    e.tick = ++clock_;
-    Set(e.seg, inner).insert({e.tick, b});
     ++seg_size_[e.seg];
+    e.tick = ++clock_;
+    e.pos->tick = e.tick;
+    TickList& to = Set(e.seg, e.inner);
+    to.splice(to.end(), from, e.pos);
   }
   void Remove(const BlockId& b) override {
     auto it = map_.find(b);
     if (it == map_.end()) return;
     const Entry e = it->second;
     Count(ends_[e.seg], e.tick, clock_);
-    Set(e.seg, children_.Get(b) != 0).erase({e.tick, b});
+    Set(e.seg, e.inner).erase(e.pos);
     --seg_size_[e.seg];
     map_.erase(it);
     if (e.has_parent && children_.Drop(e.parent) == 0) {
       auto pit = map_.find(e.parent);
       if (pit != map_.end()) {
-        Set(pit->second.seg, true).erase({pit->second.tick, e.parent});
-        Set(pit->second.seg, false).insert({pit->second.tick, e.parent});
+        Entry& pe = pit->second;
+        pe.inner = false;
+        PlaceByTick(Set(pe.seg, false), Set(pe.seg, true), pe.pos);
       }
     }
     if (ghost_cap_ > 0) {
@@ -448,24 +485,24 @@ class ReusePolicy final : public EvictionPolicy {
     // Leaves first (a chain is eaten from its tail), then inner blocks; within each, the
     // least recent evictable block of each segment competes.
     for (bool inner : {false, true}) {
-      const std::pair<uint64_t, BlockId>* cand[2] = {nullptr, nullptr};
+      const TickNode* cand[2] = {nullptr, nullptr};
       for (int seg : {0, 1}) {
-        for (const auto& tb : Set(seg, inner)) {
-          if (ok(tb.second)) {
-            cand[seg] = &tb;
+        for (const TickNode& n : Set(seg, inner)) {
+          if (ok(n.id)) {
+            cand[seg] = &n;
             break;
           }
         }
       }
       if (!cand[0] && !cand[1]) continue;
-      if (!cand[0] || !cand[1]) return (cand[0] ? cand[0] : cand[1])->second;
+      if (!cand[0] || !cand[1]) return (cand[0] ? cand[0] : cand[1])->id;
       int evict;
       if (density_on_ && built_) {
-        evict = density_[1][Bucket(clock_ - cand[1]->first)] < density_[0][Bucket(clock_ - cand[0]->first)] ? 1 : 0;
+        evict = density_[1][Bucket(clock_ - cand[1]->tick)] < density_[0][Bucket(clock_ - cand[0]->tick)] ? 1 : 0;
       } else {
         evict = static_cast<double>(seg_size_[1]) > target_ ? 1 : 0;
       }
-      return cand[evict]->second;
+      return cand[evict]->id;
     }
     return std::nullopt;
   }
@@ -477,8 +514,10 @@ class ReusePolicy final : public EvictionPolicy {
   struct Entry {
     BlockId parent;
     bool has_parent = false;
+    bool inner = false;  // children_.Get(key) != 0
     uint8_t seg = 0;
     uint64_t tick = 0;
+    TickPos pos;  // in Set(seg, inner)
   };
   static int Bucket(uint64_t age) {
     if (age < 4) return static_cast<int>(age);
@@ -514,7 +553,7 @@ class ReusePolicy final : public EvictionPolicy {
     }
     built_ = true;
   }
-  TickSet& Set(int seg, bool inner) { return sets_[seg * 2 + (inner ? 1 : 0)]; }
+  TickList& Set(int seg, bool inner) { return sets_[seg * 2 + (inner ? 1 : 0)]; }
   const uint64_t cap_, ghost_cap_;
   const bool density_on_;
   const uint64_t period_;  // events (hits and departures) between table rebuilds
@@ -525,7 +564,7 @@ class ReusePolicy final : public EvictionPolicy {
   double hits_[2][kBuckets] = {}, ends_[2][kBuckets] = {}, density_[2][kBuckets] = {};
   absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
   ChildCounts children_;
-  TickSet sets_[4] = {TickSet{TickLess}, TickSet{TickLess}, TickSet{TickLess}, TickSet{TickLess}};
+  TickList sets_[4];
   std::list<BlockId> ghost_;
   absl::flat_hash_map<BlockId, std::list<BlockId>::iterator, BlockIdHash> ghost_map_;
 };
