@@ -201,6 +201,17 @@ const std::vector<Entry>& Schema() {
                  IntField<uint32_t>([](Config& c) { return &c.tiers.remote.pool_size; }, 1, 256)});
     s.push_back({"tiers.remote.write", StringField([](Config& c) { return &c.tiers.remote.write; })});
     s.push_back({"tiers.remote.compress", BoolField([](Config& c) { return &c.tiers.remote.compress; })});
+    s.push_back({"tiers.remote.user", StringField([](Config& c) { return &c.tiers.remote.user; })});
+    s.push_back({"tiers.remote.password_file",
+                 StringField([](Config& c) { return &c.tiers.remote.password_file; })});
+    s.push_back({"tiers.remote.tls", BoolField([](Config& c) { return &c.tiers.remote.tls; })});
+    s.push_back({"tiers.remote.tls_ca_file", StringField([](Config& c) { return &c.tiers.remote.tls_ca_file; })});
+    s.push_back({"tiers.remote.tls_cert_file", StringField([](Config& c) { return &c.tiers.remote.tls_cert_file; })});
+    s.push_back({"tiers.remote.tls_key_file", StringField([](Config& c) { return &c.tiers.remote.tls_key_file; })});
+    s.push_back({"tiers.remote.tls_server_name",
+                 StringField([](Config& c) { return &c.tiers.remote.tls_server_name; })});
+    s.push_back({"tiers.remote.tls_verify", BoolField([](Config& c) { return &c.tiers.remote.tls_verify; })});
+    s.push_back({"tiers.remote.key_prefix", StringField([](Config& c) { return &c.tiers.remote.key_prefix; })});
     s.push_back({"tiers.policy.s3fifo_small_fraction",
                  DoubleField([](Config& c) { return &c.tiers.policy.s3fifo_small_fraction; })});
     s.push_back({"tiers.policy.reuse_protected_fraction",
@@ -401,6 +412,34 @@ Status Config::Validate() const {
     if (colon == std::string::npos || colon == 0 || !digits || std::stoul(port) == 0 || std::stoul(port) > 65535) {
       return Status::Invalid("tiers.remote.nodes: \"" + n + "\" is not host:port (port in [1, 65535])");
     }
+  }
+  const RemoteConfig& r = t.remote;
+  auto printable = [](const std::string& v, bool braces_ok) {
+    return std::all_of(v.begin(), v.end(), [&](unsigned char ch) {
+      return ch > 0x20 && ch < 0x7f && (braces_ok || (ch != '{' && ch != '}'));
+    });
+  };
+  if (r.key_prefix.size() > 64 || !printable(r.key_prefix, false)) {
+    return Status::Invalid("tiers.remote.key_prefix: \"" + r.key_prefix +
+                           "\" is not at most 64 bytes of printable ASCII without spaces or braces");
+  }
+  if (r.user.size() > 128 || !printable(r.user, true)) {
+    return Status::Invalid("tiers.remote.user: \"" + r.user + "\" is not at most 128 bytes of printable ASCII without spaces");
+  }
+  if (!r.user.empty() && r.password_file.empty()) {
+    return Status::Invalid("tiers.remote.user: set without tiers.remote.password_file (the password is read from a file)");
+  }
+  if (!r.tls) {
+    for (const auto& [key, v] : {std::pair<const char*, const std::string*>{"tls_ca_file", &r.tls_ca_file},
+                                 {"tls_cert_file", &r.tls_cert_file},
+                                 {"tls_key_file", &r.tls_key_file},
+                                 {"tls_server_name", &r.tls_server_name}}) {
+      if (!v->empty()) return Status::Invalid(std::string("tiers.remote.") + key + ": set while tiers.remote.tls = false");
+    }
+  }
+  if (r.tls_cert_file.empty() != r.tls_key_file.empty()) {
+    return Status::Invalid(r.tls_cert_file.empty() ? "tiers.remote.tls_key_file: set without tiers.remote.tls_cert_file"
+                                                   : "tiers.remote.tls_cert_file: set without tiers.remote.tls_key_file");
   }
   return Status::Ok();
 }

@@ -52,6 +52,19 @@ struct RemoteConfig {
   uint32_t pool_size = 4;             // idle connections per node, [1, 256]. Default: 4
   std::string write = "on-demote";    // on-demote | write-through | off. Default: "on-demote"
   bool compress = true;               // zstd a value when it saves >= 1/8. Default: true
+  // Authentication and TLS (docs/remote.md). The password is read from password_file at
+  // start (one line; a file others can read or write is refused), never from the config.
+  std::string user;                   // Redis ACL user; "" = the default user. Default: ""
+  std::string password_file;          // "" = no AUTH. Default: ""
+  bool tls = false;                   // TLS to every node. Default: false
+  std::string tls_ca_file;            // CA bundle (PEM); "" = the system's. Default: ""
+  std::string tls_cert_file;          // client certificate (PEM); "" = none. Default: ""
+  std::string tls_key_file;           // its key (PEM, closed to others). Default: ""
+  std::string tls_server_name;        // name the certificates carry; "" = the node's host. Default: ""
+  bool tls_verify = true;             // verify chain and name. Default: true
+  // Before every key: <key_prefix>[<namespace>:]{<contract>:<key>}; printable ASCII, no
+  // spaces or braces, at most 64 bytes. Default: "kvt:"
+  std::string key_prefix = "kvt:";
 };
 
 struct TiersConfig {

@@ -83,6 +83,15 @@ tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
   o.remote.command_timeout_ms = c.tiers.remote.command_timeout_ms;
   o.remote.pool_size = c.tiers.remote.pool_size;
   o.remote.compress = c.tiers.remote.compress;
+  o.remote.user = c.tiers.remote.user;
+  o.remote.password_file = c.tiers.remote.password_file.empty() ? "" : Abs(c.tiers.remote.password_file);
+  o.remote.tls.enabled = c.tiers.remote.tls;
+  o.remote.tls.ca_file = c.tiers.remote.tls_ca_file.empty() ? "" : Abs(c.tiers.remote.tls_ca_file);
+  o.remote.tls.cert_file = c.tiers.remote.tls_cert_file.empty() ? "" : Abs(c.tiers.remote.tls_cert_file);
+  o.remote.tls.key_file = c.tiers.remote.tls_key_file.empty() ? "" : Abs(c.tiers.remote.tls_key_file);
+  o.remote.tls.server_name = c.tiers.remote.tls_server_name;
+  o.remote.tls.verify = c.tiers.remote.tls_verify;
+  o.remote.key_prefix = c.tiers.remote.key_prefix;
   o.remote.write = c.tiers.remote.write == "write-through" ? remote::RemoteWrite::kWriteThrough
                    : c.tiers.remote.write == "off"         ? remote::RemoteWrite::kOff
                                                            : remote::RemoteWrite::kOnDemote;

@@ -8,6 +8,8 @@ PKGS=(
   liburing-dev librocksdb-dev libxxhash-dev libboost-dev libzstd-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtomlplusplus-dev libhiredis-dev nlohmann-json3-dev libabsl-dev
+  # TLS to the remote tier (libssl-dev); the test cluster's throwaway certificates (openssl)
+  libssl-dev openssl
   redis-server redis-tools
   python3-numpy python3-setuptools python3-pip
   # tests/install: promtool (prometheus), dpkg-shlibdeps for cpack -G DEB (dpkg-dev),

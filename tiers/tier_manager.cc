@@ -343,9 +343,10 @@ Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
     return Status::Invalid(
         "Reconfigure: sizes, folders, device, queue depth and HBM copy method cannot change at run time");
   }
-  if (o.remote.nodes != opts_.remote.nodes || o.remote.connect_timeout_ms != opts_.remote.connect_timeout_ms ||
-      o.remote.command_timeout_ms != opts_.remote.command_timeout_ms || o.remote.pool_size != opts_.remote.pool_size) {
-    return Status::Invalid("Reconfigure: the remote tier's nodes, timeouts and pool cannot change at run time");
+  if (!o.remote.SameConnection(opts_.remote)) {
+    return Status::Invalid(
+        "Reconfigure: the remote tier's nodes, timeouts, pool, credentials, TLS and key prefix cannot change at run "
+        "time");
   }
   g_trace_copies.store(o.trace_copies, std::memory_order_relaxed);
   std::lock_guard<std::mutex> l(mu_);

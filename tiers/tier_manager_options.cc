@@ -1,5 +1,6 @@
 // Settings of the storage engine: TierName and the Validate() of the option structs.
 #include "tiers/remote/cluster_client.h"
+#include "tiers/remote/remote_tier.h"
 #include "tiers/tier_manager.h"
 
 namespace kvtier::tiers {
@@ -72,8 +73,14 @@ Status TierManagerOptions::Validate() const {
     co.connect_timeout_ms = remote.connect_timeout_ms;
     co.command_timeout_ms = remote.command_timeout_ms;
     co.pool_size = remote.pool_size;
+    co.tls = remote.tls;
     Status s = co.Validate();
     if (!s.ok()) return Status::Invalid("remote tier: " + s.message());
+    s = remote::CheckKeyPart(remote.key_prefix, "key_prefix");
+    if (!s.ok()) return Status::Invalid("remote tier: " + s.message());
+    if (!remote.user.empty() && remote.password_file.empty()) {
+      return Status::Invalid("remote tier: a user needs a password_file");
+    }
     if (remote.batch == 0 || remote.batch > 1024) return Status::Invalid("remote tier: batch not in [1, 1024]");
     if (!(remote.read_gbps > 0)) return Status::Invalid("remote tier: read_gbps must be > 0");
   }

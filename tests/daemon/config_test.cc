@@ -119,6 +119,47 @@ TEST(Config, HbmCopyKeys) {
   EXPECT_TRUE(c->daemon.trace_copies);
 }
 
+// [tiers.remote] authentication, TLS and key prefix: defaults (today's keys, no AUTH, no
+// TLS, verification on), values, and the combinations refused with the key named.
+TEST(Config, RemoteSecurityKeys) {
+  auto d = LoadString("", {});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->tiers.remote.key_prefix, "kvt:");
+  EXPECT_EQ(d->tiers.remote.user, "");
+  EXPECT_EQ(d->tiers.remote.password_file, "");
+  EXPECT_FALSE(d->tiers.remote.tls);
+  EXPECT_TRUE(d->tiers.remote.tls_verify);
+  auto c = LoadString(
+      "[tiers.remote]\nuser = \"kvtier\"\npassword_file = \"/etc/kvtier/redis.password\"\ntls = true\n"
+      "tls_ca_file = \"/etc/kvtier/ca.crt\"\ntls_cert_file = \"c.crt\"\ntls_key_file = \"c.key\"\n"
+      "tls_server_name = \"redis.internal\"\nkey_prefix = \"fleet-a:\"\n",
+      {{"tiers.remote.tls_verify", "false"}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->tiers.remote.user, "kvtier");
+  EXPECT_EQ(c->tiers.remote.password_file, "/etc/kvtier/redis.password");
+  EXPECT_TRUE(c->tiers.remote.tls);
+  EXPECT_EQ(c->tiers.remote.tls_server_name, "redis.internal");
+  EXPECT_EQ(c->tiers.remote.key_prefix, "fleet-a:");
+  EXPECT_FALSE(c->tiers.remote.tls_verify);
+  const BadCase cases[] = {
+      {"[tiers.remote]\nuser = \"kvtier\"\n", {}, "tiers.remote.user", "password_file"},
+      {"[tiers.remote]\npassword = \"hunter2\"\n", {}, "tiers.remote.password", "unknown key"},
+      {"[tiers.remote]\ntls_ca_file = \"ca.crt\"\n", {}, "tiers.remote.tls_ca_file", "tls = false"},
+      {"[tiers.remote]\ntls = true\ntls_cert_file = \"c.crt\"\n", {}, "tiers.remote.tls_cert_file", "tls_key_file"},
+      {"[tiers.remote]\ntls = true\ntls_key_file = \"c.key\"\n", {}, "tiers.remote.tls_key_file", "tls_cert_file"},
+      {"[tiers.remote]\nkey_prefix = \"kvt:{a}\"\n", {}, "tiers.remote.key_prefix", "braces"},
+      {"[tiers.remote]\nkey_prefix = \"a b\"\n", {}, "tiers.remote.key_prefix", "spaces"},
+      {"[tiers.remote]\ntls = \"yes\"\n", {}, "tiers.remote.tls", "true or false"},
+  };
+  for (const auto& bc : cases) {
+    auto r = LoadString(bc.toml, bc.overrides, "test.toml");
+    ASSERT_FALSE(r.ok()) << bc.toml;
+    const std::string& m = r.status().message();
+    EXPECT_EQ(m.rfind(bc.key, 0), 0u) << m;
+    EXPECT_NE(m.find(bc.also), std::string::npos) << m;
+  }
+}
+
 // The config file, --set and the CLI flags share one size grammar (formats/size.h).
 TEST(Config, SizesTakeTheCliGrammar) {
   auto c = LoadString("[tiers.host]\ncapacity = \"2G\"\n[tiers.nvme]\ncapacity = \"3G\"\n",

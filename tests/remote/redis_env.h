@@ -1,6 +1,7 @@
 // Helpers of the remote-tier tests: the shared cluster (started by the ctest fixture
 // remote_cluster_start, scripts/redis-cluster.sh on ports 7400..7405), private clusters
-// for tests that kill nodes, and a plain hiredis connection for admin commands.
+// for tests that kill nodes, a plain hiredis connection for admin commands, and the
+// secure cluster (remote_cluster_secure_start, ports 7410..7415) with its admin connection.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -16,6 +17,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "tiers/remote/connection.h"
 
 namespace kvtier::remote::testing {
 
@@ -143,5 +146,66 @@ inline int MasterPortOfSlot(const std::string& seed, int slot) {
   if (r) freeReplyObject(r);
   return port;
 }
+
+// The --secure cluster of the fixture remote_cluster_secure_start (TLS only, ACL users
+// admin and kvtier; scripts/redis-cluster.sh says what it makes under its folder).
+inline std::string SecureDir() { return KVTIER_REDIS_SECURE_DIR; }
+inline std::vector<std::string> SecureNodeList() {
+  std::vector<std::string> out;
+  std::stringstream ss(KVTIER_REDIS_SECURE_NODES);
+  std::string n;
+  while (std::getline(ss, n, ',')) out.push_back(n);
+  return out;
+}
+// TLS options that the secure cluster trusts (its CA, the client certificate).
+inline TlsOptions SecureTls() {
+  TlsOptions t;
+  t.enabled = true;
+  t.ca_file = SecureDir() + "/tls/ca.crt";
+  t.cert_file = SecureDir() + "/tls/client.crt";
+  t.key_file = SecureDir() + "/tls/client.key";
+  return t;
+}
+inline std::string ReadFirstLine(const std::string& path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+// An admin connection to one node of the secure cluster; null when it does not answer.
+inline std::unique_ptr<Connection> SecureAdmin(const std::string& hostport) {
+  ConnectSettings s;
+  s.connect_timeout_ms = 1000;
+  s.command_timeout_ms = 5000;
+  s.user = "admin";
+  s.password = ReadFirstLine(SecureDir() + "/admin.password");
+  auto t = TlsContext::Create(SecureTls());
+  if (!t.ok() || s.password.empty()) return nullptr;
+  s.tls = std::move(t.value());
+  const size_t colon = hostport.rfind(':');
+  auto c = Connection::Open(hostport.substr(0, colon), static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))), s);
+  return c.ok() ? std::move(c.value()) : nullptr;
+}
+// One command; the reply as text, as RedisConn::Cmd.
+inline std::string Cmd(Connection& c, const std::vector<std::string>& argv) {
+  std::vector<std::string_view> a(argv.begin(), argv.end());
+  Reply r;
+  if (!c.Command(a, &r).ok()) return "(io error)";
+  switch (r->type) {
+    case REDIS_REPLY_STRING:
+    case REDIS_REPLY_STATUS:
+    case REDIS_REPLY_ERROR: return std::string(r->str, r->len);
+    case REDIS_REPLY_INTEGER: return std::to_string(r->integer);
+    case REDIS_REPLY_NIL: return "(nil)";
+    default: return "(array)";
+  }
+}
+
+#define KVTIER_REQUIRE_SECURE_CLUSTER()                                                        \
+  do {                                                                                         \
+    KVTIER_REQUIRE_REDIS();                                                                    \
+    if (!::kvtier::remote::testing::SecureAdmin(::kvtier::remote::testing::SecureNodeList()[0])) \
+      GTEST_SKIP() << "the secure cluster (" KVTIER_REDIS_SECURE_NODES ") is not running: run through ctest (fixture remote_cluster_secure_start)"; \
+  } while (0)
 
 }  // namespace kvtier::remote::testing

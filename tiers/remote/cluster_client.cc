@@ -3,7 +3,6 @@
 
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
-#include <sys/time.h>
 
 #include <array>
 #include <charconv>
@@ -38,13 +37,6 @@ uint16_t Crc16(std::string_view s) {
   return crc;
 }
 
-timeval Tv(uint32_t ms) {
-  timeval tv;
-  tv.tv_sec = ms / 1000;
-  tv.tv_usec = static_cast<suseconds_t>((ms % 1000) * 1000);
-  return tv;
-}
-
 using Clock = std::chrono::steady_clock;
 
 // The reader's default reply functions, with createString replaced by one that honours
@@ -72,10 +64,6 @@ redisReplyObjectFunctions* SinkFunctions(const redisReplyObjectFunctions* defaul
 }
 
 }  // namespace
-
-void ReplyDeleter::operator()(redisReply* r) const {
-  if (r) freeReplyObject(r);
-}
 
 uint16_t KeySlot(std::string_view key) {
   const size_t open = key.find('{');
@@ -125,23 +113,49 @@ Status ClusterOptions::Validate() const {
   if (command_timeout_ms == 0 || command_timeout_ms > 60000) return Status::Invalid("command_timeout_ms not in [1, 60000]");
   if (pool_size == 0 || pool_size > 256) return Status::Invalid("pool_size not in [1, 256]");
   if (max_redirects > 16) return Status::Invalid("max_redirects not in [0, 16]");
+  if (!user.empty() && password.empty()) return Status::Invalid("a user needs a password");
+  if (!tls.enabled && (!tls.ca_file.empty() || !tls.cert_file.empty() || !tls.key_file.empty() ||
+                       !tls.server_name.empty())) {
+    return Status::Invalid("TLS files or a server name are set while TLS is off");
+  }
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return Status::Invalid("a TLS client certificate needs both its certificate and its key file");
+  }
   return Status::Ok();
+}
+
+// A connection a Take() handed out; back to the pool with Give().
+using ConnPtr = std::unique_ptr<Connection>;
+
+// Errors that say "the node does not accept us" rather than "the node is not there".
+bool IsRefusal(std::string_view reply_error) {
+  return reply_error.rfind("NOAUTH", 0) == 0 || reply_error.rfind("WRONGPASS", 0) == 0 ||
+         reply_error.rfind("NOPERM", 0) == 0;
 }
 
 struct ClusterClient::Impl {
   ClusterOptions opts;
+  ConnectSettings conn;  // the same for every node: timeouts, AUTH, TLS
   mutable std::mutex mu;  // guards everything below
   std::array<std::string, kSlots> slot_owner;  // "host:port" or ""
-  std::map<std::string, std::vector<redisContext*>> idle;  // per node
+  std::map<std::string, std::vector<ConnPtr>> idle;  // per node
   std::unordered_map<std::string, Clock::time_point> down_until;
   std::vector<std::string> known;  // every node seen (seeds + CLUSTER SLOTS)
   Clock::time_point last_refresh{};
   bool refresh_wanted = false;
   ClusterStats st;
+  Status last_refusal;  // the latest Rejected of a connect or AUTH (Ok when none)
+  Clock::time_point last_refusal_log{};
 
-  ~Impl() {
-    for (auto& [n, v] : idle) {
-      for (redisContext* c : v) redisFree(c);
+  // A refusal after start (a password rotated on the cluster, an expired certificate):
+  // each one is a miss like a node down; the log says why, at most every 10 s.
+  void NoteRefusal(const Status& s) {
+    std::lock_guard<std::mutex> l(mu);
+    last_refusal = s;
+    const auto now = Clock::now();
+    if (now - last_refusal_log >= std::chrono::seconds(10)) {
+      last_refusal_log = now;
+      spdlog::warn("remote tier: {} (its keys are misses)", s.message());
     }
   }
 
@@ -157,62 +171,56 @@ struct ClusterClient::Impl {
     ++st.io_errors;
   }
 
-  // A connection to node, from the pool or new; nullptr (and the node marked down) when
-  // it cannot connect.
-  redisContext* Take(const std::string& node) {
+  // A connection to node (connected, TLS, AUTH done), from the pool or new; nullptr (and
+  // the node marked down) when it cannot connect; *why says why.
+  ConnPtr Take(const std::string& node, Status* why = nullptr) {
     {
       std::lock_guard<std::mutex> l(mu);
       auto it = idle.find(node);
       if (it != idle.end() && !it->second.empty()) {
-        redisContext* c = it->second.back();
+        ConnPtr c = std::move(it->second.back());
         it->second.pop_back();
         return c;
       }
     }
-    if (IsDown(node)) return nullptr;
+    if (IsDown(node)) {
+      if (why) *why = Status::IoError("node " + node + " is down");
+      return nullptr;
+    }
     std::string host;
     uint16_t port = 0;
-    if (!ParseHostPort(node, &host, &port).ok()) return nullptr;
-    redisContext* c = redisConnectWithTimeout(host.c_str(), port, Tv(opts.connect_timeout_ms));
-    if (!c || c->err) {
-      spdlog::debug("remote: connect {} failed: {}", node, c ? c->errstr : "out of memory");
-      if (c) redisFree(c);
+    if (Status s = ParseHostPort(node, &host, &port); !s.ok()) {
+      if (why) *why = s;
+      return nullptr;
+    }
+    auto c = Connection::Open(host, port, conn);
+    if (!c.ok()) {
+      spdlog::debug("remote: connect {} failed: {}", node, c.status().message());
+      if (c.status().code() == StatusCode::kRejected) NoteRefusal(c.status());
+      if (why) *why = c.status();
       MarkDown(node);
       return nullptr;
     }
-    if (redisSetTimeout(c, Tv(opts.command_timeout_ms)) != REDIS_OK) {
-      redisFree(c);
-      MarkDown(node);
-      return nullptr;
-    }
-    c->reader->maxbuf = 0;  // keep the read buffer: values are ~1.4 MiB
-    c->reader->fn = SinkFunctions(c->reader->fn);
+    redisReader* r = c.value()->reader();
+    r->fn = SinkFunctions(r->fn);
     std::lock_guard<std::mutex> l(mu);
     ++st.connects;
-    return c;
+    return std::move(c.value());
   }
-  void Give(const std::string& node, redisContext* c, bool ok) {
-    if (!ok || c->err) {
-      redisFree(c);
-      return;
-    }
+  void Give(const std::string& node, ConnPtr c, bool ok) {
+    if (!ok || c->broken()) return;
     std::lock_guard<std::mutex> l(mu);
     auto& v = idle[node];
-    if (v.size() < opts.pool_size) {
-      v.push_back(c);
-    } else {
-      redisFree(c);
-    }
+    if (v.size() < opts.pool_size) v.push_back(std::move(c));
   }
   void DropIdle(const std::string& node) {
-    std::vector<redisContext*> v;
+    std::vector<ConnPtr> v;
     {
       std::lock_guard<std::mutex> l(mu);
       auto it = idle.find(node);
       if (it == idle.end()) return;
       v.swap(it->second);
     }
-    for (redisContext* c : v) redisFree(c);
   }
 
   std::string Owner(uint16_t slot) const {
@@ -242,16 +250,28 @@ Status ClusterClient::Impl::Refresh() {
     }
     ++st.refreshes;
   }
+  Status refused;  // the first node that answered but refused us
   for (const std::string& node : cands) {
-    redisContext* c = Take(node);
-    if (!c) continue;
-    Reply r(static_cast<redisReply*>(redisCommand(c, "CLUSTER SLOTS")));
-    if (!r || r->type != REDIS_REPLY_ARRAY) {
-      Give(node, c, false);
-      if (!r) MarkDown(node);
+    Status why;
+    ConnPtr c = Take(node, &why);
+    if (!c) {
+      if (refused.ok() && why.code() == StatusCode::kRejected) refused = why;
       continue;
     }
-    Give(node, c, true);
+    Reply r;
+    const std::string_view argv[] = {"CLUSTER", "SLOTS"};
+    Status s = c->Command(argv, &r);
+    if (!s.ok() || r->type != REDIS_REPLY_ARRAY) {
+      if (s.ok() && r->type == REDIS_REPLY_ERROR && IsRefusal(std::string_view(r->str, r->len))) {
+        s = Status::Rejected("CLUSTER SLOTS refused by " + node + ": " + std::string(r->str, r->len));
+        NoteRefusal(s);
+      }
+      if (refused.ok() && s.code() == StatusCode::kRejected) refused = s;
+      Give(node, std::move(c), false);
+      if (!s.ok()) MarkDown(node);
+      continue;
+    }
+    Give(node, std::move(c), true);
     std::array<std::string, kSlots> owner;
     std::vector<std::string> seen;
     size_t covered = 0;
@@ -291,6 +311,7 @@ Status ClusterClient::Impl::Refresh() {
   }
   std::lock_guard<std::mutex> l(mu);
   refresh_wanted = true;
+  if (!refused.ok()) return Status::Rejected("remote tier: " + refused.message());
   return Status::IoError("remote: no cluster node answered CLUSTER SLOTS");
 }
 
@@ -301,10 +322,21 @@ StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Open(const ClusterOption
   KVTIER_RETURN_IF_ERROR(opts.Validate());
   auto impl = std::make_unique<Impl>();
   impl->opts = opts;
+  impl->conn.connect_timeout_ms = opts.connect_timeout_ms;
+  impl->conn.command_timeout_ms = opts.command_timeout_ms;
+  impl->conn.user = opts.user;
+  impl->conn.password = opts.password;
+  if (opts.tls.enabled) {
+    auto t = TlsContext::Create(opts.tls);
+    if (!t.ok()) return Status::Invalid("remote tier: " + t.status().message());
+    impl->conn.tls = std::move(t.value());
+    if (!opts.tls.verify) spdlog::warn("remote tier: TLS without certificate verification (tls_verify = false)");
+  }
   auto c = std::unique_ptr<ClusterClient>(new ClusterClient(std::move(impl)));
   // A cluster that is down at start is not an error: every command is a miss until a
-  // refresh succeeds.
+  // refresh succeeds. A node that answers and refuses us is: nothing would ever be served.
   Status s = c->impl_->Refresh();
+  if (s.code() == StatusCode::kRejected) return s;
   if (!s.ok()) spdlog::warn("remote tier: {} (will retry)", s.message());
   return c;
 }
@@ -353,62 +385,53 @@ void ClusterClient::Exec(std::span<Command> cmds) {
     // Phase 1: write every command of every node.
     struct Conn {
       std::string node;
-      redisContext* ctx;
+      ConnPtr ctx;
       std::vector<Route> routes;
-      bool ok;
+      Status st;  // Ok while the connection is healthy
     };
     std::vector<Conn> conns;
     for (auto& [node, routes] : by_node) {
-      redisContext* ctx = I.Take(node);
+      Status why;
+      ConnPtr ctx = I.Take(node, &why);
       if (!ctx) {
-        for (const Route& r : routes) cmds[r.idx].status = Status::IoError("remote: node " + node + " is down");
+        for (const Route& r : routes) cmds[r.idx].status = Status::IoError("remote: " + why.message());
         continue;
       }
-      bool ok = true;
+      Status st;
+      static constexpr std::string_view kAsking[] = {"ASKING"};
       for (const Route& r : routes) {
-        const Command& c = cmds[r.idx];
-        if (r.asking) ok = ok && redisAppendCommand(ctx, "ASKING") == REDIS_OK;
-        std::vector<const char*> argv;
-        std::vector<size_t> lens;
-        for (auto a : c.argv) {
-          argv.push_back(a.data());
-          lens.push_back(a.size());
-        }
-        ok = ok && redisAppendCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data()) == REDIS_OK;
+        if (r.asking && st.ok()) st = ctx->Append(kAsking);
+        if (st.ok()) st = ctx->Append(cmds[r.idx].argv);
       }
-      // Flush the output buffer now so that every node works in parallel.
-      int done = 0;
-      while (ok && !done) ok = redisBufferWrite(ctx, &done) == REDIS_OK;
-      conns.push_back({node, ctx, std::move(routes), ok});
+      // Write everything now so that every node works in parallel.
+      if (st.ok()) st = ctx->Flush();
+      conns.push_back({node, std::move(ctx), std::move(routes), st});
     }
     // Phase 2: read the replies, in order, per node.
     for (Conn& cn : conns) {
       for (const Route& r : cn.routes) {
         Command& c = cmds[r.idx];
-        if (!cn.ok) {
-          c.status = Status::IoError("remote: node " + cn.node + ": " + (cn.ctx->err ? cn.ctx->errstr : "write failed"));
+        if (!cn.st.ok()) {
+          c.status = Status::IoError("remote: " + cn.st.message());
           continue;
         }
         if (r.asking) {
-          void* a = nullptr;
-          if (redisGetReply(cn.ctx, &a) != REDIS_OK) {
-            cn.ok = false;
-            c.status = Status::IoError("remote: node " + cn.node + ": " + cn.ctx->errstr);
+          Reply a;
+          cn.st = cn.ctx->Read(&a);
+          if (!cn.st.ok()) {
+            c.status = Status::IoError("remote: " + cn.st.message());
             continue;
           }
-          freeReplyObject(a);
         }
-        void* raw = nullptr;
+        Reply rep;
         c.sunk = false;
-        cn.ctx->reader->privdata = &c;
-        const int rc = redisGetReply(cn.ctx, &raw);
-        cn.ctx->reader->privdata = nullptr;
-        if (rc != REDIS_OK || !raw) {
-          cn.ok = false;
-          c.status = Status::IoError("remote: node " + cn.node + ": " + (cn.ctx->err ? cn.ctx->errstr : "no reply"));
+        cn.ctx->reader()->privdata = &c;
+        cn.st = cn.ctx->Read(&rep);
+        cn.ctx->reader()->privdata = nullptr;
+        if (!cn.st.ok()) {
+          c.status = Status::IoError("remote: " + cn.st.message());
           continue;
         }
-        Reply rep(static_cast<redisReply*>(raw));
         if (rep->type == REDIS_REPLY_ERROR) {
           std::string_view e(rep->str, rep->len);
           const bool moved = e.rfind("MOVED ", 0) == 0, ask = e.rfind("ASK ", 0) == 0;
@@ -435,8 +458,10 @@ void ClusterClient::Exec(std::span<Command> cmds) {
             }
             continue;
           }
-          // CLUSTERDOWN, TRYAGAIN, LOADING...: a miss for now, and look again.
+          // CLUSTERDOWN, TRYAGAIN, LOADING...: a miss for now, and look again. NOAUTH,
+          // NOPERM (an ACL that does not cover the key prefix): a miss, and said in the log.
           c.status = Status::IoError("remote: node " + cn.node + ": " + std::string(e));
+          if (IsRefusal(e)) I.NoteRefusal(Status::Rejected("node " + cn.node + ": " + std::string(e)));
           std::lock_guard<std::mutex> l(I.mu);
           I.refresh_wanted = true;
           continue;
@@ -444,11 +469,13 @@ void ClusterClient::Exec(std::span<Command> cmds) {
         c.status = Status::Ok();
         c.reply = std::move(rep);
       }
-      if (!cn.ok) {
+      const bool ok = cn.st.ok();
+      if (!ok) {
+        if (cn.st.code() == StatusCode::kRejected) I.NoteRefusal(cn.st);
         I.MarkDown(cn.node);
         I.DropIdle(cn.node);  // the other idle connections to it are suspect too
       }
-      I.Give(cn.node, cn.ctx, cn.ok);
+      I.Give(cn.node, std::move(cn.ctx), ok);
     }
   }
   I.MaybeRefresh();

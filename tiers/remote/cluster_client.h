@@ -1,5 +1,6 @@
-// ClusterClient: a small Redis Cluster client over hiredis (Debian ships no cluster client
-// for C or C++), just what the remote tier needs.
+// ClusterClient: a small Redis Cluster client (Debian ships no cluster client for C or
+// C++), just what the remote tier needs, over Connection (connection.h: TCP or TLS,
+// AUTH; hiredis formats the commands and parses the replies).
 //
 // - Routing: the slot map comes from CLUSTER SLOTS (asked of any reachable node: the
 //   seeds first, then every node seen so far). A key's slot is CRC16-XMODEM of the key,
@@ -17,6 +18,11 @@
 //   most about connect + command timeout and turns into IoError results, never a hang. A
 //   node that failed is skipped (its commands fail at once) for down_backoff_ms, and
 //   the topology is refreshed (rate-limited) so that a promoted replica takes over.
+// - Security: every connection, to a seed, to a node learned from CLUSTER SLOTS or to one
+//   a MOVED/ASK redirect names, is made with the same TLS settings and AUTH. Open() fails
+//   (Rejected) when a node answers but refuses us (AUTH refused, NOAUTH, certificate not
+//   trusted) and none serves CLUSTER SLOTS: a wrong password or CA is an error at start,
+//   while a cluster that is merely down is not.
 //
 // Threading: every method is thread-safe; concurrent Exec() calls use distinct
 // connections. No exception leaves this class.
@@ -32,7 +38,8 @@
 
 #include "formats/status.h"
 
-struct redisReply;
+#include "tiers/remote/connection.h"
+#include "tiers/remote/remote_options.h"
 
 namespace kvtier::remote {
 
@@ -44,6 +51,9 @@ struct ClusterOptions {
   uint32_t max_redirects = 5;         // MOVED/ASK hops per command. Default: 5
   uint32_t down_backoff_ms = 1000;    // skip a failed node this long. Default: 1000
   uint32_t refresh_interval_ms = 100;  // at most one topology refresh per interval. Default: 100
+  std::string user;                   // ACL user for AUTH; "" = AUTH password only. Default: ""
+  std::string password;               // the secret itself; "" = no AUTH. Default: ""
+  TlsOptions tls;                     // Default: TLS off
 
   Status Validate() const;  // Invalid with a one-line reason
 };
@@ -53,12 +63,6 @@ Status ParseHostPort(std::string_view s, std::string* host, uint16_t* port);
 
 // CRC16 slot of a key, honouring hash tags (0 .. 16383).
 uint16_t KeySlot(std::string_view key);
-
-// Owns a hiredis reply.
-struct ReplyDeleter {
-  void operator()(redisReply* r) const;
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
 // One command of a batch. argv[key_index] is the key that routes it.
 struct Command {

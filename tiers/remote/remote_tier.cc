@@ -12,6 +12,7 @@
 #include "formats/contract.h"
 #include "formats/bytes.h"
 #include "formats/record.h"
+#include "tiers/remote/connection.h"
 
 namespace kvtier::remote {
 
@@ -28,8 +29,35 @@ void WriteEnvelope(uint8_t* p, uint16_t codec, uint64_t body_len, uint64_t recor
 
 }  // namespace
 
-std::string RedisKey(uint64_t contract_id, const Key128& key) {
-  return "kvt:{" + ContractIdHex(contract_id) + ":" + key.ToHex() + "}";
+std::string RedisKey(std::string_view prefix, std::string_view ns, uint64_t contract_id, const Key128& key) {
+  std::string k;
+  k.reserve(prefix.size() + ns.size() + 53);
+  k.append(prefix);
+  if (!ns.empty()) {
+    k.append(ns);
+    k += ':';
+  }
+  k += '{';
+  k += ContractIdHex(contract_id);
+  k += ':';
+  k += key.ToHex();
+  k += '}';
+  return k;
+}
+
+std::string RedisKey(uint64_t contract_id, const Key128& key) { return RedisKey(kDefaultKeyPrefix, "", contract_id, key); }
+
+Status CheckKeyPart(std::string_view part, const char* what) {
+  if (part.size() > kMaxKeyPartBytes) {
+    return Status::Invalid(std::string(what) + " is longer than " + std::to_string(kMaxKeyPartBytes) + " bytes");
+  }
+  for (unsigned char ch : part) {
+    if (ch <= 0x20 || ch >= 0x7f || ch == '{' || ch == '}') {
+      return Status::Invalid(std::string(what) + " \"" + std::string(part) +
+                             "\" holds a character other than printable ASCII without space and braces");
+    }
+  }
+  return Status::Ok();
 }
 
 std::string EncodeValue(const PutItem& item, bool compress) {
@@ -127,11 +155,22 @@ Status DecodeValue(std::string_view value, uint64_t contract_id, const Key128& k
 }
 
 StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteOptions& opts) {
+  KVTIER_RETURN_IF_ERROR(CheckKeyPart(opts.key_prefix, "remote tier: key_prefix"));
+  if (!opts.user.empty() && opts.password_file.empty()) {
+    return Status::Invalid("remote tier: user \"" + opts.user + "\" needs a password_file");
+  }
   ClusterOptions co;
   co.nodes = opts.nodes;
   co.connect_timeout_ms = opts.connect_timeout_ms;
   co.command_timeout_ms = opts.command_timeout_ms;
   co.pool_size = opts.pool_size;
+  co.user = opts.user;
+  co.tls = opts.tls;
+  if (!opts.password_file.empty()) {
+    auto pw = ReadPasswordFile(opts.password_file);
+    if (!pw.ok()) return Status::Invalid("remote tier: " + pw.status().message());
+    co.password = std::move(pw.value());
+  }
   auto c = ClusterClient::Open(co);
   if (!c.ok()) return c.status();
   auto t = std::unique_ptr<RemoteTier>(new RemoteTier());
@@ -142,19 +181,32 @@ StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteOptions& opts
 
 void RemoteTier::GetBatch(std::span<GetItem> items) {
   std::vector<std::string> keys(items.size());
-  std::vector<Command> cmds(items.size());
+  std::vector<Command> cmds;
+  std::vector<size_t> run;  // the items with a valid namespace, in order
+  run.reserve(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    keys[i] = RedisKey(items[i].contract_id, items[i].key);
-    cmds[i].argv = {"GET", keys[i]};
-    cmds[i].sink = items[i].out;  // a stored (uncompressed) value lands in out directly
-    cmds[i].sink_prefix = kEnvelopeSize + kRecordHeaderSize;
+    if (Status s = CheckKeyPart(items[i].ns, "remote tier: namespace"); !s.ok()) {
+      items[i].status = s;
+      errors_++;
+      continue;
+    }
+    run.push_back(i);
+  }
+  cmds.resize(run.size());
+  for (size_t j = 0; j < run.size(); ++j) {
+    const size_t i = run[j];
+    keys[i] = KeyOf(items[i].ns, items[i].contract_id, items[i].key);
+    cmds[j].argv = {"GET", keys[i]};
+    cmds[j].sink = items[i].out;  // a stored (uncompressed) value lands in out directly
+    cmds[j].sink_prefix = kEnvelopeSize + kRecordHeaderSize;
   }
   const auto t0 = std::chrono::steady_clock::now();
   client_->Exec(cmds);
   uint64_t got = 0;
-  for (size_t i = 0; i < items.size(); ++i) {
+  for (size_t j = 0; j < run.size(); ++j) {
+    const size_t i = run[j];
     GetItem& it = items[i];
-    const Command& c = cmds[i];
+    const Command& c = cmds[j];
     if (!c.status.ok()) {
       it.status = c.status;
       errors_++;
@@ -190,16 +242,24 @@ void RemoteTier::GetBatch(std::span<GetItem> items) {
 }
 
 size_t RemoteTier::PutBatch(std::span<const PutItem> items) {
-  std::vector<std::string> keys(items.size()), vals(items.size());
-  std::vector<Command> cmds(items.size());
-  for (size_t i = 0; i < items.size(); ++i) {
-    keys[i] = RedisKey(items[i].contract_id, items[i].key);
-    vals[i] = EncodeValue(items[i], opts_.compress);
-    cmds[i].argv = {"SET", keys[i], vals[i]};
+  std::vector<std::string> keys, vals;
+  std::vector<Command> cmds;
+  keys.reserve(items.size());
+  vals.reserve(items.size());
+  cmds.reserve(items.size());
+  for (const PutItem& it : items) {
+    if (!CheckKeyPart(it.ns, "namespace").ok()) {
+      write_errors_++;
+      continue;
+    }
+    keys.push_back(KeyOf(it.ns, it.contract_id, it.key));
+    vals.push_back(EncodeValue(it, opts_.compress));
   }
+  cmds.resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) cmds[i].argv = {"SET", keys[i], vals[i]};
   client_->Exec(cmds);
   size_t ok = 0;
-  for (size_t i = 0; i < items.size(); ++i) {
+  for (size_t i = 0; i < cmds.size(); ++i) {
     if (cmds[i].status.ok() && cmds[i].reply->type == REDIS_REPLY_STATUS) {
       ++ok;
       writes_++;
@@ -211,11 +271,15 @@ size_t RemoteTier::PutBatch(std::span<const PutItem> items) {
   return ok;
 }
 
-size_t RemoteTier::ExistsPrefix(uint64_t contract_id, std::span<const Key128> keys) {
+size_t RemoteTier::ExistsPrefix(uint64_t contract_id, std::span<const Key128> keys, std::string_view ns) {
+  if (!CheckKeyPart(ns, "namespace").ok()) {
+    errors_++;
+    return 0;
+  }
   std::vector<std::string> rk(keys.size());
   std::vector<Command> cmds(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    rk[i] = RedisKey(contract_id, keys[i]);
+    rk[i] = KeyOf(ns, contract_id, keys[i]);
     cmds[i].argv = {"EXISTS", rk[i]};
   }
   client_->Exec(cmds);

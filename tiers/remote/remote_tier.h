@@ -1,8 +1,12 @@
 // RemoteTier: blocks in a Redis Cluster shared by a fleet of daemons (docs/remote.md).
 //
-// Redis key of a block:   kvt:{<contract id, 16 hex>:<block key, 32 hex>}
-// The whole identity is the hash tag, so a block lives in exactly one slot, and blocks of
-// different contracts have different keys (a different contract never matches).
+// Redis key of a block:   <prefix>[<namespace>:]{<contract id, 16 hex>:<block key, 32 hex>}
+// prefix is RemoteOptions::key_prefix ("kvt:" by default); namespace is given per
+// operation (GetItem/PutItem::ns, ExistsPrefix's ns: a tenant's), empty by default, which
+// gives kvt:{<contract>:<key>}. The whole identity is the hash tag, so a block lives in
+// exactly one slot, and blocks of different contracts or namespaces have different keys
+// (neither prefix nor namespace may hold a brace, so the tag is always the block's; a
+// namespace never holds "{", so two namespaces never make the same key).
 //
 // Redis value: a 32-byte envelope, then the record of formats/record.h (96-byte header
 // with contract id, key, parent, payload length and XXH3 checksums, then the payload),
@@ -40,12 +44,19 @@ inline constexpr uint32_t kRemoteMagic = 0x4D52564Bu;  // "KVRM"
 inline constexpr uint16_t kRemoteFormatVersion = 1;
 inline constexpr size_t kEnvelopeSize = 32;
 
+// The key under the default prefix and no namespace: kvt:{<contract>:<key>}.
 std::string RedisKey(uint64_t contract_id, const Key128& key);
+std::string RedisKey(std::string_view prefix, std::string_view ns, uint64_t contract_id, const Key128& key);
+// A key prefix or namespace: at most kMaxKeyPartBytes of printable ASCII without spaces
+// or braces ("" is allowed). Invalid, naming `what`, otherwise.
+inline constexpr size_t kMaxKeyPartBytes = 64;
+Status CheckKeyPart(std::string_view part, const char* what);
 
 struct PutItem {
   uint64_t contract_id = 0;
   Key128 key, parent;
   std::span<const uint8_t> payload;
+  std::string_view ns = {};  // key namespace (CheckKeyPart); "" = none. Default: ""
 };
 
 struct GetItem {
@@ -55,8 +66,10 @@ struct GetItem {
   // Ok: a refused value may have been written into it.
   std::span<uint8_t> out;
   // Results:
-  Status status;  // Ok, NotFound (no value), Corrupt (refused), IoError (node down/slow)
+  Status status;  // Ok, NotFound (no value), Corrupt (refused), IoError (node down/slow),
+                  // Invalid (a bad ns)
   Key128 parent;  // from the record, when Ok
+  std::string_view ns = {};  // key namespace (CheckKeyPart); "" = none. Default: ""
 };
 
 struct RemoteStats {
@@ -77,6 +90,9 @@ Status DecodeSunkValue(std::string_view head, uint64_t contract_id, const Key128
 
 class RemoteTier {
  public:
+  // Reads the password file, loads the TLS files and opens the cluster client. Invalid
+  // for bad options or files (a password file open to others, a missing CA); Rejected
+  // when the cluster answers but refuses us (wrong password, untrusted certificate).
   static StatusOr<std::unique_ptr<RemoteTier>> Open(const RemoteOptions& opts);
 
   // Pipelined GETs; each item gets its own status.
@@ -84,7 +100,11 @@ class RemoteTier {
   // Pipelined SETs; returns how many were stored. Failures are counted, not returned.
   size_t PutBatch(std::span<const PutItem> items);
   // Pipelined EXISTS: how many leading keys have a value (a hint: the GET still verifies).
-  size_t ExistsPrefix(uint64_t contract_id, std::span<const Key128> keys);
+  size_t ExistsPrefix(uint64_t contract_id, std::span<const Key128> keys, std::string_view ns = {});
+  // The key of a block under this tier's prefix.
+  std::string KeyOf(std::string_view ns, uint64_t contract_id, const Key128& key) const {
+    return RedisKey(opts_.key_prefix, ns, contract_id, key);
+  }
 
   RemoteStats stats() const;
   const RemoteOptions& options() const { return opts_; }
