@@ -43,4 +43,40 @@ bool NvmeAdmission::Admit(const BlockId& id, uint64_t bytes, uint32_t uses, bool
 
 void NvmeAdmission::Refund(uint64_t bytes) { budget_used_ -= std::min(budget_used_, bytes); }
 
+std::string ReuseAdmission::Options::Check() const {
+  if (!(window_s > 0.0)) return "window_s must be > 0";
+  if (memory < 1024) return "memory must be >= 1024";
+  return "";
+}
+
+ReuseAdmission::ReuseAdmission(const Options& o, double now_s) : o_(o), window_start_(now_s) {}
+
+bool ReuseAdmission::Admit(const BlockId& id, uint64_t bytes, uint32_t uses, double now_s) {
+  bool likely = uses >= 2;
+  if (offered_.contains(id)) {
+    likely = true;
+  } else {
+    offered_.insert(id);
+    memory_.push_back(id);
+    while (memory_.size() > o_.memory) {
+      offered_.erase(memory_.front());
+      memory_.pop_front();
+    }
+  }
+  if (o_.budget_bytes > 0) {
+    while (now_s - window_start_ >= o_.window_s) {
+      window_start_ += o_.window_s;
+      budget_used_ = 0;
+    }
+    const double spent = static_cast<double>(budget_used_) / static_cast<double>(o_.budget_bytes);
+    const double elapsed = (now_s - window_start_) / o_.window_s;
+    if ((!likely && spent > elapsed) || budget_used_ + bytes > o_.budget_bytes) {
+      ++rejects_;
+      return false;
+    }
+  }
+  budget_used_ += bytes;
+  return true;
+}
+
 }  // namespace kvtier::tiers

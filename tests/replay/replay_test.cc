@@ -237,6 +237,44 @@ TEST(Simulator, OracleIsAboveEveryPolicyAndBelowTheBound) {
   }
 }
 
+// Host + NVMe with a write budget: every admission stays within it per window, always
+// spends it first come, and reuse (likely blocks first) writes no more than always and
+// hits at least as often on an agentic workload that returns to its sessions.
+TEST(Simulator, NvmeAdmissionKeepsTheBudgetAndReuseSpendsItBetter) {
+  GeneratorOptions g;
+  g.requests = 1500;
+  g.sessions = 150;
+  g.system_tokens = 256;
+  g.first_turn_tokens = 256;
+  g.turn_tokens = 64;
+  const auto reqs = GenerateAgentic(g);
+  SimOptions o;
+  o.geometry = {2, 2, 64, 16};
+  const uint64_t slot = SlotBytes(KvFormat::kNvfp4, o.geometry);
+  o.tiers = {{"host", 100 * slot, tiers::PolicyKind::kLru}, {"nvme", 400 * slot, tiers::PolicyKind::kLru}};
+  const auto free = Simulate(reqs, o);
+  ASSERT_GT(free.nvme_writes, 1000u);
+  EXPECT_EQ(free.nvme_written_bytes, free.nvme_writes * slot);
+  const double span = reqs.back().arrival_s;
+  o.admission.window_s = span * (1.0 + 1e-9);  // one window
+  o.admission.budget_bytes = free.nvme_written_bytes / 4;
+  using M = SimAdmission::Mode;
+  std::map<M, SimResult> r;
+  for (M m : {M::kAlways, M::kSecondHit, M::kReuse}) {
+    o.admission.mode = m;
+    r[m] = Simulate(reqs, o);
+    EXPECT_LE(r[m].nvme_written_bytes, o.admission.budget_bytes) << AdmissionModeName(m);
+    EXPECT_GT(r[m].admission_rejects, 0u) << AdmissionModeName(m);
+  }
+  EXPECT_LT(r[M::kAlways].hit_rate(), free.hit_rate());
+  EXPECT_GE(r[M::kReuse].hit_rate(), r[M::kAlways].hit_rate());
+  o.admission.budget_bytes = 0;
+  o.admission.mode = M::kReuse;
+  EXPECT_EQ(Simulate(reqs, o).hit_rate(), free.hit_rate()) << "no budget: reuse writes every block";
+  o.admission.window_s = 0;
+  EXPECT_FALSE(o.Validate().ok());
+}
+
 TEST(Generator, ToolLoopsShareTheToolPromptAndAreDeterministic) {
   ToolLoopOptions o;
   o.requests = 400;
@@ -322,6 +360,33 @@ TEST(ReplayCli, PoliciesPrintEveryPolicyTheOracleAndTheBound) {
   EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--reuse-ghost-factor", "99"}).first, 2);
   EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--workload", "chat"}).first, 2);
   EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--workload", "tool-loop", "--requests", "50", "--json"}).first, 0);
+}
+
+// bench admission: every rule at every budget, none past its budget; bad budgets and
+// windows are refused (exit 2).
+TEST(ReplayCli, AdmissionPrintsEveryRuleWithinItsBudget) {
+  const auto r = Ctl({"bench", "admission", "--json", "--requests", "400", "--sessions", "40", "--layers", "2",
+                      "--host", "8MiB", "--nvme", "32MiB", "--nvme-budgets", "0.5,0.2", "--windows", "2"});
+  ASSERT_EQ(r.first, 0) << r.second;
+  auto doc = nlohmann::json::parse(r.second);
+  ASSERT_EQ(doc["runs"].size(), 9u);  // always, second-hit, reuse x (none, 0.5, 0.2)
+  uint64_t free_written = 0;
+  for (const auto& run : doc["runs"]) {
+    if (run["budget_share"].get<double>() == 0.0 && run["admission"] == "always") {
+      free_written = run["nvme_written_bytes"].get<uint64_t>();
+    }
+  }
+  ASSERT_GT(free_written, 0u);
+  for (const auto& run : doc["runs"]) {
+    const double share = run["budget_share"].get<double>();
+    if (share > 0) {
+      EXPECT_LE(run["nvme_written_bytes"].get<double>(), share * free_written + 1) << run.dump();
+    }
+  }
+  EXPECT_EQ(Ctl({"bench", "admission", "--quick", "--nvme-budgets", "1.5"}).first, 2);
+  EXPECT_EQ(Ctl({"bench", "admission", "--quick", "--nvme-budgets", "x"}).first, 2);
+  EXPECT_EQ(Ctl({"bench", "admission", "--quick", "--windows", "0"}).first, 2);
+  EXPECT_EQ(Ctl({"bench", "admission", "--quick", "--nvme", "lots"}).first, 2);
 }
 
 // The whole path through real daemons: one kvtierd per format, every acquired block's

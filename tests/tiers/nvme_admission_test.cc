@@ -1,5 +1,6 @@
 // NvmeAdmission on its own: the two modes, the ghost list's bound, the forced admission
-// of a flush, and the daily write budget with its window and refunds.
+// of a flush, and the daily write budget with its window and refunds. ReuseAdmission:
+// the budget goes to likely blocks first, to first offers only where it would be left.
 #include "tiers/nvme_admission.h"
 
 #include <gtest/gtest.h>
@@ -66,6 +67,53 @@ TEST(NvmeAdmission, ConfigureSwitchesModeAndBudget) {
   EXPECT_FALSE(a.Admit(Id(2), 8192, 0, false));
   EXPECT_TRUE(a.Admit(Id(2), 8192, 0, false));
   EXPECT_FALSE(a.Admit(Id(3), 8192, 5, false)) << "the budget counts the bytes before the switch";
+}
+
+ReuseAdmission::Options ReuseOpts(uint64_t budget, double window_s = 100.0) {
+  ReuseAdmission::Options o;
+  o.budget_bytes = budget;
+  o.window_s = window_s;
+  o.memory = 1024;
+  return o;
+}
+
+TEST(ReuseAdmission, WithoutABudgetEveryBlockIsWritten) {
+  ReuseAdmission a(ReuseOpts(0));
+  for (uint64_t i = 0; i < 100; ++i) EXPECT_TRUE(a.Admit(Id(i), 4096, 1, static_cast<double>(i)));
+  EXPECT_EQ(a.rejects(), 0u);
+}
+
+// Half a window gone, half the budget spent: a first offer is refused, a block used twice
+// or offered before is written, up to the budget and never past it.
+TEST(ReuseAdmission, AheadOfThePaceOnlyLikelyBlocksAreWritten) {
+  ReuseAdmission a(ReuseOpts(4 * 4096));
+  EXPECT_TRUE(a.Admit(Id(1), 4096, 1, 0.0));   // nothing spent, not ahead: a first offer goes
+  EXPECT_FALSE(a.Admit(Id(2), 4096, 1, 10.0)); // 25% spent, 10% of the window gone
+  EXPECT_TRUE(a.Admit(Id(3), 4096, 2, 10.0));  // used twice: likely
+  EXPECT_TRUE(a.Admit(Id(2), 4096, 1, 20.0));  // offered before: likely
+  EXPECT_TRUE(a.Admit(Id(4), 4096, 1, 80.0));  // 75% spent, 80% gone: behind the pace
+  EXPECT_FALSE(a.Admit(Id(5), 4096, 9, 90.0)) << "the budget is a hard cap";
+  EXPECT_EQ(a.budget_used(), 4u * 4096);
+  EXPECT_EQ(a.rejects(), 2u);
+  EXPECT_TRUE(a.Admit(Id(6), 4096, 1, 100.0)) << "a new window";
+  a.Refund(8192);
+  EXPECT_EQ(a.budget_used(), 0u);
+}
+
+TEST(ReuseAdmission, RemembersTheLastOffersOnly) {
+  // Spent ahead of the pace (t = 0): only a remembered key passes as likely. 1025
+  // offers with a memory of 1024.
+  ReuseAdmission b(ReuseOpts(2));
+  EXPECT_TRUE(b.Admit(Id(0), 1, 1, 0.0));
+  for (uint64_t i = 1; i <= 1024; ++i) EXPECT_FALSE(b.Admit(Id(i), 1, 1, 0.0));
+  EXPECT_FALSE(b.Admit(Id(0), 1, 1, 0.0)) << "the oldest offer was forgotten";
+  EXPECT_TRUE(b.Admit(Id(1024), 1, 1, 0.0)) << "the newest is remembered";
+  EXPECT_EQ(ReuseOpts(0).Check(), "");
+  auto bad = ReuseOpts(0);
+  bad.memory = 10;
+  EXPECT_NE(bad.Check(), "");
+  bad = ReuseOpts(0, 0.0);
+  EXPECT_NE(bad.Check(), "");
 }
 
 }  // namespace

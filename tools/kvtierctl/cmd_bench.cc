@@ -48,6 +48,7 @@ constexpr const char* kUsage = R"(usage:
   kvtierctl bench replay --spawn [--nvme SIZE] [...]      one kvtierd per format
   kvtierctl [--socket PATH] bench replay [...]          a running kvtierd (one format)
   kvtierctl bench policies [--trace FILE | generator options] [options]
+  kvtierctl bench admission [--trace FILE | generator options] --host SIZE --nvme SIZE
 
 workload (default: the built-in agentic generator):
   --trace FILE            kvtier JSON lines or a Mooncake FAST'25 trace
@@ -72,6 +73,11 @@ replay:
   --plot FILE.svg         hit rate against HBM budget, one line per format (replay), per
                           policy and format (policies), with the oracle and the bound
   --append                append the table to bench/history/results.md
+admission (host + NVMe, simulated; --policy for both tiers, the first of --formats):
+  --nvme SIZE             the NVMe tier (bench admission: 4x --host)
+  --nvme-budgets F,F,...  NVMe write budgets per window, as shares of what `always`
+                          writes with no budget (0.5,0.25,0.1)
+  --windows N             budget windows the trace's span is cut into, as days (4)
 )";
 
 const std::vector<std::string> kKnown = {
@@ -80,7 +86,7 @@ const std::vector<std::string> kKnown = {
     "block-tokens", "hbm", "host", "policy", "formats", "sweep", "prefill-tok-s", "json", "plot",
     "append", "simulate", "results", "spawn", "socket", "nvme", "verify-full", "max-requests", "quick",
     "s3fifo-small-fraction", "reuse-protected-fraction", "reuse-ghost-factor", "reuse-density",
-    "workload", "policies"};
+    "workload", "policies", "nvme-budgets", "windows"};
 
 struct Setup {
   std::vector<replay::Request> reqs;
@@ -618,6 +624,110 @@ int Policies(const cli::Args& a, const std::string& cmdline) {
   return 0;
 }
 
+// NVMe admission on a host + NVMe stack: always, second-hit and reuse at several write
+// budgets (shares of what always writes without one), hit rate and bytes written.
+int AdmissionBench(const cli::Args& a, const std::string& cmdline) {
+  auto s = ParseSetup(a);
+  if (!s.ok()) return Fail("bench admission: " + s.status().message(), 2);
+  uint64_t nvme = 4 * s->host;
+  if (auto v = a.Get("nvme")) {
+    auto n = cli::ParseSize(*v);
+    if (!n.ok()) return Fail("bench admission: --nvme: " + n.status().message(), 2);
+    nvme = *n;
+  }
+  std::vector<double> shares;
+  {
+    std::stringstream ss(a.Get("nvme-budgets").value_or("0.5,0.25,0.1"));
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      char* end = nullptr;
+      const double v = std::strtod(item.c_str(), &end);
+      if (item.empty() || *end != '\0' || !(v > 0.0 && v <= 1.0)) {
+        return Fail("bench admission: --nvme-budgets: '" + item + "' is not a share in (0, 1]", 2);
+      }
+      shares.push_back(v);
+    }
+  }
+  auto windows = a.GetInt("windows", 4);
+  if (!windows.ok() || *windows < 1 || *windows > 100000) return Fail("bench admission: --windows must be in [1, 100000]", 2);
+  const KvFormat f = s->formats.front();
+  const double span = s->reqs.empty() ? 0.0 : s->reqs.back().arrival_s;
+  const double window_s = std::max(span, 1e-3) / static_cast<double>(*windows) * (1.0 + 1e-9);
+  using Mode = replay::SimAdmission::Mode;
+  auto sim = [&](Mode m, uint64_t budget, bool with_nvme = true, bool oracle = false) {
+    replay::SimOptions o;
+    o.format = f;
+    o.geometry = s->geo;
+    o.policy_options = s->knobs;
+    o.oracle = oracle;
+    o.tiers = {{"host", s->host, s->policy}};
+    if (with_nvme) o.tiers.push_back({"nvme", nvme, s->policy});
+    o.admission.mode = m;
+    o.admission.budget_bytes = budget;
+    o.admission.window_s = window_s;
+    return replay::Simulate(s->keyed, o);
+  };
+  // The references: host only, always with no budget, and the oracle on both tiers.
+  replay::SimResult host_only, free_always, oracle;
+  Parallel({[&] { host_only = sim(Mode::kAlways, 0, false); }, [&] { free_always = sim(Mode::kAlways, 0); },
+            [&] { oracle = sim(Mode::kAlways, 0, true, true); }});
+  const uint64_t per_window = static_cast<uint64_t>(static_cast<double>(free_always.nvme_written_bytes) /
+                                                    static_cast<double>(*windows));
+  struct Run {
+    double share;  // 0: no budget
+    Mode mode;
+    replay::SimResult r;
+  };
+  std::vector<Run> runs;
+  for (Mode m : {Mode::kSecondHit, Mode::kReuse}) runs.push_back({0.0, m, {}});
+  for (double sh : shares) {
+    for (Mode m : {Mode::kAlways, Mode::kSecondHit, Mode::kReuse}) runs.push_back({sh, m, {}});
+  }
+  std::vector<std::function<void()>> jobs;
+  for (auto& r : runs) {
+    jobs.push_back([&] { r.r = sim(r.mode, static_cast<uint64_t>(r.share * static_cast<double>(per_window))); });
+  }
+  Parallel(std::move(jobs));
+  runs.insert(runs.begin(), Run{0.0, Mode::kAlways, free_always});
+  bench::Report rep("admission: NVMe admission under a write budget (simulated, host " + GiB(s->host) + " + NVMe " +
+                        GiB(nvme) + ", " + tiers::PolicyName(s->policy) + ", " + KvFormatName(f) + ")",
+                    cmdline);
+  rep.SetColumns({"budget per window", "admission", "hit rate", "- always (points)", "nvme hits", "written",
+                  "written / always", "rejects"});
+  json doc;
+  doc["workload"] = s->workload;
+  for (const auto& r : runs) {
+    const Run* base = &runs[0];
+    for (const auto& b : runs) {
+      if (b.share == r.share && b.mode == Mode::kAlways) base = &b;
+    }
+    const std::string budget = r.share == 0.0 ? "none" : bench::Fmt("%.0f%% (", 100 * r.share) +
+                                                              GiB(static_cast<uint64_t>(r.share * per_window)) + ")";
+    rep.AddRow({budget, replay::AdmissionModeName(r.mode), bench::Fmt("%.4f", r.r.hit_rate()),
+                bench::Fmt("%+.2f", 100.0 * (r.r.hit_rate() - base->r.hit_rate())),
+                std::to_string(r.r.hits_by_tier.size() > 1 ? r.r.hits_by_tier[1] : 0), GiB(r.r.nvme_written_bytes),
+                bench::Fmt("%.3f", free_always.nvme_written_bytes
+                                       ? static_cast<double>(r.r.nvme_written_bytes) / free_always.nvme_written_bytes
+                                       : 0.0),
+                std::to_string(r.r.admission_rejects)});
+    doc["runs"].push_back({{"budget_share", r.share}, {"admission", replay::AdmissionModeName(r.mode)},
+                           {"hit_rate", r.r.hit_rate()}, {"nvme_written_bytes", r.r.nvme_written_bytes},
+                           {"admission_rejects", r.r.admission_rejects}});
+  }
+  rep.AddNote("Workload: " + s->workload + ". " + std::to_string(*windows) + " budget windows of " +
+              bench::Fmt("%.1f", window_s) + " s of trace time; a budget is a share of what always writes per window with none (" +
+              GiB(per_window) + "). Host only (no NVMe): " + bench::Fmt("%.4f", host_only.hit_rate()) +
+              "; oracle on both tiers (always, no budget): " + bench::Fmt("%.4f", oracle.hit_rate()) +
+              "; infinite bound: " + bench::Fmt("%.4f", replay::InfiniteBoundHitRate(s->keyed)) + ".");
+  if (a.Has("json")) {
+    std::printf("%s\n", doc.dump(2).c_str());
+    return 0;
+  }
+  const std::string path = a.Has("append") ? a.Get("results").value_or(bench::Report::DefaultResultsPath()) : "";
+  if (auto st = rep.Emit(path); !st.ok()) return Fail("bench admission: " + st.message());
+  return 0;
+}
+
 // The usage text with the policy names filled in from their one table.
 std::string Usage() {
   std::string u = kUsage;
@@ -636,18 +746,18 @@ int Run(const std::vector<std::string>& argv) {
   if (auto st = a->CheckKnown(kKnown); !st.ok()) return Fail("bench " + argv[0] + ": " + st.message(), 2);
   if (!a->positional().empty()) return Fail("bench " + argv[0] + ": unexpected argument '" + a->positional()[0] + "'", 2);
   if (argv[0] == "replay") return Replay(*a);
-  if (argv[0] == "policies") {
+  if (argv[0] == "policies" || argv[0] == "admission") {
     std::string cmdline = "build/bin/kvtierctl bench";
     for (const auto& w : argv) {
       if (w != "--append") cmdline += " " + w;
     }
-    return Policies(*a, cmdline);
+    return argv[0] == "policies" ? Policies(*a, cmdline) : AdmissionBench(*a, cmdline);
   }
-  return Fail("bench: unknown benchmark '" + argv[0] + "' (replay, policies)", 2);
+  return Fail("bench: unknown benchmark '" + argv[0] + "' (replay, policies, admission)", 2);
 }
 
-cli::CommandRegistrar reg("bench", "replay a workload per KV format; compare eviction policies", Run, "",
-                          {"replay", "policies"});
+cli::CommandRegistrar reg("bench", "replay a workload per KV format; compare eviction policies and NVMe admission",
+                          Run, "", {"replay", "policies", "admission"});
 
 }  // namespace
 }  // namespace kvtier

@@ -1,10 +1,13 @@
 #include "tools/replay/simulate.h"
 
+#include <chrono>
+#include <memory>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "formats/keys.h"
+#include "tiers/nvme_admission.h"
 #include "tiers/policy/policy.h"
 
 namespace kvtier::replay {
@@ -15,7 +18,17 @@ using tiers::BlockIdHash;
 Status SimOptions::Validate() const {
   if (tiers.empty()) return Status::Invalid("simulation needs at least one tier");
   if (std::string why = policy_options.Check(); !why.empty()) return Status::Invalid("policy: " + why);
+  if (!(admission.window_s > 0.0)) return Status::Invalid("admission: window_s must be > 0");
   return geometry.Validate(format);
+}
+
+const char* AdmissionModeName(SimAdmission::Mode m) {
+  switch (m) {
+    case SimAdmission::Mode::kAlways: return "always";
+    case SimAdmission::Mode::kSecondHit: return "second-hit";
+    case SimAdmission::Mode::kReuse: return "reuse";
+  }
+  return "?";
 }
 
 uint64_t SimResult::token_capacity(uint32_t block_tokens) const {
@@ -83,6 +96,14 @@ class BeladyPolicy final : public tiers::EvictionPolicy {
   std::set<std::pair<NextUse, BlockId>, Farthest> order_;
 };
 
+// What the simulator knows of a cached block: its parent, its depth in its chain, and
+// how many requests used it since it entered the cache.
+struct Meta {
+  BlockId parent;
+  uint32_t depth = 0;
+  uint32_t uses = 0;
+};
+
 class Simulator {
  public:
   // next: per request, per block, the index of the request that references the block
@@ -99,10 +120,26 @@ class Simulator {
       }
     }
     res_.hits_by_tier.assign(o.tiers.size(), 0);
+    for (size_t t = 0; t < o.tiers.size(); ++t) {
+      if (o.tiers[t].name == "nvme") nvme_tier_ = static_cast<int>(t);
+    }
+    const auto& a = o.admission;
+    if (a.mode == SimAdmission::Mode::kReuse) {
+      tiers::ReuseAdmission::Options po;
+      po.budget_bytes = a.budget_bytes;
+      po.window_s = a.window_s;
+      po.memory = std::max<uint64_t>(1024, nvme_tier_ >= 0 ? res_.capacity_blocks[nvme_tier_] : 0);
+      predicted_ = std::make_unique<tiers::ReuseAdmission>(po, 0.0);
+    } else {
+      fixed_ = std::make_unique<tiers::NvmeAdmission>(
+          a.mode == SimAdmission::Mode::kSecondHit ? tiers::Admission::kSecondHit : tiers::Admission::kAlways,
+          a.budget_bytes, nvme_tier_ >= 0 ? res_.capacity_blocks[nvme_tier_] : 0, tiers::NvmeAdmission::Clock::time_point{});
+    }
   }
 
-  void Run(const std::vector<Key128>& keys, uint32_t prompt_tokens) {
+  void Run(const std::vector<Key128>& keys, uint32_t prompt_tokens, double arrival_s) {
     const uint32_t T = opts_.geometry.block_tokens;
+    now_s_ = arrival_s;
     if (opts_.oracle) {  // every block of this request: its next use is now a later one
       const auto& nx = (*next_of_)[res_.requests];
       for (size_t j = 0; j < keys.size(); ++j) {
@@ -120,6 +157,7 @@ class Simulator {
       if (it == where_.end()) break;
       ++res_.hits_by_tier[it->second];
       policies_[it->second]->Touch(Id(keys[hit]));
+      ++meta_[Id(keys[hit])].uses;
     }
     res_.prefix_hits += hit;
     res_.recomputed_tokens += prompt_tokens - hit * T;
@@ -127,16 +165,22 @@ class Simulator {
     pinned_.clear();
     for (const auto& k : keys) pinned_.insert(Id(k));
     Key128 parent{};
-    for (const auto& k : keys) {
-      const BlockId b = Id(k);
+    for (size_t j = 0; j < keys.size(); ++j) {
+      const BlockId b = Id(keys[j]);
       auto it = where_.find(b);
       if (it != where_.end() && it->second != 0) {
         policies_[it->second]->Remove(b);
         where_.erase(it);
         ++res_.promoted_blocks;
       }
-      if (where_.count(b) == 0) Place(b, Id(parent), 0);
-      parent = k;
+      if (where_.count(b) == 0) {
+        Meta& m = meta_[b];
+        m.parent = Id(parent);
+        m.depth = static_cast<uint32_t>(j);
+        if (m.uses == 0) m.uses = 1;
+        Place(b, 0);
+      }
+      parent = keys[j];
     }
   }
 
@@ -145,33 +189,53 @@ class Simulator {
  private:
   BlockId Id(const Key128& k) const { return BlockId{opts_.contract_id, k}; }
 
-  // Puts b into tier t (evicting if full), falling through to lower tiers when every
-  // block of t is pinned. Dropped if no tier takes it.
-  void Place(const BlockId& b, const BlockId& parent, size_t t) {
+  // Whether the NVMe tier takes b (demoted into it).
+  bool Admit(const BlockId& b, const Meta& m) {
+    bool ok;
+    if (predicted_) {
+      ok = predicted_->Admit(b, res_.slot_bytes, m.uses, now_s_);
+    } else {  // the window runs on trace time: one window = 24 h of the daemon's clock
+      const auto at = tiers::NvmeAdmission::Clock::time_point{} +
+                      std::chrono::duration_cast<tiers::NvmeAdmission::Clock::duration>(
+                          std::chrono::duration<double>(now_s_ * 86400.0 / opts_.admission.window_s));
+      ok = fixed_->Admit(b, res_.slot_bytes, m.uses, false, at);
+    }
+    if (!ok) {
+      ++res_.admission_rejects;
+      return false;
+    }
+    ++res_.nvme_writes;
+    res_.nvme_written_bytes += res_.slot_bytes;
+    return true;
+  }
+
+  // Puts b (its parent and depth in meta_) into tier t (evicting if full), falling
+  // through to lower tiers when every block of t is pinned. Dropped if no tier takes it.
+  void Place(const BlockId& b, size_t t) {
     for (; t < policies_.size(); ++t) {
       const uint64_t cap = res_.capacity_blocks[t];
       if (cap == 0) continue;
+      if (static_cast<int>(t) == nvme_tier_ && t > 0 && !Admit(b, meta_[b])) break;
       if (policies_[t]->size() >= cap) {
         auto victim = policies_[t]->Victim([&](const BlockId& v) { return pinned_.count(v) == 0; });
         if (!victim) continue;  // everything pinned: try the next tier
         const BlockId v = *victim;
         policies_[t]->Remove(v);
         where_.erase(v);
-        const BlockId vparent = parents_.count(v) ? parents_[v] : BlockId{};
         if (t + 1 < policies_.size() && res_.capacity_blocks[t + 1] > 0) {
           ++res_.demoted_blocks;
-          Place(v, vparent, t + 1);
+          Place(v, t + 1);
         } else {
           ++res_.dropped_blocks;
-          parents_.erase(v);
+          meta_.erase(v);
         }
       }
-      policies_[t]->Insert(b, parent);
+      policies_[t]->Insert(b, meta_[b].parent);
       where_[b] = static_cast<int>(t);
-      parents_[b] = parent;
       return;
     }
     ++res_.dropped_blocks;
+    meta_.erase(b);
   }
 
   SimOptions opts_;
@@ -180,7 +244,11 @@ class Simulator {
   SimResult res_;
   std::vector<std::unique_ptr<tiers::EvictionPolicy>> policies_;
   std::unordered_map<BlockId, int, BlockIdHash> where_;
-  std::unordered_map<BlockId, BlockId, BlockIdHash> parents_;
+  std::unordered_map<BlockId, Meta, BlockIdHash> meta_;  // cached blocks
+  int nvme_tier_ = -1;
+  double now_s_ = 0.0;
+  std::unique_ptr<tiers::NvmeAdmission> fixed_;
+  std::unique_ptr<tiers::ReuseAdmission> predicted_;
   std::unordered_set<BlockId, BlockIdHash> pinned_;
 };
 
@@ -193,6 +261,7 @@ KeyedTrace KeyTrace(const std::vector<Request>& reqs, uint32_t block_tokens, uin
   for (const auto& r : reqs) {
     t.keys.push_back(KeyChain(contract_id, r.tokens, block_tokens));
     t.prompt_tokens.push_back(static_cast<uint32_t>(r.tokens.size()));
+    t.arrival_s.push_back(r.arrival_s);
   }
   return t;
 }
@@ -213,7 +282,9 @@ SimResult Simulate(const KeyedTrace& trace, const SimOptions& opts) {
     }
   }
   Simulator s(opts, &next);
-  for (size_t i = 0; i < trace.keys.size(); ++i) s.Run(trace.keys[i], trace.prompt_tokens[i]);
+  for (size_t i = 0; i < trace.keys.size(); ++i) {
+    s.Run(trace.keys[i], trace.prompt_tokens[i], i < trace.arrival_s.size() ? trace.arrival_s[i] : 0.0);
+  }
   return s.result();
 }
 

@@ -37,6 +37,18 @@ struct SimTier {
   tiers::PolicyKind policy = tiers::PolicyKind::kLru;
 };
 
+// What the NVMe tier takes on demotion (the tier named "nvme"; a refused block is
+// dropped). always and second-hit are the daemon's NvmeAdmission; reuse is
+// ReuseAdmission (tiers/nvme_admission.h), fed each block's uses while cached. The
+// budget's window runs on the trace's arrival times.
+struct SimAdmission {
+  enum class Mode { kAlways, kSecondHit, kReuse };
+  Mode mode = Mode::kAlways;        // Default: always
+  uint64_t budget_bytes = 0;        // NVMe bytes written per window; 0 = unlimited. Default: 0
+  double window_s = 86400.0;        // the budget's window in trace seconds, > 0. Default: 86400
+};
+const char* AdmissionModeName(SimAdmission::Mode m);
+
 struct SimOptions {
   std::vector<SimTier> tiers;       // top (HBM) first. At least one.
   KvFormat format = KvFormat::kNvfp4;
@@ -44,6 +56,7 @@ struct SimOptions {
   uint64_t contract_id = 0;         // salt for the key chain (format-independent keys)
   tiers::PolicyOptions policy_options;  // knobs of the tiers' policies. Default: defaults
   bool oracle = false;              // every tier evicts by Belady (tier policies ignored). Default: false
+  SimAdmission admission;           // into the tier named "nvme". Default: always, no budget
   Status Validate() const;
 };
 
@@ -57,7 +70,10 @@ struct SimResult {
   uint64_t prompt_tokens = 0;
   uint64_t promoted_blocks = 0;     // lower tier -> top tier
   uint64_t demoted_blocks = 0;      // evicted into the next tier
-  uint64_t dropped_blocks = 0;      // evicted out of the last tier
+  uint64_t dropped_blocks = 0;      // evicted out of the last tier (or refused by NVMe)
+  uint64_t nvme_writes = 0;         // blocks written to the tier named "nvme"
+  uint64_t nvme_written_bytes = 0;  // nvme_writes x slot bytes
+  uint64_t admission_rejects = 0;   // demotions the NVMe tier refused
   uint64_t slot_bytes = 0;
   double hit_rate() const { return blocks ? static_cast<double>(prefix_hits) / blocks : 0.0; }
   // Tokens the tiers can hold at once (sum of capacities x T).
@@ -69,6 +85,7 @@ struct KeyedTrace {
   uint32_t block_tokens = 0;
   std::vector<std::vector<Key128>> keys;      // per request
   std::vector<uint32_t> prompt_tokens;        // per request
+  std::vector<double> arrival_s;              // per request, seconds from the trace start
 };
 KeyedTrace KeyTrace(const std::vector<Request>& reqs, uint32_t block_tokens, uint64_t contract_id = 0);
 
