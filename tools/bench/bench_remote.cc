@@ -10,9 +10,13 @@
 //   restore   TierManager Acquire into host of blocks that live only in the remote tier:
 //             the above plus host slot allocation, commit, pin. Target: >= 80% of raw.
 //   writes    RemoteTier::PutBatch (record encoding, zstd attempt, SET) vs raw pipelined SETs.
+//   TLS       the same tier writes, reads and restores against a second cluster started in
+//             the script's --secure mode (TLS only, client certificates, ACL user kvtier),
+//             in the same repetitions, reported as ratios to the plain cluster's rows.
 //
 // Without --nodes it starts its own 6-node cluster (scripts/redis-cluster.sh) on
-// --port..--port+5 under /tmp and stops it at the end.
+// --port..--port+5 and the secure one on --port+10..+15 under /tmp, and stops them at
+// the end. With --nodes (or --no-tls) the TLS rows are left out.
 #include <hiredis/hiredis.h>
 #include <unistd.h>
 
@@ -110,9 +114,9 @@ std::vector<SlotRef> AcquireSync(TierManager& tm, uint64_t cid, const std::vecto
 }
 
 int Run(const std::vector<std::string>& argv) {
-  auto args = cli::Args::Parse(argv, {"no-append"});
+  auto args = cli::Args::Parse(argv, {"no-append", "no-tls"});
   if (!args.ok()) return cli::Fail("remote: " + args.status().message(), 2);
-  if (Status s = args->CheckKnown({"nodes", "port", "blocks", "layers", "batch", "reps", "no-append", "results"});
+  if (Status s = args->CheckKnown({"nodes", "port", "blocks", "layers", "batch", "reps", "no-append", "no-tls", "results"});
       !s.ok()) {
     return cli::Fail("bench remote: " + s.message(), 2);
   }
@@ -150,6 +154,20 @@ int Run(const std::vector<std::string>& argv) {
       if (!d.empty()) (void)!std::system((std::string(KVTIER_SOURCE_DIR) + "/scripts/redis-cluster.sh stop " + d).c_str());
     }
   } cleanup{own_dir};
+  // The secure cluster, for the TLS rows.
+  const bool with_tls = !own_dir.empty() && !args->Has("no-tls");
+  std::vector<std::string> tls_nodes;
+  std::string tls_dir;
+  if (with_tls) {
+    tls_dir = own_dir + "-tls";
+    const std::string cmd = std::string(KVTIER_SOURCE_DIR) + "/scripts/redis-cluster.sh start " + tls_dir + " " +
+                            std::to_string(*port_a + 10) + " --secure >/dev/null";
+    if (std::system(cmd.c_str()) != 0) {
+      return cli::Fail("bench remote: could not start the secure Redis Cluster (" + cmd + ")");
+    }
+    for (int i = 0; i < 6; ++i) tls_nodes.push_back("127.0.0.1:" + std::to_string(*port_a + 10 + i));
+  }
+  Cleanup tls_cleanup{tls_dir};
 
   ScaleContract c;
   c.model_id = "bench/remote";
@@ -198,9 +216,67 @@ int Run(const std::vector<std::string>& argv) {
   TierManager& tm = **tmo;
   if (Status st = tm.RegisterContract(c); !st.ok()) return cli::Fail(st.ToString());
 
+  // The same tier and engine over TLS as the ACL user.
+  std::unique_ptr<remote::RemoteTier> tls_tier;
+  std::unique_ptr<TierManager> tls_tm;
+  if (with_tls) {
+    remote::RemoteOptions so = ro;
+    so.nodes = tls_nodes;
+    so.user = "kvtier";
+    so.password_file = tls_dir + "/kvtier.password";
+    so.tls.enabled = true;
+    so.tls.ca_file = tls_dir + "/tls/ca.crt";
+    so.tls.cert_file = tls_dir + "/tls/client.crt";
+    so.tls.key_file = tls_dir + "/tls/client.key";
+    auto st = remote::RemoteTier::Open(so);
+    if (!st.ok()) return cli::Fail("bench remote: TLS: " + st.status().ToString());
+    tls_tier = std::move(st.value());
+    TierManagerOptions sto = to;
+    sto.remote = so;
+    auto sm = TierManager::Open(sto);
+    if (!sm.ok()) return cli::Fail("bench remote: TLS: " + sm.status().ToString());
+    tls_tm = std::move(sm.value());
+    if (Status st2 = tls_tm->RegisterContract(c); !st2.ok()) return cli::Fail(st2.ToString());
+  }
+
   std::vector<double> raw_set, put, raw_get, get, restore;  // GB/s per repetition
   std::vector<double> q_put, q_get, q_restore;
+  std::vector<double> tls_put, tls_get, tls_restore, q_tls_put, q_tls_get, q_tls_restore;  // TLS / plain
   std::vector<std::vector<uint8_t>> out(nblocks, std::vector<uint8_t>(block));
+  // PutBatch, GetBatch (checked) and restore of every block through one tier and engine:
+  // GB/s of each, or a failure message.
+  auto tier_pass = [&](remote::RemoteTier& t, TierManager& m, double* put_gbps, double* get_gbps,
+                       double* restore_gbps) -> std::string {
+    auto a = Clock::now();
+    for (size_t i = 0; i < nblocks; i += batch) {
+      std::vector<remote::PutItem> items;
+      for (size_t j = i; j < std::min(nblocks, i + batch); ++j) {
+        items.push_back({cid, keys[j], j ? keys[j - 1] : Key128{}, data[j]});
+      }
+      if (t.PutBatch(items) != items.size()) return "a PutBatch failed";
+    }
+    *put_gbps = gb / Secs(a);
+    a = Clock::now();
+    for (size_t i = 0; i < nblocks; i += batch) {
+      std::vector<remote::GetItem> items;
+      for (size_t j = i; j < std::min(nblocks, i + batch); ++j) items.push_back({cid, keys[j], out[j], Status(), Key128{}});
+      t.GetBatch(items);
+      for (const auto& it : items) {
+        if (!it.status.ok()) return "GetBatch: " + it.status.ToString();
+      }
+    }
+    *get_gbps = gb / Secs(a);
+    for (size_t j = 0; j < nblocks; ++j) {
+      if (out[j] != data[j]) return "block " + std::to_string(j) + " differs";
+    }
+    a = Clock::now();
+    auto got = AcquireSync(m, cid, keys);
+    *restore_gbps = gb / Secs(a);
+    if (got.size() != nblocks) return "restore returned " + std::to_string(got.size()) + " blocks";
+    for (auto s : got) (void)m.Unpin(s);
+    for (const Key128& k : keys) (void)m.Evict(cid, k);  // remote only again
+    return "";
+  };
   for (int r = 0; r < reps; ++r) {
     // Writes.
     auto a = Clock::now();
@@ -209,16 +285,7 @@ int Run(const std::vector<std::string>& argv) {
       if (!s.ok()) return cli::Fail("raw SET: " + s.status().ToString());
     }
     raw_set.push_back(gb / Secs(a));
-    a = Clock::now();
-    for (size_t i = 0; i < nblocks; i += batch) {
-      std::vector<remote::PutItem> items;
-      for (size_t j = i; j < std::min(nblocks, i + batch); ++j) {
-        items.push_back({cid, keys[j], j ? keys[j - 1] : Key128{}, data[j]});
-      }
-      if (remote.PutBatch(items) != items.size()) return cli::Fail("bench remote: a PutBatch failed");
-    }
-    put.push_back(gb / Secs(a));
-    // Reads: raw, RemoteTier, TierManager restore, back to back.
+    // Reads: raw, then RemoteTier and TierManager restore (after the tier's writes).
     a = Clock::now();
     uint64_t bytes = 0;
     for (size_t i = 0; i < nblocks; i += batch) {
@@ -228,31 +295,30 @@ int Run(const std::vector<std::string>& argv) {
     }
     raw_get.push_back(gb / Secs(a));
     if (bytes != nblocks * block) return cli::Fail("raw GET returned short values");
-    a = Clock::now();
-    for (size_t i = 0; i < nblocks; i += batch) {
-      std::vector<remote::GetItem> items;
-      for (size_t j = i; j < std::min(nblocks, i + batch); ++j) items.push_back({cid, keys[j], out[j], Status(), Key128{}});
-      remote.GetBatch(items);
-      for (const auto& it : items) {
-        if (!it.status.ok()) return cli::Fail("bench remote: GetBatch: " + it.status.ToString());
-      }
-    }
-    get.push_back(gb / Secs(a));
-    for (size_t j = 0; j < nblocks; ++j) {
-      if (out[j] != data[j]) return cli::Fail("bench remote: block " + std::to_string(j) + " differs");
-    }
-    a = Clock::now();
-    auto got = AcquireSync(tm, cid, keys);
-    restore.push_back(gb / Secs(a));
-    if (got.size() != nblocks) return cli::Fail("bench remote: restore returned " + std::to_string(got.size()) + " blocks");
-    for (auto s : got) (void)tm.Unpin(s);
-    for (const Key128& k : keys) (void)tm.Evict(cid, k);  // remote only again
+    double p = 0, g = 0, rs = 0;
+    if (std::string e = tier_pass(remote, tm, &p, &g, &rs); !e.empty()) return cli::Fail("bench remote: " + e);
+    put.push_back(p);
+    get.push_back(g);
+    restore.push_back(rs);
     q_put.push_back(put.back() / raw_set.back());
     q_get.push_back(get.back() / raw_get.back());
     q_restore.push_back(restore.back() / raw_get.back());
+    if (tls_tier) {
+      if (std::string e = tier_pass(*tls_tier, *tls_tm, &p, &g, &rs); !e.empty()) {
+        return cli::Fail("bench remote: TLS: " + e);
+      }
+      tls_put.push_back(p);
+      tls_get.push_back(g);
+      tls_restore.push_back(rs);
+      q_tls_put.push_back(p / put.back());
+      q_tls_get.push_back(g / get.back());
+      q_tls_restore.push_back(rs / restore.back());
+    }
   }
   const auto st = remote.stats();
-  if (st.corrupt != 0) return cli::Fail("bench remote: corrupt values counted");
+  if (st.corrupt != 0 || (tls_tier && tls_tier->stats().corrupt != 0)) {
+    return cli::Fail("bench remote: corrupt values counted");
+  }
 
   Report rep("remote: Redis Cluster tier vs raw pipelined GET/SET",
              "build/bin/kvtier-bench remote --blocks " + std::to_string(nblocks) + " --layers " +
@@ -266,11 +332,25 @@ int Run(const std::vector<std::string>& argv) {
   row("TierManager Acquire, remote -> host (restore)", Median(restore), Median(q_restore), ">= 0.80");
   row("raw pipelined SET (baseline)", Median(raw_set), 1.0, "");
   row("RemoteTier::PutBatch (record encoding, zstd attempt, SET)", Median(put), Median(q_put), "");
+  if (tls_tier) {
+    row("TLS + ACL: RemoteTier::GetBatch (ratio to the plain GetBatch)", Median(tls_get), Median(q_tls_get), "");
+    row("TLS + ACL: TierManager Acquire, remote -> host (ratio to the plain restore)", Median(tls_restore),
+        Median(q_tls_restore), "");
+    row("TLS + ACL: RemoteTier::PutBatch (ratio to the plain PutBatch)", Median(tls_put), Median(q_tls_put), "");
+    std::printf("remote bench: restore over TLS + ACL is %.3f of the plain cluster's (%.3f vs %.3f GB/s)\n",
+                Median(q_tls_restore), Median(tls_restore), Median(restore));
+  }
   rep.AddNote(Fmt("%zu blocks of %llu bytes (random bytes: zstd does not pay, values stored), batches of %zu; "
                   "median of %d repetitions (ratios per repetition, then the median). Cluster: 3 masters + 3 "
                   "replicas on loopback (%s), the bench and all six redis-server processes on the same machine.",
                   nblocks, static_cast<unsigned long long>(block), batch, reps,
                   own_dir.empty() ? "given by --nodes" : "started by the bench"));
+  if (tls_tier) {
+    rep.AddNote(Fmt("TLS rows: a second cluster in redis-cluster.sh --secure mode (TLS only, 1.3 as negotiated, client "
+                    "certificates, ACL user kvtier; ports %lld..%lld), measured in the same repetitions right "
+                    "after the plain rows; ratio = TLS / plain of the same path per repetition, then the median.",
+                    static_cast<long long>(*port_a + 10), static_cast<long long>(*port_a + 15)));
+  }
   const std::string results = args->Has("no-append") ? "" : args->Get("results").value_or(Report::DefaultResultsPath());
   if (Status s = rep.Emit(results); !s.ok()) return cli::Fail(s.message());
   return 0;
@@ -278,13 +358,14 @@ int Run(const std::vector<std::string>& argv) {
 
 const cli::CommandRegistrar kReg(
     "remote", "remote tier (Redis Cluster) restore and writes vs raw pipelined GET/SET", Run,
-    "[--nodes H:P,...] [--port P] [--blocks N] [--layers N] [--batch N] [--reps N] [--results FILE | --no-append]\n"
+    "[--nodes H:P,...] [--port P] [--blocks N] [--layers N] [--batch N] [--reps N] [--no-tls] [--results FILE | --no-append]\n"
     "  --nodes H:P,...  an existing Redis Cluster (default: start 3 masters + 3 replicas on --port..+5)\n"
     "  --port P         first port of the cluster it starts, 1024-55000 (default 7450)\n"
     "  --blocks N       blocks restored and written, 4-4096 (default 64)\n"
     "  --layers N       layers per block, 1-1024 (default 80)\n"
     "  --batch N        blocks per pipelined batch, 1-1024 (default 16)\n"
     "  --reps N         repetitions; the median is reported, 1-100 (default 5)\n"
+    "  --no-tls         leave out the TLS rows (the secure cluster on --port+10..+15)\n"
     + std::string(kvtier::bench::kResultsUsage));
 
 }  // namespace
