@@ -28,6 +28,35 @@ bool WriteFully(int fd, const void* p, size_t n) {
 }
 }  // namespace
 
+StatusOr<size_t> ParseContractFile(std::span<const uint8_t> bytes, const std::string& name,
+                                   std::vector<ScaleContract>* out) {
+  if (bytes.size() < sizeof(ContractFileHeader)) return size_t{0};
+  ContractFileHeader h;
+  std::memcpy(&h, bytes.data(), sizeof h);
+  if (h.magic != kContractFileMagic) return Status::Corrupt(name + " is not a kvtier contract file (magic)");
+  if (h.version != kContractFileVersion) {
+    return Status::Unsupported(name + " has contract file version " + std::to_string(h.version) +
+                               "; this kvtierd reads version " + std::to_string(kContractFileVersion));
+  }
+  std::unordered_set<uint64_t> ids;
+  size_t pos = sizeof h;
+  while (pos < bytes.size()) {
+    ContractRecordHeader r;
+    if (bytes.size() - pos < sizeof r) break;
+    std::memcpy(&r, bytes.data() + pos, sizeof r);
+    if (r.magic != kContractRecordMagic || r.length > kMaxContractRecordBytes ||
+        bytes.size() - pos - sizeof r < r.length ||
+        XXH3_64bits(bytes.data() + pos + sizeof r, r.length) != r.xxh3) {
+      break;
+    }
+    auto c = ScaleContract::Deserialize(bytes.subspan(pos + sizeof r, r.length));
+    if (!c.ok()) break;  // a checksummed record this build cannot read: keep what came before
+    if (ids.insert(c->Id()).second) out->push_back(std::move(*c));
+    pos += sizeof r + r.length;
+  }
+  return pos;
+}
+
 StatusOr<std::unique_ptr<ContractStore>> ContractStore::Open(const std::string& path,
                                                              std::vector<ScaleContract>* out,
                                                              uint64_t* dropped_bytes) {
@@ -52,28 +81,11 @@ StatusOr<std::unique_ptr<ContractStore>> ContractStore::Open(const std::string& 
     ::lseek(fd, 0, SEEK_END);
     return s;
   }
-  ContractFileHeader h;
-  std::memcpy(&h, bytes.data(), sizeof h);
-  if (h.magic != kContractFileMagic) return Status::Corrupt(path + " is not a kvtier contract file (magic)");
-  if (h.version != kContractFileVersion) {
-    return Status::Unsupported(path + " has contract file version " + std::to_string(h.version) +
-                               "; this kvtierd reads version " + std::to_string(kContractFileVersion));
-  }
-  size_t pos = sizeof h;
-  while (pos < bytes.size()) {
-    ContractRecordHeader r;
-    if (bytes.size() - pos < sizeof r) break;
-    std::memcpy(&r, bytes.data() + pos, sizeof r);
-    if (r.magic != kContractRecordMagic || r.length > kMaxContractRecordBytes ||
-        bytes.size() - pos - sizeof r < r.length ||
-        XXH3_64bits(bytes.data() + pos + sizeof r, r.length) != r.xxh3) {
-      break;
-    }
-    auto c = ScaleContract::Deserialize(std::span<const uint8_t>(bytes.data() + pos + sizeof r, r.length));
-    if (!c.ok()) break;  // a checksummed record this build cannot read: keep what came before
-    if (s->ids_.insert(c->Id()).second) out->push_back(std::move(*c));
-    pos += sizeof r + r.length;
-  }
+  const size_t first = out->size();
+  auto parsed = ParseContractFile(bytes, path, out);
+  if (!parsed.ok()) return parsed.status();
+  const size_t pos = *parsed;
+  for (size_t i = first; i < out->size(); ++i) s->ids_.insert((*out)[i].Id());
   if (pos < bytes.size()) {
     if (dropped_bytes) *dropped_bytes = bytes.size() - pos;
     if (::ftruncate(fd, static_cast<off_t>(pos)) != 0 || ::fdatasync(fd) != 0) return Errno("cannot truncate", path);

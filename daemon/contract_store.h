@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -25,7 +26,9 @@
 
 namespace kvtier::daemon {
 
-// When you change ContractFileHeader or ContractRecordHeader, bump kFormatVersion.
+// When you change ContractFileHeader or ContractRecordHeader, bump kContractFileVersion.
+// tests/data/contracts_v1.kvc is a file of version 1: every later version reads it or
+// refuses it by name (tests/daemon/contract_store_test.cc).
 inline constexpr uint32_t kContractFileMagic = 0x5343564Bu;    // "KVCS" as u32 LE
 inline constexpr uint32_t kContractRecordMagic = 0x5243564Bu;  // "KVCR" as u32 LE
 inline constexpr uint32_t kContractFileVersion = 1;
@@ -44,6 +47,15 @@ struct ContractRecordHeader {
   uint64_t xxh3 = 0;    // XXH3-64 of the payload
 };
 static_assert(sizeof(ContractRecordHeader) == 16);
+
+// Parses the bytes of a whole contract file: a header of another magic is Corrupt, one of
+// another version Unsupported, each naming `name`. Otherwise it appends every intact record's
+// contract to *out (in file order, the first of each id only) and returns the length of the
+// intact prefix: the header and every whole record before the first torn or unreadable one
+// (or the end). A file shorter than its header returns 0. Touches nothing else, so it is
+// safe on any input (tests/fuzz/fuzz_contract_file.cc).
+StatusOr<size_t> ParseContractFile(std::span<const uint8_t> bytes, const std::string& name,
+                                   std::vector<ScaleContract>* out);
 
 class ContractStore {
  public:

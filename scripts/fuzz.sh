@@ -2,8 +2,8 @@
 # Builds the libFuzzer targets (tests/fuzz/) with clang in build-fuzz and runs each one.
 #   scripts/fuzz.sh            short run: KVTIER_FUZZ_SECONDS (default 30) per target (CI)
 #   scripts/fuzz.sh --long     long run: 3600 s per target (see docs/reliability.md)
-#   scripts/fuzz.sh TARGET...  only these targets (wire record contract config
-#                              safetensors trace export)
+#   scripts/fuzz.sh TARGET...  only these targets (wire record contract contract_file
+#                              config safetensors trace export)
 # Each target starts from its committed seeds (tests/fuzz/corpus/<target>, read-only) and
 # a working corpus in build-fuzz/corpus/<target> (kept between runs). A crash, leak, UBSan
 # report, timeout or out-of-memory stops the run with the input saved under
@@ -22,7 +22,7 @@ for a in "$@"; do
     *) targets+=("$a") ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(wire record contract config safetensors trace export)
+[ ${#targets[@]} -gt 0 ] || targets=(wire record contract contract_file config safetensors trace export)
 build="${KVTIER_FUZZ_BUILD_DIR:-build-fuzz}"
 jobs="${KVTIER_JOBS:-$(nproc)}"
 CC_BIN="$(command -v clang-14 || command -v clang)"

@@ -15,6 +15,7 @@
 extern "C" int KvtierFuzz_wire(const uint8_t*, size_t);
 extern "C" int KvtierFuzz_record(const uint8_t*, size_t);
 extern "C" int KvtierFuzz_contract(const uint8_t*, size_t);
+extern "C" int KvtierFuzz_contract_file(const uint8_t*, size_t);
 extern "C" int KvtierFuzz_config(const uint8_t*, size_t);
 extern "C" int KvtierFuzz_safetensors(const uint8_t*, size_t);
 extern "C" int KvtierFuzz_trace(const uint8_t*, size_t);
@@ -65,6 +66,7 @@ uint64_t Replay(const std::string& name, Target fn) {
 TEST(FuzzCorpus, Wire) { Replay("wire", KvtierFuzz_wire); }
 TEST(FuzzCorpus, Record) { Replay("record", KvtierFuzz_record); }
 TEST(FuzzCorpus, Contract) { Replay("contract", KvtierFuzz_contract); }
+TEST(FuzzCorpus, ContractFile) { Replay("contract_file", KvtierFuzz_contract_file); }
 TEST(FuzzCorpus, Config) { Replay("config", KvtierFuzz_config); }
 TEST(FuzzCorpus, Safetensors) { Replay("safetensors", KvtierFuzz_safetensors); }
 TEST(FuzzCorpus, Trace) { Replay("trace", KvtierFuzz_trace); }

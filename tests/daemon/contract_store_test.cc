@@ -1,0 +1,163 @@
+// The contract file (daemon/contract_store.h): the golden file of version 1 under
+// tests/data/ is read; a torn tail is cut; other formats and versions are refused by name.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "daemon/contract_store.h"
+
+namespace kvtier::daemon {
+namespace {
+
+// The two contracts tests/data/contracts_v1.kvc holds, in this order.
+ScaleContract Golden0() {
+  ScaleContract c;
+  c.model_id = "kvtier/test-llama";
+  c.model_revision = "r1";
+  c.tokenizer_revision = "t1";
+  c.geometry = {2, 2, 64, 16};
+  c.k_scales = {1.0f, 0.5f};
+  c.v_scales = {0.25f, 2.0f};
+  return c;
+}
+ScaleContract Golden1() {
+  ScaleContract c;
+  c.model_id = "kvtier/test-80l";
+  c.model_revision = "r2";
+  c.tokenizer_revision = "t2";
+  c.geometry = {80, 1, 128, 16};
+  c.tp_rank = 1;
+  c.tp_size = 8;
+  c.SetUnitScales();
+  c.k_scales[3] = 0.75f;
+  return c;
+}
+
+std::vector<uint8_t> ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void WriteAll(const std::string& path, const std::vector<uint8_t>& b) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+class ContractStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("kvtier_contract_store_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  // A copy of the golden file to open (Open may truncate; the checked-in file stays as is).
+  std::string CopyOfGolden() {
+    const std::string p = (dir_ / "contracts.kvc").string();
+    WriteAll(p, golden());
+    return p;
+  }
+  static std::vector<uint8_t> golden() { return ReadAll(std::string(KVTIER_TEST_DATA_DIR) + "/contracts_v1.kvc"); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(ContractStoreTest, ReadsTheGoldenFileOfVersion1) {
+  const std::vector<uint8_t> g = golden();
+  ASSERT_GT(g.size(), sizeof(ContractFileHeader)) << "missing tests/data/contracts_v1.kvc";
+  // The header as version 1 wrote it, byte by byte.
+  const uint8_t head[16] = {'K', 'V', 'C', 'S', 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(std::memcmp(g.data(), head, sizeof head), 0);
+  std::vector<ScaleContract> got;
+  uint64_t dropped = 1;
+  auto s = ContractStore::Open(CopyOfGolden(), &got, &dropped);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(dropped, 0u);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], Golden0());
+  EXPECT_EQ(got[1], Golden1());
+  EXPECT_EQ(ContractIdHex(got[0].Id()), ContractIdHex(Golden0().Id()));
+  // Nothing was rewritten.
+  EXPECT_EQ(ReadAll((dir_ / "contracts.kvc").string()), g);
+}
+
+TEST_F(ContractStoreTest, AddingAKnownContractWritesNothingAndANewOneAppends) {
+  const std::string p = CopyOfGolden();
+  {
+    std::vector<ScaleContract> got;
+    auto s = ContractStore::Open(p, &got);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE((*s)->Add(Golden1()).ok());
+    EXPECT_EQ(ReadAll(p), golden());
+    ScaleContract c = Golden0();
+    c.model_revision = "r9";
+    ASSERT_TRUE((*s)->Add(c).ok());
+  }
+  std::vector<ScaleContract> got;
+  auto s = ContractStore::Open(p, &got);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[2].model_revision, "r9");
+}
+
+TEST_F(ContractStoreTest, ATornTailIsCutAndTheRestKept) {
+  std::vector<uint8_t> g = golden();
+  const size_t whole = g.size();
+  g.resize(whole - 5);  // the second record cut short
+  const std::string p = (dir_ / "contracts.kvc").string();
+  WriteAll(p, g);
+  std::vector<ScaleContract> got;
+  uint64_t dropped = 0;
+  auto s = ContractStore::Open(p, &got, &dropped);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], Golden0());
+  const size_t first_record = sizeof(ContractFileHeader) + sizeof(ContractRecordHeader) + Golden0().Serialize().size();
+  EXPECT_EQ(dropped, g.size() - first_record);
+  EXPECT_EQ(std::filesystem::file_size(p), first_record);
+}
+
+TEST_F(ContractStoreTest, AnotherVersionIsRefusedByNameAndLeftAsItIs) {
+  std::vector<uint8_t> g = golden();
+  g[4] = 2;  // version 2
+  const std::string p = (dir_ / "contracts.kvc").string();
+  WriteAll(p, g);
+  std::vector<ScaleContract> got;
+  auto s = ContractStore::Open(p, &got);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kUnsupported) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("contract file version 2"), std::string::npos) << s.status().ToString();
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(ReadAll(p), g);
+}
+
+TEST_F(ContractStoreTest, AnotherMagicIsRefusedByName) {
+  std::vector<uint8_t> g = golden();
+  g[0] = 'X';
+  auto r = ParseContractFile(g, "f.kvc", nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(r.status().message().find("f.kvc is not a kvtier contract file"), std::string::npos);
+}
+
+TEST_F(ContractStoreTest, ParseReturnsTheIntactPrefix) {
+  const std::vector<uint8_t> g = golden();
+  std::vector<ScaleContract> got;
+  auto r = ParseContractFile(g, "f", &got);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, g.size());
+  EXPECT_EQ(got.size(), 2u);
+  std::vector<uint8_t> flipped = g;
+  flipped.back() ^= 1;  // the second record's payload no longer matches its checksum
+  got.clear();
+  r = ParseContractFile(flipped, "f", &got);
+  ASSERT_TRUE(r.ok());
+  EXPECT_LT(*r, g.size());
+  EXPECT_EQ(got.size(), 1u);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon
