@@ -216,8 +216,14 @@ void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes) {
   return c ? c->host : nullptr;
 }
 
+// The daemon sends the HBM arena's IPC handle only to a client that attached with has_gpu.
+constexpr const char* kNoGpuHandle =
+    "this client attached without has_gpu (kvtier_connect_options): kvtierd gives the HBM arena only to GPU "
+    "clients; connect with has_gpu = 1";
+
 kvtier_status kvtier_hbm_ipc_handle(const kvtier_client* c, uint8_t out[64]) {
   if (CheckClient(c) || out == nullptr) return Fail(KVTIER_INVALID, "client and out are required");
+  if (!c->has_gpu) return Fail(KVTIER_INVALID, kNoGpuHandle);
   if (!(c->reply.flags & w::kReplyHasHbm)) return Fail(KVTIER_UNSUPPORTED, "the daemon has no HBM tier");
   std::memcpy(out, c->reply.hbm_ipc_handle, 64);
   return Ok();
@@ -225,6 +231,7 @@ kvtier_status kvtier_hbm_ipc_handle(const kvtier_client* c, uint8_t out[64]) {
 
 kvtier_status kvtier_hbm_open(kvtier_client* c, void** dev_ptr) {
   if (CheckClient(c) || dev_ptr == nullptr) return Fail(KVTIER_INVALID, "client and dev_ptr are required");
+  if (!c->has_gpu) return Fail(KVTIER_INVALID, kNoGpuHandle);
   if (!(c->reply.flags & w::kReplyHasHbm)) return Fail(KVTIER_UNSUPPORTED, "the daemon has no HBM tier");
 #if KVTIER_HAVE_CUDA
   std::lock_guard<std::mutex> l(c->mu);

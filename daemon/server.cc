@@ -414,7 +414,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       fds.push_back(tm->host_arena_fd());
     }
     if (tm->has_tier(tiers::Tier::kNvme)) r.flags |= wire::kReplyHasNvme;
-    if (tm->has_tier(tiers::Tier::kHbm)) {
+    // The HBM arena's IPC handle only for a client that attached with a GPU: CUDA IPC maps
+    // the arena read-write, so a handle is the power to change every HBM block.
+    if (has_gpu && tm->has_tier(tiers::Tier::kHbm)) {
       Status hs = tm->hbm_ipc_handle(r.hbm_ipc_handle);
       if (hs.ok()) r.flags |= wire::kReplyHasHbm;
       else spdlog::warn("HBM IPC handle unavailable: {}", hs.ToString());

@@ -435,7 +435,7 @@ Status Session::DoCommit(const wire::RequestEntry& req, std::span<const uint8_t>
     const Key128 key{item.key.hi, item.key.lo};
     const Key128 parent{item.parent.hi, item.parent.lo};
     if (key.IsZero()) return Status::Invalid("key 0 is not a block key");
-    KVTIER_RETURN_IF_ERROR(tm_->Commit(req.contract_id, ref, key, parent));
+    KVTIER_RETURN_IF_ERROR(tm_->Commit(req.contract_id, ref, key, parent, id_));
     KVTIER_TEST_POINT("Session::Commit:AfterTierCommit");  // visible, not yet acknowledged
     lease.committed[pos->second] = 1;
     ++*committed;

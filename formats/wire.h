@@ -121,7 +121,7 @@ struct AttachRequest {
 };
 static_assert(sizeof(AttachRequest) == 64);
 
-inline constexpr uint32_t kReplyHasHbm = 1u << 0;
+inline constexpr uint32_t kReplyHasHbm = 1u << 0;  // hbm_ipc_handle is set (GPU clients only)
 inline constexpr uint32_t kReplyHasHost = 1u << 1;
 inline constexpr uint32_t kReplyHasNvme = 1u << 2;
 
@@ -136,7 +136,8 @@ struct AttachReply {
   uint32_t num_fds = 0;               // fds passed with this message (SCM_RIGHTS)
   uint32_t max_keys_per_request = 0;  // daemon limit on count for key operations
   uint32_t reserved = 0;
-  uint8_t hbm_ipc_handle[64] = {};    // cudaIpcMemHandle_t of the HBM arena (kReplyHasHbm)
+  uint8_t hbm_ipc_handle[64] = {};    // cudaIpcMemHandle_t of the HBM arena (kReplyHasHbm: only to a
+                                      // client that attached with kAttachHasGpu)
   char message[128] = {};             // NUL-terminated error text when status != 0
 };
 static_assert(sizeof(AttachReply) == 248);

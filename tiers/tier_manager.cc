@@ -74,6 +74,7 @@ Status TierManagerImpl::Init() {
   }
 
   T(kH).Init(Tier::kHbm, &opts_.hbm, hbm_.get(), nullptr, nullptr);
+  if (hbm_) hbm_client_.assign(hbm_->slots(), 0);
   T(kS).Init(Tier::kHost, &opts_.host, nullptr, host_.get(), nullptr);
   T(kN).Init(Tier::kNvme, &opts_.nvme.tier, nullptr, nullptr, nvme_.get());
   admission_ = std::make_unique<NvmeAdmission>(opts_.nvme.admission, opts_.nvme.daily_write_budget_bytes,
@@ -244,13 +245,35 @@ Status TierManagerImpl::AllocLocked(uint64_t contract_id, uint32_t n, int t, std
   return Status::Ok();
 }
 
-Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& key, const Key128& parent) {
+Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& key, const Key128& parent,
+                               uint64_t client) {
   if ((ref.tier != Tier::kHbm && ref.tier != Tier::kHost) || !has_tier(ref.tier)) {
     return Status::Invalid("Commit: bad tier");
   }
-  std::lock_guard<std::mutex> l(mu_);
   Status err;
-  (void)CommitLocked(contract_id, IndexOf(ref.tier), ref.slot, key, parent, /*pin=*/true, /*from_remote=*/false, &err);
+  uint64_t hash_bytes = 0;  // > 0: an HBM block to hash
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    Block* b = CommitLocked(contract_id, IndexOf(ref.tier), ref.slot, key, parent, /*pin=*/true,
+                            /*from_remote=*/false, &err);
+    if (b != nullptr && err.ok() && ref.tier == Tier::kHbm && b->slot[kH] == static_cast<int32_t>(ref.slot)) {
+      hbm_client_[ref.slot] = client;
+      hash_bytes = b->bytes;
+    }
+  }
+  // Outside the lock: the block is pinned by the committing lease, so it cannot leave HBM
+  // before the hash is queued, and every copy out of HBM waits for the hashes queued
+  // before it (HbmPool::HashSlots).
+  if (hash_bytes > 0) {
+    if (Status hs = hbm_->HashSlots({{ref.slot, hash_bytes}}); !hs.ok()) {
+      uint64_t held = 0;
+      if (changed_log_.Allow(&held)) {
+        spdlog::warn("tiers: hash of HBM slot {} not queued at commit ({}): the block is dropped when it leaves HBM "
+                     "({} more such lines held back)",
+                     ref.slot, hs.ToString(), held);
+      }
+    }
+  }
   return err;
 }
 

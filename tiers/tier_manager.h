@@ -206,9 +206,11 @@ class TierManager {
                             std::vector<SlotRef>* out) = 0;
   // Makes an allocated slot's bytes visible as (contract, key). The block stays pinned
   // until Unpin. Commit of a key already present keeps the old block and frees the slot
-  // (the caller's bytes are equal by construction of the key chain).
+  // (the caller's bytes are equal by construction of the key chain). An HBM block is
+  // hashed on the GPU at commit (hbm/block_hash.h); `client` (0: none) is named in the
+  // log line if the block is found changed when it leaves HBM.
   virtual Status Commit(uint64_t contract_id, SlotRef slot, const Key128& key,
-                        const Key128& parent) = 0;
+                        const Key128& parent, uint64_t client = 0) = 0;
   // Drops one pin on a committed block / frees an allocated but uncommitted slot.
   virtual Status Unpin(SlotRef slot) = 0;
   virtual Status FreeSlot(SlotRef slot) = 0;

@@ -112,7 +112,8 @@ class TierManagerImpl final : public TierManager, private StagingHost {
                     double* est_seconds_to_hbm) override;
   void Acquire(uint64_t contract_id, std::span<const Key128> keys, Tier target, AcquireDone done) override;
   Status AllocSlots(uint64_t contract_id, uint32_t n, Tier target, std::vector<SlotRef>* out) override;
-  Status Commit(uint64_t contract_id, SlotRef slot, const Key128& key, const Key128& parent) override;
+  Status Commit(uint64_t contract_id, SlotRef slot, const Key128& key, const Key128& parent,
+                uint64_t client) override;
   Status Unpin(SlotRef slot) override;
   Status FreeSlot(SlotRef slot) override;
   void Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) override;
@@ -218,6 +219,13 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   void SendCopiesInlineLocked(std::unique_lock<std::mutex>& l);
   void ApplyCopyDone(const CopyDoneMsg& m);
   Status DoFlush(Tier to);
+  // The check of a copy out of HBM: Corrupt when the `bytes` at `host` (the copy of HBM
+  // slot `hbm_slot`) do not hash to the value taken when the block entered HBM, or when
+  // none was taken. Reads no TierManager state: runs without mu_.
+  Status CheckLeftHbm(uint32_t hbm_slot, const void* host, uint64_t bytes) const;
+  // A copy out of HBM that failed CheckLeftHbm: counted in the HBM tier's
+  // checksum_failures and logged (rate-limited) with the client that committed it.
+  void ReportChangedLocked(const Block* b, uint32_t hbm_slot, const Status& why);
 
   TierManagerOptions opts_;
   std::unique_ptr<HbmPool> hbm_;
@@ -238,6 +246,11 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   // Blocks lost on the way down (an eviction whose NVMe write failed): counted in the host
   // tier's evictions_dropped, logged at most once per interval.
   LogLimit drop_log_;
+  // Blocks found changed on their way out of HBM (ReportChangedLocked), logged at most
+  // once per interval.
+  LogLimit changed_log_;
+  // Per HBM slot: the client that committed the block in it (0: promoted, or none).
+  std::vector<uint64_t> hbm_client_;
   // Mover queues.
   std::vector<Block*> reads_;                    // NVMe -> host promotions (slot in promo[kS])
   std::vector<std::pair<Block*, bool>> writes_;  // host -> NVMe (bool: eviction)

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "testing/test_point.h"
+#include "tiers/hbm/block_hash.h"
 #include "tiers/tier_manager_impl.h"
 
 namespace kvtier::tiers {
@@ -238,10 +239,20 @@ void TierManagerImpl::RunCopies(std::vector<CopyJob> batch) {
                                                           jobs[d].begin() + static_cast<long>(e));
       std::vector<HbmPool::CopyItem> part(items[d].begin() + static_cast<long>(g),
                                           items[d].begin() + static_cast<long>(e));
-      auto cb = [this, group](Status s) {
+      // A copy out of HBM is checked here, on the CUDA callback thread and without the
+      // lock: the host copy must hash to the value taken when the block entered HBM
+      // (CheckLeftHbm), so that what goes down is exactly what was committed.
+      std::vector<HbmPool::CopyItem> down;
+      if (d == 1) down = part;
+      auto cb = [this, group, down = std::move(down)](Status s) {
+        std::vector<Status> each(group->size(), s);
+        if (s.ok()) {
+          for (size_t k = 0; k < down.size(); ++k) each[k] = CheckLeftHbm(down[k].slot, down[k].host, down[k].bytes);
+        }
         std::lock_guard<std::mutex> l(mu_);
-        for (const CopyJob& j : *group) {
-          copy_done_.push_back({j.b, j.dst_slot, j.to_hbm, j.demote, s});
+        for (size_t k = 0; k < group->size(); ++k) {
+          const CopyJob& j = (*group)[k];
+          copy_done_.push_back({j.b, j.dst_slot, j.to_hbm, j.demote, each[k]});
           --copies_in_flight_;
         }
         KickLocked();
@@ -252,13 +263,42 @@ void TierManagerImpl::RunCopies(std::vector<CopyJob> batch) {
   }
 }
 
+Status TierManagerImpl::CheckLeftHbm(uint32_t hbm_slot, const void* host, uint64_t bytes) const {
+  const std::optional<uint64_t> want = hbm_->SlotHash(hbm_slot);
+  if (!want) return Status::Corrupt("no hash was taken when it entered HBM");
+  if (BlockHash(host, bytes, hbm_->hash_seed()) != *want) {
+    return Status::Corrupt("its bytes changed in HBM after they were hashed");
+  }
+  return Status::Ok();
+}
+
+void TierManagerImpl::ReportChangedLocked(const Block* b, uint32_t hbm_slot, const Status& why) {
+  ++T(kH).c.checksum_failures;
+  uint64_t held = 0;
+  if (!changed_log_.Allow(&held)) return;
+  const uint64_t client = hbm_slot < hbm_client_.size() ? hbm_client_[hbm_slot] : 0;
+  spdlog::warn("tiers: block {}/{} in HBM slot {} ({}) failed its check on the way out of HBM: {}; dropped, "
+               "not copied down ({} more such lines held back)",
+               ContractIdHex(b->id.contract), b->id.key.ToHex(), hbm_slot,
+               client ? "committed by client " + std::to_string(client) : std::string("promoted into HBM"),
+               why.message(), held);
+}
+
 void TierManagerImpl::ApplyCopyDone(const CopyDoneMsg& m) {
   Block* b = m.b;
   const bool ok = m.st.ok();
-  if (!ok) spdlog::warn("tiers: host<->HBM copy failed: {}", m.st.ToString());
+  const bool changed = m.st.IsCorrupt();  // CheckLeftHbm: the copy is not the committed bytes
+  if (changed) {
+    ReportChangedLocked(b, static_cast<uint32_t>(b->slot[kH]), m.st);
+  } else if (!ok) {
+    spdlog::warn("tiers: host<->HBM copy failed: {}", m.st.ToString());
+  }
   if (m.to_hbm) {
     b->io_pins[kS]--;
-    if (ok) T(kH).c.bytes_written += b->bytes;
+    if (ok) {
+      T(kH).c.bytes_written += b->bytes;
+      hbm_client_[static_cast<size_t>(m.dst_slot)] = 0;
+    }
     FinishPromotionLocked(b, kH, ok);
     return;
   }
@@ -284,6 +324,10 @@ void TierManagerImpl::ApplyCopyDone(const CopyDoneMsg& m) {
     RetrySpaceWaitersLocked(kH);
   } else {
     FinishPromotionLocked(b, kS, ok);  // HBM -> host promotion (host-only client)
+    if (changed && b->slot[kH] >= 0 && MayGo(*b, kH)) {  // the changed copy goes too
+      DropCopyLocked(kH, b, false);
+      MaybeEraseLocked(b);
+    }
   }
 }
 
@@ -349,10 +393,17 @@ Status TierManagerImpl::DoFlush(Tier to) {
       }
     }
     for (auto& [b, s] : todo) {
-      Status cs = hbm_->CopyToHostSync(static_cast<uint32_t>(b->slot[kH]), host_->slot_ptr(s), b->bytes);
+      const auto hs = static_cast<uint32_t>(b->slot[kH]);
+      Status cs = hbm_->CopyToHostSync(hs, host_->slot_ptr(s), b->bytes);
+      if (cs.ok()) cs = CheckLeftHbm(hs, host_->slot_ptr(s), b->bytes);
       std::lock_guard<std::mutex> l(mu_);
       b->busy[kH] = false;
-      if (cs.ok()) {
+      if (cs.IsCorrupt()) {  // changed in HBM: neither copy stays
+        ReportChangedLocked(b, hs, cs);
+        T(kS).Free(s);
+        if (b->pins[kH] == 0) DropCopyLocked(kH, b, false);
+        MaybeEraseLocked(b);
+      } else if (cs.ok()) {
         b->slot[kS] = static_cast<int32_t>(s);
         T(kS).slots[s] = SlotInfo{SlotState::kBlock, b, 0};
         T(kS).policy->Insert(b->id, BlockId{b->id.contract, b->parent});

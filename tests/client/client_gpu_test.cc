@@ -3,6 +3,9 @@
 // mapping. Skips, saying why, where the daemon has no HBM tier (no GPU or no CUDA build).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #if KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -72,6 +75,162 @@ TEST(ClientGpu, AcquireIntoHbmAndReadThroughIpc) {
   GTEST_SKIP() << "built without CUDA: the HBM bytes were not read back through the IPC handle";
 #endif
 }
+
+// The HBM arena's IPC handle goes only to a client that attached with the GPU flag: a raw
+// attach without it gets none (flag clear, handle zero), libkvtier says why, and HBM alloc
+// and acquire are refused with the reason.
+TEST(ClientGpu, HbmHandleOnlyForGpuClients) {
+  DaemonConfig cfg;
+  cfg.extra = "[tiers.hbm]\ncapacity = \"1MiB\"\n";
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_connect_options o{};
+  o.name = "host-only";
+  kvtier_client* host_only = nullptr;
+  ASSERT_EQ(kvtier_connect(d.socket().c_str(), &o, &host_only), KVTIER_OK) << kvtier_last_error();
+  uint8_t handle[64];
+  EXPECT_EQ(kvtier_hbm_ipc_handle(host_only, handle), KVTIER_INVALID);
+  EXPECT_NE(std::string(kvtier_last_error()).find("has_gpu"), std::string::npos) << kvtier_last_error();
+  o.name = "gpu";
+  o.has_gpu = 1;
+  kvtier_client* gpu = nullptr;
+  ASSERT_EQ(kvtier_connect(d.socket().c_str(), &o, &gpu), KVTIER_OK) << kvtier_last_error();
+  if (kvtier_hbm_ipc_handle(gpu, handle) != KVTIER_OK) {
+    kvtier_close(gpu);
+    kvtier_close(host_only);
+    GTEST_SKIP() << "no CUDA device: the daemon has no HBM tier (" << kvtier_last_error() << ")";
+  }
+  RawClient raw;  // attach flags 0
+  wire::AttachReply reply;
+  ASSERT_TRUE(raw.Attach(d.socket(), &reply));
+  ASSERT_EQ(reply.status, 0);
+  EXPECT_EQ(reply.flags & wire::kReplyHasHbm, 0u);
+  bool zero = true;
+  for (uint8_t b : reply.hbm_ipc_handle) zero = zero && b == 0;
+  EXPECT_TRUE(zero) << "a client without the GPU flag got the HBM arena's handle";
+  const auto desc = SmallContract();
+  uint64_t cid = 0, lease = 0;
+  ASSERT_EQ(kvtier_register_contract(host_only, &desc, &cid), KVTIER_OK);
+  kvtier_slot slot{};
+  EXPECT_EQ(kvtier_alloc(host_only, cid, 1, KVTIER_TIER_HBM, &lease, &slot), KVTIER_INVALID);
+  EXPECT_NE(std::string(kvtier_last_error()).find("without a GPU"), std::string::npos) << kvtier_last_error();
+  kvtier_key k{1, 11};
+  size_t n = 0;
+  EXPECT_EQ(kvtier_acquire(host_only, cid, &k, 1, KVTIER_TIER_HBM, &lease, &slot, &n), KVTIER_INVALID);
+  EXPECT_NE(std::string(kvtier_last_error()).find("without a GPU"), std::string::npos) << kvtier_last_error();
+  ASSERT_EQ(kvtier_alloc(gpu, cid, 1, KVTIER_TIER_HBM, &lease, &slot), KVTIER_OK) << kvtier_last_error();
+  EXPECT_EQ(kvtier_release(gpu, lease), KVTIER_OK);
+  raw.Close();
+  kvtier_close(gpu);
+  kvtier_close(host_only);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+#if KVTIER_HAVE_CUDA
+// A GPU client commits three HBM blocks, then overwrites the middle one through its IPC
+// mapping (CUDA IPC maps read-write). Pushed down (flush to host, then to NVMe, then a
+// restart), the changed block is dropped, counted (tier stats and /metrics) and logged with
+// the client that committed it, and is never served from host or NVMe; the untouched
+// blocks go down and come back byte-exact.
+TEST(ClientGpu, BlockChangedThroughIpcIsDroppedNotDemoted) {
+  DaemonConfig cfg;
+  cfg.extra = "[tiers.hbm]\ncapacity = \"1MiB\"\n";
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_connect_options o{};
+  o.name = "gpu-writer";
+  o.has_gpu = 1;
+  kvtier_client* c = nullptr;
+  ASSERT_EQ(kvtier_connect(d.socket().c_str(), &o, &c), KVTIER_OK) << kvtier_last_error();
+  uint8_t handle[64];
+  if (kvtier_hbm_ipc_handle(c, handle) != KVTIER_OK) {
+    kvtier_close(c);
+    GTEST_SKIP() << "no CUDA device: the daemon has no HBM tier (" << kvtier_last_error() << ")";
+  }
+  const auto desc = SmallContract();
+  uint64_t cid = 0, lease = 0;
+  ASSERT_EQ(kvtier_register_contract(c, &desc, &cid), KVTIER_OK);
+  uint64_t bb = 0;
+  ASSERT_EQ(kvtier_contract_block_bytes(&desc, &bb), KVTIER_OK);
+  const uint64_t sb = kvtier_slot_bytes(c);
+  void* dev = nullptr;
+  ASSERT_EQ(kvtier_hbm_open(c, &dev), KVTIER_OK) << kvtier_last_error();
+  auto* hbm = static_cast<uint8_t*>(dev);
+  std::vector<kvtier_key> keys{{7, 1}, {7, 2}, {7, 3}};
+  std::vector<kvtier_slot> slots(3);
+  ASSERT_EQ(kvtier_alloc(c, cid, 3, KVTIER_TIER_HBM, &lease, slots.data()), KVTIER_OK) << kvtier_last_error();
+  std::vector<kvtier_commit_item> items;
+  std::vector<uint8_t> buf(bb);
+  for (size_t i = 0; i < 3; ++i) {
+    FillBlock(buf.data(), bb, cid, keys[i]);
+    ASSERT_EQ(cudaMemcpy(hbm + slots[i].slot * sb, buf.data(), bb, cudaMemcpyHostToDevice), cudaSuccess);
+    items.push_back({slots[i], keys[i], i ? keys[i - 1] : kvtier_key{0, 0}});
+  }
+  ASSERT_EQ(kvtier_commit(c, cid, lease, items.data(), 3, nullptr), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(kvtier_release(c, lease), KVTIER_OK);
+  // After commit and release: eight bytes of the middle block, through the IPC mapping.
+  // The daemon's hash runs on the GPU shortly after kvtier_commit returns (on a stream of
+  // its own); the change is made well after it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(cudaMemset(hbm + slots[1].slot * sb + 100, 0xAB, 8), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(kvtier_flush_to(c, KVTIER_TIER_HOST), KVTIER_OK) << kvtier_last_error();
+
+  kvtier_tier_stats st[4];
+  size_t nst = 0;
+  ASSERT_EQ(kvtier_stats(c, st, 4, &nst), KVTIER_OK);
+  ASSERT_GE(nst, 1u);
+  EXPECT_EQ(st[0].tier, KVTIER_TIER_HBM);
+  EXPECT_EQ(st[0].checksum_failures, 1u);
+  EXPECT_EQ(MetricValue(HttpGet(d.metrics_port(), "/metrics"), "kvtier_tier_checksum_failures_total{tier=\"hbm\"}"), 1);
+  const std::string log = d.log();
+  EXPECT_NE(log.find("failed its check on the way out of HBM"), std::string::npos) << log;
+  EXPECT_NE(log.find("committed by client"), std::string::npos) << log;
+
+  // Host: the changed block is gone; the others are there, exact.
+  auto acquire_one = [&](kvtier_client* cl, const kvtier_key& k, std::vector<uint8_t>* out) -> size_t {
+    kvtier_slot s{};
+    size_t got = 0;
+    uint64_t l = 0;
+    EXPECT_EQ(kvtier_acquire(cl, cid, &k, 1, KVTIER_TIER_HOST, &l, &s, &got), KVTIER_OK) << kvtier_last_error();
+    if (got == 1) {
+      uint64_t ab = 0;
+      const auto* arena = static_cast<const uint8_t*>(kvtier_host_arena(cl, &ab));
+      out->assign(arena + s.slot * kvtier_slot_bytes(cl), arena + s.slot * kvtier_slot_bytes(cl) + bb);
+    }
+    EXPECT_EQ(kvtier_release(cl, l), KVTIER_OK);
+    return got;
+  };
+  std::vector<uint8_t> got;
+  EXPECT_EQ(acquire_one(c, keys[1], &got), 0u) << "the changed block was served from host";
+  for (size_t i : {0u, 2u}) {
+    ASSERT_EQ(acquire_one(c, keys[i], &got), 1u) << i;
+    EXPECT_TRUE(CheckBlock(got.data(), bb, cid, keys[i])) << i;
+  }
+  // NVMe, across a restart.
+  ASSERT_EQ(kvtier_flush(c), KVTIER_OK) << kvtier_last_error();
+  kvtier_close(c);
+  ASSERT_EQ(d.Stop(), 0) << d.log();
+  ASSERT_TRUE(d.Start()) << d.log();
+  o.name = "reader";
+  o.has_gpu = 0;
+  ASSERT_EQ(kvtier_connect(d.socket().c_str(), &o, &c), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(kvtier_register_contract(c, &desc, &cid), KVTIER_OK);
+  EXPECT_EQ(acquire_one(c, keys[1], &got), 0u) << "the changed block was served from NVMe";
+  for (size_t i : {0u, 2u}) {
+    ASSERT_EQ(acquire_one(c, keys[i], &got), 1u) << i;
+    EXPECT_TRUE(CheckBlock(got.data(), bb, cid, keys[i])) << i;
+  }
+  ASSERT_EQ(kvtier_stats(c, st, 4, &nst), KVTIER_OK);
+  for (size_t i = 0; i < nst; ++i) {
+    if (st[i].tier == KVTIER_TIER_NVME) {
+      EXPECT_EQ(st[i].checksum_failures, 0u);
+    }
+  }
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+#endif
 
 }  // namespace
 }  // namespace kvtier::testing

@@ -6,11 +6,16 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <future>
+#include <random>
 
 #include "formats/contract.h"
 #include "tests/tiers/test_util.h"
 #include "common/cuda_env.h"
+#include "tiers/hbm/block_hash.h"
 #include "tiers/hbm/hbm_pool.h"
 #include "tiers/host/host_pool.h"
 #include "tiers/nvme/nvme_store.h"
@@ -43,7 +48,17 @@ bool DeviceFill(uint8_t* dev, size_t n, uint64_t seed) {
   testing::Fill(buf.get(), n, seed);
   return cudaMemcpy(dev, buf.get(), n, cudaMemcpyHostToDevice) == cudaSuccess;
 }
+// Flips the low bit of one device byte, as a stray write through an IPC mapping would,
+// after the device is idle (so after the hash the commit queued on the pool's stream).
+bool DeviceFlip(uint8_t* dev) {
+  if (cudaDeviceSynchronize() != cudaSuccess) return false;
+  uint8_t b = 0;
+  if (cudaMemcpy(&b, dev, 1, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+  b ^= 1;
+  return cudaMemcpy(dev, &b, 1, cudaMemcpyHostToDevice) == cudaSuccess;
+}
 #else
+bool DeviceFlip(uint8_t*) { return false; }
 bool DeviceMatches(const uint8_t*, size_t, uint64_t) { return false; }
 bool DeviceFill(uint8_t*, size_t, uint64_t) { return false; }
 #endif
@@ -81,6 +96,60 @@ TEST(HbmPool, CopiesRoundTripAndExportsAnIpcHandle) {
   EXPECT_TRUE(pool.Free(*s).ok());
   EXPECT_TRUE(pool.Free(*s).IsInvalid());
   EXPECT_TRUE(pool.CopyToDevice(99, (*host)->slot_ptr(0), slot, [](Status) {}).IsInvalid());
+}
+
+// The block hash taken on the GPU (at commit: HashSlots; after a promotion: CopyBatch and
+// CopyToDevice) equals the CPU's BlockHash of the same bytes, for one-chunk, many-chunk and
+// ragged sizes on fresh random bytes; a slot never hashed, or freed since, has none.
+TEST(HbmPool, GpuHashEqualsTheCpuHash) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t slot = 1474560;  // 45 chunks of 32 KiB
+  HostPoolOptions ho;
+  ho.slot_bytes = slot;
+  ho.slots = 8;
+  auto host = HostPool::Create(ho);
+  ASSERT_TRUE(host.ok());
+  HbmPoolOptions o;
+  o.slot_bytes = slot;
+  o.slots = 8;
+  auto p = HbmPool::Create(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HbmPool& pool = **p;
+  const uint64_t fresh = std::random_device{}();
+  const uint64_t sizes[] = {slot, 576, 32768, 32769, 1000003, 16, 1};
+  std::vector<HbmPool::HashItem> items;
+  for (uint32_t i = 0; i < 7; ++i) {
+    auto s = pool.Alloc();
+    ASSERT_TRUE(s.has_value());
+    EXPECT_FALSE(pool.SlotHash(*s).has_value()) << "slot " << *s << " has a hash before any";
+    testing::Fill((*host)->slot_ptr(i), slot, fresh + i);
+    ASSERT_TRUE(DeviceFill(pool.slot_ptr(*s), slot, fresh + i));
+    items.push_back({*s, sizes[i]});
+  }
+  ASSERT_TRUE(pool.HashSlots(items).ok());
+  // A copy out of the arena waits for the hashes queued before it.
+  ASSERT_TRUE(pool.CopyToHostSync(items[0].slot, (*host)->slot_ptr(7), slot).ok());
+  for (uint32_t i = 0; i < 7; ++i) {
+    const auto h = pool.SlotHash(items[i].slot);
+    ASSERT_TRUE(h.has_value()) << i;
+    EXPECT_EQ(*h, BlockHash((*host)->slot_ptr(i), sizes[i], pool.hash_seed())) << "size " << sizes[i];
+  }
+  // One changed byte: the CPU hash of the changed bytes differs from the one taken.
+  testing::Fill((*host)->slot_ptr(7), slot, fresh);
+  (*host)->slot_ptr(7)[777] ^= 1;
+  EXPECT_NE(*pool.SlotHash(items[0].slot), BlockHash((*host)->slot_ptr(7), slot, pool.hash_seed()));
+  // A promotion's copies are hashed after they land.
+  std::vector<HbmPool::CopyItem> up;
+  for (uint32_t i = 0; i < 3; ++i) up.push_back({items[i].slot, (*host)->slot_ptr(4 + i), sizes[4 + i]});
+  std::promise<Status> done;
+  ASSERT_TRUE(pool.CopyBatch(up, true, [&](Status st) { done.set_value(st); }).ok());
+  ASSERT_TRUE(done.get_future().get().ok());
+  ASSERT_TRUE(pool.CopyToHostSync(items[0].slot, (*host)->slot_ptr(7), slot).ok());
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(*pool.SlotHash(items[i].slot), BlockHash((*host)->slot_ptr(4 + i), sizes[4 + i], pool.hash_seed())) << i;
+  }
+  ASSERT_TRUE(pool.Free(items[0].slot).ok());
+  EXPECT_FALSE(pool.SlotHash(items[0].slot).has_value());
 }
 
 // CopyBatch merges adjacent slots with adjacent host buffers into one copy. Pure: runs
@@ -371,6 +440,96 @@ TEST_F(HbmTierManager, CorruptRecordEndsAnHbmAcquire) {
   EXPECT_EQ(tm_->Stats()[2].checksum_failures, 1u);
   EXPECT_EQ(tm_->Lookup(cid_, Keys(0, 3)).hit_blocks, 1u);
 }
+
+// A block committed straight into HBM and then changed there (as a GPU client can through
+// its read-write IPC mapping) fails its hash on the way down: dropped, counted in the HBM
+// tier's checksum_failures, never in host or NVMe; its untouched neighbours go down and
+// come back byte-exact. Both ways out of HBM: Flush (synchronous copies) and the watermark
+// (the mover's copy batches).
+class HbmChanged : public HbmTierManager, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(HbmChanged, ChangedBlockIsDroppedOnTheWayDown) {
+  SKIP_WITHOUT_GPU();
+  const bool pressure = GetParam();
+  OpenTm();
+  const size_t n = c_.block_bytes();
+  const uint64_t blocks = pressure ? 8 : 4;  // 8 > the high watermark of 6 slots
+  for (uint64_t i = 0; i < blocks; ++i) {
+    std::vector<SlotRef> s;
+    Status st;
+    for (int t = 0; t < 100; ++t) {
+      s.clear();
+      st = tm_->AllocSlots(cid_, 1, Tier::kHbm, &s);
+      if (st.code() != StatusCode::kRetry) break;
+      tm_->Drain();
+    }
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_TRUE(DeviceFill(Hbm(s[0]), n, 200 + i));
+    ASSERT_TRUE(tm_->Commit(cid_, s[0], K(200 + i), i ? K(199 + i) : Key128{}, 77).ok());
+    ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+    if (i == 0) {  // changed after commit: one byte, the way a stray write would
+      ASSERT_TRUE(DeviceFlip(Hbm(s[0]) + 1234));
+    }
+  }
+  if (!pressure) {
+    ASSERT_TRUE(tm_->Flush(Tier::kHost).ok());
+  }
+  tm_->Drain();
+  auto stats = tm_->Stats();
+  EXPECT_EQ(stats[0].checksum_failures, 1u);
+  EXPECT_GT(stats[0].evictions_demoted, 0u);
+  auto info = tm_->InspectBlock(cid_, K(200));
+  if (info.ok()) {  // pressure: only if it was never pushed out (it is the coldest)
+    EXPECT_LT(info->host_slot, 0) << "the changed block reached host";
+    EXPECT_FALSE(info->in_nvme);
+  }
+  EXPECT_FALSE(info.ok()) << "the changed block is still indexed";
+  ASSERT_TRUE(tm_->Flush(Tier::kNvme).ok());
+  EXPECT_EQ(tm_->Lookup(cid_, Keys(200, 200 + blocks)).hit_blocks, 0u);  // the chain starts at the dropped block
+  for (uint64_t i = 201; i < 200 + blocks; ++i) {
+    auto slots = AcquireSync({K(i)}, Tier::kHost);
+    ASSERT_EQ(slots.size(), 1u) << i;
+    EXPECT_TRUE(testing::Matches(arena_ + uint64_t{slots[0].slot} * slot_, n, i)) << i;
+    ASSERT_TRUE(tm_->Unpin(slots[0]).ok());
+  }
+  EXPECT_EQ(tm_->Stats()[0].checksum_failures, 1u);
+}
+
+// What the hash costs a commit: the median Commit of an HBM block (the hash kernel queued
+// after the lock is let go) against that of a host block, measured on the same blocks.
+// The bound is loose (a kernel launch is a few microseconds); the numbers are printed.
+TEST_F(HbmTierManager, HbmCommitCostsAboutAKernelLaunchMore) {
+  SKIP_WITHOUT_GPU();
+  o_.hbm.capacity_bytes = 64 * slot_;
+  o_.hbm.high_watermark = 0.95;
+  o_.host.capacity_bytes = 64 * slot_;
+  OpenTm();
+  auto median_commit_us = [&](Tier t, uint64_t first) {
+    std::vector<double> us;
+    for (uint64_t i = 0; i < 48; ++i) {
+      std::vector<SlotRef> s;
+      EXPECT_TRUE(tm_->AllocSlots(cid_, 1, t, &s).ok());
+      if (s.empty()) break;
+      const auto t0 = std::chrono::steady_clock::now();
+      EXPECT_TRUE(tm_->Commit(cid_, s[0], K(first + i), Key128{}).ok());
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      EXPECT_TRUE(tm_->Unpin(s[0]).ok());
+      EXPECT_TRUE(tm_->Evict(cid_, K(first + i)).ok());
+    }
+    std::sort(us.begin(), us.end());
+    return us.empty() ? 0.0 : us[us.size() / 2];
+  };
+  (void)median_commit_us(Tier::kHbm, 1000);  // warm: the first launch loads the module
+  const double hbm = median_commit_us(Tier::kHbm, 2000);
+  const double host = median_commit_us(Tier::kHost, 3000);
+  std::printf("median Commit: hbm %.1f us (hash queued), host %.1f us\n", hbm, host);
+  RecordProperty("hbm_commit_us", std::to_string(hbm));
+  RecordProperty("host_commit_us", std::to_string(host));
+  EXPECT_LT(hbm, host + 50.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(HbmTierManager, HbmChanged, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Watermark" : "Flush"; });
 
 }  // namespace
 }  // namespace kvtier::tiers

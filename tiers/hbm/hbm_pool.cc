@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 
 #if KVTIER_HAVE_CUDA
@@ -12,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "tiers/hbm/gather.h"
+#include "tiers/hbm/hash.h"
 #endif
 
 namespace kvtier::tiers {
@@ -57,7 +59,13 @@ std::optional<uint32_t> HbmPool::Alloc() {
 Status HbmPool::Free(uint32_t slot) {
   std::lock_guard<std::mutex> l(mu_);
   if (!alloc_.Free(slot)) return Status::Invalid("hbm pool: slot " + std::to_string(slot) + " is not allocated");
+  if (hashed_) hashed_[slot].store(0, std::memory_order_relaxed);
   return Status::Ok();
+}
+
+std::optional<uint64_t> HbmPool::SlotHash(uint32_t slot) const {
+  if (!hashed_ || slot >= opts_.slots || hashed_[slot].load(std::memory_order_acquire) == 0) return std::nullopt;
+  return static_cast<uint64_t>(reinterpret_cast<const volatile unsigned long long*>(hash_host_)[slot]);
 }
 uint32_t HbmPool::used() const {
   std::lock_guard<std::mutex> l(mu_);
@@ -116,10 +124,10 @@ void CUDART_CB RunDone(void* p) {
   c->done(Status::Ok());
   delete c;
 }
-// One copy on stream s, then `done` on the same stream once it has landed.
+// One copy on stream s (none for bytes == 0), then `done` on the same stream once it has landed.
 Status CopyThenDone(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind, cudaStream_t s,
                     HbmPool::CopyDone done, const char* what) {
-  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(dst, src, bytes, kind, s), what));
+  if (bytes > 0) KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(dst, src, bytes, kind, s), what));
   auto* c = new HostFnCtx{std::move(done)};
   cudaError_t e = cudaLaunchHostFunc(s, RunDone, c);
   if (e != cudaSuccess) {
@@ -172,6 +180,34 @@ StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
   }
   p->trace_ = opts.trace_copies;
   p->alloc_.Reset(opts.slots);
+  {
+    std::random_device rd;
+    p->hash_seed_ = (uint64_t{rd()} << 32) ^ rd();
+  }
+  // The hashes on a stream of the highest priority: a commit's hash is scheduled ahead of
+  // an engine's queued kernels, so it runs soon after the commit returns.
+  int least = 0, greatest = 0;
+  cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  cudaGetLastError();
+  cudaStream_t hs;
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaStreamCreateWithPriority(&hs, cudaStreamNonBlocking, greatest), "stream"));
+  p->hash_stream_ = hs;
+  for (void** ev : {&p->hash_in_, &p->hash_done_}) {
+    cudaEvent_t e;
+    KVTIER_RETURN_IF_ERROR(CudaErr(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event"));
+    *ev = e;
+  }
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMalloc(reinterpret_cast<void**>(&p->hash_sums_), sizeof(unsigned long long) * opts.slots), "cudaMalloc hash"));
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMalloc(reinterpret_cast<void**>(&p->hash_counts_), sizeof(unsigned int) * opts.slots), "cudaMalloc hash"));
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemset(p->hash_sums_, 0, sizeof(unsigned long long) * opts.slots), "cudaMemset"));
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemset(p->hash_counts_, 0, sizeof(unsigned int) * opts.slots), "cudaMemset"));
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaHostAlloc(reinterpret_cast<void**>(&p->hash_host_),
+                                               sizeof(unsigned long long) * opts.slots, cudaHostAllocMapped),
+                                 "cudaHostAlloc hash"));
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaHostGetDevicePointer(reinterpret_cast<void**>(&p->hash_host_dev_), p->hash_host_, 0),
+                                 "cudaHostGetDevicePointer"));
+  p->hashed_ = std::make_unique<std::atomic<uint8_t>[]>(opts.slots);
+  for (uint32_t i = 0; i < opts.slots; ++i) p->hashed_[i].store(0, std::memory_order_relaxed);
   // HbmPoolOptions::copy: auto (default), or one method forced for a benchmark.
   const HbmCopy mode = opts.copy;
   int host_ptr_ok = 0;
@@ -215,7 +251,63 @@ HbmPool::~HbmPool() {
       if (fe != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(fe));
     }
   }
+  if (hash_stream_) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(hash_stream_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(hash_stream_));
+  }
+  if (hash_in_) cudaEventDestroy(static_cast<cudaEvent_t>(hash_in_));
+  if (hash_done_) cudaEventDestroy(static_cast<cudaEvent_t>(hash_done_));
+  if (hash_sums_) cudaFree(hash_sums_);
+  if (hash_counts_) cudaFree(hash_counts_);
+  if (hash_host_) cudaFreeHost(hash_host_);
   if (base_) cudaFree(base_);
+}
+
+Status HbmPool::QueueHashLocked(const std::vector<HashItem>& items, void* after_stream) {
+  if (items.empty()) return Status::Ok();
+  for (const auto& it : items) {
+    if (it.slot >= opts_.slots || it.bytes > opts_.slot_bytes) return Status::Invalid("hbm hash: slot or size out of range");
+  }
+  auto hs = static_cast<cudaStream_t>(hash_stream_);
+  if (after_stream != nullptr) {  // after the copies queued on that stream so far
+    KVTIER_RETURN_IF_ERROR(CudaErr(cudaEventRecord(static_cast<cudaEvent_t>(hash_in_), static_cast<cudaStream_t>(after_stream)),
+                                   "cudaEventRecord"));
+    KVTIER_RETURN_IF_ERROR(CudaErr(cudaStreamWaitEvent(hs, static_cast<cudaEvent_t>(hash_in_), 0), "cudaStreamWaitEvent"));
+  }
+  auto args = std::make_unique<detail::HashArgs>();
+  args->base = base_;
+  args->slot_bytes = opts_.slot_bytes;
+  args->seed = hash_seed_;
+  args->sums = hash_sums_;
+  args->counts = hash_counts_;
+  args->out = hash_host_dev_;
+  const uint32_t chunk = detail::HashChunkBytes();
+  for (size_t i = 0; i < items.size(); i += detail::kMaxHashItems) {
+    const size_t n = std::min<size_t>(items.size() - i, detail::kMaxHashItems);
+    uint64_t max_bytes = 0;
+    for (size_t j = 0; j < n; ++j) {
+      args->items[j] = {items[i + j].slot, static_cast<uint32_t>(items[i + j].bytes)};
+      max_bytes = std::max<uint64_t>(max_bytes, items[i + j].bytes);
+    }
+    args->n = static_cast<uint32_t>(n);
+    args->chunks_per_item = static_cast<uint32_t>(std::max<uint64_t>(1, (max_bytes + chunk - 1) / chunk));
+    KVTIER_RETURN_IF_ERROR(CudaErr(detail::LaunchHash(*args, hs), "hbm hash kernel"));
+  }
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaEventRecord(static_cast<cudaEvent_t>(hash_done_), hs), "cudaEventRecord"));
+  for (const auto& it : items) hashed_[it.slot].store(1, std::memory_order_release);
+  return Status::Ok();
+}
+
+Status HbmPool::HashSlots(const std::vector<HashItem>& items) {
+  cudaSetDevice(opts_.device);
+  std::lock_guard<std::mutex> l(hash_mu_);
+  return QueueHashLocked(items, nullptr);
+}
+
+Status HbmPool::WaitHashes(void* stream) {
+  std::lock_guard<std::mutex> l(hash_mu_);
+  return CudaErr(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(hash_done_), 0),
+                 "cudaStreamWaitEvent");
 }
 
 Status HbmPool::IpcHandle(uint8_t out[64]) const {
@@ -230,13 +322,19 @@ Status HbmPool::IpcHandle(uint8_t out[64]) const {
 Status HbmPool::CopyToDevice(uint32_t slot, const void* src, uint64_t bytes, CopyDone done) {
   if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
   cudaSetDevice(opts_.device);
-  return CopyThenDone(slot_ptr(slot), src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(h2d_),
-                      std::move(done), "cudaMemcpyAsync H2D");
+  auto s = static_cast<cudaStream_t>(h2d_);
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(slot_ptr(slot), src, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync H2D"));
+  {
+    std::lock_guard<std::mutex> l(hash_mu_);
+    KVTIER_RETURN_IF_ERROR(QueueHashLocked({{slot, bytes}}, h2d_));
+  }
+  return CopyThenDone(nullptr, nullptr, 0, cudaMemcpyHostToDevice, s, std::move(done), "cudaMemcpyAsync H2D");
 }
 
 Status HbmPool::CopyToHost(uint32_t slot, void* dst, uint64_t bytes, CopyDone done) {
   if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
   cudaSetDevice(opts_.device);
+  KVTIER_RETURN_IF_ERROR(WaitHashes(d2h_));
   return CopyThenDone(dst, slot_ptr(slot), bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(d2h_),
                       std::move(done), "cudaMemcpyAsync D2H");
 }
@@ -300,6 +398,7 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
   const char* method = queued ? "gather kernel" : "";
   auto issue_runs = [&](cudaStream_t cs, size_t b, size_t e) -> Status {
     const size_t n = e - b;
+    if (!to_device) KVTIER_RETURN_IF_ERROR(WaitHashes(cs));  // SlotHash ready in the completion
     const bool use_batch = !loop_only_.load(std::memory_order_relaxed) &&
                            (n > 64 || batch_always_.load(std::memory_order_relaxed));
     if (n > 1 && use_batch && batch_api_.load(std::memory_order_relaxed)) {
@@ -370,6 +469,17 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
       return st;
     }
   }
+  if (to_device) {
+    // Hash what landed, after the copies (or the gather kernel) on `s`.
+    std::vector<HashItem> hashed;
+    hashed.reserve(items.size());
+    for (const auto& it : items) hashed.push_back({it.slot, it.bytes});
+    std::lock_guard<std::mutex> hl(hash_mu_);
+    if (Status hs = QueueHashLocked(hashed, s); !hs.ok()) {
+      spdlog::warn("hbm pool: hash of {} promoted blocks not queued ({}); they leave HBM unverified", items.size(),
+                   hs.ToString());
+    }
+  }
   auto* c = new HostFnCtx{std::move(done)};
   if (trace_) {
     c->trace = true;
@@ -399,6 +509,7 @@ Status HbmPool::CopyToHostSync(uint32_t slot, void* dst, uint64_t bytes) {
   if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
   cudaSetDevice(opts_.device);
   auto s = static_cast<cudaStream_t>(d2h_);
+  KVTIER_RETURN_IF_ERROR(WaitHashes(d2h_));
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(dst, slot_ptr(slot), bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync D2H"));
   return CudaErr(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
@@ -408,7 +519,9 @@ Status HbmPool::CopyToDeviceSync(uint32_t slot, const void* src, uint64_t bytes)
   cudaSetDevice(opts_.device);
   auto s = static_cast<cudaStream_t>(h2d_);
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(slot_ptr(slot), src, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync H2D"));
-  return CudaErr(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
+  std::lock_guard<std::mutex> l(hash_mu_);
+  return QueueHashLocked({{slot, bytes}}, nullptr);
 }
 
 #else  // !KVTIER_HAVE_CUDA
@@ -430,6 +543,9 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>&, bool, CopyDone) {
 Status HbmPool::CopyToDeviceSync(uint32_t, const void*, uint64_t) {
   return Status::Unsupported("built without CUDA");
 }
+Status HbmPool::HashSlots(const std::vector<HashItem>&) { return Status::Unsupported("built without CUDA"); }
+Status HbmPool::QueueHashLocked(const std::vector<HashItem>&, void*) { return Status::Unsupported("built without CUDA"); }
+Status HbmPool::WaitHashes(void*) { return Status::Unsupported("built without CUDA"); }
 
 #endif
 

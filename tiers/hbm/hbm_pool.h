@@ -8,6 +8,12 @@
 // Completion is reported through a callback run by cudaLaunchHostFunc on a CUDA-owned
 // thread: the callback must not call CUDA (the TierManager's only queues a completion).
 //
+// Every block that enters the arena is hashed on the GPU (block_hash.h): at commit
+// (HashSlots) and after a promotion's copies (CopyBatch to the device). SlotHash gives the
+// value back to whoever checks a copy of the slot on its way down: CUDA IPC maps the arena
+// read-write for every GPU client, so a change made after the hash is detected there, not
+// prevented.
+//
 // Only built into a useful form with CUDA (KVTIER_HAVE_CUDA); elsewhere Create() answers
 // Unsupported and the TierManager runs without an HBM tier.
 #pragma once
@@ -110,6 +116,25 @@ class HbmPool {
   Status CopyToHostSync(uint32_t slot, void* host_dst, uint64_t bytes);
   Status CopyToDeviceSync(uint32_t slot, const void* host_src, uint64_t bytes);
 
+  // ---- The block hash (block_hash.h).
+  struct HashItem {
+    uint32_t slot;
+    uint64_t bytes;  // <= slot_bytes
+  };
+  // Queues the hash of each item's slot (distinct slots) on the pool's hash stream and
+  // returns at once (one kernel launch per 2,048 items). Every copy out of the arena
+  // issued afterwards (CopyBatch, CopyToHost, CopyToHostSync) waits on the GPU for the
+  // hashes queued before it, so SlotHash is ready in that copy's completion. CopyBatch to
+  // the device hashes its slots itself, after the copies. On an error no item counts as
+  // hashed.
+  Status HashSlots(const std::vector<HashItem>& items);
+  // The hash taken when the slot's block entered HBM; nullopt when none was taken since
+  // the slot was last allocated. Read it in the completion of a copy out of the slot (or
+  // after a synchronous one).
+  std::optional<uint64_t> SlotHash(uint32_t slot) const;
+  // The hash's seed: random per pool, never sent to a client (block_hash.h says why).
+  uint64_t hash_seed() const { return hash_seed_; }
+
  private:
   HbmPool() = default;
   HbmPoolOptions opts_;
@@ -140,6 +165,25 @@ class HbmPool {
   std::atomic<bool> loop_only_{false};      // HbmCopy::kLoop
   std::atomic<bool> batch_always_{false};   // HbmCopy::kBatch
   std::atomic<bool> batch_api_{true};
+  // The block hash. hash_mu_ orders the launches on hash_stream_ with the records of
+  // hash_done_ (after every launch) and the waits of the copies out of the arena on it.
+  uint64_t hash_seed_ = 0;
+  std::mutex hash_mu_;
+  void* hash_stream_ = nullptr;  // cudaStream_t
+  void* hash_in_ = nullptr;      // cudaEvent_t: a promotion's copies done (CopyBatch)
+  void* hash_done_ = nullptr;    // cudaEvent_t: every hash queued so far
+  unsigned long long* hash_sums_ = nullptr;  // [slots] device scratch (hash.h)
+  unsigned int* hash_counts_ = nullptr;      // [slots] device scratch
+  unsigned long long* hash_host_ = nullptr;  // [slots] pinned, mapped: the hash per slot
+  unsigned long long* hash_host_dev_ = nullptr;  // hash_host_ as the device sees it
+  // [slots] 1 while hash_host_[slot] holds the hash of the slot's block (set at launch,
+  // cleared by Free).
+  std::unique_ptr<std::atomic<uint8_t>[]> hashed_;
+  // Launches the hashes of `items` on hash_stream_ (after the work queued on
+  // `after_stream` so far, if not null) and records hash_done_. Holds hash_mu_.
+  Status QueueHashLocked(const std::vector<HashItem>& items, void* after_stream);
+  // Makes `stream` (a cudaStream_t) wait for every hash queued so far.
+  Status WaitHashes(void* stream);
 };
 
 }  // namespace kvtier::tiers

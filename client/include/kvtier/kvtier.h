@@ -186,10 +186,14 @@ KVTIER_API int kvtier_host_arena_fd(const kvtier_client* c);
  * automatic ones included): a binding that caches the arena's address maps it again when
  * this changes. */
 KVTIER_API uint64_t kvtier_attach_generation(const kvtier_client* c);
-/* Copies the HBM arena's CUDA IPC handle (64 bytes); UNSUPPORTED without an HBM tier. */
+/* Copies the HBM arena's CUDA IPC handle (64 bytes); UNSUPPORTED without an HBM tier,
+ * INVALID for a client that attached without has_gpu (the daemon sends the handle only to
+ * GPU clients). CUDA IPC maps the arena read-write: a change made to a committed block is
+ * detected when the block leaves HBM, and the block is dropped (docs/tiers.md). */
 KVTIER_API kvtier_status kvtier_hbm_ipc_handle(const kvtier_client* c, uint8_t out[64]);
 /* Opens the HBM arena in this process (cudaIpcOpenMemHandle), once; *dev_ptr is the
- * device address of slot 0. UNSUPPORTED in a build without CUDA or without HBM tier. */
+ * device address of slot 0. UNSUPPORTED in a build without CUDA or without HBM tier,
+ * INVALID without has_gpu. */
 KVTIER_API kvtier_status kvtier_hbm_open(kvtier_client* c, void** dev_ptr);
 
 /* ---- contracts and keys ------------------------------------------------------------ */

@@ -1,0 +1,36 @@
+// The block hash on the GPU (hash.cu): one launch hashes a batch of HBM slots with the
+// function of block_hash.h and writes each slot's hash to host-mapped memory. Used by
+// HbmPool::HashSlots (commits) and by HbmPool::CopyBatch after a promotion's copies.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace kvtier::tiers::detail {
+
+struct HashItem {
+  uint32_t slot;   // HBM slot
+  uint32_t bytes;  // bytes of the block in it (<= slot_bytes)
+};
+
+// Items per launch: the arguments travel as kernel parameters (up to 32 KB since CUDA
+// 12.1 on Volta and later), like GatherArgs.
+inline constexpr uint32_t kMaxHashItems = 2048;
+
+struct HashArgs {
+  const uint8_t* base = nullptr;        // HBM slot 0
+  uint64_t slot_bytes = 0;
+  uint64_t seed = 0;                    // block_hash.h
+  unsigned long long* sums = nullptr;   // [slots] device scratch: 0 before and after a launch
+  unsigned int* counts = nullptr;       // [slots] device scratch: 0 before and after a launch
+  unsigned long long* out = nullptr;    // [slots] host-mapped: the hash of each item's slot
+  uint32_t n = 0;                       // items; their slots are distinct
+  uint32_t chunks_per_item = 1;         // ceil(max bytes / HashChunkBytes())
+  HashItem items[kMaxHashItems];
+};
+
+uint32_t HashChunkBytes();
+cudaError_t LaunchHash(const HashArgs& a, cudaStream_t stream);
+
+}  // namespace kvtier::tiers::detail
