@@ -1,11 +1,16 @@
 // libkvtier's asynchronous acquire: kvtier_acquire_async pushes one Op::kAcquireAsync
-// request whose input and output live in the upper half of the ring's data area, and
-// returns. The daemon writes the slots of the leading blocks as they become ready and
-// then AcquireProgress.ready (formats/wire.h); kvtier_acquire_async_ready reads it. The
-// completion is taken off the completion ring by whichever of the client's threads
-// reads that ring first: a synchronous call waiting for its own completion, or the op's
-// watcher thread, which polls it while no call holds the client. Either one copies the
-// slots out, signals the op's eventfd and hands the data area back.
+// request whose input and output live in a region of the upper half of the ring's data
+// area, and returns; several may be in flight at once, each in its own region (first
+// fit), up to what the upper half holds and the daemon allows
+// (daemon.max_async_acquires_per_client). The daemon writes the slots of the leading
+// blocks as they become ready, then AcquireProgress.ready, then bumps and wakes
+// AcquireProgress.events (formats/wire.h); kvtier_acquire_async_ready reads them. Each op
+// has a watcher thread that sleeps on `events` (a shared futex, no polling), writes the
+// op's eventfd once per ready step, and takes completions off the completion ring while
+// no call holds the client. A completion is taken by whichever of the client's threads
+// reads the ring first (a synchronous call waiting for its own, or a watcher); either one
+// finds the op by its tag, copies the slots out, signals the op's eventfd and hands the
+// region back.
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -15,6 +20,8 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "client/client_internal.h"
 #include "formats/ring_wait.h"
@@ -37,11 +44,35 @@ uint64_t AsyncOutBytes(uint64_t n) {
   return sizeof(w::AcquireProgress) + std::max<uint64_t>(n * sizeof(w::WireSlot), 256);
 }
 
+// First fit of `len` bytes (8-byte aligned) in the upper half among the regions of the
+// acquires in flight. Caller holds c->mu.
+bool FindRegion(const kvtier_client* c, uint64_t len, uint64_t* off) {
+  std::vector<std::pair<uint64_t, uint64_t>> used;
+  for (const kvtier_acquire_op* op : c->async) used.emplace_back(op->region, op->region + op->region_len);
+  std::sort(used.begin(), used.end());
+  uint64_t at = AsyncBase(c);
+  for (const auto& [b, e] : used) {
+    if (at + len <= b) break;
+    at = std::max(at, (e + 7) / 8 * 8);
+  }
+  if (at + len > c->hdr.data_bytes) return false;
+  *off = at;
+  return true;
+}
+
+bool InFlight(const kvtier_client* c, const kvtier_acquire_op* op) {
+  return std::find(c->async.begin(), c->async.end(), op) != c->async.end();
+}
+
+void Signal(kvtier_acquire_op* op) {
+  const uint64_t one = 1;
+  if (op->efd >= 0) (void)!::write(op->efd, &one, sizeof one);
+}
+
 // Marks op finished and wakes whoever waits on it. Caller holds op->mu.
 void MarkFinished(kvtier_acquire_op* op) {
   op->finished = true;
-  const uint64_t one = 1;
-  if (op->efd >= 0) (void)!::write(op->efd, &one, sizeof one);
+  Signal(op);
   op->cv.notify_all();
 }
 
@@ -49,16 +80,22 @@ void Watch(kvtier_acquire_op* op) {
   kvtier_client* c = op->c;
   const auto deadline = Clock::now() + std::chrono::milliseconds(op->deadline_ms.load());
   while (true) {
+    uint32_t events = 0;
+    bool done = false;
+    // The op's out region, mapped while the op is in flight: a close or reconnect ends
+    // the op under c->mu before it unmaps (a futex sleep on an unmapped word returns).
+    w::AcquireProgress* p = nullptr;
     {
       std::lock_guard<std::mutex> l(c->mu);
-      if (c->async != op) return;  // finished (by a call on the client, or abandoned)
+      if (!InFlight(c, op)) return;  // finished (by a call on the client, or abandoned)
+      p = reinterpret_cast<w::AcquireProgress*>(c->data + op->off);
       uint32_t n = 0;
-      while (c->async == op && c->cmp.Available(&n) && n > 0) {
+      while (InFlight(c, op) && c->cmp.Available(&n) && n > 0) {
         w::CompletionEntry e;
         c->cmp.Pop(&e);
-        if (e.tag == op->tag) FinishAsync(c, e);  // otherwise a stale completion; skip it
+        (void)FinishAsync(c, e);  // this op's, another's, or a stale completion (skipped)
       }
-      if (c->async != op) return;
+      if (!InFlight(c, op)) return;
       uint32_t m = 0;
       if (!c->cmp.Available(&m)) {
         c->broken = true;
@@ -74,9 +111,23 @@ void Watch(kvtier_acquire_op* op) {
         AbandonAsync(c, KVTIER_TIMEOUT, c->broken_reason);
         return;
       }
+      events = std::atomic_ref<uint32_t>(p->events).load(std::memory_order_acquire);
+      const uint32_t ready = std::min(std::atomic_ref<uint32_t>(p->ready).load(std::memory_order_acquire), op->n);
+      done = std::atomic_ref<uint32_t>(p->done).load(std::memory_order_acquire) != 0;
+      if (ready > op->signalled) {  // a ready step: the engine's event loop hears of it
+        op->signalled = ready;
+        Signal(op);
+      }
     }
-    // Polling, not a futex sleep: a synchronous call may sleep on the ring meanwhile.
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (done) {
+      // The completion follows `done` at once; a synchronous call may be sleeping on the
+      // completion ring meanwhile, so this thread does not sleep there too.
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    } else {
+      // Until the daemon bumps `events` (a ready step or the end); bounded, for the
+      // deadline and for a daemon that never bumps it.
+      w::FutexWait(&p->events, events, 1'000'000L);
+    }
   }
 }
 
@@ -97,11 +148,12 @@ void ForsakeInChild(kvtier_acquire_op* op) {
 
 }  // namespace
 
-uint64_t SyncDataBytes(const kvtier_client* c) { return c->async ? AsyncBase(c) : c->hdr.data_bytes; }
+uint64_t SyncDataBytes(const kvtier_client* c) { return c->async.empty() ? c->hdr.data_bytes : AsyncBase(c); }
 
-void FinishAsync(kvtier_client* c, const w::CompletionEntry& cmp) {
-  kvtier_acquire_op* op = c->async;
-  if (op == nullptr) return;
+bool FinishAsync(kvtier_client* c, const w::CompletionEntry& cmp) {
+  auto it = std::find_if(c->async.begin(), c->async.end(), [&](const kvtier_acquire_op* o) { return o->tag == cmp.tag; });
+  if (it == c->async.end()) return false;
+  kvtier_acquire_op* op = *it;
   const uint8_t* out = c->data + op->off;
   std::lock_guard<std::mutex> l(op->mu);
   if (cmp.status != 0) {
@@ -124,20 +176,20 @@ void FinishAsync(kvtier_client* c, const w::CompletionEntry& cmp) {
     if (cmp.count) std::memcpy(op->slots.data(), out + sizeof(w::AcquireProgress), cmp.count * sizeof(kvtier_slot));
     op->ready = cmp.count;
   }
-  c->async = nullptr;
+  c->async.erase(it);
   MarkFinished(op);
+  return true;
 }
 
 void AbandonAsync(kvtier_client* c, kvtier_status s, const std::string& why) {
-  kvtier_acquire_op* op = c->async;
-  if (op == nullptr) return;
-  std::lock_guard<std::mutex> l(op->mu);
-  op->status = s;
-  op->error = why;
-  op->slots.clear();
-  op->ready = 0;
-  c->async = nullptr;
-  MarkFinished(op);
+  for (kvtier_acquire_op* op : std::exchange(c->async, {})) {
+    std::lock_guard<std::mutex> l(op->mu);
+    op->status = s;
+    op->error = why;
+    op->slots.clear();
+    op->ready = 0;
+    MarkFinished(op);
+  }
 }
 
 void ReleaseAsyncAtClose(kvtier_client* c) {
@@ -152,7 +204,7 @@ void ReleaseAsyncAtClose(kvtier_client* c) {
     AbandonAsync(c, KVTIER_DISCONNECTED, "the client was closed while the acquire was in flight");
     ops.swap(c->ops);
   }
-  // Each watcher now sees that its op is not c->async and returns.
+  // Each watcher now sees that its op is not in c->async and returns.
   for (kvtier_acquire_op* op : ops) {
     if (op->watcher.joinable()) op->watcher.join();
     std::lock_guard<std::mutex> l(op->mu);
@@ -206,11 +258,6 @@ kvtier_status kvtier_acquire_async(kvtier_client* c, uint64_t contract_id, const
     return refuse(KVTIER_DISCONNECTED,
                   "connection to kvtierd is closed (" + c->broken_reason + "): kvtier_reconnect attaches again");
   }
-  if (c->async != nullptr) {
-    return refuse(KVTIER_REJECTED,
-                  "an asynchronous acquire is already in flight on this client (one at a time): wait for it "
-                  "(kvtier_acquire_async_wait) or free it first");
-  }
   if (c->transport != KVTIER_TRANSPORT_RING) {
     return refuse(KVTIER_UNSUPPORTED, "asynchronous acquire needs the ring transport");
   }
@@ -218,16 +265,23 @@ kvtier_status kvtier_acquire_async(kvtier_client* c, uint64_t contract_id, const
     return refuse(KVTIER_UNSUPPORTED, "kvtierd speaks protocol " + std::to_string(c->reply.protocol_version) +
                                           ", asynchronous acquire needs 4");
   }
-  const uint64_t base = AsyncBase(c);
   const uint64_t in_len = AsyncInBytes(n);
-  const uint64_t out_off = base + (in_len + 7) / 8 * 8;
   const uint64_t out_len = AsyncOutBytes(n);
-  if (out_off + out_len > c->hdr.data_bytes) {
+  const uint64_t region_len = (in_len + 7) / 8 * 8 + out_len;
+  const uint64_t half = c->hdr.data_bytes - AsyncBase(c);
+  if (region_len > half) {
     return refuse(KVTIER_INVALID, "asynchronous acquire of " + std::to_string(n) + " keys needs " +
-                                      std::to_string(out_off + out_len - base) +
+                                      std::to_string(region_len) +
                                       " bytes of the ring data area's upper half, which has " +
-                                      std::to_string(c->hdr.data_bytes - base) + " (split it)");
+                                      std::to_string(half) + " (split it)");
   }
+  uint64_t base = 0;
+  if (!FindRegion(c, region_len, &base)) {
+    return refuse(KVTIER_REJECTED, std::to_string(c->async.size()) +
+                                       " asynchronous acquires in flight hold the ring data area's upper half: "
+                                       "wait for one (kvtier_acquire_async_wait) or ask for fewer keys");
+  }
+  const uint64_t out_off = base + (in_len + 7) / 8 * 8;
   w::AcquireAsyncHeader h;
   h.chunk_blocks = chunk_blocks;
   std::memcpy(c->data + base, &h, sizeof h);
@@ -249,9 +303,11 @@ kvtier_status kvtier_acquire_async(kvtier_client* c, uint64_t contract_id, const
   }
   kvtier::wire::WakeConsumer(c->req);
   op->tag = req.tag;
+  op->region = base;
+  op->region_len = region_len;
   op->off = out_off;
   op->deadline_ms = c->timeout_ms;
-  c->async = op.get();
+  c->async.push_back(op.get());
   c->ops.push_back(op.get());
   op->watcher = std::thread(Watch, op.get());
   *out = op.release();

@@ -200,7 +200,7 @@ kvtier_status kvtier_set_transport(kvtier_client* c, kvtier_transport t) {
   if (CheckClient(c)) return KVTIER_INVALID;
   if (t != KVTIER_TRANSPORT_RING && t != KVTIER_TRANSPORT_SOCKET) return Fail(KVTIER_INVALID, "unknown transport");
   std::lock_guard<std::mutex> l(c->mu);
-  if (c->async != nullptr) return Fail(KVTIER_INVALID, "an asynchronous acquire is in flight: finish it first");
+  if (!c->async.empty()) return Fail(KVTIER_INVALID, "an asynchronous acquire is in flight: finish it first");
   c->transport = t;
   return Ok();
 }

@@ -26,15 +26,20 @@ struct RegisteredContract {
   std::vector<uint8_t> bytes;
 };
 
-// One asynchronous acquire (async.cc). Its request and reply use the upper half of the
-// ring's data area from `off` on; `ready` is read there while the acquire is in flight.
-// `mu` guards the fields below it; a client's mu is taken before an op's, never after.
+// One asynchronous acquire (async.cc). Its request and reply use a region of the upper
+// half of the ring's data area, [region, region + region_len), its out part from `off`
+// on; `ready` is read there while the acquire is in flight. Several may be in flight,
+// each in its own region. `mu` guards the fields below it; a client's mu is taken before
+// an op's, never after.
 struct kvtier_acquire_op {
   kvtier_client* c = nullptr;   // NULL once kvtier_close let go of it
   uint64_t tag = 0;
   uint32_t n = 0;               // keys asked for
+  uint64_t region = 0;          // the request's region in the data area (while in flight)
+  uint64_t region_len = 0;
   uint64_t off = 0;             // the out region's offset in the data area
-  int efd = -1;                 // eventfd, readable once finished
+  uint32_t signalled = 0;       // ready blocks the eventfd was written for (the watcher's; c->mu)
+  int efd = -1;                 // eventfd: written once per ready step and once when finished
   uint64_t fork_generation = 0;  // ForkGeneration() when it was made: a forked child differs
   std::atomic<uint32_t> deadline_ms{0};
   std::thread watcher;          // moves the completion off the ring when nobody else does
@@ -78,7 +83,7 @@ struct kvtier_client {
   uint32_t timeout_ms = 60000;
   uint32_t spin_us = 50;
   void* hbm_ptr = nullptr;
-  kvtier_acquire_op* async = nullptr;  // the asynchronous acquire in flight (at most one)
+  std::vector<kvtier_acquire_op*> async;  // the asynchronous acquires in flight
   std::vector<kvtier_acquire_op*> ops;  // every handle not yet freed (kvtier_close lets go of them)
 };
 
@@ -106,14 +111,15 @@ bool ReadAll(int fd, void* p, size_t n);
 kvtier_status Call(kvtier_client* c, wire::RequestEntry req, const void* in, size_t in_len, void* out,
                    size_t out_cap, wire::CompletionEntry* done);
 
-// The data area a synchronous request may use: all of it, or the lower half while an
-// asynchronous acquire holds the upper one. Caller holds c->mu.
+// The data area a synchronous request may use: all of it, or the lower half while
+// asynchronous acquires hold regions of the upper one. Caller holds c->mu.
 uint64_t SyncDataBytes(const kvtier_client* c);
-// Ends c's asynchronous acquire (if any) with `cmp` from the completion ring. Caller
-// holds c->mu; the op's out region is read before c->async is cleared.
-void FinishAsync(kvtier_client* c, const wire::CompletionEntry& cmp);
-// Ends c's asynchronous acquire (if any) with status s and text why, without a completion
-// (the connection is given up or closed). Caller holds c->mu.
+// Ends the asynchronous acquire in flight whose tag is cmp.tag with `cmp` from the
+// completion ring; false when none has it (a stale completion). Caller holds c->mu; the
+// op's out region is read before it leaves c->async.
+bool FinishAsync(kvtier_client* c, const wire::CompletionEntry& cmp);
+// Ends every asynchronous acquire in flight with status s and text why, without a
+// completion (the connection is given up or closed). Caller holds c->mu.
 void AbandonAsync(kvtier_client* c, kvtier_status s, const std::string& why);
 
 // kvtier_close's part: ends the acquire in flight, stops its watcher and lets go of it

@@ -121,7 +121,7 @@ kvtier_status RingExchange(kvtier_client* c, w::RequestEntry& req, const void* i
     return Fail(KVTIER_INVALID, "request needs " + std::to_string(out_off + want_out) +
                                     " bytes of the ring data area, which has " +
                                     std::to_string(SyncDataBytes(c)) +
-                                    (c->async ? " while an asynchronous acquire holds the rest" : "") + " (split it)");
+                                    (c->async.empty() ? "" : " while asynchronous acquires hold the rest") + " (split it)");
   }
   req.in_off = 0;
   req.out_off = static_cast<uint32_t>(out_off);
@@ -144,7 +144,7 @@ kvtier_status RingExchange(kvtier_client* c, w::RequestEntry& req, const void* i
     if (n > 0) {
       c->cmp.Pop(cmp);
       if (cmp->tag == req.tag) break;
-      if (c->async != nullptr && cmp->tag == c->async->tag) FinishAsync(c, *cmp);
+      if (!c->async.empty()) (void)FinishAsync(c, *cmp);
       continue;  // otherwise a stale completion of a timed-out call; skip it
     }
     const auto now = Clock::now();

@@ -163,6 +163,9 @@ const std::vector<Entry>& Schema() {
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_clients_per_uid; }, 1, 4096)});
     s.push_back({"daemon.max_clients_per_pid",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_clients_per_pid; }, 1, 4096)});
+    s.push_back({"daemon.max_async_acquires_per_client",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.max_async_acquires_per_client; }, 1,
+                                    1024)});
     s.push_back({"daemon.max_bad_requests",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_bad_requests; }, 1,
                                     1 << 20)});

@@ -111,6 +111,9 @@ struct DaemonConfig {
   // Default: 48 / 16
   uint32_t max_clients_per_uid = 48;
   uint32_t max_clients_per_pid = 16;
+  // Asynchronous acquires (kvtier_acquire_async) in flight per client, [1, 1024]; past it,
+  // one is answered Rejected. Default: 8
+  uint32_t max_async_acquires_per_client = 8;
   uint32_t max_bad_requests = 16;        // corrupt ring requests before disconnect. Default: 16
   uint32_t bad_request_decay_ms = 10000;  // one strike forgiven per interval, [1, 1<<30]. Default: 10000
   uint32_t spin_us = 50;                 // request loop busy-poll before sleeping. Default: 50

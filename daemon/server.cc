@@ -375,6 +375,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     lim.max_leases = dc.max_leases_per_client;
     lim.max_tier_share = dc.max_tier_share_per_client;
     lim.max_contracts = dc.max_contracts_per_client;
+    lim.max_async_acquires = dc.max_async_acquires_per_client;
     lim.max_bad_requests = dc.max_bad_requests;
     lim.bad_request_decay_ms = dc.bad_request_decay_ms;
     lim.spin_us = dc.spin_us;

@@ -302,12 +302,23 @@ Status Session::CheckTarget(uint8_t tier) const {
   return Status::Ok();
 }
 
-Status Session::BeginAcquire() {
+Status Session::BeginAcquire(bool async) {
   std::lock_guard<std::mutex> l(mu_);
   if (closed_) return Status::Rejected("client is closing");
   if (leases_.size() >= limits_.max_leases) return Status::Rejected("lease table full: release leases first");
+  if (async && async_inflight_ >= limits_.max_async_acquires) {
+    return Status::Rejected(std::to_string(async_inflight_) +
+                            " asynchronous acquires are in flight on this client, the most it may have "
+                            "(daemon.max_async_acquires_per_client): wait for one to finish");
+  }
   ++inflight_;
+  if (async) ++async_inflight_;
   return Status::Ok();
+}
+
+void Session::WakeProgress(wire::AcquireProgress* p) {
+  std::atomic_ref<uint32_t>(p->events).fetch_add(1, std::memory_order_release);
+  wire::FutexWake(&p->events);
 }
 
 StatusOr<uint64_t> Session::AddLease(Lease lease) {
@@ -599,7 +610,9 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
   uint8_t* text = out + sizeof(wire::AcquireProgress);
   const uint32_t text_len = req.out_len - static_cast<uint32_t>(sizeof(wire::AcquireProgress));
   auto fail = [&](const Status& s) {
-    std::atomic_ref<uint32_t>(reinterpret_cast<wire::AcquireProgress*>(out)->done).store(1, std::memory_order_release);
+    auto* p = reinterpret_cast<wire::AcquireProgress*>(out);
+    std::atomic_ref<uint32_t>(p->done).store(1, std::memory_order_release);
+    WakeProgress(p);
     SetError(&c, s, text, text_len);
     done(c);
   };
@@ -609,7 +622,7 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
   if (s.ok()) s = CheckTarget(req.tier);
   if (s.ok() && h.reserved != 0) s = Status::Invalid("acquire_async header reserved field must be 0");
   if (!s.ok()) return fail(s);
-  if (Status b = BeginAcquire(); !b.ok()) return fail(b);
+  if (Status b = BeginAcquire(/*async=*/true); !b.ok()) return fail(b);
   struct Steps {
     std::mutex mu;
     std::vector<Key128> keys;
@@ -682,12 +695,14 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
             if (st->ready != before) {
               std::atomic_ref<uint32_t>(progress->ready).store(static_cast<uint32_t>(st->ready),
                                                                std::memory_order_release);
+              WakeProgress(progress);  // the client's fd turns readable per ready step
             }
             last = --st->remaining == 0;
           }
           for (const auto& ref : unpin) (void)self->tm_->Unpin(ref);
           if (!last) return;
           std::atomic_ref<uint32_t>(progress->done).store(1, std::memory_order_release);
+          WakeProgress(progress);
           if (st->prefix.empty()) {
             if (!st->first_error.ok()) SetError(&c, st->first_error, text, text_len);
           } else {
@@ -708,6 +723,7 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
           (*shared_done)(c);
           std::lock_guard<std::mutex> l(self->mu_);
           --self->inflight_;
+          --self->async_inflight_;
         });
   }
 }

@@ -49,6 +49,7 @@ struct SessionLimits {
   uint32_t bad_request_decay_ms = 10000;  // one strike forgiven per interval
   uint32_t spin_us = 50;                  // busy-poll before sleeping
   uint32_t max_spinning = 1;              // ring threads busy-polling at once, every client together
+  uint32_t max_async_acquires = 8;        // asynchronous acquires in flight
   uint32_t protocol_version = wire::kProtocolVersion;  // negotiated at attach (ring header)
 };
 
@@ -134,7 +135,12 @@ class Session : public std::enable_shared_from_this<Session> {
   Status CheckContract(uint64_t contract_id) const;
   // An acquire may start: the session is open and its lease table has room. Counts it in
   // inflight_ (the callback's end of the acquire takes it off).
-  Status BeginAcquire();
+  // An asynchronous one also counts against limits_.max_async_acquires (async_inflight_,
+  // taken off by its last callback).
+  Status BeginAcquire(bool async = false);
+  // Bumps an asynchronous acquire's AcquireProgress.events and wakes the client's futex
+  // sleep on it (formats/wire.h).
+  static void WakeProgress(wire::AcquireProgress* p);
   Status CheckTarget(uint8_t tier) const;
   // Adds a lease; returns its id. Refused (its slots returned) when the lease table is
   // full or when its slots would take this client past its share of a tier.
@@ -179,13 +185,15 @@ class Session : public std::enable_shared_from_this<Session> {
   uint32_t bad_requests_ = 0;           // strikes (ring thread only)
   std::chrono::steady_clock::time_point last_decay_ = std::chrono::steady_clock::now();
 
-  mutable std::mutex mu_;               // protects leases_, held_, registered_ids_, closed_, inflight_
+  mutable std::mutex mu_;               // protects leases_, held_, registered_ids_, closed_, inflight_,
+                                        // async_inflight_
   std::unordered_map<uint64_t, Lease> leases_;
   uint64_t held_[2] = {0, 0};           // slots under leases, hbm / host
   uint64_t share_cap_[2] = {0, 0};      // limits_.max_tier_share of each tier's slots; UINT64_MAX: all of it
   std::unordered_set<uint64_t> registered_ids_;
   bool closed_ = false;
   int inflight_ = 0;                    // acquires waiting for their callback
+  uint32_t async_inflight_ = 0;         // of them, asynchronous ones
 
   std::mutex cmp_mu_;                   // completion-ring producers
   std::deque<wire::CompletionEntry> overflow_;

@@ -201,11 +201,16 @@ inline constexpr uint32_t kDefaultAcquireChunk = 16;
 
 // Output header of Op::kAcquireAsync, in the request's out region. `ready` only grows:
 // the WireSlots before it are final. `done` is 1 once no more will become ready (the
-// completion follows). Read both with acquire loads (std::atomic_ref).
+// completion follows). Read both with acquire loads (std::atomic_ref). `events` is
+// bumped (release) after every change of `ready` or `done`, and the daemon then wakes
+// it as a shared futex word (formats/ring_wait.h FutexWake), so that a client sleeps on
+// it (FUTEX_WAIT with the value it last read) instead of polling. A daemon before this
+// field left it 0: a client's bounded futex sleep then times out and it polls.
 struct AcquireProgress {
   uint32_t ready = 0;
   uint32_t done = 0;
-  uint64_t reserved = 0;
+  uint32_t events = 0;
+  uint32_t reserved = 0;
 };
 static_assert(sizeof(AcquireProgress) == 16);
 

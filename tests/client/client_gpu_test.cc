@@ -2,6 +2,8 @@
 // attach reply, acquire into HBM, and the promoted bytes read back through the IPC
 // mapping. Skips, saying why, where the daemon has no HBM tier (no GPU or no CUDA build).
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <thread>
@@ -227,6 +229,98 @@ TEST(ClientGpu, BlockChangedThroughIpcIsDroppedNotDemoted) {
       EXPECT_EQ(st[i].checksum_failures, 0u);
     }
   }
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// An asynchronous acquire into HBM of blocks on NVMe only (NVMe -> host -> HBM): the
+// eventfd wakes per ready step, readiness only grows, every ready slot is an HBM slot whose
+// bytes (read through the IPC mapping while the rest still restores) are the block's, and
+// the result is what the blocking acquire into HBM answers.
+TEST(ClientGpu, AsyncAcquireIntoHbmFromNvme) {
+  DaemonConfig cfg;
+  cfg.extra = "[tiers.hbm]\ncapacity = \"1MiB\"\n";
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_connect_options o{};
+  o.name = "gpu-async";
+  o.has_gpu = 1;
+  kvtier_client* c = nullptr;
+  ASSERT_EQ(kvtier_connect(d.socket().c_str(), &o, &c), KVTIER_OK) << kvtier_last_error();
+  uint8_t handle[64];
+  if (kvtier_hbm_ipc_handle(c, handle) != KVTIER_OK) {
+    kvtier_close(c);
+    GTEST_SKIP() << "no CUDA device: the daemon has no HBM tier (" << kvtier_last_error() << ")";
+  }
+  const auto desc = SmallContract();
+  uint64_t cid = 0, lease = 0;
+  ASSERT_EQ(kvtier_register_contract(c, &desc, &cid), KVTIER_OK);
+  constexpr size_t kN = 40;
+  const uint64_t sb = kvtier_slot_bytes(c);
+  std::vector<kvtier_key> keys;
+  for (uint64_t i = 0; i < kN; ++i) keys.push_back({9, i + 1});
+  std::vector<kvtier_slot> slots(kN);
+  ASSERT_EQ(kvtier_alloc(c, cid, kN, KVTIER_TIER_HOST, &lease, slots.data()), KVTIER_OK) << kvtier_last_error();
+  uint64_t ab = 0;
+  auto* arena = static_cast<uint8_t*>(kvtier_host_arena(c, &ab));
+  std::vector<kvtier_commit_item> items;
+  for (size_t i = 0; i < kN; ++i) {
+    FillBlock(arena + slots[i].slot * sb, 576, cid, keys[i]);
+    items.push_back({slots[i], keys[i], i ? keys[i - 1] : kvtier_key{0, 0}});
+  }
+  ASSERT_EQ(kvtier_commit(c, cid, lease, items.data(), kN, nullptr), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(kvtier_release(c, lease), KVTIER_OK);
+  ASSERT_EQ(kvtier_flush(c), KVTIER_OK) << kvtier_last_error();
+  kvtier_close(c);
+  ASSERT_EQ(d.Stop(), 0) << d.log();
+  ASSERT_TRUE(d.Start()) << d.log();  // every block on NVMe only
+  ASSERT_EQ(kvtier_connect(d.socket().c_str(), &o, &c), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(kvtier_register_contract(c, &desc, &cid), KVTIER_OK);
+  void* dev = nullptr;
+  ASSERT_EQ(kvtier_hbm_open(c, &dev), KVTIER_OK) << kvtier_last_error();
+  kvtier_acquire_op* op = nullptr;
+  ASSERT_EQ(kvtier_acquire_async(c, cid, keys.data(), kN, KVTIER_TIER_HBM, 4, &op), KVTIER_OK) << kvtier_last_error();
+  const int fd = kvtier_acquire_async_fd(op);
+  size_t last = 0;
+  std::vector<kvtier_slot> early(kN);
+  std::vector<uint8_t> back(576);
+  while (true) {
+    pollfd p{fd, POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 10000), 1) << "no wake-up within 10 s";
+    uint64_t count = 0;
+    ASSERT_EQ(::read(fd, &count, sizeof count), static_cast<ssize_t>(sizeof count));
+    const bool finished = kvtier_acquire_async_wait(op, 0) == KVTIER_OK;
+    size_t ready = 0;
+    ASSERT_EQ(kvtier_acquire_async_ready(op, early.data(), kN, &ready), KVTIER_OK) << kvtier_last_error();
+    ASSERT_GE(ready, last);
+    for (size_t i = last; i < ready; ++i) {  // usable now: read through the IPC mapping
+      ASSERT_EQ(early[i].tier, KVTIER_TIER_HBM) << i;
+      std::fill(back.begin(), back.end(), 0xEE);
+      ASSERT_EQ(cudaMemcpy(back.data(), static_cast<uint8_t*>(dev) + early[i].slot * sb, 576, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_TRUE(CheckBlock(back.data(), 576, cid, keys[i])) << "HBM slot " << early[i].slot << " of block " << i;
+    }
+    last = ready;
+    if (finished) break;
+  }
+  EXPECT_EQ(last, kN);
+  size_t n = 0;
+  std::vector<kvtier_slot> got(kN);
+  ASSERT_EQ(kvtier_acquire_async_result(op, &lease, got.data(), &n), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(n, kN);
+  for (size_t i = 0; i < kN; ++i) {
+    EXPECT_EQ(got[i].slot, early[i].slot) << i;
+    EXPECT_EQ(got[i].from_tier, KVTIER_TIER_NVME) << i;
+  }
+  kvtier_acquire_async_free(op);
+  uint64_t lease2 = 0;
+  size_t n2 = 0;
+  std::vector<kvtier_slot> again(kN);
+  ASSERT_EQ(kvtier_acquire(c, cid, keys.data(), kN, KVTIER_TIER_HBM, &lease2, again.data(), &n2), KVTIER_OK);
+  ASSERT_EQ(n2, kN);
+  for (size_t i = 0; i < kN; ++i) EXPECT_EQ(again[i].slot, got[i].slot) << i;
+  EXPECT_EQ(kvtier_release(c, lease2), KVTIER_OK);
+  EXPECT_EQ(kvtier_release(c, lease), KVTIER_OK);
   kvtier_close(c);
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }

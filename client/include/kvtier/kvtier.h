@@ -270,13 +270,16 @@ KVTIER_API kvtier_status kvtier_acquire(kvtier_client* c, uint64_t contract_id, 
 /* kvtier_acquire without blocking the caller: the request goes out and the call returns a
  * handle. The daemon acquires the keys in steps of chunk_blocks (0: 16) and publishes the
  * slots of the leading blocks as they become ready, so an engine uses the first blocks
- * while the rest still restore (from NVMe, say). One asynchronous acquire per client at a
- * time: a second answers REJECTED until the first is finished. Synchronous calls on the
- * client go on meanwhile (in the lower half of the ring's data area). Needs the ring
- * transport and a daemon of protocol 4 (UNSUPPORTED otherwise). n = 0 is finished at
- * once with 0 hits.
- *   kvtier_acquire_async_fd     an eventfd, readable once the acquire finished (poll it
- *                               in an event loop; do not read it); owned by the handle
+ * while the rest still restore (from NVMe, say). Several may be in flight on one client,
+ * each in its own region of the upper half of the ring's data area: one that finds no room
+ * there answers REJECTED at once, one past the daemon's
+ * daemon.max_async_acquires_per_client (8) finishes REJECTED. Synchronous calls on the
+ * client go on meanwhile (in the lower half). Needs the ring transport and a daemon of
+ * protocol 4 (UNSUPPORTED otherwise). n = 0 is finished at once with 0 hits.
+ *   kvtier_acquire_async_fd     an eventfd, written once per ready step (leading blocks
+ *                               became usable) and once when the acquire finished: poll
+ *                               it in an event loop, read it (8 bytes) to rearm, then ask
+ *                               _ready or _wait; owned by the handle
  *   kvtier_acquire_async_ready  *ready = leading blocks usable now (only grows); copies
  *                               the first min(*ready, cap) slots into slots_out
  *   kvtier_acquire_async_wait   OK once finished; RETRY if still in flight after

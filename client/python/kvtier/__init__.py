@@ -407,8 +407,9 @@ class Lease:
 
 
 class AsyncAcquire:
-    """An acquire in flight (Client.acquire_async). fileno() is an eventfd, readable once it
-    finished (for select/poll/asyncio; do not read it); ready_blocks() is how many leading
+    """An acquire in flight (Client.acquire_async); several may be in flight on one Client.
+    fileno() is an eventfd written once per ready step and once when it finished (for
+    select/poll/asyncio: read 8 bytes from it to rearm, then ask); ready_blocks() is how many leading
     blocks are usable now (only grows) and ready_slots() their slots; wait(timeout) is True
     once finished; result() waits and returns the Lease acquire() would have (then the
     caller's to release). close() (or collection) waits for it and releases a lease that
