@@ -998,6 +998,53 @@ TEST(Hostile, NopsTrickledOverManySessionsBuyOneSpinningCore) {
   EXPECT_LT(busy, std::max(2000.0, 4 * idle)) << "idle p99 " << idle << " us";
 }
 
+// ---- a full NVMe tier ------------------------------------------------------------------------
+
+// Far more blocks than host (64 slots) and NVMe (1 MiB) hold together, stored as prefix
+// chains of 16: once NVMe is full, each demotion first evicts NVMe records by the tier's
+// policy. No demotion is refused ("nvme store full") or lost on the way down, and the
+// newest chains are served.
+TEST(Hostile, AFullNvmeTierEvictsByItsPolicy) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  Conn c;
+  ASSERT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  std::vector<kvtier_key> last;
+  for (uint64_t chain = 0; chain < 50; ++chain) {
+    std::vector<kvtier_key> keys;
+    for (uint64_t i = 0; i < 16; ++i) keys.push_back(reliability::MakeKey(500 + chain, i + 1));
+    uint64_t lease = 0;
+    std::vector<kvtier_slot> slots(keys.size());
+    kvtier_status s = KVTIER_RETRY;
+    for (int tries = 0; tries < 250 && s == KVTIER_RETRY; ++tries) {
+      s = kvtier_alloc(c.c, c.contract, keys.size(), KVTIER_TIER_HOST, &lease, slots.data());
+      if (s == KVTIER_RETRY) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_EQ(s, KVTIER_OK) << "chain " << chain << ": " << kvtier_last_error();
+    std::vector<kvtier_commit_item> items(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      testing::FillBlock(c.host + uint64_t{slots[i].slot} * c.slot_bytes, c.block_bytes, c.contract, keys[i]);
+      items[i].slot = slots[i];
+      items[i].key = keys[i];
+      items[i].parent = i == 0 ? kvtier_key{0, 0} : keys[i - 1];
+    }
+    size_t n = 0;
+    ASSERT_EQ(kvtier_commit(c.c, c.contract, lease, items.data(), items.size(), &n), KVTIER_OK) << kvtier_last_error();
+    ASSERT_EQ(kvtier_release(c.c, lease), KVTIER_OK);
+    last = keys;
+  }
+  ASSERT_EQ(kvtier_flush(c.c), KVTIER_OK) << kvtier_last_error();
+  const std::string m = d.Metrics();
+  EXPECT_EQ(MetricValue(m, "kvtier_tier_evictions_total{tier=\"host\",reason=\"dropped\"}"), 0)
+      << "blocks lost on the way down to a full NVMe tier";
+  EXPECT_GT(MetricValue(m, "kvtier_tier_evictions_total{tier=\"nvme\",reason=\"dropped\"}"), 0)
+      << "800 blocks and NVMe evicted nothing";
+  EXPECT_EQ(d.log().find("nvme store full"), std::string::npos) << d.log().substr(0, 4000);
+  kvtier_lookup_result lr{};
+  ASSERT_EQ(kvtier_lookup(c.c, c.contract, last.data(), last.size(), &lr, nullptr), KVTIER_OK);
+  EXPECT_EQ(lr.hit_blocks, last.size()) << "the newest chain is not served";
+}
+
 // ---- the log ------------------------------------------------------------------------------
 
 // Registering the same contract thousands of times costs the log one line per interval.
