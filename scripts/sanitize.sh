@@ -13,7 +13,8 @@
 #               client_test export_file_test reliability_test (crash test at
 #               KVTIER_CRASH_CYCLES=20)
 #   TSan:       tiers_test daemon_unit_test daemon_integration_test client_test
-#               reliability_test (crash test at 10 cycles); without
+#               reliability_test (crash test at 10 cycles), and of hostile_test the
+#               close/reload race (1000 races, KVTIER_HOSTILE_RACES); without
 #               NvmeStore.CrashBeforeIndexWriteLeavesNoBlock, which opens RocksDB (new
 #               threads) in a child forked from a threaded process: TSan cannot follow
 #               that ("dup thread with used id"); the ASan run has it
@@ -92,7 +93,8 @@ for k in "${kinds[@]}"; do
     export KVTIER_CRASH_CYCLES=$([ $long = 1 ] && echo 50 || echo 10)
     run_one tsan build-tsan "-fsanitize=thread" \
       tiers_test:-NvmeStore.CrashBeforeIndexWriteLeavesNoBlock \
-      daemon_unit_test daemon_integration_test client_test reliability_test || status=1
+      daemon_unit_test daemon_integration_test client_test reliability_test \
+      hostile_test:Hostile.CloseRacingARingReloadManyTimes:Hostile.CloseDuringARingReloadFreezesNothing || status=1
     unset TSAN_OPTIONS
   fi
 done

@@ -26,7 +26,7 @@ std::atomic<bool> g_trace_copies{false};
 bool TraceCopies() { return g_trace_copies.load(std::memory_order_relaxed); }
 
 TierManagerImpl::TierManagerImpl(const TierManagerOptions& o)
-    : opts_(o), blocks_(0, BlockIndexHash{o.index_seed != 0 ? o.index_seed : RandomSeed()}) {}
+    : opts_(o), slot_bytes_(o.slot_bytes), blocks_(0, BlockIndexHash{o.index_seed != 0 ? o.index_seed : RandomSeed()}) {}
 
 StatusOr<std::unique_ptr<TierManager>> TierManager::Open(const TierManagerOptions& opts) {
   KVTIER_RETURN_IF_ERROR(opts.Validate());
@@ -131,9 +131,9 @@ TierManagerImpl::~TierManagerImpl() {
 
 Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
   KVTIER_RETURN_IF_ERROR(c.Validate());
-  if (c.slot_bytes() > opts_.slot_bytes) {
+  if (c.slot_bytes() > slot_bytes_) {
     return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
-                               " bytes does not fit a slot of " + std::to_string(opts_.slot_bytes));
+                               " bytes does not fit a slot of " + std::to_string(slot_bytes_));
   }
   std::lock_guard<std::mutex> l(mu_);
   if (contracts_.emplace(c.Id(), c).second) contracts_gen_.fetch_add(1, std::memory_order_release);
@@ -358,7 +358,7 @@ Status TierManagerImpl::FreeSlot(SlotRef ref) {
 
 Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
   KVTIER_RETURN_IF_ERROR(o.Validate());
-  if (o.slot_bytes != opts_.slot_bytes || o.hbm.capacity_bytes != opts_.hbm.capacity_bytes ||
+  if (o.slot_bytes != slot_bytes_ || o.hbm.capacity_bytes != opts_.hbm.capacity_bytes ||
       o.host.capacity_bytes != opts_.host.capacity_bytes ||
       o.nvme.tier.capacity_bytes != opts_.nvme.tier.capacity_bytes || o.nvme.dir != opts_.nvme.dir ||
       o.cuda_device != opts_.cuda_device || o.nvme.queue_depth != opts_.nvme.queue_depth ||
@@ -393,7 +393,7 @@ std::vector<TierStats> TierManagerImpl::Stats() const {
     s.present = has_tier(s.tier);
     s.slots_total = ts.total();
     s.slots_used = s.present ? ts.used() : 0;
-    const uint64_t unit = s.tier == Tier::kNvme && nvme_ ? nvme_->record_bytes() : opts_.slot_bytes;
+    const uint64_t unit = s.tier == Tier::kNvme && nvme_ ? nvme_->record_bytes() : slot_bytes_;
     s.capacity_bytes = s.slots_total * unit;
     s.used_bytes = s.slots_used * unit;
     s.blocks = ts.policy ? ts.policy->size() : 0;

@@ -89,7 +89,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   ~TierManagerImpl() override;
   Status Init();
 
-  uint64_t slot_bytes() const override { return opts_.slot_bytes; }
+  uint64_t slot_bytes() const override { return slot_bytes_; }
   bool has_tier(Tier t) const override {
     return (t == Tier::kHbm && hbm_) || (t == Tier::kHost && host_) || (t == Tier::kNvme && nvme_) ||
            (t == Tier::kRemote && remote_);
@@ -228,6 +228,9 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   void ReportChangedLocked(const Block* b, uint32_t hbm_slot, const Status& why);
 
   TierManagerOptions opts_;
+  // opts_.slot_bytes, which never changes: read without the lock (attach, registrations,
+  // verify) while Reconfigure writes opts_ on another thread.
+  const uint64_t slot_bytes_;
   std::unique_ptr<HbmPool> hbm_;
   std::unique_ptr<HostPool> host_;
   std::unique_ptr<NvmeStore> nvme_;

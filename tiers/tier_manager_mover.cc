@@ -25,7 +25,7 @@ void TierManagerImpl::MoverLoop() {
     auto copies = std::exchange(copies_, {});
     auto writes = std::exchange(writes_, {});
     std::vector<Block*> reads;
-    const size_t per_batch = std::max<size_t>(opts_.mover_batch, (size_t{32} << 20) / std::max<uint64_t>(1, opts_.slot_bytes));
+    const size_t per_batch = std::max<size_t>(opts_.mover_batch, (size_t{32} << 20) / std::max<uint64_t>(1, slot_bytes_));
     const size_t nr = std::min<size_t>(reads_.size(), per_batch);
     reads.assign(reads_.begin(), reads_.begin() + static_cast<long>(nr));
     reads_.erase(reads_.begin(), reads_.begin() + static_cast<long>(nr));

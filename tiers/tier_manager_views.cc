@@ -155,7 +155,7 @@ Status TierManagerImpl::VerifyNvme(uint64_t offset, uint32_t limit, VerifyReport
   report->total = ents.size();
   if (offset >= ents.size()) return Status::Ok();
   const size_t end = static_cast<size_t>(std::min<uint64_t>(ents.size(), offset + limit));
-  const uint64_t cap = (opts_.slot_bytes + 4095) / 4096 * 4096;
+  const uint64_t cap = (slot_bytes_ + 4095) / 4096 * 4096;
   constexpr size_t kBatch = 16;
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }
