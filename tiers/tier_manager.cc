@@ -73,6 +73,10 @@ Status TierManagerImpl::Init() {
     nvme_ = std::move(st.value());
   }
 
+  if (quotas()) {
+    for (TierState& ts : tiers_) ts.groups = &group_of_;
+    group_evictions_.assign(opts_.groups.size(), {0, 0, 0});
+  }
   T(kH).Init(Tier::kHbm, &opts_.hbm, hbm_.get(), nullptr, nullptr);
   if (hbm_) hbm_client_.assign(hbm_->slots(), 0);
   T(kS).Init(Tier::kHost, &opts_.host, nullptr, host_.get(), nullptr);
@@ -149,7 +153,39 @@ bool TierManagerImpl::ForgetContractIfUnused(uint64_t id) {
   }
   contracts_.erase(it);
   contracts_gen_.fetch_add(1, std::memory_order_release);
+  group_of_.erase(id);
   return true;
+}
+
+Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, uint32_t group) {
+  if (id == 0) return Status::Invalid("RegisterContractAs: id 0");
+  if (group != 0 && group >= opts_.groups.size()) {
+    return Status::Invalid("RegisterContractAs: quota group " + std::to_string(group) + " unknown");
+  }
+  KVTIER_RETURN_IF_ERROR(c.Validate());
+  if (c.slot_bytes() > opts_.slot_bytes) {
+    return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
+                               " bytes does not fit a slot of " + std::to_string(opts_.slot_bytes));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  auto [it, fresh] = contracts_.emplace(id, c);
+  if (!fresh && !(it->second == c)) {
+    return Status::Invalid("RegisterContractAs: id " + ContractIdHex(id) + " is another contract's");
+  }
+  if (fresh) contracts_gen_.fetch_add(1, std::memory_order_release);
+  if (quotas()) {
+    const uint32_t was = GroupOfLocked(id);
+    if (was != group) {
+      if (was != 0) {
+        return Status::Invalid("RegisterContractAs: contract " + ContractIdHex(id) + " is in quota group " +
+                               std::to_string(was));
+      }
+      // Blocks indexed before the group was known (a warm restart) move to it.
+      group_of_[id] = group;
+      for (TierState& ts : tiers_) ts.policy->Regroup(id, 0, group);
+    }
+  }
+  return Status::Ok();
 }
 
 LookupResult TierManagerImpl::Lookup(uint64_t contract_id, std::span<const Key128> keys) {
@@ -228,7 +264,7 @@ Status TierManagerImpl::AllocLocked(uint64_t contract_id, uint32_t n, int t, std
   if (!contracts_.count(contract_id)) return Status::NotFound("AllocSlots: unknown contract " + ContractIdHex(contract_id));
   if (n == 0) return Status::Ok();
   if (n > ts.total()) return Status::Invalid("AllocSlots: " + std::to_string(n) + " slots asked, tier has " + std::to_string(ts.total()));
-  if (ts.free() < n) EvictCleanLocked(t, n - ts.free());
+  if (ts.free() < n) EvictCleanLocked(t, n - ts.free(), quotas() ? GroupOfLocked(contract_id) : kNoGroup);
   if (ts.free() < n) {
     ts.want_free = std::max(ts.want_free, n);
     MaintainLocked();
@@ -371,6 +407,11 @@ Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
         "Reconfigure: the remote tier's nodes, timeouts, pool, credentials, TLS and key prefix cannot change at run "
         "time");
   }
+  bool groups_differ = o.groups.size() != opts_.groups.size();
+  for (size_t g = 0; !groups_differ && g < o.groups.size(); ++g) {
+    for (int t = 0; t < 3; ++t) groups_differ |= o.groups[g].share[t] != opts_.groups[g].share[t];
+  }
+  if (groups_differ) return Status::Invalid("Reconfigure: the quota groups cannot change at run time");
   g_trace_copies.store(o.trace_copies, std::memory_order_relaxed);
   std::lock_guard<std::mutex> l(mu_);
   const TierOptions old[3] = {T(kH).opts(), T(kS).opts(), T(kN).opts()};
@@ -382,6 +423,19 @@ Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
   }
   KickLocked();
   return Status::Ok();
+}
+
+std::vector<GroupStats> TierManagerImpl::GroupStatsAll() const {
+  std::vector<GroupStats> out(opts_.groups.size());
+  std::lock_guard<std::mutex> l(mu_);
+  for (size_t g = 0; g < out.size(); ++g) {
+    for (int t : {kH, kS, kN}) {
+      out[g].blocks[t] = T(t).policy ? T(t).policy->GroupCount(static_cast<uint32_t>(g)) : 0;
+      out[g].quota[t] = QuotaSlots(t, static_cast<uint32_t>(g));
+      out[g].evictions[t] = group_evictions_[g][t];
+    }
+  }
+  return out;
 }
 
 std::vector<TierStats> TierManagerImpl::Stats() const {

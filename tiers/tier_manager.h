@@ -59,6 +59,16 @@ struct NvmeOptions {
   bool verify_on_restart = true;    // verify every block before first serve. Default: true
 };
 
+// One quota group (the daemon's tenants, docs/security.md): share[t] of tier t's slots
+// (t = hbm, host, nvme), in [0, 1], is what the blocks of other groups cannot push this
+// group's blocks below. Eviction for a group over its share takes its own blocks first;
+// eviction for anyone else (another group's alloc or promotion, the watermarks) takes
+// only blocks of groups over their share, or the requester's own. Group 0 (contracts
+// registered without a group) never has a share.
+struct GroupShare {
+  double share[3] = {0, 0, 0};
+};
+
 struct TierManagerOptions {
   uint64_t slot_bytes = 1474560;  // one block; 4 KiB multiple. Default: 80x8x128x16 NVFP4
   TierOptions hbm;                // needs CUDA and a GPU; ignored (tier absent) otherwise
@@ -86,8 +96,18 @@ struct TierManagerOptions {
   // TierManager, so that no client can pick keys that collide in the index of another
   // daemon. Tests set it to build keys that collide on purpose.
   uint64_t index_seed = 0;
+  // Quota groups, indexed by group id (entry 0 is group 0's and must be all zero). Empty:
+  // no quotas, eviction follows the policies alone. Fixed at open. Default: empty
+  std::vector<GroupShare> groups;
 
   Status Validate() const;
+};
+
+// One quota group's figures per local tier (hbm, host, nvme).
+struct GroupStats {
+  uint64_t blocks[3] = {0, 0, 0};     // blocks of the group the tier holds
+  uint64_t quota[3] = {0, 0, 0};      // its share, in slots (records on NVMe)
+  uint64_t evictions[3] = {0, 0, 0};  // copies of its blocks evicted from the tier
 };
 
 // Per-block answer of a lookup, in key order, up to the first miss.
@@ -171,6 +191,15 @@ class TierManager {
 
   // Refuses (Unsupported) a contract whose block does not fit a slot. Idempotent.
   virtual Status RegisterContract(const ScaleContract& c) = 0;
+  // The same under an id of the caller's (a namespace's: the daemon derives one per
+  // tenant, so that two tenants' blocks of one contract are two blocks), counted in quota
+  // group `group` (< TierManagerOptions::groups.size(), or 0). Every other call names the
+  // contract by this id. Invalid for id 0, a group out of range, or an id already
+  // registered in another group.
+  virtual Status RegisterContractAs(const ScaleContract& c, uint64_t id, uint32_t group) {
+    (void)c, (void)id, (void)group;
+    return Status::Unsupported("RegisterContractAs");
+  }
   virtual bool HasContract(uint64_t contract_id) const = 0;
   // Forgets a registered contract that no tier holds a block of (its registration's
   // memory freed); true when it did. A later registration brings it back.
@@ -231,6 +260,8 @@ class TierManager {
   virtual Status Reconfigure(const TierManagerOptions& opts) = 0;
 
   virtual std::vector<TierStats> Stats() const = 0;
+  // Per quota group (TierManagerOptions::groups); empty without groups.
+  virtual std::vector<GroupStats> GroupStatsAll() const { return {}; }
 
   // ---- Operator views and actions (kvtierctl). Additive: the defaults say Unsupported.
   // Every registered contract with its block size and cached blocks per tier.

@@ -1,7 +1,7 @@
 // TierManagerImpl: eviction. Which block goes (the tier's policy, among the blocks that
 // MayGo), what happens to it (dropped when a copy exists below or the tier drops on
 // eviction; else demoted: HBM -> host by DMA, host -> NVMe through admission), the
-// watermarks that start it, and the operator's evictions.
+// watermarks that start it, the quotas of the quota groups, and the operator's evictions.
 #include <algorithm>
 
 #include "tiers/tier_manager_impl.h"
@@ -24,6 +24,7 @@ void TierManagerImpl::DropCopyLocked(int t, Block* b, bool demoted) {
     b->slot[t] = -1;
   }
   ++(demoted ? ts.c.evictions_demoted : ts.c.evictions_dropped);
+  if (quotas()) ++group_evictions_[GroupOfLocked(b->id.contract)][t];
 }
 
 void TierManagerImpl::DropBlockLocked(Block* b) {
@@ -34,24 +35,56 @@ void TierManagerImpl::DropBlockLocked(Block* b) {
   MaybeEraseLocked(b);
 }
 
-Block* TierManagerImpl::VictimLocked(int t, const Block* except) {
-  auto v = T(t).policy->Victim([&](const BlockId& id) {
-    Block* b = FindLocked(id);
-    return b && b != except && MayGo(*b, t);
-  });
-  return v ? FindLocked(*v) : nullptr;
+bool TierManagerImpl::QuotaLetsGoLocked(int t, uint64_t contract, int64_t for_group, bool first) const {
+  const uint32_t g = GroupOfLocked(contract);
+  if (for_group == kNoGroup) return OverShareLocked(t, g);  // the watermarks: only what is over
+  const auto r = static_cast<uint32_t>(for_group);
+  if (first) {
+    // A requester over its share pays with its own blocks; one within it takes from the
+    // groups over theirs.
+    return OverShareLocked(t, r) ? g == r : g != r && OverShareLocked(t, g);
+  }
+  return g == r || OverShareLocked(t, g);  // never a block of a group within its share
 }
 
-uint32_t TierManagerImpl::EvictCleanLocked(int t, uint32_t need) {
+Block* TierManagerImpl::VictimLocked(int t, const Block* except, int64_t for_group) {
+  if (!quotas()) {
+    auto v = T(t).policy->Victim([&](const BlockId& id) {
+      Block* b = FindLocked(id);
+      return b && b != except && MayGo(*b, t);
+    });
+    return v ? FindLocked(*v) : nullptr;
+  }
+  for (bool first : {true, false}) {
+    auto v = T(t).policy->Victim([&](const BlockId& id) {
+      Block* b = FindLocked(id);
+      return b && b != except && MayGo(*b, t) && QuotaLetsGoLocked(t, id.contract, for_group, first);
+    });
+    if (v) return FindLocked(*v);
+    if (for_group == kNoGroup) break;  // both passes are the same
+  }
+  return nullptr;
+}
+
+uint32_t TierManagerImpl::EvictCleanLocked(int t, uint32_t need, int64_t for_group) {
   TierState& ts = T(t);
   uint32_t freed = 0;
   const bool drop_all = ts.DropsOnEvict(/*tier_below=*/t == kH || (t == kS && nvme_));
   while (freed < need) {
-    auto v = ts.policy->Victim([&](const BlockId& id) {
+    auto clean = [&](const BlockId& id, int pass) {
       Block* b = FindLocked(id);
       if (!b || !MayGo(*b, t)) return false;
+      if (pass >= 0 && !QuotaLetsGoLocked(t, id.contract, for_group, pass == 0)) return false;
       return drop_all || ts.CopyBelow(*b);  // a copy below: no I/O needed
-    });
+    };
+    std::optional<BlockId> v;
+    if (!quotas()) {
+      v = ts.policy->Victim([&](const BlockId& id) { return clean(id, -1); });
+    } else {
+      for (int pass = 0; pass < (for_group == kNoGroup ? 1 : 2) && !v; ++pass) {
+        v = ts.policy->Victim([&](const BlockId& id) { return clean(id, pass); });
+      }
+    }
     if (!v) break;
     Block* b = FindLocked(*v);
     if (t == kS) QueueRemoteWriteLocked(b);
@@ -65,7 +98,7 @@ uint32_t TierManagerImpl::EvictCleanLocked(int t, uint32_t need) {
 std::optional<uint32_t> TierManagerImpl::ReserveLocked(int t, Block* loading_for) {
   TierState& ts = T(t);
   auto s = ts.Alloc();
-  if (!s && EvictCleanLocked(t, 1) > 0) s = ts.Alloc();
+  if (!s && EvictCleanLocked(t, 1, GroupOfBlockLocked(loading_for)) > 0) s = ts.Alloc();
   if (!s) {
     KickLocked();  // let the mover demote dirty blocks; the caller retries or fails
     return std::nullopt;

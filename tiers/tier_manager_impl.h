@@ -25,6 +25,7 @@
 // own mutex, taken after mu_ (QueueRemoteWriteLocked), never before it.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -102,6 +103,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
     return hbm_->IpcHandle(out);
   }
   Status RegisterContract(const ScaleContract& c) override;
+  Status RegisterContractAs(const ScaleContract& c, uint64_t id, uint32_t group) override;
   bool HasContract(uint64_t id) const override {
     std::lock_guard<std::mutex> l(mu_);
     return contracts_.count(id) != 0;
@@ -121,6 +123,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   Status Flush(Tier to) override;
   Status Reconfigure(const TierManagerOptions& opts) override;
   std::vector<TierStats> Stats() const override;
+  std::vector<GroupStats> GroupStatsAll() const override;
   void Drain() override;
   std::vector<ContractInfo> Contracts() const override;
   std::shared_ptr<const std::vector<uint64_t>> ContractIds() const override;
@@ -172,11 +175,30 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   void DropBlockLocked(Block* b);
   // Frees up to `need` slots in tier t by dropping victims that need no I/O (a copy exists
   // below, or the tier drops on eviction). Returns how many were freed.
-  uint32_t EvictCleanLocked(int t, uint32_t need);
+  uint32_t EvictCleanLocked(int t, uint32_t need, int64_t for_group = kNoGroup);
   std::optional<uint32_t> ReserveLocked(int t, Block* loading_for);
   void EvictOneLocked(int t, Block* b, uint32_t* pending_out);
-  // The policy's next victim in tier t that MayGo, other than `except`.
-  Block* VictimLocked(int t, const Block* except = nullptr);
+  // The policy's next victim in tier t that MayGo, other than `except`, that the quotas
+  // let go to make room for quota group `for_group` (kNoGroup: the watermarks).
+  static constexpr int64_t kNoGroup = -1;
+  Block* VictimLocked(int t, const Block* except = nullptr, int64_t for_group = kNoGroup);
+  // Quotas (TierManagerOptions::groups): a contract's group, a group's share of tier t in
+  // slots, and whether the group holds more than that.
+  bool quotas() const { return !opts_.groups.empty(); }
+  uint32_t GroupOfLocked(uint64_t contract) const {
+    auto it = group_of_.find(contract);
+    return it == group_of_.end() ? 0 : it->second;
+  }
+  int64_t GroupOfBlockLocked(const Block* b) const {
+    return quotas() && b ? static_cast<int64_t>(GroupOfLocked(b->id.contract)) : kNoGroup;
+  }
+  uint64_t QuotaSlots(int t, uint32_t g) const {
+    return g < opts_.groups.size() ? static_cast<uint64_t>(opts_.groups[g].share[t] * T(t).total()) : 0;
+  }
+  bool OverShareLocked(int t, uint32_t g) const { return T(t).policy->GroupCount(g) > QuotaSlots(t, g); }
+  // The victim predicate's quota part, in the pass (eviction.cc VictimLocked) that takes
+  // what the quotas prefer (`first`) or anything they allow.
+  bool QuotaLetsGoLocked(int t, uint64_t contract, int64_t for_group, bool first) const;
   bool AdmitLocked(Block* b, bool force);
   void MaintainLocked();
 
@@ -243,6 +265,8 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   mutable std::mutex ids_mu_;                // protects ids_snap_, ids_gen_
   mutable std::shared_ptr<const std::vector<uint64_t>> ids_snap_;  // sorted; ContractIds()
   mutable uint64_t ids_gen_ = 0;            // contracts_gen_ that ids_snap_ reflects
+  GroupMap group_of_;  // contract -> quota group (RegisterContractAs); with quotas only
+  std::vector<std::array<uint64_t, 3>> group_evictions_;  // [group][tier]
   BlockIndex blocks_;
   TierState tiers_[3];  // indexed by kH, kS, kN
   std::unique_ptr<NvmeAdmission> admission_;

@@ -113,7 +113,7 @@ void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
     const uint32_t free = nvme_->free_records();
     if (free < batch.size()) {
       for (uint32_t k = 0; k < batch.size() - free; ++k) {
-        Block* v = VictimLocked(kN);
+        Block* v = VictimLocked(kN, nullptr, GroupOfBlockLocked(batch[free + k].first));
         if (!v) break;
         EvictOneLocked(kN, v, nullptr);
       }

@@ -56,6 +56,18 @@ Status TierManagerOptions::Validate() const {
     return Status::Invalid("hbm tier: capacity holds no slot");
   }
   if (cuda_device < 0) return Status::Invalid("cuda_device is negative");
+  double sum[3] = {0, 0, 0};
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (int t = 0; t < 3; ++t) {
+      const double s = groups[g].share[t];
+      if (!(s >= 0.0 && s <= 1.0) || (g == 0 && s != 0.0)) {
+        return Status::Invalid("quota group " + std::to_string(g) + ": share " + std::to_string(s) +
+                               (g == 0 ? " (group 0 has none)" : " not in [0, 1]"));
+      }
+      sum[t] += s;
+      if (sum[t] > 1.0 + 1e-9) return Status::Invalid("quota groups: the shares of one tier add up to over 1");
+    }
+  }
   if (nvme.tier.capacity_bytes > 0) {
     if (nvme.dir.empty()) return Status::Invalid("nvme tier: empty dir");
     if (nvme.admission != Admission::kAlways && nvme.admission != Admission::kSecondHit) {

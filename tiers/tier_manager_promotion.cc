@@ -54,7 +54,7 @@ void TierManagerImpl::LaunchLocked(Block* b, int t) {
   auto s = ReserveLocked(t, b);
   if (!s && T(t).demoting == 0) {
     uint32_t pending = 0;
-    if (Block* v = VictimLocked(t, b)) EvictOneLocked(t, v, &pending);
+    if (Block* v = VictimLocked(t, b, GroupOfBlockLocked(b))) EvictOneLocked(t, v, &pending);
     s = ReserveLocked(t, b);
   }
   if (!s) {

@@ -13,7 +13,7 @@ void TierState::Init(Tier tier, const TierOptions* opts, HbmPool* hbm, HostPool*
   host_ = host;
   nvme_ = nvme;
   slots.assign(tier == Tier::kNvme ? 0 : total(), SlotInfo{});
-  policy = CountingPolicy::Make(*opts, total());
+  policy = CountingPolicy::Make(*opts, total(), groups);
 }
 
 uint32_t TierState::total() const {

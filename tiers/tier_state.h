@@ -6,6 +6,7 @@
 // Internal to the TierManager; guarded by its mutex.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,16 +24,26 @@ class HbmPool;
 class HostPool;
 class NvmeStore;
 
+// Quota group of each contract (TierManager::RegisterContractAs); a contract not in it
+// is in group 0.
+using GroupMap = std::unordered_map<uint64_t, uint32_t>;
+
 // The tier's eviction policy, counting its blocks per contract on the way (for the
-// operator views: per-contract counts without a scan of the block index).
+// operator views: per-contract counts without a scan of the block index) and, with quota
+// groups, per group (for the quotas: TierManagerOptions::groups).
 class CountingPolicy {
  public:
-  explicit CountingPolicy(std::unique_ptr<EvictionPolicy> p) : p_(std::move(p)) {}
-  static std::unique_ptr<CountingPolicy> Make(const TierOptions& t, uint64_t capacity) {
-    return std::make_unique<CountingPolicy>(EvictionPolicy::Create(t.policy, capacity, t.policy_options));
+  CountingPolicy(std::unique_ptr<EvictionPolicy> p, const GroupMap* groups) : p_(std::move(p)), groups_(groups) {}
+  // groups: null without quota groups (nothing counted per group).
+  static std::unique_ptr<CountingPolicy> Make(const TierOptions& t, uint64_t capacity,
+                                              const GroupMap* groups = nullptr) {
+    return std::make_unique<CountingPolicy>(EvictionPolicy::Create(t.policy, capacity, t.policy_options), groups);
   }
   void Insert(const BlockId& b, const BlockId& parent) {
-    if (!p_->Contains(b)) ++per_contract_[b.contract];
+    if (!p_->Contains(b)) {
+      ++per_contract_[b.contract];
+      if (groups_) ++GroupSlot(GroupOf(b.contract));
+    }
     p_->Insert(b, parent);
   }
   void Touch(const BlockId& b) { p_->Touch(b); }
@@ -40,8 +51,22 @@ class CountingPolicy {
     if (p_->Contains(b)) {
       auto it = per_contract_.find(b.contract);
       if (it != per_contract_.end() && --it->second == 0) per_contract_.erase(it);
+      if (groups_) --GroupSlot(GroupOf(b.contract));
     }
     p_->Remove(b);
+  }
+  // Blocks of quota group g in the tier.
+  uint64_t GroupCount(uint32_t g) const { return g < per_group_.size() ? per_group_[g] : 0; }
+  // A contract's blocks move from group `from` to `to` (its group became known after its
+  // blocks were indexed: a warm restart).
+  void Regroup(uint64_t contract, uint32_t from, uint32_t to) {
+    const uint64_t n = Count(contract);
+    GroupSlot(from) -= std::min(n, GroupSlot(from));
+    GroupSlot(to) += n;
+  }
+  uint32_t GroupOf(uint64_t contract) const {
+    auto it = groups_->find(contract);
+    return it == groups_->end() ? 0 : it->second;
   }
   std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& evictable) {
     return p_->Victim(evictable);
@@ -54,8 +79,14 @@ class CountingPolicy {
   }
 
  private:
+  uint64_t& GroupSlot(uint32_t g) {
+    if (g >= per_group_.size()) per_group_.resize(g + 1, 0);
+    return per_group_[g];
+  }
   std::unique_ptr<EvictionPolicy> p_;
   std::unordered_map<uint64_t, uint64_t> per_contract_;
+  const GroupMap* groups_ = nullptr;
+  std::vector<uint64_t> per_group_;
 };
 
 // What a slot of the HBM or host arena holds.
@@ -100,13 +131,15 @@ class TierState {
   // A fresh policy of the configured kind over the blocks of `all` this tier holds.
   template <typename Blocks>
   void ResetPolicy(const Blocks& all) {
-    policy = CountingPolicy::Make(*opts_, total());
+    policy = CountingPolicy::Make(*opts_, total(), groups);
     for (const auto& b : all) {
       if (Holds(*b)) policy->Insert(b->id, BlockId{b->id.contract, b->parent});
     }
   }
 
   std::vector<SlotInfo> slots;  // HBM and host: what each slot of the arena holds
+  // The engine's quota groups (null without them); set before Init.
+  const GroupMap* groups = nullptr;
   std::unique_ptr<CountingPolicy> policy;
   uint64_t pinned = 0;  // blocks with pins > 0 here (NVMe: io_pins, a read in flight)
   // The counters: hits, misses, promotions_in, demotions_out, bytes_read / written,
