@@ -62,6 +62,7 @@ kvtier_status Reconnect(kvtier_client* c) {
   for (const auto& [id, rc] : c->contracts) {
     w::RequestEntry req;
     req.op = static_cast<uint16_t>(w::Op::kRegisterContract);
+    req.flags = rc.shared ? w::kRequestShared : 0;
     req.count = static_cast<uint32_t>(rc.bytes.size());
     w::CompletionEntry cmp;
     s = Call(c, req, rc.bytes.data(), rc.bytes.size(), nullptr, 0, &cmp);
@@ -274,9 +275,8 @@ kvtier_status kvtier_contract_block_bytes(const kvtier_contract_desc* d, uint64_
   KVTIER_GUARD_END
 }
 
-kvtier_status kvtier_register_contract(kvtier_client* c, const kvtier_contract_desc* d,
-                                       uint64_t* contract_id) {
-  KVTIER_GUARD_BEGIN
+static kvtier_status RegisterContract(kvtier_client* c, const kvtier_contract_desc* d, bool shared,
+                                      uint64_t* contract_id) {
   if (CheckClient(c)) return KVTIER_INVALID;
   kvtier::ScaleContract sc;
   kvtier::Status s = ToContract(d, &sc);
@@ -284,15 +284,29 @@ kvtier_status kvtier_register_contract(kvtier_client* c, const kvtier_contract_d
   const auto bytes = sc.Serialize();
   w::RequestEntry req;
   req.op = static_cast<uint16_t>(w::Op::kRegisterContract);
+  req.flags = shared ? w::kRequestShared : 0;
   req.count = static_cast<uint32_t>(bytes.size());
   w::CompletionEntry cmp;
   std::lock_guard<std::mutex> l(c->mu);
   kvtier_status st = Call(c, req, bytes.data(), bytes.size(), nullptr, 0, &cmp);
   if (st != KVTIER_OK) return st;
-  if (cmp.value != sc.Id()) return Fail(KVTIER_IO_ERROR, "daemon returned a different contract id");
-  c->contracts[cmp.value] = RegisteredContract{sc.geometry.block_tokens, sc.block_bytes(), bytes};
+  const uint64_t want = shared ? kvtier::SharedContractId(sc.Id()) : sc.Id();
+  if (cmp.value != want) return Fail(KVTIER_IO_ERROR, "daemon returned a different contract id");
+  c->contracts[cmp.value] = RegisteredContract{sc.geometry.block_tokens, sc.block_bytes(), bytes, shared};
   if (contract_id) *contract_id = cmp.value;
   return Ok();
+}
+
+kvtier_status kvtier_register_contract(kvtier_client* c, const kvtier_contract_desc* d,
+                                       uint64_t* contract_id) {
+  KVTIER_GUARD_BEGIN
+  return RegisterContract(c, d, false, contract_id);
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_register_contract_shared(kvtier_client* c, const kvtier_contract_desc* d, uint64_t* handle) {
+  KVTIER_GUARD_BEGIN
+  return RegisterContract(c, d, true, handle);
   KVTIER_GUARD_END
 }
 
@@ -818,6 +832,33 @@ kvtier_status kvtier_flush_to(kvtier_client* c, kvtier_tier to) {
   a.tier = static_cast<uint8_t>(to);
   w::CompletionEntry cmp;
   return Admin(c, a, nullptr, 0, &cmp);
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_tenant_stats(kvtier_client* c, kvtier_tenant_counters* out, size_t cap, size_t* n) {
+  KVTIER_GUARD_BEGIN
+  static_assert(sizeof(kvtier_tenant_counters) == sizeof(w::AdminTenantStats));
+  if (n == nullptr) return Fail(KVTIER_INVALID, "n is NULL");
+  *n = 0;
+  if (cap > 0 && out == nullptr) return Fail(KVTIER_INVALID, "out is NULL");
+  while (*n < cap) {
+    w::AdminRequest a;
+    a.action = static_cast<uint16_t>(w::AdminAction::kTenantStats);
+    a.offset = *n;
+    a.limit = static_cast<uint32_t>(std::min<size_t>(cap - *n, 256));
+    std::vector<w::AdminTenantStats> page(a.limit);
+    w::CompletionEntry cmp;
+    kvtier_status st = Admin(c, a, page.data(), page.size() * sizeof(w::AdminTenantStats), &cmp);
+    if (st != KVTIER_OK) return st;
+    const size_t got = std::min<size_t>(cmp.count, page.size());
+    for (size_t i = 0; i < got; ++i) {
+      std::memcpy(&out[*n + i], &page[i], sizeof page[i]);
+      out[*n + i].name[sizeof out[*n + i].name - 1] = '\0';
+    }
+    *n += got;
+    if (got == 0 || *n >= cmp.value) break;
+  }
+  return Ok();
   KVTIER_GUARD_END
 }
 

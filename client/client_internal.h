@@ -24,6 +24,7 @@ struct RegisteredContract {
   uint32_t block_tokens = 0;
   uint64_t block_bytes = 0;
   std::vector<uint8_t> bytes;
+  bool shared = false;  // registered in the shared namespace (the id is its shared handle)
 };
 
 // One asynchronous acquire (async.cc). Its request and reply use a region of the upper

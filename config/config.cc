@@ -118,6 +118,108 @@ Apply StringListField(Get get) {
   };
 }
 
+// An array of ids (uids, gids): integers in [0, 4294967294] (4294967295 is the kernel's
+// "no id").
+Status ParseIds(const toml::node& n, const std::string& key, std::vector<uint32_t>* out) {
+  if (!n.is_array()) return TypeError(key, "an array of integers such as [1000, 1001]");
+  std::vector<uint32_t> ids;
+  for (const auto& e : *n.as_array()) {
+    if (!e.is_integer()) return TypeError(key, "an array of integers such as [1000, 1001]");
+    const int64_t v = *e.value<int64_t>();
+    if (v < 0 || v > 4294967294LL) return Status::Invalid(key + ": id " + std::to_string(v) + " not in [0, 4294967294]");
+    ids.push_back(static_cast<uint32_t>(v));
+  }
+  *out = std::move(ids);
+  return Status::Ok();
+}
+
+template <typename Get>
+Apply IdListField(Get get) {
+  return [get](const toml::node& n, const std::string& key, Config& c) -> Status {
+    return ParseIds(n, key, get(c));
+  };
+}
+
+// A file mode: TOML octal (0o660) or a string of octal digits ("0660"), at most 0777.
+template <typename Get>
+Apply ModeField(Get get) {
+  return [get](const toml::node& n, const std::string& key, Config& c) -> Status {
+    int64_t v = -1;
+    if (n.is_integer()) {
+      v = *n.value<int64_t>();
+    } else if (n.is_string()) {
+      const std::string t = *n.value<std::string>();
+      if (t.empty() || t.size() > 4 || t.find_first_not_of("01234567") != std::string::npos) {
+        return Status::Invalid(key + ": \"" + t + "\" is not an octal mode such as \"0660\"");
+      }
+      v = std::stol(t, nullptr, 8);
+    } else {
+      return TypeError(key, "an octal mode such as 0o660 or \"0660\"");
+    }
+    if (v < 0 || v > 0777) {
+      return Status::Invalid(key + ": " + std::to_string(v) + " is not a mode in [0, 0o777] (write 0o660 or \"0660\")");
+    }
+    *get(c) = static_cast<uint32_t>(v);
+    return Status::Ok();
+  };
+}
+
+// One [[tenants]] table.
+Status ParseTenant(const toml::table& t, const std::string& key, TenantConfig* out) {
+  TenantConfig tc;
+  bool named = false;
+  for (auto&& [k, v] : t) {
+    const std::string name(k.str());
+    const std::string fk = key + "." + name;
+    auto number = [&](double* d) -> Status {
+      if (!v.is_floating_point() && !v.is_integer()) return TypeError(fk, "a number");
+      *d = *v.value<double>();
+      if (!std::isfinite(*d)) return Status::Invalid(fk + ": not a finite number");
+      return Status::Ok();
+    };
+    if (name == "name") {
+      if (!v.is_string()) return TypeError(fk, "a string");
+      tc.name = *v.value<std::string>();
+      named = true;
+    } else if (name == "uids") {
+      KVTIER_RETURN_IF_ERROR(ParseIds(v, fk, &tc.uids));
+    } else if (name == "gids") {
+      KVTIER_RETURN_IF_ERROR(ParseIds(v, fk, &tc.gids));
+    } else if (name == "hbm_share") {
+      KVTIER_RETURN_IF_ERROR(number(&tc.hbm_share));
+    } else if (name == "host_share") {
+      KVTIER_RETURN_IF_ERROR(number(&tc.host_share));
+    } else if (name == "nvme_share") {
+      KVTIER_RETURN_IF_ERROR(number(&tc.nvme_share));
+    } else if (name == "admin") {
+      if (!v.is_boolean()) return TypeError(fk, "true or false");
+      tc.admin = *v.value<bool>();
+    } else {
+      return Status::Invalid(fk + ": unknown key (a tenant has name, uids, gids, hbm_share, host_share, "
+                                  "nvme_share, admin)");
+    }
+  }
+  if (!named) return Status::Invalid(key + ".name: missing (every [[tenants]] table names its tenant)");
+  *out = std::move(tc);
+  return Status::Ok();
+}
+
+// [[tenants]]: an array of tables (inline tables too, for --set).
+Status ApplyTenants(const toml::node& n, const std::string& key, Config& c) {
+  if (!n.is_array()) return TypeError(key, "[[tenants]] tables");
+  std::vector<TenantConfig> out;
+  size_t i = 0;
+  for (const auto& e : *n.as_array()) {
+    const std::string k = key + "[" + std::to_string(i++) + "]";
+    if (!e.is_table()) return TypeError(k, "a table");
+    TenantConfig tc;
+    KVTIER_RETURN_IF_ERROR(ParseTenant(*e.as_table(), k, &tc));
+    out.push_back(std::move(tc));
+  }
+  c.tenants = std::move(out);
+  return Status::Ok();
+}
+
 void AddTier(std::vector<Entry>& s, const std::string& prefix, TierConfig* (*tier)(Config&)) {
   s.push_back({prefix + ".capacity", SizeField([tier](Config& c) { return &tier(c)->capacity_bytes; })});
   s.push_back({prefix + ".policy", StringField([tier](Config& c) { return &tier(c)->policy; })});
@@ -177,6 +279,15 @@ const std::vector<Entry>& Schema() {
     s.push_back({"daemon.max_spinning_rings",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_spinning_rings; }, 0, 4096)});
     s.push_back({"daemon.trace_copies", BoolField([](Config& c) { return &c.daemon.trace_copies; })});
+    s.push_back({"security.socket_owner", StringField([](Config& c) { return &c.security.socket_owner; })});
+    s.push_back({"security.socket_group", StringField([](Config& c) { return &c.security.socket_group; })});
+    s.push_back({"security.socket_mode", ModeField([](Config& c) { return &c.security.socket_mode; })});
+    s.push_back({"security.attach_uids", IdListField([](Config& c) { return &c.security.attach_uids; })});
+    s.push_back({"security.attach_gids", IdListField([](Config& c) { return &c.security.attach_gids; })});
+    s.push_back({"security.admin_uids", IdListField([](Config& c) { return &c.security.admin_uids; })});
+    s.push_back({"security.admin_gids", IdListField([](Config& c) { return &c.security.admin_gids; })});
+    s.push_back({"security.unmatched", StringField([](Config& c) { return &c.security.unmatched; })});
+    s.push_back({"tenants", ApplyTenants});
     s.push_back({"tiers.slot_bytes", SizeField([](Config& c) { return &c.tiers.slot_bytes; })});
     AddTier(s, "tiers.hbm", [](Config& c) { return &c.tiers.hbm; });
     s.push_back({"tiers.hbm.cuda_device",
@@ -235,7 +346,7 @@ const Entry* FindEntry(const std::string& key) {
 }
 
 bool IsSection(const std::string& path) {
-  return path == "daemon" || path == "tiers" || path == "tiers.hbm" || path == "tiers.host" ||
+  return path == "daemon" || path == "security" || path == "tiers" || path == "tiers.hbm" || path == "tiers.host" ||
          path == "tiers.nvme" || path == "tiers.remote" || path == "tiers.policy";
 }
 
@@ -252,6 +363,7 @@ Status ApplyTable(const toml::table& t, const std::string& prefix, const std::st
   for (auto&& [k, v] : t) {
     const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (v.is_table()) {
+      if (key == "tenants") return Status::Invalid("tenants: expected [[tenants]] tables" + Where(source, v));
       if (!IsSection(key)) return Status::Invalid(key + ": unknown section" + Where(source, v));
       KVTIER_RETURN_IF_ERROR(ApplyTable(*v.as_table(), key, source, c));
       continue;
@@ -443,6 +555,67 @@ Status Config::Validate() const {
   if (r.tls_cert_file.empty() != r.tls_key_file.empty()) {
     return Status::Invalid(r.tls_cert_file.empty() ? "tiers.remote.tls_key_file: set without tiers.remote.tls_cert_file"
                                                    : "tiers.remote.tls_cert_file: set without tiers.remote.tls_key_file");
+  }
+  const auto& sec = security;
+  if (!InSet(sec.unmatched, {"default", "refuse"})) {
+    return Status::Invalid("security.unmatched: \"" + sec.unmatched + "\" is not default or refuse");
+  }
+  if (sec.socket_mode > 0777) return Status::Invalid("security.socket_mode: over 0o777");
+  for (const auto* owner : {&sec.socket_owner, &sec.socket_group}) {
+    for (unsigned char ch : *owner) {
+      if (!(std::isalnum(ch) || ch == '_' || ch == '-' || ch == '.')) {
+        return Status::Invalid(std::string(owner == &sec.socket_owner ? "security.socket_owner" : "security.socket_group") +
+                               ": \"" + *owner + "\" is not a user/group name or number");
+      }
+    }
+  }
+  if (tenants.size() > 1024) return Status::Invalid("tenants: " + std::to_string(tenants.size()) + " tables, at most 1024");
+  std::map<std::string, size_t> names;
+  std::map<uint32_t, std::string> uid_owner, gid_owner;
+  double share[3] = {0, 0, 0};
+  for (size_t i = 0; i < tenants.size(); ++i) {
+    const TenantConfig& tc = tenants[i];
+    const std::string k = "tenants[" + std::to_string(i) + "]";
+    const bool ok_name = !tc.name.empty() && tc.name.size() <= 64 &&
+                         std::all_of(tc.name.begin(), tc.name.end(), [](unsigned char ch) {
+                           return std::isalnum(ch) || ch == '.' || ch == '_' || ch == '-';
+                         });
+    if (!ok_name) {
+      return Status::Invalid(k + ".name: \"" + tc.name + "\" is not 1-64 characters of [A-Za-z0-9._-]");
+    }
+    if (tc.name == "default" || tc.name == "shared") {
+      return Status::Invalid(k + ".name: \"" + tc.name + "\" is reserved (the implicit tenant and the shared namespace)");
+    }
+    if (!names.emplace(tc.name, i).second) return Status::Invalid(k + ".name: tenant \"" + tc.name + "\" twice");
+    if (tc.uids.empty() && tc.gids.empty()) {
+      return Status::Invalid(k + ": tenant \"" + tc.name + "\" has neither uids nor gids (no client could be in it)");
+    }
+    for (uint32_t u : tc.uids) {
+      auto [it, fresh] = uid_owner.emplace(u, tc.name);
+      if (!fresh && it->second != tc.name) {
+        return Status::Invalid(k + ".uids: uid " + std::to_string(u) + " is in tenants \"" + it->second + "\" and \"" +
+                               tc.name + "\"");
+      }
+    }
+    for (uint32_t g : tc.gids) {
+      auto [it, fresh] = gid_owner.emplace(g, tc.name);
+      if (!fresh && it->second != tc.name) {
+        return Status::Invalid(k + ".gids: gid " + std::to_string(g) + " is in tenants \"" + it->second + "\" and \"" +
+                               tc.name + "\"");
+      }
+    }
+    const double s3[3] = {tc.hbm_share, tc.host_share, tc.nvme_share};
+    const char* sk[3] = {"hbm_share", "host_share", "nvme_share"};
+    for (int t = 0; t < 3; ++t) {
+      if (!(s3[t] >= 0.0 && s3[t] <= 1.0)) {
+        return Status::Invalid(k + "." + sk[t] + ": " + Num(s3[t]) + " not in [0, 1]");
+      }
+      share[t] += s3[t];
+      if (share[t] > 1.0 + 1e-9) {
+        return Status::Invalid(k + "." + sk[t] + ": the tenants' " + sk[t] + "s add up to " + Num(share[t]) +
+                               ", over 1");
+      }
+    }
   }
   return Status::Ok();
 }

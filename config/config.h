@@ -124,9 +124,50 @@ struct DaemonConfig {
   bool trace_copies = false;             // log large acquires' and HBM copies' timelines. Default: false
 };
 
+// [security]: who may attach and who may run operator actions, judged by the peer's
+// credentials (SO_PEERCRED, SO_PEERGROUPS) as the kernel recorded them at connect.
+// The daemon's own uid and root may always attach and administer: the defaults keep a
+// single-user machine working with no extra steps (docs/security.md).
+struct SecurityConfig {
+  // Owner and group given to the control socket at start: a user / group name or a
+  // number; "" leaves what the daemon creates it with. Default: "", ""
+  std::string socket_owner;
+  std::string socket_group;
+  // Mode of the control socket: TOML octal (0o660) or a string ("0660"), at most 0777.
+  // Default: 0660
+  uint32_t socket_mode = 0660;
+  // uids / gids (primary or supplementary) that may attach as engines, beyond the
+  // daemon's uid, root and the members of every [[tenants]] table. Default: [], []
+  std::vector<uint32_t> attach_uids, attach_gids;
+  // uids / gids that may run every operator action (list, inspect, contracts, export,
+  // verify, evict, flush, config reload) over every tenant, beyond the daemon's uid and
+  // root. Default: [], []
+  std::vector<uint32_t> admin_uids, admin_gids;
+  // What a client that matches no [[tenants]] table is: "default" (the implicit tenant,
+  // the namespace every client shares when no tenant is configured) | "refuse" (its
+  // attach is refused). Default: "default"
+  std::string unmatched = "default";
+};
+
+// One [[tenants]] table: a namespace of blocks and a guaranteed share of each tier.
+struct TenantConfig {
+  std::string name;            // [A-Za-z0-9._-]{1,64}, unique, not "default" or "shared"
+  std::vector<uint32_t> uids;  // peers with one of these uids belong here (checked first)
+  std::vector<uint32_t> gids;  // else peers with one of these gids (primary or supplementary)
+  // Share of each tier's slots, in [0, 1], that other tenants' blocks cannot push this
+  // tenant's blocks below; past it, the tenant's own blocks are evicted first. The shares
+  // of a tier add up to at most 1. Default: 0 (no guarantee)
+  double hbm_share = 0, host_share = 0, nvme_share = 0;
+  // Members may run the operator actions that stay inside the tenant's namespace (list,
+  // inspect, contracts, export, evict); never flush, verify or config reload. Default: false
+  bool admin = false;
+};
+
 struct Config {
   DaemonConfig daemon;
   TiersConfig tiers;
+  SecurityConfig security;
+  std::vector<TenantConfig> tenants;  // [[tenants]]; empty: every client in one namespace
   std::string source;  // file the config came from ("<string>" for LoadString)
 
   Config();  // the built-in defaults (host 1GiB, nvme 2GiB, hbm 0)

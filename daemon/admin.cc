@@ -2,6 +2,12 @@
 // config reload), executed for a Session like every other op. Each action copies the
 // AdminRequest out of shared memory once, checks it, and writes a page of records into
 // the out region, never past its length.
+//
+// Every admin request is judged by the peer's credentials first (daemon/access.h): a
+// refusal is one line to the client, one rate-limited log line and no change. Every
+// request that is judged, allowed or not, leaves one audit line (logger "audit" at info,
+// never rate-limited for allowed requests): client, peer uid / gid / pid, tenant, the
+// action with its arguments, the outcome and what it changed.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -45,6 +51,17 @@ wire::AdminBlockInfo ToWire(const tiers::BlockInfo& b) {
   w.header_xxh3 = b.header_xxh3;
   return w;
 }
+
+std::string Asked(const wire::AdminRequest& a) {
+  std::string s = AdminActionName(a.action);
+  if (a.contract_id != 0) s += " contract " + ContractIdHex(a.contract_id);
+  const Key128 key{a.key.hi, a.key.lo};
+  if (!key.IsZero()) s += " key " + key.ToHex();
+  if (a.tier != wire::kTierNone) s += " tier " + std::to_string(a.tier);
+  if (a.offset != 0 || a.limit != 0) s += " offset " + std::to_string(a.offset) + " limit " + std::to_string(a.limit);
+  return s;
+}
+
 }  // namespace
 
 Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
@@ -52,6 +69,47 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
   wire::AdminRequest a;
   std::memcpy(&a, in.data(), sizeof a);  // one copy out of shared memory
   KVTIER_RETURN_IF_ERROR(wire::ValidateAdminRequest(a));
+  std::string who = "client " + std::to_string(id_) + " (" + name_ + ", " + peer_.ToString();
+  if (namespaced_) who += ", tenant " + tenants_->access().tenant_name(tenant_);
+  who += ")";
+  bool scoped = false;
+  if (tenants_ != nullptr) {
+    Status allowed =
+        tenants_->access().AdmitAdmin(peer_, tenant_, static_cast<wire::AdminAction>(a.action), &scoped);
+    if (!allowed.ok()) {
+      metrics_->access_denied.fetch_add(1, std::memory_order_relaxed);
+      if (counters_ != nullptr) counters_->access_denied.fetch_add(1, std::memory_order_relaxed);
+      static LogLimit denied_log;  // a client may ask at any rate
+      uint64_t held = 0;
+      if (denied_log.Allow(&held)) {
+        spdlog::warn("audit: {} asked {}: refused: {} ({} more refusals held back)", who, Asked(a), allowed.message(),
+                     held);
+      }
+      return allowed;
+    }
+  }
+  // Without tenants a tenant admin's view is the whole daemon's: one namespace.
+  if (!namespaced_ && static_cast<wire::AdminAction>(a.action) != wire::AdminAction::kTenantStats) scoped = false;
+  std::string changed;
+  Status s = RunAdmin(req, a, scoped, out, c, &changed);
+  // Actions that change something: one line each (the audit trail; only peers with admin
+  // rights get here). Reads (ls, inspect, contracts, counters, a verify that dropped
+  // nothing), which kvtierctl asks page by page: one line per interval, with the count.
+  uint64_t held = 0;
+  const auto act = static_cast<wire::AdminAction>(a.action);
+  const bool changes = act == wire::AdminAction::kEvictKey || act == wire::AdminAction::kEvictContract ||
+                       act == wire::AdminAction::kFlush || act == wire::AdminAction::kReloadConfig ||
+                       !changed.empty();
+  if (changes || AdminLog().Allow(&held)) {
+    spdlog::info("audit: {} asked {}{}: {}{}{}{}", who, Asked(a), scoped ? " (own namespace)" : "",
+                 s.ok() ? "ok" : s.ToString(), changed.empty() ? "" : "; ", changed,
+                 changes ? "" : " (" + std::to_string(held) + " more reads held back)");
+  }
+  return s;
+}
+
+Status Session::RunAdmin(const wire::RequestEntry& req, const wire::AdminRequest& a, bool scoped, uint8_t* out,
+                         wire::CompletionEntry* c, std::string* changed) {
   const uint64_t room = req.out_len;
   auto need = [&](uint64_t bytes, const char* what) -> Status {
     if (bytes > room) {
@@ -61,11 +119,54 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
     return Status::Ok();
   };
   const Key128 key{a.key.hi, a.key.lo};
+  // A scoped request names contracts by the tenant's own ids and sees only the tenant's
+  // contracts (never the shared namespace's: those are other tenants' prefixes too).
+  auto target = [&](uint64_t id) -> StatusOr<uint64_t> {
+    if (!scoped) {
+      KVTIER_RETURN_IF_ERROR(CheckContract(id));
+      return id;
+    }
+    auto cid = ContractOf(id);
+    if (cid.ok() && tenants_->owners().Get(*cid).tenant != tenant_) {
+      return Status::NotFound("contract " + ContractIdHex(id) + " is not registered: register it first "
+                              "(kvtier_register_contract)");
+    }
+    return cid;
+  };
+  // Inspect / evict of a key in any contract: the first of the tenant's contracts holding it.
+  auto find_key = [&](uint64_t id) -> StatusOr<tiers::BlockInfo> {
+    if (id != 0 || !scoped) {
+      uint64_t cid = id;
+      if (id != 0) {
+        auto t = target(id);
+        if (!t.ok()) return t.status();
+        cid = *t;
+      }
+      return tm_->InspectBlock(cid, key);
+    }
+    for (const auto& [internal, pub] : OwnContracts()) {
+      auto info = tm_->InspectBlock(internal, key);
+      if (info.ok()) return info;
+    }
+    return Status::NotFound("InspectBlock: key not cached");
+  };
+  auto shown = [&](tiers::BlockInfo b) {
+    if (scoped) b.contract_id = PublicId(b.contract_id);
+    return ToWire(b);
+  };
   switch (static_cast<wire::AdminAction>(a.action)) {
     case wire::AdminAction::kListContracts: {
       // Pages of the TierManager's id snapshot: the index lock is held for a few entries
       // at a time, never for the listing (a contract gone since the snapshot is skipped).
-      const auto ids = tm_->ContractIds();
+      auto ids = tm_->ContractIds();
+      if (scoped) {
+        // The tenant's own contracts only (OwnContracts is sorted by the TierManager's id).
+        auto own = std::make_shared<std::vector<uint64_t>>();
+        for (const auto& [internal, pub] : OwnContracts()) {
+          if (std::binary_search(ids->begin(), ids->end(), internal)) own->push_back(internal);
+        }
+        ids = std::move(own);
+      }
       uint64_t pos = 0;
       uint32_t n = 0;
       bool full = false;
@@ -76,7 +177,7 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
         for (const auto& ci : infos) {
           const std::vector<uint8_t> bytes = ci.contract.Serialize();
           wire::AdminContractInfo w;
-          w.contract_id = ci.id;
+          w.contract_id = scoped ? PublicId(ci.id) : ci.id;
           w.block_bytes = ci.block_bytes;
           for (int t = 0; t < 3; ++t) w.blocks[t] = ci.blocks[t];
           w.contract_bytes = static_cast<uint32_t>(bytes.size());
@@ -101,13 +202,32 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
     case wire::AdminAction::kListBlocks: {
       const uint32_t fit = static_cast<uint32_t>(std::min<uint64_t>(a.limit, room / sizeof(wire::AdminBlockInfo)));
       if (fit == 0) KVTIER_RETURN_IF_ERROR(need(sizeof(wire::AdminBlockInfo), "one block"));
-      if (a.contract_id != 0) KVTIER_RETURN_IF_ERROR(CheckContract(a.contract_id));
+      const auto tier = static_cast<tiers::Tier>(a.tier);
       std::vector<tiers::BlockInfo> blocks;
       uint64_t total = 0;
-      KVTIER_RETURN_IF_ERROR(tm_->ListBlocks(a.contract_id, static_cast<tiers::Tier>(a.tier), a.offset,
-                                             fit, &blocks, &total));
+      if (scoped && a.contract_id == 0) {
+        // The tenant's contracts one after the other, paged as one listing.
+        uint64_t skip = a.offset;
+        for (const auto& [internal, pub] : OwnContracts()) {
+          std::vector<tiers::BlockInfo> page;
+          uint64_t n = 0;
+          const uint32_t want = static_cast<uint32_t>(fit - blocks.size());
+          KVTIER_RETURN_IF_ERROR(tm_->ListBlocks(internal, tier, skip, want, &page, &n));
+          total += n;
+          skip = skip > n ? skip - n : 0;
+          blocks.insert(blocks.end(), page.begin(), page.end());
+        }
+      } else {
+        uint64_t cid = 0;
+        if (a.contract_id != 0) {
+          auto t = target(a.contract_id);
+          if (!t.ok()) return t.status();
+          cid = *t;
+        }
+        KVTIER_RETURN_IF_ERROR(tm_->ListBlocks(cid, tier, a.offset, fit, &blocks, &total));
+      }
       for (size_t i = 0; i < blocks.size(); ++i) {
-        const wire::AdminBlockInfo w = ToWire(blocks[i]);
+        const wire::AdminBlockInfo w = shown(blocks[i]);
         std::memcpy(out + i * sizeof w, &w, sizeof w);
       }
       c->value = total;
@@ -117,10 +237,9 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
     }
     case wire::AdminAction::kInspect: {
       KVTIER_RETURN_IF_ERROR(need(sizeof(wire::AdminBlockInfo), "a block"));
-      if (a.contract_id != 0) KVTIER_RETURN_IF_ERROR(CheckContract(a.contract_id));
-      auto info = tm_->InspectBlock(a.contract_id, key);
+      auto info = find_key(a.contract_id);
       if (!info.ok()) return info.status();
-      const wire::AdminBlockInfo w = ToWire(*info);
+      const wire::AdminBlockInfo w = shown(*info);
       std::memcpy(out, &w, sizeof w);
       c->count = 1;
       c->out_bytes = sizeof w;
@@ -146,34 +265,34 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
         spdlog::warn("client {} ({}): verify found {} corrupt NVMe records (dropped) ({} more such lines held back)",
                      id_, name_, r.corrupt, held);
       }
+      if (r.corrupt > 0) *changed = "dropped " + std::to_string(r.corrupt) + " corrupt NVMe records";
       return Status::Ok();
     }
     case wire::AdminAction::kEvictKey: {
-      uint64_t contract = a.contract_id;
-      if (contract != 0) {
-        KVTIER_RETURN_IF_ERROR(CheckContract(contract));
-      } else {
-        auto info = tm_->InspectBlock(0, key);
-        if (!info.ok()) return info.status();
-        contract = info->contract_id;
+      auto info = find_key(a.contract_id);
+      if (!info.ok()) {
+        if (info.status().IsNotFound()) return Status::NotFound("block " + key.ToHex() + " is not cached");
+        return info.status();
       }
+      const uint64_t contract = info->contract_id;
       Status s = tm_->Evict(contract, key);
       if (s.IsNotFound()) return Status::NotFound("block " + key.ToHex() + " is not cached");
       KVTIER_RETURN_IF_ERROR(s);
-      if (uint64_t held = 0; AdminLog().Allow(&held)) {
-        spdlog::info("client {} ({}): evicted block {} of contract {} ({} more admin lines held back)", id_, name_,
-                     key.ToHex(), ContractIdHex(contract), held);
-      }
+      *changed = "evicted block " + key.ToHex() + " of contract " + ContractIdHex(scoped ? PublicId(contract) : contract);
       c->value = 1;
       return Status::Ok();
     }
     case wire::AdminAction::kEvictContract: {
-      uint64_t evicted = 0, skipped = 0;
-      KVTIER_RETURN_IF_ERROR(tm_->EvictContract(a.contract_id, &evicted, &skipped));
-      if (uint64_t held = 0; AdminLog().Allow(&held)) {
-        spdlog::info("client {} ({}): evicted {} blocks of contract {} ({} pinned left) ({} more admin lines held back)",
-                     id_, name_, evicted, ContractIdHex(a.contract_id), skipped, held);
+      uint64_t cid = a.contract_id;
+      if (scoped) {
+        auto t = target(a.contract_id);
+        if (!t.ok()) return t.status();
+        cid = *t;
       }
+      uint64_t evicted = 0, skipped = 0;
+      KVTIER_RETURN_IF_ERROR(tm_->EvictContract(cid, &evicted, &skipped));
+      *changed = "evicted " + std::to_string(evicted) + " blocks of contract " + ContractIdHex(a.contract_id) + " (" +
+                 std::to_string(skipped) + " pinned left)";
       c->value = evicted;
       c->count = static_cast<uint32_t>(std::min<uint64_t>(skipped, UINT32_MAX));
       return Status::Ok();
@@ -181,10 +300,7 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
     case wire::AdminAction::kFlush: {
       const tiers::Tier to = a.tier == wire::kTierHost ? tiers::Tier::kHost : tiers::Tier::kNvme;
       KVTIER_RETURN_IF_ERROR(tm_->Flush(to));
-      if (uint64_t held = 0; AdminLog().Allow(&held)) {
-        spdlog::info("client {} ({}): flush to {} done ({} more admin lines held back)", id_, name_,
-                     tiers::TierName(to), held);
-      }
+      *changed = std::string("flushed to ") + tiers::TierName(to);
       return Status::Ok();
     }
     case wire::AdminAction::kReloadConfig: {
@@ -192,9 +308,57 @@ Status Session::DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> 
       KVTIER_TEST_POINT("Session::Admin:Reload");
       std::string summary;
       KVTIER_RETURN_IF_ERROR(reload_(&summary));
+      // The reload's own line (rate-limited) has the summary; the audit line says it in
+      // other words, so that a count of either kind of line stays a count of its kind.
+      const std::string from = "reloaded eviction/admission settings from ";
+      *changed = summary.rfind(from, 0) == 0 ? "took the eviction/admission settings of " + summary.substr(from.size())
+                                             : summary;
       const size_t n = std::min<size_t>(summary.size(), room);
       if (n > 0) std::memcpy(out, summary.data(), n);
       c->out_bytes = static_cast<uint32_t>(n);
+      return Status::Ok();
+    }
+    case wire::AdminAction::kTenantStats: {
+      if (tenants_ == nullptr || !tenants_->access().tenants_configured()) {
+        c->value = 0;  // one namespace: the tier stats are the whole story
+        return Status::Ok();
+      }
+      const AccessPolicy& ap = tenants_->access();
+      // Tenants in order, then the shared namespace; a scoped caller sees its own only.
+      std::vector<uint32_t> ids;
+      if (scoped) {
+        ids.push_back(tenant_);
+      } else {
+        for (uint32_t t = 0; t < ap.tenant_count(); ++t) ids.push_back(t);
+        ids.push_back(kSharedOwner);
+      }
+      const auto groups = tm_->GroupStatsAll();
+      const uint32_t fit = static_cast<uint32_t>(std::min<uint64_t>(a.limit, room / sizeof(wire::AdminTenantStats)));
+      if (fit == 0) KVTIER_RETURN_IF_ERROR(need(sizeof(wire::AdminTenantStats), "one tenant"));
+      uint32_t n = 0;
+      for (uint64_t i = a.offset; i < ids.size() && n < fit; ++i, ++n) {
+        const uint32_t t = ids[i];
+        wire::AdminTenantStats w;
+        const std::string& name = t == kSharedOwner ? std::string("shared") : ap.tenant_name(t);
+        std::memcpy(w.name, name.data(), std::min(name.size(), sizeof w.name - 1));
+        const uint32_t g = tenants_->group_of(t);
+        if (g < groups.size()) {
+          for (int k = 0; k < 3; ++k) {
+            w.blocks[k] = groups[g].blocks[k];
+            w.quota_slots[k] = groups[g].quota[k];
+            w.evictions[k] = groups[g].evictions[k];
+          }
+        }
+        TenantCounters& tc = tenants_->counters(t);
+        w.lookup_keys = tc.lookup_keys.load(std::memory_order_relaxed);
+        w.lookup_hits = tc.lookup_hits.load(std::memory_order_relaxed);
+        w.committed = tc.committed.load(std::memory_order_relaxed);
+        w.access_denied = tc.access_denied.load(std::memory_order_relaxed);
+        std::memcpy(out + n * sizeof w, &w, sizeof w);
+      }
+      c->value = ids.size();
+      c->count = n;
+      c->out_bytes = n * static_cast<uint32_t>(sizeof(wire::AdminTenantStats));
       return Status::Ok();
     }
   }

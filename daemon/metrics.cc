@@ -170,6 +170,9 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
   Line(&o, "kvtier_clients_attached_total", "", static_cast<double>(clients_attached.load()));
   Family(&o, "kvtier_attach_refused_total", "counter", "Attaches refused (version, limits).");
   Line(&o, "kvtier_attach_refused_total", "", static_cast<double>(attach_refused.load()));
+  Family(&o, "kvtier_access_denied_total", "counter",
+         "Attaches and admin requests refused by the peer's credentials ([security], [[tenants]]).");
+  Line(&o, "kvtier_access_denied_total", "", static_cast<double>(access_denied.load()));
   Family(&o, "kvtier_clients_disconnected_total", "counter", "Client disconnects, by reason.");
   Line(&o, "kvtier_clients_disconnected_total", "reason=\"closed\"",
        static_cast<double>(disconnect_closed.load()));
@@ -190,6 +193,48 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
   Line(&o, "kvtier_config_reloads_total", "result=\"failed\"",
        static_cast<double>(reload_failures.load()));
   return o;
+}
+
+void Metrics::RenderTenants(const std::vector<TenantRow>& rows, std::string* out) {
+  if (rows.empty()) return;
+  std::string& o = *out;
+  static const char* kTier[3] = {"hbm", "host", "nvme"};
+  struct PerTier {
+    const char* name;
+    const char* type;
+    const char* help;
+    const uint64_t (TenantRow::*field)[3];
+  };
+  static const PerTier kPerTier[] = {
+      {"kvtier_tenant_blocks", "gauge", "Blocks of the tenant the tier holds.", &TenantRow::blocks},
+      {"kvtier_tenant_quota_slots", "gauge", "The tenant's share of the tier, in slots.", &TenantRow::quota_slots},
+      {"kvtier_tenant_evictions_total", "counter", "Copies of the tenant's blocks evicted from the tier.",
+       &TenantRow::evictions},
+  };
+  for (const auto& m : kPerTier) {
+    Family(&o, m.name, m.type, m.help);
+    for (const auto& r : rows) {
+      for (int t = 0; t < 3; ++t) {
+        Line(&o, m.name, "tenant=\"" + r.name + "\",tier=\"" + kTier[t] + "\"", static_cast<double>((r.*(m.field))[t]));
+      }
+    }
+  }
+  struct Scalar {
+    const char* name;
+    const char* help;
+    uint64_t TenantRow::*field;
+  };
+  static const Scalar kScalar[] = {
+      {"kvtier_tenant_lookup_keys_total", "Keys the tenant's clients looked up.", &TenantRow::lookup_keys},
+      {"kvtier_tenant_lookup_hits_total", "Blocks the tenant's lookups found.", &TenantRow::lookup_hits},
+      {"kvtier_tenant_committed_total", "Blocks the tenant's clients committed.", &TenantRow::committed},
+      {"kvtier_tenant_access_denied_total", "Admin requests of the tenant's clients refused.",
+       &TenantRow::access_denied},
+  };
+  for (const auto& m : kScalar) {
+    Family(&o, m.name, "counter", m.help);
+    for (const auto& r : rows) Line(&o, m.name, "tenant=\"" + r.name + "\"", static_cast<double>(r.*(m.field)));
+  }
 }
 
 }  // namespace kvtier::daemon

@@ -12,8 +12,12 @@
 //   tier_admission_rejects_total                                   {tier="hbm|host|nvme"}
 //   request_duration_seconds (histogram)                {op="lookup|...",transport="ring|socket"}
 //   requests_failed_total{op,transport}, requests_malformed_total, clients, clients_attached_total,
-//   clients_disconnected_total{reason}, leases, leased_slots,
+//   clients_disconnected_total{reason}, access_denied_total, leases, leased_slots,
 //   build_info{version,protocol,cuda} (always 1)
+// With [[tenants]] (RenderTenants), per tenant ("default", each table, "shared"):
+//   tenant_blocks, tenant_quota_slots, tenant_evictions_total      {tenant,tier="hbm|host|nvme"}
+//   tenant_lookup_keys_total, tenant_lookup_hits_total, tenant_committed_total,
+//   tenant_access_denied_total                                     {tenant}
 #pragma once
 
 #include <array>
@@ -46,6 +50,13 @@ class Histogram {
 
 enum class Transport : uint8_t { kRing = 0, kSocket = 1 };
 
+// One tenant's figures for /metrics (the fields of wire::AdminTenantStats).
+struct TenantRow {
+  std::string name;
+  uint64_t blocks[3] = {0, 0, 0}, quota_slots[3] = {0, 0, 0}, evictions[3] = {0, 0, 0};
+  uint64_t lookup_keys = 0, lookup_hits = 0, committed = 0, access_denied = 0;
+};
+
 struct Metrics {
   std::array<std::array<Histogram, 2>, wire::kMaxOp + 1> request_latency;  // [op][transport]
   std::array<std::array<std::atomic<uint64_t>, 2>, wire::kMaxOp + 1> request_failed{};
@@ -53,6 +64,7 @@ struct Metrics {
   std::atomic<int64_t> clients{0};
   std::atomic<uint64_t> clients_attached{0};
   std::atomic<uint64_t> attach_refused{0};
+  std::atomic<uint64_t> access_denied{0};  // attaches and admin requests refused by [security]
   std::atomic<uint64_t> disconnect_closed{0};      // socket closed (exit or crash)
   std::atomic<uint64_t> disconnect_misbehaved{0};  // too many bad requests, broken ring
   std::atomic<int64_t> leases{0};
@@ -64,6 +76,8 @@ struct Metrics {
 
   // Prometheus text exposition (version 0.0.4).
   std::string Render(const std::vector<tiers::TierStats>& tiers) const;
+  // Appends the per-tenant families (none for no rows).
+  static void RenderTenants(const std::vector<TenantRow>& rows, std::string* out);
 };
 
 }  // namespace kvtier::daemon

@@ -1,6 +1,8 @@
 #include "daemon/server.h"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -8,7 +10,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -23,6 +27,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/log_limit.h"
+#include "daemon/access.h"
 #include "daemon/contract_store.h"
 #include "daemon/metrics.h"
 #include "daemon/session.h"
@@ -56,6 +61,45 @@ tiers::TierOptions TierOf(const config::TierConfig& t, const tiers::PolicyOption
 spdlog::level::level_enum LevelOf(const std::string& s) { return spdlog::level::from_str(s); }
 
 std::string Abs(const std::string& p) { return std::filesystem::absolute(p).lexically_normal().string(); }
+
+// A user or group named in the config: a number, or a name looked up in the passwd /
+// group database. -1 (unchanged) for "".
+StatusOr<int64_t> ResolveId(const std::string& v, bool group, const char* key) {
+  if (v.empty()) return int64_t{-1};
+  if (std::all_of(v.begin(), v.end(), [](unsigned char ch) { return std::isdigit(ch); }) && v.size() <= 10) {
+    const int64_t n = std::stoll(v);
+    if (n <= 4294967294LL) return n;
+  }
+  std::vector<char> buf(16384);
+  if (group) {
+    struct group g {};
+    struct group* res = nullptr;
+    if (::getgrnam_r(v.c_str(), &g, buf.data(), buf.size(), &res) == 0 && res) return int64_t{g.gr_gid};
+  } else {
+    struct passwd pw {};
+    struct passwd* res = nullptr;
+    if (::getpwnam_r(v.c_str(), &pw, buf.data(), buf.size(), &res) == 0 && res) return int64_t{pw.pw_uid};
+  }
+  return Status::Invalid(std::string(key) + ": no " + (group ? "group" : "user") + " \"" + v + "\"");
+}
+
+// security.socket_owner, socket_group and socket_mode on the bound socket.
+Status SetSocketOwnership(const std::string& path, const config::SecurityConfig& sec) {
+  auto uid = ResolveId(sec.socket_owner, false, "security.socket_owner");
+  if (!uid.ok()) return uid.status();
+  auto gid = ResolveId(sec.socket_group, true, "security.socket_group");
+  if (!gid.ok()) return gid.status();
+  if (*uid >= 0 || *gid >= 0) {
+    if (::chown(path.c_str(), *uid >= 0 ? static_cast<uid_t>(*uid) : static_cast<uid_t>(-1),
+                *gid >= 0 ? static_cast<gid_t>(*gid) : static_cast<gid_t>(-1)) != 0) {
+      return Status::IoError("security.socket_owner/socket_group: chown " + path + ": " + std::strerror(errno));
+    }
+  }
+  if (::chmod(path.c_str(), static_cast<mode_t>(sec.socket_mode)) != 0) {
+    return Status::IoError("security.socket_mode: chmod " + path + ": " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -95,6 +139,17 @@ tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
   o.remote.write = c.tiers.remote.write == "write-through" ? remote::RemoteWrite::kWriteThrough
                    : c.tiers.remote.write == "off"         ? remote::RemoteWrite::kOff
                                                            : remote::RemoteWrite::kOnDemote;
+  // Quota groups with tenants (Tenants::group_of): the implicit tenant, each [[tenants]]
+  // table in order, the shared namespace. The implicit tenant and the shared namespace
+  // have no share.
+  if (!c.tenants.empty()) {
+    o.groups.resize(c.tenants.size() + 2);
+    for (size_t i = 0; i < c.tenants.size(); ++i) {
+      o.groups[i + 1].share[0] = c.tenants[i].hbm_share;
+      o.groups[i + 1].share[1] = c.tenants[i].host_share;
+      o.groups[i + 1].share[2] = c.tenants[i].nvme_share;
+    }
+  }
   return o;
 }
 
@@ -124,6 +179,11 @@ class Daemon::Impl {
   std::unique_ptr<asio::ip::tcp::acceptor> metrics_acceptor_;
   std::unique_ptr<tiers::TierManager> tm_;
   std::unique_ptr<ContractStore> contracts_;  // with an NVMe tier: registrations that outlive restarts
+  // [security] and [[tenants]] of the config the daemon started with (a change needs a
+  // restart), the contracts' owners and the tenants' counters. Created in Start.
+  std::unique_ptr<Tenants> tenants_;
+  // /metrics' per-tenant rows (none without [[tenants]]).
+  std::vector<TenantRow> TenantRows() const;
   Metrics metrics_;
   std::string socket_path_;
   std::string metrics_url_ = "off";
@@ -170,8 +230,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(Daemon::Impl* d, uint64_t id, UnixSocket sock)
       : d_(d), id_(id), sock_(std::move(sock)) {}
 
-  // Reads the attach, which must complete within daemon.attach_timeout_ms.
+  // Reads the peer's credentials, then the attach, which must complete within
+  // daemon.attach_timeout_ms.
   void Start() {
+    auto cred = ReadPeerCred(sock_.native_handle());
+    if (!cred.ok()) {
+      uint64_t held = 0;
+      if (d_->unattached_log_.Allow(&held)) {
+        spdlog::warn("control connection {}: {}; closing ({} more lines about unattached connections held back)",
+                     id_, cred.status().ToString(), held);
+      }
+      return Close(false);
+    }
+    peer_ = *cred;
     std::weak_ptr<Connection> w = shared_from_this();
     attach_timer_.expires_after(std::chrono::milliseconds(d_->opts_.config.daemon.attach_timeout_ms));
     attach_timer_.async_wait([w](const boost::system::error_code& ec) {
@@ -340,6 +411,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return RefuseAttach(&r, Status::Invalid("attach flags/reserved bits unknown"));
     }
     if (d_->shutting_down_) return RefuseAttach(&r, Status::Retry("daemon is shutting down"));
+    uint32_t tenant = kDefaultTenant;
+    if (Status as = d_->tenants_->access().AdmitEngine(peer_, &tenant); !as.ok()) {
+      d_->metrics_.access_denied.fetch_add(1);
+      return RefuseAttach(&r, as);
+    }
     const auto& dc = d_->opts_.config.daemon;
     if (d_->attached_ >= dc.max_clients) {
       return RefuseAttach(&r, Status::Rejected("daemon.max_clients (" + std::to_string(dc.max_clients) +
@@ -401,6 +477,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto sess = Session::Create(client_id, name, a.pid, has_gpu, d_->tm_.get(), &d_->metrics_, lim, kick,
                                 reload, std::move(registered));
     if (!sess.ok()) return RefuseAttach(&r, sess.status());
+    (*sess)->SetPeer(peer_, tenant, d_->tenants_.get());
     tiers::TierManager* tm = d_->tm_.get();
     r.status = 0;
     r.protocol_version = protocol_;
@@ -442,8 +519,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     d_->metrics_.clients.fetch_add(1);
     d_->metrics_.clients_attached.fetch_add(1);
     if (uint64_t held = 0; d_->attach_log_.Allow(&held)) {
-      spdlog::info("client {} ({}, pid {}{}) attached to kvtierd {} (protocol {}) ({} more attach lines held back)",
-                   client_id, name, a.pid, has_gpu ? ", gpu" : "", KVTIER_VERSION_STRING, wire::kProtocolVersion, held);
+      spdlog::info("client {} ({}, pid {}{}; peer {}{}) attached to kvtierd {} (protocol {}) ({} more attach lines "
+                   "held back)",
+                   client_id, name, a.pid, has_gpu ? ", gpu" : "", peer_.ToString(),
+                   d_->tenants_->access().tenants_configured()
+                       ? ", tenant " + d_->tenants_->access().tenant_name(tenant)
+                       : "",
+                   KVTIER_VERSION_STRING, wire::kProtocolVersion, held);
     }
     ReadHeader();
   }
@@ -627,6 +709,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   wire::ControlHeader hdr_;
   std::vector<uint8_t> payload_;
   std::shared_ptr<Session> session_;
+  PeerCred peer_;  // SO_PEERCRED / SO_PEERGROUPS, read at accept
   std::deque<std::shared_ptr<std::vector<uint8_t>>> writes_;
   uint64_t queued_bytes_ = 0;  // bytes in writes_, at most daemon.max_socket_queue_bytes
   bool closed_ = false;
@@ -664,6 +747,7 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
       res_.result(http::status::ok);
       res_.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       res_.body() = d_->metrics_.Render(d_->tm_->Stats());
+      Metrics::RenderTenants(d_->TenantRows(), &res_.body());
     } else {
       res_.result(http::status::not_found);
       res_.set(http::field::content_type, "text/plain");
@@ -701,6 +785,7 @@ Status Daemon::Impl::Start() {
   }
   spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   accept_backoff_ = std::make_unique<asio::steady_timer>(io_);
+  tenants_ = std::make_unique<Tenants>(c, static_cast<uint32_t>(::getuid()));
   socket_path_ = Abs(c.daemon.socket);
   // A live daemon on the socket path is an error; a stale socket file is replaced.
   {
@@ -761,7 +846,10 @@ Status Daemon::Impl::Start() {
   if (!bec) acceptor_->bind(asio::local::stream_protocol::endpoint(socket_path_), bec);
   if (!bec) acceptor_->listen(asio::socket_base::max_listen_connections, bec);
   if (bec) return Status::IoError("daemon.socket: cannot listen on " + socket_path_ + ": " + bec.message());
-  ::chmod(socket_path_.c_str(), 0660);
+  if (Status ps = SetSocketOwnership(socket_path_, c.security); !ps.ok()) {
+    ::unlink(socket_path_.c_str());
+    return ps;
+  }
 
   if (c.daemon.metrics_port != 0) {
     const std::string addr = c.daemon.metrics_address == "localhost" ? "127.0.0.1" : c.daemon.metrics_address;
@@ -781,6 +869,33 @@ Status Daemon::Impl::Start() {
                    std::to_string(c.daemon.metrics_port) + "/metrics";
   }
   return Status::Ok();
+}
+
+std::vector<TenantRow> Daemon::Impl::TenantRows() const {
+  std::vector<TenantRow> rows;
+  const AccessPolicy& ap = tenants_->access();
+  if (!ap.tenants_configured()) return rows;
+  const auto groups = tm_->GroupStatsAll();
+  for (uint32_t i = 0; i <= ap.tenant_count(); ++i) {
+    const uint32_t t = i == ap.tenant_count() ? kSharedOwner : i;
+    TenantRow r;
+    r.name = t == kSharedOwner ? "shared" : ap.tenant_name(t);
+    const uint32_t g = tenants_->group_of(t);
+    if (g < groups.size()) {
+      for (int k = 0; k < 3; ++k) {
+        r.blocks[k] = groups[g].blocks[k];
+        r.quota_slots[k] = groups[g].quota[k];
+        r.evictions[k] = groups[g].evictions[k];
+      }
+    }
+    TenantCounters& tc = tenants_->counters(t);
+    r.lookup_keys = tc.lookup_keys.load(std::memory_order_relaxed);
+    r.lookup_hits = tc.lookup_hits.load(std::memory_order_relaxed);
+    r.committed = tc.committed.load(std::memory_order_relaxed);
+    r.access_denied = tc.access_denied.load(std::memory_order_relaxed);
+    rows.push_back(std::move(r));
+  }
+  return rows;
 }
 
 void Daemon::Impl::Accept() {
@@ -913,6 +1028,23 @@ Status Daemon::Impl::Reload(std::string* summary) {
   if (n.tiers.nvme.dir != o.tiers.nvme.dir) ignored("tiers.nvme.dir");
   if (n.tiers.cuda_device != o.tiers.cuda_device) ignored("tiers.hbm.cuda_device");
   if (n.daemon.socket != o.daemon.socket) ignored("daemon.socket");
+  {
+    const auto& a = n.security;
+    const auto& b = o.security;
+    if (a.socket_owner != b.socket_owner || a.socket_group != b.socket_group || a.socket_mode != b.socket_mode ||
+        a.attach_uids != b.attach_uids || a.attach_gids != b.attach_gids || a.admin_uids != b.admin_uids ||
+        a.admin_gids != b.admin_gids || a.unmatched != b.unmatched) {
+      ignored("security");
+    }
+    bool tenants_changed = n.tenants.size() != o.tenants.size();
+    for (size_t i = 0; !tenants_changed && i < n.tenants.size(); ++i) {
+      const auto& x = n.tenants[i];
+      const auto& y = o.tenants[i];
+      tenants_changed = x.name != y.name || x.uids != y.uids || x.gids != y.gids || x.hbm_share != y.hbm_share ||
+                        x.host_share != y.host_share || x.nvme_share != y.nvme_share || x.admin != y.admin;
+    }
+    if (tenants_changed) ignored("tenants");
+  }
   if (n.daemon.metrics_port != o.daemon.metrics_port || n.daemon.metrics_address != o.daemon.metrics_address) {
     ignored("daemon.metrics_port/metrics_address");
   }

@@ -135,6 +135,16 @@ Session::~Session() {
   if (ring_fd_ >= 0) ::close(ring_fd_);
 }
 
+void Session::SetPeer(const PeerCred& peer, uint32_t tenant, Tenants* tenants) {
+  peer_ = peer;
+  tenant_ = tenant;
+  tenants_ = tenants;
+  namespaced_ = tenants != nullptr && tenants->access().tenants_configured();
+  ns_ = namespaced_ ? tenants->access().tenant_namespace(tenant) : 0;
+  counters_ = namespaced_ ? &tenants->counters(tenant) : nullptr;
+  operator_ = tenants != nullptr && tenants->access().IsOperator(peer);
+}
+
 void Session::Start() { thread_ = std::thread([this] { RingLoop(); }); }
 
 size_t Session::lease_count() const {
@@ -292,6 +302,47 @@ Status Session::CheckContract(uint64_t contract_id) const {
   return Status::Ok();
 }
 
+StatusOr<uint64_t> Session::ContractOf(uint64_t contract_id) const {
+  if (!namespaced_) {
+    KVTIER_RETURN_IF_ERROR(CheckContract(contract_id));
+    return contract_id;
+  }
+  bool shared = false;
+  {
+    std::lock_guard<std::mutex> l(ns_mu_);
+    auto it = resolved_.find(contract_id);
+    if (it != resolved_.end()) return it->second;
+    shared = shared_.count(contract_id) != 0;
+  }
+  const uint64_t internal = shared ? contract_id : NamespacedContractId(ns_, contract_id);
+  const ContractOwners::Owner o = tenants_->owners().Get(internal);
+  const bool mine = shared ? o.tenant == kSharedOwner : o.tenant == tenant_ && o.public_id == contract_id;
+  if (!mine && operator_ && tm_->HasContract(contract_id)) {
+    // An operator may name any tenant's contract by the TierManager's id (what its
+    // listings show), to export or check it.
+    std::lock_guard<std::mutex> l(ns_mu_);
+    resolved_.emplace(contract_id, contract_id);
+    return contract_id;
+  }
+  if (!mine || !tm_->HasContract(internal)) {
+    // Another tenant's contract reads as one never registered: nothing to learn from it.
+    return Status::NotFound("contract " + ContractIdHex(contract_id) +
+                            " is not registered: register it first (kvtier_register_contract)");
+  }
+  std::lock_guard<std::mutex> l(ns_mu_);
+  resolved_.emplace(contract_id, internal);
+  return internal;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> Session::OwnContracts() const {
+  if (!namespaced_) return {};
+  return tenants_->owners().OfTenant(tenant_);
+}
+
+uint64_t Session::PublicId(uint64_t internal_id) const {
+  return namespaced_ ? tenants_->owners().Get(internal_id).public_id : internal_id;
+}
+
 Status Session::CheckTarget(uint8_t tier) const {
   if (tier == wire::kTierHbm) {
     if (!has_gpu_) return Status::Invalid("this client attached without a GPU: target host, not hbm");
@@ -414,7 +465,7 @@ Status Session::DoRelease(uint64_t lease_id) {
   return Status::Ok();
 }
 
-Status Session::DoCommit(const wire::RequestEntry& req, std::span<const uint8_t> in,
+Status Session::DoCommit(const wire::RequestEntry& req, uint64_t contract_id, std::span<const uint8_t> in,
                          uint32_t* committed) {
   *committed = 0;
   const auto items = CopyArray<wire::CommitItem>(in.data(), req.count);
@@ -425,7 +476,7 @@ Status Session::DoCommit(const wire::RequestEntry& req, std::span<const uint8_t>
   }
   Lease& lease = it->second;
   if (!lease.alloc) return Status::Invalid("lease " + std::to_string(req.lease_id) + " is not an alloc lease");
-  if (lease.contract_id != req.contract_id) {
+  if (lease.contract_id != contract_id) {
     return Status::Invalid("contract " + ContractIdHex(req.contract_id) + " is not the lease's contract " +
                            ContractIdHex(lease.contract_id));
   }
@@ -446,7 +497,7 @@ Status Session::DoCommit(const wire::RequestEntry& req, std::span<const uint8_t>
     const Key128 key{item.key.hi, item.key.lo};
     const Key128 parent{item.parent.hi, item.parent.lo};
     if (key.IsZero()) return Status::Invalid("key 0 is not a block key");
-    KVTIER_RETURN_IF_ERROR(tm_->Commit(req.contract_id, ref, key, parent, id_));
+    KVTIER_RETURN_IF_ERROR(tm_->Commit(contract_id, ref, key, parent, id_));
     KVTIER_TEST_POINT("Session::Commit:AfterTierCommit");  // visible, not yet acknowledged
     lease.committed[pos->second] = 1;
     ++*committed;
@@ -487,39 +538,56 @@ void Session::Execute(const wire::RequestEntry& req, std::span<const uint8_t> in
 
 Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<const uint8_t> in,
                                        wire::CompletionEntry* c) {
-  (void)req;
   const std::vector<uint8_t> bytes(in.begin(), in.end());
   auto ct = ScaleContract::Deserialize(bytes);
   if (!ct.ok()) return ct.status();
-  const uint64_t id = ct->Id();
+  const bool shared = (req.flags & wire::kRequestShared) != 0;
+  const uint64_t public_id = shared ? SharedContractId(ct->Id()) : ct->Id();
+  // Private: the contract in this tenant's namespace. Shared: one id for every tenant.
+  const uint64_t internal = shared ? public_id : NamespacedContractId(ns_, ct->Id());
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (registered_ids_.count(id) == 0 && registered_ids_.size() >= limits_.max_contracts) {
+    if (registered_ids_.count(internal) == 0 && registered_ids_.size() >= limits_.max_contracts) {
       return Status::Rejected("this client registered " + std::to_string(registered_ids_.size()) +
                               " contracts, daemon.max_contracts_per_client");
     }
   }
-  KVTIER_RETURN_IF_ERROR(tm_->RegisterContract(*ct));
+  if (!namespaced_ && !shared) {
+    KVTIER_RETURN_IF_ERROR(tm_->RegisterContract(*ct));
+  } else {
+    const uint32_t owner = shared ? kSharedOwner : tenant_;
+    KVTIER_RETURN_IF_ERROR(
+        tm_->RegisterContractAs(*ct, internal, namespaced_ ? tenants_->group_of(owner) : 0));
+    if (tenants_ != nullptr) tenants_->owners().Add(internal, {owner, public_id});
+    if (shared) {
+      std::lock_guard<std::mutex> l(ns_mu_);
+      shared_.insert(public_id);
+    }
+  }
   bool first = false;
   {
     std::lock_guard<std::mutex> l(mu_);
-    first = registered_ids_.insert(id).second;
+    first = registered_ids_.insert(internal).second;
   }
-  if (first && registered_) registered_(*ct);
-  c->value = id;
+  // The implicit tenant's contracts keep their ids: counted for the daemon to forget at
+  // the last registrant's detach, and kept for restarts, as before.
+  if (first && internal == ct->Id() && registered_) registered_(*ct);
+  c->value = public_id;
   static LogLimit register_log;  // a client may register (the same contract) at any rate
   uint64_t held = 0;
   if (register_log.Allow(&held)) {
-    spdlog::info("client {} ({}): contract {} ({}, L={} H={} D={} T={}) registered ({} more registrations "
+    spdlog::info("client {} ({}): contract {} ({}, L={} H={} D={} T={}){} registered ({} more registrations "
                  "not logged)", id_, name_, ContractIdHex(c->value), ct->model_id, ct->geometry.num_layers,
-                 ct->geometry.num_kv_heads, ct->geometry.head_dim, ct->geometry.block_tokens, held);
+                 ct->geometry.num_kv_heads, ct->geometry.head_dim, ct->geometry.block_tokens,
+                 shared ? " in the shared namespace" : "", held);
   }
   return Status::Ok();
 }
 
 Status Session::HandleLookup(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
                              wire::CompletionEntry* c) {
-  KVTIER_RETURN_IF_ERROR(CheckContract(req.contract_id));
+  auto cid = ContractOf(req.contract_id);
+  if (!cid.ok()) return cid.status();
   // Keys and tiers in buffers of this thread that keep their size: no allocation per
   // lookup. The keys are copied out of the request (the ring's data area is the
   // client's to change while we read); out has room for count bytes (validated).
@@ -532,8 +600,12 @@ Status Session::HandleLookup(const wire::RequestEntry& req, std::span<const uint
   std::memcpy(keys.data(), in.data(), sizeof(Key128) * req.count);
   double est = 0.0;
   const size_t hit = std::min<size_t>(
-      tm_->LookupInto(req.contract_id, std::span<const Key128>(keys.data(), req.count), tiers.data(), &est),
+      tm_->LookupInto(*cid, std::span<const Key128>(keys.data(), req.count), tiers.data(), &est),
       req.count);
+  if (counters_ != nullptr) {
+    counters_->lookup_keys.fetch_add(req.count, std::memory_order_relaxed);
+    counters_->lookup_hits.fetch_add(hit, std::memory_order_relaxed);
+  }
   std::memcpy(out, tiers.data(), hit);
   std::memset(out + hit, wire::kTierNone, req.count - hit);
   c->count = static_cast<uint32_t>(hit);
@@ -551,14 +623,15 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
     SetError(&c, s, out, req.out_len);
     done(c);
   };
-  Status s = CheckContract(req.contract_id);
+  auto cid = ContractOf(req.contract_id);
+  Status s = cid.status();
   if (s.ok()) s = CheckTarget(req.tier);
   if (!s.ok()) return fail(s);
   if (Status b = BeginAcquire(); !b.ok()) return fail(b);
   auto keys = std::make_shared<std::vector<Key128>>(CopyArray<Key128>(in.data(), req.count));
   auto self = shared_from_this();
   const uint32_t max_out = req.count;
-  const uint64_t contract_id = req.contract_id;
+  const uint64_t contract_id = *cid;
   tm_->Acquire(contract_id, *keys, static_cast<tiers::Tier>(req.tier),
                [self, keys, c, out, max_out, contract_id, out_len = req.out_len,
                 done = std::move(done)](Status st, std::vector<tiers::SlotRef> slots) mutable {
@@ -618,7 +691,8 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
   };
   wire::AcquireAsyncHeader h;
   std::memcpy(&h, in.data(), sizeof h);
-  Status s = CheckContract(req.contract_id);
+  auto cid = ContractOf(req.contract_id);
+  Status s = cid.status();
   if (s.ok()) s = CheckTarget(req.tier);
   if (s.ok() && h.reserved != 0) s = Status::Invalid("acquire_async header reserved field must be 0");
   if (!s.ok()) return fail(s);
@@ -650,7 +724,7 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
   uint8_t* slots_out = out + sizeof(wire::AcquireProgress);
   std::atomic_ref<uint32_t>(progress->ready).store(0, std::memory_order_relaxed);
   std::atomic_ref<uint32_t>(progress->done).store(0, std::memory_order_release);
-  const uint64_t contract_id = req.contract_id;
+  const uint64_t contract_id = *cid;
   auto shared_done = std::make_shared<Done>(std::move(done));
   for (size_t k = 0; k < chunks; ++k) {
     const size_t begin = k * st->chunk;
@@ -729,7 +803,8 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
 }
 
 Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c) {
-  KVTIER_RETURN_IF_ERROR(CheckContract(req.contract_id));
+  auto cid = ContractOf(req.contract_id);
+  if (!cid.ok()) return cid.status();
   KVTIER_RETURN_IF_ERROR(CheckTarget(req.tier));
   {
     // Before the tier makes room: a request past this client's share evicts nothing.
@@ -737,7 +812,7 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
     KVTIER_RETURN_IF_ERROR(CheckShareLocked(static_cast<tiers::Tier>(req.tier), req.count));
   }
   std::vector<tiers::SlotRef> slots;
-  Status as = tm_->AllocSlots(req.contract_id, req.count, static_cast<tiers::Tier>(req.tier), &slots);
+  Status as = tm_->AllocSlots(*cid, req.count, static_cast<tiers::Tier>(req.tier), &slots);
   if (as.code() == StatusCode::kRetry) return AllocRefusal(req, as);
   KVTIER_RETURN_IF_ERROR(as);
   if (slots.size() != req.count) {
@@ -751,7 +826,7 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
   }
   Lease lease;
   lease.alloc = true;
-  lease.contract_id = req.contract_id;
+  lease.contract_id = *cid;
   lease.slots = slots;
   lease.committed.assign(slots.size(), 0);
   for (uint32_t i = 0; i < slots.size(); ++i) lease.index.emplace(SlotKey(slots[i]), i);
@@ -795,20 +870,40 @@ Status Session::AllocRefusal(const wire::RequestEntry& req, const Status& retry)
 
 Status Session::HandleCommit(const wire::RequestEntry& req, std::span<const uint8_t> in,
                              wire::CompletionEntry* c) {
-  KVTIER_RETURN_IF_ERROR(CheckContract(req.contract_id));
-  return DoCommit(req, in, &c->count);
+  auto cid = ContractOf(req.contract_id);
+  if (!cid.ok()) return cid.status();
+  Status s = DoCommit(req, *cid, in, &c->count);
+  if (counters_ != nullptr) counters_->committed.fetch_add(c->count, std::memory_order_relaxed);
+  return s;
 }
 
 Status Session::HandlePrefetch(const wire::RequestEntry& req, std::span<const uint8_t> in) {
-  KVTIER_RETURN_IF_ERROR(CheckContract(req.contract_id));
+  auto cid = ContractOf(req.contract_id);
+  if (!cid.ok()) return cid.status();
   KVTIER_RETURN_IF_ERROR(CheckTarget(req.tier));
   const auto keys = CopyArray<Key128>(in.data(), req.count);
-  tm_->Prefetch(req.contract_id, keys, static_cast<tiers::Tier>(req.tier));
+  tm_->Prefetch(*cid, keys, static_cast<tiers::Tier>(req.tier));
   return Status::Ok();
 }
 
 Status Session::HandleStats(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c) {
-  const auto stats = tm_->Stats();
+  auto stats = tm_->Stats();
+  if (namespaced_ && !tenants_->access().IsOperator(peer_)) {
+    // A tenant's client sees the tiers' sizes and its own blocks, never the counters that
+    // every tenant's traffic moves (hits, misses, evictions, ...: they would time others).
+    const auto groups = tm_->GroupStatsAll();
+    const uint32_t g = tenants_->group_of(tenant_);
+    for (auto& t : stats) {
+      tiers::TierStats own;
+      own.tier = t.tier;
+      own.present = t.present;
+      own.capacity_bytes = t.capacity_bytes;
+      own.slots_total = t.slots_total;
+      const int k = static_cast<int>(t.tier);
+      if (k >= 0 && k < 3 && g < groups.size()) own.blocks = groups[g].blocks[k];
+      t = own;
+    }
+  }
   uint32_t n = 0;
   for (const auto& t : stats) {
     if (n >= req.count) break;

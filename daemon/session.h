@@ -31,6 +31,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "daemon/access.h"
 #include "daemon/metrics.h"
 #include "formats/contract.h"
 #include "formats/wire.h"
@@ -73,6 +74,12 @@ class Session : public std::enable_shared_from_this<Session> {
                                                    const SessionLimits& limits, KickFn kick,
                                                    ReloadFn reload = nullptr, RegisteredFn registered = nullptr);
   ~Session();
+
+  // Who attached (the connection's peer credentials), its tenant, and the daemon's
+  // tenants (policy, contract owners, counters; outlives the session). Before Start.
+  // Without it (in-process users) every admin action is allowed and ids are not
+  // namespaced.
+  void SetPeer(const PeerCred& peer, uint32_t tenant, Tenants* tenants);
 
   void Start();  // starts the ring thread
   // Stops the ring thread (after it executed what is already in the ring when `drain`),
@@ -130,9 +137,23 @@ class Session : public std::enable_shared_from_this<Session> {
   Status HandlePrefetch(const wire::RequestEntry& req, std::span<const uint8_t> in);
   Status HandleStats(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c);
   // Op::kAdmin (operator requests, daemon/admin.cc): runs the action, fills the completion.
+  // Checks the peer's right to the action first (a refusal changes nothing), runs it
+  // (RunAdmin) and writes the audit line: peer, what it asked, what it changed.
   Status DoAdmin(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
                  wire::CompletionEntry* c);
+  // *changed: what the action changed, for the audit line ("" for a read).
+  // scoped: a tenant admin's request, kept inside its namespace (ids are its own).
+  Status RunAdmin(const wire::RequestEntry& req, const wire::AdminRequest& a, bool scoped, uint8_t* out,
+                  wire::CompletionEntry* c, std::string* changed);
+  // The TierManager's ids of this tenant's contracts (scoped views), with their public ids.
+  std::vector<std::pair<uint64_t, uint64_t>> OwnContracts() const;
+  uint64_t PublicId(uint64_t internal_id) const;
   Status CheckContract(uint64_t contract_id) const;
+  // The TierManager's id of the contract a request names (the client's id in this
+  // session's namespace, or a shared handle this session registered), checked to be
+  // registered and this tenant's (a miss, with the message of an unregistered contract,
+  // for anyone else's).
+  StatusOr<uint64_t> ContractOf(uint64_t contract_id) const;
   // An acquire may start: the session is open and its lease table has room. Counts it in
   // inflight_ (the callback's end of the acquire takes it off).
   // An asynchronous one also counts against limits_.max_async_acquires (async_inflight_,
@@ -151,7 +172,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // Refused when `n` more slots of `tier` would take this client past its share.
   Status CheckShareLocked(tiers::Tier tier, uint64_t n) const;
   void ReleaseSlots(const Lease& lease);
-  Status DoCommit(const wire::RequestEntry& req, std::span<const uint8_t> in,
+  // contract_id: the TierManager's (ContractOf).
+  Status DoCommit(const wire::RequestEntry& req, uint64_t contract_id, std::span<const uint8_t> in,
                   uint32_t* committed);
   Status DoRelease(uint64_t lease_id);
 
@@ -170,6 +192,16 @@ class Session : public std::enable_shared_from_this<Session> {
   KickFn kick_;
   ReloadFn reload_;
   RegisteredFn registered_;
+  PeerCred peer_;
+  uint32_t tenant_ = kDefaultTenant;
+  Tenants* tenants_ = nullptr;  // null: every admin action allowed, ids as given (in-process users)
+  bool namespaced_ = false;     // tenants are configured: ids go through ContractOf's checks
+  bool operator_ = false;       // the peer is an operator (AccessPolicy::IsOperator)
+  uint64_t ns_ = 0;             // the tenant's namespace (0: ids as clients give them)
+  TenantCounters* counters_ = nullptr;  // with namespaced_
+  mutable std::mutex ns_mu_;    // protects shared_ and resolved_
+  std::unordered_set<uint64_t> shared_;               // shared handles this session registered
+  mutable std::unordered_map<uint64_t, uint64_t> resolved_;  // ContractOf's answers: public -> internal
 
   int ring_fd_ = -1;
   uint8_t* base_ = nullptr;

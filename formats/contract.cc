@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "formats/bytes.h"
 #include "formats/nvfp4.h"
@@ -139,6 +140,14 @@ bool ParseContractIdHex(std::string_view hex, uint64_t* id) {
   }
   *id = v;
   return true;
+}
+
+uint64_t SharedContractId(uint64_t contract_id) {
+  uint8_t buf[24];
+  std::memcpy(buf, "kvtier.shared\0\0\0", 16);
+  std::memcpy(buf + 16, &contract_id, 8);
+  const uint64_t h = XXH3_64bits(buf, sizeof buf);
+  return h == 0 ? 1 : h;
 }
 
 }  // namespace kvtier

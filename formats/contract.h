@@ -64,6 +64,12 @@ struct ScaleContract {
   bool operator==(const ScaleContract&) const = default;
 };
 
+// The handle of a contract in the shared namespace (docs/security.md): what a shared
+// registration (kvtier_register_contract_shared) answers, and the id its blocks are
+// named by. XXH3-64 of a fixed tag and the contract id; never 0 and, but for a 2^-64
+// chance, never the contract id itself.
+uint64_t SharedContractId(uint64_t contract_id);
+
 // 16 lowercase hex digits.
 std::string ContractIdHex(uint64_t id);
 bool ParseContractIdHex(std::string_view hex, uint64_t* id);

@@ -235,11 +235,16 @@ inline const char* OpName(uint16_t op) {
 inline constexpr uint8_t kTierHbm = 0, kTierHost = 1, kTierNvme = 2, kTierRemote = 3,
                          kTierNone = 255;
 
+// RequestEntry.flags. kRequestShared (kRegisterContract only): register the contract in
+// the shared namespace (docs/security.md); the completion's value is the contract's
+// shared handle (SharedContractId, formats/contract.h), the id the client then names it by.
+inline constexpr uint8_t kRequestShared = 1u << 0;
+
 struct RequestEntry {
   uint64_t tag = 0;          // client cookie, echoed in the completion
   uint16_t op = 0;           // Op
   uint8_t tier = 0;          // target tier (acquire, alloc, prefetch): kTierHbm or kTierHost
-  uint8_t flags = 0;         // must be 0
+  uint8_t flags = 0;         // kRequestShared on kRegisterContract; else 0
   uint32_t count = 0;        // keys / slots / items; see Op
   uint64_t contract_id = 0;  // lookup, acquire, alloc, commit, prefetch
   uint64_t lease_id = 0;     // commit, release
@@ -317,6 +322,9 @@ static_assert(sizeof(WireTierStats) == 8 + 20 * 8);
 //                   transport until done: TierManager::Flush). tier = kTierHost: only
 //                   HBM is emptied, into host; kTierNvme or kTierNone: down to NVMe.
 //   kReloadConfig   re-read the config file, as SIGHUP does. Output: the outcome as text.
+//   kTenantStats    per-tenant counters: count x AdminTenantStats, value = tenants in
+//                   total (offset/limit page over them). A client that is not an operator
+//                   gets its own tenant only.
 enum class AdminAction : uint16_t {
   kListContracts = 1,
   kListBlocks = 2,
@@ -326,8 +334,9 @@ enum class AdminAction : uint16_t {
   kEvictContract = 6,
   kFlush = 7,
   kReloadConfig = 8,
+  kTenantStats = 9,
 };
-inline constexpr uint16_t kMaxAdminAction = 8;
+inline constexpr uint16_t kMaxAdminAction = 9;
 inline constexpr uint32_t kMaxAdminLimit = 65536;  // entries per page
 
 struct AdminRequest {
@@ -381,6 +390,21 @@ struct AdminVerifyReport {
 };
 static_assert(sizeof(AdminVerifyReport) == 48);
 
+// One tenant's counters (kTenantStats). Per local tier (hbm, host, nvme): blocks held,
+// share in slots, copies evicted. The daemon's tenant 0 is "default" (the clients no
+// [[tenants]] table matches); the last entry is "shared" (the shared namespace).
+struct AdminTenantStats {
+  char name[64] = {};             // NUL-padded
+  uint64_t blocks[3] = {};
+  uint64_t quota_slots[3] = {};
+  uint64_t evictions[3] = {};
+  uint64_t lookup_keys = 0;       // keys its clients looked up
+  uint64_t lookup_hits = 0;       // blocks those lookups found
+  uint64_t committed = 0;         // blocks its clients committed
+  uint64_t access_denied = 0;     // its clients' admin requests refused
+};
+static_assert(sizeof(AdminTenantStats) == 168);
+
 // Checks an AdminRequest's fields for its action. Ids and keys are checked by the daemon.
 inline Status ValidateAdminRequest(const AdminRequest& a) {
   if (a.action == 0 || a.action > kMaxAdminAction) {
@@ -392,7 +416,7 @@ inline Status ValidateAdminRequest(const AdminRequest& a) {
   }
   const auto act = static_cast<AdminAction>(a.action);
   const bool paged = act == AdminAction::kListContracts || act == AdminAction::kListBlocks ||
-                     act == AdminAction::kVerifyNvme;
+                     act == AdminAction::kVerifyNvme || act == AdminAction::kTenantStats;
   if (paged) {
     if (a.limit == 0 || a.limit > kMaxAdminLimit) {
       return Status::Invalid("admin limit " + std::to_string(a.limit) + " not in [1, " +
@@ -420,7 +444,7 @@ inline Status ValidateAdminRequest(const AdminRequest& a) {
     return Status::Invalid("contract id 0 is never a contract");
   }
   if ((act == AdminAction::kListContracts || act == AdminAction::kVerifyNvme ||
-       act == AdminAction::kFlush || act == AdminAction::kReloadConfig) &&
+       act == AdminAction::kFlush || act == AdminAction::kReloadConfig || act == AdminAction::kTenantStats) &&
       a.contract_id != 0) {
     return Status::Invalid("admin contract id must be 0 for this action");
   }
@@ -510,7 +534,9 @@ inline Status CheckRequestFields(const RequestEntry& req, const RequestLimits& l
   if (req.op == 0 || req.op > kMaxOp) {
     return Status::Invalid("op " + std::to_string(req.op) + " unknown");
   }
-  if (req.flags != 0) return Status::Invalid("flags must be 0");
+  if ((req.flags & ~(req.op == static_cast<uint16_t>(Op::kRegisterContract) ? kRequestShared : 0)) != 0) {
+    return Status::Invalid("flags must be 0");
+  }
   for (uint8_t b : req.reserved) {
     if (b != 0) return Status::Invalid("reserved bytes must be 0");
   }
@@ -595,7 +621,9 @@ inline Status ValidateRingRequest(const RequestEntry& req, const RequestLimits& 
 // counts it against the client (daemon.max_bad_requests).
 inline Status CheckRingFrame(const RequestEntry& req, const RequestLimits& lim) {
   if (req.op == 0 || req.op > kMaxOp) return Status::Invalid("op " + std::to_string(req.op) + " unknown");
-  if (req.flags != 0) return Status::Invalid("flags must be 0");
+  if ((req.flags & ~(req.op == static_cast<uint16_t>(Op::kRegisterContract) ? kRequestShared : 0)) != 0) {
+    return Status::Invalid("flags must be 0");
+  }
   for (uint8_t b : req.reserved) {
     if (b != 0) return Status::Invalid("reserved bytes must be 0");
   }

@@ -87,6 +87,71 @@ TEST(Config, ErrorsNameTheKey) {
   }
 }
 
+TEST(Config, SecurityAndTenants) {
+  auto d = LoadString("", {});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->security.socket_mode, 0660u);
+  EXPECT_EQ(d->security.unmatched, "default");
+  EXPECT_TRUE(d->security.admin_uids.empty());
+  EXPECT_TRUE(d->tenants.empty());
+  auto c = LoadString(
+      "[security]\nsocket_mode = 0o600\nsocket_group = \"kvtier\"\nadmin_uids = [1000, 0]\nunmatched = \"refuse\"\n"
+      "[[tenants]]\nname = \"team-a\"\nuids = [1001]\nhost_share = 0.5\nadmin = true\n"
+      "[[tenants]]\nname = \"team-b\"\ngids = [2000, 2001]\nhost_share = 0.25\nnvme_share = 1\n",
+      {{"security.attach_gids", "[77]"}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->security.socket_mode, 0600u);
+  EXPECT_EQ(c->security.socket_group, "kvtier");
+  EXPECT_EQ(c->security.admin_uids, (std::vector<uint32_t>{1000, 0}));
+  EXPECT_EQ(c->security.attach_gids, (std::vector<uint32_t>{77}));
+  ASSERT_EQ(c->tenants.size(), 2u);
+  EXPECT_EQ(c->tenants[0].name, "team-a");
+  EXPECT_EQ(c->tenants[0].uids, (std::vector<uint32_t>{1001}));
+  EXPECT_TRUE(c->tenants[0].admin);
+  EXPECT_DOUBLE_EQ(c->tenants[1].host_share, 0.25);
+  EXPECT_DOUBLE_EQ(c->tenants[1].nvme_share, 1.0);
+  EXPECT_EQ(c->tenants[1].gids, (std::vector<uint32_t>{2000, 2001}));
+  auto m = LoadString("[security]\nsocket_mode = \"0640\"\n", {});
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->security.socket_mode, 0640u);
+  auto inl = LoadString("", {{"tenants", "[{name = \"x\", uids = [5]}]"}});
+  ASSERT_TRUE(inl.ok()) << inl.status().ToString();
+  ASSERT_EQ(inl->tenants.size(), 1u);
+}
+
+TEST(Config, SecurityAndTenantErrorsNameTheKey) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"[security]\nsocket_mode = 660\n", "security.socket_mode: 660 is not a mode"},
+      {"[security]\nsocket_mode = \"0968\"\n", "security.socket_mode: \"0968\" is not an octal mode"},
+      {"[security]\nunmatched = \"maybe\"\n", "security.unmatched: \"maybe\" is not default or refuse"},
+      {"[security]\nadmin_uids = [-1]\n", "security.admin_uids: id -1 not in"},
+      {"[security]\nadmin_uids = 5\n", "security.admin_uids: expected an array of integers"},
+      {"[security]\nsocket_owner = \"a b\"\n", "security.socket_owner: \"a b\" is not a user/group name"},
+      {"[tenants]\nname = \"a\"\n", "tenants: expected [[tenants]] tables"},
+      {"[[tenants]]\nuids = [1]\n", "tenants[0].name: missing"},
+      {"[[tenants]]\nname = \"a\"\n", "tenants[0]: tenant \"a\" has neither uids nor gids"},
+      {"[[tenants]]\nname = \"a b\"\nuids = [1]\n", "tenants[0].name: \"a b\" is not 1-64 characters"},
+      {"[[tenants]]\nname = \"shared\"\nuids = [1]\n", "tenants[0].name: \"shared\" is reserved"},
+      {"[[tenants]]\nname = \"a\"\nuids = [1]\n[[tenants]]\nname = \"a\"\nuids = [2]\n",
+       "tenants[1].name: tenant \"a\" twice"},
+      {"[[tenants]]\nname = \"a\"\nuids = [1]\n[[tenants]]\nname = \"b\"\nuids = [1]\n",
+       "tenants[1].uids: uid 1 is in tenants \"a\" and \"b\""},
+      {"[[tenants]]\nname = \"a\"\ngids = [9]\n[[tenants]]\nname = \"b\"\ngids = [9]\n",
+       "tenants[1].gids: gid 9 is in tenants \"a\" and \"b\""},
+      {"[[tenants]]\nname = \"a\"\nuids = [1]\nhost_share = 1.5\n", "tenants[0].host_share: 1.5 not in [0, 1]"},
+      {"[[tenants]]\nname = \"a\"\nuids = [1]\nhost_share = 0.6\n[[tenants]]\nname = \"b\"\nuids = [2]\n"
+       "host_share = 0.6\n",
+       "tenants[1].host_share: the tenants' host_shares add up to 1.2, over 1"},
+      {"[[tenants]]\nname = \"a\"\nuids = [1]\nquota = 3\n", "tenants[0].quota: unknown key"},
+      {"[[tenants]]\nname = \"a\"\nuids = [1]\nadmin = 1\n", "tenants[0].admin: expected true or false"},
+  };
+  for (const auto& [text, want] : cases) {
+    auto c = LoadString(text, {});
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_NE(c.status().message().find(want), std::string::npos) << text << " -> " << c.status().message();
+  }
+}
+
 TEST(Config, SyntaxErrorNamesFileAndLine) {
   auto c = LoadString("[daemon]\nsocket = \n", {}, "my.toml");
   ASSERT_FALSE(c.ok());

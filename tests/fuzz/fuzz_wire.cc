@@ -39,7 +39,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   if (ValidateRingRequest(req, lim).ok()) {
     FUZZ_CHECK(req.op >= 1 && req.op <= kMaxOp);
-    FUZZ_CHECK(req.flags == 0);
+    // The one flag: kRequestShared, on a contract registration only.
+    FUZZ_CHECK(req.flags == 0 ||
+               (req.op == static_cast<uint16_t>(Op::kRegisterContract) && req.flags == kRequestShared));
     FUZZ_CHECK(req.in_len == RequiredInBytes(req));
     FUZZ_CHECK(req.out_len >= RequiredOutBytes(req));
     if (req.in_len) FUZZ_CHECK(req.in_off % 8 == 0 && uint64_t{req.in_off} + req.in_len <= lim.data_bytes);

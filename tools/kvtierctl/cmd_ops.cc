@@ -135,9 +135,9 @@ Status ListContracts(kvtier_client* c, std::vector<ContractRow>* out) {
   do {
     size_t bytes = 0;
     uint32_t n = 0;
-    if (kvtier_list_contracts(c, offset, 1024, buf.data(), buf.size(), &bytes, &n, &total) != KVTIER_OK) {
-      return Status::IoError(kvtier_last_error());
-    }
+    const kvtier_status st = kvtier_list_contracts(c, offset, 1024, buf.data(), buf.size(), &bytes, &n, &total);
+    if (st == KVTIER_REJECTED) return Status::Rejected(kvtier_last_error());
+    if (st != KVTIER_OK) return Status::IoError(kvtier_last_error());
     size_t pos = 0;
     for (uint32_t i = 0; i < n; ++i) {
       ContractRow r;
@@ -219,9 +219,18 @@ int RunStatsOrTiers(const std::vector<std::string>& argv, bool full) {
   size_t n = 0;
   if (kvtier_stats(conn.c, ts, 8, &n) != KVTIER_OK) return ApiFail(cmd);
   std::vector<ContractRow> rows;
+  bool listed = true;
   if (full) {
-    if (Status s = ListContracts(conn.c, &rows); !s.ok()) return Fail(cmd + ": " + s.message());
+    // The contracts are an admin listing: a client without the right gets the tiers alone.
+    if (Status s = ListContracts(conn.c, &rows); !s.ok()) {
+      if (s.code() != StatusCode::kRejected) return Fail(cmd + ": " + s.message());
+      listed = false;
+    }
   }
+  std::vector<kvtier_tenant_counters> tenants(1024);
+  size_t n_tenants = 0;
+  if (full && kvtier_tenant_stats(conn.c, tenants.data(), tenants.size(), &n_tenants) != KVTIER_OK) n_tenants = 0;
+  tenants.resize(n_tenants);
   json tiers = json::array();
   for (size_t i = 0; i < n; ++i) {
     const auto& t = ts[i];
@@ -269,8 +278,24 @@ int RunStatsOrTiers(const std::vector<std::string>& argv, bool full) {
     }
     tiers.push_back(j);
   }
+  json tenant_rows = json::array();
+  static const char* kTierKey[3] = {"hbm", "host", "nvme"};
+  for (const auto& t : tenants) {
+    json j{{"tenant", t.name},
+           {"lookup_keys", t.lookup_keys},
+           {"lookup_hits", t.lookup_hits},
+           {"committed", t.committed},
+           {"access_denied", t.access_denied}};
+    for (int k = 0; k < 3; ++k) {
+      j[std::string(kTierKey[k])] = {{"blocks", t.blocks[k]}, {"quota_slots", t.quota_slots[k]},
+                                     {"evictions", t.evictions[k]}};
+    }
+    tenant_rows.push_back(j);
+  }
   if (args->Has("json")) {
-    std::printf("%s\n", json{{"socket", cli::SocketPath()}, {"tiers", tiers}}.dump(2).c_str());
+    json doc{{"socket", cli::SocketPath()}, {"tiers", tiers}};
+    if (!tenants.empty()) doc["tenants"] = tenant_rows;
+    std::printf("%s\n", doc.dump(2).c_str());
     return 0;
   }
   std::printf("%-5s %-7s %11s %11s %6s %10s %8s", "TIER", "PRESENT", "CAPACITY", "USED", "USED%", "BLOCKS",
@@ -307,6 +332,20 @@ int RunStatsOrTiers(const std::vector<std::string>& argv, bool full) {
         std::printf(" %14" PRIu64, j["per_contract"][r]["capacity_tokens"].get<uint64_t>());
       }
       std::printf("\n");
+    }
+  }
+  if (full && !listed) std::printf("\n(contracts not listed: this client may not run admin listings)\n");
+  if (!tenants.empty()) {
+    std::printf("\ntenants:\n%-24s %21s %21s %21s %11s %11s %10s %7s\n", "TENANT", "HBM BLOCKS/SHARE",
+                "HOST BLOCKS/SHARE", "NVME BLOCKS/SHARE", "LOOKUPS", "HITS", "COMMITTED", "DENIED");
+    for (const auto& t : tenants) {
+      std::printf("%-24s", t.name);
+      for (int k = 0; k < 3; ++k) {
+        const std::string cell = std::to_string(t.blocks[k]) + "/" + std::to_string(t.quota_slots[k]);
+        std::printf(" %21s", cell.c_str());
+      }
+      std::printf(" %11" PRIu64 " %11" PRIu64 " %10" PRIu64 " %7" PRIu64 "\n", t.lookup_keys, t.lookup_hits,
+                  t.committed, t.access_denied);
     }
   }
   return 0;

@@ -205,6 +205,13 @@ KVTIER_API kvtier_status kvtier_contract_block_bytes(const kvtier_contract_desc*
  * block does not fit the daemon's slots. */
 KVTIER_API kvtier_status kvtier_register_contract(kvtier_client* c, const kvtier_contract_desc* d,
                                                   uint64_t* contract_id);
+/* Registers the contract in the shared namespace (README.md "Security"): one pool of
+ * blocks for every tenant that registers the contract shared, such as a public system
+ * prompt. It gives up the tenants' isolation for those blocks: any such tenant can find,
+ * and time, what another stored there. *handle gets the contract's shared handle, which
+ * is not its contract id: name the contract by it in every later call and key chain. */
+KVTIER_API kvtier_status kvtier_register_contract_shared(kvtier_client* c, const kvtier_contract_desc* d,
+                                                         uint64_t* handle);
 /* Keys of every full block of tokens: n_tokens / block_tokens keys into out (capacity
  * out_cap). *n_keys gets the count. Pure computation, no daemon needed. */
 KVTIER_API kvtier_status kvtier_key_chain(uint64_t contract_id, const uint32_t* tokens,
@@ -398,6 +405,17 @@ KVTIER_API kvtier_status kvtier_flush_to(kvtier_client* c, kvtier_tier to);
 /* Re-reads the daemon's config file as SIGHUP does; msg (msg_cap bytes, may be NULL) gets
  * a one-line summary. INVALID (and nothing changed) when the file does not validate. */
 KVTIER_API kvtier_status kvtier_reload_config(kvtier_client* c, char* msg, size_t msg_cap);
+
+/* One tenant's counters ([[tenants]] in the daemon's config). Per local tier (hbm, host,
+ * nvme): blocks held, share in slots, copies evicted. */
+typedef struct kvtier_tenant_counters {
+  char name[64]; /* "default" (clients no table lists), a table's name, or "shared" */
+  uint64_t blocks[3], quota_slots[3], evictions[3];
+  uint64_t lookup_keys, lookup_hits, committed, access_denied;
+} kvtier_tenant_counters;
+/* Up to cap tenants into out; *n gets the count (0 without [[tenants]]). An operator gets
+ * every tenant and the shared namespace, anyone else its own tenant. */
+KVTIER_API kvtier_status kvtier_tenant_stats(kvtier_client* c, kvtier_tenant_counters* out, size_t cap, size_t* n);
 
 #ifdef __cplusplus
 }
