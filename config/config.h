@@ -126,8 +126,10 @@ struct DaemonConfig {
 
 // [security]: who may attach and who may run operator actions, judged by the peer's
 // credentials (SO_PEERCRED, SO_PEERGROUPS) as the kernel recorded them at connect.
-// The daemon's own uid and root may always attach and administer: the defaults keep a
-// single-user machine working with no extra steps (docs/security.md).
+// The daemon's own uid and root may always attach and administer, and the daemon's group
+// may attach (what the default socket mode 0660 lets in): the defaults keep a single-user
+// machine, and the packaged service's kvtier group, working with no extra steps
+// (docs/security.md).
 struct SecurityConfig {
   // Owner and group given to the control socket at start: a user / group name or a
   // number; "" leaves what the daemon creates it with. Default: "", ""
@@ -137,7 +139,7 @@ struct SecurityConfig {
   // Default: 0660
   uint32_t socket_mode = 0660;
   // uids / gids (primary or supplementary) that may attach as engines, beyond the
-  // daemon's uid, root and the members of every [[tenants]] table. Default: [], []
+  // daemon's uid and group, root and the members of every [[tenants]] table. Default: [], []
   std::vector<uint32_t> attach_uids, attach_gids;
   // uids / gids that may run every operator action (list, inspect, contracts, export,
   // verify, evict, flush, config reload) over every tenant, beyond the daemon's uid and

@@ -69,7 +69,8 @@ StatusOr<PeerCred> ReadPeerCred(int fd) {
   return p;
 }
 
-AccessPolicy::AccessPolicy(const config::Config& c, uint32_t daemon_uid) : daemon_uid_(daemon_uid), sec_(c.security) {
+AccessPolicy::AccessPolicy(const config::Config& c, uint32_t daemon_uid, uint32_t daemon_gid)
+    : daemon_uid_(daemon_uid), daemon_gid_(daemon_gid), sec_(c.security) {
   tenants_.push_back(Tenant{"default", 0, false, {}, {}});
   for (const auto& t : c.tenants) {
     const std::string seed = "kvtier.tenant." + t.name;
@@ -114,8 +115,8 @@ Status AccessPolicy::AdmitEngine(const PeerCred& p, uint32_t* tenant) const {
                             " is in no [[tenants]] table and security.unmatched is \"refuse\"");
   }
   const auto& u = sec_.attach_uids;
-  const bool listed = p.uid == 0 || p.uid == daemon_uid_ || std::find(u.begin(), u.end(), p.uid) != u.end() ||
-                      HasGroup(p, sec_.attach_gids);
+  const bool listed = p.uid == 0 || p.uid == daemon_uid_ || HasGroup(p, {daemon_gid_}) ||
+                      std::find(u.begin(), u.end(), p.uid) != u.end() || HasGroup(p, sec_.attach_gids);
   if (!listed) {
     return Status::Rejected("permission denied: " + p.ToString() +
                             " may not attach (security.attach_uids / attach_gids, or a [[tenants]] table)");

@@ -9,8 +9,9 @@
 // every request of a session runs with the credentials of the process that attached.
 //
 // Rights:
-//   - attach (engine): the daemon's uid, root, security.attach_uids / attach_gids, and
-//     the members of every tenant. With security.unmatched = "refuse", a peer that is in
+//   - attach (engine): the daemon's uid and group (the default socket mode 0660 lets in
+//     no one else), root, security.attach_uids / attach_gids, and the members of every
+//     tenant. With security.unmatched = "refuse", a peer that is in
 //     no tenant is refused even when the lists above admit it.
 //   - operator (every admin action over every tenant): the daemon's uid, root,
 //     security.admin_uids / admin_gids.
@@ -63,8 +64,8 @@ uint64_t NamespacedContractId(uint64_t ns, uint64_t contract_id);
 
 class AccessPolicy {
  public:
-  // daemon_uid: the uid the daemon runs as (getuid()).
-  AccessPolicy(const config::Config& c, uint32_t daemon_uid);
+  // daemon_uid, daemon_gid: the uid and gid the daemon runs as (getuid(), getgid()).
+  AccessPolicy(const config::Config& c, uint32_t daemon_uid, uint32_t daemon_gid);
 
   // Whether the peer may attach; *tenant gets its tenant. A refusal says why in one line.
   Status AdmitEngine(const PeerCred& p, uint32_t* tenant) const;
@@ -92,7 +93,7 @@ class AccessPolicy {
   // The tenant listing the peer (uid first, then groups); -1 when none.
   int64_t TenantOf(const PeerCred& p) const;
 
-  uint32_t daemon_uid_;
+  uint32_t daemon_uid_, daemon_gid_;
   config::SecurityConfig sec_;
   std::vector<Tenant> tenants_;
 };
@@ -127,8 +128,8 @@ struct TenantCounters {
 // (one per tenant, then one for the shared namespace). Lives as long as the daemon.
 class Tenants {
  public:
-  Tenants(const config::Config& c, uint32_t daemon_uid)
-      : access_(c, daemon_uid), counters_(access_.tenant_count() + 1) {}
+  Tenants(const config::Config& c, uint32_t daemon_uid, uint32_t daemon_gid)
+      : access_(c, daemon_uid, daemon_gid), counters_(access_.tenant_count() + 1) {}
   const AccessPolicy& access() const { return access_; }
   ContractOwners& owners() { return owners_; }
   const ContractOwners& owners() const { return owners_; }

@@ -4,10 +4,10 @@
 // the out region, never past its length.
 //
 // Every admin request is judged by the peer's credentials first (daemon/access.h): a
-// refusal is one line to the client, one rate-limited log line and no change. Every
-// request that is judged, allowed or not, leaves one audit line (logger "audit" at info,
-// never rate-limited for allowed requests): client, peer uid / gid / pid, tenant, the
-// action with its arguments, the outcome and what it changed.
+// refusal is one line to the client, one rate-limited log line and no change. The audit
+// line ("audit: ..."): client, peer uid / gid / pid, tenant, the action with its
+// arguments, the outcome and what it changed; one per action that changes something,
+// one per interval for reads and refusals (with the count held back).
 #include <algorithm>
 #include <chrono>
 #include <cstring>

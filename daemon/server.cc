@@ -785,7 +785,7 @@ Status Daemon::Impl::Start() {
   }
   spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   accept_backoff_ = std::make_unique<asio::steady_timer>(io_);
-  tenants_ = std::make_unique<Tenants>(c, static_cast<uint32_t>(::getuid()));
+  tenants_ = std::make_unique<Tenants>(c, static_cast<uint32_t>(::getuid()), static_cast<uint32_t>(::getgid()));
   socket_path_ = Abs(c.daemon.socket);
   // A live daemon on the socket path is an error; a stale socket file is replaced.
   {

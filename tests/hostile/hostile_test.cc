@@ -805,7 +805,9 @@ TEST(Hostile, ClientsPerProcessAreCapped) {
 // refused; a client of another uid attaches (needs root to run it as nobody).
 TEST(Hostile, ClientsPerUidAreCapped) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to attach as another user";
-  DaemonProcess d;
+  testing::DaemonConfig cfg;
+  cfg.extra = "[security]\nattach_uids = [65534]\n";  // nobody may attach (docs/security.md)
+  DaemonProcess d(cfg);
   SetDaemonKeys(d, "max_clients_per_uid = 3\n");
   ASSERT_TRUE(d.Start()) << d.log();
   ::chmod(d.socket().c_str(), 0666);

@@ -215,9 +215,10 @@ double Throughput(const std::string& sock, uint64_t cid, const std::vector<kvtie
 }
 
 int Run(const std::vector<std::string>& argv) {
-  auto args = cli::Args::Parse(argv, {"no-append", "no-pin"});
+  auto args = cli::Args::Parse(argv, {"no-append", "no-pin", "tenants"});
   if (!args.ok()) return cli::Fail(args.status().message(), 2);
-  if (Status s = args->CheckKnown({"blocks", "iters", "seconds", "results", "no-append", "no-pin", "policy"}); !s.ok()) {
+  if (Status s = args->CheckKnown({"blocks", "iters", "seconds", "results", "no-append", "no-pin", "policy", "tenants"});
+      !s.ok()) {
     return cli::Fail(s.message(), 2);
   }
   // The host and NVMe tiers' eviction policy (the hot path touches it on every hit).
@@ -235,11 +236,19 @@ int Run(const std::vector<std::string>& argv) {
   // of a ring must not be time-sliced on one core (on a 2-core machine the scheduler
   // otherwise often puts them together). --no-pin measures without.
   const bool pin = !args->Has("no-pin") && ::sysconf(_SC_NPROCESSORS_ONLN) >= 2;
+  // --tenants: this process's uid is tenant "bench" (with host and NVMe shares), beside a
+  // second tenant: every request goes through the namespace translation and the quotas.
+  const bool tenants = args->Has("tenants");
+  const std::string tenant_toml =
+      tenants ? "\n[[tenants]]\nname = \"bench\"\nuids = [" + std::to_string(::getuid()) +
+                    "]\nhost_share = 0.5\nnvme_share = 0.5\n[[tenants]]\nname = \"other\"\nuids = [" +
+                    std::to_string(::getuid() + 1) + "]\nhost_share = 0.25\n"
+              : "";
   bench::DaemonProc d;
   if (Status s = bench::StartDaemon(&d,
                                     "[tiers]\nslot_bytes = \"4KiB\"\n[tiers.host]\ncapacity = \"16MiB\"\npolicy = \"" +
                                         policy + "\"\n[tiers.nvme]\ncapacity = \"16MiB\"\npolicy = \"" + policy +
-                                        "\"\ndir = \"{dir}/nvme\"",
+                                        "\"\ndir = \"{dir}/nvme\"" + tenant_toml,
                                     "ring_data_bytes = \"1MiB\"", pin ? 1 : -1, 10.0);
       !s.ok()) {
     return cli::Fail(s.ToString());
@@ -289,7 +298,8 @@ int Run(const std::vector<std::string>& argv) {
 
   Report rep("client: ring vs unix-socket round trips through kvtierd",
              "kvtier-bench client --blocks " + std::to_string(n) + " --iters " + std::to_string(*iters) +
-                 " --seconds " + Fmt("%g", *seconds) + (pin ? "" : " --no-pin") + " --policy " + policy);
+                 " --seconds " + Fmt("%g", *seconds) + (pin ? "" : " --no-pin") + " --policy " + policy +
+                 (tenants ? " --tenants" : ""));
   rep.SetColumns({"measure", "ring", "socket (baseline)", "socket / ring"});
   auto row = [&](const char* name, const std::vector<double>& r, const std::vector<double>& s, double p) {
     const double a = Pct(r, p), b = Pct(s, p);
@@ -335,6 +345,10 @@ int Run(const std::vector<std::string>& argv) {
   rep.AddNote(pin ? "latency rows: kvtierd pinned to CPU 1, the measuring client to CPU 0 (its TierManager "
                     "threads share CPU 1 with the ring thread); throughput rows: unpinned"
                   : "nothing pinned (--no-pin)");
+  if (tenants) {
+    rep.AddNote("tenants on: two [[tenants]] tables, this uid in tenant \"bench\" (host and NVMe shares 0.5): "
+                "each request's contract id is translated to the tenant's namespace, quotas on");
+  }
   rep.AddNote("kvtierd and the client processes share the machine's cores; host tier only "
               "(no GPU), 4 KiB slots, daemon spin 50 us, client spin 50 us before futex sleep "
               "(a spinner yields only when its peer last ran on its CPU).");
@@ -344,11 +358,12 @@ int Run(const std::vector<std::string>& argv) {
 }
 
 cli::CommandRegistrar reg("client", "ring vs socket latency and multi-client throughput through kvtierd", Run,
-                          "[--blocks N] [--iters N] [--seconds S] [--no-pin] [--results FILE | --no-append]\n"
+                          "[--blocks N] [--iters N] [--seconds S] [--no-pin] [--tenants] [--results FILE | --no-append]\n"
                           "  --blocks N       blocks in the stored prefix that lookup and acquire cover, 1-3000 (default 1000)\n"
                           "  --iters N        timed calls per latency series, >= 10 (default 2000)\n"
                           "  --seconds S      length of each throughput run (default 1.0)\n"
                           "  --no-pin         do not pin kvtierd and this process to CPUs 1 and 0\n"
+                          "  --tenants        run with two [[tenants]] tables, this uid in one of them\n"
     + std::string(kvtier::bench::kResultsUsage));
 
 }  // namespace
