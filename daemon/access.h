@@ -140,13 +140,15 @@ class Tenants {
   uint32_t group_of(uint32_t t) const {
     return t == kSharedOwner ? static_cast<uint32_t>(access_.tenant_count()) : t;
   }
-  // Key prefix in the remote tier for a contract of the TierManager (its tenant's):
-  // "<name>:" for a tenant, "shared:" for the shared namespace, "" for the implicit
-  // tenant (keys as before). For the remote tier's per-tenant keys.
-  std::string RemotePrefix(uint64_t internal_contract_id) const {
+  // The remote tier's namespace (GetItem::ns, PutItem::ns: keys <key_prefix><ns>:{...},
+  // docs/remote.md) of a contract of the TierManager: its tenant's name, "shared" for the
+  // shared namespace, "" for the implicit tenant (keys as before). The TierManager does
+  // not pass it yet; until then a tenant's remote keys differ by the namespaced contract
+  // id inside the hash tag.
+  std::string RemoteNamespace(uint64_t internal_contract_id) const {
     const auto o = owners_.Get(internal_contract_id);
-    if (o.tenant == kSharedOwner) return "shared:";
-    return o.tenant == kDefaultTenant ? std::string() : access_.tenant_name(o.tenant) + ":";
+    if (o.tenant == kSharedOwner) return "shared";
+    return o.tenant == kDefaultTenant ? std::string() : access_.tenant_name(o.tenant);
   }
 
  private:
