@@ -163,9 +163,9 @@ Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, 
     return Status::Invalid("RegisterContractAs: quota group " + std::to_string(group) + " unknown");
   }
   KVTIER_RETURN_IF_ERROR(c.Validate());
-  if (c.slot_bytes() > opts_.slot_bytes) {
+  if (c.slot_bytes() > slot_bytes_) {
     return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
-                               " bytes does not fit a slot of " + std::to_string(opts_.slot_bytes));
+                               " bytes does not fit a slot of " + std::to_string(slot_bytes_));
   }
   std::lock_guard<std::mutex> l(mu_);
   auto [it, fresh] = contracts_.emplace(id, c);
