@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace kvtier {
 
@@ -39,5 +41,11 @@ class LogLimit {
   std::atomic<int64_t> last_ns_{kNever};
   std::atomic<uint64_t> held_{0};
 };
+
+// " (N more WHAT held back)" for a line that Allow let out after holding N back; empty for 0.
+inline std::string HeldBack(uint64_t n, std::string_view what) {
+  if (n == 0) return {};
+  return " (" + std::to_string(n) + " more " + std::string(what) + " held back)";
+}
 
 }  // namespace kvtier

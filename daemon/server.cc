@@ -295,7 +295,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         s->Close(drain);
         d->ContractsReleased(s->registered_contracts());
         if (uint64_t held = 0; d->detach_log_.Allow(&held)) {
-          spdlog::info("client {} ({}) detached ({} more detach lines held back)", s->id(), s->name(), held);
+          spdlog::info("client {} ({}) detached{}", s->id(), s->name(), HeldBack(held, "detach lines"));
         }
       });
     }
@@ -519,13 +519,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     d_->metrics_.clients.fetch_add(1);
     d_->metrics_.clients_attached.fetch_add(1);
     if (uint64_t held = 0; d_->attach_log_.Allow(&held)) {
-      spdlog::info("client {} ({}, pid {}{}; peer {}{}) attached to kvtierd {} (protocol {}) ({} more attach lines "
-                   "held back)",
-                   client_id, name, a.pid, has_gpu ? ", gpu" : "", peer_.ToString(),
+      spdlog::info("client {} ({}, pid {}{}) attached to kvtierd {} (protocol {}); peer {}{}{}", client_id, name,
+                   a.pid, has_gpu ? ", gpu" : "", KVTIER_VERSION_STRING, wire::kProtocolVersion, peer_.ToString(),
                    d_->tenants_->access().tenants_configured()
                        ? ", tenant " + d_->tenants_->access().tenant_name(tenant)
                        : "",
-                   KVTIER_VERSION_STRING, wire::kProtocolVersion, held);
+                   HeldBack(held, "attach lines"));
     }
     ReadHeader();
   }
