@@ -217,6 +217,7 @@ StatusOr<std::shared_ptr<TlsContext>> TlsContext::Create(const TlsOptions& opts)
   if (opts.cert_file.empty() != opts.key_file.empty()) {
     return Status::Invalid("TLS: a client certificate needs both its certificate and its key file");
   }
+  if (opts.cert_file.empty()) SSL_CTX_set_client_cert_cb(t->ctx_, NoteCertificateRequest);
   if (!opts.cert_file.empty()) {
     if (SSL_CTX_use_certificate_chain_file(t->ctx_, opts.cert_file.c_str()) != 1) {
       return Status::Invalid("TLS certificate file " + opts.cert_file + ": " + SslError());
@@ -250,7 +251,17 @@ Connection::~Connection() {
 
 Status Connection::Fail(Status s) {
   broken_ = true;
+  if (cert_requested_ && s.code() != StatusCode::kRejected) {
+    return Status::Rejected("TLS: " + peer_ + " asks for a client certificate and none is configured (see " +
+                            "tls_cert_file and tls_key_file): " + s.message());
+  }
   return s;
+}
+
+// OpenSSL calls this when the node asks for a client certificate and the context has none.
+int NoteCertificateRequest(SSL* ssl, X509** /*cert*/, EVP_PKEY** /*key*/) {
+  if (auto* c = static_cast<Connection*>(SSL_get_app_data(ssl))) c->cert_requested_ = true;
+  return 0;  // no certificate: the handshake goes on without one
 }
 
 StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& host, uint16_t port,
@@ -281,6 +292,7 @@ Status Connection::Handshake(const std::string& host, const ConnectSettings& s) 
   if (!bio) return Fail(Status::IoError("TLS with " + peer_ + ": " + SslError()));
   BIO_set_fd(bio, fd_, BIO_NOCLOSE);
   SSL_set_bio(ssl_, bio, bio);
+  SSL_set_app_data(ssl_, this);
   const std::string& name = o.server_name.empty() ? host : o.server_name;
   const bool ip = IsIpAddress(name);
   if (!ip) SSL_set_tlsext_host_name(ssl_, name.c_str());

@@ -37,8 +37,13 @@ struct redisReader;
 struct redisReply;
 struct ssl_ctx_st;
 struct ssl_st;
+struct x509_st;
+struct evp_pkey_st;
 
 namespace kvtier::remote {
+
+// The TLS context's client-certificate callback (connection.cc).
+int NoteCertificateRequest(ssl_st* ssl, x509_st** cert, evp_pkey_st** key);
 
 // Owns a hiredis reply.
 struct ReplyDeleter {
@@ -121,6 +126,10 @@ class Connection {
   std::vector<std::pair<char*, size_t>> pending_;  // formatted commands not yet written
   std::unique_ptr<char[]> buf_;
   bool broken_ = false;
+  // The node asked for a client certificate during the handshake and none is configured:
+  // TLS 1.3 reports the refusal only after the handshake, often as a plain close.
+  bool cert_requested_ = false;
+  friend int NoteCertificateRequest(ssl_st* ssl, x509_st** cert, evp_pkey_st** key);
 };
 
 }  // namespace kvtier::remote
