@@ -168,7 +168,8 @@ Apply ModeField(Get get) {
 Status ParseTenant(const toml::table& t, const std::string& key, TenantConfig* out) {
   TenantConfig tc;
   bool named = false;
-  for (auto&& [k, v] : t) {
+  for (auto&& [k, node] : t) {
+    const toml::node& v = node;  // clang before 16 cannot capture a structured binding in a lambda
     const std::string name(k.str());
     const std::string fk = key + "." + name;
     auto number = [&](double* d) -> Status {

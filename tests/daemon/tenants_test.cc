@@ -55,7 +55,8 @@ std::vector<kvtier_key> Chain(uint64_t contract, size_t n, uint32_t seed) {
 int StoreChain(kvtier_client* c, uint64_t contract, const std::vector<kvtier_key>& keys) {
   uint64_t lease = 0;
   std::vector<kvtier_slot> slots(keys.size());
-  CHILD_CHECK(kvtier_alloc(c, contract, keys.size(), KVTIER_TIER_HOST, &lease, slots.data()) == KVTIER_OK);
+  // Waits out passing pressure (RETRY: another tenant's blocks being demoted), as an engine does.
+  CHILD_CHECK(kvtier_alloc_wait(c, contract, keys.size(), KVTIER_TIER_HOST, 5000, &lease, slots.data()) == KVTIER_OK);
   uint64_t arena_bytes = 0;
   auto* arena = static_cast<uint8_t*>(kvtier_host_arena(c, &arena_bytes));
   CHILD_CHECK(arena != nullptr);
