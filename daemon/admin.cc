@@ -337,23 +337,18 @@ Status Session::RunAdmin(const wire::RequestEntry& req, const wire::AdminRequest
       if (fit == 0) KVTIER_RETURN_IF_ERROR(need(sizeof(wire::AdminTenantStats), "one tenant"));
       uint32_t n = 0;
       for (uint64_t i = a.offset; i < ids.size() && n < fit; ++i, ++n) {
-        const uint32_t t = ids[i];
+        const TenantRow r = MakeTenantRow(*tenants_, ids[i], groups);
         wire::AdminTenantStats w;
-        const std::string& name = t == kSharedOwner ? std::string("shared") : ap.tenant_name(t);
-        std::memcpy(w.name, name.data(), std::min(name.size(), sizeof w.name - 1));
-        const uint32_t g = tenants_->group_of(t);
-        if (g < groups.size()) {
-          for (int k = 0; k < 3; ++k) {
-            w.blocks[k] = groups[g].blocks[k];
-            w.quota_slots[k] = groups[g].quota[k];
-            w.evictions[k] = groups[g].evictions[k];
-          }
+        std::memcpy(w.name, r.name.data(), std::min(r.name.size(), sizeof w.name - 1));
+        for (int k = 0; k < 3; ++k) {
+          w.blocks[k] = r.blocks[k];
+          w.quota_slots[k] = r.quota_slots[k];
+          w.evictions[k] = r.evictions[k];
         }
-        TenantCounters& tc = tenants_->counters(t);
-        w.lookup_keys = tc.lookup_keys.load(std::memory_order_relaxed);
-        w.lookup_hits = tc.lookup_hits.load(std::memory_order_relaxed);
-        w.committed = tc.committed.load(std::memory_order_relaxed);
-        w.access_denied = tc.access_denied.load(std::memory_order_relaxed);
+        w.lookup_keys = r.lookup_keys;
+        w.lookup_hits = r.lookup_hits;
+        w.committed = r.committed;
+        w.access_denied = r.access_denied;
         std::memcpy(out + n * sizeof w, &w, sizeof w);
       }
       c->value = ids.size();

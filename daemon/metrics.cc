@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "daemon/access.h"
 #include "kvtier/version.h"
 
 namespace kvtier::daemon {
@@ -235,6 +236,25 @@ void Metrics::RenderTenants(const std::vector<TenantRow>& rows, std::string* out
     Family(&o, m.name, "counter", m.help);
     for (const auto& r : rows) Line(&o, m.name, "tenant=\"" + r.name + "\"", static_cast<double>(r.*(m.field)));
   }
+}
+
+TenantRow MakeTenantRow(Tenants& tenants, uint32_t t, const std::vector<tiers::GroupStats>& groups) {
+  TenantRow r;
+  r.name = t == kSharedOwner ? "shared" : tenants.access().tenant_name(t);
+  const uint32_t g = tenants.group_of(t);
+  if (g < groups.size()) {
+    for (int k = 0; k < 3; ++k) {
+      r.blocks[k] = groups[g].blocks[k];
+      r.quota_slots[k] = groups[g].quota[k];
+      r.evictions[k] = groups[g].evictions[k];
+    }
+  }
+  TenantCounters& tc = tenants.counters(t);
+  r.lookup_keys = tc.lookup_keys.load(std::memory_order_relaxed);
+  r.lookup_hits = tc.lookup_hits.load(std::memory_order_relaxed);
+  r.committed = tc.committed.load(std::memory_order_relaxed);
+  r.access_denied = tc.access_denied.load(std::memory_order_relaxed);
+  return r;
 }
 
 }  // namespace kvtier::daemon

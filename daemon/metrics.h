@@ -57,6 +57,11 @@ struct TenantRow {
   uint64_t lookup_keys = 0, lookup_hits = 0, committed = 0, access_denied = 0;
 };
 
+class Tenants;
+// Tenant t's row (kSharedOwner: the shared namespace) from its quota group's stats
+// (TierManager::GroupStatsAll) and its counters: /metrics and the tenant-stats admin op.
+TenantRow MakeTenantRow(Tenants& tenants, uint32_t t, const std::vector<tiers::GroupStats>& groups);
+
 struct Metrics {
   std::array<std::array<Histogram, 2>, wire::kMaxOp + 1> request_latency;  // [op][transport]
   std::array<std::array<std::atomic<uint64_t>, 2>, wire::kMaxOp + 1> request_failed{};

@@ -876,23 +876,7 @@ std::vector<TenantRow> Daemon::Impl::TenantRows() const {
   if (!ap.tenants_configured()) return rows;
   const auto groups = tm_->GroupStatsAll();
   for (uint32_t i = 0; i <= ap.tenant_count(); ++i) {
-    const uint32_t t = i == ap.tenant_count() ? kSharedOwner : i;
-    TenantRow r;
-    r.name = t == kSharedOwner ? "shared" : ap.tenant_name(t);
-    const uint32_t g = tenants_->group_of(t);
-    if (g < groups.size()) {
-      for (int k = 0; k < 3; ++k) {
-        r.blocks[k] = groups[g].blocks[k];
-        r.quota_slots[k] = groups[g].quota[k];
-        r.evictions[k] = groups[g].evictions[k];
-      }
-    }
-    TenantCounters& tc = tenants_->counters(t);
-    r.lookup_keys = tc.lookup_keys.load(std::memory_order_relaxed);
-    r.lookup_hits = tc.lookup_hits.load(std::memory_order_relaxed);
-    r.committed = tc.committed.load(std::memory_order_relaxed);
-    r.access_denied = tc.access_denied.load(std::memory_order_relaxed);
-    rows.push_back(std::move(r));
+    rows.push_back(MakeTenantRow(*tenants_, i == ap.tenant_count() ? kSharedOwner : i, groups));
   }
   return rows;
 }
