@@ -153,11 +153,13 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
     return Fail(s, std::string("attach refused: ") + m);
   }
   const bool has_host = (r.flags & w::kReplyHasHost) != 0;
-  if (fds.size() != r.num_fds || fds.size() != (has_host ? 2u : 1u)) {
+  const bool has_staging = (r.flags & w::kReplyHasStaging) != 0;
+  const size_t want_fds = 1u + (has_host ? 1u : 0u) + (has_staging ? 1u : 0u);
+  if (fds.size() != r.num_fds || fds.size() != want_fds || has_host != has_staging) {
     close_fds();
     Detach(c);
-    return Fail(KVTIER_IO_ERROR, "attach: expected " + std::to_string(has_host ? 2 : 1) + " fds, got " +
-                                     std::to_string(fds.size()));
+    return Fail(KVTIER_IO_ERROR, "attach: expected " + std::to_string(want_fds) + " fds (host arena and staging "
+                                     "area together), got " + std::to_string(fds.size()));
   }
   struct stat st;
   if (::fstat(fds[0], &st) != 0 || static_cast<uint64_t>(st.st_size) != r.ring_bytes) {
@@ -185,22 +187,38 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
   c->cmp = w::CompletionRing(c->ring, c->hdr);
   c->data = c->ring + c->hdr.data_offset;
   if (has_host) {
-    if (::fstat(fds[1], &st) != 0 || static_cast<uint64_t>(st.st_size) < r.host_arena_bytes) {
+    // One window: the arena read-only (sealed: a writable mapping is refused), then this
+    // client's staging area writable right after it, so that host slot s of either kind
+    // is at window + s * slot_bytes (HostSlotOffset) and staging ids follow arena ids.
+    const uint64_t staging_bytes = uint64_t{r.staging_slots} * r.slot_bytes;
+    struct stat sst;
+    if (::fstat(fds[1], &st) != 0 || static_cast<uint64_t>(st.st_size) < r.host_arena_bytes ||
+        r.slot_bytes == 0 || r.host_arena_bytes % r.slot_bytes != 0 || r.staging_slots == 0 ||
+        ::fstat(fds[2], &sst) != 0 || static_cast<uint64_t>(sst.st_size) < staging_bytes) {
       close_fds();
       Detach(c);
-      return Fail(KVTIER_IO_ERROR, "attach: host arena size mismatch");
+      return Fail(KVTIER_IO_ERROR, "attach: host arena or staging area size mismatch");
     }
-    p = ::mmap(nullptr, r.host_arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
-    if (p == MAP_FAILED) {
+    const uint64_t window = r.host_arena_bytes + staging_bytes;
+    p = ::mmap(nullptr, window, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* arena = p == MAP_FAILED ? MAP_FAILED
+                                  : ::mmap(p, r.host_arena_bytes, PROT_READ, MAP_SHARED | MAP_FIXED, fds[1], 0);
+    void* staged = arena == MAP_FAILED ? MAP_FAILED
+                                       : ::mmap(static_cast<uint8_t*>(p) + r.host_arena_bytes, staging_bytes,
+                                                PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fds[2], 0);
+    if (staged == MAP_FAILED) {
       const std::string err = std::strerror(errno);
+      if (p != MAP_FAILED) ::munmap(p, window);
       close_fds();
       Detach(c);
-      return Fail(KVTIER_IO_ERROR, "attach: mmap host arena: " + err);
+      return Fail(KVTIER_IO_ERROR, "attach: mmap host arena and staging area: " + err);
     }
     c->host = static_cast<uint8_t*>(p);
-    c->host_bytes = r.host_arena_bytes;
+    c->host_bytes = window;
+    c->host_arena_bytes = r.host_arena_bytes;
     c->host_fd = fds[1];  // kept: kvtier_host_arena_fd (a language binding maps it itself)
-    fds.pop_back();
+    c->staging_fd = fds[2];  // kept: kvtier_host_staging_fd
+    fds.resize(1);
   }
   close_fds();  // the mappings stay
   ++c->attaches;
@@ -213,6 +231,7 @@ void Detach(kvtier_client* c) {
   if (c->host) ::munmap(c->host, c->host_bytes);
   if (c->sock >= 0) ::close(c->sock);
   if (c->host_fd >= 0) ::close(c->host_fd);
+  if (c->staging_fd >= 0) ::close(c->staging_fd);
 #if KVTIER_HAVE_CUDA
   if (c->hbm_ptr) cudaIpcCloseMemHandle(c->hbm_ptr);
 #endif
@@ -222,6 +241,8 @@ void Detach(kvtier_client* c) {
   c->host_bytes = 0;
   c->sock = -1;
   c->host_fd = -1;
+  c->staging_fd = -1;
+  c->host_arena_bytes = 0;
   c->hbm_ptr = nullptr;
   c->data = nullptr;
   c->req = {};

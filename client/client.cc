@@ -210,6 +210,28 @@ uint64_t kvtier_client_id(const kvtier_client* c) { return c ? c->reply.client_i
 uint64_t kvtier_slot_bytes(const kvtier_client* c) { return c ? c->reply.slot_bytes : 0; }
 
 int kvtier_host_arena_fd(const kvtier_client* c) { return c ? c->host_fd : -1; }
+int kvtier_host_staging_fd(const kvtier_client* c) { return c ? c->staging_fd : -1; }
+
+namespace {
+// Offset of host slot `slot` in the client's window (arena, then staging area), or false
+// for a slot past it.
+bool HostSlotOffset(const kvtier_client* c, uint32_t slot, uint64_t* off) {
+  if (c == nullptr || c->host == nullptr || c->reply.slot_bytes == 0) return false;
+  *off = uint64_t{slot} * c->reply.slot_bytes;
+  return *off + c->reply.slot_bytes <= c->host_bytes;
+}
+}  // namespace
+
+const void* kvtier_host_slot(const kvtier_client* c, uint32_t slot) {
+  uint64_t off = 0;
+  return HostSlotOffset(c, slot, &off) ? c->host + off : nullptr;
+}
+
+void* kvtier_host_slot_write(const kvtier_client* c, uint32_t slot) {
+  uint64_t off = 0;
+  if (!HostSlotOffset(c, slot, &off) || off < c->host_arena_bytes) return nullptr;  // the arena is read-only
+  return c->host + off;
+}
 uint64_t kvtier_attach_generation(const kvtier_client* c) { return c ? c->attaches : 0; }
 
 void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes) {
@@ -432,7 +454,10 @@ kvtier_status kvtier_store_tokens(kvtier_client* c, uint64_t contract_id, const 
         (void)kvtier_release(c, lease);
         return Fail(KVTIER_INVALID, "blocks[" + std::to_string(done + i) + "] is NULL");
       }
-      std::memcpy(c->host + uint64_t{slots[i].slot} * c->reply.slot_bytes, blocks[done + i], block_bytes);
+      void* dst = kvtier_host_slot_write(c, slots[i].slot);
+      if (dst == nullptr) return Fail(KVTIER_IO_ERROR, "alloc gave slot " + std::to_string(slots[i].slot) +
+                                                           ", outside this client's staging area");
+      std::memcpy(dst, blocks[done + i], block_bytes);
     }
     size_t committed = 0;
     s = kvtier_commit_chain(c, contract_id, lease, slots.data(), keys.data() + done, m,
@@ -581,9 +606,19 @@ kvtier_status kvtier_alloc_wait(kvtier_client* c, uint64_t contract_id, size_t n
 
 kvtier_status kvtier_commit(kvtier_client* c, uint64_t contract_id, uint64_t lease,
                             const kvtier_commit_item* items, size_t n, size_t* n_committed) {
+  kvtier_commit_result r{};
+  const kvtier_status s = kvtier_commit_report(c, contract_id, lease, items, n, &r);
+  if (n_committed) *n_committed = r.committed;
+  return s;
+}
+
+kvtier_status kvtier_commit_report(kvtier_client* c, uint64_t contract_id, uint64_t lease,
+                                   const kvtier_commit_item* items, size_t n, kvtier_commit_result* result) {
   KVTIER_GUARD_BEGIN
+  kvtier_commit_result scratch{};
+  kvtier_commit_result* r = result ? result : &scratch;
+  *r = kvtier_commit_result{};
   if (CheckClient(c)) return KVTIER_INVALID;
-  if (n_committed) *n_committed = 0;
   if (items == nullptr || n == 0) return Fail(KVTIER_INVALID, "items and n > 0 are required");
   if (n > UINT32_MAX) return Fail(KVTIER_INVALID, "too many items");
   std::vector<w::CommitItem> wi(n);
@@ -605,8 +640,17 @@ kvtier_status kvtier_commit(kvtier_client* c, uint64_t contract_id, uint64_t lea
     req.lease_id = lease;
     w::CompletionEntry cmp;
     kvtier_status st = Call(c, req, wi.data() + off, m * sizeof(w::CommitItem), nullptr, 0, &cmp);
-    done += std::min<size_t>(cmp.count, m);
-    if (n_committed) *n_committed = done;
+    const size_t went = std::min<size_t>(cmp.count, m);
+    // A daemon of protocol < 5 leaves these zero (reserved bytes): every item "stored".
+    const size_t same = std::min<size_t>(cmp.cached_same, went);
+    const size_t diff = std::min<size_t>(cmp.cached_different, went - same);
+    const size_t unch = std::min<size_t>(cmp.cached_unchecked, went - same - diff);
+    done += went;
+    r->committed = done;
+    r->same_bytes += same;
+    r->different_bytes += diff;
+    r->unchecked += unch;
+    r->stored += went - same - diff - unch;
     if (st != KVTIER_OK) return st;
     off += m;
   }

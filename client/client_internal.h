@@ -65,9 +65,13 @@ struct kvtier_client {
   kvtier::wire::RingView<kvtier::wire::RequestEntry> req;
   kvtier::wire::RingView<kvtier::wire::CompletionEntry> cmp;
   uint8_t* data = nullptr;       // the ring region's data area
-  uint8_t* host = nullptr;       // mapped host arena (NULL without a host tier)
+  // The host window (NULL without a host tier): the arena (host_arena_bytes, read-only)
+  // and right after it this client's staging area (writable); host_bytes in all.
+  uint8_t* host = nullptr;
   uint64_t host_bytes = 0;
+  uint64_t host_arena_bytes = 0;
   int host_fd = -1;              // the host arena's memfd (kvtier_host_arena_fd)
+  int staging_fd = -1;           // the staging area's memfd (kvtier_host_staging_fd)
   uint64_t fork_generation = 0;  // ForkGeneration() at connect: a forked child differs
   kvtier::wire::AttachReply reply;
   std::mutex mu;

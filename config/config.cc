@@ -290,6 +290,7 @@ const std::vector<Entry>& Schema() {
     s.push_back({"security.unmatched", StringField([](Config& c) { return &c.security.unmatched; })});
     s.push_back({"tenants", ApplyTenants});
     s.push_back({"tiers.slot_bytes", SizeField([](Config& c) { return &c.tiers.slot_bytes; })});
+    s.push_back({"tiers.on_conflict", StringField([](Config& c) { return &c.tiers.on_conflict; })});
     AddTier(s, "tiers.hbm", [](Config& c) { return &c.tiers.hbm; });
     s.push_back({"tiers.hbm.cuda_device",
                  IntField<int32_t>([](Config& c) { return &c.tiers.cuda_device; }, 0, 1024)});
@@ -297,6 +298,9 @@ const std::vector<Entry>& Schema() {
     s.push_back({"tiers.hbm.copy_streams",
                  IntField<uint32_t>([](Config& c) { return &c.tiers.hbm_copy_streams; }, 1, 8)});
     AddTier(s, "tiers.host", [](Config& c) { return &c.tiers.host; });
+    s.push_back({"tiers.host.staging_slots_per_client",
+                 IntField<uint32_t>([](Config& c) { return &c.tiers.host_staging_slots_per_client; }, 0,
+                                    1u << 30)});
     AddTier(s, "tiers.nvme", [](Config& c) { return &c.tiers.nvme.tier; });
     s.push_back({"tiers.nvme.dir", StringField([](Config& c) { return &c.tiers.nvme.dir; })});
     s.push_back({"tiers.nvme.admission",
@@ -499,6 +503,14 @@ Status Config::Validate() const {
     return Status::Invalid("tiers.hbm.copy_streams: " + std::to_string(t.hbm_copy_streams) + " not in [1, 8]");
   }
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.host", t.host, t.slot_bytes));
+  if (!InSet(t.on_conflict, {"keep-first", "replace", "drop-disputed"})) {
+    return Status::Invalid("tiers.on_conflict: \"" + t.on_conflict + "\" is not keep-first, replace or drop-disputed");
+  }
+  if (t.slot_bytes > 0 && t.host_staging_slots_per_client > t.host.capacity_bytes / t.slot_bytes) {
+    return Status::Invalid("tiers.host.staging_slots_per_client: " + std::to_string(t.host_staging_slots_per_client) +
+                           " is more than the host tier's " + std::to_string(t.host.capacity_bytes / t.slot_bytes) +
+                           " slots");
+  }
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.nvme", t.nvme.tier, t.slot_bytes));
   if (std::string why = t.policy.Check(); !why.empty()) {
     return Status::Invalid("tiers.policy." + why);

@@ -70,6 +70,10 @@ struct RemoteConfig {
 struct TiersConfig {
   uint64_t slot_bytes = 1474560;  // one block; multiple of 4096. Default: 1440KiB
                                   // (80 layers x 8 heads x 128 dim x 16 tokens NVFP4)
+  // tiers.on_conflict: a commit of a cached key with other bytes: keep-first (the cached
+  // block stays) | replace (the new bytes replace it) | drop-disputed (both go); a pinned
+  // or moving block always stays. Default: "keep-first"
+  std::string on_conflict = "keep-first";
   TierConfig hbm;                 // capacity Default: 0 (set it on a GPU machine)
   int32_t cuda_device = 0;        // GPU for the HBM tier, >= 0. Default: 0
   // tiers.hbm.copy: how host -> HBM batches are copied: auto | kernel | batch | loop
@@ -77,6 +81,11 @@ struct TiersConfig {
   std::string hbm_copy = "auto";
   uint32_t hbm_copy_streams = 1;  // tiers.hbm.copy_streams: copy-engine streams, [1, 8]. Default: 1
   TierConfig host;                // capacity Default: 1GiB
+  // tiers.host.staging_slots_per_client: host slots one client may hold under alloc leases
+  // at once, the size of its private staging area (daemon/staging.h); [0, host slots],
+  // 0 = daemon.max_tier_share_per_client of the host tier's slots (at least 1), the most
+  // its leases may hold anyway. Default: 0
+  uint32_t host_staging_slots_per_client = 0;
   NvmeConfig nvme;
   RemoteConfig remote;
   // [tiers.policy]: the eviction policies' knobs, the same for every tier (each field's

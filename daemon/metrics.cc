@@ -189,6 +189,14 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
        std::string("version=\"") + KVTIER_VERSION_STRING + "\",protocol=\"" +
            std::to_string(wire::kProtocolVersion) + "\",cuda=\"" + (kBuiltWithCuda ? "yes" : "no") + "\"",
        1);
+  Family(&o, "kvtier_commit_conflicts_total", "counter",
+         "Commits of a key already cached with different bytes (tiers.on_conflict decided).");
+  Line(&o, "kvtier_commit_conflicts_total", "", static_cast<double>(commit_conflicts.load()));
+  Family(&o, "kvtier_commit_cached_total", "counter", "Commits of a key already cached, by its bytes.");
+  Line(&o, "kvtier_commit_cached_total", "bytes=\"same\"", static_cast<double>(commit_cached_same.load()));
+  Line(&o, "kvtier_commit_cached_total", "bytes=\"different\"", static_cast<double>(commit_conflicts.load()));
+  Line(&o, "kvtier_commit_cached_total", "bytes=\"unchecked\"",
+       static_cast<double>(commit_cached_unchecked.load()));
   Family(&o, "kvtier_config_reloads_total", "counter", "SIGHUP reloads, by result.");
   Line(&o, "kvtier_config_reloads_total", "result=\"ok\"", static_cast<double>(reloads.load()));
   Line(&o, "kvtier_config_reloads_total", "result=\"failed\"",

@@ -76,6 +76,10 @@ struct Metrics {
   std::atomic<int64_t> leased_slots{0};
   std::atomic<uint64_t> reloads{0};
   std::atomic<uint64_t> reload_failures{0};
+  // Commits of a key already cached, by what the bytes were (same, different, unchecked).
+  std::atomic<uint64_t> commit_cached_same{0};
+  std::atomic<uint64_t> commit_conflicts{0};
+  std::atomic<uint64_t> commit_cached_unchecked{0};
 
   void ObserveRequest(uint16_t op, Transport t, uint64_t nanos, bool ok);
 

@@ -113,6 +113,9 @@ tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
   o.hbm_copy = copy.ok() ? *copy : tiers::HbmCopy::kAuto;
   o.hbm_copy_streams = static_cast<int>(c.tiers.hbm_copy_streams);
   o.trace_copies = c.daemon.trace_copies;
+  o.on_conflict = c.tiers.on_conflict == "replace"         ? tiers::OnConflict::kReplace
+                  : c.tiers.on_conflict == "drop-disputed" ? tiers::OnConflict::kDropDisputed
+                                                           : tiers::OnConflict::kKeepFirst;
   o.host = TierOf(c.tiers.host, c.tiers.policy);
   o.nvme.tier = TierOf(c.tiers.nvme.tier, c.tiers.policy);
   o.nvme.tier.on_evict = tiers::OnEvict::kDrop;
@@ -457,6 +460,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     lim.spin_us = dc.spin_us;
     lim.max_spinning = dc.max_spinning_rings;
     lim.protocol_version = protocol_;
+    if (protocol_ >= 5 && d_->tm_->has_tier(tiers::Tier::kHost)) {
+      const auto host_slots = static_cast<uint32_t>(d_->tm_->host_arena_bytes() / d_->tm_->slot_bytes());
+      const uint32_t cap = d_->opts_.config.tiers.host_staging_slots_per_client;
+      // 0: the client's share of the host tier (daemon.max_tier_share_per_client), which
+      // bounds what its leases hold anyway.
+      const auto share = static_cast<uint32_t>(dc.max_tier_share_per_client * static_cast<double>(host_slots));
+      lim.staging_slots = std::min(host_slots, cap != 0 ? cap : std::max<uint32_t>(1, share));
+    }
     const uint64_t client_id = d_->next_client_id_.fetch_add(1);
     std::weak_ptr<Connection> weak = shared_from_this();
     asio::io_context* io = &d_->io_;
@@ -486,10 +497,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     r.ring_bytes = (*sess)->ring_bytes();
     r.max_keys_per_request = dc.max_keys_per_request;
     std::vector<int> fds{(*sess)->ring_fd()};
-    if (tm->has_tier(tiers::Tier::kHost)) {
-      r.flags |= wire::kReplyHasHost;
+    // The host arena only with a staging area to write through: a client of protocol
+    // < 5 would map it writable, which its seal refuses.
+    if (tm->has_tier(tiers::Tier::kHost) && (*sess)->staging() != nullptr) {
+      r.flags |= wire::kReplyHasHost | wire::kReplyHasStaging;
       r.host_arena_bytes = tm->host_arena_bytes();
+      r.staging_slots = (*sess)->staging()->slots();
       fds.push_back(tm->host_arena_fd());
+      fds.push_back((*sess)->staging()->fd());
     }
     if (tm->has_tier(tiers::Tier::kNvme)) r.flags |= wire::kReplyHasNvme;
     // The HBM arena's IPC handle only for a client that attached with a GPU: CUDA IPC maps
@@ -1049,6 +1064,8 @@ Status Daemon::Impl::Reload(std::string* summary) {
   merged.tiers.nvme.admission = n.tiers.nvme.admission;
   merged.tiers.nvme.daily_write_budget_bytes = n.tiers.nvme.daily_write_budget_bytes;
   merged.daemon.log_level = n.daemon.log_level;
+  merged.tiers.on_conflict = n.tiers.on_conflict;
+  merged.tiers.host_staging_slots_per_client = n.tiers.host_staging_slots_per_client;  // new clients
   Status s = tm_->Reconfigure(ToTierManagerOptions(merged));
   if (!s.ok()) {
     metrics_.reload_failures.fetch_add(1);

@@ -122,6 +122,14 @@ StatusOr<std::shared_ptr<Session>> Session::Create(uint64_t client_id, const std
       if (s->share_cap_[i] >= t.slots_total) s->share_cap_[i] = UINT64_MAX;
     }
   }
+  if (limits.staging_slots > 0 && tm->has_tier(tiers::Tier::kHost)) {
+    // Staging slot ids follow the arena's: the client maps both in one window.
+    const auto arena_slots = static_cast<uint32_t>(tm->host_arena_bytes() / tm->slot_bytes());
+    auto st = StagingArea::Create("kvtier-staging-" + std::to_string(client_id), limits.staging_slots,
+                                  tm->slot_bytes(), arena_slots);
+    if (!st.ok()) return st.status();
+    s->staging_ = std::move(st.value());
+  }
   return s;
 }
 
@@ -349,6 +357,10 @@ Status Session::CheckTarget(uint8_t tier) const {
     if (!tm_->has_tier(tiers::Tier::kHbm)) return Status::Unsupported("the daemon has no HBM tier");
   } else if (!tm_->has_tier(tiers::Tier::kHost)) {
     return Status::Unsupported("the daemon has no host tier");
+  } else if (!staging_) {
+    return Status::Unsupported("the host arena is read-only to clients and this client (protocol " +
+                               std::to_string(limits_.protocol_version) +
+                               ") has no staging area: upgrade libkvtier to protocol 5 to use the host tier");
   }
   return Status::Ok();
 }
@@ -432,6 +444,9 @@ std::vector<tiers::SlotRef> Session::UniqueSlots(const std::vector<tiers::SlotRe
 }
 
 void Session::ReleaseSlots(const Lease& lease) {
+  for (size_t i = 0; i < lease.staged.size(); ++i) {
+    if (lease.staged[i] != kNoStaging) staging_->Free(lease.staged[i]);
+  }
   for (size_t i = 0; i < lease.slots.size(); ++i) {
     const auto& s = lease.slots[i];
     const bool free_slot = lease.alloc && !lease.committed[i];
@@ -447,6 +462,7 @@ void Session::ReleaseSlots(const Lease& lease) {
 
 Status Session::DoRelease(uint64_t lease_id) {
   if (lease_id == 0) return Status::Ok();  // the lease of a miss: a no-op, like free(NULL)
+  std::lock_guard<std::mutex> cl(commit_mu_);  // not under a commit's copy into its slots
   Lease lease;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -465,44 +481,129 @@ Status Session::DoRelease(uint64_t lease_id) {
   return Status::Ok();
 }
 
+wire::WireSlot Session::ClientSlot(const Lease& lease, size_t i) const {
+  wire::WireSlot ws;
+  ws.tier = static_cast<uint8_t>(lease.slots[i].tier);
+  ws.slot = i < lease.staged.size() && lease.staged[i] != kNoStaging ? staging_->id_of(lease.staged[i])
+                                                                      : lease.slots[i].slot;
+  return ws;
+}
+
 Status Session::DoCommit(const wire::RequestEntry& req, uint64_t contract_id, std::span<const uint8_t> in,
-                         uint32_t* committed) {
-  *committed = 0;
+                         wire::CompletionEntry* c) {
+  c->count = 0;
+  uint32_t* committed = &c->count;
   const auto items = CopyArray<wire::CommitItem>(in.data(), req.count);
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = leases_.find(req.lease_id);
-  if (it == leases_.end()) {
-    return Status::NotFound("lease " + std::to_string(req.lease_id) + " is not held by this client");
+  // Three steps, so that the copies of staged blocks (up to a slot each) run without mu_,
+  // which the TierManager's threads take to add acquire leases: (1) check the items and
+  // note where each goes, up to the first bad one; (2) copy each staged block into its
+  // arena slot; (3) commit them in order. commit_mu_ keeps this client's releases (and
+  // other commits) out until the end, so the arena slots stay this lease's throughout.
+  std::lock_guard<std::mutex> cl(commit_mu_);
+  struct Step {
+    size_t pos;  // position in the lease
+    Key128 key, parent;
+  };
+  std::vector<Step> steps;
+  steps.reserve(items.size());
+  Status bad;  // the first item that cannot go through (the ones before it do)
+  uint64_t block_bytes = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = leases_.find(req.lease_id);
+    if (it == leases_.end()) {
+      return Status::NotFound("lease " + std::to_string(req.lease_id) + " is not held by this client");
+    }
+    Lease& lease = it->second;
+    if (!lease.alloc) return Status::Invalid("lease " + std::to_string(req.lease_id) + " is not an alloc lease");
+    if (lease.contract_id != contract_id) {
+      return Status::Invalid("contract " + ContractIdHex(req.contract_id) + " is not the lease's contract " +
+                             ContractIdHex(lease.contract_id));
+    }
+    std::vector<uint8_t> taken(lease.slots.size(), 0);  // a slot named twice in one request
+    for (const auto& item : items) {
+      if (item.reserved[0] != 0 || item.reserved[1] != 0 || item.reserved[2] != 0) {
+        bad = Status::Invalid("commit item reserved bytes must be 0");
+        break;
+      }
+      const tiers::SlotRef ref{static_cast<tiers::Tier>(item.tier), item.slot};
+      auto pos = lease.index.find(SlotKey(ref));
+      if (pos == lease.index.end()) {
+        bad = Status::Invalid("slot " + std::to_string(item.slot) + " (tier " + std::to_string(item.tier) +
+                              ") is not in lease " + std::to_string(req.lease_id));
+        break;
+      }
+      if (lease.committed[pos->second] || taken[pos->second]) {
+        bad = Status::Invalid("slot " + std::to_string(item.slot) + " is already committed");
+        break;
+      }
+      const Key128 key{item.key.hi, item.key.lo};
+      if (key.IsZero()) {
+        bad = Status::Invalid("key 0 is not a block key");
+        break;
+      }
+      taken[pos->second] = 1;
+      steps.push_back({pos->second, key, Key128{item.parent.hi, item.parent.lo}});
+    }
+    for (const Step& st : steps) {
+      if (st.pos < lease.staged.size() && lease.staged[st.pos] != kNoStaging) {
+        block_bytes = tm_->block_bytes(contract_id);
+        break;
+      }
+    }
   }
-  Lease& lease = it->second;
-  if (!lease.alloc) return Status::Invalid("lease " + std::to_string(req.lease_id) + " is not an alloc lease");
-  if (lease.contract_id != contract_id) {
-    return Status::Invalid("contract " + ContractIdHex(req.contract_id) + " is not the lease's contract " +
-                           ContractIdHex(lease.contract_id));
+  // The lease cannot go away meanwhile (commit_mu_); its vectors do not change size.
+  Lease* lease = nullptr;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    lease = &leases_.at(req.lease_id);
   }
-  for (const auto& item : items) {
-    if (item.reserved[0] != 0 || item.reserved[1] != 0 || item.reserved[2] != 0) {
-      return Status::Invalid("commit item reserved bytes must be 0");
+  if (block_bytes > 0) {
+    for (const Step& st : steps) {
+      if (st.pos >= lease->staged.size() || lease->staged[st.pos] == kNoStaging) continue;
+      uint8_t* dst = tm_->host_slot_ptr(lease->slots[st.pos].slot);
+      if (dst == nullptr) return Status::Invalid("host slot " + std::to_string(lease->slots[st.pos].slot) + " unknown");
+      std::memcpy(dst, staging_->slot_ptr(lease->staged[st.pos]), block_bytes);
     }
-    const tiers::SlotRef ref{static_cast<tiers::Tier>(item.tier), item.slot};
-    auto pos = lease.index.find(SlotKey(ref));
-    if (pos == lease.index.end()) {
-      return Status::Invalid("slot " + std::to_string(item.slot) + " (tier " +
-                             std::to_string(item.tier) + ") is not in lease " +
-                             std::to_string(req.lease_id));
+  }
+  for (const Step& st : steps) {
+    std::lock_guard<std::mutex> l(mu_);
+    tiers::CommitOutcome outcome = tiers::CommitOutcome::kStored;
+    Status cs = tm_->Commit(contract_id, lease->slots[st.pos], st.key, st.parent, id_, &outcome);
+    if (!cs.ok()) {
+      NoteCachedCommits(*c, req);
+      return cs;
     }
-    if (lease.committed[pos->second]) {
-      return Status::Invalid("slot " + std::to_string(item.slot) + " is already committed");
+    switch (outcome) {
+      case tiers::CommitOutcome::kStored: break;
+      case tiers::CommitOutcome::kSame: ++c->cached_same; break;
+      case tiers::CommitOutcome::kDifferent: ++c->cached_different; break;
+      case tiers::CommitOutcome::kUnchecked: ++c->cached_unchecked; break;
     }
-    const Key128 key{item.key.hi, item.key.lo};
-    const Key128 parent{item.parent.hi, item.parent.lo};
-    if (key.IsZero()) return Status::Invalid("key 0 is not a block key");
-    KVTIER_RETURN_IF_ERROR(tm_->Commit(contract_id, ref, key, parent, id_));
     KVTIER_TEST_POINT("Session::Commit:AfterTierCommit");  // visible, not yet acknowledged
-    lease.committed[pos->second] = 1;
+    lease->committed[st.pos] = 1;
+    if (st.pos < lease->staged.size() && lease->staged[st.pos] != kNoStaging) {
+      staging_->Free(lease->staged[st.pos]);  // the client's again (its bytes no longer matter)
+      lease->staged[st.pos] = kNoStaging;
+    }
     ++*committed;
   }
-  return Status::Ok();
+  NoteCachedCommits(*c, req);
+  return bad;
+}
+
+void Session::NoteCachedCommits(const wire::CompletionEntry& c, const wire::RequestEntry& req) {
+  metrics_->commit_cached_same.fetch_add(c.cached_same, std::memory_order_relaxed);
+  metrics_->commit_conflicts.fetch_add(c.cached_different, std::memory_order_relaxed);
+  metrics_->commit_cached_unchecked.fetch_add(c.cached_unchecked, std::memory_order_relaxed);
+  if (c.cached_different == 0) return;
+  static LogLimit conflict_log;  // any client can cause it, at any rate
+  uint64_t held = 0;
+  if (conflict_log.Allow(&held)) {
+    spdlog::warn("client {} ({}, pid {}): {} of {} committed blocks of contract {} were already cached with "
+                 "different bytes (tiers.on_conflict decided; {} more such lines not logged)",
+                 id_, name_, pid_, c.cached_different, c.count, ContractIdHex(req.contract_id), held);
+  }
 }
 
 void Session::Execute(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
@@ -811,8 +912,25 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
     std::lock_guard<std::mutex> l(mu_);
     KVTIER_RETURN_IF_ERROR(CheckShareLocked(static_cast<tiers::Tier>(req.tier), req.count));
   }
+  // Host slots: first this client's staging slots (its cap), then the arena's.
+  std::vector<uint32_t> staged;
+  const bool host = req.tier == wire::kTierHost;
+  if (host && !staging_->Alloc(req.count, &staged)) {
+    uint64_t total = 0;
+    for (const auto& t : tm_->Stats()) total = t.tier == tiers::Tier::kHost ? t.slots_total : total;
+    // Past the whole tier, not only the cap: the tier's numbers say more.
+    if (staging_->used() + uint64_t{req.count} > total) return AllocRefusal(req, Status::Retry("host tier full"));
+    return Status::Rejected("this client holds " + std::to_string(staging_->used()) + " of its " +
+                            std::to_string(staging_->slots()) +
+                            " host slots under alloc leases (tiers.host.staging_slots_per_client) and asks for " +
+                            std::to_string(req.count) + ": commit or release leases first");
+  }
+  auto unstage = [&] {
+    for (uint32_t i : staged) staging_->Free(i);
+  };
   std::vector<tiers::SlotRef> slots;
   Status as = tm_->AllocSlots(*cid, req.count, static_cast<tiers::Tier>(req.tier), &slots);
+  if (!as.ok()) unstage();
   if (as.code() == StatusCode::kRetry) return AllocRefusal(req, as);
   KVTIER_RETURN_IF_ERROR(as);
   if (slots.size() != req.count) {
@@ -821,6 +939,7 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
     tmp.slots = slots;
     tmp.committed.assign(slots.size(), 0);
     ReleaseSlots(tmp);
+    unstage();
     return Status::Retry("tier returned " + std::to_string(slots.size()) + " of " +
                          std::to_string(req.count) + " slots");
   }
@@ -829,15 +948,14 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
   lease.contract_id = *cid;
   lease.slots = slots;
   lease.committed.assign(slots.size(), 0);
-  for (uint32_t i = 0; i < slots.size(); ++i) lease.index.emplace(SlotKey(slots[i]), i);
-  auto id = AddLease(std::move(lease));
-  if (!id.ok()) return id.status();
-  for (size_t i = 0; i < slots.size(); ++i) {
-    wire::WireSlot ws;
-    ws.tier = static_cast<uint8_t>(slots[i].tier);
-    ws.slot = slots[i].slot;
+  if (host) lease.staged = staged;
+  for (uint32_t i = 0; i < slots.size(); ++i) {
+    const wire::WireSlot ws = ClientSlot(lease, i);
+    lease.index.emplace(SlotKey(tiers::SlotRef{slots[i].tier, ws.slot}), i);
     std::memcpy(out + i * sizeof(ws), &ws, sizeof(ws));
   }
+  auto id = AddLease(std::move(lease));  // on failure it returns the slots (staged ones too)
+  if (!id.ok()) return id.status();
   c->value = *id;
   c->count = req.count;
   c->out_bytes = static_cast<uint32_t>(slots.size() * sizeof(wire::WireSlot));
@@ -872,7 +990,7 @@ Status Session::HandleCommit(const wire::RequestEntry& req, std::span<const uint
                              wire::CompletionEntry* c) {
   auto cid = ContractOf(req.contract_id);
   if (!cid.ok()) return cid.status();
-  Status s = DoCommit(req, *cid, in, &c->count);
+  Status s = DoCommit(req, *cid, in, c);
   if (counters_ != nullptr) counters_->committed.fetch_add(c->count, std::memory_order_relaxed);
   return s;
 }
@@ -945,6 +1063,7 @@ void Session::Close(bool drain) {
     if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
     else thread_.join();
   }
+  std::lock_guard<std::mutex> commits(commit_mu_);  // a socket-path commit's copy ends first
   // Acquires in flight finish on TierManager threads; wait for them (bounded) so that
   // their slots are leased (then released below) rather than left pinned.
   const auto deadline = Clock::now() + std::chrono::seconds(10);

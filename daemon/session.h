@@ -33,6 +33,7 @@
 
 #include "daemon/access.h"
 #include "daemon/metrics.h"
+#include "daemon/staging.h"
 #include "formats/contract.h"
 #include "formats/wire.h"
 #include "tiers/tier_manager.h"
@@ -52,6 +53,11 @@ struct SessionLimits {
   uint32_t max_spinning = 1;              // ring threads busy-polling at once, every client together
   uint32_t max_async_acquires = 8;        // asynchronous acquires in flight
   uint32_t protocol_version = wire::kProtocolVersion;  // negotiated at attach (ring header)
+  // Host slots the client may hold under alloc leases at once: the slots of its staging
+  // area (daemon/staging.h). 0: no staging area, and the host tier takes no alloc or
+  // acquire from this client (a client of protocol < 5 maps the arena writable, which
+  // the sealed arena refuses).
+  uint32_t staging_slots = 0;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -95,6 +101,8 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t id() const { return id_; }
   const std::string& name() const { return name_; }
   int ring_fd() const { return ring_fd_; }
+  // The client's staging area (nullptr without one): its memfd goes in the attach reply.
+  const StagingArea* staging() const { return staging_.get(); }
   uint64_t ring_bytes() const { return hdr_.total_bytes; }
   size_t lease_count() const;
   // The contracts this client registered (each once). Read after Close().
@@ -106,8 +114,12 @@ class Session : public std::enable_shared_from_this<Session> {
     uint64_t contract_id = 0;
     std::vector<tiers::SlotRef> slots;
     std::vector<uint8_t> committed;        // alloc leases: per slot, 1 once committed
-    std::unordered_map<uint64_t, uint32_t> index;  // (tier<<32|slot) -> position (alloc)
+    std::unordered_map<uint64_t, uint32_t> index;  // (tier<<32|slot the client sees) -> position (alloc)
+    // Alloc leases on the host tier: per slot, its staging slot (kNoStaging once the
+    // block was copied out at commit, and for HBM slots). slots[] holds the arena slots.
+    std::vector<uint32_t> staged;
   };
+  static constexpr uint32_t kNoStaging = ~uint32_t{0};
 
   Session(uint64_t id, std::string name, uint32_t pid, bool has_gpu, tiers::TierManager* tm,
           Metrics* metrics, const SessionLimits& limits, KickFn kick);
@@ -172,9 +184,15 @@ class Session : public std::enable_shared_from_this<Session> {
   // Refused when `n` more slots of `tier` would take this client past its share.
   Status CheckShareLocked(tiers::Tier tier, uint64_t n) const;
   void ReleaseSlots(const Lease& lease);
+  // The slot of an alloc lease as the client sees it: a staging slot id for the host tier.
+  wire::WireSlot ClientSlot(const Lease& lease, size_t i) const;
+  // c->count: items that went through (on failure too); c->cached_*: of those, the keys
+  // already cached, by what their bytes were.
   // contract_id: the TierManager's (ContractOf).
   Status DoCommit(const wire::RequestEntry& req, uint64_t contract_id, std::span<const uint8_t> in,
-                  uint32_t* committed);
+                  wire::CompletionEntry* c);
+  // Counts a commit's already-cached keys in the metrics; logs (rate-limited) a conflict.
+  void NoteCachedCommits(const wire::CompletionEntry& c, const wire::RequestEntry& req);
   Status DoRelease(uint64_t lease_id);
 
   void PublishCompletion(const wire::CompletionEntry& c);
@@ -226,6 +244,12 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
   int inflight_ = 0;                    // acquires waiting for their callback
   uint32_t async_inflight_ = 0;         // of them, asynchronous ones
+
+  std::unique_ptr<StagingArea> staging_;  // the client's writable host slots (or null)
+  // Serialises commits and releases of this client (ring thread and socket path): a
+  // commit copies staged bytes into arena slots with mu_ released, and no release may
+  // free those arena slots meanwhile. Taken before mu_.
+  std::mutex commit_mu_;
 
   std::mutex cmp_mu_;                   // completion-ring producers
   std::deque<wire::CompletionEntry> overflow_;

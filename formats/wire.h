@@ -12,7 +12,9 @@
 //   client -> daemon  kAttach        AttachRequest
 //   daemon -> client  kAttachReply   AttachReply, with SCM_RIGHTS fds:
 //                                     [0] ring region memfd, [1] host arena memfd (when
-//                                     the daemon has a host tier, flag kReplyHasHost)
+//                                     the daemon has a host tier, flag kReplyHasHost;
+//                                     sealed: it maps read-only), [2] the client's
+//                                     staging area memfd (kReplyHasStaging, protocol 5)
 //   client -> daemon  kRequest       RequestEntry + in_len bytes of input (the socket
 //                                     path: the same operations as the ring, for tools
 //                                     and as the benchmark baseline; in_off is ignored)
@@ -75,12 +77,17 @@ namespace kvtier::wire {
 
 // 2: WireSlot.from_tier (was reserved[0]): acquire says where each block was.
 // 3: WireTierStats.errors and write_errors (the remote tier's), 168 bytes (was 152).
-inline constexpr uint32_t kProtocolVersion = 4;
+// 5: the host arena maps read-only; AttachReply.staging_slots and fd [2], the client's
+//    staging area (kReplyHasStaging), where host alloc slots live (see AttachReply); a
+//    commit's completion counts the keys already cached (CompletionEntry.cached_*).
+inline constexpr uint32_t kProtocolVersion = 5;
 // The oldest client protocol this daemon still serves: a newer daemon serves older
 // clients within one major version. 3, since a version-2 client would misread the
 // version-3 stats record. Version 4 adds Op::kAcquireAsync; a version-3 client never
 // sends it, and a library that negotiated 3 answers its asynchronous acquire with
-// Unsupported.
+// Unsupported. A client of protocol 3 or 4 maps the host arena writable, which the
+// sealed arena refuses: the daemon sends it no host arena, and answers its host alloc and
+// acquire with Unsupported (HBM, lookup and the rest serve it as before).
 inline constexpr uint32_t kMinProtocolVersion = 3;
 inline constexpr uint32_t kControlMagic = 0x5754564Bu;  // "KVTW" as u32 LE
 inline constexpr uint32_t kRingMagic = 0x5254564Bu + 1;  // "LVTR": differs from records
@@ -124,6 +131,7 @@ static_assert(sizeof(AttachRequest) == 64);
 inline constexpr uint32_t kReplyHasHbm = 1u << 0;  // hbm_ipc_handle is set (GPU clients only)
 inline constexpr uint32_t kReplyHasHost = 1u << 1;
 inline constexpr uint32_t kReplyHasNvme = 1u << 2;
+inline constexpr uint32_t kReplyHasStaging = 1u << 3;  // protocol 5: fd [2], staging_slots
 
 struct AttachReply {
   int32_t status = 0;                 // StatusCode; non-zero: message says why, no fds
@@ -135,7 +143,11 @@ struct AttachReply {
   uint32_t flags = 0;                 // kReplyHas* bits
   uint32_t num_fds = 0;               // fds passed with this message (SCM_RIGHTS)
   uint32_t max_keys_per_request = 0;  // daemon limit on count for key operations
-  uint32_t reserved = 0;
+  // Protocol 5 (kReplyHasStaging): slots of this client's staging area, fd [2], of
+  // staging_slots * slot_bytes bytes. The client maps the arena read-only and the staging
+  // area writable right after it: staging slot i is host slot id host_arena_bytes /
+  // slot_bytes + i. Host alloc leases hand out staging ids; acquire leases arena ids.
+  uint32_t staging_slots = 0;
   uint8_t hbm_ipc_handle[64] = {};    // cudaIpcMemHandle_t of the HBM arena (kReplyHasHbm: only to a
                                       // client that attached with kAttachHasGpu)
   char message[128] = {};             // NUL-terminated error text when status != 0
@@ -265,7 +277,14 @@ struct CompletionEntry {
   uint32_t count = 0;        // see Op
   uint32_t out_bytes = 0;    // bytes written to the out region
   double est_seconds = 0.0;  // lookup: estimated time to bring the hits to HBM
-  uint8_t reserved[24] = {};
+  // Commit (protocol 5): of the `count` items that went through, the keys that were
+  // already cached with equal bytes, with different bytes (tiers.on_conflict decided),
+  // and cached where the bytes are not compared (HBM); the rest were stored. Zero from
+  // an older daemon (in its reserved bytes).
+  uint32_t cached_same = 0;
+  uint32_t cached_different = 0;
+  uint32_t cached_unchecked = 0;
+  uint8_t reserved[12] = {};
 };
 static_assert(sizeof(CompletionEntry) == 64);
 

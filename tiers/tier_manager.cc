@@ -6,7 +6,10 @@
 #include <atomic>
 #include <random>
 
+#include <cstring>
+
 #include "common/cuda_env.h"
+#include "formats/record.h"
 #include "tiers/tier_manager_impl.h"
 
 namespace kvtier::tiers {
@@ -188,6 +191,12 @@ Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, 
   return Status::Ok();
 }
 
+uint64_t TierManagerImpl::block_bytes(uint64_t contract_id) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = contracts_.find(contract_id);
+  return it == contracts_.end() ? 0 : it->second.block_bytes();
+}
+
 LookupResult TierManagerImpl::Lookup(uint64_t contract_id, std::span<const Key128> keys) {
   LookupResult r;
   r.tiers.resize(keys.size());
@@ -282,16 +291,17 @@ Status TierManagerImpl::AllocLocked(uint64_t contract_id, uint32_t n, int t, std
 }
 
 Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& key, const Key128& parent,
-                               uint64_t client) {
+                               uint64_t client, CommitOutcome* outcome) {
   if ((ref.tier != Tier::kHbm && ref.tier != Tier::kHost) || !has_tier(ref.tier)) {
     return Status::Invalid("Commit: bad tier");
   }
   Status err;
   uint64_t hash_bytes = 0;  // > 0: an HBM block to hash
+  CommitOutcome o = CommitOutcome::kStored;
   {
     std::lock_guard<std::mutex> l(mu_);
     Block* b = CommitLocked(contract_id, IndexOf(ref.tier), ref.slot, key, parent, /*pin=*/true,
-                            /*from_remote=*/false, &err);
+                            /*from_remote=*/false, &err, &o);
     if (b != nullptr && err.ok() && ref.tier == Tier::kHbm && b->slot[kH] == static_cast<int32_t>(ref.slot)) {
       hbm_client_[ref.slot] = client;
       hash_bytes = b->bytes;
@@ -310,11 +320,30 @@ Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& 
       }
     }
   }
+  if (outcome != nullptr) *outcome = o;
   return err;
 }
 
+CommitOutcome TierManagerImpl::CompareLocked(const Block& b, uint32_t slot) const {
+  const uint8_t* mine = host_->slot_ptr(slot);
+  if (b.slot[kS] >= 0) {
+    return std::memcmp(mine, host_->slot_ptr(static_cast<uint32_t>(b.slot[kS])), b.bytes) == 0
+               ? CommitOutcome::kSame
+               : CommitOutcome::kDifferent;
+  }
+  if (b.nvme && nvme_) {
+    if (auto e = nvme_->Find(b.id)) {
+      return e->payload_len == b.bytes && PayloadChecksum(std::span<const uint8_t>(mine, b.bytes)) == e->payload_xxh3
+                 ? CommitOutcome::kSame
+                 : CommitOutcome::kDifferent;
+    }
+  }
+  return CommitOutcome::kUnchecked;
+}
+
 Block* TierManagerImpl::CommitLocked(uint64_t contract_id, int t, uint32_t slot, const Key128& key,
-                                     const Key128& parent, bool pin, bool from_remote, Status* err) {
+                                     const Key128& parent, bool pin, bool from_remote, Status* err,
+                                     CommitOutcome* outcome) {
   TierState& ts = T(t);
   // A block that names itself as its parent would be its own prefix: refused, so that no
   // parent graph the index holds has a self-loop.
@@ -338,6 +367,24 @@ Block* TierManagerImpl::CommitLocked(uint64_t contract_id, int t, uint32_t slot,
   }
   const BlockId id{contract_id, key};
   Block* b = FindLocked(id);
+  if (b && outcome != nullptr) {
+    // A client commits a key that is cached: its bytes against the cached ones (host
+    // commits; an HBM slot has no bytes on this side to compare).
+    *outcome = t == kS ? CompareLocked(*b, slot) : CommitOutcome::kUnchecked;
+    if (*outcome == CommitOutcome::kDifferent) {
+      const OnConflict rule = opts_.on_conflict;
+      const bool may_go = MayGo(*b, kAllTiers);
+      if (rule != OnConflict::kKeepFirst && may_go) {
+        DropBlockLocked(b);  // evicted from every tier (and from the index)
+        b = FindLocked(id);  // null once erased
+      }
+      if (rule != OnConflict::kReplace || !may_go) {
+        si.state = SlotState::kDup;  // the new bytes are discarded (freed by Unpin)
+        return b;
+      }
+      // kReplace: the new bytes become the block below, as for a key not cached.
+    }
+  }
   if (b && (b->slot[t] >= 0 || b->promo[t])) {
     si.state = SlotState::kDup;  // equal bytes already cached here: keep the old block
     return b;

@@ -59,6 +59,22 @@ struct NvmeOptions {
   bool verify_on_restart = true;    // verify every block before first serve. Default: true
 };
 
+// tiers.on_conflict: what a commit of an already cached key with different bytes does.
+enum class OnConflict : uint8_t {
+  kKeepFirst,     // the cached block stays; the new bytes are discarded
+  kReplace,       // the new bytes replace the cached block (unless it is pinned or moving)
+  kDropDisputed,  // both go: the cached block is evicted (unless pinned or moving), the new discarded
+};
+
+// What one commit did with its bytes (TierManager::Commit's *outcome).
+enum class CommitOutcome : uint8_t {
+  kStored,     // the key was not cached: the block holds the committed bytes
+  kSame,       // already cached with equal bytes: the cached block stays
+  kDifferent,  // already cached with other bytes: OnConflict decided
+  kUnchecked,  // already cached where no bytes are compared (its only copy in HBM, or an
+               // HBM commit): handled as before comparisons existed
+};
+
 // One quota group (the daemon's tenants, docs/security.md): share[t] of tier t's slots
 // (t = hbm, host, nvme), in [0, 1], is what the blocks of other groups cannot push this
 // group's blocks below. Eviction for a group over its share takes its own blocks first;
@@ -99,6 +115,8 @@ struct TierManagerOptions {
   // Quota groups, indexed by group id (entry 0 is group 0's and must be all zero). Empty:
   // no quotas, eviction follows the policies alone. Fixed at open. Default: empty
   std::vector<GroupShare> groups;
+  // A commit of a cached key with other bytes (tiers.on_conflict). Default: keep-first
+  OnConflict on_conflict = OnConflict::kKeepFirst;
 
   Status Validate() const;
 };
@@ -179,9 +197,16 @@ class TierManager {
 
   virtual uint64_t slot_bytes() const = 0;
   virtual bool has_tier(Tier t) const = 0;
-  // memfd of the host arena (size host_arena_bytes()), for SCM_RIGHTS to clients.
+  // memfd of the host arena (size host_arena_bytes()), for SCM_RIGHTS to clients. Sealed
+  // against writes: it maps read-only everywhere but in this process.
   virtual int host_arena_fd() const = 0;
   virtual uint64_t host_arena_bytes() const = 0;
+  // This process's writable address of host slot `slot` (nullptr without a host tier or
+  // for a slot out of range). For the daemon's own copies into a slot it allocated (the
+  // commit of a client's staged block) and for in-process users (tests, benchmarks).
+  virtual uint8_t* host_slot_ptr(uint32_t slot) const { (void)slot; return nullptr; }
+  // Bytes of one block of a registered contract; 0 for a contract not registered.
+  virtual uint64_t block_bytes(uint64_t contract_id) const { (void)contract_id; return 0; }
   // Device pointer of the HBM arena in this process (slot s at + s * slot_bytes()), for
   // in-process users (tests, benchmarks); nullptr without an HBM tier. Clients use the
   // IPC handle instead.
@@ -234,12 +259,14 @@ class TierManager {
   virtual Status AllocSlots(uint64_t contract_id, uint32_t n, Tier target,
                             std::vector<SlotRef>* out) = 0;
   // Makes an allocated slot's bytes visible as (contract, key). The block stays pinned
-  // until Unpin. Commit of a key already present keeps the old block and frees the slot
-  // (the caller's bytes are equal by construction of the key chain). An HBM block is
-  // hashed on the GPU at commit (hbm/block_hash.h); `client` (0: none) is named in the
-  // log line if the block is found changed when it leaves HBM.
-  virtual Status Commit(uint64_t contract_id, SlotRef slot, const Key128& key,
-                        const Key128& parent, uint64_t client = 0) = 0;
+  // until Unpin. A key already cached is compared with the slot's bytes (a host commit:
+  // against the host copy, else the NVMe record's payload checksum): equal keeps the old
+  // block and frees the slot at Unpin; different follows on_conflict. *outcome (may be
+  // null) says which. An HBM block is hashed on the GPU at commit (hbm/block_hash.h);
+  // `client` (0: none) is named in the log line if the block is found changed when it
+  // leaves HBM.
+  virtual Status Commit(uint64_t contract_id, SlotRef slot, const Key128& key, const Key128& parent,
+                        uint64_t client = 0, CommitOutcome* outcome = nullptr) = 0;
   // Drops one pin on a committed block / frees an allocated but uncommitted slot.
   virtual Status Unpin(SlotRef slot) = 0;
   virtual Status FreeSlot(SlotRef slot) = 0;

@@ -97,6 +97,10 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   }
   int host_arena_fd() const override { return host_->fd(); }
   uint64_t host_arena_bytes() const override { return host_->arena_bytes(); }
+  uint8_t* host_slot_ptr(uint32_t slot) const override {
+    return host_ && slot < host_->slots() ? host_->slot_ptr(slot) : nullptr;
+  }
+  uint64_t block_bytes(uint64_t contract_id) const override;
   uint8_t* hbm_base() const override { return hbm_ ? hbm_->base() : nullptr; }
   Status hbm_ipc_handle(uint8_t out[64]) const override {
     if (!hbm_) return Status::Unsupported("no HBM tier");
@@ -115,7 +119,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   void Acquire(uint64_t contract_id, std::span<const Key128> keys, Tier target, AcquireDone done) override;
   Status AllocSlots(uint64_t contract_id, uint32_t n, Tier target, std::vector<SlotRef>* out) override;
   Status Commit(uint64_t contract_id, SlotRef slot, const Key128& key, const Key128& parent,
-                uint64_t client) override;
+                uint64_t client, CommitOutcome* outcome) override;
   Status Unpin(SlotRef slot) override;
   Status FreeSlot(SlotRef slot) override;
   void Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) override;
@@ -155,10 +159,15 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   // tier_manager.cc: the internal alloc / commit that the public calls and the remote
   // stage share. CommitLocked returns the block now cached under the key (the new one,
   // or the one already there: then the slot becomes a duplicate, freed by Unpin), or
-  // nullptr with *err set.
+  // nullptr with *err set. With `outcome` (a client's commit) a key already cached is
+  // compared with the slot's bytes and on_conflict applies; without it (the remote
+  // stage) the cached block stays.
   Status AllocLocked(uint64_t contract_id, uint32_t n, int t, std::vector<uint32_t>* out);
   Block* CommitLocked(uint64_t contract_id, int t, uint32_t slot, const Key128& key, const Key128& parent,
-                      bool pin, bool from_remote, Status* err);
+                      bool pin, bool from_remote, Status* err, CommitOutcome* outcome = nullptr);
+  // Compares host slot `slot` (bytes of b) with b's cached bytes: its host copy, else its
+  // NVMe record's payload checksum. kUnchecked when neither exists (HBM only).
+  CommitOutcome CompareLocked(const Block& b, uint32_t slot) const;
 
   // tier_manager_eviction.cc
   void MaybeEraseLocked(Block* b);

@@ -407,7 +407,7 @@ TEST(ClientAsync, WireRequestChecks) {
   wire::AttachReply reply;
   ASSERT_TRUE(raw.Attach(d.socket(), &reply));
   ASSERT_EQ(reply.status, 0);
-  EXPECT_EQ(reply.protocol_version, 4u);
+  EXPECT_EQ(reply.protocol_version, wire::kProtocolVersion);
   const wire::WireKey key{5, 6};
   for (int round = 0; round < 3; ++round) {  // more than max_bad_requests
     wire::AcquireAsyncHeader h;

@@ -141,7 +141,7 @@ TEST(ClientDaemon, RingAndSocketTransportsAgree) {
   std::vector<kvtier_key> keys{{1, 1}, {2, 2}, {3, 3}, {4, 4}};
   std::vector<kvtier_commit_item> items;
   for (size_t i = 0; i < 4; ++i) {
-    FillBlock(c.host_slot(l.slots[i].slot), 576, cid, keys[i]);
+    FillBlock(c.host_slot_write(l.slots[i].slot), 576, cid, keys[i]);
     items.push_back({l.slots[i], keys[i], i ? keys[i - 1] : kvtier_key{0, 0}});
   }
   size_t done = 0;

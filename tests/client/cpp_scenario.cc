@@ -56,7 +56,7 @@ std::string KVTIER_SCENARIO_NAME(const char* socket) {
     KVTIER_EXPECT(c.Alloc(cid, 3, KVTIER_TIER_HOST, &l).ok() && l && l.size() == 3);
     std::vector<kvtier_commit_item> items;
     for (size_t i = 0; i < 3; ++i) {
-      std::memset(c.host_slot(l.slots()[i].slot), static_cast<int>(i + 1), 64);
+      std::memset(c.host_slot_write(l.slots()[i].slot), static_cast<int>(i + 1), 64);
       items.push_back({l.slots()[i], keys[i], i ? keys[i - 1] : kvtier_key{0, 0}});
     }
     size_t done = 0;

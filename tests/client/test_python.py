@@ -234,12 +234,13 @@ class PythonClientTest(unittest.TestCase):
         code = f"""
 import gc, kvtier
 c = kvtier.Client({self.sock!r})
-v = c.host_slot(3)
+last = c.host_arena()[1] // c.slot_bytes - 1   # a staging slot: this client's, writable
+v = c.host_slot(last)
 v[:4] = b"abcd"
 c.close()
 assert bytes(v[:4]) == b"abcd"
 v[:4] = b"wxyz"
-w = kvtier.Client({self.sock!r}).host_slot(5)   # the Client is only referenced by its view
+w = kvtier.Client({self.sock!r}).host_slot(last)   # the Client is only referenced by its view
 gc.collect()
 w[:2] = b"ok"
 assert bytes(w[:2]) == b"ok"
@@ -255,10 +256,39 @@ print("views ok")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("views ok", r.stdout)
 
+    def test_commit_report_of_cached_keys(self):
+        # A commit of keys already cached says which bytes were equal and which were not
+        # (the first bytes stay: tiers.on_conflict keep-first).
+        with kvtier.Client(self.sock) as c:
+            cid = c.register_contract(self.contract("py/commit-report"))
+            keys = kvtier.key_chain(cid, list(range(7000, 7000 + 32)), 16)
+
+            def store(fill):
+                lease = c.alloc(cid, 2, "host")
+                for i, s in enumerate(lease.slots):
+                    c.host_slot(s)[:576] = bytes([fill + i]) * 576
+                items = [(s, k, keys[i - 1] if i else None) for i, (s, k) in enumerate(zip(lease.slots, keys))]
+                r = c.commit_report(cid, lease, items)
+                c.release(lease)
+                return r
+
+            self.assertEqual(store(10), kvtier.CommitResult(2, 2, 0, 0, 0))
+            self.assertEqual(store(10), kvtier.CommitResult(2, 0, 2, 0, 0))
+            self.assertEqual(store(20), kvtier.CommitResult(2, 0, 0, 2, 0))
+            lease = c.acquire(cid, keys, tier="host")
+            self.assertEqual(bytes(c.host_slot(lease.slots[1])[:576]), bytes([11]) * 576)
+            self.assertTrue(c.host_slot(lease.slots[1]).readonly)
+            c.release(lease)
+            self.assertEqual(c.evict_contract(cid), (2, 0))  # the other tests count the host tier's blocks
+
     def test_range_checks(self):
         with kvtier.Client(self.sock) as c:
             n = c.host_arena()[1] // c.slot_bytes
-            self.assertEqual(n, 64)
+            self.assertEqual(n, 64 + 48)  # the arena, then this client's staging area (its 0.75 share)
+            self.assertTrue(c.host_slot(63).readonly)  # the arena is read-only to clients
+            self.assertFalse(c.host_slot(64).readonly)
+            with self.assertRaises(TypeError):
+                c.host_slot(0)[:1] = b"x"
             for bad in (-1, n, 1 << 40):
                 with self.assertRaises(kvtier.KvtierError) as e:
                     c.host_slot(bad)
@@ -334,7 +364,7 @@ print("views ok")
     def test_reconnect_keeps_contracts_and_arena(self):
         with kvtier.Client(self.sock) as c:
             cid = c.register_contract(self.contract("py/reconnect"))
-            old = c.host_slot(0)
+            old = c.host_slot(c.host_arena()[1] // c.slot_bytes - 1)  # a staging slot: writable
             c.reconnect()
             self.assertEqual(c.block_tokens(cid), 16)
             self.assertEqual(c.lookup_tokens(cid, list(range(40))), 0)  # registered again

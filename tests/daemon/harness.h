@@ -179,7 +179,8 @@ class DaemonProcess {
       << cfg_.daemon_extra
       << "[tiers]\nslot_bytes = \"" << cfg_.slot_bytes
       << "\"\n[tiers.host]\ncapacity = \"" << cfg_.host_capacity
-      << "\"\npolicy = \"prefix-lru\"\n[tiers.nvme]\ncapacity = \"" << cfg_.nvme_capacity
+      << "\"\npolicy = \"prefix-lru\"\n"
+      << "[tiers.nvme]\ncapacity = \"" << cfg_.nvme_capacity
       << "\"\ndir = \"" << dir_.path() << "/nvme\"\n"
       << cfg_.extra;
     return o.str();
@@ -420,7 +421,9 @@ class RawClient {
       cmp_ = wire::CompletionRing(ring_, hdr_);
       if (fds.size() > 1) {
         host_bytes_ = reply->host_arena_bytes;
-        host_ = static_cast<uint8_t*>(::mmap(nullptr, host_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0));
+        // Read-only: the daemon seals the arena against writes.
+        void* h = ::mmap(nullptr, host_bytes_, PROT_READ, MAP_SHARED, fds[1], 0);
+        host_ = h == MAP_FAILED ? nullptr : static_cast<uint8_t*>(h);
       }
     }
     for (int fd : fds) ::close(fd);

@@ -455,15 +455,27 @@ TEST_F(DaemonTest, CorruptRingIndicesDisconnectOnlyThatClient) {
 // Protocol 1 (before WireSlot.from_tier) would read acquire replies with the source tier
 // in a byte it expects to be zero; protocol 2 (152-byte WireTierStats, before the remote
 // tier's error counters) would read stats with the wrong stride. The daemon refuses both
-// at attach. Protocol 3 (before Op::kAcquireAsync) is still served, at version 3.
+// at attach. Protocols 3 (before Op::kAcquireAsync) and 4 (a writable host arena) are
+// still served, at their version, without the host arena (they would map it writable).
 TEST_F(DaemonTest, OlderProtocolVersionIsRefused) {
-  static_assert(wire::kProtocolVersion == 4, "update this test with the next protocol change");
-  {
-    RawClient v3;
+  static_assert(wire::kProtocolVersion == 5, "update this test with the next protocol change");
+  for (uint32_t version : {3u, 4u}) {
+    RawClient old;
     wire::AttachReply reply;
-    ASSERT_TRUE(v3.Attach(d_.socket(), &reply, 3));
+    ASSERT_TRUE(old.Attach(d_.socket(), &reply, version));
     EXPECT_EQ(reply.status, 0) << reply.message;
-    EXPECT_EQ(reply.protocol_version, 3u);
+    EXPECT_EQ(reply.protocol_version, version);
+    EXPECT_EQ(reply.flags & wire::kReplyHasHost, 0u) << version;
+    EXPECT_EQ(reply.num_fds, 1u) << version;
+  }
+  {
+    RawClient v5;
+    wire::AttachReply reply;
+    ASSERT_TRUE(v5.Attach(d_.socket(), &reply));
+    EXPECT_EQ(reply.status, 0) << reply.message;
+    EXPECT_NE(reply.flags & wire::kReplyHasStaging, 0u);
+    EXPECT_EQ(reply.num_fds, 3u);
+    EXPECT_GT(reply.staging_slots, 0u);
   }
   for (uint32_t version : {1u, 2u}) {
     RawClient old;

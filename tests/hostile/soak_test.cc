@@ -8,10 +8,11 @@
 // log grows less than 2 MiB. KVTIER_HOSTILE_SOAK_S sets the duration (default 30 s; CI
 // keeps it under a minute); the numbers are printed at the end.
 //
-// Left out of the loop: writing into host slots through the shared arena and committing
-// honest keys first with other bytes (a client can still do both; see the README's "What
-// a client can do"), and the file-system moves (planted links, a world-writable NVMe
-// folder), which are refused at start and have their own tests.
+// Left out of the loop: committing honest keys first with other bytes (under keep-first
+// the first committer still wins; see the README's "What a client can do"), writes into
+// the read-only host arena (the kernel refuses them: tests/hostile/arena_test.cc), and
+// the file-system moves (planted links, a world-writable NVMe folder), which are refused
+// at start and have their own tests.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>

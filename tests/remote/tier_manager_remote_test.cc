@@ -74,12 +74,10 @@ void Store(TierManager& tm, uint64_t cid, uint64_t block, const std::vector<Key1
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     ASSERT_TRUE(st.ok()) << st.ToString();
-    // Host slot s is at offset s * slot_bytes of the host arena; the TierManager maps it.
-    uint8_t* p = static_cast<uint8_t*>(mmap(nullptr, tm.host_arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED,
-                                            tm.host_arena_fd(), 0));
-    ASSERT_NE(p, MAP_FAILED);
-    for (size_t j = 0; j < block; ++j) p[s[0].slot * tm.slot_bytes() + j] = ByteOf(keys[i], j);
-    munmap(p, tm.host_arena_bytes());
+    // The TierManager's own (writable) mapping of the slot: clients map the arena read-only.
+    uint8_t* p = tm.host_slot_ptr(s[0].slot);
+    ASSERT_NE(p, nullptr);
+    for (size_t j = 0; j < block; ++j) p[j] = ByteOf(keys[i], j);
     ASSERT_TRUE(tm.Commit(cid, s[0], keys[i], i ? keys[i - 1] : Key128{}).ok());
     ASSERT_TRUE(tm.Unpin(s[0]).ok());
   }

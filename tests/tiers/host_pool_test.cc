@@ -63,18 +63,17 @@ TEST(HostPool, FdMapsTheSameBytesInAnotherProcess) {
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    void* m = mmap(nullptr, pool.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, pool.fd(), 0);
+    // The "client" maps it read-only (a writable mapping is refused: the next test).
+    void* m = mmap(nullptr, pool.arena_bytes(), PROT_READ, MAP_SHARED, pool.fd(), 0);
     if (m == MAP_FAILED) _exit(2);
-    auto* b = static_cast<uint8_t*>(m);
-    if (!testing::Matches(b + 8192, 8192, 11)) _exit(3);
-    testing::Fill(b + 2 * 8192, 8192, 22);  // write slot 2 from the "client"
+    auto* b = static_cast<const uint8_t*>(m);
+    if (!testing::Matches(b + pool.slot_offset(1), 8192, 11)) _exit(3);
     _exit(0);
   }
   int st = 0;
   ASSERT_EQ(waitpid(pid, &st, 0), pid);
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 0);
-  EXPECT_TRUE(testing::Matches(pool.slot_ptr(2), 8192, 22));
 }
 
 // Clients map the arena fd; none may resize it under the daemon and the other clients.
@@ -92,6 +91,27 @@ TEST(HostPool, ArenaSizeIsSealedAgainstClients) {
   EXPECT_NE(ftruncate(fd, static_cast<off_t>(pool.arena_bytes()) * 2), 0);
   EXPECT_NE(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), 0) << "seals must be final";
   EXPECT_TRUE(testing::Matches(pool.slot_ptr(3), 8192, 5));
+}
+
+// The fd clients get maps read-only only; the pool's own mapping stays writable.
+TEST(HostPool, ArenaIsSealedAgainstWritesButItsOwnMapping) {
+  HostPoolOptions o;
+  o.slot_bytes = 8192;
+  o.slots = 4;
+  auto p = HostPool::Create(o);
+  ASSERT_TRUE(p.ok());
+  HostPool& pool = **p;
+  const int fd = pool.fd();
+  void* w = mmap(nullptr, pool.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  EXPECT_EQ(w, MAP_FAILED) << "a client could map the host arena writable";
+  if (w != MAP_FAILED) munmap(w, pool.arena_bytes());
+  const char b = 1;
+  EXPECT_EQ(pwrite(fd, &b, 1, 0), -1) << "a client could write(2) the host arena";
+  void* r = mmap(nullptr, pool.arena_bytes(), PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(r, MAP_FAILED);
+  testing::Fill(pool.slot_ptr(1), 8192, 9);  // the daemon's own writes go through
+  EXPECT_TRUE(testing::Matches(static_cast<const uint8_t*>(r) + pool.slot_offset(1), 8192, 9));
+  munmap(r, pool.arena_bytes());
 }
 
 }  // namespace

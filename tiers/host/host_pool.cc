@@ -11,6 +11,10 @@
 
 #include "common/cuda_env.h"
 
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010  // Linux 5.1; older libc headers lack the name
+#endif
+
 namespace kvtier::tiers {
 
 Status HostPoolOptions::Validate() const {
@@ -33,14 +37,19 @@ StatusOr<std::unique_ptr<HostPool>> HostPool::Create(const HostPoolOptions& opts
     return Status::IoError(std::string("ftruncate host arena to ") +
                            std::to_string(p->arena_bytes_) + " bytes: " + std::strerror(errno));
   }
-  // Every client maps this fd: seal its size, so that no client can shrink the arena
-  // under the daemon and the other clients (a SIGBUS for everyone touching the pages).
-  if (fcntl(p->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return Status::IoError(std::string("sealing the host arena: ") + std::strerror(errno));
-  }
   int flags = MAP_SHARED | (opts.populate ? MAP_POPULATE : 0);
   void* m = mmap(nullptr, p->arena_bytes_, PROT_READ | PROT_WRITE, flags, p->fd_, 0);
   if (m == MAP_FAILED) return Status::IoError(std::string("mmap host arena: ") + std::strerror(errno));
+  // Every client maps this fd. Sealed after the daemon's own writable mapping exists:
+  // its size (no client can shrink the arena under the others: a SIGBUS for everyone
+  // touching the pages) and every future write access (F_SEAL_FUTURE_WRITE: a PROT_WRITE
+  // shared mapping, an mprotect to PROT_WRITE, write(2), fallocate and a reopen of the fd
+  // through /proc all fail for everyone but the mapping made above).
+  if (fcntl(p->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+    const std::string err = std::strerror(errno);
+    munmap(m, p->arena_bytes_);
+    return Status::IoError("sealing the host arena: " + err);
+  }
   p->base_ = static_cast<uint8_t*>(m);
   p->alloc_.Reset(opts.slots);
   if (opts.cuda_register && cuda::DeviceCount() > 0) {

@@ -1,8 +1,12 @@
 // HostPool: the pinned host tier's arena. One memfd of `slots * slot_bytes` bytes,
-// mapped MAP_SHARED here and, through host_arena_fd(), by every attached client (the
-// daemon passes the fd with SCM_RIGHTS; a client mmaps it at any address and finds slot s
-// at offset s * slot_bytes). Slot bytes are a 4 KiB multiple, so every slot is O_DIRECT
-// and DMA aligned.
+// mapped MAP_SHARED and writable here only, and through host_arena_fd() read-only by every
+// attached client (the daemon passes the fd with SCM_RIGHTS; a client mmaps it at any
+// address and finds slot s at slot_offset(s)). The memfd is sealed with
+// F_SEAL_FUTURE_WRITE once this process has mapped it: no other mapping, reopen or
+// write(2) can change a byte, so what the daemon checksums, demotes and serves is what it
+// wrote itself (a client's block reaches the arena as a copy from its own staging area,
+// daemon/staging.h). Slot bytes are a 4 KiB multiple, so every slot is O_DIRECT and DMA
+// aligned.
 //
 // Where a GPU exists (CUDA build + device present) the mapping is registered with
 // cudaHostRegister, so host <-> HBM copies run as DMA at PCIe speed (DESIGN.md section 7:
@@ -47,7 +51,9 @@ class HostPool {
   uint32_t slots() const { return opts_.slots; }
   bool cuda_registered() const { return cuda_registered_; }
 
-  uint8_t* slot_ptr(uint32_t slot) const { return base_ + uint64_t{slot} * opts_.slot_bytes; }
+  // Byte offset of a slot in the arena (the memfd and every mapping of it).
+  uint64_t slot_offset(uint32_t slot) const { return uint64_t{slot} * opts_.slot_bytes; }
+  uint8_t* slot_ptr(uint32_t slot) const { return base_ + slot_offset(slot); }
 
   // nullopt when every slot is taken.
   std::optional<uint32_t> Alloc();

@@ -167,7 +167,7 @@ StatusOr<DriveResult> Drive(const std::vector<Request>& reqs, const DriveOptions
         items.resize(miss);
         for (size_t j = 0; j < miss; ++j) {
           const size_t i = have + j;
-          uint8_t* p = c.host_slot(fresh[j].slot);
+          uint8_t* p = c.host_slot_write(fresh[j].slot);
           if (p) FillBlock(keys[i].hi, keys[i].lo, p, r.block_bytes, o.verify_full);
           items[j].slot = fresh[j];
           items[j].key = keys[i];

@@ -14,8 +14,15 @@
  *  - Keys are kvtier_key {hi, lo}: the 128-bit block keys of the key chain
  *    (kvtier_key_chain; DESIGN.md section 3), identical in every process and language.
  *  - Tiers: KVTIER_TIER_HBM (slot ids index the HBM arena: the decode kernels' block
- *    table), KVTIER_TIER_HOST (slot s is at kvtier_host_arena() + s * slot_bytes),
- *    KVTIER_TIER_NVME.
+ *    table), KVTIER_TIER_HOST (slot s is at kvtier_host_slot(c, s), which is
+ *    kvtier_host_arena() + s * slot_bytes), KVTIER_TIER_NVME.
+ *  - The host tier is read-only to clients: the arena maps PROT_READ (the daemon seals it
+ *    against writes), so an acquired or committed host slot cannot be changed by any
+ *    client. A host alloc lease's slots are this client's private staging slots, mapped
+ *    writable right after the arena (ids from the arena's slot count up); commit copies
+ *    each block (the contract's block size) into a fresh arena slot, and only that copy
+ *    is served, checksummed and persisted. Writing a staging slot after its commit
+ *    changes nothing cached.
  *
  * Lifetimes:
  *  - kvtier_last_error() points at a per-thread buffer that the calling thread's next
@@ -130,6 +137,21 @@ typedef struct kvtier_commit_item {
   kvtier_key parent;  /* parent block key; {0,0} for the first block */
 } kvtier_commit_item;
 
+/* What a commit did with its items (kvtier_commit_report). A key already cached is
+ * compared with the committed bytes: the committer learns that its bytes were not the
+ * ones stored. committed = stored + same_bytes + different_bytes + unchecked. */
+typedef struct kvtier_commit_result {
+  size_t committed;       /* items that went through */
+  size_t stored;          /* keys not cached before: now cached with these bytes */
+  size_t same_bytes;      /* already cached with equal bytes: the cached block stays */
+  size_t different_bytes; /* already cached with other bytes: the daemon's tiers.on_conflict
+                             decided (keep-first: the cached block stays, these bytes are
+                             dropped; replace: these bytes replace it; drop-disputed: both
+                             go), counted and logged by the daemon */
+  size_t unchecked;       /* already cached where bytes are not compared (only in HBM, or
+                             an HBM commit): the cached block stays */
+} kvtier_commit_result;
+
 /* kvtier_tier_stats: one tier's statistics, defined in tier_stats.h (the field list the
  * daemon, the wire and Python share). */
 
@@ -176,8 +198,19 @@ KVTIER_API kvtier_status kvtier_set_auto_reconnect(kvtier_client* c, int enable)
 KVTIER_API kvtier_status kvtier_set_transport(kvtier_client* c, kvtier_transport t);
 KVTIER_API uint64_t kvtier_client_id(const kvtier_client* c);
 KVTIER_API uint64_t kvtier_slot_bytes(const kvtier_client* c);
-/* Base of the mapped host arena (NULL without a host tier); *bytes gets its size. */
+/* Base of the host window (NULL without a host tier); *bytes gets its size: the arena,
+ * mapped read-only (a write faults), then this client's staging area, writable. Host
+ * slot s is at base + s * slot_bytes. */
 KVTIER_API void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes);
+/* Host slot `slot` of any lease, read-only (NULL for a slot past the window). */
+KVTIER_API const void* kvtier_host_slot(const kvtier_client* c, uint32_t slot);
+/* Writable host slot of an alloc lease (a staging slot); NULL for an arena slot (acquired
+ * or committed blocks are read-only) and for a slot past the window. */
+KVTIER_API void* kvtier_host_slot_write(const kvtier_client* c, uint32_t slot);
+/* The staging area's memfd (owned by the client, closed by kvtier_close; -1 without a
+ * host tier): mapped writable after the arena; a binding that maps the arena itself maps
+ * this too (its slot 0 is host slot id arena bytes / slot_bytes). */
+KVTIER_API int kvtier_host_staging_fd(const kvtier_client* c);
 /* The host arena's memfd (owned by the client, closed by kvtier_close; -1 without a host
  * tier). A binding may map it itself (dup it first) so that its views outlive the client's
  * own mapping: the Python package does. */
@@ -328,6 +361,12 @@ KVTIER_API kvtier_status kvtier_alloc_wait(kvtier_client* c, uint64_t contract_i
  * answer INVALID over it. */
 KVTIER_API kvtier_status kvtier_commit(kvtier_client* c, uint64_t contract_id, uint64_t lease,
                                        const kvtier_commit_item* items, size_t n, size_t* n_committed);
+/* kvtier_commit that also says, for the items that went through, how many were stored
+ * and how many keys were already cached, with equal or different bytes (*result, may be
+ * NULL; filled on failure too). A daemon of protocol < 5 counts every item as stored. */
+KVTIER_API kvtier_status kvtier_commit_report(kvtier_client* c, uint64_t contract_id, uint64_t lease,
+                                              const kvtier_commit_item* items, size_t n,
+                                              kvtier_commit_result* result);
 /* Ends a lease: acquired and committed blocks are unpinned, uncommitted slots freed.
  * Lease 0 (the lease of a miss) is a no-op returning OK, like free(NULL); a lease this
  * client does not hold is NOT_FOUND. */

@@ -123,13 +123,14 @@ class Client {
   bool connected() const { return c_ != nullptr; }
   kvtier_client* get() const { return c_; }
   uint64_t slot_bytes() const { return kvtier_slot_bytes(c_); }
-  // Address of host slot `slot`; nullptr when it is outside the arena.
-  uint8_t* host_slot(uint32_t slot) const {
-    uint64_t bytes = 0;
-    auto* base = static_cast<uint8_t*>(kvtier_host_arena(c_, &bytes));
-    if (base == nullptr || uint64_t{slot + 1ull} * slot_bytes() > bytes) return nullptr;
-    return base + uint64_t{slot} * slot_bytes();
+  // Host slot `slot` of any lease, read-only (the arena maps read-only to clients);
+  // nullptr when it is outside the host window.
+  const uint8_t* host_slot(uint32_t slot) const {
+    return static_cast<const uint8_t*>(kvtier_host_slot(c_, slot));
   }
+  // Writable host slot of an alloc lease (this client's staging slot); nullptr for an
+  // acquired or committed (arena) slot and outside the window.
+  uint8_t* host_slot_write(uint32_t slot) const { return static_cast<uint8_t*>(kvtier_host_slot_write(c_, slot)); }
   Error SetTransport(kvtier_transport t) { return LastError(kvtier_set_transport(c_, t)); }
 
   Error RegisterContract(const kvtier_contract_desc& d, uint64_t* id) {
@@ -167,6 +168,12 @@ class Client {
   Error Commit(uint64_t contract, uint64_t lease, Span<const kvtier_commit_item> items,
                size_t* committed = nullptr) {
     return LastError(kvtier_commit(c_, contract, lease, items.data(), items.size(), committed));
+  }
+  // The same, saying how many were stored and how many keys were already cached, with
+  // equal or different bytes (kvtier_commit_report).
+  Error Commit(uint64_t contract, uint64_t lease, Span<const kvtier_commit_item> items,
+               kvtier_commit_result* result) {
+    return LastError(kvtier_commit_report(c_, contract, lease, items.data(), items.size(), result));
   }
   // Lease 0 (a miss) is a no-op.
   Error Release(uint64_t lease) { return LastError(kvtier_release(c_, lease)); }

@@ -18,7 +18,9 @@ tree, then the library folder it was installed with, then the system's library p
 
 For torch: HBM slot s of the arena starts at c.hbm_device_ptr() + s * c.slot_bytes
 (pass it to kernels via data_ptr()-style integers); host slot s is c.host_slot(s), a
-writable memoryview, or c.host_slot_address(s) as an integer address.
+memoryview, or c.host_slot_address(s) as an integer address. The host tier is read-only
+to clients: the view of an acquired (arena) slot is read-only; the slots of a host alloc
+lease are this client's own staging slots, writable, copied into the arena at commit.
 Errors raise kvtier.KvtierError carrying the status name and the library's message.
 
 Lifetimes: a host_slot() view keeps its Client and the arena mapping alive (the package
@@ -45,7 +47,7 @@ from . import _locate
 __version__ = _locate.package_version()
 
 __all__ = [
-    "KvtierError", "Contract", "Key", "Slot", "LookupResult", "TierNames", "Lease", "TierStats", "Client", "AsyncAcquire",
+    "KvtierError", "Contract", "Key", "Slot", "LookupResult", "CommitResult", "TierNames", "Lease", "TierStats", "Client", "AsyncAcquire",
     "key_chain", "key_chain_array", "KeyArray", "contract_id", "library_path", "library_version", "TIER_HBM", "TIER_HOST", "TIER_NVME", "TIER_NONE",
 ]
 
@@ -106,6 +108,11 @@ class _CommitItem(ctypes.Structure):
     _fields_ = [("slot", _Slot), ("key", _Key), ("parent", _Key)]
 
 
+class _CommitResult(ctypes.Structure):
+    _fields_ = [("committed", ctypes.c_size_t), ("stored", ctypes.c_size_t), ("same_bytes", ctypes.c_size_t),
+                ("different_bytes", ctypes.c_size_t), ("unchecked", ctypes.c_size_t)]
+
+
 class _TierStats(ctypes.Structure):
     # client/include/kvtier/tier_stats.h (KVTIER_TIER_STATS_FIELDS), in its order.
     _fields_ = [("tier", ctypes.c_uint8), ("present", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 6)] + [
@@ -130,6 +137,7 @@ _MIRRORS = {
     "kvtier_contract_desc": _ContractDesc,
     "kvtier_lookup_result": _LookupResult,
     "kvtier_commit_item": _CommitItem,
+    "kvtier_commit_result": _CommitResult,
     "kvtier_tier_stats": _TierStats,
 }
 
@@ -261,6 +269,7 @@ def _declare(lib):
         "kvtier_slot_bytes": (u64, [P]),
         "kvtier_host_arena": (P, [P, ctypes.POINTER(u64)]),
         "kvtier_host_arena_fd": (S, [P]),
+        "kvtier_host_staging_fd": (S, [P]),
         "kvtier_attach_generation": (u64, [P]),
         "kvtier_hbm_ipc_handle": (S, [P, ctypes.POINTER(ctypes.c_uint8)]),
         "kvtier_hbm_open": (S, [P, ctypes.POINTER(P)]),
@@ -281,6 +290,7 @@ def _declare(lib):
         "kvtier_alloc": (S, [P, u64, sz, S, ctypes.POINTER(u64), ctypes.POINTER(_Slot)]),
         "kvtier_alloc_wait": (S, [P, u64, sz, S, u32, ctypes.POINTER(u64), ctypes.POINTER(_Slot)]),
         "kvtier_commit": (S, [P, u64, u64, ctypes.POINTER(_CommitItem), sz, ctypes.POINTER(sz)]),
+        "kvtier_commit_report": (S, [P, u64, u64, ctypes.POINTER(_CommitItem), sz, ctypes.POINTER(_CommitResult)]),
         "kvtier_release": (S, [P, u64]),
         "kvtier_prefetch": (S, [P, u64, ctypes.POINTER(_Key), sz, S]),
         "kvtier_stats": (S, [P, ctypes.POINTER(_TierStats), sz, ctypes.POINTER(sz)]),
@@ -322,6 +332,19 @@ class Key:
 class Slot:
     tier: int
     slot: int
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What a commit did with its items (Client.commit_report): committed = stored +
+    same_bytes + different_bytes + unchecked. different_bytes: the keys were already
+    cached with other bytes, and the daemon's tiers.on_conflict decided (keep-first:
+    these bytes were dropped)."""
+    committed: int
+    stored: int
+    same_bytes: int
+    different_bytes: int
+    unchecked: int
 
 
 @dataclass
@@ -706,6 +729,46 @@ def _tier(t) -> int:
     return int(t)
 
 
+class _Window:
+    """The package's mapping of the host window: the arena (read-only: the daemon seals it
+    against writes) and, right after it, the staging area (writable), in one reservation.
+    Unmapped when the last reference (the Client or a view) is gone."""
+
+    _libc = None
+
+    def __init__(self, arena_fd: int, arena_bytes: int, staging_fd: int, staging_bytes: int):
+        if _Window._libc is None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_long]
+            libc.munmap.restype = ctypes.c_int
+            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            _Window._libc = libc
+        libc = _Window._libc
+        self.base, self.bytes, self.arena_bytes = 0, arena_bytes + staging_bytes, arena_bytes
+        failed = ctypes.c_void_p(-1).value
+        fixed = 0x10  # MAP_FIXED
+        base = libc.mmap(None, self.bytes, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)  # PROT_NONE: a reservation
+        if base in (None, failed):
+            raise KvtierError(4, "mmap of the host window: " + os.strerror(ctypes.get_errno()))
+        self.base = base
+        if libc.mmap(base, arena_bytes, mmap.PROT_READ, mmap.MAP_SHARED | fixed, arena_fd, 0) in (None, failed) or \
+                libc.mmap(base + arena_bytes, staging_bytes, mmap.PROT_READ | mmap.PROT_WRITE,
+                          mmap.MAP_SHARED | fixed, staging_fd, 0) in (None, failed):
+            err = ctypes.get_errno()
+            self.close()
+            raise KvtierError(4, "mmap of the host arena and staging area: " + os.strerror(err))
+
+    def close(self):
+        if self.base and _Window._libc is not None:
+            _Window._libc.munmap(self.base, self.bytes)
+            self.base = 0
+
+    def __del__(self):
+        self.close()
+
+
 class Client:
     """One attachment to kvtierd. Leases are released by the daemon when it closes."""
 
@@ -727,19 +790,22 @@ class Client:
             _check(lib.kvtier_set_auto_reconnect(h, 1))
 
     def _map_arena(self):
-        # The package's own mapping of the host arena (the same memfd, MAP_SHARED): views
-        # export this mmap object, so it outlives kvtier_close's munmap of the C mapping.
+        # The package's own mapping of the host window (the same memfds, MAP_SHARED, laid
+        # out as libkvtier's: the arena read-only, this client's staging area writable
+        # after it): views hold the _Window, so it outlives kvtier_close's munmap of the C
+        # mapping.
         lib, h = self._lib, self._h
         self._attach_generation = lib.kvtier_attach_generation(h)
         self._slot_bytes = lib.kvtier_slot_bytes(h)
-        self._mm, self._arena_base, self._arena_bytes = None, 0, 0
+        self._mm, self._arena_base, self._arena_bytes, self._arena_slots = None, 0, 0, 0
         n = ctypes.c_uint64()
         if lib.kvtier_host_arena(h, ctypes.byref(n)) and n.value:
-            fd = lib.kvtier_host_arena_fd(h)
-            if fd >= 0:
-                self._mm = mmap.mmap(fd, n.value, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-                self._arena_base = ctypes.addressof(ctypes.c_char.from_buffer(self._mm))
+            fd, sfd = lib.kvtier_host_arena_fd(h), lib.kvtier_host_staging_fd(h)
+            if fd >= 0 and sfd >= 0:
+                self._mm = _Window(fd, os.fstat(fd).st_size, sfd, n.value - os.fstat(fd).st_size)
+                self._arena_base = self._mm.base
                 self._arena_bytes = n.value
+                self._arena_slots = self._mm.arena_bytes // self._slot_bytes if self._slot_bytes else 0
 
     def reconnect(self):
         """Attaches again (after DISCONNECTED, TIMEOUT or a daemon restart) and registers
@@ -795,8 +861,8 @@ class Client:
             self._map_arena()
 
     def host_arena(self) -> Tuple[int, int]:
-        """(address, bytes) of this package's mapping of the host arena; (0, 0) without a
-        host tier."""
+        """(address, bytes) of this package's mapping of the host window (the arena,
+        read-only, then this client's staging area, writable); (0, 0) without a host tier."""
         self._current_arena()
         return (self._arena_base, self._arena_bytes)
 
@@ -818,12 +884,15 @@ class Client:
         return self._arena_base + self._host_slot_index(slot) * self._slot_bytes
 
     def host_slot(self, slot) -> memoryview:
-        """Writable view of one host slot (slot_bytes long). The view keeps this Client
-        and the mapping alive."""
+        """View of one host slot (slot_bytes long): writable for a slot of a host alloc
+        lease (this client's staging slot), read-only for an acquired or committed block
+        (the arena). The view keeps this Client and the mapping alive."""
         s = self._host_slot_index(slot)
-        arr = (ctypes.c_uint8 * self._slot_bytes).from_buffer(self._mm, s * self._slot_bytes)
+        arr = (ctypes.c_uint8 * self._slot_bytes).from_address(self._arena_base + s * self._slot_bytes)
         arr._kvtier_client = self
-        return memoryview(arr).cast("B")
+        arr._kvtier_window = self._mm
+        view = memoryview(arr).cast("B")
+        return view.toreadonly() if s < self._arena_slots else view
 
     def hbm_device_ptr(self) -> int:
         """Device address of HBM slot 0 in this process (cudaIpcOpenMemHandle, once)."""
@@ -877,17 +946,23 @@ class Client:
 
     def commit(self, contract_id: int, lease: Lease, items: Sequence[Tuple[Slot, Key, Optional[Key]]]) -> int:
         """items: (slot, key, parent or None). Returns how many were committed."""
+        return self.commit_report(contract_id, lease, items).committed
+
+    def commit_report(self, contract_id: int, lease: Lease,
+                      items: Sequence[Tuple[Slot, Key, Optional[Key]]]) -> CommitResult:
+        """commit that says how many items were stored and how many keys were already
+        cached with equal or different bytes (CommitResult)."""
         arr = (_CommitItem * len(items))()
         for i, (slot, key, parent) in enumerate(items):
             arr[i].slot.tier, arr[i].slot.slot = slot.tier, slot.slot
             arr[i].key.hi, arr[i].key.lo = key.hi, key.lo
             if parent is not None:
                 arr[i].parent.hi, arr[i].parent.lo = parent.hi, parent.lo
-        done = ctypes.c_size_t()
-        code = self._lib.kvtier_commit(self._handle(), contract_id, lease.id, arr, len(items), ctypes.byref(done))
+        r = _CommitResult()
+        code = self._lib.kvtier_commit_report(self._handle(), contract_id, lease.id, arr, len(items), ctypes.byref(r))
         if code != 0:
-            raise KvtierError(code, self._lib.kvtier_last_error().decode("utf-8", "replace"), committed=done.value)
-        return done.value
+            raise KvtierError(code, self._lib.kvtier_last_error().decode("utf-8", "replace"), committed=r.committed)
+        return CommitResult(r.committed, r.stored, r.same_bytes, r.different_bytes, r.unchecked)
 
     # ---- token level: prompts as token ids (the block size comes from the contract) ----
 
