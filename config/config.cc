@@ -525,9 +525,9 @@ Status Config::Validate() const {
   if (t.nvme.tier.capacity_bytes != 0 && t.nvme.dir.empty()) {
     return Status::Invalid("tiers.nvme.dir: empty path with an NVMe capacity");
   }
-  if (!InSet(t.nvme.admission, {"always", "second-hit"})) {
+  if (!InSet(t.nvme.admission, {"always", "second-hit", "reuse"})) {
     return Status::Invalid("tiers.nvme.admission: \"" + t.nvme.admission +
-                           "\" is not always or second-hit");
+                           "\" is not always, second-hit or reuse");
   }
   if (!InSet(t.remote.write, {"on-demote", "write-through", "off"})) {
     return Status::Invalid("tiers.remote.write: \"" + t.remote.write + "\" is not on-demote, write-through or off");

@@ -38,7 +38,7 @@ struct TierConfig {
 struct NvmeConfig {
   TierConfig tier;                        // capacity Default: 2GiB; on_evict always drop
   std::string dir = "./kvtier-data/nvme";  // data files and index. Default: ./kvtier-data/nvme
-  std::string admission = "always";       // always | second-hit. Default: "always"
+  std::string admission = "always";       // always | second-hit | reuse. Default: "always"
   uint64_t daily_write_budget_bytes = 0;  // 0 = unlimited. Default: 0
   uint32_t queue_depth = 64;              // io_uring depth, [1, 4096]. Default: 64
   bool verify_on_restart = true;          // verify blocks before first serve. Default: true

@@ -120,8 +120,10 @@ tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
   o.nvme.tier = TierOf(c.tiers.nvme.tier, c.tiers.policy);
   o.nvme.tier.on_evict = tiers::OnEvict::kDrop;
   o.nvme.dir = c.tiers.nvme.dir.empty() ? "" : Abs(c.tiers.nvme.dir);
-  o.nvme.admission =
-      c.tiers.nvme.admission == "second-hit" ? tiers::Admission::kSecondHit : tiers::Admission::kAlways;
+  // Config::Validate checked the name: always, second-hit or reuse.
+  o.nvme.admission = c.tiers.nvme.admission == "second-hit" ? tiers::Admission::kSecondHit
+                     : c.tiers.nvme.admission == "reuse"    ? tiers::Admission::kReuse
+                                                            : tiers::Admission::kAlways;
   o.nvme.daily_write_budget_bytes = c.tiers.nvme.daily_write_budget_bytes;
   o.nvme.queue_depth = c.tiers.nvme.queue_depth;
   o.nvme.verify_on_restart = c.tiers.nvme.verify_on_restart;

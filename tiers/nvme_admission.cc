@@ -4,10 +4,21 @@
 
 namespace kvtier::tiers {
 
+bool OfferMemory::Likely(const BlockId& id, uint32_t uses) {
+  if (offered_.contains(id)) return true;
+  offered_.insert(id);
+  order_.push_back(id);
+  while (order_.size() > capacity_) {
+    offered_.erase(order_.front());
+    order_.pop_front();
+  }
+  return uses >= 2;
+}
+
 NvmeAdmission::NvmeAdmission(Admission mode, uint64_t daily_budget_bytes, size_t ghost_capacity,
                              Clock::time_point now)
     : mode_(mode), budget_(daily_budget_bytes), ghost_capacity_(std::max<size_t>(1024, ghost_capacity)),
-      window_start_(now) {}
+      window_start_(now), offers_(ghost_capacity_) {}
 
 void NvmeAdmission::Configure(Admission mode, uint64_t daily_budget_bytes) {
   mode_ = mode;
@@ -15,12 +26,17 @@ void NvmeAdmission::Configure(Admission mode, uint64_t daily_budget_bytes) {
 }
 
 bool NvmeAdmission::Admit(const BlockId& id, uint64_t bytes, uint32_t uses, bool force, Clock::time_point now) {
+  // reuse records every unforced offer, refused or not, as ReuseAdmission does.
+  const bool likely = force || mode_ != Admission::kReuse || offers_.Likely(id, uses);
   if (budget_ > 0) {
-    if (now - window_start_ >= std::chrono::hours(24)) {
+    constexpr auto kWindow = std::chrono::hours(24);
+    if (now - window_start_ >= kWindow) {
       window_start_ = now;
       budget_used_ = 0;
     }
-    if (budget_used_ + bytes > budget_) {
+    const double spent = static_cast<double>(budget_used_) / static_cast<double>(budget_);
+    const double elapsed = std::chrono::duration<double>(now - window_start_) / kWindow;
+    if (budget_used_ + bytes > budget_ || !ReusePaceAdmits(likely, spent, elapsed)) {
       ++rejects_;
       return false;
     }
@@ -49,20 +65,10 @@ std::string ReuseAdmission::Options::Check() const {
   return "";
 }
 
-ReuseAdmission::ReuseAdmission(const Options& o, double now_s) : o_(o), window_start_(now_s) {}
+ReuseAdmission::ReuseAdmission(const Options& o, double now_s) : o_(o), window_start_(now_s), offers_(o.memory) {}
 
 bool ReuseAdmission::Admit(const BlockId& id, uint64_t bytes, uint32_t uses, double now_s) {
-  bool likely = uses >= 2;
-  if (offered_.contains(id)) {
-    likely = true;
-  } else {
-    offered_.insert(id);
-    memory_.push_back(id);
-    while (memory_.size() > o_.memory) {
-      offered_.erase(memory_.front());
-      memory_.pop_front();
-    }
-  }
+  const bool likely = offers_.Likely(id, uses);
   if (o_.budget_bytes > 0) {
     while (now_s - window_start_ >= o_.window_s) {
       window_start_ += o_.window_s;
@@ -70,7 +76,7 @@ bool ReuseAdmission::Admit(const BlockId& id, uint64_t bytes, uint32_t uses, dou
     }
     const double spent = static_cast<double>(budget_used_) / static_cast<double>(o_.budget_bytes);
     const double elapsed = (now_s - window_start_) / o_.window_s;
-    if ((!likely && spent > elapsed) || budget_used_ + bytes > o_.budget_bytes) {
+    if (!ReusePaceAdmits(likely, spent, elapsed) || budget_used_ + bytes > o_.budget_bytes) {
       ++rejects_;
       return false;
     }

@@ -5,10 +5,15 @@
 //   second-hit   a block used less than twice is refused the first time it is offered and
 //                remembered in a ghost list (the last max(1024, NVMe records) refusals);
 //                offered again while remembered, it is taken.
+//   reuse        ReuseAdmission's rule (below) on the daemon's budget and window: with no
+//                budget every block is written; with one, a block used twice or offered
+//                before (among the last max(1024, NVMe records) offers) is written while
+//                the budget lasts, a first offer only while the window's spent share of
+//                the budget is at or below its elapsed share.
 //
-// On top of either mode, a daily write budget (bytes per rolling 24 h window; 0 =
+// On top of every mode, a daily write budget (bytes per rolling 24 h window; 0 =
 // unlimited) refuses every write past it, forced or not. A write that fails is refunded.
-// An operator flush forces admission (no second-hit test), never past the budget.
+// An operator flush forces admission (no second-hit or reuse test), never past the budget.
 //
 // Not thread-safe: the TierManager calls it under its lock.
 #pragma once
@@ -26,15 +31,39 @@
 
 namespace kvtier::tiers {
 
+// The predictor of the reuse rule: the keys of the last `capacity` offers, admitted or
+// not. A block is likely to return when it was used twice while cached, or when it was
+// offered before while remembered.
+class OfferMemory {
+ public:
+  explicit OfferMemory(size_t capacity) : capacity_(capacity) {}
+  // Whether `id`, used `uses` times while cached, is likely to return; records the offer.
+  bool Likely(const BlockId& id, uint32_t uses);
+
+ private:
+  size_t capacity_;
+  std::deque<BlockId> order_;  // oldest offer first
+  absl::flat_hash_set<BlockId, BlockIdHash> offered_;
+};
+
+// The reuse rule's pacing under a budget: a likely block goes in while the budget lasts,
+// another only while the window's spent share of the budget (spent / budget) is at or
+// below its elapsed share (time in the window / window).
+inline bool ReusePaceAdmits(bool likely, double spent_share, double elapsed_share) {
+  return likely || spent_share <= elapsed_share;
+}
+
 class NvmeAdmission {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // ghost_capacity: how many refused blocks second-hit remembers (at least 1024).
+  // ghost_capacity: how many refused blocks second-hit remembers, and how many offers
+  // reuse remembers (at least 1024 each).
   NvmeAdmission(Admission mode, uint64_t daily_budget_bytes, size_t ghost_capacity,
                 Clock::time_point now = Clock::now());
 
-  // New settings (Reconfigure); the budget's window and the ghost list stay.
+  // New settings (Reconfigure); the budget's window, the ghost list and the remembered
+  // offers stay.
   void Configure(Admission mode, uint64_t daily_budget_bytes);
 
   // Whether to write `bytes` (on disk) for block `id`, used `uses` times so far. True
@@ -54,11 +83,14 @@ class NvmeAdmission {
   Clock::time_point window_start_;
   std::deque<BlockId> ghost_;
   std::unordered_set<BlockId, BlockIdHash> ghost_set_;
+  OfferMemory offers_;  // reuse
   uint64_t rejects_ = 0;
 };
 
-// ReuseAdmission: spends an NVMe write budget on the blocks most likely to come back,
-// by the predictor of the `reuse` eviction policy: a block used twice while cached, or
+// ReuseAdmission: spends an NVMe write budget on the blocks most likely to come back
+// (the rule of NvmeAdmission's reuse mode, with the window in seconds given by the
+// caller, which is how the simulator runs it on trace time), by the predictor of the
+// `reuse` eviction policy: a block used twice while cached, or
 // offered before (its key among the last `memory` offers, admitted or not) and back
 // since, is likely to return; a block offered for the first time after one use is not.
 //   - no budget: every block is written (as `always`: a refused block is a certain
@@ -99,8 +131,7 @@ class ReuseAdmission {
   Options o_;
   double window_start_ = 0.0;
   uint64_t budget_used_ = 0, rejects_ = 0;
-  std::deque<BlockId> memory_;  // oldest offer first
-  absl::flat_hash_set<BlockId, BlockIdHash> offered_;
+  OfferMemory offers_;
 };
 
 }  // namespace kvtier::tiers

@@ -70,7 +70,8 @@ Status TierManagerOptions::Validate() const {
   }
   if (nvme.tier.capacity_bytes > 0) {
     if (nvme.dir.empty()) return Status::Invalid("nvme tier: empty dir");
-    if (nvme.admission != Admission::kAlways && nvme.admission != Admission::kSecondHit) {
+    if (nvme.admission != Admission::kAlways && nvme.admission != Admission::kSecondHit &&
+        nvme.admission != Admission::kReuse) {
       return Status::Invalid("nvme tier: unknown admission");
     }
     if (nvme.queue_depth == 0 || nvme.queue_depth > 4096) {

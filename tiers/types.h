@@ -22,8 +22,9 @@ const char* TierName(Tier t);
 enum class PolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kPrefixLru = 2, kSieve = 3, kArc = 4, kReuse = 5 };
 // What eviction does with a tier's victim: demote it to the next tier, or drop it.
 enum class OnEvict : uint8_t { kDemote = 0, kDrop = 1 };
-// Which blocks the NVMe tier takes on demotion (tiers/nvme_admission.h).
-enum class Admission : uint8_t { kAlways = 0, kSecondHit = 1 };
+// Which blocks the NVMe tier takes on demotion (tiers/nvme_admission.h): config names
+// "always", "second-hit", "reuse".
+enum class Admission : uint8_t { kAlways = 0, kSecondHit = 1, kReuse = 2 };
 
 // A block's identity: the contract it was stored under and its chained key.
 struct BlockId {

@@ -622,5 +622,131 @@ TEST(DaemonLifecycle, RestartOnTheSameFoldersServesOnlyCorrectBytes) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// NVMe admission in a running kvtierd: a chain R used twice, a chain S used once, then a
+// flood F of single-use chains pushes them out of the host tier. A write budget of far
+// more than all of it (so the budget itself refuses nothing): always writes every demoted
+// block; reuse writes R (used twice), refuses S and F by its pace rule (the day's spent
+// share is ahead of its elapsed share), and writes S when it is offered a second time;
+// reuse with no budget writes every block, as always does (second-hit would not).
+struct AdmissionCase {
+  const char* admission;
+  const char* budget;
+  bool refuses_first_offers;
+};
+void PrintTo(const AdmissionCase& c, std::ostream* os) { *os << c.admission << ", budget " << c.budget; }
+
+class DaemonAdmission : public ::testing::TestWithParam<AdmissionCase> {
+ protected:
+  // Stores `keys` as one chain, waiting for host slots while demotions run.
+  static int Store(kvtier_client* c, uint64_t cid, const std::vector<kvtier_key>& keys) {
+    uint64_t lease = 0;
+    std::vector<kvtier_slot> slots(keys.size());
+    CHILD_CHECK(kvtier_alloc_wait(c, cid, keys.size(), KVTIER_TIER_HOST, 5000, &lease, slots.data()) == KVTIER_OK);
+    uint64_t arena_bytes = 0;
+    auto* arena = static_cast<uint8_t*>(kvtier_host_arena(c, &arena_bytes));
+    const uint64_t sb = kvtier_slot_bytes(c);
+    std::vector<kvtier_commit_item> items(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      FillBlock(arena + slots[i].slot * sb, kBlockBytes, cid, keys[i]);
+      items[i] = {slots[i], keys[i], i == 0 ? kvtier_key{0, 0} : keys[i - 1]};
+    }
+    size_t done = 0;
+    CHILD_CHECK(kvtier_commit(c, cid, lease, items.data(), items.size(), &done) == KVTIER_OK);
+    CHILD_CHECK(done == keys.size());
+    CHILD_CHECK(kvtier_release(c, lease) == KVTIER_OK);
+    return 0;
+  }
+  static std::vector<kvtier_key> Chain(uint64_t base, size_t n) {
+    std::vector<kvtier_key> k(n);
+    for (size_t i = 0; i < n; ++i) k[i] = kvtier_key{base + i, base ^ 0x5a5a};
+    return k;
+  }
+  // How many of `keys` the tier `t` holds (each looked up alone).
+  static size_t CountIn(kvtier_client* c, uint64_t cid, const std::vector<kvtier_key>& keys, uint8_t t) {
+    size_t n = 0;
+    for (const kvtier_key& k : keys) {
+      kvtier_lookup_result lr{};
+      uint8_t tier = KVTIER_TIER_NONE;
+      if (kvtier_lookup(c, cid, &k, 1, &lr, &tier) == KVTIER_OK && lr.hit_blocks == 1 && tier == t) ++n;
+    }
+    return n;
+  }
+  // Waits until the NVMe tier's blocks and refusals and the host tier's evictions stop
+  // changing (the mover has written or refused every demotion).
+  static void WaitQuiet(const DaemonProcess& d) {
+    std::string last;
+    int same = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (same < 10 && std::chrono::steady_clock::now() < deadline) {
+      const std::string m = d.Metrics();
+      std::string now;
+      for (const char* s : {"kvtier_tier_blocks{tier=\"nvme\"}", "kvtier_tier_admission_rejects_total{tier=\"nvme\"}",
+                            "kvtier_tier_evictions_total{tier=\"host\",reason=\"demoted\"}",
+                            "kvtier_tier_evictions_total{tier=\"host\",reason=\"dropped\"}"}) {
+        now += std::to_string(MetricValue(m, s)) + " ";
+      }
+      same = now == last ? same + 1 : 0;
+      last = now;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+};
+
+TEST_P(DaemonAdmission, ReuseTakesLikelyBlocksAndRefusesFirstOffersAheadOfThePace) {
+  const AdmissionCase& p = GetParam();
+  DaemonConfig cfg;
+  cfg.nvme_capacity = "8MiB";  // holds every block: NVMe evicts nothing
+  cfg.extra = std::string("admission = \"") + p.admission + "\"\ndaily_write_budget = \"" + p.budget + "\"\n";
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  const auto desc = SmallContract();
+  kvtier_client* c = Connect(d.socket(), "admission");
+  ASSERT_NE(c, nullptr);
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_register_contract(c, &desc, &cid), KVTIER_OK);
+  const auto r = Chain(1000, 8), s = Chain(2000, 8);
+  ASSERT_EQ(Store(c, cid, r), 0);
+  ASSERT_EQ(AcquireAndCheck(c, cid, r, 8), 0);  // R: used twice
+  ASSERT_EQ(Store(c, cid, s), 0);
+  std::vector<kvtier_key> flood;
+  for (uint64_t k = 0; k < 12; ++k) {  // 96 blocks into a host tier of 64
+    const auto f = Chain(10000 + 100 * k, 8);
+    ASSERT_EQ(Store(c, cid, f), 0);
+    if (k < 2) flood.insert(flood.end(), f.begin(), f.end());  // the first out
+  }
+  WaitQuiet(d);
+  const std::string m = d.Metrics();
+  const double rejects = MetricValue(m, "kvtier_tier_admission_rejects_total{tier=\"nvme\"}");
+  EXPECT_EQ(CountIn(c, cid, r, KVTIER_TIER_NVME), 8u) << m << d.log();
+  if (p.refuses_first_offers) {
+    EXPECT_EQ(CountIn(c, cid, s, KVTIER_TIER_NVME), 0u) << m;
+    EXPECT_EQ(CountIn(c, cid, s, KVTIER_TIER_HOST), 0u) << "S was demoted and refused";
+    EXPECT_EQ(CountIn(c, cid, flood, KVTIER_TIER_NVME), 0u) << m;
+    EXPECT_GE(rejects, 8 + 16) << m;
+    EXPECT_LT(MetricValue(m, "kvtier_tier_bytes_written_total{tier=\"nvme\"}"), 32 * 1024 * 1024)
+        << "the refusals are the rule's, not the budget's";
+    // Offered a second time, S is written.
+    ASSERT_EQ(Store(c, cid, s), 0);
+    for (uint64_t k = 0; k < 12; ++k) ASSERT_EQ(Store(c, cid, Chain(20000 + 100 * k, 8)), 0);
+    WaitQuiet(d);
+    EXPECT_EQ(CountIn(c, cid, s, KVTIER_TIER_NVME), 8u) << d.Metrics();
+    EXPECT_EQ(AcquireAndCheck(c, cid, s, 8), 0);  // and served with its bytes
+  } else {
+    EXPECT_EQ(CountIn(c, cid, s, KVTIER_TIER_NVME), 8u) << m;
+    EXPECT_EQ(CountIn(c, cid, flood, KVTIER_TIER_NVME), flood.size()) << m;
+    EXPECT_EQ(rejects, 0) << m;
+  }
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, DaemonAdmission,
+                         ::testing::Values(AdmissionCase{"always", "32MiB", false},
+                                           AdmissionCase{"reuse", "0", false},
+                                           AdmissionCase{"reuse", "32MiB", true}),
+                         [](const ::testing::TestParamInfo<AdmissionCase>& i) {
+                           return std::string(i.param.admission) + (i.param.budget[0] == '0' ? "NoBudget" : "Budget");
+                         });
+
 }  // namespace
 }  // namespace kvtier::testing

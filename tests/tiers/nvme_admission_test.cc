@@ -1,6 +1,7 @@
-// NvmeAdmission on its own: the two modes, the ghost list's bound, the forced admission
+// NvmeAdmission on its own: the three modes, the ghost list's bound, the forced admission
 // of a flush, and the daily write budget with its window and refunds. ReuseAdmission:
-// the budget goes to likely blocks first, to first offers only where it would be left.
+// the budget goes to likely blocks first, to first offers only where it would be left;
+// NvmeAdmission's reuse mode decides as it does.
 #include "tiers/nvme_admission.h"
 
 #include <gtest/gtest.h>
@@ -114,6 +115,59 @@ TEST(ReuseAdmission, RemembersTheLastOffersOnly) {
   EXPECT_NE(bad.Check(), "");
   bad = ReuseOpts(0, 0.0);
   EXPECT_NE(bad.Check(), "");
+}
+
+TEST(NvmeAdmission, ReuseWithoutABudgetTakesEveryBlock) {
+  NvmeAdmission a(Admission::kReuse, 0, 0);
+  for (uint64_t i = 0; i < 100; ++i) EXPECT_TRUE(a.Admit(Id(i), 8192, 1, false));
+  EXPECT_EQ(a.rejects(), 0u);
+}
+
+// A day's budget of four blocks, a quarter of the day gone: a first offer is refused once
+// the spent share passes the elapsed share; a block used twice, a block offered before
+// and a flush are taken; the budget caps them all.
+TEST(NvmeAdmission, ReuseUnderABudgetTakesLikelyBlocksAndFirstOffersOnlyBehindThePace) {
+  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point t1 = t0 + std::chrono::hours(1);
+  NvmeAdmission a(Admission::kReuse, 4 * 8192, 0, t0);
+  EXPECT_TRUE(a.Admit(Id(1), 8192, 1, false, t0)) << "nothing spent: a first offer goes";
+  EXPECT_FALSE(a.Admit(Id(2), 8192, 1, false, t1)) << "25% spent, 4% of the day gone";
+  EXPECT_TRUE(a.Admit(Id(3), 8192, 2, false, t1)) << "used twice";
+  EXPECT_TRUE(a.Admit(Id(2), 8192, 1, false, t1)) << "offered before";
+  EXPECT_FALSE(a.Admit(Id(4), 8192, 1, false, t1));
+  EXPECT_TRUE(a.Admit(Id(5), 8192, 0, true, t1)) << "a flush skips the rule";
+  EXPECT_FALSE(a.Admit(Id(6), 8192, 5, true, t1)) << "but not the budget";
+  EXPECT_EQ(a.budget_used(), 4u * 8192);
+  EXPECT_EQ(a.rejects(), 3u);
+  EXPECT_TRUE(a.Admit(Id(7), 8192, 1, false, t0 + std::chrono::hours(24))) << "a new window";
+}
+
+// The daemon's reuse mode and the simulator's ReuseAdmission take the same blocks from the
+// same offers within one window.
+TEST(NvmeAdmission, ReuseDecidesAsReuseAdmission) {
+  const Clock::time_point t0 = Clock::now();
+  const uint64_t budget = 300 * 4096;
+  NvmeAdmission daemon(Admission::kReuse, budget, 2048, t0);
+  ReuseAdmission::Options o;
+  o.budget_bytes = budget;
+  o.window_s = 86400.0;
+  o.memory = 2048;
+  ReuseAdmission sim(o, 0.0);
+  uint64_t x = 88172645463325252ull, taken = 0;
+  for (int i = 0; i < 5000; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    const double t = 86000.0 * i / 5000;
+    const BlockId id = Id(x % 3000);
+    const uint32_t uses = 1 + static_cast<uint32_t>((x >> 20) % 3);
+    const bool d = daemon.Admit(id, 4096, uses, false,
+                                t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t)));
+    ASSERT_EQ(d, sim.Admit(id, 4096, uses, t)) << "offer " << i;
+    taken += d;
+  }
+  EXPECT_EQ(daemon.budget_used(), sim.budget_used());
+  EXPECT_EQ(daemon.rejects(), sim.rejects());
+  EXPECT_GT(taken, 0u);
+  EXPECT_GT(daemon.rejects(), 0u);
 }
 
 }  // namespace
