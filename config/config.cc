@@ -337,6 +337,8 @@ const std::vector<Entry>& Schema() {
                  DoubleField([](Config& c) { return &c.tiers.policy.reuse_protected_fraction; })});
     s.push_back({"tiers.policy.reuse_ghost_factor",
                  DoubleField([](Config& c) { return &c.tiers.policy.reuse_ghost_factor; })});
+    s.push_back({"tiers.policy.tinylfu_window_fraction",
+                 DoubleField([](Config& c) { return &c.tiers.policy.tinylfu_window_fraction; })});
     s.push_back({"tiers.policy.reuse_density", BoolField([](Config& c) { return &c.tiers.policy.reuse_density; })});
     return s;
   }();

@@ -19,7 +19,9 @@ const char* TierName(Tier t);
 
 // Eviction policy of a tier (tiers/policy/policy.h); names and knobs in
 // tiers/policy/policy_options.h (kPolicyNames[k]).
-enum class PolicyKind : uint8_t { kLru = 0, kS3Fifo = 1, kPrefixLru = 2, kSieve = 3, kArc = 4, kReuse = 5 };
+enum class PolicyKind : uint8_t {
+  kLru = 0, kS3Fifo = 1, kPrefixLru = 2, kSieve = 3, kArc = 4, kReuse = 5, kTinyLfu = 6
+};
 // What eviction does with a tier's victim: demote it to the next tier, or drop it.
 enum class OnEvict : uint8_t { kDemote = 0, kDrop = 1 };
 // Which blocks the NVMe tier takes on demotion (tiers/nvme_admission.h): config names

@@ -60,6 +60,7 @@ TEST(Config, ErrorsNameTheKey) {
       {"[tiers.policy]\nreuse_ghost_factor = 20\n", {}, "tiers.policy.reuse_ghost_factor", "[0, 16]"},
       {"[tiers.policy]\ns3fifo_small_fraction = 0\n", {}, "tiers.policy.s3fifo_small_fraction", "(0, 1)"},
       {"[tiers.policy]\nreuse_density = 3\n", {}, "tiers.policy.reuse_density", "true or false"},
+      {"[tiers.policy]\ntinylfu_window_fraction = 1\n", {}, "tiers.policy.tinylfu_window_fraction", "(0, 1)"},
       {"[tiers.policy]\nreuse_tail = 0.1\n", {}, "tiers.policy.reuse_tail", "unknown key"},
       {"[daemon]\nring_entries = 100\n", {}, "daemon.ring_entries", "power of two"},
       {"[daemon]\nmetrics_port = 70000\n", {}, "daemon.metrics_port", "65535"},

@@ -237,6 +237,73 @@ TEST(Simulator, OracleIsAboveEveryPolicyAndBelowTheBound) {
   }
 }
 
+// The partial-knowledge oracles on a trace made for them (one block per request,
+// two blocks of cache): A, four one-time blocks, A again. LRU loses A to the one-time
+// blocks; the reuse-bit oracle knows they are dead and keeps A; a horizon of 1 x C (2
+// block references) does not see A's return 5 references ahead and loses it as LRU does;
+// 4 x C sees it and keeps it, as Belady does.
+TEST(Simulator, PartialOraclesKnowWhetherAndWithinAHorizon) {
+  KeyedTrace t;
+  t.block_tokens = 16;
+  for (uint64_t k : {1, 11, 12, 13, 14, 1}) {
+    t.keys.push_back({Key128{k, ~k}});
+    t.prompt_tokens.push_back(16);
+    t.arrival_s.push_back(0.0);
+  }
+  SimOptions o;
+  o.geometry = {2, 2, 64, 16};
+  o.tiers = {{"hbm", 2 * SlotBytes(KvFormat::kNvfp4, o.geometry), tiers::PolicyKind::kLru}};
+  EXPECT_EQ(Simulate(t, o).prefix_hits, 0u) << "lru";
+  o.partial_oracle = SimOptions::PartialOracle::kReuseBit;
+  EXPECT_EQ(Simulate(t, o).prefix_hits, 1u) << "reuse bit";
+  o.partial_oracle = SimOptions::PartialOracle::kHorizon;
+  o.horizon_lifetimes = 1.0;
+  EXPECT_EQ(Simulate(t, o).prefix_hits, 0u) << "within 1 x C";
+  o.horizon_lifetimes = 4.0;
+  EXPECT_EQ(Simulate(t, o).prefix_hits, 1u) << "within 4 x C";
+  o.partial_oracle = SimOptions::PartialOracle::kNone;
+  o.oracle = true;
+  EXPECT_EQ(Simulate(t, o).prefix_hits, 1u) << "belady";
+  o.horizon_lifetimes = 0.0;
+  EXPECT_FALSE(o.Validate().ok());
+}
+
+// On a generated workload the partial oracles are above LRU (they evict dead blocks
+// first, else LRU's victim) and below the bound, and a horizon past the trace's end is
+// the reuse-bit oracle.
+TEST(Simulator, PartialOraclesSitBetweenLruAndTheBound) {
+  GeneratorOptions g;
+  g.requests = 300;
+  g.sessions = 30;
+  g.system_tokens = 256;
+  g.first_turn_tokens = 128;
+  g.turn_tokens = 64;
+  const auto reqs = GenerateAgentic(g);
+  SimOptions o;
+  o.geometry = {2, 2, 64, 16};
+  const uint64_t slot = SlotBytes(KvFormat::kNvfp4, o.geometry);
+  const double bound = InfiniteBoundHitRate(reqs, 16);
+  for (uint64_t blocks : {40, 200}) {
+    o.tiers = {{"hbm", blocks * slot, tiers::PolicyKind::kLru}};
+    o.partial_oracle = SimOptions::PartialOracle::kNone;
+    const double lru = Simulate(reqs, o).hit_rate();
+    o.partial_oracle = SimOptions::PartialOracle::kReuseBit;
+    const double bit = Simulate(reqs, o).hit_rate();
+    EXPECT_GT(bit, lru) << blocks;
+    EXPECT_LE(bit, bound + 1e-12);
+    o.partial_oracle = SimOptions::PartialOracle::kHorizon;
+    o.horizon_lifetimes = 1.0;
+    const double h1 = Simulate(reqs, o).hit_rate();
+    o.horizon_lifetimes = 8.0;
+    const double h8 = Simulate(reqs, o).hit_rate();
+    EXPECT_GT(h1, lru) << blocks;
+    EXPECT_GT(h8, lru) << blocks;
+    EXPECT_LE(std::max(h1, h8), bound + 1e-12);
+    o.horizon_lifetimes = 1e9;
+    EXPECT_EQ(Simulate(reqs, o).hit_rate(), bit) << blocks;
+  }
+}
+
 // Host + NVMe with a write budget: every admission stays within it per window, always
 // spends it first come, and reuse (likely blocks first) writes no more than always and
 // hits at least as often on an agentic workload that returns to its sessions.
@@ -360,6 +427,16 @@ TEST(ReplayCli, PoliciesPrintEveryPolicyTheOracleAndTheBound) {
   EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--reuse-ghost-factor", "99"}).first, 2);
   EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--workload", "chat"}).first, 2);
   EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--workload", "tool-loop", "--requests", "50", "--json"}).first, 0);
+  const auto po = Ctl({"bench", "policies", "--json", "--quick", "--layers", "2", "--sweep", "4MiB", "--partial-oracles",
+                       "--oracle-horizons", "1,3"});
+  ASSERT_EQ(po.first, 0);
+  const auto pd = nlohmann::json::parse(po.second);
+  for (const char* k : {"oracle: reuse bit", "oracle: within 1 x C", "oracle: within 3 x C"}) {
+    ASSERT_TRUE(pd["budgets"][0].contains(k)) << k;
+    EXPECT_LE(pd["budgets"][0][k].get<double>(), pd["infinite_bound_hit_rate"].get<double>() + 1e-12) << k;
+  }
+  EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--partial-oracles", "--oracle-horizons", "0"}).first, 2);
+  EXPECT_EQ(Ctl({"bench", "policies", "--quick", "--oracle-horizons", "2"}).first, 2);
 }
 
 // bench admission: every rule at every budget, none past its budget; bad budgets and

@@ -235,6 +235,32 @@ TEST(Lru, EvictsLeastRecentlyUsed) {
   EXPECT_EQ(*p->Victim(all), B(2));
 }
 
+// W-TinyLFU (window of 1 block at capacity 100): a new block pushed out of the window
+// loses to main's least recent block, used four times (LRU would evict B(0)); a block
+// that returns with a longer history (five uses) wins its place against it.
+TEST(TinyLfu, TheSketchDecidesWhoEntersMain) {
+  auto p = EvictionPolicy::Create(PolicyKind::kTinyLfu, 100);
+  auto all = [](const BlockId&) { return true; };
+  for (uint64_t i = 0; i < 50; ++i) p->Insert(B(i), None());
+  for (int r = 0; r < 3; ++r) {
+    for (uint64_t i = 0; i < 50; ++i) p->Touch(B(i));
+  }
+  p->Insert(B(100), None());
+  p->Insert(B(101), None());  // pushes B(100) out of the window: a candidate
+  EXPECT_EQ(*p->Victim(all), B(100)) << "a block seen once must not displace a frequent one";
+  p->Remove(B(100));
+  // B(0) leaves and comes back: its count survives in the sketch.
+  p->Remove(B(0));
+  p->Insert(B(0), None());   // B(101) becomes a candidate
+  p->Insert(B(102), None());  // B(0) becomes a candidate, B(101) enters probation unopposed
+  EXPECT_EQ(*p->Victim(all), B(49)) << "the returning block, used more often, wins against main's least recent";
+  EXPECT_TRUE(p->Contains(B(0)));
+  EXPECT_EQ(EvictionPolicy::Create(PolicyKind::kLru, 100)->name(), std::string("lru"));
+  PolicyOptions bad;
+  bad.tinylfu_window_fraction = 1.0;
+  EXPECT_NE(bad.Check(), "");
+}
+
 TEST(S3Fifo, OneHitWondersGoFirstAndGhostsReturnToMain) {
   auto p = EvictionPolicy::Create(PolicyKind::kS3Fifo, 20);  // small queue target 2
   auto all = [](const BlockId&) { return true; };

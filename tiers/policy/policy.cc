@@ -8,6 +8,7 @@
 #include <list>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 namespace kvtier::tiers {
 
@@ -569,9 +570,151 @@ class ReusePolicy final : public EvictionPolicy {
   absl::flat_hash_map<BlockId, std::list<BlockId>::iterator, BlockIdHash> ghost_map_;
 };
 
+// ---- W-TinyLFU ---------------------------------------------------------------------
+// Einziger, Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission Policy"
+// (ACM ToS 2017), laid out as Caffeine runs it: a window LRU (tinylfu_window_fraction of
+// the tier) in front of a segmented LRU main (probation, and protected up to 80% of the
+// rest). Every insert and touch counts the block in a count-min sketch (4 rows of 4-bit
+// counters, width the next power of two >= max(1024, capacity)) behind a doorkeeper (a
+// bit set that the first sighting sets instead of the counters); after 10 x capacity
+// counts every counter halves and the doorkeeper clears, so the counts follow the
+// workload. A block pushed out of the window is a *candidate* for main; when a block must
+// leave, the oldest candidate competes with main's least recent block (probation first):
+// it enters main only if its estimated frequency is higher, and the loser leaves. The
+// tier manager decides when a block leaves (its watermarks), so the candidates wait in
+// their own list; past window-size candidates, the oldest enters probation unopposed (a
+// tier filling up). Memory: the entries plus 3 bytes per sketch column (2 of counters, 1
+// of doorkeeper bits).
+class TinyLfuPolicy final : public EvictionPolicy {
+ public:
+  TinyLfuPolicy(uint64_t capacity, double window_fraction)
+      : window_target_(std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(capacity) * window_fraction))),
+        protected_target_(std::max<uint64_t>(1, (capacity - std::min(capacity, window_target_)) * 4 / 5)),
+        sample_(10 * capacity) {
+    uint64_t w = 1024;
+    while (w < capacity) w <<= 1;
+    mask_ = w - 1;
+    for (auto& row : rows_) row.assign(w / 2, 0);  // two 4-bit counters a byte
+    door_.assign(w, 0);                            // 8 x w doorkeeper bits
+    door_mask_ = 8 * w - 1;
+  }
+  const char* name() const override { return PolicyName(PolicyKind::kTinyLfu); }
+  void Insert(const BlockId& b, const BlockId&) override {
+    if (map_.count(b)) return Touch(b);
+    Count(b);
+    lists_[kWindow].push_back(b);
+    map_[b] = {std::prev(lists_[kWindow].end()), kWindow};
+    while (lists_[kWindow].size() > window_target_) {
+      Move(map_.find(lists_[kWindow].front())->second, kCandidate);
+    }
+    while (lists_[kCandidate].size() > window_target_) {
+      Move(map_.find(lists_[kCandidate].front())->second, kProbation);
+    }
+  }
+  void Touch(const BlockId& b) override {
+    auto it = map_.find(b);
+    if (it == map_.end()) return;
+    Count(b);
+    Entry& e = it->second;
+    if (e.list == kProbation || e.list == kCandidate) {  // used again out of the window: protected
+      Move(e, kProtected);
+      if (lists_[kProtected].size() > protected_target_) {
+        Move(map_.find(lists_[kProtected].front())->second, kProbation);
+      }
+    } else {
+      lists_[e.list].splice(lists_[e.list].end(), lists_[e.list], e.pos);
+    }
+  }
+  void Remove(const BlockId& b) override {
+    auto it = map_.find(b);
+    if (it == map_.end()) return;
+    lists_[it->second.list].erase(it->second.pos);
+    map_.erase(it);
+  }
+  std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& ok) override {
+    const BlockId* cand = First(kCandidate, ok);
+    const BlockId* victim = First(kProbation, ok);
+    if (!victim) victim = First(kProtected, ok);
+    if (cand && victim) {
+      if (Estimate(*cand) <= Estimate(*victim)) return *cand;
+      const BlockId v = *victim;
+      Move(map_.find(*cand)->second, kProbation);  // the candidate wins a place in main
+      return v;
+    }
+    if (cand) return *cand;
+    if (victim) return *victim;
+    if (const BlockId* w = First(kWindow, ok)) return *w;  // main empty or pinned
+    return std::nullopt;
+  }
+  size_t size() const override { return map_.size(); }
+  bool Contains(const BlockId& b) const override { return map_.count(b) != 0; }
+
+ private:
+  enum List : uint8_t { kWindow = 0, kCandidate = 1, kProbation = 2, kProtected = 3 };
+  struct Entry {
+    std::list<BlockId>::iterator pos;
+    List list = kWindow;
+  };
+  // The least recent block of list l that ok() accepts.
+  const BlockId* First(List l, const std::function<bool(const BlockId&)>& ok) const {
+    for (const BlockId& b : lists_[l]) {
+      if (ok(b)) return &b;
+    }
+    return nullptr;
+  }
+  void Move(Entry& e, List to) {
+    lists_[to].splice(lists_[to].end(), lists_[e.list], e.pos);
+    e.list = to;
+  }
+  static uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+  }
+  uint64_t Column(uint64_t h, int row) const { return Mix(h + 0x9E3779B97F4A7C15ull * (row + 1)) & mask_; }
+  uint8_t Get(int row, uint64_t c) const { return (rows_[row][c >> 1] >> ((c & 1) * 4)) & 0xF; }
+  uint64_t DoorBit(uint64_t h) const { return Mix(h ^ 0xD6E8FEB86659FD93ull) & door_mask_; }
+  // The sketch's estimate: the least of the block's counters, plus its doorkeeper bit.
+  uint32_t Estimate(const BlockId& b) const {
+    const uint64_t h = BlockIdHash()(b);
+    uint32_t m = 15;
+    for (int r = 0; r < kRows; ++r) m = std::min<uint32_t>(m, Get(r, Column(h, r)));
+    const uint64_t d = DoorBit(h);
+    return m + ((door_[d >> 3] >> (d & 7)) & 1);
+  }
+  void Count(const BlockId& b) {
+    const uint64_t h = BlockIdHash()(b);
+    const uint64_t d = DoorBit(h);
+    if (!((door_[d >> 3] >> (d & 7)) & 1)) {
+      door_[d >> 3] |= static_cast<uint8_t>(1u << (d & 7));  // first sighting since the last halving
+    } else {
+      for (int r = 0; r < kRows; ++r) {
+        const uint64_t c = Column(h, r);
+        if (Get(r, c) < 15) rows_[r][c >> 1] += static_cast<uint8_t>(1u << ((c & 1) * 4));
+      }
+    }
+    if (++counted_ >= sample_) {  // age: halve every counter, clear the doorkeeper
+      counted_ = 0;
+      for (auto& row : rows_) {
+        for (uint8_t& byte : row) byte = static_cast<uint8_t>((byte >> 1) & 0x77);
+      }
+      std::fill(door_.begin(), door_.end(), 0);
+    }
+  }
+  static constexpr int kRows = 4;
+  const uint64_t window_target_, protected_target_, sample_;
+  uint64_t mask_ = 0, door_mask_ = 0, counted_ = 0;
+  std::vector<uint8_t> rows_[kRows];
+  std::vector<uint8_t> door_;
+  std::list<BlockId> lists_[4];  // each: front = least recent (candidates: oldest)
+  absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
+};
+
 }  // namespace
 
-static_assert(kPolicyNames.size() == static_cast<size_t>(PolicyKind::kReuse) + 1,
+static_assert(kPolicyNames.size() == static_cast<size_t>(PolicyKind::kTinyLfu) + 1,
               "kPolicyNames and PolicyKind must list the same policies in the same order");
 
 std::unique_ptr<EvictionPolicy> EvictionPolicy::Create(PolicyKind kind, uint64_t capacity, const PolicyOptions& o) {
@@ -583,6 +726,7 @@ std::unique_ptr<EvictionPolicy> EvictionPolicy::Create(PolicyKind kind, uint64_t
     case PolicyKind::kSieve: return std::make_unique<SievePolicy>();
     case PolicyKind::kArc: return std::make_unique<ArcPolicy>(capacity);
     case PolicyKind::kReuse: return std::make_unique<ReusePolicy>(capacity, o);
+    case PolicyKind::kTinyLfu: return std::make_unique<TinyLfuPolicy>(capacity, o.tinylfu_window_fraction);
   }
   return nullptr;  // TierOptions::Validate refuses a kind outside the table
 }

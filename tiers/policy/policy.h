@@ -1,4 +1,4 @@
-// Eviction policies: one small interface, six implementations, chosen per tier by name in
+// Eviction policies: one small interface, seven implementations, chosen per tier by name in
 // the config (TierOptions::policy; the names and knobs are in policy_options.h).
 //
 //   lru        least recently used first.
@@ -28,6 +28,10 @@
 //              (the share drops by one block), one evicted from protected says the
 //              opposite. On the Mooncake trace the used-again blocks are reused about
 //              twice as often as new ones (docs/tiers.md).
+//   tinylfu    W-TinyLFU (Einziger et al., ACM ToS 2017; Caffeine's layout): a window LRU
+//              (1%) in front of a segmented LRU main; a block pushed out of the window
+//              enters main only if a count-min sketch (with a doorkeeper and periodic
+//              halving) estimates it more frequent than main's least recent block.
 //
 // The policy only orders blocks; the TierManager decides when to evict (watermarks) and
 // what happens to a victim (demote or drop). Victim() takes a predicate so that pinned

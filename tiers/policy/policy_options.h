@@ -14,8 +14,8 @@
 
 namespace kvtier::tiers {
 
-inline constexpr std::array<std::string_view, 6> kPolicyNames = {
-    "lru", "s3fifo", "prefix-lru", "sieve", "arc", "reuse"};
+inline constexpr std::array<std::string_view, 7> kPolicyNames = {
+    "lru", "s3fifo", "prefix-lru", "sieve", "arc", "reuse", "tinylfu"};
 
 // Index of `name` in kPolicyNames, or -1.
 constexpr int PolicyIndex(std::string_view name) {
@@ -52,6 +52,8 @@ struct PolicyOptions {
   // reuse: choose between the two segments' least recent blocks by hit density learned
   // online per segment and age. Default: true
   bool reuse_density = true;
+  // tinylfu: the window LRU's share of the tier's blocks, in (0, 1). Default: 0.01
+  double tinylfu_window_fraction = 0.01;
 
   bool operator==(const PolicyOptions&) const = default;
 
@@ -62,6 +64,9 @@ struct PolicyOptions {
       return "reuse_protected_fraction must be in (0, 1)";
     }
     if (!(reuse_ghost_factor >= 0.0 && reuse_ghost_factor <= 16.0)) return "reuse_ghost_factor must be in [0, 16]";
+    if (!(tinylfu_window_fraction > 0.0 && tinylfu_window_fraction < 1.0)) {
+      return "tinylfu_window_fraction must be in (0, 1)";
+    }
     return "";
   }
 };

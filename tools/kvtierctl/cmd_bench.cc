@@ -63,9 +63,14 @@ tiers:
   --hbm SIZE (4GiB) --host SIZE (16GiB) --policy NAME (prefix-lru)
   --formats nvfp4,fp8,bf16
   --policies A,B,...      bench policies: the policies to compare with lru (all)
+  --partial-oracles       bench policies: also the oracles of partial knowledge (LRU
+                          order, blocks known dead first): reuse-bit (whether a block
+                          returns) and, per --oracle-horizons K, whether it returns within
+                          K x C block references (C the budget's blocks)
+  --oracle-horizons K,K   the horizons of --partial-oracles (1,2,4)
   policies: {policies} (knobs as in [tiers.policy]:
   --s3fifo-small-fraction F --reuse-protected-fraction F --reuse-ghost-factor F
-  --reuse-density 0|1)
+  --reuse-density 0|1 --tinylfu-window-fraction F)
 replay:
   --sweep SIZE,SIZE,...   HBM budgets to sweep (replay) or budgets to test (policies)
   --prefill-tok-s R       prefill rate for the time-saved estimate (20000)
@@ -86,7 +91,8 @@ const std::vector<std::string> kKnown = {
     "block-tokens", "hbm", "host", "policy", "formats", "sweep", "prefill-tok-s", "json", "plot",
     "append", "simulate", "results", "spawn", "socket", "nvme", "verify-full", "max-requests", "quick",
     "s3fifo-small-fraction", "reuse-protected-fraction", "reuse-ghost-factor", "reuse-density",
-    "workload", "policies", "nvme-budgets", "windows"};
+    "workload", "policies", "nvme-budgets", "windows", "partial-oracles", "oracle-horizons",
+    "tinylfu-window-fraction"};
 
 struct Setup {
   std::vector<replay::Request> reqs;
@@ -212,7 +218,8 @@ StatusOr<Setup> ParseSetup(const cli::Args& a) {
   }
   for (auto [name, field] : {std::pair{"s3fifo-small-fraction", &s.knobs.s3fifo_small_fraction},
                              std::pair{"reuse-protected-fraction", &s.knobs.reuse_protected_fraction},
-                             std::pair{"reuse-ghost-factor", &s.knobs.reuse_ghost_factor}}) {
+                             std::pair{"reuse-ghost-factor", &s.knobs.reuse_ghost_factor},
+                             std::pair{"tinylfu-window-fraction", &s.knobs.tinylfu_window_fraction}}) {
     auto v = a.GetDouble(name, *field);
     if (!v.ok()) return v.status();
     *field = *v;
@@ -542,21 +549,43 @@ int Policies(const cli::Args& a, const std::string& cmdline) {
   std::vector<uint64_t> budgets = s->sweep;
   if (budgets.empty()) budgets = {s->hbm / 4, s->hbm / 2, s->hbm, s->hbm * 2, s->hbm * 4};
   std::sort(budgets.begin(), budgets.end());
+  // The oracles of partial knowledge: 0 the reuse bit, K > 0 a horizon of K x C.
+  std::vector<double> partial;
+  if (a.Has("partial-oracles")) {
+    partial.push_back(0.0);
+    std::stringstream hs(a.Get("oracle-horizons").value_or("1,2,4"));
+    std::string h;
+    while (std::getline(hs, h, ',')) {
+      char* end = nullptr;
+      const double k = std::strtod(h.c_str(), &end);
+      if (h.empty() || *end != '\0' || !(k > 0.0) || !std::isfinite(k)) {
+        return Fail("bench policies: --oracle-horizons: '" + h + "' is not a number > 0", 2);
+      }
+      partial.push_back(k);
+    }
+  } else if (a.Has("oracle-horizons")) {
+    return Fail("bench policies: --oracle-horizons needs --partial-oracles", 2);
+  }
+  auto partial_name = [](double k) {
+    return k == 0.0 ? std::string("oracle: reuse bit") : "oracle: within " + bench::Fmt("%g", k) + " x C";
+  };
   const double bound = replay::InfiniteBoundHitRate(s->keyed);
   const auto& kinds = s->compare;  // lru first
-  const size_t np = kinds.size() + 1;  // + the oracle, last
+  const size_t np = kinds.size() + partial.size() + 1;  // policies, partial oracles, Belady last
   std::string formats;
   for (KvFormat f : s->formats) formats += std::string(formats.empty() ? "" : ", ") + KvFormatName(f);
   bench::Report rep("policies: block-weighted prefix hit rate by eviction policy (single tier, " + formats + ")",
                     cmdline);
   std::vector<std::string> cols = {"format", "budget", "blocks"};
   for (auto k : kinds) cols.push_back(std::string(tiers::PolicyName(k)) + (k == tiers::PolicyKind::kLru ? " (baseline)" : ""));
-  cols.insert(cols.end(), {"best", "best - lru (points)", "oracle", "infinite bound"});
+  cols.insert(cols.end(), {"best", "best - lru (points)"});
+  for (double k : partial) cols.push_back(partial_name(k));
+  cols.insert(cols.end(), {"oracle", "infinite bound"});
   rep.SetColumns(cols);
   json doc;
   doc["workload"] = s->workload;
   doc["infinite_bound_hit_rate"] = bound;
-  // rates[format][budget][policy]; the last policy slot is the oracle.
+  // rates[format][budget][slot]: the policies, then the partial oracles, then Belady.
   std::vector<std::vector<std::vector<double>>> rates(
       s->formats.size(), std::vector<std::vector<double>>(budgets.size(), std::vector<double>(np, 0.0)));
   std::vector<std::function<void()>> jobs;
@@ -569,7 +598,13 @@ int Policies(const cli::Args& a, const std::string& cmdline) {
           o.geometry = s->geo;
           o.policy_options = s->knobs;
           o.oracle = pi + 1 == np;
-          o.tiers = {{"cache", budgets[bi], o.oracle ? tiers::PolicyKind::kLru : kinds[pi]}};
+          if (pi >= kinds.size() && pi + 1 < np) {
+            const double k = partial[pi - kinds.size()];
+            o.partial_oracle = k == 0.0 ? replay::SimOptions::PartialOracle::kReuseBit
+                                        : replay::SimOptions::PartialOracle::kHorizon;
+            o.horizon_lifetimes = k == 0.0 ? 1.0 : k;
+          }
+          o.tiers = {{"cache", budgets[bi], pi < kinds.size() ? kinds[pi] : tiers::PolicyKind::kLru}};
           rates[fi][bi][pi] = replay::Simulate(s->keyed, o).hit_rate();
         });
       }
@@ -584,23 +619,28 @@ int Policies(const cli::Args& a, const std::string& cmdline) {
       const auto& hr = rates[fi][bi];
       const uint64_t cap = b / SlotBytes(f, s->geo);
       size_t best = 0;
-      for (size_t pi = 1; pi + 1 < np; ++pi) {
+      for (size_t pi = 1; pi < kinds.size(); ++pi) {
         if (hr[pi] > hr[best]) best = pi;
       }
       std::vector<std::string> row = {KvFormatName(f), GiB(b), std::to_string(cap)};
       json j = {{"format", KvFormatName(f)}, {"bytes", b}, {"blocks", cap}};
-      for (size_t pi = 0; pi + 1 < np; ++pi) {
+      for (size_t pi = 0; pi < kinds.size(); ++pi) {
         row.push_back(bench::Fmt("%.4f", hr[pi]));
         j[tiers::PolicyName(kinds[pi])] = hr[pi];
       }
-      row.insert(row.end(), {tiers::PolicyName(kinds[best]), bench::Fmt("%+.2f", 100.0 * (hr[best] - hr[0])),
-                             bench::Fmt("%.4f", hr[np - 1]), bench::Fmt("%.4f", bound)});
+      row.insert(row.end(), {tiers::PolicyName(kinds[best]), bench::Fmt("%+.2f", 100.0 * (hr[best] - hr[0]))});
+      for (size_t i = 0; i < partial.size(); ++i) {
+        row.push_back(bench::Fmt("%.4f", hr[kinds.size() + i]));
+        j[partial_name(partial[i])] = hr[kinds.size() + i];
+      }
+      row.insert(row.end(), {bench::Fmt("%.4f", hr[np - 1]), bench::Fmt("%.4f", bound)});
       j["oracle"] = hr[np - 1];
       j["best"] = tiers::PolicyName(kinds[best]);
       rep.AddRow(row);
       doc["budgets"].push_back(j);
     }
     for (size_t pi = 0; pi < np; ++pi) {
+      if (pi >= kinds.size() && pi + 1 < np) continue;  // the partial oracles: in the table only
       Series ln{std::string(KvFormatName(f)) + " " + (pi + 1 == np ? "oracle" : tiers::PolicyName(kinds[pi])),
                 pi + 1 == np ? "#000000" : PolicyColor(pi + 1), pi + 1 == np || fi > 0, {}};
       for (size_t bi = 0; bi < budgets.size(); ++bi) ln.y.push_back(rates[fi][bi][pi]);
@@ -609,7 +649,11 @@ int Policies(const cli::Args& a, const std::string& cmdline) {
   }
   rep.AddNote("Workload: " + s->workload + ". Block size " + std::to_string(SlotBytes(s->formats.front(), s->geo)) +
               " bytes for " + KvFormatName(s->formats.front()) + " (T=" + std::to_string(s->geo.block_tokens) +
-              "). Oracle: Belady (farthest next use first) over the same requests; bound: every repeated block a hit.");
+              "). Oracle: Belady (farthest next use first) over the same requests; bound: every repeated block a hit." +
+              (partial.empty() ? std::string()
+                               : std::string(" Partial oracles (LRU order, blocks known dead evicted first; measures, not "
+                                             "policies): reuse bit = whether a block is referenced again; within K x C = "
+                                             "whether within K x (the budget's blocks) block references.")));
   if (auto p = a.Get("plot")) {
     if (auto st = WritePlot(*p, "prefix hit rate vs budget by policy (single tier)", budgets, lines, bound); !st.ok()) {
       return Fail("bench policies: " + st.message());
@@ -741,7 +785,7 @@ int Run(const std::vector<std::string>& argv) {
     std::fputs(Usage().c_str(), argv.empty() ? stderr : stdout);
     return argv.empty() ? 2 : 0;
   }
-  auto a = cli::Args::Parse(std::vector<std::string>(argv.begin() + 1, argv.end()), {"json", "append", "simulate", "spawn", "verify-full", "quick"});
+  auto a = cli::Args::Parse(std::vector<std::string>(argv.begin() + 1, argv.end()), {"json", "append", "simulate", "spawn", "verify-full", "quick", "partial-oracles"});
   if (!a.ok()) return Fail("bench: " + a.status().message(), 2);
   if (auto st = a->CheckKnown(kKnown); !st.ok()) return Fail("bench " + argv[0] + ": " + st.message(), 2);
   if (!a->positional().empty()) return Fail("bench " + argv[0] + ": unexpected argument '" + a->positional()[0] + "'", 2);

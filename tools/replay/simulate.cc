@@ -1,7 +1,10 @@
 #include "tools/replay/simulate.h"
 
 #include <chrono>
+#include <cmath>
+#include <map>
 #include <memory>
+#include <queue>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -19,6 +22,7 @@ Status SimOptions::Validate() const {
   if (tiers.empty()) return Status::Invalid("simulation needs at least one tier");
   if (std::string why = policy_options.Check(); !why.empty()) return Status::Invalid("policy: " + why);
   if (!(admission.window_s > 0.0)) return Status::Invalid("admission: window_s must be > 0");
+  if (!(horizon_lifetimes > 0.0)) return Status::Invalid("horizon_lifetimes must be > 0");
   return geometry.Validate(format);
 }
 
@@ -39,10 +43,11 @@ uint64_t SimResult::token_capacity(uint32_t block_tokens) const {
 
 namespace {
 
-// When a block is referenced next, and how deep in its chain: what the oracle ranks by.
+// When a block is referenced next, and how deep in its chain: what the oracles rank by.
 struct NextUse {
   uint64_t next = UINT64_MAX;  // request index of the next reference; never again = max
   uint32_t depth = 0;          // position in the chain
+  uint64_t next_pos = UINT64_MAX;  // block references before that request; never = max
 };
 using NextUseMap = std::unordered_map<BlockId, NextUse, BlockIdHash>;
 
@@ -96,6 +101,85 @@ class BeladyPolicy final : public tiers::EvictionPolicy {
   std::set<std::pair<NextUse, BlockId>, Farthest> order_;
 };
 
+// The partial-knowledge oracles (simulate.h): LRU order in two lists, the blocks known to
+// be dead (never referenced again, or not within `horizon` block references of *now)
+// first. A block's status is set when it is inserted, touched or Update()d (the
+// simulator updates every cached block of a request before running it); a block beyond
+// the horizon becomes live when the horizon reaches its next use (a heap of those times,
+// applied before each victim choice). horizon = UINT64_MAX: the reuse-bit oracle.
+class PartialOraclePolicy final : public tiers::EvictionPolicy {
+ public:
+  PartialOraclePolicy(const NextUseMap* next, const uint64_t* now, uint64_t horizon, const char* name)
+      : next_(next), now_(now), horizon_(horizon), name_(name) {}
+  const char* name() const override { return name_; }
+  void Insert(const BlockId& b, const BlockId&) override { Set(b, true, true); }
+  void Touch(const BlockId& b) override { Set(b, false, true); }
+  // New knowledge of b's next use (the same LRU place).
+  void Update(const BlockId& b) { Set(b, false, false); }
+  void Remove(const BlockId& b) override {
+    auto it = map_.find(b);
+    if (it == map_.end()) return;
+    (it->second.dead ? dead_ : live_).erase(it->second.tick);
+    map_.erase(it);
+  }
+  std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& ok) override {
+    while (!wake_.empty() && wake_.top().at <= *now_) {
+      const Wake w = wake_.top();
+      wake_.pop();
+      auto it = map_.find(w.id);
+      if (it == map_.end() || !it->second.dead || it->second.next_pos != w.next_pos) continue;
+      dead_.erase(it->second.tick);
+      it->second.dead = false;
+      live_[it->second.tick] = w.id;
+    }
+    for (const auto* l : {&dead_, &live_}) {
+      for (const auto& [tick, b] : *l) {
+        if (ok(b)) return b;
+      }
+    }
+    return std::nullopt;
+  }
+  size_t size() const override { return map_.size(); }
+  bool Contains(const BlockId& b) const override { return map_.count(b) != 0; }
+
+ private:
+  struct Entry {
+    uint64_t tick = 0;
+    uint64_t next_pos = UINT64_MAX;
+    bool dead = false;
+  };
+  struct Wake {
+    uint64_t at;  // *now_ from which the block is within the horizon
+    uint64_t next_pos;
+    BlockId id;
+    bool operator>(const Wake& o) const { return at > o.at; }
+  };
+  void Set(const BlockId& b, bool insert, bool use) {
+    auto it = map_.find(b);
+    if (it == map_.end()) {
+      if (!insert) return;
+      it = map_.emplace(b, Entry{++clock_, UINT64_MAX, false}).first;
+    } else {
+      (it->second.dead ? dead_ : live_).erase(it->second.tick);
+      if (use) it->second.tick = ++clock_;
+    }
+    Entry& e = it->second;
+    auto n = next_->find(b);
+    e.next_pos = n == next_->end() ? UINT64_MAX : n->second.next_pos;
+    e.dead = e.next_pos == UINT64_MAX || (horizon_ != UINT64_MAX && e.next_pos - *now_ > horizon_);
+    (e.dead ? dead_ : live_)[e.tick] = b;
+    if (e.dead && e.next_pos != UINT64_MAX) wake_.push({e.next_pos - horizon_, e.next_pos, b});
+  }
+  const NextUseMap* next_;
+  const uint64_t* now_;  // block references before the current request
+  const uint64_t horizon_;
+  const char* name_;
+  uint64_t clock_ = 0;
+  std::unordered_map<BlockId, Entry, BlockIdHash> map_;
+  std::map<uint64_t, BlockId> dead_, live_;  // by tick of last use: least recent first
+  std::priority_queue<Wake, std::vector<Wake>, std::greater<Wake>> wake_;
+};
+
 // What the simulator knows of a cached block: its parent, its depth in its chain, and
 // how many requests used it since it entered the cache.
 struct Meta {
@@ -107,14 +191,24 @@ struct Meta {
 class Simulator {
  public:
   // next: per request, per block, the index of the request that references the block
-  // next (UINT64_MAX: never); only for the oracle.
-  Simulator(const SimOptions& o, const std::vector<std::vector<uint64_t>>* next) : opts_(o), next_of_(next) {
+  // next (UINT64_MAX: never); req_pos: per request, the block references before it. Only
+  // for the oracles.
+  Simulator(const SimOptions& o, const std::vector<std::vector<uint64_t>>* next, const std::vector<uint64_t>* req_pos)
+      : opts_(o), next_of_(next), req_pos_(req_pos),
+        knows_future_(o.oracle || o.partial_oracle != SimOptions::PartialOracle::kNone) {
     res_.slot_bytes = SlotBytes(o.format, o.geometry);
     for (const auto& t : o.tiers) {
       const uint64_t cap = t.capacity_bytes / res_.slot_bytes;
       res_.capacity_blocks.push_back(cap);
       if (o.oracle) {
         policies_.push_back(std::make_unique<BeladyPolicy>(&next_use_));
+      } else if (o.partial_oracle != SimOptions::PartialOracle::kNone) {
+        const bool bit = o.partial_oracle == SimOptions::PartialOracle::kReuseBit;
+        const uint64_t h = bit ? UINT64_MAX
+                               : static_cast<uint64_t>(std::ceil(o.horizon_lifetimes * static_cast<double>(std::max<uint64_t>(cap, 1))));
+        auto p = std::make_unique<PartialOraclePolicy>(&next_use_, &now_pos_, h, bit ? "reuse-bit oracle" : "horizon oracle");
+        partial_.push_back(p.get());
+        policies_.push_back(std::move(p));
       } else {
         policies_.push_back(tiers::EvictionPolicy::Create(t.policy, std::max<uint64_t>(cap, 1), o.policy_options));
       }
@@ -140,12 +234,16 @@ class Simulator {
   void Run(const std::vector<Key128>& keys, uint32_t prompt_tokens, double arrival_s) {
     const uint32_t T = opts_.geometry.block_tokens;
     now_s_ = arrival_s;
-    if (opts_.oracle) {  // every block of this request: its next use is now a later one
+    now_pos_ = res_.blocks;
+    if (knows_future_) {  // every block of this request: its next use is now a later one
       const auto& nx = (*next_of_)[res_.requests];
       for (size_t j = 0; j < keys.size(); ++j) {
         const BlockId b = Id(keys[j]);
-        next_use_[b] = NextUse{nx[j], static_cast<uint32_t>(j)};
-        if (auto it = where_.find(b); it != where_.end()) policies_[it->second]->Touch(b);
+        next_use_[b] = NextUse{nx[j], static_cast<uint32_t>(j), nx[j] == UINT64_MAX ? UINT64_MAX : (*req_pos_)[nx[j]]};
+        if (auto it = where_.find(b); it != where_.end()) {
+          if (opts_.oracle) policies_[it->second]->Touch(b);
+          else partial_[it->second]->Update(b);
+        }
       }
     }
     ++res_.requests;
@@ -240,6 +338,10 @@ class Simulator {
 
   SimOptions opts_;
   const std::vector<std::vector<uint64_t>>* next_of_;
+  const std::vector<uint64_t>* req_pos_;
+  const bool knows_future_;
+  uint64_t now_pos_ = 0;  // block references before the current request
+  std::vector<PartialOraclePolicy*> partial_;  // per tier, the partial oracles
   NextUseMap next_use_;
   SimResult res_;
   std::vector<std::unique_ptr<tiers::EvictionPolicy>> policies_;
@@ -268,7 +370,10 @@ KeyedTrace KeyTrace(const std::vector<Request>& reqs, uint32_t block_tokens, uin
 
 SimResult Simulate(const KeyedTrace& trace, const SimOptions& opts) {
   std::vector<std::vector<uint64_t>> next;
-  if (opts.oracle) {  // one backward pass: the next request that references each block
+  std::vector<uint64_t> req_pos(trace.keys.size() + 1, 0);
+  for (size_t i = 0; i < trace.keys.size(); ++i) req_pos[i + 1] = req_pos[i] + trace.keys[i].size();
+  if (opts.oracle || opts.partial_oracle != SimOptions::PartialOracle::kNone) {
+    // one backward pass: the next request that references each block
     next.resize(trace.keys.size());
     std::unordered_map<Key128, uint64_t, Key128Hash> later;
     for (size_t i = trace.keys.size(); i-- > 0;) {
@@ -281,7 +386,7 @@ SimResult Simulate(const KeyedTrace& trace, const SimOptions& opts) {
       for (const auto& k : keys) later[k] = i;
     }
   }
-  Simulator s(opts, &next);
+  Simulator s(opts, &next, &req_pos);
   for (size_t i = 0; i < trace.keys.size(); ++i) {
     s.Run(trace.keys[i], trace.prompt_tokens[i], i < trace.arrival_s.size() ? trace.arrival_s[i] : 0.0);
   }

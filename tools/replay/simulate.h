@@ -18,6 +18,15 @@
 // ties going to the block deepest in its chain. It reads the whole trace ahead, so it
 // exists only here; it is the line an online policy is measured against, not the true
 // optimum of prefix caching (which must also weigh a chain's blocks together).
+// Oracles of partial knowledge (SimOptions::partial_oracle) show which knowledge the gap
+// to Belady needs. Both keep LRU order and evict first, in LRU order, the blocks they know
+// to be dead:
+//   reuse-bit  knows *whether* a block is referenced again, not when: a block that never
+//              is goes first;
+//   horizon    knows whether it is referenced again within horizon_lifetimes x C block
+//              references from now (C: the tier's blocks; an LRU of C blocks keeps a
+//              block for at least C references): a block that is not goes first.
+// Like Belady they read the trace ahead: they are measures, never policies.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +65,11 @@ struct SimOptions {
   uint64_t contract_id = 0;         // salt for the key chain (format-independent keys)
   tiers::PolicyOptions policy_options;  // knobs of the tiers' policies. Default: defaults
   bool oracle = false;              // every tier evicts by Belady (tier policies ignored). Default: false
+  // A partial-knowledge oracle in every tier instead of the policies (ignored when
+  // `oracle` is set). Default: none
+  enum class PartialOracle { kNone, kReuseBit, kHorizon };
+  PartialOracle partial_oracle = PartialOracle::kNone;
+  double horizon_lifetimes = 1.0;   // kHorizon: the horizon in multiples of C, > 0. Default: 1
   SimAdmission admission;           // into the tier named "nvme". Default: always, no budget
   Status Validate() const;
 };
