@@ -154,8 +154,10 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
   }
   const bool has_host = (r.flags & w::kReplyHasHost) != 0;
   const bool has_staging = (r.flags & w::kReplyHasStaging) != 0;
-  const size_t want_fds = 1u + (has_host ? 1u : 0u) + (has_staging ? 1u : 0u);
-  if (fds.size() != r.num_fds || fds.size() != want_fds || has_host != has_staging) {
+  // Private: no arena fd (the daemon has tenants); the staging area is fd [1].
+  const bool host_private = (r.flags & w::kReplyHostPrivate) != 0;
+  const size_t want_fds = 1u + (has_host && !host_private ? 1u : 0u) + (has_staging ? 1u : 0u);
+  if (fds.size() != r.num_fds || fds.size() != want_fds || has_host != has_staging || (host_private && !has_host)) {
     close_fds();
     Detach(c);
     return Fail(KVTIER_IO_ERROR, "attach: expected " + std::to_string(want_fds) + " fds (host arena and staging "
@@ -190,22 +192,26 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
     // One window: the arena read-only (sealed: a writable mapping is refused), then this
     // client's staging area writable right after it, so that host slot s of either kind
     // is at window + s * slot_bytes (HostSlotOffset) and staging ids follow arena ids.
+    // Without the arena fd (private) the arena's part of the window stays unmapped.
+    const int arena_fd = host_private ? -1 : fds[1];
+    const int staging_fd = host_private ? fds[1] : fds[2];
     const uint64_t staging_bytes = uint64_t{r.staging_slots} * r.slot_bytes;
     struct stat sst;
-    if (::fstat(fds[1], &st) != 0 || static_cast<uint64_t>(st.st_size) < r.host_arena_bytes ||
+    if ((arena_fd >= 0 && (::fstat(arena_fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < r.host_arena_bytes)) ||
         r.slot_bytes == 0 || r.host_arena_bytes % r.slot_bytes != 0 || r.staging_slots == 0 ||
-        ::fstat(fds[2], &sst) != 0 || static_cast<uint64_t>(sst.st_size) < staging_bytes) {
+        ::fstat(staging_fd, &sst) != 0 || static_cast<uint64_t>(sst.st_size) < staging_bytes) {
       close_fds();
       Detach(c);
       return Fail(KVTIER_IO_ERROR, "attach: host arena or staging area size mismatch");
     }
     const uint64_t window = r.host_arena_bytes + staging_bytes;
     p = ::mmap(nullptr, window, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    void* arena = p == MAP_FAILED ? MAP_FAILED
-                                  : ::mmap(p, r.host_arena_bytes, PROT_READ, MAP_SHARED | MAP_FIXED, fds[1], 0);
+    void* arena = p == MAP_FAILED || arena_fd < 0
+                      ? p
+                      : ::mmap(p, r.host_arena_bytes, PROT_READ, MAP_SHARED | MAP_FIXED, arena_fd, 0);
     void* staged = arena == MAP_FAILED ? MAP_FAILED
                                        : ::mmap(static_cast<uint8_t*>(p) + r.host_arena_bytes, staging_bytes,
-                                                PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fds[2], 0);
+                                                PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, staging_fd, 0);
     if (staged == MAP_FAILED) {
       const std::string err = std::strerror(errno);
       if (p != MAP_FAILED) ::munmap(p, window);
@@ -216,8 +222,9 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
     c->host = static_cast<uint8_t*>(p);
     c->host_bytes = window;
     c->host_arena_bytes = r.host_arena_bytes;
-    c->host_fd = fds[1];  // kept: kvtier_host_arena_fd (a language binding maps it itself)
-    c->staging_fd = fds[2];  // kept: kvtier_host_staging_fd
+    c->host_fd = arena_fd;  // kept: kvtier_host_arena_fd (a language binding maps it itself; -1 private)
+    c->staging_fd = staging_fd;  // kept: kvtier_host_staging_fd
+    c->host_private = host_private;
     fds.resize(1);
   }
   close_fds();  // the mappings stay
@@ -243,6 +250,7 @@ void Detach(kvtier_client* c) {
   c->host_fd = -1;
   c->staging_fd = -1;
   c->host_arena_bytes = 0;
+  c->host_private = false;
   c->hbm_ptr = nullptr;
   c->data = nullptr;
   c->req = {};

@@ -218,6 +218,7 @@ namespace {
 bool HostSlotOffset(const kvtier_client* c, uint32_t slot, uint64_t* off) {
   if (c == nullptr || c->host == nullptr || c->reply.slot_bytes == 0) return false;
   *off = uint64_t{slot} * c->reply.slot_bytes;
+  if (c->host_private && *off < c->host_arena_bytes) return false;  // the arena is not mapped
   return *off + c->reply.slot_bytes <= c->host_bytes;
 }
 }  // namespace

@@ -72,6 +72,7 @@ struct kvtier_client {
   uint64_t host_arena_bytes = 0;
   int host_fd = -1;              // the host arena's memfd (kvtier_host_arena_fd)
   int staging_fd = -1;           // the staging area's memfd (kvtier_host_staging_fd)
+  bool host_private = false;     // the arena's part of the window is unmapped (kReplyHostPrivate)
   uint64_t fork_generation = 0;  // ForkGeneration() at connect: a forked child differs
   kvtier::wire::AttachReply reply;
   std::mutex mu;

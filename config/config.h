@@ -82,7 +82,8 @@ struct TiersConfig {
   uint32_t hbm_copy_streams = 1;  // tiers.hbm.copy_streams: copy-engine streams, [1, 8]. Default: 1
   TierConfig host;                // capacity Default: 1GiB
   // tiers.host.staging_slots_per_client: host slots one client may hold under alloc leases
-  // at once, the size of its private staging area (daemon/staging.h); [0, host slots],
+  // at once (with [[tenants]], and the copies its host acquires hold), the size of its
+  // private staging area (daemon/staging.h); [0, host slots],
   // 0 = daemon.max_tier_share_per_client of the host tier's slots (at least 1), the most
   // its leases may hold anyway. Default: 0
   uint32_t host_staging_slots_per_client = 0;

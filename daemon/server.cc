@@ -469,6 +469,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       // bounds what its leases hold anyway.
       const auto share = static_cast<uint32_t>(dc.max_tier_share_per_client * static_cast<double>(host_slots));
       lim.staging_slots = std::min(host_slots, cap != 0 ? cap : std::max<uint32_t>(1, share));
+      // With tenants, no client maps the arena: it holds every tenant's blocks.
+      lim.private_reads = d_->tenants_->access().tenants_configured();
     }
     const uint64_t client_id = d_->next_client_id_.fetch_add(1);
     std::weak_ptr<Connection> weak = shared_from_this();
@@ -505,7 +507,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       r.flags |= wire::kReplyHasHost | wire::kReplyHasStaging;
       r.host_arena_bytes = tm->host_arena_bytes();
       r.staging_slots = (*sess)->staging()->slots();
-      fds.push_back(tm->host_arena_fd());
+      if ((*sess)->private_reads()) r.flags |= wire::kReplyHostPrivate;
+      else fds.push_back(tm->host_arena_fd());
       fds.push_back((*sess)->staging()->fd());
     }
     if (tm->has_tier(tiers::Tier::kNvme)) r.flags |= wire::kReplyHasNvme;

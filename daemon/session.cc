@@ -444,9 +444,7 @@ std::vector<tiers::SlotRef> Session::UniqueSlots(const std::vector<tiers::SlotRe
 }
 
 void Session::ReleaseSlots(const Lease& lease) {
-  for (size_t i = 0; i < lease.staged.size(); ++i) {
-    if (lease.staged[i] != kNoStaging) staging_->Free(lease.staged[i]);
-  }
+  if (!lease.staged.empty()) staging_->Free(lease.staged);  // kNoStaging entries are skipped
   for (size_t i = 0; i < lease.slots.size(); ++i) {
     const auto& s = lease.slots[i];
     const bool free_slot = lease.alloc && !lease.committed[i];
@@ -487,6 +485,62 @@ wire::WireSlot Session::ClientSlot(const Lease& lease, size_t i) const {
   ws.slot = i < lease.staged.size() && lease.staged[i] != kNoStaging ? staging_->id_of(lease.staged[i])
                                                                       : lease.slots[i].slot;
   return ws;
+}
+
+Status Session::StagingFull(size_t n) const {
+  return Status::Rejected("this client's staging area (" + std::to_string(staging_->slots()) +
+                          " slots, tiers.host.staging_slots_per_client) has " +
+                          std::to_string(staging_->slots() - staging_->used()) + " free for copies of " +
+                          std::to_string(n) +
+                          " acquired blocks (with [[tenants]] a host acquire reads copies): release leases first");
+}
+
+uint32_t Session::FindCopy(const Copies& copies, uint32_t slot) {
+  auto it = std::lower_bound(copies.begin(), copies.end(), slot,
+                             [](const std::pair<uint32_t, uint32_t>& e, uint32_t s) { return e.first < s; });
+  return it != copies.end() && it->first == slot ? it->second : kNoStaging;
+}
+
+bool Session::CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t block_bytes, Copies* copies) {
+  std::vector<uint32_t> need;  // arena slots without a copy yet, each once
+  need.reserve(slots.size());
+  for (const auto& r : slots) {
+    if (r.tier == tiers::Tier::kHost && FindCopy(*copies, r.slot) == kNoStaging) need.push_back(r.slot);
+  }
+  std::sort(need.begin(), need.end());
+  need.erase(std::unique(need.begin(), need.end()), need.end());
+  std::vector<uint32_t> got;
+  got.reserve(need.size());
+  bool ok = staging_->Alloc(static_cast<uint32_t>(need.size()), &got);
+  for (size_t i = 0; ok && i < need.size(); ++i) ok = tm_->host_slot_ptr(need[i]) != nullptr;
+  if (!ok) {
+    staging_->Free(got);
+    return false;
+  }
+  // The arena slots are pinned by the acquire: their bytes stay while they are read.
+  const auto old = static_cast<ptrdiff_t>(copies->size());
+  for (size_t i = 0; i < need.size(); ++i) {
+    std::memcpy(staging_->slot_ptr(got[i]), tm_->host_slot_ptr(need[i]), block_bytes);
+    copies->emplace_back(need[i], got[i]);
+  }
+  std::inplace_merge(copies->begin(), copies->begin() + old, copies->end());
+  return true;
+}
+
+uint32_t Session::AcquiredSlotId(const tiers::SlotRef& ref, const Copies& copies) const {
+  if (ref.tier != tiers::Tier::kHost) return ref.slot;
+  const uint32_t i = FindCopy(copies, ref.slot);
+  return i == kNoStaging ? ref.slot : staging_->id_of(i);
+}
+
+std::vector<uint32_t> Session::StagedOf(const std::vector<tiers::SlotRef>& slots, const Copies& copies) {
+  std::vector<uint32_t> staged;
+  if (copies.empty()) return staged;
+  staged.assign(slots.size(), kNoStaging);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].tier == tiers::Tier::kHost) staged[i] = FindCopy(copies, slots[i].slot);
+  }
+  return staged;
 }
 
 Status Session::DoCommit(const wire::RequestEntry& req, uint64_t contract_id, std::span<const uint8_t> in,
@@ -733,8 +787,10 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
   auto self = shared_from_this();
   const uint32_t max_out = req.count;
   const uint64_t contract_id = *cid;
+  // Private reads: the block size each copy takes (looked up once, here).
+  const uint64_t copy_bytes = private_reads() && req.tier == wire::kTierHost ? tm_->block_bytes(contract_id) : 0;
   tm_->Acquire(contract_id, *keys, static_cast<tiers::Tier>(req.tier),
-               [self, keys, c, out, max_out, contract_id, out_len = req.out_len,
+               [self, keys, c, out, max_out, contract_id, copy_bytes, out_len = req.out_len,
                 done = std::move(done)](Status st, std::vector<tiers::SlotRef> slots) mutable {
                  if (slots.size() > max_out) {  // never more than asked; return extras
                    for (size_t i = max_out; i < slots.size(); ++i) (void)self->tm_->Unpin(slots[i]);
@@ -747,7 +803,16 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
                    lease.alloc = false;
                    lease.contract_id = contract_id;
                    lease.slots = self->UniqueSlots(slots);
-                   auto id = self->AddLease(std::move(lease));
+                   Copies copy;  // arena slot -> staging slot of its copy
+                   auto id = [&]() -> StatusOr<uint64_t> {
+                     if (copy_bytes > 0 && !self->CopyToStaging(lease.slots, copy_bytes, &copy)) {
+                       const size_t n_slots = lease.slots.size();
+                       self->ReleaseSlots(lease);
+                       return self->StagingFull(n_slots);
+                     }
+                     lease.staged = StagedOf(lease.slots, copy);
+                     return self->AddLease(std::move(lease));  // on failure it returns the copies too
+                   }();
                    if (!id.ok()) {
                      SetError(&c, id.status(), out, out_len);
                    } else {
@@ -755,7 +820,7 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
                        wire::WireSlot ws;
                        ws.tier = static_cast<uint8_t>(slots[i].tier);
                        ws.from_tier = static_cast<uint8_t>(slots[i].from);
-                       ws.slot = slots[i].slot;
+                       ws.slot = self->AcquiredSlotId(slots[i], copy);
                        std::memcpy(out + i * sizeof(ws), &ws, sizeof(ws));
                      }
                      c.value = *id;
@@ -811,6 +876,8 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
     size_t remaining = 0;   // callbacks still to come
     std::vector<tiers::SlotRef> prefix;
     Status first_error;
+    uint64_t copy_bytes = 0;                       // private reads: bytes of each copy (0: none)
+    Copies copy;                                   // arena slot -> staging slot of its copy
   };
   auto st = std::make_shared<Steps>();
   st->keys = CopyArray<Key128>(in.data() + sizeof h, req.count);
@@ -820,6 +887,7 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
   st->arrived.assign(chunks, 0);
   st->status.resize(chunks);
   st->remaining = chunks;
+  st->copy_bytes = private_reads() && req.tier == wire::kTierHost ? tm_->block_bytes(*cid) : 0;
   auto self = shared_from_this();
   auto* progress = reinterpret_cast<wire::AcquireProgress*>(out);
   uint8_t* slots_out = out + sizeof(wire::AcquireProgress);
@@ -848,6 +916,13 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
             const size_t before = st->ready;
             while (st->next < st->got.size() && st->arrived[st->next]) {
               auto& g = st->got[st->next];
+              // Private reads: a chunk whose copies find no room in the staging area ends
+              // the prefix before it.
+              if (!st->ended && st->copy_bytes > 0 && !g.empty() &&
+                  !self->CopyToStaging(g, st->copy_bytes, &st->copy)) {
+                if (st->prefix.empty()) st->first_error = self->StagingFull(g.size());
+                st->ended = true;
+              }
               if (st->ended) {
                 unpin.insert(unpin.end(), g.begin(), g.end());
               } else {
@@ -856,7 +931,7 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
                   wire::WireSlot ws;
                   ws.tier = static_cast<uint8_t>(ref.tier);
                   ws.from_tier = static_cast<uint8_t>(ref.from);
-                  ws.slot = ref.slot;
+                  ws.slot = self->AcquiredSlotId(ref, st->copy);
                   std::memcpy(slots_out + st->prefix.size() * sizeof(ws), &ws, sizeof(ws));
                   st->prefix.push_back(ref);
                 }
@@ -885,6 +960,7 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
             lease.alloc = false;
             lease.contract_id = contract_id;
             lease.slots = self->UniqueSlots(st->prefix);
+            lease.staged = StagedOf(lease.slots, st->copy);
             const size_t n_slots = st->prefix.size();
             auto id = self->AddLease(std::move(lease));
             if (!id.ok()) {

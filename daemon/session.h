@@ -58,6 +58,10 @@ struct SessionLimits {
   // acquire from this client (a client of protocol < 5 maps the arena writable, which
   // the sealed arena refuses).
   uint32_t staging_slots = 0;
+  // The client maps no host arena ([[tenants]] are configured: the arena holds every
+  // tenant's blocks): a host acquire copies each block into a staging slot of the lease,
+  // and the client reads the copy. Needs a staging area.
+  bool private_reads = false;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -103,6 +107,8 @@ class Session : public std::enable_shared_from_this<Session> {
   int ring_fd() const { return ring_fd_; }
   // The client's staging area (nullptr without one): its memfd goes in the attach reply.
   const StagingArea* staging() const { return staging_.get(); }
+  // No host arena for this client: host acquires hand out copies (SessionLimits::private_reads).
+  bool private_reads() const { return staging_ && limits_.private_reads; }
   uint64_t ring_bytes() const { return hdr_.total_bytes; }
   size_t lease_count() const;
   // The contracts this client registered (each once). Read after Close().
@@ -116,7 +122,9 @@ class Session : public std::enable_shared_from_this<Session> {
     std::vector<uint8_t> committed;        // alloc leases: per slot, 1 once committed
     std::unordered_map<uint64_t, uint32_t> index;  // (tier<<32|slot the client sees) -> position (alloc)
     // Alloc leases on the host tier: per slot, its staging slot (kNoStaging once the
-    // block was copied out at commit, and for HBM slots). slots[] holds the arena slots.
+    // block was copied out at commit, and for HBM slots). Acquire leases of a client with
+    // private reads: per host slot, the staging slot holding its copy. slots[] holds the
+    // arena slots.
     std::vector<uint32_t> staged;
   };
   static constexpr uint32_t kNoStaging = ~uint32_t{0};
@@ -186,6 +194,20 @@ class Session : public std::enable_shared_from_this<Session> {
   void ReleaseSlots(const Lease& lease);
   // The slot of an alloc lease as the client sees it: a staging slot id for the host tier.
   wire::WireSlot ClientSlot(const Lease& lease, size_t i) const;
+  // Private reads: the copies one acquire made, (arena slot, staging slot) sorted by
+  // arena slot, one per distinct host slot.
+  using Copies = std::vector<std::pair<uint32_t, uint32_t>>;
+  // Copies the host blocks of `slots` (block_bytes each) that *copies lacks into staging
+  // slots and adds them. False, with nothing more taken, when the staging area has no room.
+  bool CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t block_bytes, Copies* copies);
+  // The staging slot of arena slot `slot` in `copies`, or kNoStaging.
+  static uint32_t FindCopy(const Copies& copies, uint32_t slot);
+  // The refusal of an acquire of n blocks whose copies find no room in the staging area.
+  Status StagingFull(size_t n) const;
+  // The client's id of an acquired slot: its copy's staging id where one was made.
+  uint32_t AcquiredSlotId(const tiers::SlotRef& ref, const Copies& copies) const;
+  // The staging slots of `copies`, in the order of the lease's slots (Lease::staged).
+  static std::vector<uint32_t> StagedOf(const std::vector<tiers::SlotRef>& slots, const Copies& copies);
   // c->count: items that went through (on failure too); c->cached_*: of those, the keys
   // already cached, by what their bytes were.
   // contract_id: the TierManager's (ContractOf).

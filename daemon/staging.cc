@@ -63,6 +63,15 @@ void StagingArea::Free(uint32_t i) {
   free_.push_back(i);
 }
 
+void StagingArea::Free(std::span<const uint32_t> slots) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (uint32_t i : slots) {
+    if (i >= slots_ || !taken_[i]) continue;
+    taken_[i] = 0;
+    free_.push_back(i);
+  }
+}
+
 uint32_t StagingArea::used() const {
   std::lock_guard<std::mutex> l(mu_);
   return slots_ - static_cast<uint32_t>(free_.size());

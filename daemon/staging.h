@@ -16,6 +16,10 @@
 // (kvtier_host_slot). A staging slot is free again once its slot is committed or its
 // lease released.
 //
+// With [[tenants]] a client maps no arena at all (Session, private reads): a host acquire
+// copies each block it returns into a staging slot of the lease, and the client reads
+// that copy; the slot is free again at release.
+//
 // Memory: the memfd is sparse; a page costs memory once the client writes it, and the
 // pages stay until the client detaches (reused by its next allocs, most recently freed
 // first: no fault per block).
@@ -27,6 +31,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -59,6 +64,7 @@ class StagingArea {
   // n staging slots into *out, or false (nothing taken) when fewer than n are free.
   bool Alloc(uint32_t n, std::vector<uint32_t>* out);
   void Free(uint32_t i);
+  void Free(std::span<const uint32_t> slots);  // under one lock; ids outside the area are skipped
   uint32_t used() const;
 
  private:

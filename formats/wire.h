@@ -14,7 +14,9 @@
 //                                     [0] ring region memfd, [1] host arena memfd (when
 //                                     the daemon has a host tier, flag kReplyHasHost;
 //                                     sealed: it maps read-only), [2] the client's
-//                                     staging area memfd (kReplyHasStaging, protocol 5)
+//                                     staging area memfd (kReplyHasStaging, protocol 5).
+//                                     With kReplyHostPrivate (tenants configured) no
+//                                     arena fd: [1] is the staging area
 //   client -> daemon  kRequest       RequestEntry + in_len bytes of input (the socket
 //                                     path: the same operations as the ring, for tools
 //                                     and as the benchmark baseline; in_off is ignored)
@@ -132,6 +134,11 @@ inline constexpr uint32_t kReplyHasHbm = 1u << 0;  // hbm_ipc_handle is set (GPU
 inline constexpr uint32_t kReplyHasHost = 1u << 1;
 inline constexpr uint32_t kReplyHasNvme = 1u << 2;
 inline constexpr uint32_t kReplyHasStaging = 1u << 3;  // protocol 5: fd [2], staging_slots
+// Protocol 5, with kReplyHasHost and kReplyHasStaging: the client gets no host arena fd
+// (the daemon has [[tenants]]: an arena mapping would show every tenant's blocks). Its
+// window keeps the layout (arena ids below host_arena_bytes / slot_bytes, unmapped), and
+// a host acquire's slots are copies in its staging area. fds: [0] ring, [1] staging.
+inline constexpr uint32_t kReplyHostPrivate = 1u << 4;
 
 struct AttachReply {
   int32_t status = 0;                 // StatusCode; non-zero: message says why, no fds
@@ -146,7 +153,8 @@ struct AttachReply {
   // Protocol 5 (kReplyHasStaging): slots of this client's staging area, fd [2], of
   // staging_slots * slot_bytes bytes. The client maps the arena read-only and the staging
   // area writable right after it: staging slot i is host slot id host_arena_bytes /
-  // slot_bytes + i. Host alloc leases hand out staging ids; acquire leases arena ids.
+  // slot_bytes + i. Host alloc leases hand out staging ids; acquire leases arena ids (with
+  // kReplyHostPrivate: staging ids too, each slot a copy of the block).
   uint32_t staging_slots = 0;
   uint8_t hbm_ipc_handle[64] = {};    // cudaIpcMemHandle_t of the HBM arena (kReplyHasHbm: only to a
                                       // client that attached with kAttachHasGpu)

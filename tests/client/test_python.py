@@ -422,6 +422,45 @@ print("views ok")
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=20)
 
+    def test_a_daemon_with_tenants_sends_no_arena(self):
+        # With [[tenants]] the package maps no arena (the daemon sends no fd for it): an
+        # acquired slot is a copy in this client's staging area, and an arena slot id is
+        # refused rather than read.
+        d = tempfile.mkdtemp(prefix="kvtier-py-tn-", dir=self.tmp.name)
+        sock = os.path.join(d, "kvtierd.sock")
+        cfg = os.path.join(d, "kvtier.toml")
+        with open(cfg, "w") as f:
+            f.write(f'[daemon]\nsocket = "{sock}"\nmetrics_port = 0\n[tiers]\nslot_bytes = "4KiB"\n'
+                    f'[tiers.host]\ncapacity = "256KiB"\n[tiers.nvme]\ncapacity = "0"\n'
+                    f'[[tenants]]\nname = "t"\nuids = [{os.getuid()}]\n')
+        binary = os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd")
+        proc = subprocess.Popen([binary, "--config", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(1000):
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect(sock)
+                    break
+                except OSError:
+                    time.sleep(0.02)
+                finally:
+                    s.close()
+            with kvtier.Client(sock, timeout_ms=3000) as c:
+                cid = c.register_contract(self.contract("py/tenant"))
+                self.assertEqual(c.store(cid, list(range(17)), [bytes([7]) * 576]), 1)
+                cached, lease = c.load(cid, list(range(17)))
+                self.assertEqual(cached, 16)
+                arena_slots = 256 * 1024 // c.slot_bytes
+                self.assertGreaterEqual(lease.slots[0].slot, arena_slots)  # a staging slot: the copy
+                self.assertEqual(bytes(c.host_slot(lease.slots[0])[:576]), bytes([7]) * 576)
+                with self.assertRaises(kvtier.KvtierError) as e:
+                    c.host_slot(0)
+                self.assertEqual(e.exception.status, "INVALID")
+                c.release(lease)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+
     def test_library_exports_only_its_c_abi(self):
         import shutil
         if not shutil.which("nm"):

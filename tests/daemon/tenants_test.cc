@@ -4,9 +4,13 @@
 // the daemon sees them through SO_PEERCRED as it would see another user's engine.
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -363,6 +367,176 @@ TEST(Tenants, TheSameBlockUnderTwoTenantsIsTwoBlocksAndNeverACrossHit) {
   EXPECT_EQ(MetricValue(m, "kvtier_tenant_blocks{tenant=\"a\",tier=\"host\"}"), keys.size()) << m;
   EXPECT_EQ(MetricValue(m, "kvtier_tenant_lookup_hits_total{tenant=\"b\"}"), keys.size()) << m;
   EXPECT_EQ(d.Stop(), 0);
+}
+
+// Where `needle` occurs in memory this process shares with others: every readable
+// MAP_SHARED mapping (/proc/self/maps, 's') and every fd that mmap can map read-only (an fd
+// the daemon sent and the client never mapped counts too). Not its private memory, where
+// the test itself holds the needle. One line per place found.
+std::string FindInSharedMemory(const std::vector<uint8_t>& needle) {
+  std::string found;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    unsigned long lo = 0, hi = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &lo, &hi, perms) != 3) continue;
+    if (perms[0] != 'r' || perms[3] != 's') continue;
+    if (::memmem(reinterpret_cast<const void*>(lo), hi - lo, needle.data(), needle.size()) != nullptr) {
+      found += "mapping " + line + "\n";
+    }
+  }
+  std::vector<int> fds;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    fds.push_back(std::atoi(e.path().filename().c_str()));
+  }
+  for (int fd : fds) {
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) continue;
+    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) continue;
+    if (::memmem(p, static_cast<size_t>(st.st_size), needle.data(), needle.size()) != nullptr) {
+      found += "fd " + std::to_string(fd) + "\n";
+    }
+    ::munmap(p, static_cast<size_t>(st.st_size));
+  }
+  return found;
+}
+
+TEST(Tenants, ATenantCanReadNoOtherTenantsBlockBytesByAnyMapping) {
+  SKIP_UNLESS_ROOT();
+  DaemonProcess d(Config(TwoTenants()));
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_contract_desc desc = SmallContract();
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_contract_id(&desc, &cid), KVTIER_OK);
+  const auto a_keys = Chain(cid, 4, 11);
+  const auto b_keys = Chain(cid, 4, 12);
+  // a stores its blocks and stays attached, holding them acquired (in host, pinned).
+  int go[2], ready[2];
+  ASSERT_EQ(::pipe(go), 0);
+  ASSERT_EQ(::pipe(ready), 0);
+  Child a([&] {
+    CHILD_CHECK(BecomeUser(kUidA, kGidA));
+    kvtier_client* c = Connect(d.socket(), "a");
+    CHILD_CHECK(c != nullptr);
+    uint64_t id = 0;
+    CHILD_CHECK(kvtier_register_contract(c, &desc, &id) == KVTIER_OK);
+    CHILD_CHECK(StoreChain(c, cid, a_keys) == 0);
+    uint64_t lease = 0;
+    size_t n = 0;
+    std::vector<kvtier_slot> slots(a_keys.size());
+    CHILD_CHECK(kvtier_acquire(c, cid, a_keys.data(), a_keys.size(), KVTIER_TIER_HOST, &lease, slots.data(), &n) ==
+                KVTIER_OK);
+    CHILD_CHECK(n == a_keys.size());
+    for (size_t i = 0; i < n; ++i) {  // a reads its own blocks (copies of them)
+      CHILD_CHECK(CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(c, slots[i].slot)), kBlockBytes, cid,
+                             a_keys[i]));
+    }
+    // The same through an asynchronous acquire in steps of one block, a key named twice:
+    // copies too, one per block.
+    std::vector<kvtier_key> twice = a_keys;
+    twice.push_back(a_keys[0]);
+    kvtier_acquire_op* op = nullptr;
+    CHILD_CHECK(kvtier_acquire_async(c, cid, twice.data(), twice.size(), KVTIER_TIER_HOST, 1, &op) == KVTIER_OK);
+    uint64_t lease2 = 0;
+    size_t n2 = 0;
+    std::vector<kvtier_slot> slots2(twice.size());
+    CHILD_CHECK(kvtier_acquire_async_result(op, &lease2, slots2.data(), &n2) == KVTIER_OK);
+    kvtier_acquire_async_free(op);
+    CHILD_CHECK(n2 == twice.size());
+    CHILD_CHECK(slots2[a_keys.size()].slot == slots2[0].slot);
+    for (size_t i = 0; i < n2; ++i) {
+      CHILD_CHECK(slots2[i].slot != slots[i % a_keys.size()].slot);  // a copy of its own for this lease
+      CHILD_CHECK(CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(c, slots2[i].slot)), kBlockBytes, cid,
+                             twice[i]));
+    }
+    CHILD_CHECK(kvtier_release(c, lease2) == KVTIER_OK);
+    CHILD_CHECK(::write(ready[1], "r", 1) == 1);
+    char ch = 0;
+    CHILD_CHECK(::read(go[0], &ch, 1) == 1);  // until b has looked
+    kvtier_close(c);
+    return 0;
+  });
+  char ch = 0;
+  ASSERT_EQ(::read(ready[0], &ch, 1), 1) << d.log();
+  Child b([&] {
+    CHILD_CHECK(BecomeUser(kUidB, kGidB));
+    kvtier_client* c = Connect(d.socket(), "b");
+    CHILD_CHECK(c != nullptr);
+    uint64_t id = 0;
+    CHILD_CHECK(kvtier_register_contract(c, &desc, &id) == KVTIER_OK);
+    CHILD_CHECK(StoreChain(c, cid, b_keys) == 0);
+    uint64_t lease = 0;
+    size_t n = 0;
+    std::vector<kvtier_slot> slots(b_keys.size());
+    CHILD_CHECK(kvtier_acquire(c, cid, b_keys.data(), b_keys.size(), KVTIER_TIER_HOST, &lease, slots.data(), &n) ==
+                KVTIER_OK);
+    CHILD_CHECK(n == b_keys.size());
+    std::vector<uint8_t> block(kBlockBytes);
+    // The scan finds what b may read: its own blocks' bytes (in its staging area).
+    for (size_t i = 0; i < n; ++i) {
+      CHILD_CHECK(CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(c, slots[i].slot)), kBlockBytes, cid,
+                             b_keys[i]));
+      FillBlock(block.data(), block.size(), cid, b_keys[i]);
+      CHILD_CHECK(!FindInSharedMemory(block).empty());
+    }
+    // And none of a's, by any mapping or fd it has.
+    for (const auto& k : a_keys) {
+      FillBlock(block.data(), block.size(), cid, k);
+      const std::string where = FindInSharedMemory(block);
+      if (!where.empty()) std::fprintf(stderr, "b finds a block of a's in:\n%s", where.c_str());
+      CHILD_CHECK(where.empty());
+    }
+    // No arena fd and no arena mapping: an arena slot id reads as nothing.
+    CHILD_CHECK(kvtier_host_arena_fd(c) == -1);
+    CHILD_CHECK(kvtier_host_slot(c, 0) == nullptr);
+    CHILD_CHECK(kvtier_release(c, lease) == KVTIER_OK);
+    kvtier_close(c);
+    return 0;
+  });
+  const int b_rc = b.Wait();
+  ASSERT_EQ(::write(go[1], "g", 1), 1);
+  EXPECT_EQ(a.Wait(), 0) << d.log();
+  EXPECT_EQ(b_rc, 0) << d.log();
+  for (int fd : {go[0], go[1], ready[0], ready[1]}) ::close(fd);
+}
+
+TEST(Tenants, AHostAcquireWhoseCopiesFindNoRoomIsRejected) {
+  SKIP_UNLESS_ROOT();
+  DaemonProcess d(Config(TwoTenants()));
+  ASSERT_TRUE(d.Start({"--set", "tiers.host.staging_slots_per_client=3"})) << d.log();
+  kvtier_contract_desc desc = SmallContract();
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_contract_id(&desc, &cid), KVTIER_OK);
+  Child a([&] {
+    CHILD_CHECK(BecomeUser(kUidA, kGidA));
+    kvtier_client* c = Connect(d.socket(), "a");
+    CHILD_CHECK(c != nullptr);
+    uint64_t id = 0;
+    CHILD_CHECK(kvtier_register_contract(c, &desc, &id) == KVTIER_OK);
+    const auto keys = Chain(cid, 2, 21);
+    CHILD_CHECK(StoreChain(c, cid, keys) == 0);
+    uint64_t lease = 0, lease2 = 0;
+    size_t n = 0;
+    std::vector<kvtier_slot> slots(keys.size());
+    CHILD_CHECK(kvtier_acquire(c, cid, keys.data(), keys.size(), KVTIER_TIER_HOST, &lease, slots.data(), &n) ==
+                KVTIER_OK);
+    CHILD_CHECK(n == 2);
+    // 1 staging slot left: the copies of 2 blocks do not fit, and nothing is pinned for them.
+    const kvtier_status s = kvtier_acquire(c, cid, keys.data(), keys.size(), KVTIER_TIER_HOST, &lease2,
+                                           slots.data(), &n);
+    CHILD_CHECK(s == KVTIER_REJECTED);
+    CHILD_CHECK(std::string(kvtier_last_error()).find("staging_slots_per_client") != std::string::npos);
+    CHILD_CHECK(kvtier_release(c, lease) == KVTIER_OK);
+    // Released: the copies' slots are free again.
+    CHILD_CHECK(kvtier_acquire(c, cid, keys.data(), keys.size(), KVTIER_TIER_HOST, &lease2, slots.data(), &n) ==
+                KVTIER_OK);
+    CHILD_CHECK(n == 2);
+    CHILD_CHECK(kvtier_release(c, lease2) == KVTIER_OK);
+    kvtier_close(c);
+    return 0;
+  });
+  EXPECT_EQ(a.Wait(), 0) << d.log();
 }
 
 TEST(Tenants, TheSharedNamespaceIsOneBlockForThoseWhoOptIn) {

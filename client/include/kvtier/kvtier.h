@@ -200,9 +200,12 @@ KVTIER_API uint64_t kvtier_client_id(const kvtier_client* c);
 KVTIER_API uint64_t kvtier_slot_bytes(const kvtier_client* c);
 /* Base of the host window (NULL without a host tier); *bytes gets its size: the arena,
  * mapped read-only (a write faults), then this client's staging area, writable. Host
- * slot s is at base + s * slot_bytes. */
+ * slot s is at base + s * slot_bytes. Against a daemon with [[tenants]] the arena's part
+ * is not mapped (a read faults): a host acquire's slots are then copies of the blocks in
+ * the staging area (staging ids), made for this client's lease. */
 KVTIER_API void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes);
-/* Host slot `slot` of any lease, read-only (NULL for a slot past the window). */
+/* Host slot `slot` of any lease, read-only (NULL for a slot past the window, and for an
+ * arena slot where the arena is not mapped: a daemon with tenants). */
 KVTIER_API const void* kvtier_host_slot(const kvtier_client* c, uint32_t slot);
 /* Writable host slot of an alloc lease (a staging slot); NULL for an arena slot (acquired
  * or committed blocks are read-only) and for a slot past the window. */
@@ -212,7 +215,7 @@ KVTIER_API void* kvtier_host_slot_write(const kvtier_client* c, uint32_t slot);
  * this too (its slot 0 is host slot id arena bytes / slot_bytes). */
 KVTIER_API int kvtier_host_staging_fd(const kvtier_client* c);
 /* The host arena's memfd (owned by the client, closed by kvtier_close; -1 without a host
- * tier). A binding may map it itself (dup it first) so that its views outlive the client's
+ * tier, and against a daemon with tenants, which sends none). A binding may map it itself (dup it first) so that its views outlive the client's
  * own mapping: the Python package does. */
 KVTIER_API int kvtier_host_arena_fd(const kvtier_client* c);
 /* Counts the client's successful attaches (1 after kvtier_connect, one more per reconnect,

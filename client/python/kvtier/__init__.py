@@ -753,7 +753,9 @@ class _Window:
         if base in (None, failed):
             raise KvtierError(4, "mmap of the host window: " + os.strerror(ctypes.get_errno()))
         self.base = base
-        if libc.mmap(base, arena_bytes, mmap.PROT_READ, mmap.MAP_SHARED | fixed, arena_fd, 0) in (None, failed) or \
+        # arena_fd < 0 (a daemon with tenants sends none): the arena's part stays unmapped.
+        if (arena_fd >= 0 and libc.mmap(base, arena_bytes, mmap.PROT_READ, mmap.MAP_SHARED | fixed, arena_fd, 0)
+                in (None, failed)) or \
                 libc.mmap(base + arena_bytes, staging_bytes, mmap.PROT_READ | mmap.PROT_WRITE,
                           mmap.MAP_SHARED | fixed, staging_fd, 0) in (None, failed):
             err = ctypes.get_errno()
@@ -798,14 +800,18 @@ class Client:
         self._attach_generation = lib.kvtier_attach_generation(h)
         self._slot_bytes = lib.kvtier_slot_bytes(h)
         self._mm, self._arena_base, self._arena_bytes, self._arena_slots = None, 0, 0, 0
+        self._arena_private = False
         n = ctypes.c_uint64()
         if lib.kvtier_host_arena(h, ctypes.byref(n)) and n.value:
             fd, sfd = lib.kvtier_host_arena_fd(h), lib.kvtier_host_staging_fd(h)
-            if fd >= 0 and sfd >= 0:
-                self._mm = _Window(fd, os.fstat(fd).st_size, sfd, n.value - os.fstat(fd).st_size)
+            if sfd >= 0:
+                # No arena fd: the daemon has tenants, and the arena's part stays unmapped.
+                staging_bytes = os.fstat(sfd).st_size
+                self._mm = _Window(fd, n.value - staging_bytes, sfd, staging_bytes)
                 self._arena_base = self._mm.base
                 self._arena_bytes = n.value
                 self._arena_slots = self._mm.arena_bytes // self._slot_bytes if self._slot_bytes else 0
+                self._arena_private = fd < 0
 
     def reconnect(self):
         """Attaches again (after DISCONNECTED, TIMEOUT or a daemon restart) and registers
@@ -877,6 +883,9 @@ class Client:
         n = self._arena_bytes // self._slot_bytes if self._slot_bytes else 0
         if not self._mm or not 0 <= s < n:
             raise KvtierError(6, f"host slot {s} is outside the arena (slots 0..{n - 1})")
+        if self._arena_private and s < self._arena_slots:
+            raise KvtierError(6, f"host slot {s} is in the arena, which this client does not map (the daemon has "
+                                 f"tenants: acquired blocks are copies in slots {self._arena_slots} and up)")
         return s
 
     def host_slot_address(self, slot) -> int:
