@@ -307,6 +307,8 @@ const std::vector<Entry>& Schema() {
                  StringField([](Config& c) { return &c.tiers.nvme.admission; })});
     s.push_back({"tiers.nvme.daily_write_budget",
                  SizeField([](Config& c) { return &c.tiers.nvme.daily_write_budget_bytes; })});
+    s.push_back({"tiers.nvme.daily_write_budget_per_client",
+                 DoubleField([](Config& c) { return &c.tiers.nvme.daily_write_budget_per_client; })});
     s.push_back({"tiers.nvme.queue_depth",
                  IntField<uint32_t>([](Config& c) { return &c.tiers.nvme.queue_depth; }, 1, 4096)});
     s.push_back({"tiers.nvme.verify_on_restart",
@@ -530,6 +532,10 @@ Status Config::Validate() const {
   if (!InSet(t.nvme.admission, {"always", "second-hit", "reuse"})) {
     return Status::Invalid("tiers.nvme.admission: \"" + t.nvme.admission +
                            "\" is not always, second-hit or reuse");
+  }
+  if (!(t.nvme.daily_write_budget_per_client > 0.0 && t.nvme.daily_write_budget_per_client <= 1.0)) {
+    return Status::Invalid("tiers.nvme.daily_write_budget_per_client: " +
+                           std::to_string(t.nvme.daily_write_budget_per_client) + " is not in (0, 1]");
   }
   if (!InSet(t.remote.write, {"on-demote", "write-through", "off"})) {
     return Status::Invalid("tiers.remote.write: \"" + t.remote.write + "\" is not on-demote, write-through or off");

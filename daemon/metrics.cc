@@ -204,6 +204,12 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
   return o;
 }
 
+void Metrics::RenderClientBudget(uint64_t rejects, std::string* out) {
+  Family(out, "kvtier_nvme_client_budget_rejects_total", "counter",
+         "Demotions to NVMe refused: the committing client had spent its share of the daily write budget.");
+  Line(out, "kvtier_nvme_client_budget_rejects_total", "", static_cast<double>(rejects));
+}
+
 void Metrics::RenderTenants(const std::vector<TenantRow>& rows, std::string* out) {
   if (rows.empty()) return;
   std::string& o = *out;

@@ -13,7 +13,9 @@
 //   request_duration_seconds (histogram)                {op="lookup|...",transport="ring|socket"}
 //   requests_failed_total{op,transport}, requests_malformed_total, clients, clients_attached_total,
 //   clients_disconnected_total{reason}, access_denied_total, leases, leased_slots,
-//   build_info{version,protocol,cuda} (always 1)
+//   build_info{version,protocol,cuda} (always 1),
+//   nvme_client_budget_rejects_total (demotions refused: the committing client had spent
+//   its share of the daily NVMe write budget)
 // With [[tenants]] (RenderTenants), per tenant ("default", each table, "shared"):
 //   tenant_blocks, tenant_quota_slots, tenant_evictions_total      {tenant,tier="hbm|host|nvme"}
 //   tenant_lookup_keys_total, tenant_lookup_hits_total, tenant_committed_total,
@@ -85,6 +87,8 @@ struct Metrics {
 
   // Prometheus text exposition (version 0.0.4).
   std::string Render(const std::vector<tiers::TierStats>& tiers) const;
+  // Appends nvme_client_budget_rejects_total (TierManager::ClientBudgetRejects).
+  static void RenderClientBudget(uint64_t rejects, std::string* out);
   // Appends the per-tenant families (none for no rows).
   static void RenderTenants(const std::vector<TenantRow>& rows, std::string* out);
 };

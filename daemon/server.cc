@@ -125,6 +125,7 @@ tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
                      : c.tiers.nvme.admission == "reuse"    ? tiers::Admission::kReuse
                                                             : tiers::Admission::kAlways;
   o.nvme.daily_write_budget_bytes = c.tiers.nvme.daily_write_budget_bytes;
+  o.nvme.daily_write_budget_per_client = c.tiers.nvme.daily_write_budget_per_client;
   o.nvme.queue_depth = c.tiers.nvme.queue_depth;
   o.nvme.verify_on_restart = c.tiers.nvme.verify_on_restart;
   o.remote.nodes = c.tiers.remote.nodes;
@@ -766,6 +767,7 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
       res_.result(http::status::ok);
       res_.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       res_.body() = d_->metrics_.Render(d_->tm_->Stats());
+      Metrics::RenderClientBudget(d_->tm_->ClientBudgetRejects(), &res_.body());
       Metrics::RenderTenants(d_->TenantRows(), &res_.body());
     } else {
       res_.result(http::status::not_found);
@@ -1068,6 +1070,7 @@ Status Daemon::Impl::Reload(std::string* summary) {
   merged.tiers.policy = n.tiers.policy;
   merged.tiers.nvme.admission = n.tiers.nvme.admission;
   merged.tiers.nvme.daily_write_budget_bytes = n.tiers.nvme.daily_write_budget_bytes;
+  merged.tiers.nvme.daily_write_budget_per_client = n.tiers.nvme.daily_write_budget_per_client;
   merged.daemon.log_level = n.daemon.log_level;
   merged.tiers.on_conflict = n.tiers.on_conflict;
   merged.tiers.host_staging_slots_per_client = n.tiers.host_staging_slots_per_client;  // new clients
@@ -1085,6 +1088,7 @@ Status Daemon::Impl::Reload(std::string* summary) {
   opts_.config.tiers.policy = merged.tiers.policy;
   opts_.config.tiers.nvme.admission = merged.tiers.nvme.admission;
   opts_.config.tiers.nvme.daily_write_budget_bytes = merged.tiers.nvme.daily_write_budget_bytes;
+  opts_.config.tiers.nvme.daily_write_budget_per_client = merged.tiers.nvme.daily_write_budget_per_client;
   opts_.config.daemon.log_level = merged.daemon.log_level;
   metrics_.reloads.fetch_add(1);
   if (log) {

@@ -52,6 +52,9 @@ struct alignas(64) Block {
   // a block and the acquire that pins it: neither evicted nor erased meanwhile.
   uint32_t holds = 0;
   bool remote = false;  // fetched from, or queued for writing to, the remote tier
+  // The client that committed the block (0: none: restored from NVMe, fetched from the
+  // remote tier): the NVMe write budget charges its demotion to this client.
+  uint64_t client = 0;
 
   bool Cached() const { return slot[kH] >= 0 || slot[kS] >= 0 || nvme; }
   // The fastest tier with a copy (kNvme when only NVMe has one; check Cached() first).

@@ -86,6 +86,7 @@ Status TierManagerImpl::Init() {
   T(kN).Init(Tier::kNvme, &opts_.nvme.tier, nullptr, nullptr, nvme_.get());
   admission_ = std::make_unique<NvmeAdmission>(opts_.nvme.admission, opts_.nvme.daily_write_budget_bytes,
                                                T(kN).total());
+  client_budget_ = std::make_unique<ClientWriteBudget>(ClientBudgetBytes(opts_.nvme));
   if (nvme_) {
     auto ents = nvme_->Entries();
     std::sort(ents.begin(), ents.end(), [](const NvmeEntry& a, const NvmeEntry& b) { return a.sequence < b.sequence; });
@@ -302,6 +303,7 @@ Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& 
     std::lock_guard<std::mutex> l(mu_);
     Block* b = CommitLocked(contract_id, IndexOf(ref.tier), ref.slot, key, parent, /*pin=*/true,
                             /*from_remote=*/false, &err, &o);
+    if (b != nullptr && err.ok() && b->client == 0) b->client = client;
     if (b != nullptr && err.ok() && ref.tier == Tier::kHbm && b->slot[kH] == static_cast<int32_t>(ref.slot)) {
       hbm_client_[ref.slot] = client;
       hash_bytes = b->bytes;
@@ -464,6 +466,7 @@ Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
   const TierOptions old[3] = {T(kH).opts(), T(kS).opts(), T(kN).opts()};
   opts_ = o;  // the tier states and the remote stage read their settings from here
   admission_->Configure(o.nvme.admission, o.nvme.daily_write_budget_bytes);
+  client_budget_->Configure(ClientBudgetBytes(o.nvme));
   for (TierState& ts : tiers_) {
     const TierOptions& was = old[ts.index()];
     if (ts.opts().policy != was.policy || !(ts.opts().policy_options == was.policy_options)) ts.ResetPolicy(blocks_);

@@ -55,6 +55,9 @@ struct NvmeOptions {
   std::string dir;                  // folder holding data files and the RocksDB index
   Admission admission = Admission::kAlways;  // Default: always
   uint64_t daily_write_budget_bytes = 0;     // 0 = unlimited. Default: 0
+  // Share of daily_write_budget_bytes the blocks one client committed may spend, in
+  // (0, 1]; no limit per client while the budget is unlimited. Default: 0.5
+  double daily_write_budget_per_client = 0.5;
   uint32_t queue_depth = 64;        // io_uring depth. Default: 64
   bool verify_on_restart = true;    // verify every block before first serve. Default: true
 };
@@ -289,6 +292,10 @@ class TierManager {
   virtual std::vector<TierStats> Stats() const = 0;
   // Per quota group (TierManagerOptions::groups); empty without groups.
   virtual std::vector<GroupStats> GroupStatsAll() const { return {}; }
+  // Demotions to NVMe refused because the committing client had spent its share of the
+  // daily write budget (NvmeOptions::daily_write_budget_per_client); also counted in the
+  // NVMe tier's admission_rejects.
+  virtual uint64_t ClientBudgetRejects() const { return 0; }
 
   // ---- Operator views and actions (kvtierctl). Additive: the defaults say Unsupported.
   // Every registered contract with its block size and cached blocks per tier.

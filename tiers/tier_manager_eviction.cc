@@ -2,6 +2,8 @@
 // MayGo), what happens to it (dropped when a copy exists below or the tier drops on
 // eviction; else demoted: HBM -> host by DMA, host -> NVMe through admission), the
 // watermarks that start it, the quotas of the quota groups, and the operator's evictions.
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "tiers/tier_manager_impl.h"
@@ -107,9 +109,27 @@ std::optional<uint32_t> TierManagerImpl::ReserveLocked(int t, Block* loading_for
   return s;
 }
 
-bool TierManagerImpl::AdmitLocked(Block* b, bool force) {
-  if (admission_->Admit(b->id, RoundUp4K(b->bytes) + kIoAlign, b->uses, force)) return true;
+bool TierManagerImpl::AdmitLocked(Block* b, bool force, std::string* why) {
+  const uint64_t bytes = RoundUp4K(b->bytes) + kIoAlign;
+  if (!client_budget_->Fits(b->client, bytes)) {
+    ++T(kN).c.admission_rejects;
+    if (why) *why = "client " + std::to_string(b->client) + " spent its part of the daily NVMe write budget";
+    uint64_t held = 0;
+    if (client_budget_log_.Allow(&held)) {
+      spdlog::warn("tiers: client {} spent its part of the daily NVMe write budget ({} of {} bytes, "
+                   "tiers.nvme.daily_write_budget_per_client): its blocks stay off NVMe until the window "
+                   "turns{}",
+                   b->client, client_budget_->used(b->client), client_budget_->limit(),
+                   HeldBack(held, "such lines"));
+    }
+    return false;
+  }
+  if (admission_->Admit(b->id, bytes, b->uses, force)) {
+    client_budget_->Charge(b->client, bytes);
+    return true;
+  }
   ++T(kN).c.admission_rejects;
+  if (why) *why = "daily NVMe write budget exhausted";
   return false;
 }
 

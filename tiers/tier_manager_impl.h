@@ -128,6 +128,10 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   Status Reconfigure(const TierManagerOptions& opts) override;
   std::vector<TierStats> Stats() const override;
   std::vector<GroupStats> GroupStatsAll() const override;
+  uint64_t ClientBudgetRejects() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return client_budget_->rejects();
+  }
   void Drain() override;
   std::vector<ContractInfo> Contracts() const override;
   std::shared_ptr<const std::vector<uint64_t>> ContractIds() const override;
@@ -208,7 +212,13 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   // The victim predicate's quota part, in the pass (eviction.cc VictimLocked) that takes
   // what the quotas prefer (`first`) or anything they allow.
   bool QuotaLetsGoLocked(int t, uint64_t contract, int64_t for_group, bool first) const;
-  bool AdmitLocked(Block* b, bool force);
+  // Whether NVMe takes block b (its write charged to the global budget and to the part of
+  // the client that committed it). *why (may be null) names the refusal.
+  bool AdmitLocked(Block* b, bool force, std::string* why = nullptr);
+  // The bytes one client may write per window (ClientWriteBudget; 0 = no limit).
+  static uint64_t ClientBudgetBytes(const NvmeOptions& o) {
+    return static_cast<uint64_t>(static_cast<double>(o.daily_write_budget_bytes) * o.daily_write_budget_per_client);
+  }
   void MaintainLocked();
 
   // tier_manager_promotion.cc. StartPromotionLocked returns false when the promotion
@@ -279,6 +289,9 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   BlockIndex blocks_;
   TierState tiers_[3];  // indexed by kH, kS, kN
   std::unique_ptr<NvmeAdmission> admission_;
+  // Each client's part of the write budget (AdmitLocked), and its refusals' log line.
+  std::unique_ptr<ClientWriteBudget> client_budget_;
+  LogLimit client_budget_log_;
   // Blocks lost on the way down (an eviction whose NVMe write failed): counted in the host
   // tier's evictions_dropped, logged at most once per interval.
   LogLimit drop_log_;

@@ -74,6 +74,10 @@ Status TierManagerOptions::Validate() const {
         nvme.admission != Admission::kReuse) {
       return Status::Invalid("nvme tier: unknown admission");
     }
+    if (!(nvme.daily_write_budget_per_client > 0.0 && nvme.daily_write_budget_per_client <= 1.0)) {
+      return Status::Invalid("nvme tier: daily_write_budget_per_client " +
+                             std::to_string(nvme.daily_write_budget_per_client) + " not in (0, 1]");
+    }
     if (nvme.queue_depth == 0 || nvme.queue_depth > 4096) {
       return Status::Invalid("nvme tier: queue_depth not in [1, 4096]");
     }

@@ -21,6 +21,7 @@ TEST(Config, ShippedExampleLoads) {
   EXPECT_EQ(c->tiers.host.policy, "prefix-lru");
   EXPECT_EQ(c->tiers.nvme.dir, "./kvtier-data/nvme");
   EXPECT_EQ(c->tiers.nvme.tier.capacity_bytes, uint64_t{2} << 30);
+  EXPECT_DOUBLE_EQ(c->tiers.nvme.daily_write_budget_per_client, 0.5);
 }
 
 TEST(Config, ValuesAndOverrides) {
@@ -70,6 +71,10 @@ TEST(Config, ErrorsNameTheKey) {
       {"[tiers.host]\ncapacity = 0\n", {}, "tiers.host.capacity", "nowhere"},
       {"[tiers.nvme]\nadmission = \"third-hit\"\n", {}, "tiers.nvme.admission", "second-hit"},
       {"[tiers.nvme]\non_evict = \"demote\"\n", {}, "tiers.nvme.on_evict", "only drop"},
+      {"[tiers.nvme]\ndaily_write_budget_per_client = 0\n", {}, "tiers.nvme.daily_write_budget_per_client",
+       "(0, 1]"},
+      {"", {{"tiers.nvme.daily_write_budget_per_client", "1.5"}}, "tiers.nvme.daily_write_budget_per_client",
+       "(0, 1]"},
       {"[daemon]\nmax_clients = \"many\"\n", {}, "daemon.max_clients", "integer"},
       {"", {{"tiers.host.capacty", "1GiB"}}, "tiers.host.capacty", "unknown key"},
       {"", {{"tiers.host.capacity", "lots"}}, "tiers.host.capacity", "bad size"},

@@ -731,6 +731,59 @@ TEST(Hostile, OneClientCannotHoldMoreThanItsShareOfATier) {
   EXPECT_TRUE(d.Alive());
 }
 
+// A daily NVMe write budget of 1 MiB (128 writes of 8 KiB: a 576-byte block in a 4 KiB
+// slot, plus the record's header), a quarter of it per client: one client stores far
+// more blocks than host holds, so that its demotions would spend the whole budget, and
+// is held to its 32 writes. Another client's blocks, pushed out of host by the first
+// client's after that, still reach NVMe. The refusals are counted and logged once.
+TEST(Hostile, OneClientCannotSpendTheWholeNvmeWriteBudget) {
+  DaemonConfig cfg;
+  cfg.nvme_capacity = "4MiB";
+  cfg.extra = "daily_write_budget = \"1MiB\"\ndaily_write_budget_per_client = 0.25\n";  // in [tiers.nvme]
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  Conn a, b;
+  ASSERT_EQ(a.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(b.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  auto store = [](Conn& c, uint64_t run, uint64_t from, uint64_t n) {
+    for (uint64_t i = from; i < from + n; i += 4) {
+      std::vector<kvtier_key> keys;
+      for (uint64_t j = 0; j < 4; ++j) keys.push_back(reliability::MakeKey(run, i + j));
+      size_t done = 0;
+      kvtier_status s = KVTIER_RETRY;
+      for (int t = 0; t < 500 && s == KVTIER_RETRY; ++t) {
+        if (t > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        s = c.Store(keys, [](const kvtier_key&) {}, &done);
+      }
+      if (s != KVTIER_OK) return false;
+    }
+    return true;
+  };
+  ASSERT_TRUE(store(a, 61, 0, 400)) << kvtier_last_error();
+  std::vector<kvtier_key> bk;
+  for (uint64_t i = 0; i < 16; ++i) bk.push_back(reliability::MakeKey(62, i));
+  ASSERT_TRUE(store(b, 62, 0, 16)) << kvtier_last_error();
+  ASSERT_TRUE(store(a, 61, 400, 200)) << kvtier_last_error();  // pushes b's blocks out of host
+  std::vector<uint8_t> where(bk.size());
+  kvtier_lookup_result lr{};
+  for (int t = 0; t < 200; ++t) {  // the mover demotes b's blocks
+    ASSERT_EQ(kvtier_lookup(b.c, b.contract, bk.data(), bk.size(), &lr, where.data()), KVTIER_OK);
+    if (lr.hit_blocks < bk.size()) break;  // dropped: never back
+    if (std::all_of(where.begin(), where.end(), [](uint8_t w) { return w == KVTIER_TIER_NVME; })) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  const std::string m = d.Metrics();
+  EXPECT_EQ(lr.hit_blocks, bk.size()) << "the second client's blocks were dropped on the way down\n" << m;
+  for (size_t i = 0; i < lr.hit_blocks; ++i) EXPECT_EQ(where[i], KVTIER_TIER_NVME) << i;
+  EXPECT_GT(MetricValue(m, "kvtier_nvme_client_budget_rejects_total"), 0) << m;
+  // The first client's writes stay within its part (32), the second's are 16.
+  EXPECT_LE(MetricValue(m, "kvtier_tier_blocks{tier=\"nvme\"}"), 32 + 16) << m;
+  EXPECT_LE(MetricValue(m, "kvtier_tier_bytes_written_total{tier=\"nvme\"}"), (32 + 16) * 8192) << m;
+  const size_t lines = CountLines(d.log(), "spent its part of the daily NVMe write budget");
+  EXPECT_GE(lines, 1u) << d.log();
+  EXPECT_LE(lines, 2u) << d.log();
+}
+
 // daemon.max_contracts_per_client = 8: a ninth contract is refused (a repeat of one of
 // its own is not), another client registers its own, and the contracts of a client that
 // detached, with no block cached, are forgotten.

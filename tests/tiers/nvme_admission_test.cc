@@ -70,6 +70,31 @@ TEST(NvmeAdmission, ConfigureSwitchesModeAndBudget) {
   EXPECT_FALSE(a.Admit(Id(3), 8192, 5, false)) << "the budget counts the bytes before the switch";
 }
 
+TEST(ClientWriteBudget, EachClientSpendsItsOwnPartAndAWindowResetsIt) {
+  const Clock::time_point t0 = Clock::now();
+  ClientWriteBudget b(2 * 8192, t0);
+  for (uint64_t client : {1, 2}) {
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(b.Fits(client, 8192, t0)) << client;
+      b.Charge(client, 8192);
+    }
+  }
+  EXPECT_FALSE(b.Fits(1, 8192, t0));
+  EXPECT_FALSE(b.Fits(2, 1, t0));
+  EXPECT_TRUE(b.Fits(3, 8192, t0)) << "a third client has its own part";
+  EXPECT_TRUE(b.Fits(0, 1 << 20, t0)) << "a block no client committed counts against the global budget only";
+  b.Refund(1, 8192);  // client 1's write failed
+  EXPECT_TRUE(b.Fits(1, 8192, t0));
+  b.Refund(1, 1 << 20);
+  EXPECT_EQ(b.used(1), 0u) << "a refund never goes below zero";
+  EXPECT_TRUE(b.Fits(2, 8192, t0 + std::chrono::hours(24))) << "a new window";
+  EXPECT_EQ(b.used(2), 0u);
+  EXPECT_EQ(b.rejects(), 2u);
+  b.Configure(0);  // no limit per client
+  b.Charge(2, 1 << 30);
+  EXPECT_TRUE(b.Fits(2, 1 << 30, t0 + std::chrono::hours(24)));
+}
+
 ReuseAdmission::Options ReuseOpts(uint64_t budget, double window_s = 100.0) {
   ReuseAdmission::Options o;
   o.budget_bytes = budget;
