@@ -98,7 +98,7 @@ Status TierManagerImpl::Init() {
       b->nvme = true;
       b->uses = e.hits;
       T(kN).policy->Insert(e.id, BlockId{e.id.contract, e.parent});
-      blocks_.insert(std::move(b));
+      InsertBlockLocked(std::move(b));
     }
   }
   spdlog::info("kvtier tiers: hbm {} | host {} slots x {} B ({}) | nvme {}",
@@ -397,7 +397,7 @@ Block* TierManagerImpl::CommitLocked(uint64_t contract_id, int t, uint32_t slot,
     nb->parent = parent;
     nb->bytes = cit->second.block_bytes();
     b = nb.get();
-    blocks_.insert(std::move(nb));
+    InsertBlockLocked(std::move(nb));
   }
   b->uses++;
   b->slot[t] = static_cast<int32_t>(slot);

@@ -314,14 +314,17 @@ class TierManager {
   }
   // A page of the block index: blocks of `contract_id` (0 = all) with a copy in `tier`
   // (kNone = any), skipping `offset` matches, at most `limit`. *total gets the number of
-  // matches. The order is the index's (stable while no block is added or erased).
+  // matches. The order is (contract, key). A page walks a snapshot of the index's ids
+  // (kept until a block comes or goes) and takes the index lock for a few hundred of them
+  // at a time, never for the page's or the index's length.
   virtual Status ListBlocks(uint64_t contract_id, Tier tier, uint64_t offset, uint32_t limit,
                             std::vector<BlockInfo>* out, uint64_t* total) const {
     (void)contract_id, (void)tier, (void)offset, (void)limit, (void)out, (void)total;
     return Status::Unsupported("ListBlocks");
   }
-  // One block, with its NVMe record's checksums. contract_id 0 = the first contract found
-  // holding the key (a scan). NotFound when no cached block has the key.
+  // One block, with its NVMe record's checksums. contract_id 0 = the first contract (by
+  // id) holding the key: one find per registered contract, the lock taken for a few dozen
+  // at a time. NotFound when no cached block has the key.
   virtual StatusOr<BlockInfo> InspectBlock(uint64_t contract_id, const Key128& key) const {
     (void)contract_id, (void)key;
     return Status::Unsupported("InspectBlock");

@@ -12,7 +12,7 @@ namespace kvtier::tiers {
 
 void TierManagerImpl::MaybeEraseLocked(Block* b) {
   if (b->Cached() || !MayGo(*b, kAllTiers)) return;
-  blocks_.erase(b->id);
+  EraseBlockLocked(b->id);
 }
 
 void TierManagerImpl::DropCopyLocked(int t, Block* b, bool demoted) {

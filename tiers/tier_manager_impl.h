@@ -25,6 +25,8 @@
 // own mutex, taken after mu_ (QueueRemoteWriteLocked), never before it.
 #pragma once
 
+#include <absl/container/btree_set.h>
+
 #include <array>
 #include <chrono>
 #include <condition_variable>
@@ -160,6 +162,22 @@ class TierManagerImpl final : public TierManager, private StagingHost {
     return n;
   }
 
+  // Every insertion into and erasure from the block index goes through these: they keep
+  // order_ and blocks_gen_ with it.
+  void InsertBlockLocked(std::unique_ptr<Block> b) {
+    order_.insert(b->id);
+    ++blocks_gen_;
+    blocks_.insert(std::move(b));
+  }
+  void EraseBlockLocked(const BlockId& id) {
+    order_.erase(id);
+    ++blocks_gen_;
+    blocks_.erase(id);
+  }
+  // tier_manager_views.cc: the index's ids in order_'s order, a snapshot kept until a
+  // block comes or goes, copied out of order_ a few hundred ids per hold of mu_.
+  std::shared_ptr<const std::vector<BlockId>> BlockIdsSnapshot() const;
+
   // tier_manager.cc: the internal alloc / commit that the public calls and the remote
   // stage share. CommitLocked returns the block now cached under the key (the new one,
   // or the one already there: then the slot becomes a duplicate, freed by Unpin), or
@@ -287,6 +305,19 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   GroupMap group_of_;  // contract -> quota group (RegisterContractAs); with quotas only
   std::vector<std::array<uint64_t, 3>> group_evictions_;  // [group][tier]
   BlockIndex blocks_;
+  // The ids of blocks_ in (contract, key) order, for the listings: a page walks a snapshot
+  // of them (BlockIdsSnapshot) a few hundred at a time instead of blocks_ under mu_ for
+  // its length. blocks_gen_ is bumped whenever a block comes or goes.
+  struct BlockIdLess {
+    bool operator()(const BlockId& a, const BlockId& b) const {
+      return a.contract != b.contract ? a.contract < b.contract : a.key < b.key;
+    }
+  };
+  absl::btree_set<BlockId, BlockIdLess> order_;
+  uint64_t blocks_gen_ = 0;
+  mutable std::mutex order_mu_;  // taken before mu_, never under it: order_snap_, order_gen_
+  mutable std::shared_ptr<const std::vector<BlockId>> order_snap_;
+  mutable uint64_t order_gen_ = 0;  // blocks_gen_ that order_snap_ reflects
   TierState tiers_[3];  // indexed by kH, kS, kN
   std::unique_ptr<NvmeAdmission> admission_;
   // Each client's part of the write budget (AdmitLocked), and its refusals' log line.

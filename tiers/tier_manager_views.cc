@@ -92,22 +92,62 @@ std::vector<ContractInfo> TierManagerImpl::ContractInfos(std::span<const uint64_
   return out;
 }
 
+std::shared_ptr<const std::vector<BlockId>> TierManagerImpl::BlockIdsSnapshot() const {
+  std::lock_guard<std::mutex> sl(order_mu_);  // one copy at a time; the others take its result
+  uint64_t gen = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    gen = blocks_gen_;
+  }
+  if (order_snap_ && order_gen_ == gen) return order_snap_;
+  auto ids = std::make_shared<std::vector<BlockId>>();
+  constexpr size_t kPerLock = 256;
+  for (bool first = true;; first = false) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (first) {
+      gen = blocks_gen_;  // blocks that come or go during the copy make the next call copy again
+      ids->reserve(order_.size());
+    }
+    auto it = first ? order_.begin() : order_.upper_bound(ids->back());
+    for (size_t n = 0; it != order_.end() && n < kPerLock; ++it, ++n) ids->push_back(*it);
+    if (it == order_.end()) break;
+  }
+  order_snap_ = ids;
+  order_gen_ = gen;
+  return order_snap_;
+}
+
 Status TierManagerImpl::ListBlocks(uint64_t contract_id, Tier tier, uint64_t offset, uint32_t limit,
                                    std::vector<BlockInfo>* out, uint64_t* total) const {
   if (tier != Tier::kHbm && tier != Tier::kHost && tier != Tier::kNvme && tier != Tier::kNone) {
     return Status::Invalid("ListBlocks: tier filter must be hbm, host, nvme or none");
   }
   out->clear();
-  uint64_t n = 0;
-  std::lock_guard<std::mutex> l(mu_);
-  if (contract_id != 0 && contracts_.count(contract_id) == 0) {
-    return Status::NotFound("contract " + ContractIdHex(contract_id) + " is not registered");
+  if (contract_id != 0) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (contracts_.count(contract_id) == 0) {
+      return Status::NotFound("contract " + ContractIdHex(contract_id) + " is not registered");
+    }
   }
-  for (const auto& b : blocks_) {
-    if (contract_id != 0 && b->id.contract != contract_id) continue;
-    if (!InTier(*b, tier)) continue;
-    if (n >= offset && out->size() < limit) out->push_back(InfoOf(*b));
-    ++n;
+  // The snapshot's ids (the contract's range of them), looked up a few hundred per hold
+  // of the lock: a block gone since the snapshot is left out, the fields are live.
+  const auto ids = BlockIdsSnapshot();
+  auto lo = ids->begin(), hi = ids->end();
+  if (contract_id != 0) {
+    lo = std::lower_bound(ids->begin(), ids->end(), BlockId{contract_id, Key128{}}, BlockIdLess());
+    hi = std::upper_bound(lo, ids->end(), BlockId{contract_id, Key128{UINT64_MAX, UINT64_MAX}}, BlockIdLess());
+  }
+  uint64_t n = 0;
+  constexpr long kPerLock = 256;
+  for (auto it = lo; it < hi;) {
+    const auto stop = it + std::min(kPerLock, static_cast<long>(hi - it));
+    std::lock_guard<std::mutex> l(mu_);
+    for (; it != stop; ++it) {
+      auto f = blocks_.find(*it);
+      if (f == blocks_.end() || !InTier(**f, tier)) continue;
+      if (n >= offset && out->size() < limit) out->push_back(InfoOf(**f));
+      ++n;
+    }
   }
   *total = n;
   return Status::Ok();
@@ -115,25 +155,32 @@ Status TierManagerImpl::ListBlocks(uint64_t contract_id, Tier tier, uint64_t off
 
 StatusOr<BlockInfo> TierManagerImpl::InspectBlock(uint64_t contract_id, const Key128& key) const {
   BlockInfo info;
-  {
+  bool found = false;
+  if (contract_id != 0) {
     std::lock_guard<std::mutex> l(mu_);
-    const Block* found = nullptr;
-    if (contract_id != 0) {
-      auto it = blocks_.find(BlockId{contract_id, key});
-      if (it != blocks_.end()) found = it->get();
-    } else {
-      for (const auto& b : blocks_) {
-        if (b->id.key == key && InTier(*b, Tier::kNone)) {
-          found = b.get();
+    auto it = blocks_.find(BlockId{contract_id, key});
+    if (it != blocks_.end() && InTier(**it, Tier::kNone)) {
+      info = InfoOf(**it);
+      found = true;
+    }
+  } else {
+    // The first contract (by id) holding the key: one find per registered contract, a few
+    // dozen per hold of the lock.
+    const auto ids = ContractIds();
+    constexpr size_t kPerLock = 64;
+    for (size_t i = 0; !found && i < ids->size(); i += kPerLock) {
+      std::lock_guard<std::mutex> l(mu_);
+      for (size_t j = i; j < std::min(ids->size(), i + kPerLock); ++j) {
+        auto it = blocks_.find(BlockId{(*ids)[j], key});
+        if (it != blocks_.end() && InTier(**it, Tier::kNone)) {
+          info = InfoOf(**it);
+          found = true;
           break;
         }
       }
     }
-    if (found == nullptr || !InTier(*found, Tier::kNone)) {
-      return Status::NotFound("block " + key.ToHex() + " is not cached");
-    }
-    info = InfoOf(*found);
   }
+  if (!found) return Status::NotFound("block " + key.ToHex() + " is not cached");
   if (info.in_nvme && nvme_) {
     if (auto e = nvme_->Find({info.contract_id, info.key})) {
       info.nvme_record = e->record;
