@@ -1009,24 +1009,25 @@ TEST(Hostile, ListingThirtyThousandContractsLeavesLookupsAlone) {
   EXPECT_LT(busy, std::max(2000.0, 4 * idle)) << "idle p99 " << idle << " us";
 }
 
-// 60,000 cached blocks, listed page after page (2,048 blocks a page, pausing 1 ms between
-// pages) in a loop by one client, which also inspects a key in any contract on every page:
-// pages come from a snapshot of the index's ids (copied a few hundred at a time), and each
-// page looks its blocks up a few hundred at a time, so no request holds the index lock
-// for the index's length, and another client's 1-key lookups keep their latency. Prints
-// the p99s and the slowest lookup; the bound is loose (0.3 ms, or 4x idle) because the
-// test machine's cores may be shared (a page that walked the index under the lock took a
-// lookup's p99 from 15 us to over 0.6 ms on a loaded 2-core machine, pausing 2 ms).
-TEST(Hostile, ListingSixtyThousandBlocksLeavesLookupsAlone) {
+// 240,000 cached blocks (1 GiB of host slots), listed page after page (2,048 blocks a page,
+// pausing 1 ms between pages) in a loop by one client, which also inspects 8 keys in any
+// contract per page: pages come from a snapshot of the index's ids (copied a few hundred
+// at a time) and read only their own entries, 64 per hold of the index lock, so the lister
+// gets through many listings (a page that walked the whole index under the lock managed
+// under 1.5 in 3 s here), and another client's 1-key lookups keep their latency. Prints
+// the p99s and the slowest lookup; the latency bound is loose (0.5 ms, or 4x idle) because
+// the test machine's cores may be shared (the walk under the lock took the p99 from 13 us
+// to 0.8 ms in one run of two on a loaded 2-core machine).
+TEST(Hostile, ListingAQuarterMillionBlocksLeavesLookupsAlone) {
   DaemonConfig cfg;
-  cfg.host_capacity = "256MiB";  // 65,536 slots of 4 KiB
+  cfg.host_capacity = "1GiB";  // 262,144 slots of 4 KiB
   cfg.nvme_capacity = "0";
   DaemonProcess d(cfg);
   SetDaemonKeys(d, "max_tier_share_per_client = 1.0\n");
   ASSERT_TRUE(d.Start()) << d.log();
   Conn reg;
   ASSERT_EQ(reg.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
-  constexpr uint64_t kBlocks = 60000;
+  constexpr uint64_t kBlocks = 240000;
   for (uint64_t i = 0; i < kBlocks; i += 250) {
     std::vector<kvtier_key> keys;
     for (uint64_t j = 0; j < 250; ++j) keys.push_back(reliability::MakeKey(71, i + j));
@@ -1060,12 +1061,14 @@ TEST(Hostile, ListingSixtyThousandBlocksLeavesLookupsAlone) {
         if (n == 0) break;
         off += n;
         listed += n;
-        kvtier_block_info info{};
-        if (kvtier_inspect(reg.c, 0, reliability::MakeKey(71, k++ % kBlocks), &info) != KVTIER_OK) {
-          list_error = kvtier_last_error();
-          return;
+        for (int i = 0; i < 8; ++i) {
+          kvtier_block_info info{};
+          if (kvtier_inspect(reg.c, 0, reliability::MakeKey(71, k++ % kBlocks), &info) != KVTIER_OK) {
+            list_error = kvtier_last_error();
+            return;
+          }
+          ++inspected;
         }
-        ++inspected;
         // Paced, so that the lister's CPU does not crowd the lookups out of this
         // machine's cores: what is measured is the index lock.
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -1081,9 +1084,9 @@ TEST(Hostile, ListingSixtyThousandBlocksLeavesLookupsAlone) {
               idle, busy, busy / idle, busy_max, static_cast<unsigned long long>(listed.load()),
               static_cast<unsigned long long>(inspected.load()));
   EXPECT_TRUE(list_error.empty()) << list_error;
-  EXPECT_GT(listed.load(), 2 * kBlocks) << "fewer than 2 listings of 60,000 blocks in 3 s";
+  EXPECT_GT(listed.load(), 2 * kBlocks) << "fewer than 2 listings of 240,000 blocks in 3 s";
   EXPECT_GT(idle, 0);
-  EXPECT_LT(busy, std::max(300.0, 4 * idle)) << "idle p99 " << idle << " us";
+  EXPECT_LT(busy, std::max(500.0, 4 * idle)) << "idle p99 " << idle << " us";
 }
 
 // ---- spin ------------------------------------------------------------------------------------
