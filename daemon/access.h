@@ -140,15 +140,18 @@ class Tenants {
   uint32_t group_of(uint32_t t) const {
     return t == kSharedOwner ? static_cast<uint32_t>(access_.tenant_count()) : t;
   }
-  // The remote tier's namespace (GetItem::ns, PutItem::ns: keys <key_prefix><ns>:{...},
-  // docs/remote.md) of a contract of the TierManager: its tenant's name, "shared" for the
-  // shared namespace, "" for the implicit tenant (keys as before). The TierManager does
-  // not pass it yet; until then a tenant's remote keys differ by the namespaced contract
-  // id inside the hash tag.
+  // The name of owner's namespace (a tenant, or kSharedOwner): its tenant's name,
+  // "shared" for the shared namespace, "" for the implicit tenant. The remote tier's
+  // namespace of its contracts (GetItem::ns, PutItem::ns: keys <key_prefix><ns>:{...},
+  // docs/remote.md; given to TierManager::RegisterContractAs) and the namespace
+  // contracts.kvc keeps their registrations under.
+  std::string NamespaceName(uint32_t owner) const {
+    if (owner == kSharedOwner) return "shared";
+    return owner == kDefaultTenant ? std::string() : access_.tenant_name(owner);
+  }
+  // NamespaceName of the owner of a contract of the TierManager.
   std::string RemoteNamespace(uint64_t internal_contract_id) const {
-    const auto o = owners_.Get(internal_contract_id);
-    if (o.tenant == kSharedOwner) return "shared";
-    return o.tenant == kDefaultTenant ? std::string() : access_.tenant_name(o.tenant);
+    return NamespaceName(owners_.Get(internal_contract_id).tenant);
   }
 
  private:

@@ -221,12 +221,20 @@ class Daemon::Impl {
   asio::thread_pool closer_{1};   // Session::Close of clients that went away
   // Attached clients per peer uid and pid (SO_PEERCRED; io thread only).
   std::map<uint32_t, uint32_t> clients_by_uid_, clients_by_pid_;
-  // Attached clients that registered each contract (any thread, under registrants_mu_):
-  // when the last one detaches, a contract no block uses is forgotten.
+  // Attached clients that registered each contract, by the TierManager's id (any thread,
+  // under registrants_mu_): when the last one detaches, a contract no block uses is
+  // forgotten, by the TierManager and in contracts.kvc.
+  struct Registrants {
+    uint32_t count = 0;
+    uint64_t contract = 0;  // ScaleContract::Id
+    std::string ns;         // its namespace in contracts.kvc (ContractStore)
+  };
   std::mutex registrants_mu_;
-  std::unordered_map<uint64_t, uint32_t> registrants_;
-  void ContractRegistered(const ScaleContract& ct);
+  std::unordered_map<uint64_t, Registrants> registrants_;
+  void ContractRegistered(const ScaleContract& ct, uint64_t internal, uint32_t owner);
   void ContractsReleased(const std::vector<uint64_t>& ids);
+  // Registers again the contracts contracts.kvc holds, each in its namespace.
+  void RestoreContracts(const std::vector<StoredContract>& known);
 };
 
 // One control-socket connection; after a successful attach it owns the client's Session.
@@ -489,7 +497,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     };
     Daemon::Impl* impl = d_;
     auto reload = [impl](std::string* summary) { return impl->Reload(summary); };
-    Session::RegisteredFn registered = [impl](const ScaleContract& ct) { impl->ContractRegistered(ct); };
+    Session::RegisteredFn registered = [impl](const ScaleContract& ct, uint64_t internal, uint32_t owner) {
+      impl->ContractRegistered(ct, internal, owner);
+    };
     auto sess = Session::Create(client_id, name, a.pid, has_gpu, d_->tm_.get(), &d_->metrics_, lim, kick,
                                 reload, std::move(registered));
     if (!sess.ok()) return RefuseAttach(&r, sess.status());
@@ -840,7 +850,7 @@ Status Daemon::Impl::Start() {
   tm_ = std::move(*tm);
   if (c.tiers.nvme.tier.capacity_bytes != 0) {
     // Contracts registered before the restart: their blocks on NVMe are reachable at once.
-    std::vector<ScaleContract> known;
+    std::vector<StoredContract> known;
     uint64_t dropped = 0;
     auto store = ContractStore::Open(Abs(c.tiers.nvme.dir) + "/contracts.kvc", &known, &dropped);
     if (!store.ok()) return Status(store.status().code(), "tiers.nvme.dir: " + store.status().message());
@@ -848,17 +858,7 @@ Status Daemon::Impl::Start() {
     if (dropped > 0) {
       spdlog::warn("{}: dropped a torn tail of {} bytes (an append cut short)", contracts_->path(), dropped);
     }
-    size_t restored = 0;
-    for (const auto& ct : known) {
-      Status rs = tm_->RegisterContract(ct);
-      if (rs.ok()) {
-        ++restored;
-      } else {
-        spdlog::warn("contract {} ({}) from {} not registered again: {}", ContractIdHex(ct.Id()), ct.model_id,
-                     contracts_->path(), rs.ToString());
-      }
-    }
-    if (restored > 0) spdlog::info("{} contracts registered again from {}", restored, contracts_->path());
+    RestoreContracts(known);
   }
 
   boost::system::error_code bec;
@@ -954,15 +954,62 @@ void Daemon::Impl::AcceptMetrics() {
   });
 }
 
-void Daemon::Impl::ContractRegistered(const ScaleContract& ct) {
+void Daemon::Impl::RestoreContracts(const std::vector<StoredContract>& known) {
+  const AccessPolicy& ap = tenants_->access();
+  size_t restored = 0;
+  for (const auto& sc : known) {
+    const ScaleContract& ct = sc.contract;
+    uint32_t owner = kDefaultTenant;
+    uint64_t internal = ct.Id();
+    if (sc.ns == "shared") {
+      owner = kSharedOwner;
+      internal = SharedContractId(ct.Id());
+    } else if (!sc.ns.empty()) {
+      for (uint32_t t = 1; t < ap.tenant_count(); ++t) {
+        if (ap.tenant_name(t) == sc.ns) owner = t;
+      }
+      if (owner == kDefaultTenant) {
+        spdlog::warn("contract {} ({}) of tenant \"{}\" in {} not registered again: no [[tenants]] table has that "
+                     "name (the record is kept)",
+                     ContractIdHex(ct.Id()), ct.model_id, sc.ns, contracts_->path());
+        continue;
+      }
+      internal = NamespacedContractId(ap.tenant_namespace(owner), ct.Id());
+    }
+    Status rs = owner == kDefaultTenant
+                    ? tm_->RegisterContract(ct)
+                    : tm_->RegisterContractAs(ct, internal, ap.tenants_configured() ? tenants_->group_of(owner) : 0,
+                                              sc.ns);
+    if (!rs.ok()) {
+      spdlog::warn("contract {} ({}) from {} not registered again: {}", ContractIdHex(ct.Id()), ct.model_id,
+                   contracts_->path(), rs.ToString());
+      continue;
+    }
+    if (owner != kDefaultTenant) tenants_->owners().Add(internal, {owner, owner == kSharedOwner ? internal : ct.Id()});
+    ++restored;
+  }
+  if (restored > 0) spdlog::info("{} contracts registered again from {}", restored, contracts_->path());
+}
+
+void Daemon::Impl::ContractRegistered(const ScaleContract& ct, uint64_t internal, uint32_t owner) {
+  const std::string ns = tenants_->NamespaceName(owner);
   {
     std::lock_guard<std::mutex> l(registrants_mu_);
-    ++registrants_[ct.Id()];
+    Registrants& r = registrants_[internal];
+    ++r.count;
+    r.contract = ct.Id();
+    r.ns = ns;
     // Its last registrant may have detached between the registration and this count.
-    if (!tm_->HasContract(ct.Id())) (void)tm_->RegisterContract(ct);
+    if (!tm_->HasContract(internal)) {
+      const AccessPolicy& ap = tenants_->access();
+      (void)(owner == kDefaultTenant && internal == ct.Id()
+                 ? tm_->RegisterContract(ct)
+                 : tm_->RegisterContractAs(ct, internal, ap.tenants_configured() ? tenants_->group_of(owner) : 0,
+                                           ns));
+    }
   }
   if (contracts_) {
-    Status s = contracts_->Add(ct);
+    Status s = contracts_->Add(ct, ns);
     if (!s.ok()) {
       static LogLimit store_log;
       uint64_t held = 0;
@@ -975,12 +1022,28 @@ void Daemon::Impl::ContractRegistered(const ScaleContract& ct) {
 }
 
 void Daemon::Impl::ContractsReleased(const std::vector<uint64_t>& ids) {
+  // Under registrants_mu_ to the end: a registration of a contract forgotten here either
+  // counts before the forgetting (and nothing is forgotten) or registers it again and
+  // adds it back to the file after it was removed.
   std::lock_guard<std::mutex> l(registrants_mu_);
+  std::map<std::string, std::vector<uint64_t>> forgotten;  // namespace -> contract ids
   for (const uint64_t id : ids) {
     auto it = registrants_.find(id);
-    if (it == registrants_.end() || --it->second > 0) continue;
+    if (it == registrants_.end() || --it->second.count > 0) continue;
+    const Registrants r = it->second;
     registrants_.erase(it);
-    (void)tm_->ForgetContractIfUnused(id);
+    if (tm_->ForgetContractIfUnused(id)) forgotten[r.ns].push_back(r.contract);
+  }
+  if (!contracts_) return;
+  for (const auto& [ns, cids] : forgotten) {
+    if (Status s = contracts_->Remove(ns, cids); !s.ok()) {
+      static LogLimit remove_log;
+      uint64_t held = 0;
+      if (remove_log.Allow(&held)) {
+        spdlog::warn("{} forgotten contracts stay in {} (a restart registers them again): {}{}", cids.size(),
+                     contracts_->path(), s.ToString(), HeldBack(held, "such lines"));
+      }
+    }
   }
 }
 

@@ -711,8 +711,10 @@ Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<
     KVTIER_RETURN_IF_ERROR(tm_->RegisterContract(*ct));
   } else {
     const uint32_t owner = shared ? kSharedOwner : tenant_;
+    // The namespace's own keys in the remote tier too ("" for the implicit tenant).
+    const std::string ns = tenants_ != nullptr ? tenants_->NamespaceName(owner) : (shared ? "shared" : "");
     KVTIER_RETURN_IF_ERROR(
-        tm_->RegisterContractAs(*ct, internal, namespaced_ ? tenants_->group_of(owner) : 0));
+        tm_->RegisterContractAs(*ct, internal, namespaced_ ? tenants_->group_of(owner) : 0, ns));
     if (tenants_ != nullptr) tenants_->owners().Add(internal, {owner, public_id});
     if (shared) {
       std::lock_guard<std::mutex> l(ns_mu_);
@@ -724,9 +726,9 @@ Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<
     std::lock_guard<std::mutex> l(mu_);
     first = registered_ids_.insert(internal).second;
   }
-  // The implicit tenant's contracts keep their ids: counted for the daemon to forget at
-  // the last registrant's detach, and kept for restarts, as before.
-  if (first && internal == ct->Id() && registered_) registered_(*ct);
+  // Every namespace's contracts: counted for the daemon to forget at the last registrant's
+  // detach, and kept for restarts.
+  if (first && registered_) registered_(*ct, internal, shared ? kSharedOwner : tenant_);
   c->value = public_id;
   static LogLimit register_log;  // a client may register (the same contract) at any rate
   uint64_t held = 0;

@@ -74,8 +74,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Re-reads the daemon's config (kvtierctl config reload); *summary gets what changed.
   using ReloadFn = std::function<Status(std::string* summary)>;
   // Called after this client's first registration of a contract went through (the daemon
-  // keeps it for restarts, and counts the clients that registered it).
-  using RegisteredFn = std::function<void(const ScaleContract& contract)>;
+  // keeps it for restarts, and counts the clients that registered it): the contract, the
+  // TierManager's id of it and its owner (a tenant, or kSharedOwner).
+  using RegisteredFn = std::function<void(const ScaleContract& contract, uint64_t internal, uint32_t owner)>;
 
   // Creates the ring region (a sealed memfd) and maps it. Does not start the thread.
   static StatusOr<std::shared_ptr<Session>> Create(uint64_t client_id, const std::string& name,

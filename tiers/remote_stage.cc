@@ -42,13 +42,13 @@ void RemoteStage::QueueFetch(RemoteFetch job) {
 }
 
 void RemoteStage::QueueWrite(uint64_t contract, const Key128& key, const Key128& parent, const uint8_t* p,
-                             uint64_t bytes) {
+                             uint64_t bytes, const std::string& ns) {
   std::lock_guard<std::mutex> l(mu_);
   if (write_bytes_ + bytes > opts_->write_queue_bytes) {
     ++write_dropped_;
     return;
   }
-  write_.push_back(WriteJob{contract, key, parent, std::vector<uint8_t>(p, p + bytes)});
+  write_.push_back(WriteJob{contract, key, parent, std::vector<uint8_t>(p, p + bytes), ns});
   write_bytes_ += bytes;
   cv_.notify_all();
 }
@@ -72,7 +72,7 @@ void RemoteStage::WriterLoop() {
     ++busy_;
     l.unlock();
     std::vector<remote::PutItem> items;
-    for (const auto& j : batch) items.push_back({j.contract, j.key, j.parent, j.payload});
+    for (const auto& j : batch) items.push_back({j.contract, j.key, j.parent, j.payload, j.ns});
     const size_t ok = tier_->PutBatch(items);
     if (ok < items.size()) spdlog::debug("remote tier: {} of {} writes failed", items.size() - ok, items.size());
     l.lock();
@@ -103,7 +103,8 @@ void RemoteStage::ReaderLoop() {
 size_t RemoteStage::Fetch(const RemoteFetch& job, std::vector<Block*>* held) {
   uint64_t block = 0;
   size_t next = 0;
-  if (!host_->LocalPrefix(job.contract, job.keys, &block, &next)) return job.keys.size();
+  std::string ns;  // the contract's remote namespace: the items' keys point into it
+  if (!host_->LocalPrefix(job.contract, job.keys, &block, &next, &ns)) return job.keys.size();
   const size_t first = next;
   while (next < job.keys.size()) {
     const uint32_t n = static_cast<uint32_t>(std::min<size_t>(opts_->batch, job.keys.size() - next));
@@ -114,6 +115,7 @@ size_t RemoteStage::Fetch(const RemoteFetch& job, std::vector<Block*>* held) {
       items[i].contract_id = job.contract;
       items[i].key = job.keys[next + i];
       items[i].out = std::span<uint8_t>(slots[i].bytes, block);
+      items[i].ns = ns;
     }
     tier_->GetBatch(items);
     size_t good = 0;

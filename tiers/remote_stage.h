@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -50,10 +51,10 @@ class StagingHost {
     uint8_t* bytes = nullptr;  // the slot's memory, the contract's block size
   };
   virtual ~StagingHost() = default;
-  // The contract's block size and the length of the keys' local prefix; false for an
-  // unknown contract.
+  // The contract's block size, the length of the keys' local prefix and the contract's
+  // remote namespace ("" = none); false for an unknown contract.
   virtual bool LocalPrefix(uint64_t contract, std::span<const Key128> keys, uint64_t* block_bytes,
-                           size_t* prefix) = 0;
+                           size_t* prefix, std::string* remote_ns) = 0;
   // Up to n host slots for fetched blocks (fewer when host is short of room; none when it
   // is full of pinned blocks).
   virtual std::vector<Slot> ReserveStaging(uint64_t contract, uint32_t n) = 0;
@@ -84,9 +85,10 @@ class RemoteStage {
   bool write_through() const { return opts_->write == remote::RemoteWrite::kWriteThrough; }
 
   void QueueFetch(RemoteFetch job);
-  // Copies `bytes` of block (contract, key) into the write queue; dropped and counted
-  // when the queue is full.
-  void QueueWrite(uint64_t contract, const Key128& key, const Key128& parent, const uint8_t* p, uint64_t bytes);
+  // Copies `bytes` of block (contract, key), a key of remote namespace `ns`, into the write
+  // queue; dropped and counted when the queue is full.
+  void QueueWrite(uint64_t contract, const Key128& key, const Key128& parent, const uint8_t* p, uint64_t bytes,
+                  const std::string& ns = "");
   // Waits until both queues are empty and neither thread is working.
   void WaitIdle();
   bool OnStageThread() const;
@@ -99,6 +101,7 @@ class RemoteStage {
     uint64_t contract = 0;
     Key128 key, parent;
     std::vector<uint8_t> payload;
+    std::string ns;  // remote namespace
   };
   void ReaderLoop();
   void WriterLoop();

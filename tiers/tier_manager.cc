@@ -158,11 +158,14 @@ bool TierManagerImpl::ForgetContractIfUnused(uint64_t id) {
   contracts_.erase(it);
   contracts_gen_.fetch_add(1, std::memory_order_release);
   group_of_.erase(id);
+  remote_ns_.erase(id);
   return true;
 }
 
-Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, uint32_t group) {
+Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, uint32_t group,
+                                           const std::string& remote_ns) {
   if (id == 0) return Status::Invalid("RegisterContractAs: id 0");
+  KVTIER_RETURN_IF_ERROR(remote::CheckKeyPart(remote_ns, "RegisterContractAs: remote namespace"));
   if (group != 0 && group >= opts_.groups.size()) {
     return Status::Invalid("RegisterContractAs: quota group " + std::to_string(group) + " unknown");
   }
@@ -172,11 +175,20 @@ Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, 
                                " bytes does not fit a slot of " + std::to_string(slot_bytes_));
   }
   std::lock_guard<std::mutex> l(mu_);
-  auto [it, fresh] = contracts_.emplace(id, c);
-  if (!fresh && !(it->second == c)) {
+  auto found = contracts_.find(id);
+  if (found != contracts_.end() && !(found->second == c)) {
     return Status::Invalid("RegisterContractAs: id " + ContractIdHex(id) + " is another contract's");
   }
-  if (fresh) contracts_gen_.fetch_add(1, std::memory_order_release);
+  if (found != contracts_.end() && RemoteNsLocked(id) != remote_ns) {
+    return Status::Invalid("RegisterContractAs: contract " + ContractIdHex(id) + " is in remote namespace \"" +
+                           RemoteNsLocked(id) + "\"");
+  }
+  const bool fresh = found == contracts_.end();
+  if (fresh) {
+    contracts_.emplace(id, c);
+    if (!remote_ns.empty()) remote_ns_[id] = remote_ns;
+    contracts_gen_.fetch_add(1, std::memory_order_release);
+  }
   if (quotas()) {
     const uint32_t was = GroupOfLocked(id);
     if (was != group) {
@@ -239,8 +251,9 @@ size_t TierManagerImpl::LookupInto(uint64_t contract_id, std::span<const Key128>
   const double nv = T(kN).c.read_gbps > 0 ? T(kN).c.read_gbps : opts_.nvme_read_gbps;
   if (remote_ && hit < keys.size()) {
     const uint64_t block = contracts_.at(contract_id).block_bytes();
+    const std::string ns = RemoteNsLocked(contract_id);
     l.unlock();  // network I/O, bounded by the remote command timeout
-    const size_t n = remote_->tier().ExistsPrefix(contract_id, keys.subspan(hit));
+    const size_t n = remote_->tier().ExistsPrefix(contract_id, keys.subspan(hit), ns);
     for (size_t i = 0; i < n; ++i) tiers_out[hit + i] = Tier::kRemote;
     hit += n;
     remote_bytes = static_cast<double>(n * block);

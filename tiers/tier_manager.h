@@ -222,10 +222,14 @@ class TierManager {
   // The same under an id of the caller's (a namespace's: the daemon derives one per
   // tenant, so that two tenants' blocks of one contract are two blocks), counted in quota
   // group `group` (< TierManagerOptions::groups.size(), or 0). Every other call names the
-  // contract by this id. Invalid for id 0, a group out of range, or an id already
-  // registered in another group.
-  virtual Status RegisterContractAs(const ScaleContract& c, uint64_t id, uint32_t group) {
-    (void)c, (void)id, (void)group;
+  // contract by this id. `remote_ns` ("" = none) is the namespace of the contract's keys
+  // in the remote tier (remote::PutItem::ns: <key_prefix><remote_ns>:{...}, docs/remote.md),
+  // so that a namespace's blocks are keys of its own in the cluster. Invalid for id 0, a
+  // group out of range, a namespace the remote tier cannot take (remote::CheckKeyPart), or
+  // an id already registered in another group or remote namespace.
+  virtual Status RegisterContractAs(const ScaleContract& c, uint64_t id, uint32_t group,
+                                    const std::string& remote_ns = "") {
+    (void)c, (void)id, (void)group, (void)remote_ns;
     return Status::Unsupported("RegisterContractAs");
   }
   virtual bool HasContract(uint64_t contract_id) const = 0;

@@ -109,7 +109,8 @@ class TierManagerImpl final : public TierManager, private StagingHost {
     return hbm_->IpcHandle(out);
   }
   Status RegisterContract(const ScaleContract& c) override;
-  Status RegisterContractAs(const ScaleContract& c, uint64_t id, uint32_t group) override;
+  Status RegisterContractAs(const ScaleContract& c, uint64_t id, uint32_t group,
+                            const std::string& remote_ns = "") override;
   bool HasContract(uint64_t id) const override {
     std::lock_guard<std::mutex> l(mu_);
     return contracts_.count(id) != 0;
@@ -255,7 +256,8 @@ class TierManagerImpl final : public TierManager, private StagingHost {
 
   // tier_manager_remote.cc
   void QueueRemoteWriteLocked(Block* b);
-  bool LocalPrefix(uint64_t contract, std::span<const Key128> keys, uint64_t* block_bytes, size_t* prefix) override;
+  bool LocalPrefix(uint64_t contract, std::span<const Key128> keys, uint64_t* block_bytes, size_t* prefix,
+                   std::string* remote_ns) override;
   std::vector<Slot> ReserveStaging(uint64_t contract, uint32_t n) override;
   size_t CommitStaging(uint64_t contract, std::span<const Slot> slots, std::span<const remote::GetItem> items,
                        size_t good, std::vector<Block*>* held) override;
@@ -303,6 +305,12 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   mutable std::shared_ptr<const std::vector<uint64_t>> ids_snap_;  // sorted; ContractIds()
   mutable uint64_t ids_gen_ = 0;            // contracts_gen_ that ids_snap_ reflects
   GroupMap group_of_;  // contract -> quota group (RegisterContractAs); with quotas only
+  // contract -> its remote namespace (RegisterContractAs); contracts without one are absent.
+  std::unordered_map<uint64_t, std::string> remote_ns_;
+  std::string RemoteNsLocked(uint64_t contract) const {
+    auto it = remote_ns_.find(contract);
+    return it == remote_ns_.end() ? std::string() : it->second;
+  }
   std::vector<std::array<uint64_t, 3>> group_evictions_;  // [group][tier]
   BlockIndex blocks_;
   // The ids of blocks_ in (contract, key) order, for the listings: a page walks a snapshot

@@ -13,15 +13,16 @@ void TierManagerImpl::QueueRemoteWriteLocked(Block* b) {
   if (!remote_ || !remote_->writes_enabled() || b->remote || b->slot[kS] < 0) return;
   b->remote = true;
   remote_->QueueWrite(b->id.contract, b->id.key, b->parent, host_->slot_ptr(static_cast<uint32_t>(b->slot[kS])),
-                      b->bytes);
+                      b->bytes, RemoteNsLocked(b->id.contract));
 }
 
 bool TierManagerImpl::LocalPrefix(uint64_t contract, std::span<const Key128> keys, uint64_t* block_bytes,
-                                  size_t* prefix) {
+                                  size_t* prefix, std::string* remote_ns) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = contracts_.find(contract);
   if (it == contracts_.end()) return false;
   *block_bytes = it->second.block_bytes();
+  *remote_ns = RemoteNsLocked(contract);
   *prefix = LocalPrefixLocked(contract, keys);
   return true;
 }

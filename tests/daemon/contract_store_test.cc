@@ -1,5 +1,6 @@
 // The contract file (daemon/contract_store.h): the golden file of version 1 under
-// tests/data/ is read; a torn tail is cut; other formats and versions are refused by name.
+// tests/data/ is read; a torn tail is cut; other formats and versions are refused by name;
+// namespace records make a file of version 2; removals rewrite the file without them.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -122,14 +123,14 @@ TEST_F(ContractStoreTest, ATornTailIsCutAndTheRestKept) {
 
 TEST_F(ContractStoreTest, AnotherVersionIsRefusedByNameAndLeftAsItIs) {
   std::vector<uint8_t> g = golden();
-  g[4] = 2;  // version 2
+  g[4] = 3;  // version 3
   const std::string p = (dir_ / "contracts.kvc").string();
   WriteAll(p, g);
   std::vector<ScaleContract> got;
   auto s = ContractStore::Open(p, &got);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kUnsupported) << s.status().ToString();
-  EXPECT_NE(s.status().message().find("contract file version 2"), std::string::npos) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("contract file version 3"), std::string::npos) << s.status().ToString();
   EXPECT_TRUE(got.empty());
   EXPECT_EQ(ReadAll(p), g);
 }
@@ -157,6 +158,86 @@ TEST_F(ContractStoreTest, ParseReturnsTheIntactPrefix) {
   ASSERT_TRUE(r.ok());
   EXPECT_LT(*r, g.size());
   EXPECT_EQ(got.size(), 1u);
+}
+
+TEST_F(ContractStoreTest, NamespaceRecordsMakeAFileOfVersion2AndComeBackWithTheirNamespace) {
+  const std::string p = CopyOfGolden();
+  {
+    std::vector<StoredContract> got;
+    auto s = ContractStore::Open(p, &got);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE((*s)->Add(Golden0(), "").ok());  // already there (the golden file's)
+    EXPECT_EQ(ReadAll(p), golden()) << "a known contract wrote something";
+    ASSERT_TRUE((*s)->Add(Golden0(), "team-a").ok());  // the same contract in a tenant's namespace
+    ASSERT_TRUE((*s)->Add(Golden1(), "shared").ok());
+    ASSERT_TRUE((*s)->Add(Golden1(), "shared").ok());  // a repeat: nothing new
+    EXPECT_EQ((*s)->size(), 4u);
+  }
+  const std::vector<uint8_t> now = ReadAll(p);
+  ASSERT_GT(now.size(), sizeof(ContractFileHeader));
+  EXPECT_EQ(now[4], 2) << "a file with namespace records is version 2";
+  std::vector<StoredContract> got;
+  auto s = ContractStore::Open(p, &got);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[0], (StoredContract{Golden0(), ""}));
+  EXPECT_EQ(got[1], (StoredContract{Golden1(), ""}));
+  EXPECT_EQ(got[2], (StoredContract{Golden0(), "team-a"}));
+  EXPECT_EQ(got[3], (StoredContract{Golden1(), "shared"}));
+  EXPECT_FALSE(std::filesystem::exists(p + ".tmp"));
+}
+
+TEST_F(ContractStoreTest, RemovedContractsAreGoneAfterAReopenAndTheRestStays) {
+  const std::string p = CopyOfGolden();
+  {
+    std::vector<StoredContract> got;
+    auto s = ContractStore::Open(p, &got);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE((*s)->Add(Golden1(), "team-a").ok());
+    const uint64_t ids[] = {Golden1().Id(), 12345};
+    ASSERT_TRUE((*s)->Remove("", ids).ok());  // the implicit tenant's copy only
+    ASSERT_TRUE((*s)->Remove("nobody", ids).ok());  // nothing stored there: nothing changes
+    ASSERT_TRUE((*s)->Add(Golden1(), "").ok());  // appended again after the rewrite
+    const uint64_t g0[] = {Golden0().Id()};
+    ASSERT_TRUE((*s)->Remove("", g0).ok());
+  }
+  std::vector<StoredContract> got;
+  auto s = ContractStore::Open(p, &got);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], (StoredContract{Golden1(), "team-a"}));
+  EXPECT_EQ(got[1], (StoredContract{Golden1(), ""}));
+  {
+    const uint64_t g1[] = {Golden1().Id()};
+    ASSERT_TRUE((*s)->Remove("team-a", g1).ok());
+  }
+  s->reset();
+  const std::vector<uint8_t> now = ReadAll(p);
+  EXPECT_EQ(now[4], 1) << "without namespace records the file is written as version 1 again";
+  got.clear();
+  s = ContractStore::Open(p, &got);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], (StoredContract{Golden1(), ""}));
+}
+
+TEST_F(ContractStoreTest, ANamespaceRecordInAFileOfVersion1IsATornTail) {
+  // A version-1 header followed by a KVCN record: not a record of that version.
+  const std::string p = CopyOfGolden();
+  {
+    std::vector<StoredContract> got;
+    auto s = ContractStore::Open(p, &got);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE((*s)->Add(Golden0(), "team-a").ok());
+  }
+  std::vector<uint8_t> b = ReadAll(p);
+  ASSERT_EQ(b[4], 2);
+  b[4] = 1;
+  std::vector<StoredContract> got;
+  auto r = ParseContractRecords(b, "f", &got);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(got.size(), 2u) << "only the two plain records";
+  EXPECT_LT(*r, b.size());
 }
 
 }  // namespace

@@ -599,6 +599,78 @@ TEST(Tenants, TheSharedNamespaceIsOneBlockForThoseWhoOptIn) {
   EXPECT_EQ(d.Stop(), 0);
 }
 
+// A tenant's contracts and the shared namespace's come back after a restart (flushed to
+// NVMe) under the same ids, each with its blocks for the clients of its namespace only; a
+// tenant's contract left unused is forgotten when its last client detaches, in
+// contracts.kvc too, and does not come back.
+TEST(Tenants, TenantContractsOutliveARestartAndUnusedOnesAreForgotten) {
+  SKIP_UNLESS_ROOT();
+  DaemonProcess d(Config(TwoTenants()));
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_contract_desc desc = SmallContract();
+  kvtier_contract_desc unused = SmallContract("tenants/unused");
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_contract_id(&desc, &cid), KVTIER_OK);
+  const uint64_t handle = SharedContractId(cid);
+  const auto keys = Chain(cid, 4, 11);
+  const auto shared_keys = Chain(handle, 2, 12);
+  Child a([&] {
+    CHILD_CHECK(BecomeUser(kUidA, kGidA));
+    kvtier_client* c = Connect(d.socket(), "a");
+    CHILD_CHECK(c != nullptr);
+    uint64_t id = 0;
+    CHILD_CHECK(kvtier_register_contract(c, &desc, &id) == KVTIER_OK);
+    CHILD_CHECK(StoreChain(c, cid, keys) == 0);
+    CHILD_CHECK(kvtier_register_contract_shared(c, &desc, &id) == KVTIER_OK && id == handle);
+    CHILD_CHECK(StoreChain(c, handle, shared_keys) == 0);
+    CHILD_CHECK(kvtier_register_contract(c, &unused, &id) == KVTIER_OK);
+    kvtier_close(c);
+    return 0;
+  });
+  ASSERT_EQ(a.Wait(), 0) << d.log();
+  kvtier_client* op = Connect(d.socket(), "operator");
+  ASSERT_NE(op, nullptr);
+  std::vector<uint64_t> before = InternalIds(op);
+  for (int i = 0; i < 100 && before.size() != 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    before = InternalIds(op);
+  }
+  ASSERT_EQ(before.size(), 2u) << "a's unused contract is still registered after a detached";
+  ASSERT_EQ(kvtier_flush(op), KVTIER_OK);
+  kvtier_close(op);
+  ASSERT_EQ(d.Stop(), 0) << d.log();
+  ASSERT_TRUE(d.Start()) << d.log();
+  op = Connect(d.socket(), "operator");
+  ASSERT_NE(op, nullptr);
+  EXPECT_EQ(InternalIds(op), before) << d.log();
+  kvtier_close(op);
+  Child a2([&] {
+    CHILD_CHECK(BecomeUser(kUidA, kGidA));
+    kvtier_client* c = Connect(d.socket(), "a");
+    CHILD_CHECK(c != nullptr);
+    uint64_t id = 0;
+    CHILD_CHECK(kvtier_register_contract(c, &desc, &id) == KVTIER_OK);
+    CHILD_CHECK(Hits(c, cid, keys) == keys.size());
+    kvtier_close(c);
+    return 0;
+  });
+  EXPECT_EQ(a2.Wait(), 0) << d.log();
+  Child b([&] {
+    CHILD_CHECK(BecomeUser(kUidB, kGidB));
+    kvtier_client* c = Connect(d.socket(), "b");
+    CHILD_CHECK(c != nullptr);
+    uint64_t id = 0;
+    CHILD_CHECK(kvtier_register_contract(c, &desc, &id) == KVTIER_OK);
+    CHILD_CHECK(Hits(c, cid, keys) == 0);  // a's blocks stay a's
+    CHILD_CHECK(kvtier_register_contract_shared(c, &desc, &id) == KVTIER_OK && id == handle);
+    CHILD_CHECK(Hits(c, handle, shared_keys) == shared_keys.size());
+    kvtier_close(c);
+    return 0;
+  });
+  EXPECT_EQ(b.Wait(), 0) << d.log();
+  EXPECT_EQ(d.Stop(), 0);
+}
+
 TEST(Tenants, ATenantAdminSeesAndEvictsOnlyItsOwnBlocks) {
   SKIP_UNLESS_ROOT();
   DaemonProcess d(Config(TwoTenants()));

@@ -1,10 +1,13 @@
-// Fuzz target: the contract file parser (daemon/contract_store.h, ParseContractFile), which
+// Fuzz target: the contract file parser (daemon/contract_store.h, ParseContractRecords), which
 // reads <tiers.nvme.dir>/contracts.kvc at start. Whatever it accepts is a prefix of the
-// input whose every contract is valid; parsing that prefix again gives the same prefix and
-// the same contracts (the torn tail it cuts off holds nothing it kept).
+// input whose every contract is valid, one per (namespace, id), each namespace name empty
+// or at most kMaxContractNsBytes; parsing that prefix again gives the same prefix and the
+// same records (the torn tail it cuts off holds nothing it kept).
 #include <cstdint>
+#include <set>
 #include <span>
-#include <unordered_set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "daemon/contract_store.h"
@@ -12,8 +15,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::span<const uint8_t> in(data, size);
-  std::vector<kvtier::ScaleContract> got;
-  auto r = kvtier::daemon::ParseContractFile(in, "contracts.kvc", &got);
+  std::vector<kvtier::daemon::StoredContract> got;
+  auto r = kvtier::daemon::ParseContractRecords(in, "contracts.kvc", &got);
   if (!r.ok()) {
     FUZZ_CHECK(got.empty());
     FUZZ_CHECK(r.status().message().find("contracts.kvc") != std::string::npos);
@@ -21,13 +24,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FUZZ_CHECK(*r <= size);
   FUZZ_CHECK(*r == 0 ? got.empty() : *r >= sizeof(kvtier::daemon::ContractFileHeader));
-  std::unordered_set<uint64_t> ids;
-  for (const auto& c : got) {
-    FUZZ_CHECK(c.Validate().ok());
-    FUZZ_CHECK(ids.insert(c.Id()).second);  // one contract per id
+  std::set<std::pair<std::string, uint64_t>> keys;
+  for (const auto& sc : got) {
+    FUZZ_CHECK(sc.contract.Validate().ok());
+    FUZZ_CHECK(sc.ns.size() <= kvtier::daemon::kMaxContractNsBytes);
+    FUZZ_CHECK(keys.insert({sc.ns, sc.contract.Id()}).second);  // one record per (namespace, id)
   }
-  std::vector<kvtier::ScaleContract> again;
-  auto r2 = kvtier::daemon::ParseContractFile(in.first(*r), "contracts.kvc", &again);
+  std::vector<kvtier::daemon::StoredContract> again;
+  auto r2 = kvtier::daemon::ParseContractRecords(in.first(*r), "contracts.kvc", &again);
   FUZZ_CHECK(r2.ok() && *r2 == *r && again == got);
   return 0;
 }

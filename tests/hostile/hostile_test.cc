@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/contract_store.h"
 #include "formats/contract.h"
 #include "formats/wire.h"
 #include "tests/reliability/reliability_util.h"
@@ -829,6 +830,91 @@ TEST(Hostile, ContractsPerClientAreCappedAndUnusedOnesForgotten) {
     now = count();
   }
   EXPECT_EQ(now, before + 1) << "contracts of a detached client, unused, are still registered";
+}
+
+// Contracts registered and left unused are forgotten in contracts.kvc too: after a
+// restart only the contracts still registered (one with a cached block, one a client
+// still holds) come back, and the file holds nothing else.
+TEST(Hostile, ForgottenContractsDoNotComeBackAfterARestart) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  auto ids = [&d]() {  // the registered contracts, seen by a client that registers none
+    std::vector<uint64_t> out;
+    kvtier_connect_options o{};
+    o.name = "lister";
+    o.timeout_ms = 5000;
+    kvtier_client* op = nullptr;
+    if (kvtier_connect(d.socket().c_str(), &o, &op) != KVTIER_OK) return out;
+    std::vector<uint8_t> buf(1 << 16);
+    size_t bytes = 0;
+    uint32_t n = 0;
+    uint64_t total = 0;
+    const kvtier_status s = kvtier_list_contracts(op, 0, 64, buf.data(), buf.size(), &bytes, &n, &total);
+    kvtier_close(op);
+    if (s != KVTIER_OK) return out;
+    size_t pos = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      kvtier_contract_info ci;
+      std::memcpy(&ci, buf.data() + pos, sizeof ci);
+      out.push_back(ci.contract_id);
+      pos += sizeof ci + (ci.contract_bytes + 7) / 8 * 8;
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  auto id_of = [](const char* model) {
+    kvtier_contract_desc desc = testing::SmallContract(model);
+    uint64_t id = 0;
+    (void)kvtier_contract_id(&desc, &id);
+    return id;
+  };
+  Conn holder;  // stays attached with its contract (SmallContract): kept
+  ASSERT_EQ(holder.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  {
+    Conn h;
+    ASSERT_EQ(h.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+    for (const char* m : {"hostile/unused-1", "hostile/unused-2", "hostile/with-a-block"}) {
+      kvtier_contract_desc desc = testing::SmallContract(m);
+      uint64_t id = 0;
+      ASSERT_EQ(kvtier_register_contract(h.c, &desc, &id), KVTIER_OK) << kvtier_last_error();
+    }
+    Conn withblock;  // the same process, another client: stores one block under "with-a-block"
+    ASSERT_EQ(withblock.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+    kvtier_contract_desc desc = testing::SmallContract("hostile/with-a-block");
+    ASSERT_EQ(kvtier_register_contract(withblock.c, &desc, &withblock.contract), KVTIER_OK) << kvtier_last_error();
+    size_t done = 0;
+    ASSERT_EQ(withblock.Store({reliability::MakeKey(81, 1)}, [](const kvtier_key&) {}, &done), KVTIER_OK)
+        << kvtier_last_error();
+    ASSERT_EQ(kvtier_flush(withblock.c), KVTIER_OK) << kvtier_last_error();  // to NVMe, which outlives the restart
+  }
+  std::vector<uint64_t> want = {holder.contract, id_of("hostile/with-a-block")};
+  std::sort(want.begin(), want.end());
+  std::vector<uint64_t> now = ids();
+  for (int i = 0; i < 100 && now != want; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    now = ids();
+  }
+  ASSERT_EQ(now, want) << "the unused contracts of a detached client are still registered";
+  holder.Close();
+  want = {id_of("hostile/with-a-block")};
+  for (int i = 0; i < 100 && (now = ids()) != want; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(now, want) << "the last registrant of an unused contract detached and it is still registered";
+  ASSERT_EQ(d.Stop(), 0) << d.log();
+  std::vector<ScaleContract> stored;
+  auto parsed = daemon::ParseContractFile(
+      [&] {
+        const std::string t = testing::ReadText(d.dir() + "/nvme/contracts.kvc");
+        return std::vector<uint8_t>(t.begin(), t.end());
+      }(),
+      "contracts.kvc", &stored);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  std::vector<uint64_t> in_file;
+  for (const auto& c : stored) in_file.push_back(c.Id());
+  std::sort(in_file.begin(), in_file.end());
+  // holder's contract: its last registrant detached with no block of it cached.
+  EXPECT_EQ(in_file, std::vector<uint64_t>{id_of("hostile/with-a-block")});
+  ASSERT_TRUE(d.Start()) << d.log();
+  EXPECT_EQ(ids(), std::vector<uint64_t>{id_of("hostile/with-a-block")}) << d.log();
 }
 
 // Clients per process: daemon.max_clients_per_pid = 4. A fifth attach from this process

@@ -14,6 +14,7 @@
 #include "formats/contract.h"
 #include "testing/test_point.h"
 #include "tests/remote/redis_env.h"
+#include "tiers/remote/remote_tier.h"
 #include "tiers/tier_manager.h"
 
 namespace kvtier::tiers {
@@ -252,6 +253,54 @@ TEST(TierManagerRemote, RemoteFetchHoldsStagedBlocksUntilAcquired) {
   b->tm->Drain();
   EXPECT_TRUE(b->tm->Evict(cid, keys[0]).ok());
 #endif
+}
+
+// Contracts registered with a remote namespace (the daemon's tenants: their names; the
+// shared namespace: "shared") write their blocks as <key_prefix><ns>:{...} keys and fetch
+// only keys of their own namespace: one contract id and prompt under two namespaces are
+// two keys, and neither host is served the other's; one namespace on two hosts is one key,
+// written by one and served to the other.
+TEST(TierManagerRemote, RemoteNamespacesAreKeysOfTheirOwn) {
+  KVTIER_REQUIRE_SHARED_CLUSTER();
+  const ScaleContract c = Contract("tmr/namespaces");
+  const uint64_t block = c.block_bytes();
+  auto a = Open(remote::RemoteWrite::kWriteThrough, 32, 0, c);
+  auto b = Open(remote::RemoteWrite::kWriteThrough, 32, 0, c);
+  remote::RemoteOptions ro;
+  ro.nodes = SharedNodes();
+  auto probe = remote::RemoteTier::Open(ro);
+  ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+  // One id under two namespaces (a daemon derives its tenants' ids, but the namespace
+  // alone must keep them apart in the cluster).
+  const uint64_t id = Contract("tmr/namespaces/tenant").Id();
+  const ScaleContract ct = Contract("tmr/namespaces/tenant");
+  ASSERT_TRUE(a->tm->RegisterContractAs(ct, id, 0, "tenant-a").ok());
+  ASSERT_TRUE(b->tm->RegisterContractAs(ct, id, 0, "tenant-b").ok());
+  EXPECT_TRUE(b->tm->RegisterContractAs(ct, id, 0, "tenant-a").IsInvalid()) << "another namespace for the same id";
+  EXPECT_TRUE(b->tm->RegisterContractAs(ct, id + 1, 0, "bad{ns}").IsInvalid());
+  const auto keys = Keys(4);
+  Store(*a->tm, id, block, keys);
+  a->tm->Drain();
+  EXPECT_EQ((*probe)->ExistsPrefix(id, keys, "tenant-a"), keys.size());
+  EXPECT_EQ((*probe)->ExistsPrefix(id, keys, ""), 0u) << "a namespaced block was written without its namespace";
+  EXPECT_EQ(b->tm->Lookup(id, keys).hit_blocks, 0u) << "tenant-b sees tenant-a's remote blocks";
+  EXPECT_EQ(AcquireChecked(*b->tm, id, block, keys), 0) << "tenant-b was served tenant-a's remote blocks";
+  Store(*b->tm, id, block, keys);  // the same prompt under tenant-b: a key of its own
+  b->tm->Drain();
+  EXPECT_EQ((*probe)->ExistsPrefix(id, keys, "tenant-b"), keys.size());
+  EXPECT_EQ((*probe)->ExistsPrefix(id, keys, "tenant-a"), keys.size());
+  // The shared namespace: one key, written by a, served to b.
+  const ScaleContract sc = Contract("tmr/namespaces/shared");
+  const uint64_t sid = sc.Id();
+  ASSERT_TRUE(a->tm->RegisterContractAs(sc, sid, 0, "shared").ok());
+  ASSERT_TRUE(b->tm->RegisterContractAs(sc, sid, 0, "shared").ok());
+  const auto shared_keys = Keys(4);
+  Store(*a->tm, sid, block, shared_keys);
+  a->tm->Drain();
+  EXPECT_EQ((*probe)->ExistsPrefix(sid, shared_keys, "shared"), shared_keys.size());
+  std::vector<Tier> from;
+  EXPECT_EQ(AcquireChecked(*b->tm, sid, block, shared_keys, &from), 4);
+  for (Tier t : from) EXPECT_EQ(t, Tier::kRemote);
 }
 
 }  // namespace
