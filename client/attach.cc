@@ -131,11 +131,20 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
   std::memcpy(&rh, buf, sizeof rh);
   std::memcpy(&c->reply, buf + sizeof rh, sizeof c->reply);
   const w::AttachReply& r = c->reply;
+  // Protocol 5: an accepting reply is followed by the host tier's slot classes.
+  const bool with_table = rh.length == sizeof(w::AttachReply) + sizeof(w::SlotClassTable);
   if (!w::ValidateControlHeader(rh).ok() || rh.type != static_cast<uint16_t>(w::ControlType::kAttachReply) ||
-      rh.length != sizeof(w::AttachReply)) {
+      (rh.length != sizeof(w::AttachReply) && !with_table) ||
+      (with_table && (r.status != 0 || r.protocol_version < 5))) {
     close_fds();
     Detach(c);
     return Fail(KVTIER_IO_ERROR, "attach: malformed reply");
+  }
+  c->host_classes = w::SlotClassTable{};
+  if (with_table && !ReadAll(c->sock, &c->host_classes, sizeof c->host_classes)) {
+    close_fds();
+    Detach(c);
+    return Fail(KVTIER_DISCONNECTED, "attach: kvtierd closed the connection");
   }
   if (r.status == 0 && (r.protocol_version < w::kMinProtocolVersion || r.protocol_version > w::kProtocolVersion)) {
     close_fds();
@@ -189,16 +198,38 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
   c->cmp = w::CompletionRing(c->ring, c->hdr);
   c->data = c->ring + c->hdr.data_offset;
   if (has_host) {
+    // The host tier's granule and classes: ascending, each a whole number of granules, the
+    // largest the daemon's slot_bytes, the arena a whole number of granules. A table that
+    // says otherwise is refused. A daemon that sent none has one class: granule slot_bytes.
+    w::SlotClassTable& t = c->host_classes;
+    if (!with_table && r.slot_bytes > 0) {
+      t.count = 1;
+      t.granule = r.slot_bytes;
+      t.slab_bytes = r.host_arena_bytes;
+      t.class_bytes[0] = r.slot_bytes;
+    }
+    bool table_ok = t.count >= 1 && t.count <= w::kMaxWireSlotClasses && t.granule > 0 && t.granule % 4096 == 0 &&
+                    t.class_bytes[t.count - 1] == r.slot_bytes && r.host_arena_bytes % t.granule == 0;
+    for (uint32_t i = 0; table_ok && i < t.count; ++i) {
+      const uint64_t k = t.class_bytes[i];
+      table_ok = k > 0 && k % t.granule == 0 && (i == 0 || k > t.class_bytes[i - 1]) && k <= r.host_arena_bytes;
+    }
+    if (!table_ok) {
+      close_fds();
+      Detach(c);
+      return Fail(KVTIER_IO_ERROR, "attach: malformed host slot class table");
+    }
     // One window: the arena read-only (sealed: a writable mapping is refused), then this
     // client's staging area writable right after it, so that host slot s of either kind
-    // is at window + s * slot_bytes (HostSlotOffset) and staging ids follow arena ids.
-    // Without the arena fd (private) the arena's part of the window stays unmapped.
+    // is at window + s * granule (HostSlot) and staging ids follow arena ids. A staging
+    // slot holds the largest class (slot_bytes). Without the arena fd (private) the arena's
+    // part of the window stays unmapped.
     const int arena_fd = host_private ? -1 : fds[1];
     const int staging_fd = host_private ? fds[1] : fds[2];
     const uint64_t staging_bytes = uint64_t{r.staging_slots} * r.slot_bytes;
     struct stat sst;
     if ((arena_fd >= 0 && (::fstat(arena_fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < r.host_arena_bytes)) ||
-        r.slot_bytes == 0 || r.host_arena_bytes % r.slot_bytes != 0 || r.staging_slots == 0 ||
+        r.slot_bytes == 0 || r.staging_slots == 0 ||
         ::fstat(staging_fd, &sst) != 0 || static_cast<uint64_t>(sst.st_size) < staging_bytes) {
       close_fds();
       Detach(c);

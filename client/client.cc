@@ -45,6 +45,16 @@ kvtier_status FromStatus(const kvtier::Status& s) {
   return Fail(static_cast<kvtier_status>(s.code()), s.ToString());
 }
 
+// Where a registered contract's blocks go in the host tier, from its register completion:
+// protocol 5 names the slot class; older daemons have one slot size.
+void SetSlotFit(const kvtier_client* c, const w::CompletionEntry& cmp, RegisteredContract* rc) {
+  const auto& t = c->host_classes;
+  rc->host_slot_bytes = c->reply.protocol_version >= 5 && cmp.count < t.count && cmp.count < w::kMaxWireSlotClasses
+                            ? t.class_bytes[cmp.count]
+                            : c->reply.slot_bytes;
+  rc->fill = rc->host_slot_bytes ? static_cast<double>(rc->block_bytes) / static_cast<double>(rc->host_slot_bytes) : 0.0;
+}
+
 kvtier_status Reconnect(kvtier_client* c) {
   AbandonAsync(c, KVTIER_DISCONNECTED, "the client attached again while the acquire was in flight");
   Detach(c);
@@ -59,7 +69,7 @@ kvtier_status Reconnect(kvtier_client* c) {
   }
   c->broken = false;
   c->broken_reason.clear();
-  for (const auto& [id, rc] : c->contracts) {
+  for (auto& [id, rc] : c->contracts) {
     w::RequestEntry req;
     req.op = static_cast<uint16_t>(w::Op::kRegisterContract);
     req.flags = rc.shared ? w::kRequestShared : 0;
@@ -72,6 +82,7 @@ kvtier_status Reconnect(kvtier_client* c) {
       c->broken_reason = why;
       return Fail(s, why);
     }
+    SetSlotFit(c, cmp, &rc);  // the daemon may have other slot classes now
   }
   return Ok();
 }
@@ -212,26 +223,41 @@ uint64_t kvtier_slot_bytes(const kvtier_client* c) { return c ? c->reply.slot_by
 int kvtier_host_arena_fd(const kvtier_client* c) { return c ? c->host_fd : -1; }
 int kvtier_host_staging_fd(const kvtier_client* c) { return c ? c->staging_fd : -1; }
 
-namespace {
-// Offset of host slot `slot` in the client's window (arena, then staging area), or false
-// for a slot past it.
-bool HostSlotOffset(const kvtier_client* c, uint32_t slot, uint64_t* off) {
-  if (c == nullptr || c->host == nullptr || c->reply.slot_bytes == 0) return false;
-  *off = uint64_t{slot} * c->reply.slot_bytes;
-  if (c->host_private && *off < c->host_arena_bytes) return false;  // the arena is not mapped
-  return *off + c->reply.slot_bytes <= c->host_bytes;
+uint64_t kvtier_host_granule(const kvtier_client* c) {
+  return c != nullptr && c->host != nullptr ? c->host_classes.granule : 0;
 }
-}  // namespace
+
+uint32_t kvtier_host_slot_classes(const kvtier_client* c, uint64_t* bytes, uint32_t cap) {
+  if (c == nullptr || c->host == nullptr) return 0;
+  const auto& t = c->host_classes;
+  for (uint32_t i = 0; bytes != nullptr && i < t.count && i < cap; ++i) bytes[i] = t.class_bytes[i];
+  return t.count;
+}
 
 const void* kvtier_host_slot(const kvtier_client* c, uint32_t slot) {
   uint64_t off = 0;
-  return HostSlotOffset(c, slot, &off) ? c->host + off : nullptr;
+  return c != nullptr && HostSlot(c, slot, &off) ? c->host + off : nullptr;
 }
 
 void* kvtier_host_slot_write(const kvtier_client* c, uint32_t slot) {
   uint64_t off = 0;
-  if (!HostSlotOffset(c, slot, &off) || off < c->host_arena_bytes) return nullptr;  // the arena is read-only
+  if (c == nullptr || !HostSlot(c, slot, &off) || off < c->host_arena_bytes) return nullptr;  // the arena is read-only
   return c->host + off;
+}
+
+kvtier_status kvtier_contract_slot(kvtier_client* c, uint64_t contract_id, uint64_t* slot_bytes, double* fill) {
+  KVTIER_GUARD_BEGIN
+  if (CheckClient(c)) return KVTIER_INVALID;
+  std::lock_guard<std::mutex> l(c->mu);
+  auto it = c->contracts.find(contract_id);
+  if (it == c->contracts.end()) {
+    return Fail(KVTIER_NOT_FOUND, "contract " + kvtier::ContractIdHex(contract_id) +
+                                      " was not registered by this client (kvtier_register_contract)");
+  }
+  if (slot_bytes) *slot_bytes = it->second.host_slot_bytes;
+  if (fill) *fill = it->second.fill;
+  return Ok();
+  KVTIER_GUARD_END
 }
 uint64_t kvtier_attach_generation(const kvtier_client* c) { return c ? c->attaches : 0; }
 
@@ -315,7 +341,9 @@ static kvtier_status RegisterContract(kvtier_client* c, const kvtier_contract_de
   if (st != KVTIER_OK) return st;
   const uint64_t want = shared ? kvtier::SharedContractId(sc.Id()) : sc.Id();
   if (cmp.value != want) return Fail(KVTIER_IO_ERROR, "daemon returned a different contract id");
-  c->contracts[cmp.value] = RegisteredContract{sc.geometry.block_tokens, sc.block_bytes(), bytes, shared};
+  RegisteredContract rc{sc.geometry.block_tokens, sc.block_bytes(), bytes, shared};
+  SetSlotFit(c, cmp, &rc);
+  c->contracts[cmp.value] = std::move(rc);
   if (contract_id) *contract_id = cmp.value;
   return Ok();
 }

@@ -25,6 +25,8 @@ struct RegisteredContract {
   uint64_t block_bytes = 0;
   std::vector<uint8_t> bytes;
   bool shared = false;  // registered in the shared namespace (the id is its shared handle)
+  uint64_t host_slot_bytes = 0;  // its host slot class's slot size (kvtier_contract_slot)
+  double fill = 0.0;             // block_bytes / host_slot_bytes
 };
 
 // One asynchronous acquire (async.cc). Its request and reply use a region of the upper
@@ -75,6 +77,9 @@ struct kvtier_client {
   bool host_private = false;     // the arena's part of the window is unmapped (kReplyHostPrivate)
   uint64_t fork_generation = 0;  // ForkGeneration() at connect: a forked child differs
   kvtier::wire::AttachReply reply;
+  // The host tier's granule and slot classes (protocol 5: sent after the reply; older
+  // daemons: one class of reply.slot_bytes, granule slot_bytes). HostSlot() reads it.
+  kvtier::wire::SlotClassTable host_classes;
   std::mutex mu;
   std::string socket_path;       // what kvtier_reconnect attaches to again
   std::string name;
@@ -94,6 +99,19 @@ struct kvtier_client {
 };
 
 namespace kvtier::lib {
+
+// Where host slot s is in the client's window (arena, then staging area): s * granule,
+// the one place that says so. False for a slot whose smallest class would pass the end of
+// the window, and for an arena slot where the arena is not mapped (a daemon with tenants).
+inline bool HostSlot(const kvtier_client* c, uint32_t s, uint64_t* offset) {
+  const uint64_t g = c->host_classes.granule;
+  if (g == 0 || c->host == nullptr) return false;
+  const uint64_t off = uint64_t{s} * g;
+  if (off >= c->host_bytes || c->host_classes.class_bytes[0] > c->host_bytes - off) return false;
+  if (c->host_private && off < c->host_arena_bytes) return false;
+  *offset = off;
+  return true;
+}
 
 // Sets the calling thread's kvtier_last_error() and returns s.
 kvtier_status Fail(kvtier_status s, std::string msg);

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -164,6 +165,42 @@ Apply ModeField(Get get) {
   };
 }
 
+// An array of sizes (integers or strings such as "576KiB"), or one string of
+// comma-separated sizes (handy for --set).
+template <typename Get>
+Apply SizeListField(Get get) {
+  return [get](const toml::node& n, const std::string& key, Config& c) -> Status {
+    std::vector<uint64_t> out;
+    auto add = [&](const std::string& item) -> Status {
+      auto v = ParseSize(item);
+      if (!v.ok()) return Status::Invalid(key + ": " + v.status().message());
+      out.push_back(*v);
+      return Status::Ok();
+    };
+    if (n.is_string()) {
+      std::stringstream ss(*n.value<std::string>());
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        if (!item.empty()) KVTIER_RETURN_IF_ERROR(add(item));
+      }
+    } else if (n.is_array()) {
+      for (const auto& e : *n.as_array()) {
+        if (e.is_integer() && *e.value<int64_t>() >= 0) {
+          out.push_back(static_cast<uint64_t>(*e.value<int64_t>()));
+        } else if (e.is_string()) {
+          KVTIER_RETURN_IF_ERROR(add(*e.value<std::string>()));
+        } else {
+          return TypeError(key, "an array of sizes such as [\"576KiB\", \"1440KiB\"]");
+        }
+      }
+    } else {
+      return TypeError(key, "an array of sizes such as [\"576KiB\", \"1440KiB\"]");
+    }
+    *get(c) = std::move(out);
+    return Status::Ok();
+  };
+}
+
 // One [[tenants]] table.
 Status ParseTenant(const toml::table& t, const std::string& key, TenantConfig* out) {
   TenantConfig tc;
@@ -291,6 +328,8 @@ const std::vector<Entry>& Schema() {
     s.push_back({"tenants", ApplyTenants});
     s.push_back({"tiers.slot_bytes", SizeField([](Config& c) { return &c.tiers.slot_bytes; })});
     s.push_back({"tiers.on_conflict", StringField([](Config& c) { return &c.tiers.on_conflict; })});
+    s.push_back({"tiers.slot_classes", SizeListField([](Config& c) { return &c.tiers.slot_classes; })});
+    s.push_back({"tiers.slab_bytes", SizeField([](Config& c) { return &c.tiers.slab_bytes; })});
     AddTier(s, "tiers.hbm", [](Config& c) { return &c.tiers.hbm; });
     s.push_back({"tiers.hbm.cuda_device",
                  IntField<int32_t>([](Config& c) { return &c.tiers.cuda_device; }, 0, 1024)});
@@ -499,6 +538,34 @@ Status Config::Validate() const {
     return Status::Invalid("tiers.slot_bytes: " + std::to_string(t.slot_bytes) +
                            " is not a positive multiple of 4096 up to 4GiB");
   }
+  if (t.slot_classes.size() > 4) {
+    return Status::Invalid("tiers.slot_classes: " + std::to_string(t.slot_classes.size()) +
+                           " classes; at most 4 are supported");
+  }
+  for (size_t i = 0; i < t.slot_classes.size(); ++i) {
+    const uint64_t v = t.slot_classes[i];
+    if (v == 0 || v % 4096 != 0) {
+      return Status::Invalid("tiers.slot_classes: " + std::to_string(v) + " is not a positive multiple of 4096");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (t.slot_classes[j] == v) return Status::Invalid("tiers.slot_classes: " + FormatSize(v) + " is listed twice");
+    }
+  }
+  if (!t.slot_classes.empty() &&
+      *std::max_element(t.slot_classes.begin(), t.slot_classes.end()) != t.slot_bytes) {
+    return Status::Invalid("tiers.slot_classes: the largest class must be tiers.slot_bytes (" +
+                           FormatSize(t.slot_bytes) + "), the slot of the HBM and NVMe tiers");
+  }
+  if (!t.slot_classes.empty()) {
+    if (t.slab_bytes % 4096 != 0 || t.slab_bytes < t.slot_bytes || t.slab_bytes > (uint64_t{1} << 30)) {
+      return Status::Invalid("tiers.slab_bytes: " + FormatSize(t.slab_bytes) +
+                             " is not a multiple of 4KiB in [tiers.slot_bytes (" + FormatSize(t.slot_bytes) + "), 1GiB]");
+    }
+    if (t.host.capacity_bytes != 0 && t.host.capacity_bytes < t.slab_bytes) {
+      return Status::Invalid("tiers.host.capacity: " + FormatSize(t.host.capacity_bytes) +
+                             " holds no slab of tiers.slab_bytes (" + FormatSize(t.slab_bytes) + ")");
+    }
+  }
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.hbm", t.hbm, t.slot_bytes));
   if (!InSet(t.hbm_copy, {"auto", "kernel", "batch", "loop"})) {
     return Status::Invalid("tiers.hbm.copy: \"" + t.hbm_copy + "\" is not auto, kernel, batch or loop");
@@ -510,9 +577,12 @@ Status Config::Validate() const {
   if (!InSet(t.on_conflict, {"keep-first", "replace", "drop-disputed"})) {
     return Status::Invalid("tiers.on_conflict: \"" + t.on_conflict + "\" is not keep-first, replace or drop-disputed");
   }
-  if (t.slot_bytes > 0 && t.host_staging_slots_per_client > t.host.capacity_bytes / t.slot_bytes) {
+  // The most host slots a client's alloc leases can hold: those of the smallest class.
+  const uint64_t smallest =
+      t.slot_classes.empty() ? t.slot_bytes : *std::min_element(t.slot_classes.begin(), t.slot_classes.end());
+  if (smallest > 0 && t.host_staging_slots_per_client > t.host.capacity_bytes / smallest) {
     return Status::Invalid("tiers.host.staging_slots_per_client: " + std::to_string(t.host_staging_slots_per_client) +
-                           " is more than the host tier's " + std::to_string(t.host.capacity_bytes / t.slot_bytes) +
+                           " is more than the host tier's " + std::to_string(t.host.capacity_bytes / smallest) +
                            " slots");
   }
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.nvme", t.nvme.tier, t.slot_bytes));

@@ -77,6 +77,14 @@ struct TiersConfig {
   // block stays) | replace (the new bytes replace it) | drop-disputed (both go); a pinned
   // or moving block always stays. Default: "keep-first"
   std::string on_conflict = "keep-first";
+  // tiers.slot_classes: the host tier's slot sizes (at most 4, 4 KiB multiples, the largest
+  // equal to slot_bytes); a contract's blocks take the smallest that holds them, and the
+  // classes share the host tier's slabs by demand (docs/tiers.md). Empty: one class of
+  // slot_bytes. Default: []
+  std::vector<uint64_t> slot_classes;
+  // tiers.slab_bytes: with slot_classes, the host tier is cut into slabs of this size, each
+  // holding slots of one class; a 4 KiB multiple in [slot_bytes, 1GiB]. Default: 64MiB
+  uint64_t slab_bytes = 64ull << 20;
   TierConfig hbm;                 // capacity Default: 0 (set it on a GPU machine)
   int32_t cuda_device = 0;        // GPU for the HBM tier, >= 0. Default: 0
   // tiers.hbm.copy: how host -> HBM batches are copied: auto | kernel | batch | loop

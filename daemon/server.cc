@@ -106,6 +106,8 @@ Status SetSocketOwnership(const std::string& path, const config::SecurityConfig&
 tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
   tiers::TierManagerOptions o;
   o.slot_bytes = c.tiers.slot_bytes;
+  o.slot_classes = c.tiers.slot_classes;
+  o.slab_bytes = c.tiers.slab_bytes;
   o.hbm = TierOf(c.tiers.hbm, c.tiers.policy);
   o.cuda_device = c.tiers.cuda_device;
   // Config::Validate checked the name: ParseHbmCopy cannot fail here.
@@ -472,7 +474,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     lim.max_spinning = dc.max_spinning_rings;
     lim.protocol_version = protocol_;
     if (protocol_ >= 5 && d_->tm_->has_tier(tiers::Tier::kHost)) {
-      const auto host_slots = static_cast<uint32_t>(d_->tm_->host_arena_bytes() / d_->tm_->slot_bytes());
+      // The most host slots its leases could hold: all of the smallest slot class.
+      const tiers::HostGeometry& g = d_->tm_->host_geometry();
+      const auto host_slots = g.num_slabs * g.per_slab[0];
       const uint32_t cap = d_->opts_.config.tiers.host_staging_slots_per_client;
       // 0: the client's share of the host tier (daemon.max_tier_share_per_client), which
       // bounds what its leases hold anyway.
@@ -565,11 +569,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Status SendAttachReply(const wire::AttachReply& r, const std::vector<int>& fds) {
     wire::ControlHeader h;
     h.type = static_cast<uint16_t>(wire::ControlType::kAttachReply);
-    h.length = sizeof r;
-    uint8_t buf[sizeof h + sizeof r];
+    // Protocol 5 on: the host tier's slot classes follow an accepting reply. A refusal is
+    // the bare reply, which every version reads.
+    const bool table = protocol_ >= 5 && r.status == 0;
+    wire::SlotClassTable t;
+    if (table && (r.flags & wire::kReplyHasHost)) {
+      const tiers::HostGeometry& g = d_->tm_->host_geometry();
+      t.count = static_cast<uint32_t>(std::min<size_t>(g.classes.size(), wire::kMaxWireSlotClasses));
+      t.granule = g.granule;
+      t.slab_bytes = g.slab_bytes;
+      for (uint32_t i = 0; i < t.count; ++i) t.class_bytes[i] = g.classes[i];
+    }
+    h.length = static_cast<uint32_t>(sizeof r + (table ? sizeof t : 0));
+    uint8_t buf[sizeof h + sizeof r + sizeof t];
     std::memcpy(buf, &h, sizeof h);
     std::memcpy(buf + sizeof h, &r, sizeof r);
-    iovec iov{buf, sizeof buf};
+    if (table) std::memcpy(buf + sizeof h + sizeof r, &t, sizeof t);
+    const size_t total = sizeof h + h.length;
+    iovec iov{buf, total};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -585,12 +602,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     const int fd = sock_.native_handle();
     size_t sent = 0;
-    for (int tries = 0; tries < 1000 && sent < sizeof buf; ++tries) {
+    for (int tries = 0; tries < 1000 && sent < total; ++tries) {
       ssize_t n;
       if (sent == 0) {
         n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
       } else {
-        n = ::send(fd, buf + sent, sizeof buf - sent, MSG_NOSIGNAL);
+        n = ::send(fd, buf + sent, total - sent, MSG_NOSIGNAL);
       }
       if (n < 0) {
         if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -601,7 +618,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       sent += static_cast<size_t>(n);
     }
-    if (sent < sizeof buf) return Status::IoError("attach reply could not be sent");
+    if (sent < total) return Status::IoError("attach reply could not be sent");
     return Status::Ok();
   }
 
@@ -1090,6 +1107,8 @@ Status Daemon::Impl::Reload(std::string* summary) {
     notes += std::string(notes.empty() ? "" : "; ") + key + " changed: needs a restart, ignored";
   };
   if (n.tiers.slot_bytes != o.tiers.slot_bytes) ignored("tiers.slot_bytes");
+  if (n.tiers.slot_classes != o.tiers.slot_classes) ignored("tiers.slot_classes");
+  if (n.tiers.slab_bytes != o.tiers.slab_bytes) ignored("tiers.slab_bytes");
   if (n.tiers.hbm.capacity_bytes != o.tiers.hbm.capacity_bytes) ignored("tiers.hbm.capacity");
   if (n.tiers.host.capacity_bytes != o.tiers.host.capacity_bytes) ignored("tiers.host.capacity");
   if (n.tiers.nvme.tier.capacity_bytes != o.tiers.nvme.tier.capacity_bytes) ignored("tiers.nvme.capacity");

@@ -123,10 +123,12 @@ StatusOr<std::shared_ptr<Session>> Session::Create(uint64_t client_id, const std
     }
   }
   if (limits.staging_slots > 0 && tm->has_tier(tiers::Tier::kHost)) {
-    // Staging slot ids follow the arena's: the client maps both in one window.
-    const auto arena_slots = static_cast<uint32_t>(tm->host_arena_bytes() / tm->slot_bytes());
+    // Staging slot ids follow the arena's: the client maps both in one window, host slot
+    // s at s * granule.
+    const uint64_t granule = tm->host_geometry().granule;
     auto st = StagingArea::Create("kvtier-staging-" + std::to_string(client_id), limits.staging_slots,
-                                  tm->slot_bytes(), arena_slots);
+                                  tm->slot_bytes(), static_cast<uint32_t>(tm->host_arena_bytes() / granule),
+                                  static_cast<uint32_t>(tm->slot_bytes() / granule));
     if (!st.ok()) return st.status();
     s->staging_ = std::move(st.value());
   }
@@ -730,13 +732,21 @@ Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<
   // detach, and kept for restarts.
   if (first && registered_) registered_(*ct, internal, shared ? kSharedOwner : tenant_);
   c->value = public_id;
+  // Where its blocks go in the host tier: its slot class and fill, in the completion
+  // (protocol 5) and in the log line.
+  const tiers::SlotFit f = tm_->Fit(*ct);
+  if (limits_.protocol_version >= 5) {
+    c->count = static_cast<uint32_t>(f.cls);
+    c->est_seconds = f.fill;
+  }
   static LogLimit register_log;  // a client may register (the same contract) at any rate
   uint64_t held = 0;
   if (register_log.Allow(&held)) {
-    spdlog::info("client {} ({}): contract {} ({}, L={} H={} D={} T={}){} registered ({} more registrations "
-                 "not logged)", id_, name_, ContractIdHex(c->value), ct->model_id, ct->geometry.num_layers,
+    spdlog::info("client {} ({}): contract {} ({}, L={} H={} D={} T={}){} registered: blocks of {} B in host "
+                 "slots of {} B, fill {:.1f}% ({} more registrations not logged)",
+                 id_, name_, ContractIdHex(c->value), ct->model_id, ct->geometry.num_layers,
                  ct->geometry.num_kv_heads, ct->geometry.head_dim, ct->geometry.block_tokens,
-                 shared ? " in the shared namespace" : "", held);
+                 shared ? " in the shared namespace" : "", ct->block_bytes(), f.slot_bytes, 100.0 * f.fill, held);
   }
   return Status::Ok();
 }
@@ -1042,12 +1052,17 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
 
 Status Session::AllocRefusal(const wire::RequestEntry& req, const Status& retry) const {
   const auto tier = static_cast<tiers::Tier>(req.tier);
+  // A host tier of several slot classes: the numbers of the request's class.
+  const tiers::HostGeometry& geo = tm_->host_geometry();
+  const int cls = tier == tiers::Tier::kHost && geo.classes.size() > 1 ? tm_->FitOf(req.contract_id).cls : -1;
   uint64_t own = 0, own_leases = 0;
   {
     std::lock_guard<std::mutex> l(mu_);
     for (const auto& [id, lease] : leases_) {
       uint64_t k = 0;
-      for (const auto& s : lease.slots) k += s.tier == tier ? 1 : 0;
+      for (const auto& s : lease.slots) {
+        k += s.tier == tier && (cls < 0 || tm_->HostSlotClass(s.slot) == cls) ? 1 : 0;
+      }
       own += k;
       own_leases += k > 0 ? 1 : 0;
     }
@@ -1056,8 +1071,14 @@ Status Session::AllocRefusal(const wire::RequestEntry& req, const Status& retry)
   for (const auto& t : tm_->Stats()) {
     if (t.tier == tier) total = t.slots_total;
   }
+  std::string of_class;
+  if (cls >= 0) {
+    // The most the class holds, with every slab of the tier.
+    total = uint64_t{geo.num_slabs} * geo.per_slab[static_cast<size_t>(cls)];
+    of_class = " of the request's slot class (" + std::to_string(geo.classes[static_cast<size_t>(cls)]) + " B)";
+  }
   const std::string numbers = std::string(tiers::TierName(tier)) + " tier has " + std::to_string(total) +
-                              " slots; this client holds " + std::to_string(own) + " of them in " +
+                              " slots" + of_class + "; this client holds " + std::to_string(own) + " of them in " +
                               std::to_string(own_leases) + " leases and asks for " + std::to_string(req.count);
   // The caller's own pins keep the tier full: waiting cannot help, releasing can.
   if (own + req.count > total) return Status::Rejected(numbers + ": release leases first");

@@ -10,8 +10,10 @@
 namespace kvtier::daemon {
 
 StatusOr<std::unique_ptr<StagingArea>> StagingArea::Create(const std::string& name, uint32_t slots,
-                                                           uint64_t slot_bytes, uint32_t first_id) {
-  if (slots == 0 || slot_bytes == 0 || slot_bytes % 4096 != 0) {
+                                                           uint64_t slot_bytes, uint32_t first_id,
+                                                           uint32_t stride) {
+  if (slots == 0 || slot_bytes == 0 || slot_bytes % 4096 != 0 || stride == 0 ||
+      uint64_t{first_id} + uint64_t{slots} * stride > UINT32_MAX) {
     return Status::Invalid("staging area: " + std::to_string(slots) + " slots of " + std::to_string(slot_bytes) +
                            " bytes");
   }
@@ -19,6 +21,7 @@ StatusOr<std::unique_ptr<StagingArea>> StagingArea::Create(const std::string& na
   a->slots_ = slots;
   a->slot_bytes_ = slot_bytes;
   a->first_id_ = first_id;
+  a->stride_ = stride;
   a->bytes_ = a->slot_offset(slots);
   a->fd_ = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (a->fd_ < 0) return Status::IoError(std::string("memfd_create staging area: ") + std::strerror(errno));

@@ -2,7 +2,8 @@
 //
 // The host arena maps read-only in every client (tiers/host/host_pool.h), so a client
 // writes a block it is about to commit here instead: one memfd per attached client, of
-// `slots` slots of the arena's slot size, mapped writable by that client and by the
+// `slots` slots of the arena's largest slot size (tiers.slot_bytes: a staging slot holds a
+// block of any slot class), mapped writable by that client and by the
 // daemon, by no one else. An alloc lease on the host tier reserves, for each of its slots,
 // an arena slot (invisible until committed, as before) and a staging slot; the client
 // sees the staging slot's id. Commit copies the block's bytes (the contract's block size,
@@ -11,9 +12,10 @@
 // remote tier) sees bytes no client can change.
 //
 // Ids: the client maps its staging memfd right after its read-only mapping of the arena,
-// so staging slot i has host slot id `first_id + i` with first_id = the arena's slot
-// count, and host slot s of either kind is at the same place in one window
-// (kvtier_host_slot). A staging slot is free again once its slot is committed or its
+// so staging slot i has host slot id `first_id + i * stride`, with first_id = arena bytes
+// / granule and stride = slot_bytes / granule (host slot s is at s * granule:
+// tiers/slab_allocator.h), and host slot s of either kind is at the same place in one
+// window (kvtier_host_slot). With one slot class the granule is the slot: stride 1. A staging slot is free again once its slot is committed or its
 // lease released.
 //
 // With [[tenants]] a client maps no arena at all (Session, private reads): a host acquire
@@ -42,7 +44,8 @@ namespace kvtier::daemon {
 class StagingArea {
  public:
   static StatusOr<std::unique_ptr<StagingArea>> Create(const std::string& name, uint32_t slots,
-                                                       uint64_t slot_bytes, uint32_t first_id);
+                                                       uint64_t slot_bytes, uint32_t first_id,
+                                                       uint32_t stride = 1);
   ~StagingArea();
   StagingArea(const StagingArea&) = delete;
   StagingArea& operator=(const StagingArea&) = delete;
@@ -52,10 +55,10 @@ class StagingArea {
   uint32_t slots() const { return slots_; }
   uint32_t first_id() const { return first_id_; }
   // The client's id of staging slot i, and back (false for an id outside the area).
-  uint32_t id_of(uint32_t i) const { return first_id_ + i; }
+  uint32_t id_of(uint32_t i) const { return first_id_ + i * stride_; }
   bool index_of(uint32_t id, uint32_t* i) const {
-    if (id < first_id_ || id - first_id_ >= slots_) return false;
-    *i = id - first_id_;
+    if (id < first_id_ || (id - first_id_) % stride_ != 0 || (id - first_id_) / stride_ >= slots_) return false;
+    *i = (id - first_id_) / stride_;
     return true;
   }
   uint64_t slot_offset(uint32_t i) const { return uint64_t{i} * slot_bytes_; }
@@ -72,7 +75,7 @@ class StagingArea {
   int fd_ = -1;
   uint8_t* base_ = nullptr;
   uint64_t bytes_ = 0, slot_bytes_ = 0;
-  uint32_t slots_ = 0, first_id_ = 0;
+  uint32_t slots_ = 0, first_id_ = 0, stride_ = 1;
   mutable std::mutex mu_;        // guards free_ and taken_
   // Free slots as a stack: the most recently freed comes out first, so a client that
   // stores a few blocks at a time keeps writing the same pages (no fault, no zeroing)

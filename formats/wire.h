@@ -81,7 +81,10 @@ namespace kvtier::wire {
 // 3: WireTierStats.errors and write_errors (the remote tier's), 168 bytes (was 152).
 // 5: the host arena maps read-only; AttachReply.staging_slots and fd [2], the client's
 //    staging area (kReplyHasStaging), where host alloc slots live (see AttachReply); a
-//    commit's completion counts the keys already cached (CompletionEntry.cached_*).
+//    commit's completion counts the keys already cached (CompletionEntry.cached_*); the
+//    attach reply is followed by a SlotClassTable (the host tier's granule and slot
+//    classes); the register completion says the contract's slot class (count) and fill
+//    (est_seconds).
 inline constexpr uint32_t kProtocolVersion = 5;
 // The oldest client protocol this daemon still serves: a newer daemon serves older
 // clients within one major version. 3, since a version-2 client would misread the
@@ -162,6 +165,20 @@ struct AttachReply {
 };
 static_assert(sizeof(AttachReply) == 248);
 
+// Protocol 5: the attach reply's payload is AttachReply + SlotClassTable (length
+// sizeof both). Host slot s is at arena offset s * granule whatever its class; its size is
+// the class of the contract whose block it holds (the register completion names it).
+// Classes are listed smallest first (tiers/slab_allocator.h).
+inline constexpr uint32_t kMaxWireSlotClasses = 4;
+struct SlotClassTable {
+  uint32_t count = 0;       // classes, 1..kMaxWireSlotClasses (0: no host tier)
+  uint32_t reserved = 0;
+  uint64_t granule = 0;     // host slot s at s * granule; a 4 KiB multiple
+  uint64_t slab_bytes = 0;  // the arena's slabs (informational)
+  uint64_t class_bytes[kMaxWireSlotClasses] = {};  // slot bytes of each class
+};
+static_assert(sizeof(SlotClassTable) == 56);
+
 // ---- Ring region ---------------------------------------------------------------------
 
 struct RingRegionHeader {
@@ -199,7 +216,8 @@ enum class Op : uint16_t {
   kRelease = 5,           // lease_id
   kPrefetch = 6,          // in: count keys; tier = target
   kStats = 7,             // out: up to count WireTierStats -> count = tiers written
-  kRegisterContract = 8,  // in: in_len bytes of canonical contract -> value = contract id
+  kRegisterContract = 8,  // in: in_len bytes of canonical contract -> value = contract id;
+                          // protocol 5: count = its host slot class, est_seconds = its fill
   kNop = 9,               // nothing; for round-trip measurements
   kAdmin = 10,            // in: one AdminRequest (count 0). out: by action (see AdminAction)
   // in: AcquireAsyncHeader, then count keys; tier = target. out: AcquireProgress, then

@@ -43,9 +43,20 @@ Status TierManagerImpl::Init() {
   HostPoolOptions ho;
   ho.slot_bytes = opts_.slot_bytes;
   ho.slots = static_cast<uint32_t>(opts_.host.capacity_bytes / opts_.slot_bytes);
+  ho.classes = opts_.slot_classes;
+  ho.slab_bytes = opts_.slab_bytes;
+  ho.arena_bytes = opts_.host.capacity_bytes;
   auto host = HostPool::Create(ho);
   if (!host.ok()) return host.status();
   host_ = std::move(host.value());
+  host_geometry_.granule = host_->granule();
+  host_geometry_.slab_bytes = host_->slab_bytes();
+  host_geometry_.arena_bytes = host_->arena_bytes();
+  host_geometry_.num_slabs = host_->num_slabs();
+  for (int c = 0; c < host_->num_classes(); ++c) {
+    host_geometry_.classes.push_back(host_->class_bytes(c));
+    host_geometry_.per_slab.push_back(host_->slots_per_slab(c));
+  }
 
   std::string hbm_why;
   if (opts_.hbm.capacity_bytes == 0) {
@@ -101,11 +112,18 @@ Status TierManagerImpl::Init() {
       InsertBlockLocked(std::move(b));
     }
   }
-  spdlog::info("kvtier tiers: hbm {} | host {} slots x {} B ({}) | nvme {}",
+  std::string host_classes;
+  for (int c = 0; c < host_->num_classes(); ++c) {
+    host_classes += fmt::format("{}{} B", host_classes.empty() ? "" : ", ", host_->class_bytes(c));
+  }
+  host_classes = host_->num_classes() == 1
+                     ? fmt::format("{} B each", host_classes)
+                     : fmt::format("classes {} in {} slabs of {} B", host_classes, host_->num_slabs(), host_->slab_bytes());
+  spdlog::info("kvtier tiers: hbm {} | host {} slots ({}; {}) | nvme {}",
                hbm_ ? fmt::format("{} slots on device {} ({})", hbm_->slots(), opts_.cuda_device,
                                   cuda::DeviceName(opts_.cuda_device))
                     : fmt::format("absent ({})", hbm_why),
-               host_->slots(), opts_.slot_bytes,
+               host_->slots(), host_classes,
                host_->cuda_registered() ? "cudaHostRegister'ed" : "not CUDA-registered",
                nvme_ ? fmt::format("{} records under {} ({} blocks loaded)", nvme_->records_total(),
                                    opts_.nvme.dir, blocks_.size())
@@ -137,14 +155,38 @@ TierManagerImpl::~TierManagerImpl() {
   }
 }
 
+SlotFit TierManagerImpl::Fit(const ScaleContract& c) const {
+  SlotFit f;
+  if (c.slot_bytes() > slot_bytes_) return f;  // HBM and NVMe slots are slot_bytes
+  f.cls = host_->ClassFor(c.slot_bytes());
+  if (f.cls < 0) return f;
+  f.slot_bytes = host_->class_bytes(f.cls);
+  f.fill = static_cast<double>(c.block_bytes()) / static_cast<double>(f.slot_bytes);
+  return f;
+}
+
+int TierManagerImpl::HostSlotClass(uint32_t slot) const {
+  const uint64_t size = host_->slot_size(slot);
+  return size == 0 ? -1 : host_->ClassFor(size);
+}
+
+SlotFit TierManagerImpl::FitOf(uint64_t contract_id) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = contracts_.find(contract_id);
+  return it == contracts_.end() ? SlotFit{} : Fit(it->second);
+}
+
 Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
   KVTIER_RETURN_IF_ERROR(c.Validate());
-  if (c.slot_bytes() > slot_bytes_) {
+  const SlotFit f = Fit(c);
+  if (f.cls < 0) {
     return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
                                " bytes does not fit a slot of " + std::to_string(slot_bytes_));
   }
   std::lock_guard<std::mutex> l(mu_);
-  if (contracts_.emplace(c.Id(), c).second) contracts_gen_.fetch_add(1, std::memory_order_release);
+  if (contracts_.emplace(c.Id(), c).second) {
+    contracts_gen_.fetch_add(1, std::memory_order_release);
+  }
   return Status::Ok();
 }
 
@@ -170,7 +212,8 @@ Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, 
     return Status::Invalid("RegisterContractAs: quota group " + std::to_string(group) + " unknown");
   }
   KVTIER_RETURN_IF_ERROR(c.Validate());
-  if (c.slot_bytes() > slot_bytes_) {
+  const SlotFit f = Fit(c);
+  if (f.cls < 0) {
     return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
                                " bytes does not fit a slot of " + std::to_string(slot_bytes_));
   }
@@ -284,19 +327,31 @@ Status TierManagerImpl::AllocSlots(uint64_t contract_id, uint32_t n, Tier target
 
 Status TierManagerImpl::AllocLocked(uint64_t contract_id, uint32_t n, int t, std::vector<uint32_t>* out) {
   TierState& ts = T(t);
-  if (!contracts_.count(contract_id)) return Status::NotFound("AllocSlots: unknown contract " + ContractIdHex(contract_id));
+  auto cit = contracts_.find(contract_id);
+  if (cit == contracts_.end()) return Status::NotFound("AllocSlots: unknown contract " + ContractIdHex(contract_id));
   if (n == 0) return Status::Ok();
-  if (n > ts.total()) return Status::Invalid("AllocSlots: " + std::to_string(n) + " slots asked, tier has " + std::to_string(ts.total()));
-  if (ts.free() < n) EvictCleanLocked(t, n - ts.free(), quotas() ? GroupOfLocked(contract_id) : kNoGroup);
-  if (ts.free() < n) {
-    ts.want_free = std::max(ts.want_free, n);
+  const int cls = ts.ClassOf(cit->second.block_bytes());
+  const uint32_t most = ts.most(cls);
+  const std::string of_class =
+      ts.num_classes() > 1 ? " of its slot class (" + std::to_string(host_->class_bytes(cls)) + " B)" : "";
+  if (n > most) {
+    return Status::Invalid("AllocSlots: " + std::to_string(n) + " slots asked, tier has " + std::to_string(most) + of_class);
+  }
+  const int64_t group = quotas() ? GroupOfLocked(contract_id) : kNoGroup;
+  // A starved class takes slabs from the others (TakeSlabLocked); else it evicts within
+  // its class.
+  while (ts.free(cls) < n && t == kS && TakeSlabLocked(cls, group, n - ts.free(cls))) {
+  }
+  if (ts.free(cls) < n) EvictCleanLocked(t, n - ts.free(cls), group, cls);
+  if (ts.free(cls) < n) {
+    ts.want_free[cls] = std::max(ts.want_free[cls], n);
     MaintainLocked();
     KickLocked();
-    return Status::Retry(std::string(TierName(ts.tier())) + " tier full (pinned or being demoted)");
+    return Status::Retry(std::string(TierName(ts.tier())) + " tier full" + of_class + " (pinned or being demoted)");
   }
-  ts.want_free = 0;
+  ts.want_free[cls] = 0;
   for (uint32_t i = 0; i < n; ++i) {
-    auto s = ts.Alloc();
+    auto s = ts.Alloc(cls);
     ts.slots[*s] = SlotInfo{SlotState::kAlloc, nullptr, contract_id};
     out->push_back(*s);
   }
@@ -456,7 +511,8 @@ Status TierManagerImpl::FreeSlot(SlotRef ref) {
 
 Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
   KVTIER_RETURN_IF_ERROR(o.Validate());
-  if (o.slot_bytes != slot_bytes_ || o.hbm.capacity_bytes != opts_.hbm.capacity_bytes ||
+  if (o.slot_bytes != slot_bytes_ || o.slot_classes != opts_.slot_classes ||
+      o.slab_bytes != opts_.slab_bytes || o.hbm.capacity_bytes != opts_.hbm.capacity_bytes ||
       o.host.capacity_bytes != opts_.host.capacity_bytes ||
       o.nvme.tier.capacity_bytes != opts_.nvme.tier.capacity_bytes || o.nvme.dir != opts_.nvme.dir ||
       o.cuda_device != opts_.cuda_device || o.nvme.queue_depth != opts_.nvme.queue_depth ||
@@ -513,6 +569,10 @@ std::vector<TierStats> TierManagerImpl::Stats() const {
     const uint64_t unit = s.tier == Tier::kNvme && nvme_ ? nvme_->record_bytes() : slot_bytes_;
     s.capacity_bytes = s.slots_total * unit;
     s.used_bytes = s.slots_used * unit;
+    if (s.tier == Tier::kHost) {  // slots of several sizes
+      s.capacity_bytes = host_->arena_bytes();
+      s.used_bytes = host_->used_bytes();
+    }
     s.blocks = ts.policy ? ts.policy->size() : 0;
     s.pinned = ts.pinned;  // kept as pins change: no scan of the block index
     if (s.tier == Tier::kNvme && nvme_) s.checksum_failures = nvme_->Stats().checksum_failures;

@@ -34,6 +34,7 @@
 #include "tiers/hbm/hbm_pool.h"
 #include "tiers/policy/policy_options.h"
 #include "tiers/remote/remote_options.h"
+#include "tiers/slab_allocator.h"
 #include "tiers/types.h"
 
 namespace kvtier::tiers {
@@ -90,6 +91,12 @@ struct GroupShare {
 
 struct TierManagerOptions {
   uint64_t slot_bytes = 1474560;  // one block; 4 KiB multiple. Default: 80x8x128x16 NVFP4
+  // The host tier's slot size classes (tiers/slab_allocator.h), sharing the host tier's
+  // slabs of slab_bytes by demand. Empty: one class of slot_bytes in one slab (the arena of
+  // equal slots). When given, the largest is slot_bytes (the slot of HBM and NVMe).
+  // Default: empty
+  std::vector<uint64_t> slot_classes;
+  uint64_t slab_bytes = kDefaultSlabBytes;  // with slot_classes: a 4 KiB multiple >= slot_bytes. Default: 64 MiB
   TierOptions hbm;                // needs CUDA and a GPU; ignored (tier absent) otherwise
   int cuda_device = 0;            // Default: 0
   // How the HBM tier copies host -> HBM and over how many streams (HbmPoolOptions::copy,
@@ -129,6 +136,25 @@ struct GroupStats {
   uint64_t blocks[3] = {0, 0, 0};     // blocks of the group the tier holds
   uint64_t quota[3] = {0, 0, 0};      // its share, in slots (records on NVMe)
   uint64_t evictions[3] = {0, 0, 0};  // copies of its blocks evicted from the tier
+};
+
+// Where a contract's blocks go in the host tier: its slot class, that class's slot size,
+// and block bytes / slot bytes.
+// Where the host tier's slots are: slot s at arena offset s * granule; classes smallest
+// first (one: slot_bytes).
+struct HostGeometry {
+  uint64_t granule = 0;
+  uint64_t slab_bytes = 0;
+  uint64_t arena_bytes = 0;
+  uint32_t num_slabs = 0;
+  std::vector<uint64_t> classes;   // slot bytes of each class
+  std::vector<uint32_t> per_slab;  // slots of each class in a slab
+};
+
+struct SlotFit {
+  int cls = -1;
+  uint64_t slot_bytes = 0;
+  double fill = 0.0;
 };
 
 // Per-block answer of a lookup, in key order, up to the first miss.
@@ -210,6 +236,15 @@ class TierManager {
   virtual uint8_t* host_slot_ptr(uint32_t slot) const { (void)slot; return nullptr; }
   // Bytes of one block of a registered contract; 0 for a contract not registered.
   virtual uint64_t block_bytes(uint64_t contract_id) const { (void)contract_id; return 0; }
+  // Where the host arena's slots are (granule and slot classes; fixed at open).
+  virtual const HostGeometry& host_geometry() const = 0;
+  // The slot class of a taken host slot; -1 for an id that is not one.
+  virtual int HostSlotClass(uint32_t slot) const = 0;
+  // The host slot class a contract's blocks take and how full its slots are (cls -1:
+  // none holds them; RegisterContract refuses it).
+  virtual SlotFit Fit(const ScaleContract& c) const = 0;
+  // Fit() of a registered contract (cls -1 for one not registered).
+  virtual SlotFit FitOf(uint64_t contract_id) const = 0;
   // Device pointer of the HBM arena in this process (slot s at + s * slot_bytes()), for
   // in-process users (tests, benchmarks); nullptr without an HBM tier. Clients use the
   // IPC handle instead.

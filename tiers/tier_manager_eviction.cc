@@ -8,6 +8,8 @@
 
 #include "tiers/tier_manager_impl.h"
 
+#include <spdlog/spdlog.h>
+
 namespace kvtier::tiers {
 
 void TierManagerImpl::MaybeEraseLocked(Block* b) {
@@ -49,18 +51,20 @@ bool TierManagerImpl::QuotaLetsGoLocked(int t, uint64_t contract, int64_t for_gr
   return g == r || OverShareLocked(t, g);  // never a block of a group within its share
 }
 
-Block* TierManagerImpl::VictimLocked(int t, const Block* except, int64_t for_group) {
+Block* TierManagerImpl::VictimLocked(int t, const Block* except, int64_t for_group, int cls) {
+  TierState& ts = T(t);
+  auto of_class = [&](const Block& b) { return cls < 0 || ts.num_classes() == 1 || ts.ClassOf(b.bytes) == cls; };
   if (!quotas()) {
-    auto v = T(t).policy->Victim([&](const BlockId& id) {
+    auto v = ts.policy->Victim([&](const BlockId& id) {
       Block* b = FindLocked(id);
-      return b && b != except && MayGo(*b, t);
+      return b && b != except && MayGo(*b, t) && of_class(*b);
     });
     return v ? FindLocked(*v) : nullptr;
   }
   for (bool first : {true, false}) {
-    auto v = T(t).policy->Victim([&](const BlockId& id) {
+    auto v = ts.policy->Victim([&](const BlockId& id) {
       Block* b = FindLocked(id);
-      return b && b != except && MayGo(*b, t) && QuotaLetsGoLocked(t, id.contract, for_group, first);
+      return b && b != except && MayGo(*b, t) && of_class(*b) && QuotaLetsGoLocked(t, id.contract, for_group, first);
     });
     if (v) return FindLocked(*v);
     if (for_group == kNoGroup) break;  // both passes are the same
@@ -68,15 +72,17 @@ Block* TierManagerImpl::VictimLocked(int t, const Block* except, int64_t for_gro
   return nullptr;
 }
 
-uint32_t TierManagerImpl::EvictCleanLocked(int t, uint32_t need, int64_t for_group) {
+uint32_t TierManagerImpl::EvictCleanLocked(int t, uint32_t need, int64_t for_group, int cls) {
   TierState& ts = T(t);
   uint32_t freed = 0;
   const bool drop_all = ts.DropsOnEvict(/*tier_below=*/t == kH || (t == kS && nvme_));
+  const bool any_class = ts.num_classes() == 1;
   while (freed < need) {
     auto clean = [&](const BlockId& id, int pass) {
       Block* b = FindLocked(id);
       if (!b || !MayGo(*b, t)) return false;
       if (pass >= 0 && !QuotaLetsGoLocked(t, id.contract, for_group, pass == 0)) return false;
+      if (!any_class && ts.ClassOf(b->bytes) != cls) return false;  // its slot would not help
       return drop_all || ts.CopyBelow(*b);  // a copy below: no I/O needed
     };
     std::optional<BlockId> v;
@@ -99,8 +105,10 @@ uint32_t TierManagerImpl::EvictCleanLocked(int t, uint32_t need, int64_t for_gro
 
 std::optional<uint32_t> TierManagerImpl::ReserveLocked(int t, Block* loading_for) {
   TierState& ts = T(t);
-  auto s = ts.Alloc();
-  if (!s && EvictCleanLocked(t, 1, GroupOfBlockLocked(loading_for)) > 0) s = ts.Alloc();
+  const int cls = loading_for ? ts.ClassOf(loading_for->bytes) : 0;
+  auto s = ts.Alloc(cls);
+  while (!s && t == kS && TakeSlabLocked(cls, GroupOfBlockLocked(loading_for), 1)) s = ts.Alloc(cls);
+  if (!s && EvictCleanLocked(t, 1, GroupOfBlockLocked(loading_for), cls) > 0) s = ts.Alloc(cls);
   if (!s) {
     KickLocked();  // let the mover demote dirty blocks; the caller retries or fails
     return std::nullopt;
@@ -172,26 +180,112 @@ void TierManagerImpl::EvictOneLocked(int t, Block* b, uint32_t* pending_out) {
   ++*pending_out;
 }
 
+bool TierManagerImpl::SlabMovableLocked(uint32_t slab) const {
+  const TierState& ts = T(kS);
+  if (host_->SlabClass(slab) < 0 || host_->Draining(slab)) return false;
+  for (uint32_t s : host_->TakenSlots(slab)) {
+    const SlotInfo& si = ts.slots[s];
+    if (si.state != SlotState::kBlock || si.block == nullptr || !MayGo(*si.block, kS)) return false;
+  }
+  return true;
+}
+
+uint32_t TierManagerImpl::EvictSlabLocked(uint32_t slab) {
+  TierState& ts = T(kS);
+  uint32_t pending = 0;
+  for (uint32_t s : host_->TakenSlots(slab)) {
+    Block* b = ts.slots[s].state == SlotState::kBlock ? ts.slots[s].block : nullptr;
+    if (b && MayGo(*b, kS)) EvictOneLocked(kS, b, &pending);
+  }
+  return pending;
+}
+
+bool TierManagerImpl::TakeSlabLocked(int cls, int64_t for_group, uint32_t need) {
+  TierState& ts = T(kS);
+  if (ts.num_classes() < 2) return false;
+  // Moves already under way to this class: finish them (a block pinned when its slab began
+  // to move is evicted once its pins are gone) rather than start another.
+  bool waiting = false;
+  for (auto it = moving_.begin(); it != moving_.end();) {
+    if (!host_->Draining(it->first)) {
+      it = moving_.erase(it);
+      continue;
+    }
+    if (it->second == cls) {
+      EvictSlabLocked(it->first);
+      waiting = waiting || host_->Draining(it->first);
+    }
+    ++it;
+  }
+  if (waiting) return false;
+  // The rule: a class is starved when it holds no slab, or when for slots_per_slab of its
+  // slots in a row the policy's next victim over the whole tier was a block of another
+  // class (that class holds colder bytes; the run keeps two classes of equal demand from
+  // trading slabs back and forth). Then the victim's slab moves to it, or, for a class of
+  // no slab, any slab of another class whose blocks may all go. A slab with a pinned
+  // block, a block in flight or a slot a client is writing never moves.
+  const bool none = host_->slabs(cls) == 0;
+  Block* coldest = VictimLocked(kS, nullptr, for_group, -1);
+  std::optional<uint32_t> slab;
+  if (coldest && coldest->slot[kS] >= 0 && ts.ClassOf(coldest->bytes) != cls) {
+    uint32_t& run = starved_run_[static_cast<size_t>(cls)];
+    run += need;
+    const uint32_t v = host_->SlabOf(static_cast<uint32_t>(coldest->slot[kS]));
+    if ((none || run >= host_->slots_per_slab(cls)) && SlabMovableLocked(v)) slab = v;
+    if (!slab && !none) return false;  // it evicts within its class meanwhile
+  } else {
+    starved_run_[static_cast<size_t>(cls)] = 0;
+    if (!none) return false;  // its own blocks are the coldest: it evicts within its class
+  }
+  for (uint32_t v = 0; !slab && none && v < host_->num_slabs(); ++v) {
+    if (host_->SlabClass(v) >= 0 && host_->SlabClass(v) != cls && SlabMovableLocked(v)) slab = v;
+  }
+  if (!slab) return false;
+  const int from = host_->SlabClass(*slab);
+  auto taken = host_->BeginMove(*slab, cls);
+  if (!taken.ok()) return false;
+  starved_run_[static_cast<size_t>(cls)] = 0;
+  ++slab_moves_;
+  spdlog::debug("host tier: slab {} moves from slot class {} ({} B) to {} ({} B), {} blocks out", *slab, from,
+                host_->class_bytes(from), cls, host_->class_bytes(cls), taken->size());
+  EvictSlabLocked(*slab);
+  if (host_->Draining(*slab)) moving_.emplace_back(*slab, cls);  // demotions in flight
+  return true;
+}
+
 void TierManagerImpl::MaintainLocked() {
   for (TierState& ts : tiers_) {
     const int t = ts.index();
     if (ts.total() == 0) continue;
-    // Demote above the high watermark, and also when an alloc is waiting for more free
-    // slots than the watermarks would ever leave (a tier of unpinned blocks that are not
-    // on the next tier yet: only demotion can free them).
-    const bool over = ts.OverHigh();
-    const bool demand = ts.want_free > 0 && ts.free() < ts.want_free;
-    if (!over && !demand) continue;
-    double target = over ? ts.opts().low_watermark * ts.total() : static_cast<double>(ts.total());
-    if (demand) target = std::min(target, static_cast<double>(ts.total() - ts.want_free));
-    uint32_t pending = 0;
-    // Demotions already in flight out of this tier count as freed.
-    for (const auto& w : writes_) pending += (t == kS && w.second) ? 1 : 0;
-    for (const auto& c : copies_) pending += (t == kH && c.demote) ? 1 : 0;
-    while (ts.used() - std::min(pending, ts.used()) > target) {
-      Block* v = VictimLocked(t);
-      if (!v) break;  // everything left is pinned or in flight
-      EvictOneLocked(t, v, &pending);
+    // Each slot class on its own (one for HBM and NVMe): its blocks free only its slots.
+    const int classes = ts.num_classes();
+    for (int cls = 0; cls < classes; ++cls) {
+      const int want_cls = classes == 1 ? -1 : cls;  // -1: any block
+      const uint32_t total = ts.total(cls), want = ts.want_free[cls];
+      // Demote above the high watermark, and also when an alloc is waiting for more free
+      // slots than the watermarks would ever leave (a tier of unpinned blocks that are not
+      // on the next tier yet: only demotion can free them).
+      const bool over = ts.OverHigh(cls);
+      const bool demand = want > 0 && ts.free(cls) < want;
+      if (!over && !demand) continue;
+      // A waiting alloc of a starved class: a slab of another class moves to it.
+      if (demand && t == kS && classes > 1 && TakeSlabLocked(cls, kNoGroup, want - ts.free(cls)) &&
+          ts.free(cls) >= want) {
+        continue;
+      }
+      double target = over ? ts.opts().low_watermark * total : static_cast<double>(total);
+      if (demand) target = std::min(target, static_cast<double>(total - std::min(want, total)));
+      uint32_t pending = 0;
+      // Demotions already in flight out of this tier (of this class) count as freed.
+      for (const auto& w : writes_) {
+        pending += (t == kS && w.second && (want_cls < 0 || ts.ClassOf(w.first->bytes) == cls)) ? 1 : 0;
+      }
+      for (const auto& c : copies_) pending += (t == kH && c.demote) ? 1 : 0;
+      while (ts.used(cls) - std::min(pending, ts.used(cls)) > target) {
+        Block* v = VictimLocked(t, nullptr, kNoGroup, want_cls);
+        if (!v) break;  // everything left is pinned or in flight
+        EvictOneLocked(t, v, &pending);
+      }
     }
   }
 }

@@ -100,9 +100,13 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   int host_arena_fd() const override { return host_->fd(); }
   uint64_t host_arena_bytes() const override { return host_->arena_bytes(); }
   uint8_t* host_slot_ptr(uint32_t slot) const override {
-    return host_ && slot < host_->slots() ? host_->slot_ptr(slot) : nullptr;
+    return host_ && slot < host_->id_space() ? host_->slot_ptr(slot) : nullptr;
   }
   uint64_t block_bytes(uint64_t contract_id) const override;
+  const HostGeometry& host_geometry() const override { return host_geometry_; }
+  int HostSlotClass(uint32_t slot) const override;
+  SlotFit Fit(const ScaleContract& c) const override;
+  SlotFit FitOf(uint64_t contract_id) const override;
   uint8_t* hbm_base() const override { return hbm_ ? hbm_->base() : nullptr; }
   Status hbm_ipc_handle(uint8_t out[64]) const override {
     if (!hbm_) return Status::Unsupported("no HBM tier");
@@ -207,13 +211,15 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   void DropBlockLocked(Block* b);
   // Frees up to `need` slots in tier t by dropping victims that need no I/O (a copy exists
   // below, or the tier drops on eviction). Returns how many were freed.
-  uint32_t EvictCleanLocked(int t, uint32_t need, int64_t for_group = kNoGroup);
+  // cls: the slot class to free slots of (-1 or a tier of one class: any).
+  uint32_t EvictCleanLocked(int t, uint32_t need, int64_t for_group = kNoGroup, int cls = -1);
   std::optional<uint32_t> ReserveLocked(int t, Block* loading_for);
   void EvictOneLocked(int t, Block* b, uint32_t* pending_out);
   // The policy's next victim in tier t that MayGo, other than `except`, that the quotas
-  // let go to make room for quota group `for_group` (kNoGroup: the watermarks).
+  // let go to make room for quota group `for_group` (kNoGroup: the watermarks); cls >= 0:
+  // a victim of that slot class only.
   static constexpr int64_t kNoGroup = -1;
-  Block* VictimLocked(int t, const Block* except = nullptr, int64_t for_group = kNoGroup);
+  Block* VictimLocked(int t, const Block* except = nullptr, int64_t for_group = kNoGroup, int cls = -1);
   // Quotas (TierManagerOptions::groups): a contract's group, a group's share of tier t in
   // slots, and whether the group holds more than that.
   bool quotas() const { return !opts_.groups.empty(); }
@@ -239,6 +245,14 @@ class TierManagerImpl final : public TierManager, private StagingHost {
     return static_cast<uint64_t>(static_cast<double>(o.daily_write_budget_bytes) * o.daily_write_budget_per_client);
   }
   void MaintainLocked();
+  // Slab moves between the host tier's slot classes (tiers/slab_allocator.h): whether
+  // every block of a slab may go now; evicting the blocks of a slab (returns the demotions
+  // begun); and the starvation rule, which moves one slab to class `cls` when it applies
+  // (true: a move began or finished; the class may have room now).
+  bool SlabMovableLocked(uint32_t slab) const;
+  uint32_t EvictSlabLocked(uint32_t slab);
+  // `need`: the slots the caller is short of.
+  bool TakeSlabLocked(int cls, int64_t for_group, uint32_t need);
 
   // tier_manager_promotion.cc. StartPromotionLocked returns false when the promotion
   // could not even start.
@@ -292,6 +306,11 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   // opts_.slot_bytes, which never changes: read without the lock (attach, registrations,
   // verify) while Reconfigure writes opts_ on another thread.
   const uint64_t slot_bytes_;
+  HostGeometry host_geometry_;  // set by Init, then fixed
+  // Host slabs draining for another class (slab, class), and the moves begun. Guarded by mu_.
+  std::vector<std::pair<uint32_t, int>> moving_;
+  uint64_t slab_moves_ = 0;
+  uint32_t starved_run_[kMaxSlotClasses] = {};  // per class: the run of the starvation rule
   std::unique_ptr<HbmPool> hbm_;
   std::unique_ptr<HostPool> host_;
   std::unique_ptr<NvmeStore> nvme_;

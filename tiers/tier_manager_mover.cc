@@ -68,7 +68,7 @@ void TierManagerImpl::RunReads(std::vector<Block*> batch) {
       const int s = batch[i]->promo[kS]->slot;
       rd[i].id = batch[i]->id;
       rd[i].dst = host_->slot_ptr(static_cast<uint32_t>(s));
-      rd[i].dst_capacity = host_->slot_bytes();
+      rd[i].dst_capacity = host_->slot_size(static_cast<uint32_t>(s));
     }
   }
   const auto t0 = std::chrono::steady_clock::now();

@@ -1,4 +1,6 @@
 // Settings of the storage engine: TierName and the Validate() of the option structs.
+#include <algorithm>
+
 #include "tiers/remote/cluster_client.h"
 #include "tiers/remote/remote_tier.h"
 #include "tiers/tier_manager.h"
@@ -44,6 +46,14 @@ Status TierManagerOptions::Validate() const {
   if (hbm_copy_streams < 1 || hbm_copy_streams > HbmPoolOptions::kMaxStreams) {
     return Status::Invalid("hbm copy streams " + std::to_string(hbm_copy_streams) + " not in [1, " +
                            std::to_string(HbmPoolOptions::kMaxStreams) + "]");
+  }
+  if (!slot_classes.empty()) {
+    if (*std::max_element(slot_classes.begin(), slot_classes.end()) != slot_bytes) {
+      return Status::Invalid("slot classes: the largest must be slot_bytes (" + std::to_string(slot_bytes) +
+                             "), the slot of HBM and NVMe");
+    }
+    auto a = SlabAllocator::Make("host tier", host.capacity_bytes, slab_bytes, slot_classes);
+    if (!a.ok()) return a.status();
   }
   if (host.capacity_bytes < slot_bytes) {
     return Status::Invalid("host tier: capacity " + std::to_string(host.capacity_bytes) +

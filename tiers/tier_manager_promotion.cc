@@ -54,7 +54,8 @@ void TierManagerImpl::LaunchLocked(Block* b, int t) {
   auto s = ReserveLocked(t, b);
   if (!s && T(t).demoting == 0) {
     uint32_t pending = 0;
-    if (Block* v = VictimLocked(t, b, GroupOfBlockLocked(b))) EvictOneLocked(t, v, &pending);
+    const int cls = T(t).num_classes() == 1 ? -1 : T(t).ClassOf(b->bytes);
+    if (Block* v = VictimLocked(t, b, GroupOfBlockLocked(b), cls)) EvictOneLocked(t, v, &pending);
     s = ReserveLocked(t, b);
   }
   if (!s) {

@@ -12,7 +12,8 @@ void TierState::Init(Tier tier, const TierOptions* opts, HbmPool* hbm, HostPool*
   hbm_ = hbm;
   host_ = host;
   nvme_ = nvme;
-  slots.assign(tier == Tier::kNvme ? 0 : total(), SlotInfo{});
+  // Host slot ids run over the arena's granules (tiers/slab_allocator.h).
+  slots.assign(tier == Tier::kNvme ? 0 : host ? host->id_space() : total(), SlotInfo{});
   policy = CountingPolicy::Make(*opts, total(), groups);
 }
 
@@ -30,9 +31,37 @@ uint32_t TierState::used() const {
   return 0;
 }
 
-std::optional<uint32_t> TierState::Alloc() {
+int TierState::num_classes() const { return host_ ? host_->num_classes() : 1; }
+
+int TierState::ClassOf(uint64_t block_bytes) const {
+  if (!host_) return 0;
+  const int c = host_->ClassFor(block_bytes);
+  return c < 0 ? 0 : c;  // registration refuses contracts no class holds
+}
+
+uint32_t TierState::total(int cls) const {
+  if (host_) return host_->capacity(cls);
+  return total();
+}
+
+uint32_t TierState::most(int cls) const {
+  if (host_) return host_->num_slabs() * host_->slots_per_slab(cls);
+  return total();
+}
+
+uint32_t TierState::free(int cls) const {
+  if (host_) return host_->free_count(cls);
+  return free();
+}
+
+uint32_t TierState::used(int cls) const {
+  if (host_) return host_->used(cls);
+  return used();
+}
+
+std::optional<uint32_t> TierState::Alloc(int cls) {
   if (hbm_) return hbm_->Alloc();
-  if (host_) return host_->Alloc();
+  if (host_) return host_->Alloc(cls);
   return std::nullopt;  // NVMe records are the store's to place
 }
 

@@ -16,6 +16,7 @@
 
 #include "tiers/block.h"
 #include "tiers/policy/policy.h"
+#include "tiers/slab_allocator.h"
 #include "tiers/tier_manager.h"
 
 namespace kvtier::tiers {
@@ -112,11 +113,29 @@ class TierState {
   uint32_t total() const;
   uint32_t used() const;
   uint32_t free() const { return total() - used(); }
-  // HBM and host: a slot from the arena, and its return (the slot's SlotInfo is cleared).
-  std::optional<uint32_t> Alloc();
+  // The slot size classes (tiers/slab_allocator.h): the host tier has one or more, HBM and
+  // NVMe one. A block takes a slot of ClassOf(block bytes) in this tier. A class's slots
+  // come and go with its slabs: total(cls) is what it holds and could take without a slab
+  // move (its slabs' slots and the free slabs'), most(cls) what it would hold with every
+  // slab.
+  int num_classes() const;
+  int ClassOf(uint64_t block_bytes) const;
+  uint32_t total(int cls) const;
+  uint32_t most(int cls) const;
+  uint32_t used(int cls) const;
+  uint32_t free(int cls) const;
+  // HBM and host: a slot of class `cls` from the arena, and its return (the slot's
+  // SlotInfo is cleared).
+  std::optional<uint32_t> Alloc(int cls);
   void Free(uint32_t slot);
-  // Above the high watermark.
-  bool OverHigh() const { return total() > 0 && used() > opts_->high_watermark * total(); }
+  // Above the high watermark: the tier, or one of its classes.
+  bool OverHigh() const {
+    for (int c = 0; c < num_classes(); ++c) {
+      if (OverHigh(c)) return true;
+    }
+    return false;
+  }
+  bool OverHigh(int cls) const { return total(cls) > 0 && used(cls) > opts_->high_watermark * total(cls); }
   // A victim of this tier is dropped instead of demoted (the settings say so, or there is
   // no tier below to take it).
   bool DropsOnEvict(bool tier_below) const {
@@ -148,7 +167,7 @@ class TierState {
   TierStats c;
   // Free slots a Retry'd AllocSlots is waiting for (0: none); MaintainLocked demotes until
   // they exist, watermarks or not.
-  uint32_t want_free = 0;
+  uint32_t want_free[kMaxSlotClasses] = {};  // per slot class
   uint32_t demoting = 0;             // demotions in flight out of this tier (HBM, host)
   std::vector<Block*> space_wait;    // promotions waiting for a demotion to free a slot
 

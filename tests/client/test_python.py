@@ -361,6 +361,42 @@ print("views ok")
             self.assertEqual(e.exception.status, "NOT_FOUND")
             self.assertEqual(c.evict_contract(cid), (3, 0))
 
+    def test_slot_classes(self):
+        """Two contracts of different block sizes in one daemon of two host slot classes
+        sharing 48 KiB slabs: each in its class, its fill reported, slot s at s * granule,
+        its views as long as its class's slots."""
+        from kvtier.daemon import Daemon
+        with Daemon(slot_bytes=12288, hbm=None, host="240KiB", nvme="1MiB", slot_classes=[4096, 12288],
+                    slab_bytes="48KiB") as d:
+            with kvtier.Client(d.socket) as c:
+                small = kvtier.Contract(model_id="py/small", num_layers=14, num_kv_heads=1, head_dim=16, block_tokens=16)
+                large = kvtier.Contract(model_id="py/large", num_layers=40, num_kv_heads=1, head_dim=16, block_tokens=16)
+                cs, cl = c.register_contract(small), c.register_contract(large)
+                self.assertEqual(c.contract_slot(cs), (4096, 4032 / 4096))
+                self.assertEqual(c.contract_slot(cl), (12288, 11520 / 12288))
+                with self.assertRaises(kvtier.KvtierError) as e:
+                    c.contract_slot(cs + 1)
+                self.assertEqual(e.exception.status, "NOT_FOUND")
+                ts, tl = list(range(100, 100 + 16 * 3)), list(range(900, 900 + 16 * 2))
+                bs = [bytes([i + 1]) * 4032 for i in range(3)]
+                bl = [bytes([i + 9]) * 11520 for i in range(2)]
+                self.assertEqual(c.store(cs, ts + [0], bs), 3)
+                self.assertEqual(c.store(cl, tl + [0], bl), 2)
+                base, _ = c.host_arena()
+                for cid, toks, blocks, size in ((cs, ts, bs, 4096), (cl, tl, bl, 12288)):
+                    cached, lease = c.load(cid, toks + [0])
+                    self.assertEqual(len(lease.slots), len(blocks))
+                    for i, s in enumerate(lease.slots):
+                        v = c.host_slot(s, cid)
+                        self.assertEqual(len(v), size)
+                        self.assertEqual(c.host_slot_address(s, cid), base + s.slot * 4096)  # the granule
+                        self.assertEqual(bytes(v[:len(blocks[i])]), blocks[i])
+                        with self.assertRaises(kvtier.KvtierError):
+                            c.host_slot(s)  # several classes: the view's size needs the contract
+                    c.release(lease)
+                with self.assertRaises(kvtier.KvtierError):
+                    c.host_slot(10 ** 6, cs)  # past the window
+
     def test_reconnect_keeps_contracts_and_arena(self):
         with kvtier.Client(self.sock) as c:
             cid = c.register_contract(self.contract("py/reconnect"))

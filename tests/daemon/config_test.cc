@@ -1,6 +1,8 @@
 // kvtier_config: schema, defaults, overrides, validation messages that name the key.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "config/config.h"
 
 namespace kvtier::config {
@@ -188,6 +190,34 @@ TEST(Config, HbmCopyKeys) {
   EXPECT_EQ(c->tiers.hbm_copy, "batch");
   EXPECT_EQ(c->tiers.hbm_copy_streams, 4u);
   EXPECT_TRUE(c->daemon.trace_copies);
+}
+
+// tiers.slot_classes (an array of sizes, or one comma-separated string for --set) and
+// tiers.slab_bytes: defaults, values, and refusals that name the key.
+TEST(Config, SlotClassKeys) {
+  auto d = LoadString("", {});
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->tiers.slot_classes.empty());
+  EXPECT_EQ(d->tiers.slab_bytes, 64ull << 20);
+  auto c = LoadString("[tiers]\nslot_classes = [\"576KiB\", 1474560]\nslab_bytes = \"32MiB\"\n", {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->tiers.slot_classes, (std::vector<uint64_t>{576 << 10, 1474560}));
+  EXPECT_EQ(c->tiers.slab_bytes, 32ull << 20);
+  auto o = LoadString("", {{"tiers.slot_classes", "576KiB,1440KiB"}});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->tiers.slot_classes, (std::vector<uint64_t>{576 << 10, 1440 << 10}));
+  for (const auto& [key, value, named] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"tiers.slot_classes", "576KiB,1000", "tiers.slot_classes"},
+           {"tiers.slot_classes", "576KiB,576KiB,1440KiB", "tiers.slot_classes"},
+           {"tiers.slot_classes", "576KiB,1024KiB", "tiers.slot_classes"},  // largest is not slot_bytes
+           {"tiers.slot_classes", "lots", "tiers.slot_classes"}}) {
+    auto bad = LoadString("", {{key, value}});
+    ASSERT_FALSE(bad.ok()) << key << "=" << value;
+    EXPECT_NE(bad.status().message().find(named), std::string::npos) << bad.status().ToString();
+  }
+  auto slab = LoadString("", {{"tiers.slot_classes", "576KiB,1440KiB"}, {"tiers.slab_bytes", "1MiB"}});
+  ASSERT_FALSE(slab.ok());
+  EXPECT_NE(slab.status().message().find("tiers.slab_bytes"), std::string::npos) << slab.status().ToString();
 }
 
 // [tiers.remote] authentication, TLS and key prefix: defaults (today's keys, no AUTH, no

@@ -413,6 +413,12 @@ class RawClient {
       }
     }
     std::memcpy(reply, buf + sizeof(wire::ControlHeader), sizeof *reply);
+    wire::ControlHeader rh;
+    std::memcpy(&rh, buf, sizeof rh);
+    if (rh.length == sizeof(wire::AttachReply) + sizeof(wire::SlotClassTable) &&  // protocol 5
+        ::recv(sock_, &host_classes_, sizeof host_classes_, MSG_WAITALL) != static_cast<ssize_t>(sizeof host_classes_)) {
+      return false;
+    }
     if (reply->status == 0 && !fds.empty()) {
       ring_bytes_ = reply->ring_bytes;
       ring_ = static_cast<uint8_t*>(::mmap(nullptr, ring_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0));
@@ -435,6 +441,8 @@ class RawClient {
   wire::RingControl* request_control() const { return req_.control(); }
   int sock() const { return sock_; }
   uint8_t* host() const { return host_; }
+  // The host tier's slot classes of a protocol-5 attach reply (count 0 before it).
+  const wire::SlotClassTable& host_classes() const { return host_classes_; }
 
   // Pushes an entry (waking the daemon) and waits up to 5 s for a completion.
   bool Submit(const wire::RequestEntry& e, wire::CompletionEntry* out) {
@@ -513,6 +521,7 @@ class RawClient {
   uint64_t ring_bytes_ = 0;
   uint8_t* host_ = nullptr;
   uint64_t host_bytes_ = 0;
+  wire::SlotClassTable host_classes_;
   wire::RingRegionHeader hdr_;
   wire::RingView<wire::RequestEntry> req_;
   wire::RingView<wire::CompletionEntry> cmp_;

@@ -467,6 +467,7 @@ TEST_F(DaemonTest, OlderProtocolVersionIsRefused) {
     EXPECT_EQ(reply.protocol_version, version);
     EXPECT_EQ(reply.flags & wire::kReplyHasHost, 0u) << version;
     EXPECT_EQ(reply.num_fds, 1u) << version;
+    EXPECT_EQ(old.host_classes().count, 0u);  // no table: the reply of its version
   }
   {
     RawClient v5;
@@ -476,6 +477,9 @@ TEST_F(DaemonTest, OlderProtocolVersionIsRefused) {
     EXPECT_NE(reply.flags & wire::kReplyHasStaging, 0u);
     EXPECT_EQ(reply.num_fds, 3u);
     EXPECT_GT(reply.staging_slots, 0u);
+    ASSERT_EQ(v5.host_classes().count, 1u);  // one class: the granule is the slot
+    EXPECT_EQ(v5.host_classes().class_bytes[0], reply.slot_bytes);
+    EXPECT_EQ(v5.host_classes().granule, reply.slot_bytes);
   }
   for (uint32_t version : {1u, 2u}) {
     RawClient old;

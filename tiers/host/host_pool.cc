@@ -18,6 +18,7 @@
 namespace kvtier::tiers {
 
 Status HostPoolOptions::Validate() const {
+  if (!classes.empty()) return Status::Ok();  // SlabAllocator::Make checks them
   if (slot_bytes == 0 || slot_bytes % 4096 != 0) {
     return Status::Invalid("host pool: slot_bytes " + std::to_string(slot_bytes) +
                            " is not a positive multiple of 4096");
@@ -30,7 +31,12 @@ StatusOr<std::unique_ptr<HostPool>> HostPool::Create(const HostPoolOptions& opts
   KVTIER_RETURN_IF_ERROR(opts.Validate());
   std::unique_ptr<HostPool> p(new HostPool());
   p->opts_ = opts;
-  p->arena_bytes_ = opts.slot_bytes * opts.slots;
+  const uint64_t uniform = uint64_t{opts.slots} * opts.slot_bytes;
+  auto alloc = opts.classes.empty() ? SlabAllocator::Make("host tier", uniform, uniform, {opts.slot_bytes})
+                                    : SlabAllocator::Make("host tier", opts.arena_bytes, opts.slab_bytes, opts.classes);
+  if (!alloc.ok()) return alloc.status();
+  p->alloc_ = std::move(*alloc);
+  p->arena_bytes_ = p->alloc_.arena_bytes();
   p->fd_ = memfd_create("kvtier-host-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (p->fd_ < 0) return Status::IoError(std::string("memfd_create: ") + std::strerror(errno));
   if (ftruncate(p->fd_, static_cast<off_t>(p->arena_bytes_)) != 0) {
@@ -51,7 +57,6 @@ StatusOr<std::unique_ptr<HostPool>> HostPool::Create(const HostPoolOptions& opts
     return Status::IoError("sealing the host arena: " + err);
   }
   p->base_ = static_cast<uint8_t*>(m);
-  p->alloc_.Reset(opts.slots);
   if (opts.cuda_register && cuda::DeviceCount() > 0) {
     Status s = cuda::HostRegister(p->base_, p->arena_bytes_);
     if (s.ok()) {
@@ -69,9 +74,9 @@ HostPool::~HostPool() {
   if (fd_ >= 0) close(fd_);
 }
 
-std::optional<uint32_t> HostPool::Alloc() {
+std::optional<uint32_t> HostPool::Alloc(int cls) {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.Alloc();
+  return alloc_.Alloc(cls);
 }
 
 Status HostPool::Free(uint32_t slot) {
@@ -82,6 +87,11 @@ Status HostPool::Free(uint32_t slot) {
   return Status::Ok();
 }
 
+uint64_t HostPool::slot_size(uint32_t slot) const {
+  std::lock_guard<std::mutex> l(mu_);
+  const int c = alloc_.ClassOfSlot(slot);
+  return c < 0 ? 0 : alloc_.class_bytes(c);
+}
 bool HostPool::IsAllocated(uint32_t slot) const {
   std::lock_guard<std::mutex> l(mu_);
   return alloc_.IsTaken(slot);
@@ -90,9 +100,49 @@ uint32_t HostPool::used() const {
   std::lock_guard<std::mutex> l(mu_);
   return alloc_.used();
 }
-uint32_t HostPool::free_count() const {
+uint32_t HostPool::used(int cls) const {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.free_count();
+  return alloc_.used(cls);
+}
+uint32_t HostPool::free_count(int cls) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.free_count(cls);
+}
+uint32_t HostPool::capacity(int cls) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.capacity(cls);
+}
+uint64_t HostPool::used_bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.used_bytes();
+}
+uint32_t HostPool::free_slabs() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.free_slabs();
+}
+uint32_t HostPool::slabs(int cls) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.slabs(cls);
+}
+StatusOr<std::vector<uint32_t>> HostPool::BeginMove(uint32_t slab, int to) {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.BeginMove(slab, to);
+}
+void HostPool::CancelMove(uint32_t slab) {
+  std::lock_guard<std::mutex> l(mu_);
+  alloc_.CancelMove(slab);
+}
+std::vector<uint32_t> HostPool::TakenSlots(uint32_t slab) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.TakenSlots(slab);
+}
+int HostPool::SlabClass(uint32_t slab) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return slab < alloc_.num_slabs() ? alloc_.SlabClass(slab) : -1;
+}
+bool HostPool::Draining(uint32_t slab) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return slab < alloc_.num_slabs() && alloc_.Draining(slab);
 }
 
 }  // namespace kvtier::tiers

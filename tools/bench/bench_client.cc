@@ -318,11 +318,11 @@ int Run(const std::vector<std::string>& argv) {
     if (kvtier_alloc(c, cid, n, KVTIER_TIER_HOST, &lease, slots.data()) != KVTIER_OK) {
       return cli::Fail(kvtier_last_error());
     }
-    uint64_t bytes = 0;
-    auto* arena = static_cast<uint8_t*>(kvtier_host_arena(c, &bytes));
     std::vector<kvtier_commit_item> items(n);
     for (size_t i = 0; i < n; ++i) {
-      std::memset(arena + slots[i].slot * kvtier_slot_bytes(c), static_cast<int>(i), 576);
+      void* p = kvtier_host_slot_write(c, slots[i].slot);
+      if (p == nullptr) return cli::Fail("alloc gave a slot outside this client's staging area");
+      std::memset(p, static_cast<int>(i), 576);
       items[i] = kvtier_commit_item{slots[i], keys[i], i ? keys[i - 1] : kvtier_key{0, 0}};
     }
     if (kvtier_commit(c, cid, lease, items.data(), n, nullptr) != KVTIER_OK ||

@@ -694,8 +694,8 @@ int RunExport(const std::vector<std::string>& argv) {
   } while (offset < total);
   uint64_t arena_bytes = 0;
   auto* arena = static_cast<const uint8_t*>(kvtier_host_arena(conn.c, &arena_bytes));
-  const uint64_t slot_bytes = kvtier_slot_bytes(conn.c);
   if (arena == nullptr) return Fail("export: the daemon has no host tier to read blocks through");
+  const uint64_t slot_bytes = kvtier_slot_bytes(conn.c);
   auto w = ExportWriter::Create(*out, row->contract, static_cast<int>(*level));
   if (!w.ok()) return Fail("export: " + w.status().message());
   uint64_t skipped = 0;
@@ -723,12 +723,15 @@ int RunExport(const std::vector<std::string>& argv) {
       Status ws;
       for (size_t k = 0; k < got && ws.ok(); ++k) {
         const auto& b = blocks[i + k];
-        const uint64_t off = uint64_t{slots[k].slot} * slot_bytes;
-        if (slots[k].tier != KVTIER_TIER_HOST || off + b.bytes > arena_bytes || b.bytes > slot_bytes) {
+        // Where the slot lies (kvtier_host_slot: slot * granule, whatever its class).
+        const auto* p = slots[k].tier == KVTIER_TIER_HOST
+                            ? static_cast<const uint8_t*>(kvtier_host_slot(conn.c, slots[k].slot))
+                            : nullptr;
+        if (p == nullptr || uint64_t(p - arena) + b.bytes > arena_bytes || b.bytes > slot_bytes) {
           ws = Status::Corrupt("daemon returned a slot outside the host arena");
           break;
         }
-        ws = (*w)->Add(Key128{b.key.hi, b.key.lo}, Key128{b.parent.hi, b.parent.lo}, {arena + off, b.bytes});
+        ws = (*w)->Add(Key128{b.key.hi, b.key.lo}, Key128{b.parent.hi, b.parent.lo}, {p, b.bytes});
       }
       if (lease != 0 && kvtier_release(conn.c, lease) != KVTIER_OK) return ApiFail("export");
       if (!ws.ok()) return Fail("export: " + ws.message());
@@ -837,12 +840,14 @@ int RunImport(const std::vector<std::string>& argv) {
       }
       std::vector<kvtier_commit_item> items(recs.size());
       for (size_t k = 0; k < recs.size(); ++k) {
-        const uint64_t off = uint64_t{slots[k].slot} * slot_bytes;
-        if (slots[k].tier != KVTIER_TIER_HOST || off + payloads[k].size() > arena_bytes) {
+        // A staging slot of this client (kvtier_host_slot_write), slot_bytes long.
+        auto* p = slots[k].tier == KVTIER_TIER_HOST ? static_cast<uint8_t*>(kvtier_host_slot_write(conn.c, slots[k].slot))
+                                                     : nullptr;
+        if (p == nullptr || uint64_t(p - arena) + payloads[k].size() > arena_bytes) {
           (void)kvtier_release(conn.c, lease);
-          return Fail("import: daemon returned a slot outside the host arena");
+          return Fail("import: daemon returned a slot outside this client's staging area");
         }
-        std::memcpy(arena + off, payloads[k].data(), payloads[k].size());
+        std::memcpy(p, payloads[k].data(), payloads[k].size());
         items[k].slot = slots[k];
         items[k].key = {recs[k].key.hi, recs[k].key.lo};
         items[k].parent = {recs[k].parent.hi, recs[k].parent.lo};

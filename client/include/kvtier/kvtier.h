@@ -15,14 +15,15 @@
  *    (kvtier_key_chain; DESIGN.md section 3), identical in every process and language.
  *  - Tiers: KVTIER_TIER_HBM (slot ids index the HBM arena: the decode kernels' block
  *    table), KVTIER_TIER_HOST (slot s is at kvtier_host_slot(c, s), which is
- *    kvtier_host_arena() + s * slot_bytes), KVTIER_TIER_NVME.
+ *    kvtier_host_arena() + s * granule: the host tier may hold slots of several sizes,
+ *    one size class per contract, kvtier_contract_slot), KVTIER_TIER_NVME.
  *  - The host tier is read-only to clients: the arena maps PROT_READ (the daemon seals it
  *    against writes), so an acquired or committed host slot cannot be changed by any
  *    client. A host alloc lease's slots are this client's private staging slots, mapped
- *    writable right after the arena (ids from the arena's slot count up); commit copies
- *    each block (the contract's block size) into a fresh arena slot, and only that copy
- *    is served, checksummed and persisted. Writing a staging slot after its commit
- *    changes nothing cached.
+ *    writable right after the arena (ids from the arena's bytes / granule up, each slot
+ *    kvtier_slot_bytes long); commit copies each block (the contract's block size) into a
+ *    fresh arena slot, and only that copy is served, checksummed and persisted. Writing a
+ *    staging slot after its commit changes nothing cached.
  *
  * Lifetimes:
  *  - kvtier_last_error() points at a per-thread buffer that the calling thread's next
@@ -204,20 +205,30 @@ KVTIER_API uint64_t kvtier_slot_bytes(const kvtier_client* c);
  * is not mapped (a read faults): a host acquire's slots are then copies of the blocks in
  * the staging area (staging ids), made for this client's lease. */
 KVTIER_API void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes);
-/* Host slot `slot` of any lease, read-only (NULL for a slot past the window, and for an
- * arena slot where the arena is not mapped: a daemon with tenants). */
+/* Host slot `slot` of any lease, read-only: kvtier_host_arena() + slot * granule (NULL for
+ * a slot past the window, and for an arena slot where the arena is not mapped: a daemon
+ * with tenants). It is as long as its contract's slot class (kvtier_contract_slot; a
+ * staging slot: kvtier_slot_bytes). */
 KVTIER_API const void* kvtier_host_slot(const kvtier_client* c, uint32_t slot);
 /* Writable host slot of an alloc lease (a staging slot); NULL for an arena slot (acquired
  * or committed blocks are read-only) and for a slot past the window. */
 KVTIER_API void* kvtier_host_slot_write(const kvtier_client* c, uint32_t slot);
 /* The staging area's memfd (owned by the client, closed by kvtier_close; -1 without a
  * host tier): mapped writable after the arena; a binding that maps the arena itself maps
- * this too (its slot 0 is host slot id arena bytes / slot_bytes). */
+ * this too (its slot 0 is host slot id arena bytes / granule, kvtier_host_granule). */
 KVTIER_API int kvtier_host_staging_fd(const kvtier_client* c);
 /* The host arena's memfd (owned by the client, closed by kvtier_close; -1 without a host
  * tier, and against a daemon with tenants, which sends none). A binding may map it itself (dup it first) so that its views outlive the client's
  * own mapping: the Python package does. */
 KVTIER_API int kvtier_host_arena_fd(const kvtier_client* c);
+/* The host tier's granule: host slot s is at kvtier_host_arena() + s * granule, whatever
+ * its size (0 without a host tier). With one slot class it is kvtier_slot_bytes. */
+KVTIER_API uint64_t kvtier_host_granule(const kvtier_client* c);
+/* The host tier's slot classes, smallest first: up to cap slot sizes into bytes (may be
+ * NULL with cap 0); returns how many there are (0 without a host tier). The largest is
+ * kvtier_slot_bytes; a contract's blocks take the smallest that holds them
+ * (kvtier_contract_slot). */
+KVTIER_API uint32_t kvtier_host_slot_classes(const kvtier_client* c, uint64_t* bytes, uint32_t cap);
 /* Counts the client's successful attaches (1 after kvtier_connect, one more per reconnect,
  * automatic ones included): a binding that caches the arena's address maps it again when
  * this changes. */
@@ -248,6 +259,11 @@ KVTIER_API kvtier_status kvtier_register_contract(kvtier_client* c, const kvtier
  * is not its contract id: name the contract by it in every later call and key chain. */
 KVTIER_API kvtier_status kvtier_register_contract_shared(kvtier_client* c, const kvtier_contract_desc* d,
                                                          uint64_t* handle);
+/* The host slot size a contract this client registered takes (the smallest of the
+ * daemon's slot classes, tiers.slot_classes, that holds its block) and *fill, block bytes /
+ * slot bytes. NOT_FOUND for a contract this client did not register. */
+KVTIER_API kvtier_status kvtier_contract_slot(kvtier_client* c, uint64_t contract_id, uint64_t* slot_bytes,
+                                              double* fill);
 /* Keys of every full block of tokens: n_tokens / block_tokens keys into out (capacity
  * out_cap). *n_keys gets the count. Pure computation, no daemon needed. */
 KVTIER_API kvtier_status kvtier_key_chain(uint64_t contract_id, const uint32_t* tokens,

@@ -136,6 +136,12 @@ class Client {
   Error RegisterContract(const kvtier_contract_desc& d, uint64_t* id) {
     return LastError(kvtier_register_contract(c_, &d, id));
   }
+  // The host slot size of a registered contract and its fill (kvtier_contract_slot).
+  Error ContractSlot(uint64_t contract, uint64_t* slot_bytes, double* fill) {
+    return LastError(kvtier_contract_slot(c_, contract, slot_bytes, fill));
+  }
+  // Host slot s is at the window's base + s * host_granule() whatever its slot class.
+  uint64_t host_granule() const { return kvtier_host_granule(c_); }
   Error Lookup(uint64_t contract, Span<const kvtier_key> keys, LookupResult* r) {
     r->tiers.assign(keys.size(), KVTIER_TIER_NONE);
     kvtier_lookup_result lr{};

@@ -270,6 +270,9 @@ def _declare(lib):
         "kvtier_host_arena": (P, [P, ctypes.POINTER(u64)]),
         "kvtier_host_arena_fd": (S, [P]),
         "kvtier_host_staging_fd": (S, [P]),
+        "kvtier_host_granule": (u64, [P]),
+        "kvtier_host_slot_classes": (u32, [P, ctypes.POINTER(u64), u32]),
+        "kvtier_contract_slot": (S, [P, u64, ctypes.POINTER(u64), ctypes.POINTER(ctypes.c_double)]),
         "kvtier_attach_generation": (u64, [P]),
         "kvtier_hbm_ipc_handle": (S, [P, ctypes.POINTER(ctypes.c_uint8)]),
         "kvtier_hbm_open": (S, [P, ctypes.POINTER(P)]),
@@ -799,8 +802,10 @@ class Client:
         lib, h = self._lib, self._h
         self._attach_generation = lib.kvtier_attach_generation(h)
         self._slot_bytes = lib.kvtier_slot_bytes(h)
-        self._mm, self._arena_base, self._arena_bytes, self._arena_slots = None, 0, 0, 0
+        self._mm, self._arena_base, self._arena_bytes = None, 0, 0
         self._arena_private = False
+        self._granule = lib.kvtier_host_granule(h)
+        self._classes = lib.kvtier_host_slot_classes(h, None, 0)
         n = ctypes.c_uint64()
         if lib.kvtier_host_arena(h, ctypes.byref(n)) and n.value:
             fd, sfd = lib.kvtier_host_arena_fd(h), lib.kvtier_host_staging_fd(h)
@@ -810,7 +815,6 @@ class Client:
                 self._mm = _Window(fd, n.value - staging_bytes, sfd, staging_bytes)
                 self._arena_base = self._mm.base
                 self._arena_bytes = n.value
-                self._arena_slots = self._mm.arena_bytes // self._slot_bytes if self._slot_bytes else 0
                 self._arena_private = fd < 0
 
     def reconnect(self):
@@ -872,7 +876,10 @@ class Client:
         self._current_arena()
         return (self._arena_base, self._arena_bytes)
 
-    def _host_slot_index(self, slot) -> int:
+    def _host_slot_place(self, slot, contract=None):
+        """(offset in the window, bytes, writable) of one host slot: slot s is at
+        s * granule (kvtier_host_slot); its size is its contract's slot class (a staging
+        slot: slot_bytes)."""
         if isinstance(slot, Slot):
             if slot.tier != TIER_HOST:
                 raise KvtierError(6, f"slot {slot.slot} is in {_TIER_NAMES.get(slot.tier, slot.tier)}, not host")
@@ -880,28 +887,41 @@ class Client:
         else:
             s = int(slot)
         self._current_arena()
-        n = self._arena_bytes // self._slot_bytes if self._slot_bytes else 0
-        if not self._mm or not 0 <= s < n:
-            raise KvtierError(6, f"host slot {s} is outside the arena (slots 0..{n - 1})")
-        if self._arena_private and s < self._arena_slots:
+        if not self._mm or not 0 <= s < 2**32:
+            raise KvtierError(6, f"host slot {s} is outside the host window")
+        off = s * self._granule
+        staging = off >= self._mm.arena_bytes
+        if self._arena_private and not staging:
             raise KvtierError(6, f"host slot {s} is in the arena, which this client does not map (the daemon has "
-                                 f"tenants: acquired blocks are copies in slots {self._arena_slots} and up)")
-        return s
+                                 f"tenants: acquired blocks are copies in slots "
+                                 f"{self._mm.arena_bytes // self._granule} and up)")
+        if contract is not None:
+            n = self.contract_slot(contract)[0]
+        elif staging or self._classes == 1:
+            n = self._slot_bytes
+        else:
+            raise KvtierError(6, f"host slot {s}: the host tier has {self._classes} slot classes; "
+                                 "name the contract (host_slot(slot, contract)) for its size")
+        if off + n > self._arena_bytes:
+            raise KvtierError(6, f"host slot {s} is outside the host window")
+        return off, n, staging
 
-    def host_slot_address(self, slot) -> int:
+    def host_slot_address(self, slot, contract=None) -> int:
         """Address of one host slot; valid while this Client or one of its views lives."""
-        return self._arena_base + self._host_slot_index(slot) * self._slot_bytes
+        return self._arena_base + self._host_slot_place(slot, contract)[0]
 
-    def host_slot(self, slot) -> memoryview:
-        """View of one host slot (slot_bytes long): writable for a slot of a host alloc
-        lease (this client's staging slot), read-only for an acquired or committed block
-        (the arena). The view keeps this Client and the mapping alive."""
-        s = self._host_slot_index(slot)
-        arr = (ctypes.c_uint8 * self._slot_bytes).from_address(self._arena_base + s * self._slot_bytes)
+    def host_slot(self, slot, contract=None) -> memoryview:
+        """View of one host slot: writable for a slot of a host alloc lease (this client's
+        staging slot, slot_bytes long), read-only for an acquired or committed block (the
+        arena; as long as the slots of its contract's class: name the contract when the
+        host tier has several slot classes). The view keeps this Client and the mapping
+        alive."""
+        off, n, staging = self._host_slot_place(slot, contract)
+        arr = (ctypes.c_uint8 * n).from_address(self._arena_base + off)
         arr._kvtier_client = self
         arr._kvtier_window = self._mm
         view = memoryview(arr).cast("B")
-        return view.toreadonly() if s < self._arena_slots else view
+        return view if staging else view.toreadonly()
 
     def hbm_device_ptr(self) -> int:
         """Device address of HBM slot 0 in this process (cudaIpcOpenMemHandle, once)."""
@@ -915,6 +935,13 @@ class Client:
         _check(self._lib.kvtier_register_contract(self._handle(), ctypes.byref(d), ctypes.byref(out)))
         self._block_bytes[out.value] = contract.block_bytes()
         return out.value
+
+    def contract_slot(self, contract_id: int):
+        """(host slot bytes, fill) of a contract this client registered: the smallest of the
+        daemon's slot classes that holds its block, and block bytes / slot bytes."""
+        n, fill = ctypes.c_uint64(), ctypes.c_double()
+        _check(self._lib.kvtier_contract_slot(self._handle(), contract_id, ctypes.byref(n), ctypes.byref(fill)))
+        return n.value, fill.value
 
     def lookup(self, contract_id: int, keys: Sequence[Key]) -> LookupResult:
         arr = _keys_array(keys)

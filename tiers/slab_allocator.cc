@@ -1,0 +1,217 @@
+#include "tiers/slab_allocator.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace kvtier::tiers {
+
+StatusOr<SlabAllocator> SlabAllocator::Make(const std::string& what, uint64_t arena_bytes, uint64_t slab_bytes,
+                                            std::vector<uint64_t> class_bytes) {
+  if (class_bytes.empty() || class_bytes.size() > kMaxSlotClasses) {
+    return Status::Invalid(what + ": " + std::to_string(class_bytes.size()) + " slot classes; 1 to " +
+                           std::to_string(kMaxSlotClasses) + " are supported");
+  }
+  if (slab_bytes == 0 || slab_bytes % 4096 != 0) {
+    return Status::Invalid(what + ": slab size " + std::to_string(slab_bytes) +
+                           " is not a positive multiple of 4096");
+  }
+  std::sort(class_bytes.begin(), class_bytes.end());
+  uint64_t g = slab_bytes;
+  for (size_t i = 0; i < class_bytes.size(); ++i) {
+    const uint64_t sz = class_bytes[i];
+    if (sz == 0 || sz % 4096 != 0) {
+      return Status::Invalid(what + ": slot class " + std::to_string(sz) + " is not a positive multiple of 4096");
+    }
+    if (i > 0 && sz == class_bytes[i - 1]) {
+      return Status::Invalid(what + ": slot class " + std::to_string(sz) + " is listed twice");
+    }
+    if (sz > slab_bytes) {
+      return Status::Invalid(what + ": slot class " + std::to_string(sz) + " is larger than a slab (" +
+                             std::to_string(slab_bytes) + " bytes)");
+    }
+    g = std::gcd(g, sz);
+  }
+  const uint64_t n = arena_bytes / slab_bytes;
+  if (n == 0) {
+    return Status::Invalid(what + ": " + std::to_string(arena_bytes) + " bytes hold no slab of " +
+                           std::to_string(slab_bytes) + " bytes");
+  }
+  if (n * slab_bytes / g > UINT32_MAX) return Status::Invalid(what + ": more than 2^32 slot ids");
+  SlabAllocator a;
+  a.granule_ = g;
+  a.slab_bytes_ = slab_bytes;
+  for (uint64_t sz : class_bytes) {
+    Class c;
+    c.bytes = sz;
+    c.per_slab = static_cast<uint32_t>(slab_bytes / sz);
+    a.classes_.push_back(std::move(c));
+  }
+  a.slabs_.resize(n);
+  for (uint32_t s = 0; s < n; ++s) a.pool_.insert(s);
+  return a;
+}
+
+int SlabAllocator::ClassFor(uint64_t bytes) const {
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    if (classes_[c].bytes >= bytes) return static_cast<int>(c);
+  }
+  return -1;
+}
+
+uint32_t SlabAllocator::SlotId(uint32_t slab, uint32_t i) const {
+  const uint64_t off = uint64_t{slab} * slab_bytes_ + uint64_t{i} * class_bytes(slabs_[slab].cls);
+  return static_cast<uint32_t>(off / granule_);
+}
+
+int64_t SlabAllocator::IndexOf(uint32_t id) const {
+  if (id >= id_space()) return -1;
+  const Slab& s = slabs_[SlabOf(id)];
+  if (s.cls < 0) return -1;
+  const uint64_t in = Offset(id) % slab_bytes_;
+  const uint64_t sz = class_bytes(s.cls);
+  if (in % sz != 0 || in / sz >= classes_[static_cast<size_t>(s.cls)].per_slab) return -1;
+  return static_cast<int64_t>(in / sz);
+}
+
+int SlabAllocator::ClassOfSlot(uint32_t id) const {
+  const int64_t i = IndexOf(id);
+  if (i < 0) return -1;
+  const Slab& s = slabs_[SlabOf(id)];
+  return s.slots.IsTaken(static_cast<uint32_t>(i)) ? s.cls : -1;
+}
+
+void SlabAllocator::Assign(uint32_t slab, int c) {
+  Slab& s = slabs_[slab];
+  Class& k = classes_[static_cast<size_t>(c)];
+  s.cls = c;
+  s.move_to = kNoMove;
+  s.slots.Reset(k.per_slab);
+  ++k.slabs;
+  k.open_free += k.per_slab;
+  k.open.insert(slab);
+}
+
+void SlabAllocator::Release(uint32_t slab) {
+  Slab& s = slabs_[slab];
+  s.cls = -1;
+  s.move_to = kNoMove;
+  s.slots.Reset(0);
+  pool_.insert(slab);
+}
+
+std::optional<uint32_t> SlabAllocator::Alloc(int c) {
+  if (c < 0 || static_cast<size_t>(c) >= classes_.size()) return std::nullopt;
+  Class& k = classes_[static_cast<size_t>(c)];
+  if (k.open.empty()) {
+    if (pool_.empty()) return std::nullopt;
+    const uint32_t slab = *pool_.begin();
+    pool_.erase(pool_.begin());
+    Assign(slab, c);
+  }
+  const uint32_t slab = *k.open.begin();
+  Slab& s = slabs_[slab];
+  const uint32_t i = *s.slots.Alloc();  // an open slab has a free slot
+  ++k.used;
+  --k.open_free;
+  if (s.slots.free_count() == 0) k.open.erase(slab);
+  return SlotId(slab, i);
+}
+
+bool SlabAllocator::Free(uint32_t id) {
+  const int64_t i = IndexOf(id);
+  if (i < 0) return false;
+  const uint32_t slab = SlabOf(id);
+  Slab& s = slabs_[slab];
+  if (!s.slots.Free(static_cast<uint32_t>(i))) return false;
+  Class& k = classes_[static_cast<size_t>(s.cls)];
+  --k.used;
+  if (s.move_to != kNoMove) {
+    if (s.slots.used() == 0) {
+      const int to = s.move_to;
+      --k.slabs;
+      if (to < 0) {
+        Release(slab);
+      } else {
+        Assign(slab, to);
+      }
+    }
+    return true;
+  }
+  ++k.open_free;
+  if (s.slots.used() == 0) {
+    k.open.erase(slab);
+    k.open_free -= k.per_slab;
+    --k.slabs;
+    Release(slab);
+  } else {
+    k.open.insert(slab);
+  }
+  return true;
+}
+
+StatusOr<std::vector<uint32_t>> SlabAllocator::BeginMove(uint32_t slab, int to) {
+  if (slab >= slabs_.size()) return Status::Invalid("slab " + std::to_string(slab) + " is out of range");
+  if (to < -1 || to >= static_cast<int>(classes_.size())) {
+    return Status::Invalid("slot class " + std::to_string(to) + " is out of range");
+  }
+  Slab& s = slabs_[slab];
+  if (s.cls < 0) return Status::Invalid("slab " + std::to_string(slab) + " is free");
+  if (s.move_to != kNoMove) return Status::Invalid("slab " + std::to_string(slab) + " is already moving");
+  if (s.cls == to) return Status::Invalid("slab " + std::to_string(slab) + " already belongs to that class");
+  std::vector<uint32_t> taken = TakenSlots(slab);
+  Class& k = classes_[static_cast<size_t>(s.cls)];
+  k.open.erase(slab);
+  k.open_free -= k.per_slab - s.slots.used();
+  if (s.slots.used() == 0) {  // unreachable for a slab of a class (an empty one is in the pool)
+    --k.slabs;
+    if (to < 0) {
+      Release(slab);
+    } else {
+      Assign(slab, to);
+    }
+    return taken;
+  }
+  s.move_to = to;
+  return taken;
+}
+
+void SlabAllocator::CancelMove(uint32_t slab) {
+  if (slab >= slabs_.size()) return;
+  Slab& s = slabs_[slab];
+  if (s.cls < 0 || s.move_to == kNoMove) return;
+  s.move_to = kNoMove;
+  Class& k = classes_[static_cast<size_t>(s.cls)];
+  k.open_free += k.per_slab - s.slots.used();
+  if (s.slots.free_count() > 0) k.open.insert(slab);
+}
+
+std::vector<uint32_t> SlabAllocator::TakenSlots(uint32_t slab) const {
+  std::vector<uint32_t> out;
+  if (slab >= slabs_.size()) return out;
+  const Slab& s = slabs_[slab];
+  if (s.cls < 0) return out;
+  const uint32_t n = classes_[static_cast<size_t>(s.cls)].per_slab;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (s.slots.IsTaken(i)) out.push_back(SlotId(slab, i));
+  }
+  return out;
+}
+
+uint32_t SlabAllocator::free_count(int c) const {
+  const Class& k = classes_[static_cast<size_t>(c)];
+  return k.open_free + static_cast<uint32_t>(pool_.size()) * k.per_slab;
+}
+
+uint32_t SlabAllocator::used() const {
+  uint32_t u = 0;
+  for (const auto& k : classes_) u += k.used;
+  return u;
+}
+
+uint64_t SlabAllocator::used_bytes() const {
+  uint64_t b = 0;
+  for (const auto& k : classes_) b += uint64_t{k.used} * k.bytes;
+  return b;
+}
+
+}  // namespace kvtier::tiers

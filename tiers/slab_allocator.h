@@ -1,0 +1,147 @@
+// SlabAllocator: slots of several sizes (slot size classes) in one arena, the arena's bytes
+// going to whichever class needs them (the slab allocator of CacheLib and memcached).
+//
+// Why classes. A block of a Llama-3-8B contract at 16-token NVFP4 blocks is 576 KiB, one
+// of an 80-layer model 1440 KiB. With one slot size per daemon the first fills 40% of its
+// slot. With classes each contract's blocks take slots of the smallest class that holds
+// them, so two models of different block sizes share one arena and each pays at most the
+// gap between its block and its class, plus the tail of a slab.
+//
+// Slabs. The arena is cut into slabs of `slab_bytes` (64 MiB by default). A slab is free
+// (in the pool) or belongs to one class and holds floor(slab_bytes / class bytes) slots of
+// it, back to back from the slab's start; the rest of the slab is the class's waste (64 MiB
+// holds 113 slots of 576 KiB, 448 KiB or 0.68% left over, and 45 of 1440 KiB, 736 KiB or
+// 1.12%). A class that needs a slot takes one from a slab of its own with room, else a
+// free slab from the pool (lowest first). A slab whose last slot is freed goes back to the
+// pool, so bytes follow demand without any fixed share.
+//
+// Moves. When a class needs a slot and neither its slabs nor the pool have one, its owner
+// (the TierManager) either evicts a block of the class, or moves a slab from another class
+// to it: BeginMove(slab, cls) stops allocation from the slab and returns its taken slots;
+// the owner evicts their blocks, and the Free of the last one hands the slab to `cls`
+// (not to the pool). The rule for when to move (which class is starved) is the owner's:
+// this class is only the bookkeeping.
+//
+// Slot ids. A slot id is its offset in the arena divided by the granule:
+//   offset(id) = id * granule
+// The granule is the greatest common divisor of slab_bytes and every class size, so every
+// slot starts on one; it is a 4 KiB multiple, since sizes are (O_DIRECT and DMA alignment).
+// 64 MiB slabs of 576 KiB and 1440 KiB slots have a 32 KiB granule. The mapping never
+// changes at run time: a client needs the granule (attach reply) and its contract's class
+// size, never the slab table. Tables indexed by slot id have id_space() = arena / granule
+// entries; only the ids of slot starts are used.
+//
+// One class in one slab of the whole arena is the arena of equal slots it replaces: the
+// granule is the slot size, slot ids are 0..n-1, and allocation is the SlotAllocator's
+// next-fit.
+//
+// Not thread-safe: the owner (HostPool) holds its lock.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "formats/status.h"
+#include "tiers/slot_allocator.h"
+
+namespace kvtier::tiers {
+
+inline constexpr size_t kMaxSlotClasses = 4;
+inline constexpr uint64_t kDefaultSlabBytes = 64ull << 20;
+
+class SlabAllocator {
+ public:
+  SlabAllocator() = default;
+  // `arena_bytes` cut into slabs of `slab_bytes` (a 4 KiB multiple; the arena's tail past
+  // the last whole slab is not used) shared by classes of the given sizes (4 KiB multiples,
+  // distinct, 1 to kMaxSlotClasses, any order; each at most slab_bytes). Invalid, naming
+  // `what`, otherwise, or when the arena holds no slab.
+  static StatusOr<SlabAllocator> Make(const std::string& what, uint64_t arena_bytes, uint64_t slab_bytes,
+                                      std::vector<uint64_t> class_bytes);
+
+  // Geometry (fixed at Make).
+  uint64_t granule() const { return granule_; }
+  uint64_t slab_bytes() const { return slab_bytes_; }
+  uint32_t num_slabs() const { return static_cast<uint32_t>(slabs_.size()); }
+  uint64_t arena_bytes() const { return uint64_t{num_slabs()} * slab_bytes_; }  // bytes in slabs
+  uint32_t id_space() const { return static_cast<uint32_t>(arena_bytes() / granule_); }
+  size_t num_classes() const { return classes_.size(); }
+  // Classes are ordered smallest first: class 0 is the smallest.
+  uint64_t class_bytes(int c) const { return classes_[static_cast<size_t>(c)].bytes; }
+  uint64_t largest() const { return classes_.empty() ? 0 : classes_.back().bytes; }
+  uint32_t slots_per_slab(int c) const { return classes_[static_cast<size_t>(c)].per_slab; }
+  // The smallest class whose slots hold `bytes`; -1 when none does.
+  int ClassFor(uint64_t bytes) const;
+  // The one place that says where slot `id` is.
+  uint64_t Offset(uint32_t id) const { return uint64_t{id} * granule_; }
+  uint32_t SlabOf(uint32_t id) const { return static_cast<uint32_t>(Offset(id) / slab_bytes_); }
+  // The id of slot `i` of slab `slab` (which must belong to a class).
+  uint32_t SlotId(uint32_t slab, uint32_t i) const;
+
+  // State.
+  // The class slab `slab` belongs to (while a move drains it: still its old class); -1 free.
+  int SlabClass(uint32_t slab) const { return slabs_[slab].cls; }
+  bool Draining(uint32_t slab) const { return slabs_[slab].move_to != kNoMove; }
+  // The class of slot `id` when it is a taken slot; -1 otherwise.
+  int ClassOfSlot(uint32_t id) const;
+  bool IsTaken(uint32_t id) const { return ClassOfSlot(id) >= 0; }
+  // A slot of class c: from the class's lowest slab with room (within it next-fit, so slots
+  // taken together are neighbours), else from the lowest free slab; nullopt
+  // when neither exists (or c is out of range).
+  std::optional<uint32_t> Alloc(int c);
+  // False (and nothing changes) for an id that is not a taken slot. A slab left empty goes
+  // to the pool, or to the class a move drains it for.
+  bool Free(uint32_t id);
+  // Starts moving `slab` (of a class other than `to`, not already draining) to class `to`:
+  // nothing more is allocated from it, and the Free of its last taken slot hands it to
+  // `to`. Returns the taken slots (their blocks are the owner's to evict). An empty slab
+  // moves at once (and the list is empty). Invalid for a free or draining slab, or one of
+  // class `to`.
+  StatusOr<std::vector<uint32_t>> BeginMove(uint32_t slab, int to);
+  // Stops a move: the slab stays with its class (slots freed meanwhile are free in it).
+  void CancelMove(uint32_t slab);
+  std::vector<uint32_t> TakenSlots(uint32_t slab) const;
+
+  // Counts.
+  uint32_t free_slabs() const { return static_cast<uint32_t>(pool_.size()); }
+  uint32_t slabs(int c) const { return classes_[static_cast<size_t>(c)].slabs; }
+  uint32_t used(int c) const { return classes_[static_cast<size_t>(c)].used; }
+  // Slots class c could take now without a move: the free slots of its slabs (not those of
+  // a draining slab) and those of every free slab.
+  uint32_t free_count(int c) const;
+  // used(c) + free_count(c): what class c holds and could hold without a move.
+  uint32_t capacity(int c) const { return used(c) + free_count(c); }
+  uint32_t used() const;
+  uint64_t used_bytes() const;
+
+ private:
+  static constexpr int kNoMove = -2;
+  struct Class {
+    uint64_t bytes = 0;
+    uint32_t per_slab = 0;
+    uint32_t slabs = 0;       // slabs of the class, draining ones included
+    uint32_t used = 0;        // taken slots
+    uint32_t open_free = 0;   // free slots in its slabs that are open (not draining)
+    std::set<uint32_t> open;  // its slabs that are not draining and have a free slot
+  };
+  struct Slab {
+    int cls = -1;               // -1: free
+    int move_to = kNoMove;      // a draining slab: the class it goes to (-1: the pool)
+    SlotAllocator slots;        // the slab's slots, 0..per_slab-1, while it has a class
+  };
+  void Assign(uint32_t slab, int c);  // a free (or just emptied) slab to class c
+  void Release(uint32_t slab);        // an empty slab back to the pool
+  // The index within its slab of slot `id`, or -1 when id is not a slot start there.
+  int64_t IndexOf(uint32_t id) const;
+
+  uint64_t granule_ = 0;
+  uint64_t slab_bytes_ = 0;
+  std::vector<Class> classes_;  // smallest first
+  std::vector<Slab> slabs_;
+  std::set<uint32_t> pool_;     // free slabs
+};
+
+}  // namespace kvtier::tiers
