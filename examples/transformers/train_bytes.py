@@ -56,7 +56,9 @@ def model_config(layers=8, hidden=512, heads=8, kv_heads=2, intermediate=1536, m
 
 
 def train(out: str, seconds: float, seed: int = 0, batch: int = 64, seq: int = 512, lr: float = 2e-3,
-          log_every: float = 15.0, **cfg_kw) -> dict:
+          log_every: float = 15.0, steps: int | None = None, **cfg_kw) -> dict:
+    """Trains for `seconds` of wall time, or for exactly `steps` steps when given (the
+    same model for the same seed on any machine, whatever its speed)."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
     data = torch.from_numpy(corpus("train").astype(np.int64)).cuda()
@@ -71,9 +73,9 @@ def train(out: str, seconds: float, seed: int = 0, batch: int = 64, seq: int = 5
     warm = 100
     while True:
         el = time.perf_counter() - t0
-        if el >= seconds:
+        if (step >= steps) if steps is not None else (el >= seconds):
             break
-        frac = el / seconds
+        frac = step / steps if steps is not None else el / seconds
         for pg in opt.param_groups:
             pg["lr"] = lr * min(1.0, (step + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         idx = torch.randint(0, data.numel() - seq - 1, (batch,), device="cuda", generator=g)
@@ -106,12 +108,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seconds", type=float, default=240)
+    ap.add_argument("--steps", type=int, default=None, help="train this many steps instead of --seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=8)
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("train_bytes: needs a CUDA device")
-    train(a.out, a.seconds, a.seed, layers=a.layers)
+    train(a.out, a.seconds, a.seed, layers=a.layers, steps=a.steps)
 
 
 if __name__ == "__main__":

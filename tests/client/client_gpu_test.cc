@@ -168,6 +168,7 @@ TEST(ClientGpu, BlockChangedThroughIpcIsDroppedNotDemoted) {
     ASSERT_EQ(cudaMemcpy(hbm + slots[i].slot * sb, buf.data(), bb, cudaMemcpyHostToDevice), cudaSuccess);
     items.push_back({slots[i], keys[i], i ? keys[i - 1] : kvtier_key{0, 0}});
   }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the writes land before the commit hashes them
   ASSERT_EQ(kvtier_commit(c, cid, lease, items.data(), 3, nullptr), KVTIER_OK) << kvtier_last_error();
   ASSERT_EQ(kvtier_release(c, lease), KVTIER_OK);
   // After commit and release: eight bytes of the middle block, through the IPC mapping.

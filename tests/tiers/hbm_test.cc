@@ -43,10 +43,13 @@ bool DeviceMatches(const uint8_t* dev, size_t n, uint64_t seed) {
   if (cudaMemcpy(buf.get(), dev, n, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
   return testing::Matches(buf.get(), n, seed);
 }
+// Returns once the bytes are in HBM, as an engine's writes must be before it commits:
+// cudaMemcpy from pageable memory may return before its DMA lands, and the commit's hash
+// runs on a stream of the pool's own.
 bool DeviceFill(uint8_t* dev, size_t n, uint64_t seed) {
   auto buf = testing::Aligned(n);
   testing::Fill(buf.get(), n, seed);
-  return cudaMemcpy(dev, buf.get(), n, cudaMemcpyHostToDevice) == cudaSuccess;
+  return cudaMemcpy(dev, buf.get(), n, cudaMemcpyHostToDevice) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
 }
 // Flips the low bit of one device byte, as a stray write through an IPC mapping would,
 // after the device is idle (so after the hash the commit queued on the pool's stream).

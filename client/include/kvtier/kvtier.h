@@ -132,6 +132,9 @@ typedef struct kvtier_lookup_result {
   double est_seconds_to_hbm; /* estimated time to bring the hits to HBM */
 } kvtier_lookup_result;
 
+/* A slot's bytes must be complete when kvtier_commit is called: for an HBM slot, the
+ * engine's copies and kernels that write it have finished (cudaStreamSynchronize or an
+ * event), since the daemon hashes the block on a stream of its own at commit. */
 typedef struct kvtier_commit_item {
   kvtier_slot slot;   /* a slot of the alloc lease */
   kvtier_key key;     /* the block key it now holds */
