@@ -83,15 +83,24 @@ StatusOr<int64_t> ResolveId(const std::string& v, bool group, const char* key) {
   return Status::Invalid(std::string(key) + ": no " + (group ? "group" : "user") + " \"" + v + "\"");
 }
 
-// security.socket_owner, socket_group and socket_mode on the bound socket.
-Status SetSocketOwnership(const std::string& path, const config::SecurityConfig& sec) {
+// security.socket_owner and socket_group as ids (-1: unchanged).
+struct SocketIds {
+  int64_t uid = -1, gid = -1;
+};
+StatusOr<SocketIds> ResolveSocketIds(const config::SecurityConfig& sec) {
   auto uid = ResolveId(sec.socket_owner, false, "security.socket_owner");
   if (!uid.ok()) return uid.status();
   auto gid = ResolveId(sec.socket_group, true, "security.socket_group");
   if (!gid.ok()) return gid.status();
-  if (*uid >= 0 || *gid >= 0) {
-    if (::chown(path.c_str(), *uid >= 0 ? static_cast<uid_t>(*uid) : static_cast<uid_t>(-1),
-                *gid >= 0 ? static_cast<gid_t>(*gid) : static_cast<gid_t>(-1)) != 0) {
+  return SocketIds{*uid, *gid};
+}
+
+// The owner, group and mode (security.socket_mode) of the bound socket, set before it
+// listens: no client connects through a socket whose access is not yet the config's.
+Status SetSocketOwnership(const std::string& path, const SocketIds& ids, const config::SecurityConfig& sec) {
+  if (ids.uid >= 0 || ids.gid >= 0) {
+    if (::chown(path.c_str(), ids.uid >= 0 ? static_cast<uid_t>(ids.uid) : static_cast<uid_t>(-1),
+                ids.gid >= 0 ? static_cast<gid_t>(ids.gid) : static_cast<gid_t>(-1)) != 0) {
       return Status::IoError("security.socket_owner/socket_group: chown " + path + ": " + std::strerror(errno));
     }
   }
@@ -835,6 +844,9 @@ Status Daemon::Impl::Start() {
   accept_backoff_ = std::make_unique<asio::steady_timer>(io_);
   tenants_ = std::make_unique<Tenants>(c, static_cast<uint32_t>(::getuid()), static_cast<uint32_t>(::getgid()));
   socket_path_ = Abs(c.daemon.socket);
+  // An unknown socket owner or group stops the start before anything is created.
+  auto socket_ids = ResolveSocketIds(c.security);
+  if (!socket_ids.ok()) return socket_ids.status();
   // A live daemon on the socket path is an error; a stale socket file is replaced.
   {
     struct stat st;
@@ -882,11 +894,15 @@ Status Daemon::Impl::Start() {
   acceptor_ = std::make_unique<asio::local::stream_protocol::acceptor>(io_);
   acceptor_->open(asio::local::stream_protocol(), bec);
   if (!bec) acceptor_->bind(asio::local::stream_protocol::endpoint(socket_path_), bec);
-  if (!bec) acceptor_->listen(asio::socket_base::max_listen_connections, bec);
-  if (bec) return Status::IoError("daemon.socket: cannot listen on " + socket_path_ + ": " + bec.message());
-  if (Status ps = SetSocketOwnership(socket_path_, c.security); !ps.ok()) {
+  if (bec) return Status::IoError("daemon.socket: cannot bind " + socket_path_ + ": " + bec.message());
+  if (Status ps = SetSocketOwnership(socket_path_, *socket_ids, c.security); !ps.ok()) {
     ::unlink(socket_path_.c_str());
     return ps;
+  }
+  acceptor_->listen(asio::socket_base::max_listen_connections, bec);
+  if (bec) {
+    ::unlink(socket_path_.c_str());
+    return Status::IoError("daemon.socket: cannot listen on " + socket_path_ + ": " + bec.message());
   }
 
   if (c.daemon.metrics_port != 0) {
