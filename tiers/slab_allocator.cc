@@ -127,13 +127,8 @@ bool SlabAllocator::Free(uint32_t id) {
   --k.used;
   if (s.move_to != kNoMove) {
     if (s.slots.used() == 0) {
-      const int to = s.move_to;
       --k.slabs;
-      if (to < 0) {
-        Release(slab);
-      } else {
-        Assign(slab, to);
-      }
+      HandOver(slab, s.move_to);
     }
     return true;
   }
@@ -164,11 +159,7 @@ StatusOr<std::vector<uint32_t>> SlabAllocator::BeginMove(uint32_t slab, int to) 
   k.open_free -= k.per_slab - s.slots.used();
   if (s.slots.used() == 0) {  // unreachable for a slab of a class (an empty one is in the pool)
     --k.slabs;
-    if (to < 0) {
-      Release(slab);
-    } else {
-      Assign(slab, to);
-    }
+    HandOver(slab, to);
     return taken;
   }
   s.move_to = to;

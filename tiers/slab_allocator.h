@@ -134,6 +134,8 @@ class SlabAllocator {
   };
   void Assign(uint32_t slab, int c);  // a free (or just emptied) slab to class c
   void Release(uint32_t slab);        // an empty slab back to the pool
+  // An emptied slab that was moving: to class `to`, or back to the pool (to < 0).
+  void HandOver(uint32_t slab, int to) { to < 0 ? Release(slab) : Assign(slab, to); }
   // The index within its slab of slot `id`, or -1 when id is not a slot start there.
   int64_t IndexOf(uint32_t id) const;
 

@@ -176,13 +176,18 @@ SlotFit TierManagerImpl::FitOf(uint64_t contract_id) const {
   return it == contracts_.end() ? SlotFit{} : Fit(it->second);
 }
 
-Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
+// A contract kvtier can hold: valid, and its block fits a slot.
+Status TierManagerImpl::CheckRegistrable(const ScaleContract& c) const {
   KVTIER_RETURN_IF_ERROR(c.Validate());
-  const SlotFit f = Fit(c);
-  if (f.cls < 0) {
+  if (Fit(c).cls < 0) {
     return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
                                " bytes does not fit a slot of " + std::to_string(slot_bytes_));
   }
+  return Status::Ok();
+}
+
+Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
+  KVTIER_RETURN_IF_ERROR(CheckRegistrable(c));
   std::lock_guard<std::mutex> l(mu_);
   if (contracts_.emplace(c.Id(), c).second) {
     contracts_gen_.fetch_add(1, std::memory_order_release);
@@ -211,12 +216,7 @@ Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, 
   if (group != 0 && group >= opts_.groups.size()) {
     return Status::Invalid("RegisterContractAs: quota group " + std::to_string(group) + " unknown");
   }
-  KVTIER_RETURN_IF_ERROR(c.Validate());
-  const SlotFit f = Fit(c);
-  if (f.cls < 0) {
-    return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
-                               " bytes does not fit a slot of " + std::to_string(slot_bytes_));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckRegistrable(c));
   std::lock_guard<std::mutex> l(mu_);
   auto found = contracts_.find(id);
   if (found != contracts_.end() && !(found->second == c)) {

@@ -107,6 +107,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   int HostSlotClass(uint32_t slot) const override;
   SlotFit Fit(const ScaleContract& c) const override;
   SlotFit FitOf(uint64_t contract_id) const override;
+  Status CheckRegistrable(const ScaleContract& c) const;
   uint8_t* hbm_base() const override { return hbm_ ? hbm_->base() : nullptr; }
   Status hbm_ipc_handle(uint8_t out[64]) const override {
     if (!hbm_) return Status::Unsupported("no HBM tier");
