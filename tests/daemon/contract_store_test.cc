@@ -85,6 +85,34 @@ TEST_F(ContractStoreTest, ReadsTheGoldenFileOfVersion1) {
   EXPECT_EQ(ReadAll((dir_ / "contracts.kvc").string()), g);
 }
 
+// tests/data/contracts_v2.kvc: Golden0 in the implicit namespace, Golden0 in tenant
+// "tenant-a"'s and Golden1 in the shared one, written by version 2 in this order.
+TEST_F(ContractStoreTest, ReadsTheGoldenFileOfVersion2) {
+  const std::vector<uint8_t> g = ReadAll(std::string(KVTIER_TEST_DATA_DIR) + "/contracts_v2.kvc");
+  ASSERT_GT(g.size(), sizeof(ContractFileHeader)) << "missing tests/data/contracts_v2.kvc";
+  const uint8_t head[16] = {'K', 'V', 'C', 'S', 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(std::memcmp(g.data(), head, sizeof head), 0);
+  const std::string p = (dir_ / "contracts.kvc").string();
+  WriteAll(p, g);
+  std::vector<StoredContract> got;
+  uint64_t dropped = 1;
+  auto s = ContractStore::Open(p, &got, &dropped);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(dropped, 0u);
+  const std::vector<StoredContract> want{{Golden0(), ""}, {Golden0(), "tenant-a"}, {Golden1(), "shared"}};
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(ReadAll(p), g);  // nothing rewritten
+  // The same registrations in a fresh file are the golden bytes.
+  const std::string fresh = (dir_ / "fresh.kvc").string();
+  {
+    std::vector<StoredContract> none;
+    auto f = ContractStore::Open(fresh, &none);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    for (const StoredContract& c : want) ASSERT_TRUE((*f)->Add(c.contract, c.ns).ok());
+  }
+  EXPECT_EQ(ReadAll(fresh), g);
+}
+
 TEST_F(ContractStoreTest, AddingAKnownContractWritesNothingAndANewOneAppends) {
   const std::string p = CopyOfGolden();
   {
