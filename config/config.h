@@ -40,8 +40,8 @@ struct NvmeConfig {
   std::string dir = "./kvtier-data/nvme";  // data files and index. Default: ./kvtier-data/nvme
   std::string admission = "always";       // always | second-hit | reuse. Default: "always"
   uint64_t daily_write_budget_bytes = 0;  // 0 = unlimited. Default: 0
-  // Share of daily_write_budget the blocks one client committed may spend, in (0, 1].
-  // Default: 0.5
+  // Share of daily_write_budget the blocks one user's clients (by peer uid) committed
+  // may spend, in (0, 1]. Default: 0.5
   double daily_write_budget_per_client = 0.5;
   uint32_t queue_depth = 64;              // io_uring depth, [1, 4096]. Default: 64
   bool verify_on_restart = true;          // verify blocks before first serve. Default: true

@@ -155,6 +155,12 @@ void Session::SetPeer(const PeerCred& peer, uint32_t tenant, Tenants* tenants) {
   operator_ = tenants != nullptr && tenants->access().IsOperator(peer);
 }
 
+tiers::Committer Session::CommitterOf() const {
+  // The NVMe write budget's part is the user's (the kernel's SO_PEERCRED, not the attach):
+  // a client cannot renew it by attaching again, forking, or opening more sessions.
+  return tiers::Committer{id_, peer_.uid == PeerCred{}.uid ? int64_t{-1} : int64_t{peer_.uid}};
+}
+
 void Session::Start() { thread_ = std::thread([this] { RingLoop(); }); }
 
 size_t Session::lease_count() const {
@@ -625,7 +631,7 @@ Status Session::DoCommit(const wire::RequestEntry& req, uint64_t contract_id, st
   for (const Step& st : steps) {
     std::lock_guard<std::mutex> l(mu_);
     tiers::CommitOutcome outcome = tiers::CommitOutcome::kStored;
-    Status cs = tm_->Commit(contract_id, lease->slots[st.pos], st.key, st.parent, id_, &outcome);
+    Status cs = tm_->Commit(contract_id, lease->slots[st.pos], st.key, st.parent, CommitterOf(), &outcome);
     if (!cs.ok()) {
       NoteCachedCommits(*c, req);
       return cs;

@@ -175,6 +175,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // registered and this tenant's (a miss, with the message of an unregistered contract,
   // for anyone else's).
   StatusOr<uint64_t> ContractOf(uint64_t contract_id) const;
+  // Who this client's commits are charged to (its id; its peer's uid, -1 before SetPeer).
+  tiers::Committer CommitterOf() const;
   // An acquire may start: the session is open and its lease table has room. Counts it in
   // inflight_ (the callback's end of the acquire takes it off).
   // An asynchronous one also counts against limits_.max_async_acquires (async_inflight_,

@@ -52,9 +52,10 @@ struct alignas(64) Block {
   // a block and the acquire that pins it: neither evicted nor erased meanwhile.
   uint32_t holds = 0;
   bool remote = false;  // fetched from, or queued for writing to, the remote tier
-  // The client that committed the block (0: none: restored from NVMe, fetched from the
-  // remote tier): the NVMe write budget charges its demotion to this client.
-  uint64_t client = 0;
+  // The writer: user id + 1 of the process that first committed the block (0: none:
+  // restored from NVMe, fetched from the remote tier, or committed in process); the NVMe
+  // write budget charges its demotion to this user (Committer::uid).
+  uint64_t writer = 0;
 
   bool Cached() const { return slot[kH] >= 0 || slot[kS] >= 0 || nvme; }
   // The fastest tier with a copy (kNvme when only NVMe has one; check Cached() first).

@@ -59,26 +59,26 @@ bool NvmeAdmission::Admit(const BlockId& id, uint64_t bytes, uint32_t uses, bool
 
 void NvmeAdmission::Refund(uint64_t bytes) { budget_used_ -= std::min(budget_used_, bytes); }
 
-bool ClientWriteBudget::Fits(uint64_t client, uint64_t bytes, Clock::time_point now) {
-  if (budget_ == 0 || client == 0) return true;
+bool ClientWriteBudget::Fits(uint64_t writer, uint64_t bytes, Clock::time_point now) {
+  if (budget_ == 0 || writer == 0) return true;
   if (now - window_start_ >= std::chrono::hours(24)) {
     window_start_ = now;
     used_.clear();
   }
-  if (used(client) + bytes > budget_) {
+  if (used(writer) + bytes > budget_) {
     ++rejects_;
     return false;
   }
   return true;
 }
 
-void ClientWriteBudget::Charge(uint64_t client, uint64_t bytes) {
-  if (budget_ == 0 || client == 0) return;
-  used_[client] += bytes;
+void ClientWriteBudget::Charge(uint64_t writer, uint64_t bytes) {
+  if (budget_ == 0 || writer == 0) return;
+  used_[writer] += bytes;
 }
 
-void ClientWriteBudget::Refund(uint64_t client, uint64_t bytes) {
-  auto it = used_.find(client);
+void ClientWriteBudget::Refund(uint64_t writer, uint64_t bytes) {
+  auto it = used_.find(writer);
   if (it == used_.end()) return;
   it->second -= std::min(it->second, bytes);
 }

@@ -88,37 +88,39 @@ class NvmeAdmission {
   uint64_t rejects_ = 0;
 };
 
-// ClientWriteBudget: the part of the daily write budget the blocks of one client may
+// ClientWriteBudget: the part of the daily write budget the blocks of one writer may
 // spend (TierManagerOptions::nvme.daily_write_budget_per_client), so that one client's
 // demotions cannot spend the whole budget and leave every other client's blocks on host
-// (then dropped). A block is charged to the client that committed it; blocks no client
-// committed (restored from NVMe, fetched from the remote tier) count against the global
-// budget only. Checked before NvmeAdmission (a block past its client's part never
-// reaches the admission rule), independent of it. The window is the same rolling 24 h.
+// (then dropped). A writer is an opaque id (0: none); the TierManager passes Block::writer,
+// the user id + 1 of the process that first committed the block, so every client of one
+// user shares one part. Blocks without a writer (restored from NVMe, fetched from the
+// remote tier) count against the global budget only. Checked before NvmeAdmission (a
+// block past its writer's part never reaches the admission rule), independent of it. The
+// window is the same rolling 24 h.
 //
-// One entry per client that demoted a block in the current window (cleared with it).
+// One entry per writer that demoted a block in the current window (cleared with it).
 // Not thread-safe: the TierManager calls it under its lock.
 class ClientWriteBudget {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // per_client_bytes: bytes per window one client may write; 0 = no limit per client.
-  explicit ClientWriteBudget(uint64_t per_client_bytes, Clock::time_point now = Clock::now())
-      : budget_(per_client_bytes), window_start_(now) {}
+  // per_writer_bytes: bytes per window one writer may write; 0 = no limit per writer.
+  explicit ClientWriteBudget(uint64_t per_writer_bytes, Clock::time_point now = Clock::now())
+      : budget_(per_writer_bytes), window_start_(now) {}
 
-  // New limit (Reconfigure); the window and what each client spent in it stay.
-  void Configure(uint64_t per_client_bytes) { budget_ = per_client_bytes; }
+  // New limit (Reconfigure); the window and what each writer spent in it stay.
+  void Configure(uint64_t per_writer_bytes) { budget_ = per_writer_bytes; }
 
-  // Whether `bytes` more for `client` (0: none) stay within its part. False counts a reject.
-  bool Fits(uint64_t client, uint64_t bytes, Clock::time_point now = Clock::now());
-  // Charges an admitted write to `client`, or gives back one that failed.
-  void Charge(uint64_t client, uint64_t bytes);
-  void Refund(uint64_t client, uint64_t bytes);
+  // Whether `bytes` more for `writer` (0: none) stay within its part. False counts a reject.
+  bool Fits(uint64_t writer, uint64_t bytes, Clock::time_point now = Clock::now());
+  // Charges an admitted write to `writer`, or gives back one that failed.
+  void Charge(uint64_t writer, uint64_t bytes);
+  void Refund(uint64_t writer, uint64_t bytes);
 
   uint64_t limit() const { return budget_; }
-  // Bytes `client` wrote in the current window.
-  uint64_t used(uint64_t client) const {
-    auto it = used_.find(client);
+  // Bytes `writer` wrote in the current window.
+  uint64_t used(uint64_t writer) const {
+    auto it = used_.find(writer);
     return it == used_.end() ? 0 : it->second;
   }
   uint64_t rejects() const { return rejects_; }
@@ -126,7 +128,7 @@ class ClientWriteBudget {
  private:
   uint64_t budget_;
   Clock::time_point window_start_;
-  absl::flat_hash_map<uint64_t, uint64_t> used_;  // client -> bytes written in the window
+  absl::flat_hash_map<uint64_t, uint64_t> used_;  // writer -> bytes written in the window
   uint64_t rejects_ = 0;
 };
 

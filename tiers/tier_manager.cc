@@ -360,7 +360,7 @@ Status TierManagerImpl::AllocLocked(uint64_t contract_id, uint32_t n, int t, std
 }
 
 Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& key, const Key128& parent,
-                               uint64_t client, CommitOutcome* outcome) {
+                               const Committer& by, CommitOutcome* outcome) {
   if ((ref.tier != Tier::kHbm && ref.tier != Tier::kHost) || !has_tier(ref.tier)) {
     return Status::Invalid("Commit: bad tier");
   }
@@ -371,9 +371,9 @@ Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& 
     std::lock_guard<std::mutex> l(mu_);
     Block* b = CommitLocked(contract_id, IndexOf(ref.tier), ref.slot, key, parent, /*pin=*/true,
                             /*from_remote=*/false, &err, &o);
-    if (b != nullptr && err.ok() && b->client == 0) b->client = client;
+    if (b != nullptr && err.ok() && b->writer == 0 && by.uid >= 0) b->writer = static_cast<uint64_t>(by.uid) + 1;
     if (b != nullptr && err.ok() && ref.tier == Tier::kHbm && b->slot[kH] == static_cast<int32_t>(ref.slot)) {
-      hbm_client_[ref.slot] = client;
+      hbm_client_[ref.slot] = by.client;
       hash_bytes = b->bytes;
     }
   }

@@ -56,11 +56,23 @@ struct NvmeOptions {
   std::string dir;                  // folder holding data files and the RocksDB index
   Admission admission = Admission::kAlways;  // Default: always
   uint64_t daily_write_budget_bytes = 0;     // 0 = unlimited. Default: 0
-  // Share of daily_write_budget_bytes the blocks one client committed may spend, in
-  // (0, 1]; no limit per client while the budget is unlimited. Default: 0.5
+  // Share of daily_write_budget_bytes the blocks one writer committed may spend, in
+  // (0, 1] (Committer::uid: kvtierd charges the committing process's user); no limit per
+  // writer while the budget is unlimited. Default: 0.5
   double daily_write_budget_per_client = 0.5;
   uint32_t queue_depth = 64;        // io_uring depth. Default: 64
   bool verify_on_restart = true;    // verify every block before first serve. Default: true
+};
+
+// Who commits a block (TierManager::Commit).
+struct Committer {
+  // Named in the log line if its HBM block is found changed when it leaves HBM (0: none).
+  uint64_t client = 0;
+  // Charged for the block's NVMe write (NvmeOptions::daily_write_budget_per_client): the
+  // user id of the committing process, as the kernel reports it (-1: none, no part of
+  // its own). A user, not an attach: a client that detaches and attaches again, or forks,
+  // keeps what it spent.
+  int64_t uid = -1;
 };
 
 // tiers.on_conflict: what a commit of an already cached key with different bytes does.
@@ -305,10 +317,9 @@ class TierManager {
   // against the host copy, else the NVMe record's payload checksum): equal keeps the old
   // block and frees the slot at Unpin; different follows on_conflict. *outcome (may be
   // null) says which. An HBM block is hashed on the GPU at commit (hbm/block_hash.h);
-  // `client` (0: none) is named in the log line if the block is found changed when it
-  // leaves HBM.
+  // `by` says who commits (the first committer of a block is its writer).
   virtual Status Commit(uint64_t contract_id, SlotRef slot, const Key128& key, const Key128& parent,
-                        uint64_t client = 0, CommitOutcome* outcome = nullptr) = 0;
+                        const Committer& by = {}, CommitOutcome* outcome = nullptr) = 0;
   // Drops one pin on a committed block / frees an allocated but uncommitted slot.
   virtual Status Unpin(SlotRef slot) = 0;
   virtual Status FreeSlot(SlotRef slot) = 0;
@@ -331,7 +342,7 @@ class TierManager {
   virtual std::vector<TierStats> Stats() const = 0;
   // Per quota group (TierManagerOptions::groups); empty without groups.
   virtual std::vector<GroupStats> GroupStatsAll() const { return {}; }
-  // Demotions to NVMe refused because the committing client had spent its share of the
+  // Demotions to NVMe refused because the committing user had spent its share of the
   // daily write budget (NvmeOptions::daily_write_budget_per_client); also counted in the
   // NVMe tier's admission_rejects.
   virtual uint64_t ClientBudgetRejects() const { return 0; }

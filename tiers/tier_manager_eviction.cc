@@ -119,21 +119,21 @@ std::optional<uint32_t> TierManagerImpl::ReserveLocked(int t, Block* loading_for
 
 bool TierManagerImpl::AdmitLocked(Block* b, bool force, std::string* why) {
   const uint64_t bytes = RoundUp4K(b->bytes) + kIoAlign;
-  if (!client_budget_->Fits(b->client, bytes)) {
+  if (!client_budget_->Fits(b->writer, bytes)) {
     ++T(kN).c.admission_rejects;
-    if (why) *why = "client " + std::to_string(b->client) + " spent its part of the daily NVMe write budget";
+    if (why) *why = "uid " + std::to_string(b->writer - 1) + " spent its part of the daily NVMe write budget";
     uint64_t held = 0;
     if (client_budget_log_.Allow(&held)) {
-      spdlog::warn("tiers: client {} spent its part of the daily NVMe write budget ({} of {} bytes, "
+      spdlog::warn("tiers: uid {} spent its part of the daily NVMe write budget ({} of {} bytes, "
                    "tiers.nvme.daily_write_budget_per_client): its blocks stay off NVMe until the window "
                    "turns{}",
-                   b->client, client_budget_->used(b->client), client_budget_->limit(),
+                   b->writer - 1, client_budget_->used(b->writer), client_budget_->limit(),
                    HeldBack(held, "such lines"));
     }
     return false;
   }
   if (admission_->Admit(b->id, bytes, b->uses, force)) {
-    client_budget_->Charge(b->client, bytes);
+    client_budget_->Charge(b->writer, bytes);
     return true;
   }
   ++T(kN).c.admission_rejects;

@@ -127,7 +127,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   void Acquire(uint64_t contract_id, std::span<const Key128> keys, Tier target, AcquireDone done) override;
   Status AllocSlots(uint64_t contract_id, uint32_t n, Tier target, std::vector<SlotRef>* out) override;
   Status Commit(uint64_t contract_id, SlotRef slot, const Key128& key, const Key128& parent,
-                uint64_t client, CommitOutcome* outcome) override;
+                const Committer& by, CommitOutcome* outcome) override;
   Status Unpin(SlotRef slot) override;
   Status FreeSlot(SlotRef slot) override;
   void Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) override;

@@ -153,7 +153,7 @@ void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
       T(kS).c.demotions_out++;
     } else {
       admission_->Refund(RoundUp4K(b->bytes) + kIoAlign);
-      client_budget_->Refund(b->client, RoundUp4K(b->bytes) + kIoAlign);
+      client_budget_->Refund(b->writer, RoundUp4K(b->bytes) + kIoAlign);
     }
     // An eviction frees the host copy now (kept while a client pinned it meanwhile).
     if (batch[i].second && b->pins[kS] == 0 && b->io_pins[kS] == 0 && b->slot[kS] >= 0) {

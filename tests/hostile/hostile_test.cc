@@ -732,57 +732,110 @@ TEST(Hostile, OneClientCannotHoldMoreThanItsShareOfATier) {
   EXPECT_TRUE(d.Alive());
 }
 
+// Stores keys (run, from .. from + n) through c, four per commit, waiting out RETRY.
+bool StoreRun(Conn& c, uint64_t run, uint64_t from, uint64_t n) {
+  for (uint64_t i = from; i < from + n; i += 4) {
+    std::vector<kvtier_key> keys;
+    for (uint64_t j = 0; j < 4; ++j) keys.push_back(reliability::MakeKey(run, i + j));
+    size_t done = 0;
+    kvtier_status s = KVTIER_RETRY;
+    for (int t = 0; t < 500 && s == KVTIER_RETRY; ++t) {
+      if (t > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      s = c.Store(keys, [](const kvtier_key&) {}, &done);
+    }
+    if (s != KVTIER_OK) return false;
+  }
+  return true;
+}
+
 // A daily NVMe write budget of 1 MiB (128 writes of 8 KiB: a 576-byte block in a 4 KiB
-// slot, plus the record's header), a quarter of it per client: one client stores far
-// more blocks than host holds, so that its demotions would spend the whole budget, and
-// is held to its 32 writes. Another client's blocks, pushed out of host by the first
-// client's after that, still reach NVMe. The refusals are counted and logged once.
-TEST(Hostile, OneClientCannotSpendTheWholeNvmeWriteBudget) {
+// slot, plus the record's header), a quarter of it per user.
+DaemonConfig NvmeBudgetConfig() {
   DaemonConfig cfg;
   cfg.nvme_capacity = "4MiB";
   cfg.extra = "daily_write_budget = \"1MiB\"\ndaily_write_budget_per_client = 0.25\n";  // in [tiers.nvme]
-  DaemonProcess d(cfg);
-  ASSERT_TRUE(d.Start()) << d.log();
-  Conn a, b;
-  ASSERT_EQ(a.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
-  ASSERT_EQ(b.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
-  auto store = [](Conn& c, uint64_t run, uint64_t from, uint64_t n) {
-    for (uint64_t i = from; i < from + n; i += 4) {
-      std::vector<kvtier_key> keys;
-      for (uint64_t j = 0; j < 4; ++j) keys.push_back(reliability::MakeKey(run, i + j));
-      size_t done = 0;
-      kvtier_status s = KVTIER_RETRY;
-      for (int t = 0; t < 500 && s == KVTIER_RETRY; ++t) {
-        if (t > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        s = c.Store(keys, [](const kvtier_key&) {}, &done);
-      }
-      if (s != KVTIER_OK) return false;
-    }
-    return true;
-  };
-  ASSERT_TRUE(store(a, 61, 0, 400)) << kvtier_last_error();
-  std::vector<kvtier_key> bk;
-  for (uint64_t i = 0; i < 16; ++i) bk.push_back(reliability::MakeKey(62, i));
-  ASSERT_TRUE(store(b, 62, 0, 16)) << kvtier_last_error();
-  ASSERT_TRUE(store(a, 61, 400, 200)) << kvtier_last_error();  // pushes b's blocks out of host
-  std::vector<uint8_t> where(bk.size());
-  kvtier_lookup_result lr{};
-  for (int t = 0; t < 200; ++t) {  // the mover demotes b's blocks
-    ASSERT_EQ(kvtier_lookup(b.c, b.contract, bk.data(), bk.size(), &lr, where.data()), KVTIER_OK);
-    if (lr.hit_blocks < bk.size()) break;  // dropped: never back
-    if (std::all_of(where.begin(), where.end(), [](uint8_t w) { return w == KVTIER_TIER_NVME; })) break;
+  return cfg;
+}
+
+// Until the mover has demoted every block of keys, or dropped one; true when all are on NVMe.
+bool AllReachNvme(Conn& c, const std::vector<kvtier_key>& keys, kvtier_lookup_result* lr) {
+  std::vector<uint8_t> where(keys.size());
+  for (int t = 0; t < 200; ++t) {
+    if (kvtier_lookup(c.c, c.contract, keys.data(), keys.size(), lr, where.data()) != KVTIER_OK) return false;
+    if (lr->hit_blocks < keys.size()) return false;  // dropped: never back
+    if (std::all_of(where.begin(), where.end(), [](uint8_t w) { return w == KVTIER_TIER_NVME; })) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
+  return false;
+}
+
+// One client (root) stores far more blocks than host holds, so that its demotions would
+// spend the whole budget, and is held to its 32 writes. A client of another user (nobody,
+// in a child process), whose blocks the first client's push out of host after that,
+// still reaches NVMe. The refusals are counted and logged once.
+TEST(Hostile, OneClientCannotSpendTheWholeNvmeWriteBudget) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to attach as another user";
+  DaemonConfig cfg = NvmeBudgetConfig();
+  cfg.extra += "[security]\nattach_uids = [65534]\n";
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  ::chmod(d.socket().c_str(), 0666);
+  ::chmod(d.dir().c_str(), 0755);
+  Conn a;
+  ASSERT_EQ(a.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  ASSERT_TRUE(StoreRun(a, 61, 0, 400)) << kvtier_last_error();
+  testing::Child nobody([&d] {
+    CHILD_CHECK(::setgid(65534) == 0 && ::setuid(65534) == 0);
+    Conn b;
+    CHILD_CHECK(b.Open(d.socket()) == KVTIER_OK);
+    CHILD_CHECK(StoreRun(b, 62, 0, 16));
+    return 0;
+  });
+  ASSERT_EQ(nobody.Wait(), 0) << "the other user's client could not store";
+  ASSERT_TRUE(StoreRun(a, 61, 400, 200)) << kvtier_last_error();  // pushes b's blocks out of host
+  std::vector<kvtier_key> bk;
+  for (uint64_t i = 0; i < 16; ++i) bk.push_back(reliability::MakeKey(62, i));
+  kvtier_lookup_result lr{};
+  const bool down = AllReachNvme(a, bk, &lr);
   const std::string m = d.Metrics();
-  EXPECT_EQ(lr.hit_blocks, bk.size()) << "the second client's blocks were dropped on the way down\n" << m;
-  for (size_t i = 0; i < lr.hit_blocks; ++i) EXPECT_EQ(where[i], KVTIER_TIER_NVME) << i;
+  EXPECT_TRUE(down) << "the other user's blocks did not all reach NVMe (" << lr.hit_blocks << " of " << bk.size()
+                    << " still cached)\n"
+                    << m;
   EXPECT_GT(MetricValue(m, "kvtier_nvme_client_budget_rejects_total"), 0) << m;
-  // The first client's writes stay within its part (32), the second's are 16.
+  // The first user's writes stay within its part (32), the second's are 16.
   EXPECT_LE(MetricValue(m, "kvtier_tier_blocks{tier=\"nvme\"}"), 32 + 16) << m;
   EXPECT_LE(MetricValue(m, "kvtier_tier_bytes_written_total{tier=\"nvme\"}"), (32 + 16) * 8192) << m;
   const size_t lines = CountLines(d.log(), "spent its part of the daily NVMe write budget");
   EXPECT_GE(lines, 1u) << d.log();
   EXPECT_LE(lines, 2u) << d.log();
+}
+
+// The part is the user's, not the attach's: a client that spent it, detaches and
+// attaches again (or a second client of the same user) writes nothing more to NVMe.
+TEST(Hostile, AttachingAgainDoesNotRenewTheNvmeWriteBudget) {
+  DaemonProcess d(NvmeBudgetConfig());
+  ASSERT_TRUE(d.Start()) << d.log();
+  {
+    Conn a;
+    ASSERT_EQ(a.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+    ASSERT_TRUE(StoreRun(a, 63, 0, 400)) << kvtier_last_error();
+  }
+  Conn again, second;
+  ASSERT_EQ(again.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  ASSERT_TRUE(StoreRun(again, 64, 0, 400)) << kvtier_last_error();
+  ASSERT_EQ(second.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  ASSERT_TRUE(StoreRun(second, 65, 0, 400)) << kvtier_last_error();
+  // Let the mover finish what it demotes of the last stores.
+  std::string m;
+  for (int t = 0; t < 40; ++t) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    m = d.Metrics();
+  }
+  EXPECT_GT(MetricValue(m, "kvtier_nvme_client_budget_rejects_total"), 0) << m;
+  EXPECT_LE(MetricValue(m, "kvtier_tier_blocks{tier=\"nvme\"}"), 32) << "three attaches of one user wrote more "
+                                                                            "than its part\n"
+                                                                         << m;
+  EXPECT_LE(MetricValue(m, "kvtier_tier_bytes_written_total{tier=\"nvme\"}"), 32 * 8192) << m;
 }
 
 // daemon.max_contracts_per_client = 8: a ninth contract is refused (a repeat of one of

@@ -465,7 +465,7 @@ TEST_P(HbmChanged, ChangedBlockIsDroppedOnTheWayDown) {
     }
     ASSERT_TRUE(st.ok()) << st.ToString();
     ASSERT_TRUE(DeviceFill(Hbm(s[0]), n, 200 + i));
-    ASSERT_TRUE(tm_->Commit(cid_, s[0], K(200 + i), i ? K(199 + i) : Key128{}, 77).ok());
+    ASSERT_TRUE(tm_->Commit(cid_, s[0], K(200 + i), i ? K(199 + i) : Key128{}, {77}).ok());
     ASSERT_TRUE(tm_->Unpin(s[0]).ok());
     if (i == 0) {  // changed after commit: one byte, the way a stray write would
       ASSERT_TRUE(DeviceFlip(Hbm(s[0]) + 1234));
