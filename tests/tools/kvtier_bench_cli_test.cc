@@ -35,6 +35,7 @@ class KvtierBenchCli : public ::testing::Test {
 TEST_F(KvtierBenchCli, EveryCommandAnswersHelpWithItsOptions) {
   // Each suite and options its usage must name (the ones CheckKnown accepts).
   const std::vector<std::pair<std::string, std::vector<std::string>>> suites = {
+      {"bystander", {"--seconds", "--rounds", "--pace-us", "--no-pin", "--results", "--no-append"}},
       {"client", {"--blocks", "--iters", "--seconds", "--no-pin", "--results", "--no-append"}},
       {"codec", {"--mib", "--reps", "--results", "--no-append"}},
       {"decode", {"--quick", "--iters", "--formats", "--shapes", "--block-tokens", "--splits", "--sustain-ms",
@@ -63,7 +64,7 @@ TEST_F(KvtierBenchCli, EveryCommandAnswersHelpWithItsOptions) {
 // Every suite the top-level --help lists answers --help and -h (a suite added later too).
 TEST_F(KvtierBenchCli, EveryListedCommandAnswersHelp) {
   testing_tools::ExpectEveryCommandAnswersHelp("kvtier-bench", dir_,
-                                               {"client", "codec", "decode", "ops", "quality", "remote", "tiers"});
+                                               {"bystander", "client", "codec", "decode", "ops", "quality", "remote", "tiers"});
 }
 
 TEST_F(KvtierBenchCli, BadOptionsAreRefused) {

@@ -1,0 +1,393 @@
+// kvtier-bench bystander: what one client's load costs another client. A bystander
+// client times 1-key lookups back to back (the block is cached in host) while another
+// client, in a process of its own, loads the daemon; the same lookups with the daemon
+// otherwise idle are the baseline, measured in the same run. Loads:
+//   list   a client that registered 30,000 contracts lists them page by page (65,536
+//          per request, up to 256 KiB a page) in a loop, pausing --pace-us between pages
+//   nops   one thread of a client trickles nops over 32 sessions, one session after the
+//          other, pausing 20 us after each pass over the 32
+// Phases alternate, idle before each load (idle, list, idle, nops, ... --rounds times),
+// so that whatever else runs on the machine falls on both sides; every phase lasts
+// --seconds. Each load's p99 is compared with the p99 of all idle phases together, and,
+// per round, with the idle phase just before it. Target: the bystander's lookup p99
+// within 2x of idle under each load.
+//
+// kvtierd runs pinned to CPU 1 and the bystander to CPU 0 (--no-pin: neither), the load
+// processes unpinned: every daemon thread, the load's ring threads included, then shares
+// CPU 1 with the bystander's ring thread, and what is measured is the daemon (its index
+// lock, its spin places, the listing's copies), not where the scheduler put the two ends
+// of the bystander's ring.
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvtier/kvtier.h"
+#include "tools/bench/daemon_proc.h"
+#include "tools/bench/report.h"
+#include "tools/cli.h"
+
+namespace kvtier::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kContracts = 30000;
+constexpr int kSessions = 32;
+
+double Pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
+  return v[i];
+}
+
+kvtier_contract_desc Contract(const char* model) {
+  kvtier_contract_desc c{};
+  c.model_id = model;
+  c.num_layers = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 16;
+  c.block_tokens = 16;
+  c.tp_size = 1;
+  return c;
+}
+
+kvtier_client* Connect(const std::string& sock, const char* name) {
+  kvtier_connect_options o{};
+  o.name = name;
+  o.timeout_ms = 10000;
+  kvtier_client* c = nullptr;
+  if (kvtier_connect(sock.c_str(), &o, &c) != KVTIER_OK) return nullptr;
+  return c;
+}
+
+// Process CPU time of `pid` in clock ticks (utime + stime), or -1.
+long CpuTicks(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t p = s.rfind(')');
+  if (p == std::string::npos) return -1;
+  std::istringstream f(s.substr(p + 2));
+  std::string tok;
+  long utime = 0, stime = 0;
+  for (int field = 3; f >> tok; ++field) {
+    if (field == 14) utime = std::atol(tok.c_str());
+    if (field == 15) {
+      stime = std::atol(tok.c_str());
+      break;
+    }
+  }
+  return utime + stime;
+}
+
+std::string LoadAverage() {
+  double la[3] = {0, 0, 0};
+  if (::getloadavg(la, 3) != 3) return "unknown";
+  return Fmt("%.2f %.2f %.2f", la[0], la[1], la[2]);
+}
+
+// Shared with the load processes (an anonymous MAP_SHARED page).
+struct Shared {
+  std::atomic<int> ready{0};   // load processes set up (attached, contracts registered)
+  std::atomic<int> active{0};  // 1: the list load runs, 2: the nops load runs
+  std::atomic<int> quit{0};
+  std::atomic<uint64_t> listed{0}, nops{0};
+  std::atomic<int> failed{0};
+  char error[256] = {};
+};
+
+void SetError(Shared* sh, const std::string& what) {
+  std::snprintf(sh->error, sizeof sh->error, "%s", what.c_str());
+  sh->failed.store(1);
+}
+
+// The lister: registers kContracts contracts, then lists them while active == 1.
+int ListerMain(const std::string& sock, Shared* sh, int pace_us) {
+  kvtier_client* c = Connect(sock, "bystander-lister");
+  if (c == nullptr) {
+    SetError(sh, std::string("lister connect: ") + kvtier_last_error());
+    return 1;
+  }
+  for (int i = 0; i < kContracts; ++i) {
+    const std::string model = "bench/listed-" + std::to_string(i);
+    kvtier_contract_desc d = Contract(model.c_str());
+    uint64_t id = 0;
+    if (kvtier_register_contract(c, &d, &id) != KVTIER_OK) {
+      SetError(sh, "lister register " + std::to_string(i) + ": " + kvtier_last_error());
+      return 1;
+    }
+  }
+  sh->ready.fetch_add(1);
+  std::vector<uint8_t> out(256 << 10);
+  while (!sh->quit.load()) {
+    if (sh->active.load() != 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    uint64_t off = 0, total = 1;
+    while (off < total && sh->active.load() == 1) {
+      size_t bytes = 0;
+      uint32_t n = 0;
+      if (kvtier_list_contracts(c, off, 65536, out.data(), out.size(), &bytes, &n, &total) != KVTIER_OK) {
+        SetError(sh, std::string("list contracts: ") + kvtier_last_error());
+        return 1;
+      }
+      if (n == 0) break;
+      off += n;
+      sh->listed.fetch_add(n);
+      if (pace_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pace_us));
+    }
+  }
+  kvtier_close(c);
+  return 0;
+}
+
+// The trickler: kSessions sessions, one nop on each in turn while active == 2.
+int TricklerMain(const std::string& sock, Shared* sh) {
+  std::vector<kvtier_client*> cs;
+  for (int i = 0; i < kSessions; ++i) {
+    kvtier_client* c = Connect(sock, "bystander-nops");
+    if (c == nullptr) {
+      SetError(sh, "trickler connect " + std::to_string(i) + ": " + kvtier_last_error());
+      return 1;
+    }
+    cs.push_back(c);
+  }
+  sh->ready.fetch_add(1);
+  while (!sh->quit.load()) {
+    if (sh->active.load() != 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    for (kvtier_client* c : cs) {
+      if (kvtier_ping(c) != KVTIER_OK) {
+        SetError(sh, std::string("nop: ") + kvtier_last_error());
+        return 1;
+      }
+    }
+    sh->nops.fetch_add(cs.size());
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  for (kvtier_client* c : cs) kvtier_close(c);
+  return 0;
+}
+
+struct Phase {
+  int load = 0;  // 0 idle, 1 list, 2 nops
+  std::vector<double> us;
+  double daemon_cpu = 0;  // cores
+  uint64_t work = 0;      // contracts listed / nops answered
+};
+
+const char* LoadName(int load) { return load == 0 ? "idle" : load == 1 ? "list 30,000 contracts" : "nops over 32 sessions"; }
+
+int Run(const std::vector<std::string>& argv) {
+  auto args = cli::Args::Parse(argv, {"no-append", "no-pin"});
+  if (!args.ok()) return cli::Fail(args.status().message(), 2);
+  if (Status s = args->CheckKnown({"seconds", "rounds", "pace-us", "no-pin", "results", "no-append"}); !s.ok()) {
+    return cli::Fail(s.message(), 2);
+  }
+  auto seconds = args->GetDouble("seconds", 2.0);
+  auto rounds = args->GetInt("rounds", 3);
+  auto pace = args->GetInt("pace-us", 2000);
+  if (!seconds.ok() || !rounds.ok() || !pace.ok() || !(*seconds > 0) || *rounds < 1 || *rounds > 100 || *pace < 0 ||
+      *pace > 1000000) {
+    return cli::Fail("--seconds > 0, --rounds in [1, 100], --pace-us in [0, 1000000]", 2);
+  }
+  // kvtierd (every thread of it, the load's ring threads too) on CPU 1 and the bystander
+  // on CPU 0, the load processes anywhere: the two ends of the bystander's ring never
+  // share a core. With --no-pin the scheduler sometimes puts them together, and then
+  // every round trip pays two context switches (p50 about 6 us instead of 1 us on the
+  // 2-core VM), which swamps what the daemon does.
+  const bool pin = !args->Has("no-pin") && ::sysconf(_SC_NPROCESSORS_ONLN) >= 2;
+  const std::string la_start = LoadAverage();
+  bench::DaemonProc d;
+  if (Status s = bench::StartDaemon(&d,
+                                    "[tiers]\nslot_bytes = \"4KiB\"\n[tiers.host]\ncapacity = \"16MiB\"\n"
+                                    "[tiers.nvme]\ncapacity = \"0\"\ndir = \"{dir}/nvme\"",
+                                    "max_contracts_per_client = 40000\nmax_clients_per_pid = 64\n", pin ? 1 : -1, 10.0);
+      !s.ok()) {
+    return cli::Fail(s.ToString());
+  }
+  void* mem = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return cli::Fail("mmap failed");
+  Shared* sh = new (mem) Shared();
+  std::vector<pid_t> kids;
+  for (int k = 0; k < 2; ++k) {
+    const pid_t pid = ::fork();
+    if (pid < 0) return cli::Fail("fork failed");
+    if (pid == 0) ::_exit(k == 0 ? ListerMain(d.socket, sh, static_cast<int>(*pace)) : TricklerMain(d.socket, sh));
+    kids.push_back(pid);
+  }
+  auto stop_kids = [&] {
+    sh->quit.store(1);
+    for (pid_t p : kids) {
+      int st;
+      ::waitpid(p, &st, 0);
+    }
+    kids.clear();
+  };
+  const auto setup_end = Clock::now() + std::chrono::seconds(120);
+  while (sh->ready.load() < 2 && !sh->failed.load() && Clock::now() < setup_end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (sh->ready.load() < 2) {
+    const std::string why = sh->failed.load() ? std::string(sh->error) : "load processes not ready after 120 s";
+    stop_kids();
+    return cli::Fail(why);
+  }
+  if (pin) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(0, &set);
+    ::sched_setaffinity(0, sizeof set, &set);
+  }
+  // The bystander: one cached block, looked up by its key.
+  kvtier_client* c = Connect(d.socket, "bystander");
+  if (c == nullptr) {
+    stop_kids();
+    return cli::Fail(std::string("bystander connect: ") + kvtier_last_error());
+  }
+  const kvtier_contract_desc desc = Contract("bench/bystander");
+  uint64_t cid = 0;
+  const kvtier_key key{0x6279737461000001ull, 0x9E3779B97F4A7C15ull};
+  {
+    uint64_t lease = 0;
+    kvtier_slot slot{};
+    kvtier_commit_item item{};
+    if (kvtier_register_contract(c, &desc, &cid) != KVTIER_OK ||
+        kvtier_alloc(c, cid, 1, KVTIER_TIER_HOST, &lease, &slot) != KVTIER_OK) {
+      stop_kids();
+      return cli::Fail(std::string("bystander store: ") + kvtier_last_error());
+    }
+    if (void* p = kvtier_host_slot_write(c, slot.slot)) std::memset(p, 7, 576);
+    item.slot = slot;
+    item.key = key;
+    if (kvtier_commit(c, cid, lease, &item, 1, nullptr) != KVTIER_OK || kvtier_release(c, lease) != KVTIER_OK) {
+      stop_kids();
+      return cli::Fail(std::string("bystander commit: ") + kvtier_last_error());
+    }
+  }
+  // Lookups back to back for `secs`; the first 50 ms are not kept (the load settles).
+  auto measure = [&](int load, Phase* ph) -> Status {
+    ph->load = load;
+    const uint64_t w0 = load == 1 ? sh->listed.load() : sh->nops.load();
+    sh->active.store(load);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const long cpu0 = CpuTicks(d.pid);
+    const auto t0 = Clock::now();
+    const auto end = t0 + std::chrono::duration<double>(*seconds);
+    while (Clock::now() < end) {
+      kvtier_lookup_result r{};
+      const auto a = Clock::now();
+      if (kvtier_lookup(c, cid, &key, 1, &r, nullptr) != KVTIER_OK) return Status::IoError(kvtier_last_error());
+      ph->us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
+      if (r.hit_blocks != 1) return Status::Corrupt("the bystander's block was not found");
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    ph->daemon_cpu = static_cast<double>(CpuTicks(d.pid) - cpu0) / static_cast<double>(::sysconf(_SC_CLK_TCK)) / secs;
+    sh->active.store(0);
+    ph->work = (load == 1 ? sh->listed.load() : sh->nops.load()) - w0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the load's last request ends
+    if (sh->failed.load()) return Status::IoError(sh->error);
+    return Status::Ok();
+  };
+  std::vector<Phase> phases;
+  for (int r = 0; r < *rounds; ++r) {
+    for (int load : {1, 2}) {
+      for (int which : {0, load}) {
+        phases.emplace_back();
+        if (Status s = measure(which, &phases.back()); !s.ok()) {
+          stop_kids();
+          return cli::Fail(s.ToString());
+        }
+      }
+    }
+  }
+  kvtier_close(c);
+  stop_kids();
+  const std::string la_end = LoadAverage();
+
+  Report rep("bystander: one client's 1-key lookup latency while another client loads kvtierd, against idle",
+             "kvtier-bench bystander --seconds " + Fmt("%g", *seconds) + " --rounds " + std::to_string(*rounds) +
+                 " --pace-us " + std::to_string(*pace) + (pin ? "" : " --no-pin"));
+  rep.SetColumns({"phase", "lookups", "p50 (us)", "p99 (us)", "max (us)", "p99 / idle p99", "daemon CPU",
+                  "load's work"});
+  std::vector<double> idle_all;
+  for (const Phase& p : phases) {
+    if (p.load == 0) idle_all.insert(idle_all.end(), p.us.begin(), p.us.end());
+  }
+  const double idle_p99 = Pct(idle_all, 0.99);
+  // Per round, in order: each loaded phase against the idle phase just before it.
+  for (size_t i = 0; i < phases.size(); ++i) {
+    const Phase& p = phases[i];
+    const double p99 = Pct(p.us, 0.99);
+    std::string ratio = "-", work = "-";
+    if (p.load != 0) {
+      ratio = Fmt("%.2fx (%.2fx of the idle phase before)", p99 / idle_p99, p99 / Pct(phases[i - 1].us, 0.99));
+      work = p.load == 1 ? Fmt("%.0f contracts/s", static_cast<double>(p.work) / *seconds)
+                         : Fmt("%.0f nops/s", static_cast<double>(p.work) / *seconds);
+    }
+    rep.AddRow({Fmt("round %zu: %s", i / 4 + 1, LoadName(p.load)), std::to_string(p.us.size()), Fmt("%.2f", Pct(p.us, 0.5)),
+                Fmt("%.2f", p99), Fmt("%.0f", p.us.empty() ? 0 : *std::max_element(p.us.begin(), p.us.end())), ratio,
+                Fmt("%.0f%%", p.daemon_cpu * 100), work});
+  }
+  for (int load : {1, 2}) {
+    std::vector<double> all;
+    for (const Phase& p : phases) {
+      if (p.load == load) all.insert(all.end(), p.us.begin(), p.us.end());
+    }
+    const double p99 = Pct(all, 0.99);
+    rep.AddRow({Fmt("all rounds: %s", LoadName(load)), std::to_string(all.size()), Fmt("%.2f", Pct(all, 0.5)),
+                Fmt("%.2f", p99), "-", Fmt("%.2fx", p99 / idle_p99), "-", "-"});
+    rep.AddNote(Fmt("target: bystander lookup p99 within 2x of idle while a client %s: %.2f us against %.2f us "
+                    "idle, %.2fx -> %s",
+                    load == 1 ? "lists 30,000 contracts in a loop" : "trickles nops over 32 sessions", p99, idle_p99,
+                    p99 / idle_p99, p99 <= 2 * idle_p99 ? "met" : "MISSED"));
+  }
+  rep.AddRow({"all rounds: idle", std::to_string(idle_all.size()), Fmt("%.2f", Pct(idle_all, 0.5)),
+              Fmt("%.2f", idle_p99), "-", "1.00x", "-", "-"});
+  rep.AddNote("load average at the start: " + la_start + ", at the end: " + la_end + " on " +
+              std::to_string(::sysconf(_SC_NPROCESSORS_ONLN)) +
+              " cores. The bystander and its ring thread each busy-poll a core between requests, so on a "
+              "2-core machine every other runnable thread (the load's, another process's) takes CPU from one "
+              "of them: rerun on a quiet machine before reading the ratios.");
+  rep.AddNote(Fmt("phases of %g s, idle before each load, %d rounds; lookups back to back from one thread; %s; "
+                  "the lister pauses %d us between pages; host tier only, NVMe off",
+                  *seconds, static_cast<int>(*rounds),
+                  pin ? "kvtierd pinned to CPU 1, the bystander to CPU 0, the load processes unpinned"
+                      : "nothing pinned (--no-pin; a p50 near 1 us: the bystander and its ring thread ran on two cores; "
+                        "near 6 us: on one, each round trip two context switches)",
+                  static_cast<int>(*pace)));
+  const std::string path = args->Has("no-append") ? "" : args->Get("results").value_or(Report::DefaultResultsPath());
+  if (Status s = rep.Emit(path); !s.ok()) return cli::Fail(s.ToString());
+  return 0;
+}
+
+cli::CommandRegistrar reg("bystander",
+                          "a bystander's lookup p99 while another client lists contracts or trickles nops, "
+                          "against idle",
+                          Run,
+                          "[--seconds S] [--rounds N] [--pace-us US] [--no-pin] [--results FILE | --no-append]\n"
+                          "  --seconds S      length of each phase (default 2)\n"
+                          "  --rounds N       rounds of idle, list, idle, nops, 1-100 (default 3)\n"
+                          "  --pace-us US     the lister's pause between pages (default 2000)\n"
+                          "  --no-pin         do not pin kvtierd and the bystander to CPUs 1 and 0\n" +
+                              std::string(kvtier::bench::kResultsUsage));
+
+}  // namespace
+}  // namespace kvtier::bench
