@@ -349,12 +349,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
                          if (self->hdr_.type != static_cast<uint16_t>(wire::ControlType::kAttach)) {
                            return self->Dispatch();
                          }
-                         if (self->hdr_.length != sizeof(wire::AttachRequest)) {
+                         if (Status as = wire::CheckAttachHeader(self->hdr_); !as.ok()) {
                            wire::AttachReply r;
-                           return self->RefuseAttach(
-                               &r, Status::Invalid("attach payload is " + std::to_string(self->hdr_.length) +
-                                                   " bytes, expected " +
-                                                   std::to_string(sizeof(wire::AttachRequest))));
+                           return self->RefuseAttach(&r, as);
                          }
                        }
                        self->payload_.resize(self->hdr_.length);
@@ -415,26 +412,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void HandleAttach() {
     wire::AttachReply r;
-    if (payload_.size() != sizeof(wire::AttachRequest)) {
-      return RefuseAttach(&r, Status::Invalid("attach payload is " + std::to_string(payload_.size()) +
-                                              " bytes, expected " +
-                                              std::to_string(sizeof(wire::AttachRequest))));
-    }
     wire::AttachRequest a;
-    std::memcpy(&a, payload_.data(), sizeof a);
-    const uint32_t version = wire::NegotiateProtocol(a.min_protocol_version, a.protocol_version);
-    if (hdr_.version != a.protocol_version || version == 0) {
-      return RefuseAttach(&r, Status::Unsupported(
-                                  "protocol version " + std::to_string(a.protocol_version) +
-                                  (a.min_protocol_version ? " (from " + std::to_string(a.min_protocol_version) + ")" : "") +
-                                  " (header " + std::to_string(hdr_.version) + "); this daemon speaks " +
-                                  std::to_string(wire::kMinProtocolVersion) + " to " +
-                                  std::to_string(wire::kProtocolVersion)));
+    uint32_t version = 0;
+    if (Status ps = wire::ParseAttach(hdr_, payload_.data(), payload_.size(), &a, &version); !ps.ok()) {
+      return RefuseAttach(&r, ps);
     }
     protocol_ = version;
-    if ((a.flags & ~wire::kAttachHasGpu) != 0) {
-      return RefuseAttach(&r, Status::Invalid("attach flags/reserved bits unknown"));
-    }
     if (d_->shutting_down_) return RefuseAttach(&r, Status::Retry("daemon is shutting down"));
     uint32_t tenant = kDefaultTenant;
     if (Status as = d_->tenants_->access().AdmitEngine(peer_, &tenant); !as.ok()) {

@@ -725,6 +725,42 @@ inline Status ValidateControlHeader(const ControlHeader& h) {
   return Status::Ok();
 }
 
+// Before attach, a kAttach header is read only when its payload is exactly an
+// AttachRequest: nothing a stranger declares is allocated.
+inline Status CheckAttachHeader(const ControlHeader& h) {
+  if (h.length != sizeof(AttachRequest)) {
+    return Status::Invalid("attach payload is " + std::to_string(h.length) + " bytes, expected " +
+                           std::to_string(sizeof(AttachRequest)));
+  }
+  return Status::Ok();
+}
+
+// Parses an attach: its payload (exactly an AttachRequest), the protocol version both
+// ends speak (the header's version must be the request's newest), and its flags (only
+// kAttach* bits). On success *out holds the request (its name as sent: up to 48 bytes,
+// not NUL-terminated when all are used) and *version the negotiated version.
+inline Status ParseAttach(const ControlHeader& h, const uint8_t* payload, size_t n, AttachRequest* out,
+                          uint32_t* version) {
+  if (n != sizeof(AttachRequest)) {
+    return Status::Invalid("attach payload is " + std::to_string(n) + " bytes, expected " +
+                           std::to_string(sizeof(AttachRequest)));
+  }
+  AttachRequest a;
+  std::memcpy(&a, payload, sizeof a);
+  const uint32_t v = NegotiateProtocol(a.min_protocol_version, a.protocol_version);
+  if (h.version != a.protocol_version || v == 0) {
+    return Status::Unsupported(
+        "protocol version " + std::to_string(a.protocol_version) +
+        (a.min_protocol_version ? " (from " + std::to_string(a.min_protocol_version) + ")" : "") + " (header " +
+        std::to_string(h.version) + "); this daemon speaks " + std::to_string(kMinProtocolVersion) + " to " +
+        std::to_string(kProtocolVersion));
+  }
+  if ((a.flags & ~kAttachHasGpu) != 0) return Status::Invalid("attach flags/reserved bits unknown");
+  *out = a;
+  *version = v;
+  return Status::Ok();
+}
+
 // ---- SPSC ring operations on mapped memory ----------------------------------------------
 // `ctl` and `slots` point into the region. Producer-side and consumer-side calls must
 // each come from one thread at a time.

@@ -1,10 +1,12 @@
 // Fuzz target: the daemon's validation of everything a client puts in its ring or on its
 // socket (formats/wire.h): ValidateRingRequest, ValidateSocketRequest,
-// ValidateControlHeader, CheckRingHeader and the consumer side of a ring whose indices
-// the peer controls. Input: a RequestEntry (64 bytes), then limits, a control header, a
-// ring region header, ring indices. Whatever is accepted must satisfy the promises the
+// ValidateControlHeader, CheckRingHeader, the consumer side of a ring whose indices
+// the peer controls, and the attach (CheckAttachHeader, ParseAttach). Input: a
+// RequestEntry (64 bytes), then limits, a control header, a ring region header, ring
+// indices, then an attach: its control header, a payload length byte and the payload. Whatever is accepted must satisfy the promises the
 // daemon relies on (regions inside the data area, aligned, lengths equal to what the op
 // needs, no overflow).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -101,6 +103,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         ring.Pop(&e);
       }
       FUZZ_CHECK(ring.Available(&avail) && avail == 0);
+    }
+  }
+  // An attach: only a payload of exactly an AttachRequest is read, and what is accepted
+  // speaks a version both ends know and carries only known flags.
+  ControlHeader ah;
+  uint8_t len = 0;
+  if (Take(p, n, &ah) && Take(p, n, &len)) {
+    if (CheckAttachHeader(ah).ok()) FUZZ_CHECK(ah.length == sizeof(AttachRequest));
+    const size_t plen = std::min<size_t>(len, n);
+    AttachRequest a;
+    uint32_t v = 0;
+    if (ParseAttach(ah, p, plen, &a, &v).ok()) {
+      FUZZ_CHECK(plen == sizeof(AttachRequest));
+      FUZZ_CHECK(v >= kMinProtocolVersion && v <= kProtocolVersion && v <= a.protocol_version);
+      FUZZ_CHECK(v == NegotiateProtocol(a.min_protocol_version, a.protocol_version));
+      FUZZ_CHECK(ah.version == a.protocol_version);
+      FUZZ_CHECK((a.flags & ~kAttachHasGpu) == 0);
     }
   }
   return 0;
