@@ -22,6 +22,11 @@ void ContractOwners::Add(uint64_t internal_id, Owner o) {
   owners_[internal_id] = o;
 }
 
+void ContractOwners::Remove(uint64_t internal_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  owners_.erase(internal_id);
+}
+
 ContractOwners::Owner ContractOwners::Get(uint64_t internal_id) const {
   std::lock_guard<std::mutex> l(mu_);
   auto it = owners_.find(internal_id);

@@ -108,6 +108,8 @@ class ContractOwners {
     uint64_t public_id = 0;            // what the tenant's clients call it
   };
   void Add(uint64_t internal_id, Owner o);
+  // Drops the entry of a contract the TierManager forgot (Daemon's ContractsReleased).
+  void Remove(uint64_t internal_id);
   // An id never added was registered outside a session (contracts restored at start):
   // the implicit tenant's, under its own id.
   Owner Get(uint64_t internal_id) const;

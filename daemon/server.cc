@@ -1015,7 +1015,9 @@ void Daemon::Impl::ContractRegistered(const ScaleContract& ct, uint64_t internal
     ++r.count;
     r.contract = ct.Id();
     r.ns = ns;
-    // Its last registrant may have detached between the registration and this count.
+    // Its last registrant may have detached between the registration and this count (and
+    // ContractsReleased dropped its owner entry: the session's was added before).
+    if (owner != kDefaultTenant) tenants_->owners().Add(internal, {owner, owner == kSharedOwner ? internal : ct.Id()});
     if (!tm_->HasContract(internal)) {
       const AccessPolicy& ap = tenants_->access();
       (void)(owner == kDefaultTenant && internal == ct.Id()
@@ -1048,7 +1050,11 @@ void Daemon::Impl::ContractsReleased(const std::vector<uint64_t>& ids) {
     if (it == registrants_.end() || --it->second.count > 0) continue;
     const Registrants r = it->second;
     registrants_.erase(it);
-    if (tm_->ForgetContractIfUnused(id)) forgotten[r.ns].push_back(r.contract);
+    if (!tm_->ForgetContractIfUnused(id)) continue;
+    // Its owner entry goes with it (a tenant admin's listings walk the owners' contracts);
+    // a registration racing this one adds it back in ContractRegistered, under this lock.
+    tenants_->owners().Remove(id);
+    forgotten[r.ns].push_back(r.contract);
   }
   if (!contracts_) return;
   for (const auto& [ns, cids] : forgotten) {

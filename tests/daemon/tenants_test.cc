@@ -671,6 +671,60 @@ TEST(Tenants, TenantContractsOutliveARestartAndUnusedOnesAreForgotten) {
   EXPECT_EQ(d.Stop(), 0);
 }
 
+// A contract forgotten when its last client detaches leaves the owners' table with it:
+// a tenant admin's listings walk that table, and a forgotten entry made its `ls`
+// answer NOT_FOUND ("contract ... is not registered") for every later page.
+TEST(Tenants, AForgottenContractLeavesTheTenantAdminsListings) {
+  SKIP_UNLESS_ROOT();
+  DaemonProcess d(Config(TwoTenants()));
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_contract_desc desc = SmallContract();
+  kvtier_contract_desc unused = SmallContract("tenants/forgotten");
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_contract_id(&desc, &cid), KVTIER_OK);
+  const auto keys = Chain(cid, 3, 21);
+  Child first([&] {
+    CHILD_CHECK(BecomeUser(kUidB, kGidB));
+    kvtier_client* c = Connect(d.socket(), "b");
+    CHILD_CHECK(c != nullptr);
+    uint64_t id = 0;
+    CHILD_CHECK(kvtier_register_contract(c, &unused, &id) == KVTIER_OK);
+    kvtier_close(c);
+    return 0;
+  });
+  ASSERT_EQ(first.Wait(), 0) << d.log();
+  kvtier_client* op = Connect(d.socket(), "operator");
+  ASSERT_NE(op, nullptr);
+  for (int i = 0; i < 100 && !InternalIds(op).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(InternalIds(op).empty()) << "b's contract is still registered after its client detached";
+  kvtier_close(op);
+  Child second([&] {
+    CHILD_CHECK(BecomeUser(kUidB, kGidB));
+    kvtier_client* c = Connect(d.socket(), "b");
+    CHILD_CHECK(c != nullptr);
+    uint64_t id = 0;
+    CHILD_CHECK(kvtier_register_contract(c, &desc, &id) == KVTIER_OK);
+    CHILD_CHECK(StoreChain(c, cid, keys) == 0);
+    kvtier_block_info blocks[8];
+    uint32_t n = 0;
+    uint64_t total = 0;
+    CHILD_CHECK(kvtier_list_blocks(c, 0, KVTIER_TIER_NONE, 0, 8, blocks, &n, &total) == KVTIER_OK);
+    CHILD_CHECK(total == keys.size() && n == keys.size());
+    std::vector<uint8_t> buf(1 << 16);
+    size_t bytes = 0;
+    CHILD_CHECK(kvtier_list_contracts(c, 0, 16, buf.data(), buf.size(), &bytes, &n, &total) == KVTIER_OK);
+    CHILD_CHECK(total == 1 && n == 1);
+    // Registered again, the forgotten contract is b's again.
+    CHILD_CHECK(kvtier_register_contract(c, &unused, &id) == KVTIER_OK);
+    CHILD_CHECK(kvtier_list_contracts(c, 0, 16, buf.data(), buf.size(), &bytes, &n, &total) == KVTIER_OK);
+    CHILD_CHECK(total == 2 && n == 2);
+    kvtier_close(c);
+    return 0;
+  });
+  EXPECT_EQ(second.Wait(), 0) << d.log();
+  EXPECT_EQ(d.Stop(), 0);
+}
+
 TEST(Tenants, ATenantAdminSeesAndEvictsOnlyItsOwnBlocks) {
   SKIP_UNLESS_ROOT();
   DaemonProcess d(Config(TwoTenants()));
@@ -886,7 +940,10 @@ TEST(Tenants, ATenantOverItsShareEvictsItsOwnBlocksNotAnothersWithinItsShare) {
 
 // Two tenants for a few seconds: a stores and reads its blocks; b, a tenant admin that
 // knows every key of a's and a's namespaced contract id, tries every operation on them
-// while flooding the host tier with its own. Zero cross-tenant hits, listings or evictions.
+// (lookup, acquire, asynchronous acquire, prefetch, alloc, inspect, evict, evict-contract,
+// the block and contract listings, the counters, flush, verify, reload, and last a
+// commit of a's keys with a's bytes) while flooding the host tier with its own. Zero
+// cross-tenant hits, listings or evictions.
 TEST(Tenants, SoakWithAHostileTenantFindsNothingOfTheOther) {
   SKIP_UNLESS_ROOT();
   DaemonConfig cfg = Config(TwoTenants("host_share = 0.5\n", "host_share = 0.25\n"));
@@ -956,6 +1013,19 @@ TEST(Tenants, SoakWithAHostileTenantFindsNothingOfTheOther) {
         CHILD_CHECK(kvtier_acquire(c, a_internal, keys.data(), keys.size(), KVTIER_TIER_HOST, &lease, slots.data(),
                                    &n) == KVTIER_NOT_FOUND);
         CHILD_CHECK(kvtier_prefetch(c, cid, keys.data(), keys.size(), KVTIER_TIER_HOST) == KVTIER_OK);
+        CHILD_CHECK(kvtier_prefetch(c, a_internal, keys.data(), keys.size(), KVTIER_TIER_HOST) == KVTIER_NOT_FOUND);
+        // The asynchronous acquire: a miss under b's id, "not registered" under a's.
+        for (uint64_t named : {cid, a_internal}) {
+          kvtier_acquire_op* op = nullptr;
+          CHILD_CHECK(kvtier_acquire_async(c, named, keys.data(), keys.size(), KVTIER_TIER_HOST, 1, &op) == KVTIER_OK);
+          const kvtier_status rs = kvtier_acquire_async_result(op, &lease, slots.data(), &n);
+          CHILD_CHECK(rs == (named == cid ? KVTIER_OK : KVTIER_NOT_FOUND));
+          cross_hits += n;
+          if (lease != 0) (void)kvtier_release(c, lease);
+          kvtier_acquire_async_free(op);
+        }
+        // No slot to write under a's id.
+        CHILD_CHECK(kvtier_alloc(c, a_internal, 1, KVTIER_TIER_HOST, &lease, slots.data()) == KVTIER_NOT_FOUND);
         kvtier_block_info b;
         for (uint64_t named : {uint64_t{0}, cid, a_internal}) {
           if (kvtier_inspect(c, named, keys[0], &b) == KVTIER_OK) ++cross_listed;
@@ -976,7 +1046,34 @@ TEST(Tenants, SoakWithAHostileTenantFindsNothingOfTheOther) {
           }
         }
       }
+      CHILD_CHECK(kvtier_list_blocks(c, a_internal, KVTIER_TIER_NONE, 0, 256, page.data(), &n, &total) ==
+                  KVTIER_NOT_FOUND);
+      CHILD_CHECK(kvtier_list_blocks(c, cid, KVTIER_TIER_NONE, 0, 256, page.data(), &n, &total) == KVTIER_OK);
+      for (uint32_t i = 0; i < n; ++i) {
+        for (const auto& keys : a_chains) {
+          for (const auto& k : keys) {
+            if (page[i].key.hi == k.hi && page[i].key.lo == k.lo) ++cross_listed;
+          }
+        }
+      }
+      // Contracts: b's own, under b's id, counting b's blocks only.
+      std::vector<uint8_t> buf(1 << 16);
+      size_t bytes = 0;
+      CHILD_CHECK(kvtier_list_contracts(c, 0, 16, buf.data(), buf.size(), &bytes, &n, &total) == KVTIER_OK);
+      CHILD_CHECK(n == 1 && total == 1);
+      kvtier_contract_info ci;
+      std::memcpy(&ci, buf.data(), sizeof ci);
+      CHILD_CHECK(ci.contract_id == cid);
+      // Counters: its own tenant's only.
+      kvtier_tenant_counters tc[8];
+      size_t nt = 0;
+      CHILD_CHECK(kvtier_tenant_stats(c, tc, 8, &nt) == KVTIER_OK);
+      CHILD_CHECK(nt == 1 && std::string(tc[0].name) == "b");
       CHILD_CHECK(kvtier_flush(c) == KVTIER_REJECTED);
+      kvtier_verify_report vr{};
+      CHILD_CHECK(kvtier_verify_nvme(c, 0, 16, &vr) == KVTIER_REJECTED);
+      char msg[128];
+      CHILD_CHECK(kvtier_reload_config(c, msg, sizeof msg) == KVTIER_REJECTED);
       // Pressure: b's own chains, over its share.
       const auto mine = Chain(cid, 4, 5000 + round++);
       uint64_t lease = 0;
@@ -993,6 +1090,24 @@ TEST(Tenants, SoakWithAHostileTenantFindsNothingOfTheOther) {
         CHILD_CHECK(kvtier_release(c, lease) == KVTIER_OK);
         own_stored += done;
       }
+    }
+    {
+      // Last: b commits a's first chain under its own id, with a's bytes. The commit
+      // compares with b's namespace only: every key is stored as new, none reported as
+      // cached with the same bytes (which would tell b that a has them).
+      const auto& keys = a_chains[0];
+      uint64_t lease = 0;
+      std::vector<kvtier_slot> slots(keys.size());
+      CHILD_CHECK(kvtier_alloc_wait(c, cid, keys.size(), KVTIER_TIER_HOST, 5000, &lease, slots.data()) == KVTIER_OK);
+      std::vector<kvtier_commit_item> items(keys.size());
+      for (size_t k = 0; k < keys.size(); ++k) {
+        FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c, slots[k].slot)), kBlockBytes, cid, keys[k]);
+        items[k] = {slots[k], keys[k], k == 0 ? kvtier_key{0, 0} : keys[k - 1]};
+      }
+      kvtier_commit_result cr{};
+      CHILD_CHECK(kvtier_commit_report(c, cid, lease, items.data(), items.size(), &cr) == KVTIER_OK);
+      CHILD_CHECK(cr.stored == keys.size() && cr.same_bytes == 0 && cr.different_bytes == 0);
+      CHILD_CHECK(kvtier_release(c, lease) == KVTIER_OK);
     }
     std::fprintf(stderr, "hostile: %d rounds, %llu own blocks stored; cross hits %llu, listed %llu, evicted %llu\n",
                  round, static_cast<unsigned long long>(own_stored), static_cast<unsigned long long>(cross_hits),
