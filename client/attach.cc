@@ -131,17 +131,23 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
   std::memcpy(&rh, buf, sizeof rh);
   std::memcpy(&c->reply, buf + sizeof rh, sizeof c->reply);
   const w::AttachReply& r = c->reply;
-  // Protocol 5: an accepting reply is followed by the host tier's slot classes.
-  const bool with_table = rh.length == sizeof(w::AttachReply) + sizeof(w::SlotClassTable);
+  // Protocol 5: an accepting reply is followed by the host tier's slot classes; protocol 6
+  // with kReplyHostParts, then by the host parts this client maps.
+  const bool with_parts =
+      rh.length == sizeof(w::AttachReply) + sizeof(w::SlotClassTable) + sizeof(w::HostPartTable);
+  const bool with_table = with_parts || rh.length == sizeof(w::AttachReply) + sizeof(w::SlotClassTable);
   if (!w::ValidateControlHeader(rh).ok() || rh.type != static_cast<uint16_t>(w::ControlType::kAttachReply) ||
       (rh.length != sizeof(w::AttachReply) && !with_table) ||
-      (with_table && (r.status != 0 || r.protocol_version < 5))) {
+      (with_table && (r.status != 0 || r.protocol_version < 5)) ||
+      (with_parts != ((r.flags & w::kReplyHostParts) != 0)) || (with_parts && r.protocol_version < 6)) {
     close_fds();
     Detach(c);
     return Fail(KVTIER_IO_ERROR, "attach: malformed reply");
   }
   c->host_classes = w::SlotClassTable{};
-  if (with_table && !ReadAll(c->sock, &c->host_classes, sizeof c->host_classes)) {
+  c->host_parts = w::HostPartTable{};
+  if ((with_table && !ReadAll(c->sock, &c->host_classes, sizeof c->host_classes)) ||
+      (with_parts && !ReadAll(c->sock, &c->host_parts, sizeof c->host_parts))) {
     close_fds();
     Detach(c);
     return Fail(KVTIER_DISCONNECTED, "attach: kvtierd closed the connection");
@@ -163,10 +169,13 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
   }
   const bool has_host = (r.flags & w::kReplyHasHost) != 0;
   const bool has_staging = (r.flags & w::kReplyHasStaging) != 0;
-  // Private: no arena fd (the daemon has tenants); the staging area is fd [1].
+  // Private: no arena fd (the daemon has tenants); the staging area is fd [1], or fd
+  // [n + 1] after the n host parts this client maps (kReplyHostParts).
   const bool host_private = (r.flags & w::kReplyHostPrivate) != 0;
-  const size_t want_fds = 1u + (has_host && !host_private ? 1u : 0u) + (has_staging ? 1u : 0u);
-  if (fds.size() != r.num_fds || fds.size() != want_fds || has_host != has_staging || (host_private && !has_host)) {
+  const uint32_t n_parts = c->host_parts.count;
+  const size_t want_fds = 1u + (has_host && !host_private ? 1u : 0u) + n_parts + (has_staging ? 1u : 0u);
+  if (fds.size() != r.num_fds || fds.size() != want_fds || has_host != has_staging || (host_private && !has_host) ||
+      (with_parts && (!host_private || n_parts < 1 || n_parts > w::kMaxWireHostParts))) {
     close_fds();
     Detach(c);
     return Fail(KVTIER_IO_ERROR, "attach: expected " + std::to_string(want_fds) + " fds (host arena and staging "
@@ -214,10 +223,18 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
       const uint64_t k = t.class_bytes[i];
       table_ok = k > 0 && k % t.granule == 0 && (i == 0 || k > t.class_bytes[i - 1]) && k <= r.host_arena_bytes;
     }
+    // Parts: granule-aligned, inside the arena, in order without overlap, each fd as large.
+    for (uint32_t i = 0; table_ok && i < n_parts; ++i) {
+      const auto& pt = c->host_parts.parts[i];
+      table_ok = pt.bytes > 0 && pt.offset % t.granule == 0 && pt.bytes % t.granule == 0 &&
+                 pt.offset <= r.host_arena_bytes && pt.bytes <= r.host_arena_bytes - pt.offset &&
+                 (i == 0 || pt.offset >= c->host_parts.parts[i - 1].offset + c->host_parts.parts[i - 1].bytes) &&
+                 ::fstat(fds[1 + i], &st) == 0 && static_cast<uint64_t>(st.st_size) >= pt.bytes;
+    }
     if (!table_ok) {
       close_fds();
       Detach(c);
-      return Fail(KVTIER_IO_ERROR, "attach: malformed host slot class table");
+      return Fail(KVTIER_IO_ERROR, "attach: malformed host slot class or part table");
     }
     // One window: the arena read-only (sealed: a writable mapping is refused), then this
     // client's staging area writable right after it, so that host slot s of either kind
@@ -225,7 +242,7 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
     // slot holds the largest class (slot_bytes). Without the arena fd (private) the arena's
     // part of the window stays unmapped.
     const int arena_fd = host_private ? -1 : fds[1];
-    const int staging_fd = host_private ? fds[1] : fds[2];
+    const int staging_fd = host_private ? fds[1 + n_parts] : fds[2];
     const uint64_t staging_bytes = uint64_t{r.staging_slots} * r.slot_bytes;
     struct stat sst;
     if ((arena_fd >= 0 && (::fstat(arena_fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < r.host_arena_bytes)) ||
@@ -240,6 +257,15 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
     void* arena = p == MAP_FAILED || arena_fd < 0
                       ? p
                       : ::mmap(p, r.host_arena_bytes, PROT_READ, MAP_SHARED | MAP_FIXED, arena_fd, 0);
+    // Its tenant's parts of the arena, read-only, each at its offset (the rest of the
+    // arena's part of the window stays unmapped).
+    for (uint32_t i = 0; i < n_parts && arena != MAP_FAILED; ++i) {
+      const auto& pt = c->host_parts.parts[i];
+      if (::mmap(static_cast<uint8_t*>(p) + pt.offset, pt.bytes, PROT_READ, MAP_SHARED | MAP_FIXED, fds[1 + i], 0) ==
+          MAP_FAILED) {
+        arena = MAP_FAILED;
+      }
+    }
     void* staged = arena == MAP_FAILED ? MAP_FAILED
                                        : ::mmap(static_cast<uint8_t*>(p) + r.host_arena_bytes, staging_bytes,
                                                 PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, staging_fd, 0);
@@ -256,6 +282,7 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
     c->host_fd = arena_fd;  // kept: kvtier_host_arena_fd (a language binding maps it itself; -1 private)
     c->staging_fd = staging_fd;  // kept: kvtier_host_staging_fd
     c->host_private = host_private;
+    for (uint32_t i = 0; i < n_parts; ++i) c->part_fds[i] = fds[1 + i];  // kept: kvtier_host_parts
     fds.resize(1);
   }
   close_fds();  // the mappings stay
@@ -270,6 +297,11 @@ void Detach(kvtier_client* c) {
   if (c->sock >= 0) ::close(c->sock);
   if (c->host_fd >= 0) ::close(c->host_fd);
   if (c->staging_fd >= 0) ::close(c->staging_fd);
+  for (int& fd : c->part_fds) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  c->host_parts = kvtier::wire::HostPartTable{};
 #if KVTIER_HAVE_CUDA
   if (c->hbm_ptr) cudaIpcCloseMemHandle(c->hbm_ptr);
 #endif

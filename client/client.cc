@@ -222,6 +222,16 @@ uint64_t kvtier_slot_bytes(const kvtier_client* c) { return c ? c->reply.slot_by
 
 int kvtier_host_arena_fd(const kvtier_client* c) { return c ? c->host_fd : -1; }
 int kvtier_host_staging_fd(const kvtier_client* c) { return c ? c->staging_fd : -1; }
+uint32_t kvtier_host_parts(const kvtier_client* c, uint32_t i, int* fd, uint64_t* offset, uint64_t* bytes) {
+  if (c == nullptr || c->host == nullptr) return 0;
+  const uint32_t n = c->host_parts.count;
+  if (i < n) {
+    if (fd) *fd = c->part_fds[i];
+    if (offset) *offset = c->host_parts.parts[i].offset;
+    if (bytes) *bytes = c->host_parts.parts[i].bytes;
+  }
+  return n;
+}
 
 uint64_t kvtier_host_granule(const kvtier_client* c) {
   return c != nullptr && c->host != nullptr ? c->host_classes.granule : 0;

@@ -75,6 +75,9 @@ struct kvtier_client {
   int host_fd = -1;              // the host arena's memfd (kvtier_host_arena_fd)
   int staging_fd = -1;           // the staging area's memfd (kvtier_host_staging_fd)
   bool host_private = false;     // the arena's part of the window is unmapped (kReplyHostPrivate)
+  // ... but for these parts (kReplyHostParts, protocol 6): its tenant's, read-only.
+  kvtier::wire::HostPartTable host_parts;
+  int part_fds[kvtier::wire::kMaxWireHostParts] = {-1, -1};  // their memfds (kvtier_host_parts)
   uint64_t fork_generation = 0;  // ForkGeneration() at connect: a forked child differs
   kvtier::wire::AttachReply reply;
   // The host tier's granule and slot classes (protocol 5: sent after the reply; older
@@ -102,13 +105,22 @@ namespace kvtier::lib {
 
 // Where host slot s is in the client's window (arena, then staging area): s * granule,
 // the one place that says so. False for a slot whose smallest class would pass the end of
-// the window, and for an arena slot where the arena is not mapped (a daemon with tenants).
+// the window, and for an arena slot where the arena is not mapped (a daemon with tenants;
+// but for the parts of it this client mapped).
 inline bool HostSlot(const kvtier_client* c, uint32_t s, uint64_t* offset) {
   const uint64_t g = c->host_classes.granule;
   if (g == 0 || c->host == nullptr) return false;
   const uint64_t off = uint64_t{s} * g;
   if (off >= c->host_bytes || c->host_classes.class_bytes[0] > c->host_bytes - off) return false;
-  if (c->host_private && off < c->host_arena_bytes) return false;
+  if (c->host_private && off < c->host_arena_bytes) {
+    // An arena slot: readable only inside a part this client mapped.
+    bool in = false;
+    for (uint32_t i = 0; i < c->host_parts.count && !in; ++i) {
+      const auto& p = c->host_parts.parts[i];
+      in = off >= p.offset && off - p.offset < p.bytes && c->host_classes.class_bytes[0] <= p.offset + p.bytes - off;
+    }
+    if (!in) return false;
+  }
   *offset = off;
   return true;
 }

@@ -98,6 +98,12 @@ struct TiersConfig {
   // 0 = daemon.max_tier_share_per_client of the host tier's slots (at least 1), the most
   // its leases may hold anyway. Default: 0
   uint32_t host_staging_slots_per_client = 0;
+  // tiers.host.tenant_parts: with [[tenants]], each tenant's host_share is a part of the
+  // host tier of its own (a memfd its clients map read-only: host acquires of blocks in it
+  // copy nothing) that no other tenant's blocks use; false: one arena for every tenant and
+  // a copy per host acquire (docs/security.md, "Memory isolation"). Needs a restart.
+  // Default: true
+  bool host_tenant_parts = true;
   NvmeConfig nvme;
   RemoteConfig remote;
   // [tiers.policy]: the eviction policies' knobs, the same for every tier (each field's

@@ -166,6 +166,8 @@ tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
       o.groups[i + 1].share[1] = c.tenants[i].host_share;
       o.groups[i + 1].share[2] = c.tenants[i].nvme_share;
     }
+    // Each tenant's host share a part of its own, which its clients map (Session).
+    o.host_parts = c.tiers.host_tenant_parts;
   }
   return o;
 }
@@ -468,7 +470,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (protocol_ >= 5 && d_->tm_->has_tier(tiers::Tier::kHost)) {
       // The most host slots its leases could hold: all of the smallest slot class.
       const tiers::HostGeometry& g = d_->tm_->host_geometry();
-      const auto host_slots = g.num_slabs * g.per_slab[0];
+      const auto host_slots = g.most[0];
       const uint32_t cap = d_->opts_.config.tiers.host_staging_slots_per_client;
       // 0: the client's share of the host tier (daemon.max_tier_share_per_client), which
       // bounds what its leases hold anyway.
@@ -508,14 +510,27 @@ class Connection : public std::enable_shared_from_this<Connection> {
     r.ring_bytes = (*sess)->ring_bytes();
     r.max_keys_per_request = dc.max_keys_per_request;
     std::vector<int> fds{(*sess)->ring_fd()};
+    std::vector<tiers::HostPart> parts;
     // The host arena only with a staging area to write through: a client of protocol
     // < 5 would map it writable, which its seal refuses.
     if (tm->has_tier(tiers::Tier::kHost) && (*sess)->staging() != nullptr) {
       r.flags |= wire::kReplyHasHost | wire::kReplyHasStaging;
       r.host_arena_bytes = tm->host_arena_bytes();
       r.staging_slots = (*sess)->staging()->slots();
-      if ((*sess)->private_reads()) r.flags |= wire::kReplyHostPrivate;
-      else fds.push_back(tm->host_arena_fd());
+      if ((*sess)->private_reads()) {
+        r.flags |= wire::kReplyHostPrivate;
+        // Its tenant's part of the arena (tiers.host.tenant_parts), which holds that
+        // tenant's blocks only: a protocol-6 client maps it and reads them in place.
+        const tiers::HostPart hp = tm->host_part(d_->tenants_->group_of(tenant));
+        if (protocol_ >= 6 && hp.bytes > 0) {
+          r.flags |= wire::kReplyHostParts;
+          parts.push_back(hp);
+          fds.push_back(hp.fd);
+          (*sess)->SetHostPart(hp.offset, hp.bytes);
+        }
+      } else {
+        fds.push_back(tm->host_arena_fd());
+      }
       fds.push_back((*sess)->staging()->fd());
     }
     if (tm->has_tier(tiers::Tier::kNvme)) r.flags |= wire::kReplyHasNvme;
@@ -527,7 +542,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       else spdlog::warn("HBM IPC handle unavailable: {}", hs.ToString());
     }
     r.num_fds = static_cast<uint32_t>(fds.size());
-    Status s = SendAttachReply(r, fds);
+    Status s = SendAttachReply(r, fds, parts);
     if (!s.ok()) {
       if (uint64_t held = 0; d_->conn_log_.Allow(&held)) {
         spdlog::warn("control connection {}: attach reply failed: {} ({} more such lines held back)", id_,
@@ -558,7 +573,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // The attach reply goes out with sendmsg (SCM_RIGHTS), outside asio's async writes;
   // nothing else has been written to this socket before it.
-  Status SendAttachReply(const wire::AttachReply& r, const std::vector<int>& fds) {
+  Status SendAttachReply(const wire::AttachReply& r, const std::vector<int>& fds,
+                         const std::vector<tiers::HostPart>& parts = {}) {
     wire::ControlHeader h;
     h.type = static_cast<uint16_t>(wire::ControlType::kAttachReply);
     // Protocol 5 on: the host tier's slot classes follow an accepting reply. A refusal is
@@ -572,11 +588,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
       t.slab_bytes = g.slab_bytes;
       for (uint32_t i = 0; i < t.count; ++i) t.class_bytes[i] = g.classes[i];
     }
-    h.length = static_cast<uint32_t>(sizeof r + (table ? sizeof t : 0));
-    uint8_t buf[sizeof h + sizeof r + sizeof t];
+    // Protocol 6, kReplyHostParts: the parts the fds after the ring's are.
+    const bool with_parts = table && (r.flags & wire::kReplyHostParts) != 0;
+    wire::HostPartTable pt;
+    if (with_parts) {
+      pt.count = static_cast<uint32_t>(std::min<size_t>(parts.size(), wire::kMaxWireHostParts));
+      for (uint32_t i = 0; i < pt.count; ++i) pt.parts[i] = {parts[i].offset, parts[i].bytes};
+    }
+    h.length = static_cast<uint32_t>(sizeof r + (table ? sizeof t : 0) + (with_parts ? sizeof pt : 0));
+    uint8_t buf[sizeof h + sizeof r + sizeof t + sizeof pt];
     std::memcpy(buf, &h, sizeof h);
     std::memcpy(buf + sizeof h, &r, sizeof r);
     if (table) std::memcpy(buf + sizeof h + sizeof r, &t, sizeof t);
+    if (with_parts) std::memcpy(buf + sizeof h + sizeof r + sizeof t, &pt, sizeof pt);
     const size_t total = sizeof h + h.length;
     iovec iov{buf, total};
     msghdr msg{};

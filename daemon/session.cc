@@ -513,7 +513,8 @@ bool Session::CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t bloc
   std::vector<uint32_t> need;  // arena slots without a copy yet, each once
   need.reserve(slots.size());
   for (const auto& r : slots) {
-    if (r.tier == tiers::Tier::kHost && FindCopy(*copies, r.slot) == kNoStaging) need.push_back(r.slot);
+    if (r.tier != tiers::Tier::kHost || (r.slot >= part_lo_ && r.slot < part_hi_)) continue;  // read in place
+    if (FindCopy(*copies, r.slot) == kNoStaging) need.push_back(r.slot);
   }
   std::sort(need.begin(), need.end());
   need.erase(std::unique(need.begin(), need.end()), need.end());
@@ -1080,7 +1081,7 @@ Status Session::AllocRefusal(const wire::RequestEntry& req, const Status& retry)
   std::string of_class;
   if (cls >= 0) {
     // The most the class holds, with every slab of the tier.
-    total = uint64_t{geo.num_slabs} * geo.per_slab[static_cast<size_t>(cls)];
+    total = geo.most[static_cast<size_t>(cls)];
     of_class = " of the request's slot class (" + std::to_string(geo.classes[static_cast<size_t>(cls)]) + " B)";
   }
   const std::string numbers = std::string(tiers::TierName(tier)) + " tier has " + std::to_string(total) +

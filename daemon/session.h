@@ -59,8 +59,9 @@ struct SessionLimits {
   // the sealed arena refuses).
   uint32_t staging_slots = 0;
   // The client maps no host arena ([[tenants]] are configured: the arena holds every
-  // tenant's blocks): a host acquire copies each block into a staging slot of the lease,
-  // and the client reads the copy. Needs a staging area.
+  // tenant's blocks): a host acquire copies each block outside the client's part
+  // (SetHostPart) into a staging slot of the lease, and the client reads the copy. Needs
+  // a staging area.
   bool private_reads = false;
 };
 
@@ -110,6 +111,15 @@ class Session : public std::enable_shared_from_this<Session> {
   const StagingArea* staging() const { return staging_.get(); }
   // No host arena for this client: host acquires hand out copies (SessionLimits::private_reads).
   bool private_reads() const { return staging_ && limits_.private_reads; }
+  // Private reads: the part of the host arena this client maps (its tenant's, at `offset`
+  // of `bytes`: tiers/host/host_pool.h, "Parts"), set at attach before Start. Host
+  // acquires of blocks there answer the arena slot (the client reads it in place); only
+  // blocks elsewhere (the common pool) are copied.
+  void SetHostPart(uint64_t offset, uint64_t bytes) {
+    const uint64_t g = tm_->host_geometry().granule;
+    part_lo_ = static_cast<uint32_t>(offset / g);
+    part_hi_ = static_cast<uint32_t>((offset + bytes) / g);
+  }
   uint64_t ring_bytes() const { return hdr_.total_bytes; }
   size_t lease_count() const;
   // The contracts this client registered (each once). Read after Close().
@@ -271,6 +281,8 @@ class Session : public std::enable_shared_from_this<Session> {
   uint32_t async_inflight_ = 0;         // of them, asynchronous ones
 
   std::unique_ptr<StagingArea> staging_;  // the client's writable host slots (or null)
+  // Host slot ids [part_lo_, part_hi_) lie in the part this client maps (SetHostPart).
+  uint32_t part_lo_ = 0, part_hi_ = 0;
   // Serialises commits and releases of this client (ring thread and socket path): a
   // commit copies staged bytes into arena slots with mu_ released, and no release may
   // free those arena slots meanwhile. Taken before mu_.

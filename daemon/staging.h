@@ -18,9 +18,10 @@
 // window (kvtier_host_slot). With one slot class the granule is the slot: stride 1. A staging slot is free again once its slot is committed or its
 // lease released.
 //
-// With [[tenants]] a client maps no arena at all (Session, private reads): a host acquire
-// copies each block it returns into a staging slot of the lease, and the client reads
-// that copy; the slot is free again at release.
+// With [[tenants]] a client maps no arena but its tenant's part of it (Session, private
+// reads; tiers/host/host_pool.h, "Parts"): a host acquire copies each block it returns
+// from outside that part into a staging slot of the lease, and the client reads that
+// copy; the slot is free again at release.
 //
 // Memory: the memfd is sparse; a page costs memory once the client writes it, and the
 // pages stay until the client detaches (reused by its next allocs, most recently freed

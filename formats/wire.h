@@ -16,7 +16,9 @@
 //                                     sealed: it maps read-only), [2] the client's
 //                                     staging area memfd (kReplyHasStaging, protocol 5).
 //                                     With kReplyHostPrivate (tenants configured) no
-//                                     arena fd: [1] is the staging area
+//                                     arena fd: [1] is the staging area; with
+//                                     kReplyHostParts (protocol 6) [1..n] are the host
+//                                     parts the client maps and the staging area follows
 //   client -> daemon  kRequest       RequestEntry + in_len bytes of input (the socket
 //                                     path: the same operations as the ring, for tools
 //                                     and as the benchmark baseline; in_off is ignored)
@@ -85,7 +87,11 @@ namespace kvtier::wire {
 //    attach reply is followed by a SlotClassTable (the host tier's granule and slot
 //    classes); the register completion says the contract's slot class (count) and fill
 //    (est_seconds).
-inline constexpr uint32_t kProtocolVersion = 5;
+// 6: with tenants, the attach reply may pass the client's tenant's part of the host arena
+//    (kReplyHostParts: a HostPartTable after the SlotClassTable, its fds before the
+//    staging area's); host acquires of blocks in it answer arena ids, not copies. A
+//    protocol-5 client of such a daemon gets no part, and copies as before.
+inline constexpr uint32_t kProtocolVersion = 6;
 // The oldest client protocol this daemon still serves: a newer daemon serves older
 // clients within one major version. 3, since a version-2 client would misread the
 // version-3 stats record. Version 4 adds Op::kAcquireAsync; a version-3 client never
@@ -142,6 +148,12 @@ inline constexpr uint32_t kReplyHasStaging = 1u << 3;  // protocol 5: fd [2], st
 // window keeps the layout (arena ids below host_arena_bytes / slot_bytes, unmapped), and
 // a host acquire's slots are copies in its staging area. fds: [0] ring, [1] staging.
 inline constexpr uint32_t kReplyHostPrivate = 1u << 4;
+// Protocol 6, with kReplyHostPrivate: the reply's payload is AttachReply + SlotClassTable +
+// HostPartTable, and fds [1..count] are the parts it lists (sealed memfds: they map
+// read-only), each to be mapped at its offset in the window's arena part; the staging
+// area is fd [count + 1]. The rest of the arena stays unmapped. A host acquire answers the
+// arena id of a block in a mapped part (no copy), a staging id (a copy) otherwise.
+inline constexpr uint32_t kReplyHostParts = 1u << 5;
 
 struct AttachReply {
   int32_t status = 0;                 // StatusCode; non-zero: message says why, no fds
@@ -178,6 +190,20 @@ struct SlotClassTable {
   uint64_t class_bytes[kMaxWireSlotClasses] = {};  // slot bytes of each class
 };
 static_assert(sizeof(SlotClassTable) == 56);
+
+// Protocol 6 (kReplyHostParts): the parts of the host arena this client maps: its tenant's
+// (tiers/host/host_pool.h, "Parts"). Offsets and sizes are granule multiples inside
+// [0, host_arena_bytes); parts do not overlap.
+inline constexpr uint32_t kMaxWireHostParts = 2;
+struct HostPartTable {
+  uint32_t count = 0;  // 1..kMaxWireHostParts
+  uint32_t reserved = 0;
+  struct Part {
+    uint64_t offset = 0;  // bytes into the arena (host slot offset / granule = slot id)
+    uint64_t bytes = 0;   // the part's memfd size
+  } parts[kMaxWireHostParts];
+};
+static_assert(sizeof(HostPartTable) == 40);
 
 // ---- Ring region ---------------------------------------------------------------------
 

@@ -46,6 +46,15 @@ Status TierManagerImpl::Init() {
   ho.classes = opts_.slot_classes;
   ho.slab_bytes = opts_.slab_bytes;
   ho.arena_bytes = opts_.host.capacity_bytes;
+  if (opts_.host_parts && quotas()) {
+    // One part per group with a host share, in group order; the rest is the common pool.
+    part_of_group_.assign(opts_.groups.size(), -1);
+    for (size_t g = 0; g < opts_.groups.size(); ++g) {
+      if (opts_.groups[g].share[kS] <= 0) continue;
+      part_of_group_[g] = static_cast<int>(ho.part_shares.size());
+      ho.part_shares.push_back(opts_.groups[g].share[kS]);
+    }
+  }
   auto host = HostPool::Create(ho);
   if (!host.ok()) return host.status();
   host_ = std::move(host.value());
@@ -56,6 +65,7 @@ Status TierManagerImpl::Init() {
   for (int c = 0; c < host_->num_classes(); ++c) {
     host_geometry_.classes.push_back(host_->class_bytes(c));
     host_geometry_.per_slab.push_back(host_->slots_per_slab(c));
+    host_geometry_.most.push_back(host_->most(c));
   }
 
   std::string hbm_why;
@@ -81,7 +91,10 @@ Status TierManagerImpl::Init() {
     no.slot_bytes = opts_.slot_bytes;
     no.queue_depth = opts_.nvme.queue_depth;
     no.verify_on_restart = opts_.nvme.verify_on_restart;
-    no.fixed.push_back({host_->base(), host_->arena_bytes()});
+    // One fixed region per part (each its own mapping).
+    for (int p = 0; p <= host_->num_parts(); ++p) {
+      if (host_->part_bytes(p) > 0) no.fixed.push_back({host_->base() + host_->part_offset(p), host_->part_bytes(p)});
+    }
     auto st = NvmeStore::Open(no);
     if (!st.ok()) return st.status();
     nvme_ = std::move(st.value());
@@ -338,20 +351,24 @@ Status TierManagerImpl::AllocLocked(uint64_t contract_id, uint32_t n, int t, std
     return Status::Invalid("AllocSlots: " + std::to_string(n) + " slots asked, tier has " + std::to_string(most) + of_class);
   }
   const int64_t group = quotas() ? GroupOfLocked(contract_id) : kNoGroup;
+  // With host parts: the group's part and the common pool.
+  const int part = PartForLocked(t, group);
   // A starved class takes slabs from the others (TakeSlabLocked); else it evicts within
   // its class.
-  while (ts.free(cls) < n && t == kS && TakeSlabLocked(cls, group, n - ts.free(cls))) {
+  while (ts.free(cls, part) < n && t == kS && TakeSlabLocked(cls, group, n - ts.free(cls, part))) {
   }
-  if (ts.free(cls) < n) EvictCleanLocked(t, n - ts.free(cls), group, cls);
-  if (ts.free(cls) < n) {
+  if (ts.free(cls, part) < n) EvictCleanLocked(t, n - ts.free(cls, part), group, cls);
+  if (ts.free(cls, part) < n) {
     ts.want_free[cls] = std::max(ts.want_free[cls], n);
+    ts.want_group[cls] = t == kS && !part_of_group_.empty() ? group : -1;  // host parts: its room is its own
     MaintainLocked();
     KickLocked();
     return Status::Retry(std::string(TierName(ts.tier())) + " tier full" + of_class + " (pinned or being demoted)");
   }
   ts.want_free[cls] = 0;
+  ts.want_group[cls] = -1;
   for (uint32_t i = 0; i < n; ++i) {
-    auto s = ts.Alloc(cls);
+    auto s = ts.Alloc(cls, part);
     ts.slots[*s] = SlotInfo{SlotState::kAlloc, nullptr, contract_id};
     out->push_back(*s);
   }

@@ -137,6 +137,13 @@ struct TierManagerOptions {
   // Quota groups, indexed by group id (entry 0 is group 0's and must be all zero). Empty:
   // no quotas, eviction follows the policies alone. Fixed at open. Default: empty
   std::vector<GroupShare> groups;
+  // With groups: each group with a host share owns a part of the host tier of that share
+  // (HostPool parts, a memfd each: a client of the group maps its part, docs/security.md
+  // "Memory isolation"); its host slots come from its part first, then from the common
+  // pool (the rest of the tier), and an eviction for it takes only blocks whose slots it
+  // can use (in its part or the common pool). The share becomes memory no other group
+  // uses. false: one arena shared by every group. Default: false
+  bool host_parts = false;
   // A commit of a cached key with other bytes (tiers.on_conflict). Default: keep-first
   OnConflict on_conflict = OnConflict::kKeepFirst;
 
@@ -161,6 +168,14 @@ struct HostGeometry {
   uint32_t num_slabs = 0;
   std::vector<uint64_t> classes;   // slot bytes of each class
   std::vector<uint32_t> per_slab;  // slots of each class in a slab
+  std::vector<uint32_t> most;      // the most slots of each class (every slab of it)
+};
+
+// A part of the host arena (TierManagerOptions::host_parts): its memfd (sealed: it maps
+// read-only), and where it lies in the arena. bytes 0: the group has no part.
+struct HostPart {
+  int fd = -1;
+  uint64_t offset = 0, bytes = 0;
 };
 
 struct SlotFit {
@@ -239,8 +254,12 @@ class TierManager {
   virtual uint64_t slot_bytes() const = 0;
   virtual bool has_tier(Tier t) const = 0;
   // memfd of the host arena (size host_arena_bytes()), for SCM_RIGHTS to clients. Sealed
-  // against writes: it maps read-only everywhere but in this process.
+  // against writes: it maps read-only everywhere but in this process. -1 with host parts.
   virtual int host_arena_fd() const = 0;
+  // With host parts (TierManagerOptions::host_parts): the part of quota group `group`
+  // (bytes 0 when it has none), and whether host slot `slot` lies in it. Without: none.
+  virtual HostPart host_part(uint32_t group) const { (void)group; return {}; }
+  virtual bool InHostPart(uint32_t slot, uint32_t group) const { (void)slot; (void)group; return false; }
   virtual uint64_t host_arena_bytes() const = 0;
   // This process's writable address of host slot `slot` (nullptr without a host tier or
   // for a slot out of range). For the daemon's own copies into a slot it allocated (the

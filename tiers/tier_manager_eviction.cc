@@ -64,7 +64,8 @@ Block* TierManagerImpl::VictimLocked(int t, const Block* except, int64_t for_gro
   for (bool first : {true, false}) {
     auto v = ts.policy->Victim([&](const BlockId& id) {
       Block* b = FindLocked(id);
-      return b && b != except && MayGo(*b, t) && of_class(*b) && QuotaLetsGoLocked(t, id.contract, for_group, first);
+      return b && b != except && MayGo(*b, t) && of_class(*b) && QuotaLetsGoLocked(t, id.contract, for_group, first) &&
+             FreesForLocked(t, *b, for_group);
     });
     if (v) return FindLocked(*v);
     if (for_group == kNoGroup) break;  // both passes are the same
@@ -82,6 +83,7 @@ uint32_t TierManagerImpl::EvictCleanLocked(int t, uint32_t need, int64_t for_gro
       Block* b = FindLocked(id);
       if (!b || !MayGo(*b, t)) return false;
       if (pass >= 0 && !QuotaLetsGoLocked(t, id.contract, for_group, pass == 0)) return false;
+      if (!FreesForLocked(t, *b, for_group)) return false;  // its slot is another part's
       if (!any_class && ts.ClassOf(b->bytes) != cls) return false;  // its slot would not help
       return drop_all || ts.CopyBelow(*b);  // a copy below: no I/O needed
     };
@@ -106,9 +108,11 @@ uint32_t TierManagerImpl::EvictCleanLocked(int t, uint32_t need, int64_t for_gro
 std::optional<uint32_t> TierManagerImpl::ReserveLocked(int t, Block* loading_for) {
   TierState& ts = T(t);
   const int cls = loading_for ? ts.ClassOf(loading_for->bytes) : 0;
-  auto s = ts.Alloc(cls);
-  while (!s && t == kS && TakeSlabLocked(cls, GroupOfBlockLocked(loading_for), 1)) s = ts.Alloc(cls);
-  if (!s && EvictCleanLocked(t, 1, GroupOfBlockLocked(loading_for), cls) > 0) s = ts.Alloc(cls);
+  const int64_t group = GroupOfBlockLocked(loading_for);
+  const int part = PartForLocked(t, group);
+  auto s = ts.Alloc(cls, part);
+  while (!s && t == kS && TakeSlabLocked(cls, group, 1)) s = ts.Alloc(cls, part);
+  if (!s && EvictCleanLocked(t, 1, group, cls) > 0) s = ts.Alloc(cls, part);
   if (!s) {
     KickLocked();  // let the mover demote dirty blocks; the caller retries or fails
     return std::nullopt;
@@ -231,14 +235,19 @@ bool TierManagerImpl::TakeSlabLocked(int cls, int64_t for_group, uint32_t need) 
     uint32_t& run = starved_run_[static_cast<size_t>(cls)];
     run += need;
     const uint32_t v = host_->SlabOf(static_cast<uint32_t>(coldest->slot[kS]));
-    if ((none || run >= host_->slots_per_slab(cls)) && SlabMovableLocked(v)) slab = v;
+    if ((none || run >= host_->slots_per_slab(cls)) && SlabMovableLocked(v) && SlabFreesForLocked(v, for_group)) {
+      slab = v;
+    }
     if (!slab && !none) return false;  // it evicts within its class meanwhile
   } else {
     starved_run_[static_cast<size_t>(cls)] = 0;
     if (!none) return false;  // its own blocks are the coldest: it evicts within its class
   }
   for (uint32_t v = 0; !slab && none && v < host_->num_slabs(); ++v) {
-    if (host_->SlabClass(v) >= 0 && host_->SlabClass(v) != cls && SlabMovableLocked(v)) slab = v;
+    if (host_->SlabClass(v) >= 0 && host_->SlabClass(v) != cls && SlabMovableLocked(v) &&
+        SlabFreesForLocked(v, for_group)) {
+      slab = v;
+    }
   }
   if (!slab) return false;
   const int from = host_->SlabClass(*slab);
@@ -266,7 +275,24 @@ void TierManagerImpl::MaintainLocked() {
       // slots than the watermarks would ever leave (a tier of unpinned blocks that are not
       // on the next tier yet: only demotion can free them).
       const bool over = ts.OverHigh(cls);
-      const bool demand = want > 0 && ts.free(cls) < want;
+      // With host parts a waiting alloc needs room in its group's part or the common pool:
+      // its victims are blocks whose slots serve it (an eviction for that group).
+      const int64_t want_group = t == kS ? ts.want_group[cls] : -1;
+      if (want > 0 && want_group >= 0) {
+        const int part = PartForLocked(t, want_group);
+        if (classes > 1 && ts.free(cls, part) < want) (void)TakeSlabLocked(cls, want_group, want - ts.free(cls, part));
+        uint32_t pending = 0;
+        for (const auto& w : writes_) {
+          pending += (w.second && (want_cls < 0 || ts.ClassOf(w.first->bytes) == cls) &&
+                      FreesForLocked(t, *w.first, want_group)) ? 1 : 0;
+        }
+        while (ts.free(cls, part) + pending < want) {
+          Block* v = VictimLocked(t, nullptr, want_group, want_cls);
+          if (!v) break;
+          EvictOneLocked(t, v, &pending);
+        }
+      }
+      const bool demand = want > 0 && want_group < 0 && ts.free(cls) < want;
       if (!over && !demand) continue;
       // A waiting alloc of a starved class: a slab of another class moves to it.
       if (demand && t == kS && classes > 1 && TakeSlabLocked(cls, kNoGroup, want - ts.free(cls)) &&

@@ -98,6 +98,14 @@ class TierManagerImpl final : public TierManager, private StagingHost {
            (t == Tier::kRemote && remote_);
   }
   int host_arena_fd() const override { return host_->fd(); }
+  HostPart host_part(uint32_t group) const override {
+    const int p = PartOfGroup(group);
+    return p < 0 ? HostPart{} : HostPart{host_->part_fd(p), host_->part_offset(p), host_->part_bytes(p)};
+  }
+  bool InHostPart(uint32_t slot, uint32_t group) const override {
+    const int p = PartOfGroup(group);
+    return p >= 0 && host_->part_bytes(p) > 0 && host_->PartOfSlot(slot) == p;
+  }
   uint64_t host_arena_bytes() const override { return host_->arena_bytes(); }
   uint8_t* host_slot_ptr(uint32_t slot) const override {
     return host_ && slot < host_->id_space() ? host_->slot_ptr(slot) : nullptr;
@@ -235,6 +243,24 @@ class TierManagerImpl final : public TierManager, private StagingHost {
     return g < opts_.groups.size() ? static_cast<uint64_t>(opts_.groups[g].share[t] * T(t).total()) : 0;
   }
   bool OverShareLocked(int t, uint32_t g) const { return T(t).policy->GroupCount(g) > QuotaSlots(t, g); }
+  // Host parts (TierManagerOptions::host_parts): group -> its part (-1: none, the common
+  // pool only; fixed at Init), the part an alloc of tier t for group g takes from, and
+  // whether a block's slot in tier t, once freed, serves an alloc for group g (its part
+  // or the common pool; any slot for kNoGroup or without parts).
+  int PartOfGroup(int64_t g) const {
+    return g >= 0 && static_cast<size_t>(g) < part_of_group_.size() ? part_of_group_[static_cast<size_t>(g)] : -1;
+  }
+  int PartForLocked(int t, int64_t g) const { return t == kS ? PartOfGroup(g) : -1; }
+  bool FreesForLocked(int t, const Block& b, int64_t for_group) const {
+    if (t != kS || part_of_group_.empty() || for_group == kNoGroup || b.slot[kS] < 0) return true;
+    const int q = host_->PartOfSlot(static_cast<uint32_t>(b.slot[kS]));
+    return q == host_->num_parts() || q == PartOfGroup(for_group);
+  }
+  bool SlabFreesForLocked(uint32_t slab, int64_t for_group) const {
+    if (part_of_group_.empty() || for_group == kNoGroup) return true;
+    const int q = host_->PartOfSlab(slab);
+    return q == host_->num_parts() || q == PartOfGroup(for_group);
+  }
   // The victim predicate's quota part, in the pass (eviction.cc VictimLocked) that takes
   // what the quotas prefer (`first`) or anything they allow.
   bool QuotaLetsGoLocked(int t, uint64_t contract, int64_t for_group, bool first) const;
@@ -325,6 +351,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   mutable std::shared_ptr<const std::vector<uint64_t>> ids_snap_;  // sorted; ContractIds()
   mutable uint64_t ids_gen_ = 0;            // contracts_gen_ that ids_snap_ reflects
   GroupMap group_of_;  // contract -> quota group (RegisterContractAs); with quotas only
+  std::vector<int> part_of_group_;  // with host parts: group -> host part (-1: none); fixed at Init
   // contract -> its remote namespace (RegisterContractAs); contracts without one are absent.
   std::unordered_map<uint64_t, std::string> remote_ns_;
   std::string RemoteNsLocked(uint64_t contract) const {

@@ -45,7 +45,7 @@ uint32_t TierState::total(int cls) const {
 }
 
 uint32_t TierState::most(int cls) const {
-  if (host_) return host_->num_slabs() * host_->slots_per_slab(cls);
+  if (host_) return host_->most(cls);
   return total();
 }
 
@@ -59,9 +59,14 @@ uint32_t TierState::used(int cls) const {
   return used();
 }
 
-std::optional<uint32_t> TierState::Alloc(int cls) {
+uint32_t TierState::free(int cls, int part) const {
+  if (host_) return host_->free_count(cls, part);
+  return free(cls);
+}
+
+std::optional<uint32_t> TierState::Alloc(int cls, int part) {
   if (hbm_) return hbm_->Alloc();
-  if (host_) return host_->Alloc(cls);
+  if (host_) return host_->Alloc(cls, part);
   return std::nullopt;  // NVMe records are the store's to place
 }
 

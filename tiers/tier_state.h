@@ -124,9 +124,12 @@ class TierState {
   uint32_t most(int cls) const;
   uint32_t used(int cls) const;
   uint32_t free(int cls) const;
-  // HBM and host: a slot of class `cls` from the arena, and its return (the slot's
-  // SlotInfo is cleared).
-  std::optional<uint32_t> Alloc(int cls);
+  // Free slots of class `cls` an alloc for host part `part` may take (HostPool::free_count:
+  // its part and the common pool; part < 0: the common pool only). HBM: free(cls).
+  uint32_t free(int cls, int part) const;
+  // HBM and host: a slot of class `cls` from the arena (host: from part `part` first, then
+  // the common pool; HostPool::Alloc), and its return (the slot's SlotInfo is cleared).
+  std::optional<uint32_t> Alloc(int cls, int part = -1);
   void Free(uint32_t slot);
   // Above the high watermark: the tier, or one of its classes.
   bool OverHigh() const {
@@ -168,6 +171,9 @@ class TierState {
   // Free slots a Retry'd AllocSlots is waiting for (0: none); MaintainLocked demotes until
   // they exist, watermarks or not.
   uint32_t want_free[kMaxSlotClasses] = {};  // per slot class
+  // With host parts: the quota group of that alloc (its part, if it has one, and the
+  // common pool must have the room); -1: without host parts.
+  int64_t want_group[kMaxSlotClasses] = {-1, -1, -1, -1};
   uint32_t demoting = 0;             // demotions in flight out of this tier (HBM, host)
   std::vector<Block*> space_wait;    // promotions waiting for a demotion to free a slot
 

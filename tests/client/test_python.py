@@ -497,6 +497,45 @@ print("views ok")
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=20)
 
+    def test_a_tenants_part_of_the_host_tier_is_read_in_place(self):
+        # With a host_share the tenant owns a part of the host tier (tiers.host.tenant_parts):
+        # the package maps it, an acquired block there is its arena slot, read in place;
+        # the rest of the arena (the common pool) stays unmapped.
+        d = tempfile.mkdtemp(prefix="kvtier-py-tp-", dir=self.tmp.name)
+        sock = os.path.join(d, "kvtierd.sock")
+        cfg = os.path.join(d, "kvtier.toml")
+        with open(cfg, "w") as f:
+            f.write(f'[daemon]\nsocket = "{sock}"\nmetrics_port = 0\n[tiers]\nslot_bytes = "4KiB"\n'
+                    f'[tiers.host]\ncapacity = "256KiB"\n[tiers.nvme]\ncapacity = "0"\n'
+                    f'[[tenants]]\nname = "t"\nuids = [{os.getuid()}]\nhost_share = 0.5\n')
+        binary = os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd")
+        proc = subprocess.Popen([binary, "--config", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(1000):
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect(sock)
+                    break
+                except OSError:
+                    time.sleep(0.02)
+                finally:
+                    s.close()
+            with kvtier.Client(sock, timeout_ms=3000) as c:
+                cid = c.register_contract(self.contract("py/tenant-part"))
+                self.assertEqual(c.store(cid, list(range(17)), [bytes([9]) * 576]), 1)
+                cached, lease = c.load(cid, list(range(17)))
+                self.assertEqual(cached, 16)
+                part_slots = 256 * 1024 // c.slot_bytes // 2  # the tenant's part: slots 0..31
+                self.assertLess(lease.slots[0].slot, part_slots)  # an arena slot: no copy
+                self.assertEqual(bytes(c.host_slot(lease.slots[0])[:576]), bytes([9]) * 576)
+                with self.assertRaises(kvtier.KvtierError) as e:
+                    c.host_slot(part_slots)  # the common pool: not mapped
+                self.assertEqual(e.exception.status, "INVALID")
+                c.release(lease)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+
     def test_library_exports_only_its_c_abi(self):
         import shutil
         if not shutil.which("nm"):

@@ -415,8 +415,13 @@ class RawClient {
     std::memcpy(reply, buf + sizeof(wire::ControlHeader), sizeof *reply);
     wire::ControlHeader rh;
     std::memcpy(&rh, buf, sizeof rh);
-    if (rh.length == sizeof(wire::AttachReply) + sizeof(wire::SlotClassTable) &&  // protocol 5
+    const bool parts = rh.length == sizeof(wire::AttachReply) + sizeof(wire::SlotClassTable) +  // protocol 6
+                                        sizeof(wire::HostPartTable);
+    if ((parts || rh.length == sizeof(wire::AttachReply) + sizeof(wire::SlotClassTable)) &&  // protocol 5
         ::recv(sock_, &host_classes_, sizeof host_classes_, MSG_WAITALL) != static_cast<ssize_t>(sizeof host_classes_)) {
+      return false;
+    }
+    if (parts && ::recv(sock_, &host_parts_, sizeof host_parts_, MSG_WAITALL) != static_cast<ssize_t>(sizeof host_parts_)) {
       return false;
     }
     if (reply->status == 0 && !fds.empty()) {
@@ -437,6 +442,7 @@ class RawClient {
   }
 
   uint8_t* data() const { return ring_ + hdr_.data_offset; }
+  const wire::HostPartTable& host_parts() const { return host_parts_; }
   const wire::RingRegionHeader& header() const { return hdr_; }
   wire::RingControl* request_control() const { return req_.control(); }
   int sock() const { return sock_; }
@@ -522,6 +528,7 @@ class RawClient {
   uint8_t* host_ = nullptr;
   uint64_t host_bytes_ = 0;
   wire::SlotClassTable host_classes_;
+  wire::HostPartTable host_parts_;
   wire::RingRegionHeader hdr_;
   wire::RingView<wire::RequestEntry> req_;
   wire::RingView<wire::CompletionEntry> cmp_;

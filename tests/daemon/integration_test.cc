@@ -458,7 +458,7 @@ TEST_F(DaemonTest, CorruptRingIndicesDisconnectOnlyThatClient) {
 // at attach. Protocols 3 (before Op::kAcquireAsync) and 4 (a writable host arena) are
 // still served, at their version, without the host arena (they would map it writable).
 TEST_F(DaemonTest, OlderProtocolVersionIsRefused) {
-  static_assert(wire::kProtocolVersion == 5, "update this test with the next protocol change");
+  static_assert(wire::kProtocolVersion == 6, "update this test with the next protocol change");
   for (uint32_t version : {3u, 4u}) {
     RawClient old;
     wire::AttachReply reply;

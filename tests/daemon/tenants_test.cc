@@ -501,6 +501,106 @@ TEST(Tenants, ATenantCanReadNoOtherTenantsBlockBytesByAnyMapping) {
   for (int fd : {go[0], go[1], ready[0], ready[1]}) ::close(fd);
 }
 
+// With host shares each tenant owns a part of the host tier (tiers.host.tenant_parts): a
+// memfd its clients map read-only, holding its blocks only. A host acquire of a block
+// there answers the arena slot (read in place, no copy); a block in the common pool (a
+// tenant over its share borrows there) is copied into the staging area as before. No
+// mapping or fd of b's shows a's bytes, and a's part reads as unmapped to b.
+TEST(Tenants, ATenantReadsItsOwnPartInPlaceAndNoOtherTenantsBytes) {
+  SKIP_UNLESS_ROOT();
+  // 64 host slots of 4 KiB: a's part 32 (ids 0..31), b's 16 (32..47), the common pool 16.
+  DaemonProcess d(Config(TwoTenants("host_share = 0.5\n", "host_share = 0.25\n")));
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_contract_desc desc = SmallContract();
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_contract_id(&desc, &cid), KVTIER_OK);
+  const auto a_keys = Chain(cid, 4, 31);
+  const auto b_keys = Chain(cid, 24, 32);  // over b's 16: 8 or more in the common pool
+  constexpr uint32_t kArenaSlots = 64;
+  int go[2], ready[2];
+  ASSERT_EQ(::pipe(go), 0);
+  ASSERT_EQ(::pipe(ready), 0);
+  Child a([&] {
+    CHILD_CHECK(BecomeUser(kUidA, kGidA));
+    kvtier_client* c = Connect(d.socket(), "a");
+    CHILD_CHECK(c != nullptr);
+    int fd = -1;
+    uint64_t off = 1, bytes = 0;
+    CHILD_CHECK(kvtier_host_parts(c, 0, &fd, &off, &bytes) == 1);
+    CHILD_CHECK(fd >= 0 && off == 0 && bytes == 32 * 4096);
+    uint64_t id = 0;
+    CHILD_CHECK(kvtier_register_contract(c, &desc, &id) == KVTIER_OK);
+    CHILD_CHECK(StoreChain(c, cid, a_keys) == 0);
+    uint64_t lease = 0;
+    size_t n = 0;
+    std::vector<kvtier_slot> slots(a_keys.size());
+    CHILD_CHECK(kvtier_acquire(c, cid, a_keys.data(), a_keys.size(), KVTIER_TIER_HOST, &lease, slots.data(), &n) ==
+                KVTIER_OK);
+    CHILD_CHECK(n == a_keys.size());
+    for (size_t i = 0; i < n; ++i) {
+      CHILD_CHECK(slots[i].slot < 32);  // the arena slot in a's part: no copy
+      CHILD_CHECK(CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(c, slots[i].slot)), kBlockBytes, cid,
+                             a_keys[i]));
+    }
+    CHILD_CHECK(kvtier_host_slot(c, 40) == nullptr);  // b's part
+    CHILD_CHECK(kvtier_host_slot(c, 60) == nullptr);  // the common pool
+    CHILD_CHECK(::write(ready[1], "r", 1) == 1);
+    char ch = 0;
+    CHILD_CHECK(::read(go[0], &ch, 1) == 1);  // until b has looked
+    CHILD_CHECK(kvtier_release(c, lease) == KVTIER_OK);
+    kvtier_close(c);
+    return 0;
+  });
+  char ch = 0;
+  ASSERT_EQ(::read(ready[0], &ch, 1), 1) << d.log();
+  Child b([&] {
+    CHILD_CHECK(BecomeUser(kUidB, kGidB));
+    kvtier_client* c = Connect(d.socket(), "b");
+    CHILD_CHECK(c != nullptr);
+    uint64_t off = 0, bytes = 0;
+    CHILD_CHECK(kvtier_host_parts(c, 0, nullptr, &off, &bytes) == 1);
+    CHILD_CHECK(off == 32 * 4096 && bytes == 16 * 4096);
+    uint64_t id = 0;
+    CHILD_CHECK(kvtier_register_contract(c, &desc, &id) == KVTIER_OK);
+    for (size_t i = 0; i < b_keys.size(); i += 8) {
+      CHILD_CHECK(StoreChain(c, cid, std::vector<kvtier_key>(b_keys.begin() + i, b_keys.begin() + i + 8)) == 0);
+    }
+    uint64_t lease = 0;
+    size_t n = 0;
+    std::vector<kvtier_slot> slots(b_keys.size());
+    CHILD_CHECK(kvtier_acquire(c, cid, b_keys.data(), b_keys.size(), KVTIER_TIER_HOST, &lease, slots.data(), &n) ==
+                KVTIER_OK);
+    CHILD_CHECK(n == b_keys.size());
+    size_t in_place = 0, copied = 0;
+    std::vector<uint8_t> block(kBlockBytes);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t s = slots[i].slot;
+      CHILD_CHECK((s >= 32 && s < 48) || s >= kArenaSlots);  // its part, or a copy in its staging area
+      ++(s < kArenaSlots ? in_place : copied);
+      CHILD_CHECK(CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(c, s)), kBlockBytes, cid, b_keys[i]));
+      FillBlock(block.data(), block.size(), cid, b_keys[i]);
+      CHILD_CHECK(!FindInSharedMemory(block).empty());
+    }
+    CHILD_CHECK(in_place == 16 && copied == 8);
+    for (const auto& k : a_keys) {
+      FillBlock(block.data(), block.size(), cid, k);
+      const std::string where = FindInSharedMemory(block);
+      if (!where.empty()) std::fprintf(stderr, "b finds a block of a's in:\n%s", where.c_str());
+      CHILD_CHECK(where.empty());
+    }
+    CHILD_CHECK(kvtier_host_arena_fd(c) == -1);
+    CHILD_CHECK(kvtier_host_slot(c, 0) == nullptr);  // a's part
+    CHILD_CHECK(kvtier_release(c, lease) == KVTIER_OK);
+    kvtier_close(c);
+    return 0;
+  });
+  const int b_rc = b.Wait();
+  ASSERT_EQ(::write(go[1], "g", 1), 1);
+  EXPECT_EQ(a.Wait(), 0) << d.log();
+  EXPECT_EQ(b_rc, 0) << d.log();
+  for (int fd : {go[0], go[1], ready[0], ready[1]}) ::close(fd);
+}
+
 TEST(Tenants, AHostAcquireWhoseCopiesFindNoRoomIsRejected) {
   SKIP_UNLESS_ROOT();
   DaemonProcess d(Config(TwoTenants()));

@@ -220,6 +220,45 @@ TEST(HbmPool, CoalescedBatchCopiesRoundTripExactly) {
   for (const auto& it : down) EXPECT_TRUE(testing::Matches(static_cast<uint8_t*>(it.host), slot, 100 + it.slot)) << it.slot;
 }
 
+// A host arena of parts (HostPoolOptions::part_shares: a memfd and a mapping per part, in
+// one reservation) is registered part by part, and copies between HBM and slots of every
+// part round-trip exactly, a coalesced run across the boundary of two parts included.
+TEST(HbmPool, CopiesRoundTripFromEveryPartOfAPartedHostArena) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t slot = 1474560;
+  HostPoolOptions ho;
+  ho.slot_bytes = slot;
+  ho.slots = 12;
+  ho.part_shares = {0.25, 0.25};  // slots 0..2, 3..5; the common pool 6..11
+  auto host = HostPool::Create(ho);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  ASSERT_EQ((*host)->num_parts(), 2);
+  EXPECT_TRUE((*host)->cuda_registered());
+  HbmPoolOptions o;
+  o.slot_bytes = slot;
+  o.slots = 8;
+  auto p = HbmPool::Create(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HbmPool& pool = **p;
+  // host 1..4 (parts 0 and 1) -> hbm 0..3 (one run), host 6 (the common pool) -> hbm 5.
+  std::vector<HbmPool::CopyItem> up = {{0, (*host)->slot_ptr(1), slot}, {1, (*host)->slot_ptr(2), slot},
+                                       {2, (*host)->slot_ptr(3), slot}, {3, (*host)->slot_ptr(4), slot},
+                                       {5, (*host)->slot_ptr(6), slot}};
+  for (const auto& it : up) testing::Fill(static_cast<uint8_t*>(it.host), it.bytes, 200 + it.slot);
+  std::promise<Status> a;
+  ASSERT_TRUE(pool.CopyBatch(up, true, [&](Status st) { a.set_value(st); }).ok());
+  ASSERT_TRUE(a.get_future().get().ok());
+  for (const auto& it : up) EXPECT_TRUE(DeviceMatches(pool.slot_ptr(it.slot), it.bytes, 200 + it.slot)) << it.slot;
+  // Back into host 2..5 (across the parts' boundary) and 11.
+  std::vector<HbmPool::CopyItem> down = {{0, (*host)->slot_ptr(2), slot}, {1, (*host)->slot_ptr(3), slot},
+                                         {2, (*host)->slot_ptr(4), slot}, {3, (*host)->slot_ptr(5), slot},
+                                         {5, (*host)->slot_ptr(11), slot}};
+  std::promise<Status> b;
+  ASSERT_TRUE(pool.CopyBatch(down, false, [&](Status st) { b.set_value(st); }).ok());
+  ASSERT_TRUE(b.get_future().get().ok());
+  for (const auto& it : down) EXPECT_TRUE(testing::Matches(static_cast<uint8_t*>(it.host), slot, 200 + it.slot)) << it.slot;
+}
+
 class HbmTierManager : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <set>
+#include <vector>
 
 #include "tests/tiers/test_util.h"
 
@@ -112,6 +114,89 @@ TEST(HostPool, ArenaIsSealedAgainstWritesButItsOwnMapping) {
   testing::Fill(pool.slot_ptr(1), 8192, 9);  // the daemon's own writes go through
   EXPECT_TRUE(testing::Matches(static_cast<const uint8_t*>(r) + pool.slot_offset(1), 8192, 9));
   munmap(r, pool.arena_bytes());
+}
+
+// Parts (HostPoolOptions::part_shares): each owned part and the common pool are memfds of
+// their own, back to back in one arena; an alloc for a part takes its slots first, then
+// the common pool's, never another part's; a part's fd maps exactly its slots.
+TEST(HostPool, PartsAreMemfdsOfTheirOwnAndAllocTakesThePartThenTheCommonPool) {
+  HostPoolOptions o;
+  o.slot_bytes = 4096;
+  o.slots = 16;
+  o.part_shares = {0.5, 0.25, 0.0};  // 8 slots, 4 slots, none; the common pool 4
+  auto p = HostPool::Create(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HostPool& pool = **p;
+  ASSERT_EQ(pool.num_parts(), 3);
+  EXPECT_EQ(pool.fd(), -1);  // no one arena fd
+  EXPECT_EQ(pool.slots(), 16u);
+  EXPECT_EQ(pool.part_offset(0), 0u);
+  EXPECT_EQ(pool.part_bytes(0), 8u * 4096);
+  EXPECT_EQ(pool.part_offset(1), 8u * 4096);
+  EXPECT_EQ(pool.part_bytes(1), 4u * 4096);
+  EXPECT_EQ(pool.part_bytes(2), 0u);
+  EXPECT_EQ(pool.part_fd(2), -1);
+  EXPECT_EQ(pool.part_offset(3), 12u * 4096);  // the common pool
+  EXPECT_EQ(pool.part_bytes(3), 4u * 4096);
+  EXPECT_NE(pool.part_fd(0), pool.part_fd(1));
+  // Part 1: its 4 slots (ids 8..11), then the common pool's 4 (12..15), then nothing.
+  std::vector<uint32_t> got;
+  for (int i = 0; i < 8; ++i) {
+    auto s = pool.Alloc(0, 1);
+    ASSERT_TRUE(s.has_value()) << i;
+    got.push_back(*s);
+  }
+  EXPECT_EQ(got, (std::vector<uint32_t>{8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_FALSE(pool.Alloc(0, 1).has_value());
+  EXPECT_FALSE(pool.Alloc(0, 2).has_value());  // no part: the common pool, full
+  EXPECT_FALSE(pool.Alloc(0, -1).has_value());
+  EXPECT_EQ(pool.free_count(0, 1), 0u);
+  EXPECT_EQ(pool.free_count(0, 0), 8u);
+  EXPECT_EQ(pool.free_count(0), 8u);
+  for (uint32_t s : {0u, 7u, 8u, 11u, 12u, 15u}) EXPECT_EQ(pool.PartOfSlot(s), s < 8 ? 0 : s < 12 ? 1 : 3) << s;
+  EXPECT_TRUE(pool.Free(13).ok());
+  EXPECT_EQ(pool.free_count(0, 1), 1u);
+  EXPECT_EQ(*pool.Alloc(0, 0), 0u);  // part 0's own first
+  // The daemon's view is one arena; part 1's fd maps part 1's bytes (slot 8 at its start).
+  std::memset(pool.slot_ptr(8), 0x5a, 4096);
+  std::memset(pool.slot_ptr(0), 0x33, 4096);
+  void* m = ::mmap(nullptr, pool.part_bytes(1), PROT_READ, MAP_SHARED, pool.part_fd(1), 0);
+  ASSERT_NE(m, MAP_FAILED);
+  EXPECT_EQ(static_cast<uint8_t*>(m)[0], 0x5a);
+  EXPECT_EQ(static_cast<uint8_t*>(m)[100], 0x5a);
+  ::munmap(m, pool.part_bytes(1));
+  // Sealed against writes like the arena: a writable mapping of a part's fd is refused.
+  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, pool.part_fd(0), 0), MAP_FAILED);
+}
+
+// With slot classes, parts are whole slabs; slab numbers run over the parts in order and
+// a slab's move stays in its part.
+TEST(HostPool, PartsOfSlabsNumberSlabsOverTheParts) {
+  HostPoolOptions o;
+  o.classes = {4096, 8192};
+  o.slab_bytes = 64 * 1024;
+  o.arena_bytes = 8 * 64 * 1024;    // 8 slabs
+  o.part_shares = {0.3};            // floor(2.4) = 2 slabs; the common pool 6
+  auto p = HostPool::Create(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HostPool& pool = **p;
+  EXPECT_EQ(pool.num_slabs(), 8u);
+  EXPECT_EQ(pool.part_bytes(0), 2u * 64 * 1024);
+  EXPECT_EQ(pool.most(0), 8u * 16);
+  auto s = pool.Alloc(1, 0);  // class 1 in part 0: slab 0
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(pool.SlabOf(*s), 0u);
+  EXPECT_EQ(pool.PartOfSlab(1), 0);
+  EXPECT_EQ(pool.PartOfSlab(2), 1);  // the common pool
+  auto c = pool.Alloc(0, -1);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(pool.SlabOf(*c), 2u);  // the common pool's first slab
+  EXPECT_EQ(pool.SlabClass(2), 0);
+  auto taken = pool.BeginMove(2, 1);
+  ASSERT_TRUE(taken.ok());
+  EXPECT_EQ(*taken, std::vector<uint32_t>{*c});
+  EXPECT_TRUE(pool.Free(*c).ok());
+  EXPECT_EQ(pool.SlabClass(2), 1);  // moved, in the common pool still
 }
 
 }  // namespace

@@ -598,5 +598,77 @@ TEST_P(TierManagerInputs, ReconfigureSwitchesPolicyAndEvictWorks) {
 
 INSTANTIATE_TEST_SUITE_P(Lru, TierManagerInputs, ::testing::Values(PolicyKind::kLru));
 
+// Host parts (TierManagerOptions::host_parts): each group with a host share allocates from
+// its own part of the host tier, then from the common pool, never from another group's
+// part; an alloc for a group evicts only blocks whose slots it can use, so a group within
+// its share keeps every block of its part while another floods the tier.
+TEST(TierManagerHostParts, AGroupTakesItsPartThenTheCommonPoolAndNeverAnothersPart) {
+  testing::TempDir dir;
+  ScaleContract c = SmallContract();
+  const uint64_t slot = c.slot_bytes();
+  TierManagerOptions o;
+  o.slot_bytes = slot;
+  o.host.capacity_bytes = 16 * slot;  // group 1: slots 0..7, group 2: 8..11, the common pool 12..15
+  o.host.high_watermark = 1.0;        // no watermark eviction: only the allocs' own
+  o.host.low_watermark = 0.9;
+  o.nvme.tier.capacity_bytes = 64 * (slot + 4096);
+  o.nvme.dir = dir.path() + "/nvme";
+  o.groups.resize(3);
+  o.groups[1].share[1] = 0.5;
+  o.groups[2].share[1] = 0.25;
+  o.host_parts = true;
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  const uint64_t a = 0xA1, b = 0xB2;
+  ASSERT_TRUE((*tm)->RegisterContractAs(c, a, 1).ok());
+  ASSERT_TRUE((*tm)->RegisterContractAs(c, b, 2).ok());
+  EXPECT_EQ((*tm)->host_arena_fd(), -1);
+  const HostPart pa = (*tm)->host_part(1), pb = (*tm)->host_part(2);
+  EXPECT_EQ(pa.offset, 0u);
+  EXPECT_EQ(pa.bytes, 8 * slot);
+  EXPECT_EQ(pb.offset, 8 * slot);
+  EXPECT_EQ(pb.bytes, 4 * slot);
+  EXPECT_EQ((*tm)->host_part(0).bytes, 0u);  // no share, no part
+  auto store = [&](uint64_t contract, uint64_t i, uint32_t* slot_out) {
+    std::vector<SlotRef> s;
+    Status st;
+    for (int tries = 0; tries < 400; ++tries) {
+      s.clear();
+      st = (*tm)->AllocSlots(contract, 1, Tier::kHost, &s);
+      if (st.code() != StatusCode::kRetry) break;
+      (*tm)->Drain();
+    }
+    if (!st.ok()) return st;
+    testing::Fill((*tm)->host_slot_ptr(s[0].slot), c.block_bytes(), contract * 1000 + i);
+    *slot_out = s[0].slot;
+    KVTIER_RETURN_IF_ERROR((*tm)->Commit(contract, s[0], K(i), i == 0 ? Key128{} : K(i - 1)));
+    return (*tm)->Unpin(s[0]);
+  };
+  // Group 1: its part first (0..7), then the common pool (12..15).
+  for (uint64_t i = 0; i < 12; ++i) {
+    uint32_t s = 0;
+    ASSERT_TRUE(store(a, i, &s).ok()) << i;
+    EXPECT_TRUE(i < 8 ? s < 8 : s >= 12) << i << " in slot " << s;
+  }
+  // Group 2: its part (8..11), then the common pool, full of group 1's blocks over its
+  // share: one goes (demoted to NVMe) for group 2's fifth block, within its share. Past
+  // its share group 2 pays with its own blocks. Group 1's part is never in reach.
+  for (uint64_t i = 0; i < 8; ++i) {
+    uint32_t s = 0;
+    ASSERT_TRUE(store(b, i, &s).ok()) << i;
+    EXPECT_TRUE(i < 4 ? (s >= 8 && s < 12) : i == 4 ? s >= 12 : s >= 8) << i << " in slot " << s;
+  }
+  (*tm)->Drain();
+  std::vector<Key128> first8;
+  for (uint64_t i = 0; i < 8; ++i) first8.push_back(K(i));
+  const LookupResult r = (*tm)->Lookup(a, first8);
+  ASSERT_EQ(r.hit_blocks, 8u);
+  for (Tier t : r.tiers) EXPECT_EQ(t, Tier::kHost);
+  for (uint32_t s = 0; s < 8; ++s) EXPECT_TRUE((*tm)->InHostPart(s, 1)) << s;
+  EXPECT_FALSE((*tm)->InHostPart(8, 1));
+  EXPECT_TRUE((*tm)->InHostPart(8, 2));
+  EXPECT_FALSE((*tm)->InHostPart(12, 2));  // the common pool is no one's part
+}
+
 }  // namespace
 }  // namespace kvtier::tiers

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -18,6 +19,12 @@
 namespace kvtier::tiers {
 
 Status HostPoolOptions::Validate() const {
+  double sum = 0;
+  for (double sh : part_shares) {
+    if (!(sh >= 0.0 && sh <= 1.0)) return Status::Invalid("host pool: a part's share is not in [0, 1]");
+    sum += sh;
+  }
+  if (sum > 1.0 + 1e-9) return Status::Invalid("host pool: the parts' shares sum to more than 1");
   if (!classes.empty()) return Status::Ok();  // SlabAllocator::Make checks them
   if (slot_bytes == 0 || slot_bytes % 4096 != 0) {
     return Status::Invalid("host pool: slot_bytes " + std::to_string(slot_bytes) +
@@ -31,57 +38,158 @@ StatusOr<std::unique_ptr<HostPool>> HostPool::Create(const HostPoolOptions& opts
   KVTIER_RETURN_IF_ERROR(opts.Validate());
   std::unique_ptr<HostPool> p(new HostPool());
   p->opts_ = opts;
-  const uint64_t uniform = uint64_t{opts.slots} * opts.slot_bytes;
-  auto alloc = opts.classes.empty() ? SlabAllocator::Make("host tier", uniform, uniform, {opts.slot_bytes})
-                                    : SlabAllocator::Make("host tier", opts.arena_bytes, opts.slab_bytes, opts.classes);
-  if (!alloc.ok()) return alloc.status();
-  p->alloc_ = std::move(*alloc);
-  p->arena_bytes_ = p->alloc_.arena_bytes();
-  p->fd_ = memfd_create("kvtier-host-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (p->fd_ < 0) return Status::IoError(std::string("memfd_create: ") + std::strerror(errno));
-  if (ftruncate(p->fd_, static_cast<off_t>(p->arena_bytes_)) != 0) {
-    return Status::IoError(std::string("ftruncate host arena to ") +
-                           std::to_string(p->arena_bytes_) + " bytes: " + std::strerror(errno));
+  const bool uniform = opts.classes.empty();
+  const uint64_t all = uint64_t{opts.slots} * opts.slot_bytes;
+  // The whole arena's allocator: the one region without parts, the geometry's check with.
+  auto whole = uniform ? SlabAllocator::Make("host tier", all, all, {opts.slot_bytes})
+                       : SlabAllocator::Make("host tier", opts.arena_bytes, opts.slab_bytes, opts.classes);
+  if (!whole.ok()) return whole.status();
+  p->granule_ = whole->granule();
+  p->arena_bytes_ = whole->arena_bytes();
+  // Parts in units of one slot (one class) or one slab (classes); the common pool last.
+  const uint64_t unit = uniform ? opts.slot_bytes : opts.slab_bytes;
+  const uint64_t units = p->arena_bytes_ / unit;
+  std::vector<uint64_t> sizes;
+  uint64_t owned = 0;
+  for (double sh : opts.part_shares) {
+    const auto n = std::min<uint64_t>(units - owned, static_cast<uint64_t>(sh * static_cast<double>(units)));
+    sizes.push_back(n);
+    owned += n;
   }
-  int flags = MAP_SHARED | (opts.populate ? MAP_POPULATE : 0);
-  void* m = mmap(nullptr, p->arena_bytes_, PROT_READ | PROT_WRITE, flags, p->fd_, 0);
-  if (m == MAP_FAILED) return Status::IoError(std::string("mmap host arena: ") + std::strerror(errno));
-  // Every client maps this fd. Sealed after the daemon's own writable mapping exists:
-  // its size (no client can shrink the arena under the others: a SIGBUS for everyone
-  // touching the pages) and every future write access (F_SEAL_FUTURE_WRITE: a PROT_WRITE
-  // shared mapping, an mprotect to PROT_WRITE, write(2), fallocate and a reopen of the fd
-  // through /proc all fail for everyone but the mapping made above).
-  if (fcntl(p->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
-    const std::string err = std::strerror(errno);
-    munmap(m, p->arena_bytes_);
-    return Status::IoError("sealing the host arena: " + err);
-  }
-  p->base_ = static_cast<uint8_t*>(m);
-  if (opts.cuda_register && cuda::DeviceCount() > 0) {
-    Status s = cuda::HostRegister(p->base_, p->arena_bytes_);
-    if (s.ok()) {
-      p->cuda_registered_ = true;
-    } else {
-      spdlog::warn("host pool: {} (host<->HBM copies will be slow)", s.ToString());
+  sizes.push_back(units - owned);
+  uint64_t off = 0;
+  uint32_t slab = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Region r;
+    r.offset = off;
+    r.bytes = sizes[i] * unit;
+    r.first_id = static_cast<uint32_t>(off / p->granule_);
+    r.ids = static_cast<uint32_t>(r.bytes / p->granule_);
+    r.first_slab = slab;
+    if (sizes.size() == 1) {
+      r.alloc = std::move(*whole);
+    } else if (r.bytes > 0) {
+      auto a = uniform ? SlabAllocator::Make("host tier part", r.bytes, r.bytes, {opts.slot_bytes})
+                       : SlabAllocator::Make("host tier part", r.bytes, opts.slab_bytes, opts.classes);
+      if (!a.ok()) return a.status();
+      r.alloc = std::move(*a);
     }
+    if (r.alloc) {
+      slab += r.alloc->num_slabs();
+      p->live_ = i;
+    }
+    off += r.bytes;
+    p->regions_.push_back(std::move(r));
+  }
+  p->num_slabs_ = slab;
+  const int flags = MAP_SHARED | (opts.populate ? MAP_POPULATE : 0);
+  if (p->regions_.size() > 1) {
+    // One reservation: the parts are mapped into it at their offsets (MAP_FIXED), so the
+    // arena is one range of addresses here as without parts.
+    void* m = mmap(nullptr, p->arena_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return Status::IoError(std::string("mmap host arena reservation: ") + std::strerror(errno));
+    p->base_ = static_cast<uint8_t*>(m);
+  }
+  for (size_t i = 0; i < p->regions_.size(); ++i) {
+    Region& r = p->regions_[i];
+    if (r.bytes == 0) continue;
+    const std::string name = p->regions_.size() == 1 ? "kvtier-host-arena"
+                             : i + 1 == p->regions_.size() ? "kvtier-host-common"
+                                                           : "kvtier-host-part-" + std::to_string(i);
+    r.fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (r.fd < 0) return Status::IoError(std::string("memfd_create: ") + std::strerror(errno));
+    if (ftruncate(r.fd, static_cast<off_t>(r.bytes)) != 0) {
+      return Status::IoError(std::string("ftruncate host arena to ") + std::to_string(r.bytes) + " bytes: " +
+                             std::strerror(errno));
+    }
+    void* want = p->base_ ? p->base_ + r.offset : nullptr;
+    void* m = mmap(want, r.bytes, PROT_READ | PROT_WRITE, flags | (want ? MAP_FIXED : 0), r.fd, 0);
+    if (m == MAP_FAILED) return Status::IoError(std::string("mmap host arena: ") + std::strerror(errno));
+    if (!p->base_) p->base_ = static_cast<uint8_t*>(m);
+    // Clients map this fd. Sealed after the daemon's own writable mapping exists: its
+    // size (no client can shrink the arena under the others: a SIGBUS for everyone
+    // touching the pages) and every future write access (F_SEAL_FUTURE_WRITE: a PROT_WRITE
+    // shared mapping, an mprotect to PROT_WRITE, write(2), fallocate and a reopen of the
+    // fd through /proc all fail for everyone but the mapping made above).
+    if (fcntl(r.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+      return Status::IoError(std::string("sealing the host arena: ") + std::strerror(errno));
+    }
+  }
+  if (opts.cuda_register && cuda::DeviceCount() > 0) {
+    // Per part: each is a mapping of its own memfd, and no slot straddles two.
+    bool all_ok = true;
+    for (Region& r : p->regions_) {
+      if (r.bytes == 0) continue;
+      Status s = cuda::HostRegister(p->base_ + r.offset, r.bytes);
+      r.cuda = s.ok();
+      if (!s.ok()) {
+        all_ok = false;
+        spdlog::warn("host pool: {} (host<->HBM copies will be slow)", s.ToString());
+      }
+    }
+    p->cuda_registered_ = all_ok;
   }
   return p;
 }
 
 HostPool::~HostPool() {
-  if (cuda_registered_) (void)cuda::HostUnregister(base_);
+  for (Region& r : regions_) {
+    if (r.cuda) (void)cuda::HostUnregister(base_ + r.offset);
+  }
   if (base_) munmap(base_, arena_bytes_);
-  if (fd_ >= 0) close(fd_);
+  for (Region& r : regions_) {
+    if (r.fd >= 0) close(r.fd);
+  }
 }
 
-std::optional<uint32_t> HostPool::Alloc(int cls) {
+int HostPool::RegionOf(uint32_t id) const {
+  // The last region starting at or before id (a region of no slot shares its first id
+  // with the next one).
+  int r = 0;
+  for (size_t i = 1; i < regions_.size(); ++i) {
+    if (regions_[i].first_id <= id) r = static_cast<int>(i);
+  }
+  return r;
+}
+
+int HostPool::RegionOfSlab(uint32_t slab) const {
+  int r = -1;
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    if (regions_[i].alloc && regions_[i].first_slab <= slab) r = static_cast<int>(i);
+  }
+  return r;
+}
+
+int HostPool::PartOfSlab(uint32_t slab) const { return slab < num_slabs_ ? RegionOfSlab(slab) : -1; }
+
+uint32_t HostPool::most(int cls) const {
+  uint32_t n = 0;
+  for (const Region& r : regions_) {
+    if (r.alloc) n += r.alloc->num_slabs() * r.alloc->slots_per_slab(cls);
+  }
+  return n;
+}
+
+std::optional<uint32_t> HostPool::Alloc(int cls, int part) {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.Alloc(cls);
+  const size_t common = regions_.size() - 1;
+  if (part >= 0 && static_cast<size_t>(part) < common) {
+    Region& r = regions_[static_cast<size_t>(part)];
+    if (r.alloc) {
+      if (auto s = r.alloc->Alloc(cls)) return r.first_id + *s;
+    }
+  }
+  Region& r = regions_[common];
+  if (!r.alloc) return std::nullopt;
+  auto s = r.alloc->Alloc(cls);
+  if (!s) return std::nullopt;
+  return r.first_id + *s;
 }
 
 Status HostPool::Free(uint32_t slot) {
   std::lock_guard<std::mutex> l(mu_);
-  if (!alloc_.Free(slot)) {
+  Region& r = regions_[static_cast<size_t>(PartOfSlot(slot))];
+  if (!r.alloc || !r.alloc->Free(slot - r.first_id)) {
     return Status::Invalid("host pool: slot " + std::to_string(slot) + " is not allocated");
   }
   return Status::Ok();
@@ -89,60 +197,110 @@ Status HostPool::Free(uint32_t slot) {
 
 uint64_t HostPool::slot_size(uint32_t slot) const {
   std::lock_guard<std::mutex> l(mu_);
-  const int c = alloc_.ClassOfSlot(slot);
-  return c < 0 ? 0 : alloc_.class_bytes(c);
+  const Region& r = regions_[static_cast<size_t>(PartOfSlot(slot))];
+  const int c = r.alloc ? r.alloc->ClassOfSlot(slot - r.first_id) : -1;
+  return c < 0 ? 0 : r.alloc->class_bytes(c);
 }
 bool HostPool::IsAllocated(uint32_t slot) const {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.IsTaken(slot);
+  const Region& r = regions_[static_cast<size_t>(PartOfSlot(slot))];
+  return r.alloc && r.alloc->IsTaken(slot - r.first_id);
 }
 uint32_t HostPool::used() const {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.used();
+  uint32_t n = 0;
+  for (const Region& r : regions_) n += r.alloc ? r.alloc->used() : 0;
+  return n;
 }
 uint32_t HostPool::used(int cls) const {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.used(cls);
+  uint32_t n = 0;
+  for (const Region& r : regions_) n += r.alloc ? r.alloc->used(cls) : 0;
+  return n;
 }
 uint32_t HostPool::free_count(int cls) const {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.free_count(cls);
+  uint32_t n = 0;
+  for (const Region& r : regions_) n += r.alloc ? r.alloc->free_count(cls) : 0;
+  return n;
+}
+uint32_t HostPool::free_count(int cls, int part) const {
+  std::lock_guard<std::mutex> l(mu_);
+  const size_t common = regions_.size() - 1;
+  uint32_t n = regions_[common].alloc ? regions_[common].alloc->free_count(cls) : 0;
+  if (part >= 0 && static_cast<size_t>(part) < common && regions_[static_cast<size_t>(part)].alloc) {
+    n += regions_[static_cast<size_t>(part)].alloc->free_count(cls);
+  }
+  return n;
 }
 uint32_t HostPool::capacity(int cls) const {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.capacity(cls);
+  uint32_t n = 0;
+  for (const Region& r : regions_) n += r.alloc ? r.alloc->capacity(cls) : 0;
+  return n;
 }
 uint64_t HostPool::used_bytes() const {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.used_bytes();
+  uint64_t n = 0;
+  for (const Region& r : regions_) n += r.alloc ? r.alloc->used_bytes() : 0;
+  return n;
 }
 uint32_t HostPool::free_slabs() const {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.free_slabs();
+  uint32_t n = 0;
+  for (const Region& r : regions_) n += r.alloc ? r.alloc->free_slabs() : 0;
+  return n;
 }
 uint32_t HostPool::slabs(int cls) const {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.slabs(cls);
+  uint32_t n = 0;
+  for (const Region& r : regions_) n += r.alloc ? r.alloc->slabs(cls) : 0;
+  return n;
 }
 StatusOr<std::vector<uint32_t>> HostPool::BeginMove(uint32_t slab, int to) {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.BeginMove(slab, to);
+  const int ri = PartOfSlab(slab);
+  if (ri < 0) return Status::Invalid("slab " + std::to_string(slab) + " is out of range");
+  Region& r = regions_[static_cast<size_t>(ri)];
+  auto taken = r.alloc->BeginMove(slab - r.first_slab, to);
+  if (taken.ok()) {
+    for (uint32_t& s : *taken) s += r.first_id;
+  }
+  return taken;
 }
 void HostPool::CancelMove(uint32_t slab) {
   std::lock_guard<std::mutex> l(mu_);
-  alloc_.CancelMove(slab);
+  const int ri = PartOfSlab(slab);
+  if (ri < 0) return;
+  Region& r = regions_[static_cast<size_t>(ri)];
+  r.alloc->CancelMove(slab - r.first_slab);
 }
 std::vector<uint32_t> HostPool::TakenSlots(uint32_t slab) const {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.TakenSlots(slab);
+  const int ri = PartOfSlab(slab);
+  if (ri < 0) return {};
+  const Region& r = regions_[static_cast<size_t>(ri)];
+  std::vector<uint32_t> out = r.alloc->TakenSlots(slab - r.first_slab);
+  for (uint32_t& s : out) s += r.first_id;
+  return out;
 }
 int HostPool::SlabClass(uint32_t slab) const {
   std::lock_guard<std::mutex> l(mu_);
-  return slab < alloc_.num_slabs() ? alloc_.SlabClass(slab) : -1;
+  const int ri = PartOfSlab(slab);
+  if (ri < 0) return -1;
+  const Region& r = regions_[static_cast<size_t>(ri)];
+  return r.alloc->SlabClass(slab - r.first_slab);
 }
 bool HostPool::Draining(uint32_t slab) const {
   std::lock_guard<std::mutex> l(mu_);
-  return slab < alloc_.num_slabs() && alloc_.Draining(slab);
+  const int ri = PartOfSlab(slab);
+  if (ri < 0) return false;
+  const Region& r = regions_[static_cast<size_t>(ri)];
+  return r.alloc->Draining(slab - r.first_slab);
+}
+uint32_t HostPool::SlabOf(uint32_t slot) const {
+  const Region& r = regions_[static_cast<size_t>(PartOfSlot(slot))];
+  return r.alloc ? r.first_slab + r.alloc->SlabOf(slot - r.first_id) : num_slabs_;
 }
 
 }  // namespace kvtier::tiers

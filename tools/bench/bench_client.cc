@@ -281,7 +281,8 @@ int Run(const std::vector<std::string>& argv) {
   // otherwise often puts them together). --no-pin measures without.
   const bool pin = !args->Has("no-pin") && ::sysconf(_SC_NPROCESSORS_ONLN) >= 2;
   // --tenants: this process's uid is tenant "bench" (with host and NVMe shares), beside a
-  // second tenant: every request goes through the namespace translation and the quotas.
+  // second tenant: every request goes through the namespace translation and the quotas,
+  // and the host tier is cut into the tenants' parts and the common pool.
   const bool tenants = args->Has("tenants");
   const std::string tenant_toml =
       tenants ? "\n[[tenants]]\nname = \"bench\"\nuids = [" + std::to_string(::getuid()) +
@@ -408,7 +409,9 @@ int Run(const std::vector<std::string>& argv) {
                   : "nothing pinned (--no-pin)");
   if (tenants) {
     rep.AddNote("tenants on: two [[tenants]] tables, this uid in tenant \"bench\" (host and NVMe shares 0.5): "
-                "each request's contract id is translated to the tenant's namespace, quotas on");
+                "each request's contract id is translated to the tenant's namespace, quotas on; the prefix lies "
+                "in the tenant's part of the host tier (tiers.host.tenant_parts), which this client maps: its "
+                "host acquires read in place");
   }
   rep.AddNote("kvtierd and the client processes share the machine's cores; host tier only "
               "(no GPU), 4 KiB slots, daemon spin 50 us, client spin 50 us before futex sleep "

@@ -205,12 +205,13 @@ KVTIER_API uint64_t kvtier_slot_bytes(const kvtier_client* c);
 /* Base of the host window (NULL without a host tier); *bytes gets its size: the arena,
  * mapped read-only (a write faults), then this client's staging area, writable. Host
  * slot s is at base + s * slot_bytes. Against a daemon with [[tenants]] the arena's part
- * is not mapped (a read faults): a host acquire's slots are then copies of the blocks in
- * the staging area (staging ids), made for this client's lease. */
+ * is not mapped (a read faults) but for its tenant's part of it (kvtier_host_parts): a host
+ * acquire's slots are the arena slots of blocks there, and copies of the others in the
+ * staging area (staging ids), made for this client's lease. */
 KVTIER_API void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes);
 /* Host slot `slot` of any lease, read-only: kvtier_host_arena() + slot * granule (NULL for
  * a slot past the window, and for an arena slot where the arena is not mapped: a daemon
- * with tenants). It is as long as its contract's slot class (kvtier_contract_slot; a
+ * with tenants, outside the client's tenant's part). It is as long as its contract's slot class (kvtier_contract_slot; a
  * staging slot: kvtier_slot_bytes). */
 KVTIER_API const void* kvtier_host_slot(const kvtier_client* c, uint32_t slot);
 /* Writable host slot of an alloc lease (a staging slot); NULL for an arena slot (acquired
@@ -224,6 +225,15 @@ KVTIER_API int kvtier_host_staging_fd(const kvtier_client* c);
  * tier, and against a daemon with tenants, which sends none). A binding may map it itself (dup it first) so that its views outlive the client's
  * own mapping: the Python package does. */
 KVTIER_API int kvtier_host_arena_fd(const kvtier_client* c);
+/* Against a daemon with [[tenants]] (tiers.host.tenant_parts): the parts of the arena
+ * this client maps read-only, its tenant's, where host acquires of its blocks answer arena
+ * slots read in place. Returns how many there are (0: none, every arena slot unmapped);
+ * for i below that, *fd (owned by the client, closed by kvtier_close; dup it to keep it),
+ * *offset (bytes into the arena: the part lies at kvtier_host_arena() + offset) and
+ * *bytes of part i (each pointer may be NULL). A binding that maps the window itself
+ * maps these at their offsets. */
+KVTIER_API uint32_t kvtier_host_parts(const kvtier_client* c, uint32_t i, int* fd, uint64_t* offset,
+                                      uint64_t* bytes);
 /* The host tier's granule: host slot s is at kvtier_host_arena() + s * granule, whatever
  * its size (0 without a host tier). With one slot class it is kvtier_slot_bytes. */
 KVTIER_API uint64_t kvtier_host_granule(const kvtier_client* c);

@@ -270,6 +270,7 @@ def _declare(lib):
         "kvtier_host_arena": (P, [P, ctypes.POINTER(u64)]),
         "kvtier_host_arena_fd": (S, [P]),
         "kvtier_host_staging_fd": (S, [P]),
+        "kvtier_host_parts": (u32, [P, u32, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(u64), ctypes.POINTER(u64)]),
         "kvtier_host_granule": (u64, [P]),
         "kvtier_host_slot_classes": (u32, [P, ctypes.POINTER(u64), u32]),
         "kvtier_contract_slot": (S, [P, u64, ctypes.POINTER(u64), ctypes.POINTER(ctypes.c_double)]),
@@ -739,7 +740,7 @@ class _Window:
 
     _libc = None
 
-    def __init__(self, arena_fd: int, arena_bytes: int, staging_fd: int, staging_bytes: int):
+    def __init__(self, arena_fd: int, arena_bytes: int, staging_fd: int, staging_bytes: int, parts=()):
         if _Window._libc is None:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.mmap.restype = ctypes.c_void_p
@@ -756,9 +757,12 @@ class _Window:
         if base in (None, failed):
             raise KvtierError(4, "mmap of the host window: " + os.strerror(ctypes.get_errno()))
         self.base = base
-        # arena_fd < 0 (a daemon with tenants sends none): the arena's part stays unmapped.
-        if (arena_fd >= 0 and libc.mmap(base, arena_bytes, mmap.PROT_READ, mmap.MAP_SHARED | fixed, arena_fd, 0)
-                in (None, failed)) or \
+        # arena_fd < 0 (a daemon with tenants sends none): the arena's part stays unmapped
+        # but for `parts`, (fd, offset, bytes) of its tenant's parts, read-only.
+        if any(libc.mmap(base + off, n, mmap.PROT_READ, mmap.MAP_SHARED | fixed, pfd, 0) in (None, failed)
+               for pfd, off, n in parts) or \
+                (arena_fd >= 0 and libc.mmap(base, arena_bytes, mmap.PROT_READ, mmap.MAP_SHARED | fixed, arena_fd, 0)
+                 in (None, failed)) or \
                 libc.mmap(base + arena_bytes, staging_bytes, mmap.PROT_READ | mmap.PROT_WRITE,
                           mmap.MAP_SHARED | fixed, staging_fd, 0) in (None, failed):
             err = ctypes.get_errno()
@@ -804,6 +808,7 @@ class Client:
         self._slot_bytes = lib.kvtier_slot_bytes(h)
         self._mm, self._arena_base, self._arena_bytes = None, 0, 0
         self._arena_private = False
+        self._parts = []
         self._granule = lib.kvtier_host_granule(h)
         self._classes = lib.kvtier_host_slot_classes(h, None, 0)
         n = ctypes.c_uint64()
@@ -812,10 +817,16 @@ class Client:
             if sfd >= 0:
                 # No arena fd: the daemon has tenants, and the arena's part stays unmapped.
                 staging_bytes = os.fstat(sfd).st_size
-                self._mm = _Window(fd, n.value - staging_bytes, sfd, staging_bytes)
+                parts = []
+                pfd, off, nb = ctypes.c_int(), ctypes.c_uint64(), ctypes.c_uint64()
+                for i in range(lib.kvtier_host_parts(h, 0, None, None, None)):
+                    lib.kvtier_host_parts(h, i, ctypes.byref(pfd), ctypes.byref(off), ctypes.byref(nb))
+                    parts.append((pfd.value, off.value, nb.value))
+                self._mm = _Window(fd, n.value - staging_bytes, sfd, staging_bytes, parts)
                 self._arena_base = self._mm.base
                 self._arena_bytes = n.value
                 self._arena_private = fd < 0
+                self._parts = [(off, nb) for _, off, nb in parts]
 
     def reconnect(self):
         """Attaches again (after DISCONNECTED, TIMEOUT or a daemon restart) and registers
@@ -891,9 +902,9 @@ class Client:
             raise KvtierError(6, f"host slot {s} is outside the host window")
         off = s * self._granule
         staging = off >= self._mm.arena_bytes
-        if self._arena_private and not staging:
+        if self._arena_private and not staging and not any(p <= off < p + n for p, n in self._parts):
             raise KvtierError(6, f"host slot {s} is in the arena, which this client does not map (the daemon has "
-                                 f"tenants: acquired blocks are copies in slots "
+                                 f"tenants: acquired blocks are in its tenant's part or copies in slots "
                                  f"{self._mm.arena_bytes // self._granule} and up)")
         if contract is not None:
             n = self.contract_slot(contract)[0]
