@@ -56,8 +56,15 @@ struct alignas(64) Block {
   // restored from NVMe, fetched from the remote tier, or committed in process); the NVMe
   // write budget charges its demotion to this user (Committer::uid).
   uint64_t writer = 0;
+  // tiers.on_conflict = "drop-disputed" found a commit of other bytes under this key while
+  // the block could not go (pinned, moving, held): it is never served again (a lookup or
+  // acquire misses it), never demoted or written out, and is dropped as soon as it may go
+  // (TierManagerImpl::DropDisputedLocked).
+  bool disputed = false;
 
   bool Cached() const { return slot[kH] >= 0 || slot[kS] >= 0 || nvme; }
+  // Cached, and a lookup or acquire may answer it.
+  bool Servable() const { return Cached() && !disputed; }
   // The fastest tier with a copy (kNvme when only NVMe has one; check Cached() first).
   Tier Fastest() const { return slot[kH] >= 0 ? Tier::kHbm : slot[kS] >= 0 ? Tier::kHost : Tier::kNvme; }
 };

@@ -295,7 +295,7 @@ size_t TierManagerImpl::LookupInto(uint64_t contract_id, std::span<const Key128>
   for (; hit < nk; ++hit) {
     if (prefetch && hit + kAhead < nk) blocks_.prefetch(BlockId{contract_id, keys[hit + kAhead]});
     const Block* b = FindLocked({contract_id, keys[hit]});
-    if (!b || !b->Cached()) break;
+    if (!b || !b->Servable()) break;
     const Tier t = b->Fastest();
     if (t == Tier::kHost) host_bytes += b->bytes;
     if (t == Tier::kNvme) nvme_bytes += b->bytes;
@@ -464,6 +464,10 @@ Block* TierManagerImpl::CommitLocked(uint64_t contract_id, int t, uint32_t slot,
       if (rule != OnConflict::kKeepFirst && may_go) {
         DropBlockLocked(b);  // evicted from every tier (and from the index)
         b = FindLocked(id);  // null once erased
+      } else if (rule == OnConflict::kDropDisputed && !b->disputed) {
+        // It cannot go now: served no more, and dropped once its pins and moves end.
+        b->disputed = true;
+        disputed_.push_back(id);
       }
       if (rule != OnConflict::kReplace || !may_go) {
         si.state = SlotState::kDup;  // the new bytes are discarded (freed by Unpin)
@@ -509,6 +513,7 @@ Status TierManagerImpl::Unpin(SlotRef ref) {
     return Status::Invalid("Unpin: slot " + std::to_string(ref.slot) + " holds no pinned block");
   }
   if (--si.block->pins[ts.index()] == 0) --ts.pinned;
+  if (si.block->disputed) DropDisputedLocked();
   if (ts.OverHigh()) KickLocked();
   return Status::Ok();
 }

@@ -79,7 +79,8 @@ struct Committer {
 enum class OnConflict : uint8_t {
   kKeepFirst,     // the cached block stays; the new bytes are discarded
   kReplace,       // the new bytes replace the cached block (unless it is pinned or moving)
-  kDropDisputed,  // both go: the cached block is evicted (unless pinned or moving), the new discarded
+  kDropDisputed,  // both go: the new bytes discarded, the cached block evicted (if pinned or
+                  // moving: served no more, and dropped once its pins and moves end)
 };
 
 // What one commit did with its bytes (TierManager::Commit's *outcome).

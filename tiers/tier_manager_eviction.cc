@@ -146,10 +146,10 @@ bool TierManagerImpl::AdmitLocked(Block* b, bool force, std::string* why) {
 }
 
 void TierManagerImpl::EvictOneLocked(int t, Block* b, uint32_t* pending_out) {
-  if (t == kS) QueueRemoteWriteLocked(b);  // leaving host: its bytes are still there
+  if (t == kS && !b->disputed) QueueRemoteWriteLocked(b);  // leaving host: its bytes are still there
   TierState& ts = T(t);
   const bool below = ts.CopyBelow(*b);
-  if (t == kN || below || ts.opts().on_evict == OnEvict::kDrop) {
+  if (t == kN || below || b->disputed || ts.opts().on_evict == OnEvict::kDrop) {
     DropCopyLocked(t, b, below);
     MaybeEraseLocked(b);
     return;
@@ -262,7 +262,22 @@ bool TierManagerImpl::TakeSlabLocked(int cls, int64_t for_group, uint32_t need) 
   return true;
 }
 
+void TierManagerImpl::DropDisputedLocked() {
+  for (size_t i = 0; i < disputed_.size();) {
+    Block* b = FindLocked(disputed_[i]);
+    const bool gone = b == nullptr || !b->disputed;
+    if (!gone && !MayGo(*b, kAllTiers)) {
+      ++i;
+      continue;
+    }
+    if (!gone) DropBlockLocked(b);
+    disputed_[i] = disputed_.back();
+    disputed_.pop_back();
+  }
+}
+
 void TierManagerImpl::MaintainLocked() {
+  if (!disputed_.empty()) DropDisputedLocked();
   for (TierState& ts : tiers_) {
     const int t = ts.index();
     if (ts.total() == 0) continue;

@@ -176,7 +176,7 @@ void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128>
   if (contracts_.count(contract_id)) {
     for (const Key128& k : keys) {
       Block* b = FindLocked({contract_id, k});
-      if (!b || !b->Cached()) break;
+      if (!b || !b->Servable()) break;
       ctx->blocks.push_back(b);
     }
   }
@@ -278,7 +278,7 @@ void TierManagerImpl::Prefetch(uint64_t contract_id, std::span<const Key128> key
   std::vector<Block*> prefix;
   for (const Key128& k : keys) {
     Block* b = FindLocked({contract_id, k});
-    if (!b || !b->Cached()) break;
+    if (!b || !b->Servable()) break;
     b->holds++;
     prefix.push_back(b);
   }

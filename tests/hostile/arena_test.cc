@@ -334,6 +334,42 @@ TEST(HostileArena, OnConflictDropDisputedDropsBoth) {
   EXPECT_EQ(Served(a, k), 1);
 }
 
+// drop-disputed against a first writer that keeps its block pinned (an acquire lease
+// held open): the disputed block is served to no one from the conflict on, the pinning
+// lease keeps reading its slot, and the release drops the block, so that the key can be
+// committed afresh and is stored.
+TEST(HostileArena, OnConflictDropDisputedDropsAPinnedBlockAtItsRelease) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start({"--set", "tiers.on_conflict=drop-disputed"})) << d.log();
+  Conn a, b;
+  ASSERT_EQ(a.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(b.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
+  const kvtier_key k = MakeKey(31, 1);
+  kvtier_commit_result r{};
+  ASSERT_EQ(CommitWith(a, k, /*garbage=*/true, &r), KVTIER_OK) << kvtier_last_error();
+  uint64_t pin = 0;
+  kvtier_slot ps{};
+  size_t n = 0;
+  ASSERT_EQ(kvtier_acquire(a.c, a.contract, &k, 1, KVTIER_TIER_HOST, &pin, &ps, &n), KVTIER_OK);
+  ASSERT_EQ(n, 1u);
+  ASSERT_EQ(CommitWith(b, k, /*garbage=*/false, &r), KVTIER_OK) << kvtier_last_error();
+  EXPECT_EQ(r.different_bytes, 1u);
+  EXPECT_EQ(Served(b, k), -1) << "a disputed block is served while its first writer pins it";
+  EXPECT_EQ(Served(a, k), -1) << "a disputed block is served to its first writer";
+  kvtier_lookup_result lr{};
+  lr.hit_blocks = 9;
+  ASSERT_EQ(kvtier_lookup(b.c, b.contract, &k, 1, &lr, nullptr), KVTIER_OK) << kvtier_last_error();
+  EXPECT_EQ(lr.hit_blocks, 0u) << "a lookup counts a disputed block";
+  const auto* held = static_cast<const uint8_t*>(kvtier_host_slot(a.c, ps.slot));
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(held[0], 0x66) << "the pinning lease lost its bytes";
+  ASSERT_EQ(kvtier_release(a.c, pin), KVTIER_OK) << kvtier_last_error();
+  // Dropped at the release: the honest bytes are stored now, and served.
+  ASSERT_EQ(CommitWith(b, k, /*garbage=*/false, &r), KVTIER_OK) << kvtier_last_error();
+  EXPECT_EQ(r.stored, 1u) << "the disputed block outlived its last pin";
+  EXPECT_EQ(Served(a, k), 1);
+}
+
 TEST(HostileArena, OnConflictOutsideItsSetIsAStartError) {
   DaemonProcess d;
   EXPECT_FALSE(d.Start({"--set", "tiers.on_conflict=last-wins"}));

@@ -158,9 +158,9 @@ bool HonestCommitOnce(Conn& c, uint64_t i, PoisonDefence defence, PoisonTally* t
 
 // The hostile client's part: garbage under `ahead` of the honest committer's coming keys,
 // each key once (after `*next`, which it advances), at most 64 keys ahead. It keeps 4 keys clear of the
-// committer's, so that its commit has been released when the honest one comes: a
-// disputed block that a lease still pins is not dropped by drop-disputed (the committer
-// is told either way).
+// committer's, so that its commit has been released when the honest one comes (a
+// disputed block still pinned is served no more either, and dropped at its release:
+// HostileArena.OnConflictDropDisputedDropsAPinnedBlockAtItsRelease).
 void PoisonAhead(Conn& c, PoisonTally* t, uint64_t* next, uint64_t ahead) {
   const uint64_t at = t->progress.load();
   const uint64_t from = std::max(*next, at + 4);
