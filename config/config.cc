@@ -382,6 +382,7 @@ const std::vector<Entry>& Schema() {
     s.push_back({"tiers.policy.tinylfu_window_fraction",
                  DoubleField([](Config& c) { return &c.tiers.policy.tinylfu_window_fraction; })});
     s.push_back({"tiers.policy.reuse_density", BoolField([](Config& c) { return &c.tiers.policy.reuse_density; })});
+    s.push_back({"tiers.policy.reuse_adapt", BoolField([](Config& c) { return &c.tiers.policy.reuse_adapt; })});
     return s;
   }();
   return schema;

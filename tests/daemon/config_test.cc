@@ -15,12 +15,17 @@ TEST(Config, DefaultsAreValid) {
   EXPECT_EQ(c->tiers.host.capacity_bytes, uint64_t{1} << 30);
   EXPECT_EQ(c->tiers.hbm.capacity_bytes, 0u);
   EXPECT_EQ(c->daemon.ring_entries, 256u);
+  EXPECT_EQ(c->tiers.host.policy, "reuse");
+  EXPECT_EQ(c->tiers.hbm.policy, "reuse");
+  EXPECT_TRUE(c->tiers.policy.reuse_adapt);
+  EXPECT_FALSE(c->tiers.policy.reuse_density);
 }
 
 TEST(Config, ShippedExampleLoads) {
   auto c = LoadFile(std::string(KVTIER_SOURCE_DIR) + "/config/kvtier.toml", {});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c->tiers.host.policy, "prefix-lru");
+  EXPECT_EQ(c->tiers.host.policy, "reuse");
+  EXPECT_EQ(c->tiers.nvme.tier.policy, "lru");
   EXPECT_EQ(c->tiers.nvme.dir, "./kvtier-data/nvme");
   EXPECT_EQ(c->tiers.nvme.tier.capacity_bytes, uint64_t{2} << 30);
   EXPECT_DOUBLE_EQ(c->tiers.nvme.daily_write_budget_per_client, 0.5);
@@ -63,6 +68,7 @@ TEST(Config, ErrorsNameTheKey) {
       {"[tiers.policy]\nreuse_ghost_factor = 20\n", {}, "tiers.policy.reuse_ghost_factor", "[0, 16]"},
       {"[tiers.policy]\ns3fifo_small_fraction = 0\n", {}, "tiers.policy.s3fifo_small_fraction", "(0, 1)"},
       {"[tiers.policy]\nreuse_density = 3\n", {}, "tiers.policy.reuse_density", "true or false"},
+      {"[tiers.policy]\nreuse_adapt = 1\n", {}, "tiers.policy.reuse_adapt", "true or false"},
       {"[tiers.policy]\ntinylfu_window_fraction = 1\n", {}, "tiers.policy.tinylfu_window_fraction", "(0, 1)"},
       {"[tiers.policy]\nreuse_tail = 0.1\n", {}, "tiers.policy.reuse_tail", "unknown key"},
       {"[daemon]\nring_entries = 100\n", {}, "daemon.ring_entries", "power of two"},

@@ -237,6 +237,22 @@ TEST(Simulator, OracleIsAboveEveryPolicyAndBelowTheBound) {
   }
 }
 
+// The default policy against lru where lru is hard to beat: tool-agent loops at 8 GiB
+// (nearly everything fits; a fixed protected share there keeps dead tool-output turns
+// and loses 1.4 points), and where it gains (1 GiB). The protected target's adaptation
+// (reuse_adapt) is what keeps it within 0.5 points at 8 GiB.
+TEST(Simulator, ReuseStaysNearLruWhereLruWinsAndGainsWhereItCan) {
+  const auto reqs = GenerateToolLoops(ToolLoopOptions{});
+  SimOptions o;
+  auto rate = [&](tiers::PolicyKind p, uint64_t gib) {
+    o.tiers = {{"hbm", gib << 30, p}};
+    return Simulate(reqs, o).hit_rate();
+  };
+  const double lru8 = rate(tiers::PolicyKind::kLru, 8), lru1 = rate(tiers::PolicyKind::kLru, 1);
+  EXPECT_GE(rate(tiers::PolicyKind::kReuse, 8), lru8 - 0.005);
+  EXPECT_GT(rate(tiers::PolicyKind::kReuse, 1), lru1 + 0.05);
+}
+
 // The partial-knowledge oracles on a trace made for them (one block per request,
 // two blocks of cache): A, four one-time blocks, A again. LRU loses A to the one-time
 // blocks; the reuse-bit oracle knows they are dead and keeps A; a horizon of 1 x C (2

@@ -396,6 +396,7 @@ TEST(Arc, ASecondUseProtectsAndGhostHitsMoveTheTarget) {
 TEST(Reuse, UsedAgainBlocksOutliveNewOnesAndReturningKeysAreProtected) {
   PolicyOptions o;
   o.reuse_density = false;
+  o.reuse_adapt = false;
   auto p = EvictionPolicy::Create(PolicyKind::kReuse, 10, o);  // protected may hold 9
   auto all = [](const BlockId&) { return true; };
   for (uint64_t i = 0; i < 6; ++i) p->Insert(B(i), None());
@@ -425,6 +426,40 @@ TEST(Reuse, UsedAgainBlocksOutliveNewOnesAndReturningKeysAreProtected) {
   q->Remove(B(0));
   q->Insert(B(0), None());
   EXPECT_EQ(*q->Victim(all), B(0));
+}
+
+// ARC's rule on the protected target (4 blocks, target 2 to start): a key back from
+// probation's ghost shrinks it to 1, so protected gives up a second block where the fixed
+// target keeps it; a key back from protected's ghost grows it to 2 again, so probation
+// gives up the next block. Off, the target stays at 2.
+TEST(Reuse, GhostHitsMoveTheProtectedTarget) {
+  auto victims = [](bool adapt) {
+    PolicyOptions o;
+    o.reuse_protected_fraction = 0.5;
+    o.reuse_adapt = adapt;
+    auto p = EvictionPolicy::Create(PolicyKind::kReuse, 4, o);
+    auto all = [](const BlockId&) { return true; };
+    std::vector<BlockId> out;
+    auto evict = [&] {
+      auto v = p->Victim(all);
+      if (!v) return;
+      out.push_back(*v);
+      p->Remove(*v);
+    };
+    for (uint64_t i = 0; i < 4; ++i) p->Insert(B(i), None());
+    p->Touch(B(0));
+    p->Touch(B(1));           // protected 0, 1; probation 2, 3
+    evict();                  // 2 (protected is at its target)
+    p->Insert(B(2), None());  // back from probation's ghost: protected 0, 1, 2
+    p->Insert(B(4), None());  // probation 3, 4
+    evict();                  // 0 (protected above its target either way)
+    evict();                  // adapt: 1 (target 1); fixed: 3 (target 2)
+    p->Insert(B(0), None());  // back from protected's ghost
+    evict();                  // adapt: 3 (target 2 again, protected 2, 0); fixed: 1
+    return out;
+  };
+  EXPECT_EQ(victims(true), (std::vector<BlockId>{B(2), B(0), B(1), B(3)}));
+  EXPECT_EQ(victims(false), (std::vector<BlockId>{B(2), B(0), B(3), B(1)}));
 }
 
 }  // namespace

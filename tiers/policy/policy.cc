@@ -406,14 +406,22 @@ class ArcPolicy final : public EvictionPolicy {
 // since last use, in log buckets). From them, for each age, P(hit later) / expected
 // remaining life. Victim() takes the least recent candidate of each segment and evicts
 // the one of lower density, so the split between segments follows the workload (dead
-// protected blocks lose to new ones when they stop being hit). Until the first table is
-// built, protected gives up blocks only above reuse_protected_fraction of the tier.
+// protected blocks lose to new ones when they stop being hit).
+//
+// Without density (or until the first table is built), protected gives up blocks only
+// above a target size, which starts at reuse_protected_fraction of the tier and, with
+// reuse_adapt, moves by ARC's rule (Megiddo and Modha, FAST'03): each ghost entry
+// remembers the segment its block left, a returning key that left probation says
+// probation was too small (the target drops by max(1, protected ghosts / probation
+// ghosts)), one that left protected says the opposite (it rises by the inverse ratio),
+// within [0, capacity].
 class ReusePolicy final : public EvictionPolicy {
  public:
   ReusePolicy(uint64_t capacity, const PolicyOptions& o)
       : cap_(capacity),
         ghost_cap_(static_cast<uint64_t>(static_cast<double>(capacity) * o.reuse_ghost_factor)),
         density_on_(o.reuse_density),
+        adapt_(o.reuse_adapt),
         period_(std::max<uint64_t>(1024, capacity / 2)),
         target_(static_cast<double>(capacity) * o.reuse_protected_fraction) {}
   const char* name() const override { return PolicyName(PolicyKind::kReuse); }
@@ -425,6 +433,9 @@ class ReusePolicy final : public EvictionPolicy {
     e.tick = ++clock_;
     if (auto g = ghost_map_.find(b); g != ghost_map_.end()) {
       e.seg = 1;  // it came back while remembered: reused
+      const uint8_t left = g->second->seg;
+      if (adapt_) Adapt(left);
+      --ghost_n_[left];
       ghost_.erase(g->second);
       ghost_map_.erase(g);
     }
@@ -474,10 +485,12 @@ class ReusePolicy final : public EvictionPolicy {
       }
     }
     if (ghost_cap_ > 0) {
-      ghost_.push_back(b);
+      ghost_.push_back({b, e.seg});
+      ++ghost_n_[e.seg];
       ghost_map_[b] = std::prev(ghost_.end());
       while (ghost_.size() > ghost_cap_) {
-        ghost_map_.erase(ghost_.front());
+        ghost_map_.erase(ghost_.front().id);
+        --ghost_n_[ghost_.front().seg];
         ghost_.pop_front();
       }
     }
@@ -531,6 +544,12 @@ class ReusePolicy final : public EvictionPolicy {
     const int lg = k / 4 + 1, frac = k % 4;
     return std::ldexp(4.0 + frac + 0.5, lg - 2);
   }
+  // A key that left segment `left` came back (ARC's adaptation of the target).
+  void Adapt(uint8_t left) {
+    const double n0 = static_cast<double>(ghost_n_[0]), n1 = static_cast<double>(ghost_n_[1]);
+    if (left == 0) target_ = std::max(0.0, target_ - std::max(1.0, n1 / std::max(n0, 1.0)));
+    else target_ = std::min(static_cast<double>(cap_), target_ + std::max(1.0, n0 / std::max(n1, 1.0)));
+  }
   // A block last used at `tick` is hit or leaves at `now`.
   void Count(double (&c)[kBuckets], uint64_t tick, uint64_t now) {
     c[Bucket(now - tick)] += 1.0;
@@ -556,9 +575,9 @@ class ReusePolicy final : public EvictionPolicy {
   }
   TickList& Set(int seg, bool inner) { return sets_[seg * 2 + (inner ? 1 : 0)]; }
   const uint64_t cap_, ghost_cap_;
-  const bool density_on_;
+  const bool density_on_, adapt_;
   const uint64_t period_;  // events (hits and departures) between table rebuilds
-  const double target_;    // protected blocks allowed before the first table
+  double target_;          // protected blocks allowed without (or before) a density table
   uint64_t clock_ = 0, events_ = 0;
   uint64_t seg_size_[2] = {0, 0};
   bool built_ = false;
@@ -566,8 +585,13 @@ class ReusePolicy final : public EvictionPolicy {
   absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
   ChildCounts children_;
   TickList sets_[4];
-  std::list<BlockId> ghost_;
-  absl::flat_hash_map<BlockId, std::list<BlockId>::iterator, BlockIdHash> ghost_map_;
+  struct Ghost {
+    BlockId id;
+    uint8_t seg = 0;  // the segment the block left
+  };
+  std::list<Ghost> ghost_;  // oldest first
+  uint64_t ghost_n_[2] = {0, 0};  // ghost entries per segment left
+  absl::flat_hash_map<BlockId, std::list<Ghost>::iterator, BlockIdHash> ghost_map_;
 };
 
 // ---- W-TinyLFU ---------------------------------------------------------------------

@@ -18,16 +18,18 @@
 //   arc        ARC (Megiddo and Modha, FAST'03): T1 (seen once) and T2 (seen again) in
 //              LRU order, ghost lists B1/B2 of their evicted keys (capacity keys in all),
 //              and a target size p for T1 that a ghost hit in B1 raises and in B2 lowers.
-//   reuse      kvtier's own: a block's reuse is predicted from whether it was used again
-//              since it entered the tier (or returned while its key was remembered), and
-//              from its place in its chain. Probation (used once) and protected (used
-//              again, or returning within reuse_ghost_factor x capacity evictions), each
-//              in LRU order and each offering blocks with no cached child first, so a
-//              chain is eaten from its tail. The protected share adapts online: a
-//              returning key that was evicted from probation says probation is too small
-//              (the share drops by one block), one evicted from protected says the
-//              opposite. On the Mooncake trace the used-again blocks are reused about
-//              twice as often as new ones (docs/tiers.md).
+//   reuse      kvtier's own (the daemon's default): a block's reuse is predicted from
+//              whether it was used again since it entered the tier (or returned while
+//              its key was remembered), and from its place in its chain. Probation
+//              (used once) and protected (used again, or returning within
+//              reuse_ghost_factor x capacity evictions), each in LRU order and each
+//              offering blocks with no cached child first, so a chain is eaten from its
+//              tail. Protected gives up blocks above a target size that adapts online
+//              (ARC's rule): a returning key that was evicted from probation says
+//              probation is too small (the target drops), one evicted from protected
+//              says the opposite. On the Mooncake trace the used-again blocks are reused
+//              about twice as often as new ones (docs/replay.md). reuse_density chooses
+//              the segment by learned hit density instead.
 //   tinylfu    W-TinyLFU (Einziger et al., ACM ToS 2017; Caffeine's layout): a window LRU
 //              (1%) in front of a segmented LRU main; a block pushed out of the window
 //              enters main only if a count-min sketch (with a doorkeeper and periodic

@@ -42,16 +42,20 @@ struct PolicyOptions {
   // s3fifo: the small FIFO's share of the tier's blocks, in (0, 1). Default: 0.1
   double s3fifo_small_fraction = 0.1;
   // reuse: the share of the tier that blocks used more than once may fill before the
-  // protected segment gives up blocks, in (0, 1): the rule until the first hit-density
-  // table is built (after max(1024, capacity / 2) hits and departures), or always with
-  // reuse_density = false. Default: 0.9
+  // protected segment gives up blocks, in (0, 1): where the protected target starts
+  // (reuse_adapt moves it), the rule until the first hit-density table is built (after
+  // max(1024, capacity / 2) hits and departures) with reuse_density. Default: 0.9
   double reuse_protected_fraction = 0.9;
   // reuse: keys of evicted blocks remembered (a returning key enters protected), as a
   // multiple of the tier's capacity, in [0, 16]. Default: 2
   double reuse_ghost_factor = 2.0;
   // reuse: choose between the two segments' least recent blocks by hit density learned
-  // online per segment and age. Default: true
-  bool reuse_density = true;
+  // online per segment and age (instead of the protected target). Default: false
+  bool reuse_density = false;
+  // reuse: the protected target moves with ghost hits (ARC's rule: a returning key that
+  // left probation shrinks it, one that left protected grows it), starting at
+  // reuse_protected_fraction. Off: the target stays there. Default: true
+  bool reuse_adapt = true;
   // tinylfu: the window LRU's share of the tier's blocks, in (0, 1). Default: 0.01
   double tinylfu_window_fraction = 0.01;
 

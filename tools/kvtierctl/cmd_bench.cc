@@ -70,7 +70,7 @@ tiers:
   --oracle-horizons K,K   the horizons of --partial-oracles (1,2,4)
   policies: {policies} (knobs as in [tiers.policy]:
   --s3fifo-small-fraction F --reuse-protected-fraction F --reuse-ghost-factor F
-  --reuse-density 0|1 --tinylfu-window-fraction F)
+  --reuse-density 0|1 --reuse-adapt 0|1 --tinylfu-window-fraction F)
 replay:
   --sweep SIZE,SIZE,...   HBM budgets to sweep (replay) or budgets to test (policies)
   --prefill-tok-s R       prefill rate for the time-saved estimate (20000)
@@ -91,8 +91,8 @@ const std::vector<std::string> kKnown = {
     "block-tokens", "hbm", "host", "policy", "formats", "sweep", "prefill-tok-s", "json", "plot",
     "append", "simulate", "results", "spawn", "socket", "nvme", "verify-full", "max-requests", "quick",
     "s3fifo-small-fraction", "reuse-protected-fraction", "reuse-ghost-factor", "reuse-density",
-    "workload", "policies", "nvme-budgets", "windows", "partial-oracles", "oracle-horizons",
-    "tinylfu-window-fraction"};
+    "reuse-adapt", "workload", "policies", "nvme-budgets", "windows", "partial-oracles",
+    "oracle-horizons", "tinylfu-window-fraction"};
 
 struct Setup {
   std::vector<replay::Request> reqs;
@@ -224,10 +224,13 @@ StatusOr<Setup> ParseSetup(const cli::Args& a) {
     if (!v.ok()) return v.status();
     *field = *v;
   }
-  if (auto v = a.GetInt("reuse-density", s.knobs.reuse_density ? 1 : 0); !v.ok() || (*v != 0 && *v != 1)) {
-    return Status::Invalid("--reuse-density must be 0 or 1");
-  } else {
-    s.knobs.reuse_density = *v == 1;
+  for (auto [name, field] : {std::pair{"reuse-density", &s.knobs.reuse_density},
+                             std::pair{"reuse-adapt", &s.knobs.reuse_adapt}}) {
+    if (auto v = a.GetInt(name, *field ? 1 : 0); !v.ok() || (*v != 0 && *v != 1)) {
+      return Status::Invalid(std::string("--") + name + " must be 0 or 1");
+    } else {
+      *field = *v == 1;
+    }
   }
   if (std::string why = s.knobs.Check(); !why.empty()) return Status::Invalid("--" + why);
   // Against one running daemon (fixed slot size) the default is the format it is sized
