@@ -401,9 +401,9 @@ class ArcPolicy final : public EvictionPolicy {
 // tick lists by last use: a touch is an O(1) splice, a change of list a bounded walk
 // (PlaceByTick). The ghost is a FIFO of evicted keys.
 //
-// Hit density (LHD's measure, Beckmann et al., NSDI'18), learned per segment and age:
-// hits_[s][a] and ends_[s][a] count blocks of segment s hit, or gone, at age a (ticks
-// since last use, in log buckets). From them, for each age, P(hit later) / expected
+// With reuse_density, hit density (LHD's measure, Beckmann et al., NSDI'18), learned per
+// segment and age: hits_[s][a] and ends_[s][a] count blocks of segment s hit, or gone, at
+// age a (ticks since last use, in log buckets; counted only with reuse_density). From them, for each age, P(hit later) / expected
 // remaining life. Victim() takes the least recent candidate of each segment and evicts
 // the one of lower density, so the split between segments follows the workload (dead
 // protected blocks lose to new ones when they stop being hit).
@@ -458,7 +458,7 @@ class ReusePolicy final : public EvictionPolicy {
     auto it = map_.find(b);
     if (it == map_.end()) return;
     Entry& e = it->second;
-    Count(hits_[e.seg], e.tick, clock_);
+    if (density_on_) Count(hits_[e.seg], e.tick, clock_);
     TickList& from = Set(e.seg, e.inner);
     --seg_size_[e.seg];
     e.seg = 1;
@@ -472,7 +472,7 @@ class ReusePolicy final : public EvictionPolicy {
     auto it = map_.find(b);
     if (it == map_.end()) return;
     const Entry e = it->second;
-    Count(ends_[e.seg], e.tick, clock_);
+    if (density_on_) Count(ends_[e.seg], e.tick, clock_);
     Set(e.seg, e.inner).erase(e.pos);
     --seg_size_[e.seg];
     map_.erase(it);
