@@ -59,6 +59,7 @@ const kvtier_abi_field kLayout[] = {
     KVT_FIELD(kvtier_tier_stats, tier),
     KVT_FIELD(kvtier_tier_stats, present),
     KVT_FIELD(kvtier_tier_stats, reserved),
+    KVT_FIELD(kvtier_tier_stats, slab_moves),
     KVTIER_TIER_STATS_FIELDS(KVT_STATS_FIELD)
 };
 

@@ -132,22 +132,28 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
   std::memcpy(&c->reply, buf + sizeof rh, sizeof c->reply);
   const w::AttachReply& r = c->reply;
   // Protocol 5: an accepting reply is followed by the host tier's slot classes; protocol 6
-  // with kReplyHostParts, then by the host parts this client maps.
-  const bool with_parts =
-      rh.length == sizeof(w::AttachReply) + sizeof(w::SlotClassTable) + sizeof(w::HostPartTable);
-  const bool with_table = with_parts || rh.length == sizeof(w::AttachReply) + sizeof(w::SlotClassTable);
+  // with kReplyHostParts, then by the host parts this client maps; protocol 7, then by the
+  // HBM tier's slot classes.
+  const bool parts_flag = (r.flags & w::kReplyHostParts) != 0;
+  const bool with_hbm = r.status == 0 && r.protocol_version >= 7;
+  const size_t tail = sizeof(w::SlotClassTable) + (parts_flag ? sizeof(w::HostPartTable) : 0) +
+                      (with_hbm ? sizeof(w::HbmGeometry) : 0);
+  const bool with_table = rh.length == sizeof(w::AttachReply) + tail;
+  const bool with_parts = with_table && parts_flag;
   if (!w::ValidateControlHeader(rh).ok() || rh.type != static_cast<uint16_t>(w::ControlType::kAttachReply) ||
       (rh.length != sizeof(w::AttachReply) && !with_table) ||
       (with_table && (r.status != 0 || r.protocol_version < 5)) ||
-      (with_parts != ((r.flags & w::kReplyHostParts) != 0)) || (with_parts && r.protocol_version < 6)) {
+      (parts_flag && !with_parts) || (with_parts && r.protocol_version < 6) || (with_hbm && !with_table)) {
     close_fds();
     Detach(c);
     return Fail(KVTIER_IO_ERROR, "attach: malformed reply");
   }
   c->host_classes = w::SlotClassTable{};
   c->host_parts = w::HostPartTable{};
+  c->hbm = w::HbmGeometry{};
   if ((with_table && !ReadAll(c->sock, &c->host_classes, sizeof c->host_classes)) ||
-      (with_parts && !ReadAll(c->sock, &c->host_parts, sizeof c->host_parts))) {
+      (with_parts && !ReadAll(c->sock, &c->host_parts, sizeof c->host_parts)) ||
+      (with_hbm && !ReadAll(c->sock, &c->hbm, sizeof c->hbm))) {
     close_fds();
     Detach(c);
     return Fail(KVTIER_DISCONNECTED, "attach: kvtierd closed the connection");
@@ -202,6 +208,31 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
     close_fds();
     Detach(c);
     return Fail(KVTIER_IO_ERROR, "attach: " + hs.ToString());
+  }
+  if (r.flags & w::kReplyHasHbm) {
+    // The HBM tier's granule and classes, checked as the host's below. A daemon of
+    // protocol 6 or older sent none: one class, HBM slot s at s * slot_bytes (arena size
+    // unknown).
+    w::SlotClassTable& t = c->hbm.classes;
+    if (!with_hbm) {
+      t.count = 1;
+      t.granule = r.slot_bytes;
+      t.class_bytes[0] = r.slot_bytes;
+    }
+    bool ok = t.count >= 1 && t.count <= w::kMaxWireSlotClasses && t.granule > 0 && t.granule % 4096 == 0 &&
+              t.class_bytes[t.count - 1] == r.slot_bytes && c->hbm.arena_bytes % t.granule == 0;
+    for (uint32_t i = 0; ok && i < t.count; ++i) {
+      const uint64_t k = t.class_bytes[i];
+      ok = k > 0 && k % t.granule == 0 && (i == 0 || k > t.class_bytes[i - 1]) &&
+           (!with_hbm || k <= c->hbm.arena_bytes);
+    }
+    if (!ok) {
+      close_fds();
+      Detach(c);
+      return Fail(KVTIER_IO_ERROR, "attach: malformed HBM slot class table");
+    }
+  } else {
+    c->hbm = w::HbmGeometry{};
   }
   c->req = w::RequestRing(c->ring, c->hdr);
   c->cmp = w::CompletionRing(c->ring, c->hdr);

@@ -233,6 +233,10 @@ uint32_t kvtier_host_parts(const kvtier_client* c, uint32_t i, int* fd, uint64_t
   return n;
 }
 
+uint64_t kvtier_hbm_granule(const kvtier_client* c) { return c != nullptr ? c->hbm.classes.granule : 0; }
+
+uint64_t kvtier_hbm_arena_bytes(const kvtier_client* c) { return c != nullptr ? c->hbm.arena_bytes : 0; }
+
 uint64_t kvtier_host_granule(const kvtier_client* c) {
   return c != nullptr && c->host != nullptr ? c->host_classes.granule : 0;
 }

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <sstream>
 
 #include <toml++/toml.h>
@@ -328,8 +329,24 @@ const std::vector<Entry>& Schema() {
     s.push_back({"tenants", ApplyTenants});
     s.push_back({"tiers.slot_bytes", SizeField([](Config& c) { return &c.tiers.slot_bytes; })});
     s.push_back({"tiers.on_conflict", StringField([](Config& c) { return &c.tiers.on_conflict; })});
-    s.push_back({"tiers.slot_classes", SizeListField([](Config& c) { return &c.tiers.slot_classes; })});
-    s.push_back({"tiers.slab_bytes", SizeField([](Config& c) { return &c.tiers.slab_bytes; })});
+    // "auto" or a list of sizes; "auto" or a size.
+    s.push_back({"tiers.slot_classes", [](const toml::node& n, const std::string& key, Config& c) -> Status {
+                   c.tiers.slot_classes_auto = n.is_string() && *n.value<std::string>() == "auto";
+                   if (c.tiers.slot_classes_auto) {
+                     c.tiers.slot_classes.clear();
+                     return Status::Ok();
+                   }
+                   return SizeListField([](Config& c) { return &c.tiers.slot_classes; })(n, key, c);
+                 }});
+    s.push_back({"tiers.slab_bytes", [](const toml::node& n, const std::string& key, Config& c) -> Status {
+                   if (n.is_string() && *n.value<std::string>() == "auto") {
+                     c.tiers.slab_bytes = 0;
+                     return Status::Ok();
+                   }
+                   KVTIER_RETURN_IF_ERROR(SizeField([](Config& c) { return &c.tiers.slab_bytes; })(n, key, c));
+                   if (c.tiers.slab_bytes == 0) return Status::Invalid(key + ": 0 (write \"auto\" for the default)");
+                   return Status::Ok();
+                 }});
     AddTier(s, "tiers.hbm", [](Config& c) { return &c.tiers.hbm; });
     s.push_back({"tiers.hbm.cuda_device",
                  IntField<int32_t>([](Config& c) { return &c.tiers.cuda_device; }, 0, 1024)});
@@ -500,6 +517,31 @@ Config::Config() {
   tiers.nvme.tier.on_evict = "drop";
 }
 
+std::vector<uint64_t> TiersConfig::SlotClasses() const {
+  if (!slot_classes_auto) return slot_classes.size() == 1 && slot_classes[0] == slot_bytes ? std::vector<uint64_t>{}
+                                                                                            : slot_classes;
+  std::vector<uint64_t> c;
+  for (uint64_t b : kCommonBlockBytes) {
+    if (b < slot_bytes) c.push_back(b);
+  }
+  if (c.empty()) return {};  // one class of slot_bytes
+  while (c.size() > 3) c.erase(c.begin());  // at most 4 classes: the largest common ones
+  c.push_back(slot_bytes);
+  // "auto" never stops a start: a host tier too small for one slab gets one class.
+  uint64_t lcm = 1;
+  for (uint64_t b : c) lcm = std::lcm(lcm, b);
+  const uint64_t slab = std::min(lcm, kMaxAutoSlabBytes);
+  if (slab < slot_bytes || (host.capacity_bytes != 0 && host.capacity_bytes < slab)) return {};
+  return c;
+}
+
+uint64_t TiersConfig::SlabBytes() const {
+  if (slab_bytes != 0) return slab_bytes;
+  uint64_t lcm = 1;
+  for (uint64_t b : SlotClasses()) lcm = std::lcm(lcm, b);
+  return std::max(std::min(lcm, kMaxAutoSlabBytes), slot_bytes);
+}
+
 Status Config::Validate() const {
   const auto& d = daemon;
   if (d.socket.empty()) return Status::Invalid("daemon.socket: empty path");
@@ -553,19 +595,20 @@ Status Config::Validate() const {
       if (t.slot_classes[j] == v) return Status::Invalid("tiers.slot_classes: " + FormatSize(v) + " is listed twice");
     }
   }
-  if (!t.slot_classes.empty() &&
+  if (!t.slot_classes_auto && !t.slot_classes.empty() &&
       *std::max_element(t.slot_classes.begin(), t.slot_classes.end()) != t.slot_bytes) {
     return Status::Invalid("tiers.slot_classes: the largest class must be tiers.slot_bytes (" +
                            FormatSize(t.slot_bytes) + "), the slot of the HBM and NVMe tiers");
   }
-  if (!t.slot_classes.empty()) {
-    if (t.slab_bytes % 4096 != 0 || t.slab_bytes < t.slot_bytes || t.slab_bytes > (uint64_t{1} << 30)) {
-      return Status::Invalid("tiers.slab_bytes: " + FormatSize(t.slab_bytes) +
+  if (t.SlotClasses().size() > 1) {
+    const uint64_t slab = t.SlabBytes();
+    if (slab % 4096 != 0 || slab < t.slot_bytes || slab > (uint64_t{1} << 30)) {
+      return Status::Invalid("tiers.slab_bytes: " + FormatSize(slab) +
                              " is not a multiple of 4KiB in [tiers.slot_bytes (" + FormatSize(t.slot_bytes) + "), 1GiB]");
     }
-    if (t.host.capacity_bytes != 0 && t.host.capacity_bytes < t.slab_bytes) {
+    if (t.host.capacity_bytes != 0 && t.host.capacity_bytes < slab) {
       return Status::Invalid("tiers.host.capacity: " + FormatSize(t.host.capacity_bytes) +
-                             " holds no slab of tiers.slab_bytes (" + FormatSize(t.slab_bytes) + ")");
+                             " holds no slab of tiers.slab_bytes (" + FormatSize(slab) + ")");
     }
   }
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.hbm", t.hbm, t.slot_bytes));
@@ -580,8 +623,8 @@ Status Config::Validate() const {
     return Status::Invalid("tiers.on_conflict: \"" + t.on_conflict + "\" is not keep-first, replace or drop-disputed");
   }
   // The most host slots a client's alloc leases can hold: those of the smallest class.
-  const uint64_t smallest =
-      t.slot_classes.empty() ? t.slot_bytes : *std::min_element(t.slot_classes.begin(), t.slot_classes.end());
+  const std::vector<uint64_t> classes = t.SlotClasses();
+  const uint64_t smallest = classes.empty() ? t.slot_bytes : *std::min_element(classes.begin(), classes.end());
   if (smallest > 0 && t.host_staging_slots_per_client > t.host.capacity_bytes / smallest) {
     return Status::Invalid("tiers.host.staging_slots_per_client: " + std::to_string(t.host_staging_slots_per_client) +
                            " is more than the host tier's " + std::to_string(t.host.capacity_bytes / smallest) +

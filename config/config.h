@@ -70,6 +70,14 @@ struct RemoteConfig {
   std::string key_prefix = "kvt:";
 };
 
+// The blocks of common models at 16-token NVFP4 blocks, 8 KV heads x head_dim 128 (18 KiB
+// a layer): 8 layers (small test models; Llama-3.2-1B's 16 layers of head_dim 64), 32
+// (Llama-3-8B, Mistral-7B), 40 (Mistral-Nemo-12B). With the default slot_bytes (80 layers,
+// Llama-3-70B) they are the "auto" slot classes; every one divides a 2880 KiB slab.
+inline constexpr uint64_t kCommonBlockBytes[] = {144ull << 10, 576ull << 10, 720ull << 10};
+// "auto" slab: the classes' least common multiple, at most this.
+inline constexpr uint64_t kMaxAutoSlabBytes = 64ull << 20;
+
 struct TiersConfig {
   uint64_t slot_bytes = 1474560;  // one block; multiple of 4096. Default: 1440KiB
                                   // (80 layers x 8 heads x 128 dim x 16 tokens NVFP4)
@@ -77,14 +85,23 @@ struct TiersConfig {
   // block stays) | replace (the new bytes replace it) | drop-disputed (both go); a pinned
   // or moving block always stays. Default: "keep-first"
   std::string on_conflict = "keep-first";
-  // tiers.slot_classes: the host tier's slot sizes (at most 4, 4 KiB multiples, the largest
-  // equal to slot_bytes); a contract's blocks take the smallest that holds them, and the
-  // classes share the host tier's slabs by demand (docs/tiers.md). Empty: one class of
-  // slot_bytes. Default: []
+  // tiers.slot_classes: the slot sizes (at most 4, 4 KiB multiples, the largest equal to
+  // slot_bytes); a contract's blocks take the smallest that holds them, and the classes
+  // share each tier's slabs by demand (docs/tiers.md). Empty with slot_classes_auto false:
+  // one class of slot_bytes. Default: "auto" (slot_classes_auto; SlotClasses() resolves it)
   std::vector<uint64_t> slot_classes;
-  // tiers.slab_bytes: with slot_classes, the host tier is cut into slabs of this size, each
-  // holding slots of one class; a 4 KiB multiple in [slot_bytes, 1GiB]. Default: 64MiB
-  uint64_t slab_bytes = 64ull << 20;
+  bool slot_classes_auto = true;  // tiers.slot_classes = "auto". Default: true
+  // tiers.slab_bytes: with several classes, the tiers are cut into slabs of this size, each
+  // holding slots of one class; a 4 KiB multiple in [slot_bytes, 1GiB]; 0 ("auto"): the
+  // least common multiple of the classes, or 64 MiB when that is larger (SlabBytes()).
+  // Default: 0 (auto)
+  uint64_t slab_bytes = 0;
+  // The classes the tiers get: the explicit list, or for "auto" slot_bytes and each of
+  // kCommonBlockBytes below it, when the host tier holds one slab of them (else one
+  // class). Empty: one class of slot_bytes.
+  std::vector<uint64_t> SlotClasses() const;
+  // The slab size for SlotClasses(): slab_bytes, or its "auto" value.
+  uint64_t SlabBytes() const;
   TierConfig hbm;                 // capacity Default: 0 (set it on a GPU machine)
   int32_t cuda_device = 0;        // GPU for the HBM tier, >= 0. Default: 0
   // tiers.hbm.copy: how host -> HBM batches are copied: auto | kernel | batch | loop

@@ -123,6 +123,13 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
            static_cast<double>(t.*(m.field)));
     }
   }
+  Family(&o, "kvtier_tier_slab_moves_total", "counter",
+         "Slabs moved from one slot class to another (their blocks evicted first).");
+  for (const auto& t : tiers) {
+    if (!t.present || t.tier == tiers::Tier::kRemote) continue;
+    Line(&o, "kvtier_tier_slab_moves_total", std::string("tier=\"") + tiers::TierName(t.tier) + "\"",
+         static_cast<double>(t.slab_moves));
+  }
   Family(&o, "kvtier_tier_evictions_total", "counter", "Blocks evicted from the tier, by reason.");
   for (const auto& t : tiers) {
     if (!t.present) continue;

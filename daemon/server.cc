@@ -115,8 +115,8 @@ Status SetSocketOwnership(const std::string& path, const SocketIds& ids, const c
 tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
   tiers::TierManagerOptions o;
   o.slot_bytes = c.tiers.slot_bytes;
-  o.slot_classes = c.tiers.slot_classes;
-  o.slab_bytes = c.tiers.slab_bytes;
+  o.slot_classes = c.tiers.SlotClasses();  // "auto" resolved
+  o.slab_bytes = c.tiers.SlabBytes();
   o.hbm = TierOf(c.tiers.hbm, c.tiers.policy);
   o.cuda_device = c.tiers.cuda_device;
   // Config::Validate checked the name: ParseHbmCopy cannot fail here.
@@ -536,7 +536,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (tm->has_tier(tiers::Tier::kNvme)) r.flags |= wire::kReplyHasNvme;
     // The HBM arena's IPC handle only for a client that attached with a GPU: CUDA IPC maps
     // the arena read-write, so a handle is the power to change every HBM block.
-    if (has_gpu && tm->has_tier(tiers::Tier::kHbm)) {
+    // A client of protocol 6 or older addresses HBM slot s at s * slot_bytes: none with
+    // several HBM slot classes (Session::CheckTarget refuses its HBM leases too).
+    if (has_gpu && tm->has_tier(tiers::Tier::kHbm) && (protocol_ >= 7 || tm->hbm_geometry().classes.size() <= 1)) {
       Status hs = tm->hbm_ipc_handle(r.hbm_ipc_handle);
       if (hs.ok()) r.flags |= wire::kReplyHasHbm;
       else spdlog::warn("HBM IPC handle unavailable: {}", hs.ToString());
@@ -580,6 +582,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // Protocol 5 on: the host tier's slot classes follow an accepting reply. A refusal is
     // the bare reply, which every version reads.
     const bool table = protocol_ >= 5 && r.status == 0;
+    const bool hbm_table = protocol_ >= 7 && r.status == 0;
+    wire::HbmGeometry hg;
+    if (hbm_table && (r.flags & wire::kReplyHasHbm)) {
+      const tiers::HostGeometry& g = d_->tm_->hbm_geometry();
+      hg.classes.count = static_cast<uint32_t>(std::min<size_t>(g.classes.size(), wire::kMaxWireSlotClasses));
+      hg.classes.granule = g.granule;
+      hg.classes.slab_bytes = g.slab_bytes;
+      for (uint32_t i = 0; i < hg.classes.count; ++i) hg.classes.class_bytes[i] = g.classes[i];
+      hg.arena_bytes = g.arena_bytes;
+    }
     wire::SlotClassTable t;
     if (table && (r.flags & wire::kReplyHasHost)) {
       const tiers::HostGeometry& g = d_->tm_->host_geometry();
@@ -595,12 +607,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
       pt.count = static_cast<uint32_t>(std::min<size_t>(parts.size(), wire::kMaxWireHostParts));
       for (uint32_t i = 0; i < pt.count; ++i) pt.parts[i] = {parts[i].offset, parts[i].bytes};
     }
-    h.length = static_cast<uint32_t>(sizeof r + (table ? sizeof t : 0) + (with_parts ? sizeof pt : 0));
-    uint8_t buf[sizeof h + sizeof r + sizeof t + sizeof pt];
+    h.length = static_cast<uint32_t>(sizeof r + (table ? sizeof t : 0) + (with_parts ? sizeof pt : 0) +
+                                     (hbm_table ? sizeof hg : 0));
+    uint8_t buf[sizeof h + sizeof r + sizeof t + sizeof pt + sizeof hg];
     std::memcpy(buf, &h, sizeof h);
     std::memcpy(buf + sizeof h, &r, sizeof r);
-    if (table) std::memcpy(buf + sizeof h + sizeof r, &t, sizeof t);
-    if (with_parts) std::memcpy(buf + sizeof h + sizeof r + sizeof t, &pt, sizeof pt);
+    size_t at = sizeof h + sizeof r;
+    if (table) std::memcpy(buf + at, &t, sizeof t), at += sizeof t;
+    if (with_parts) std::memcpy(buf + at, &pt, sizeof pt), at += sizeof pt;
+    if (hbm_table) std::memcpy(buf + at, &hg, sizeof hg);
     const size_t total = sizeof h + h.length;
     iovec iov{buf, total};
     msghdr msg{};
@@ -1136,8 +1151,8 @@ Status Daemon::Impl::Reload(std::string* summary) {
     notes += std::string(notes.empty() ? "" : "; ") + key + " changed: needs a restart, ignored";
   };
   if (n.tiers.slot_bytes != o.tiers.slot_bytes) ignored("tiers.slot_bytes");
-  if (n.tiers.slot_classes != o.tiers.slot_classes) ignored("tiers.slot_classes");
-  if (n.tiers.slab_bytes != o.tiers.slab_bytes) ignored("tiers.slab_bytes");
+  if (n.tiers.SlotClasses() != o.tiers.SlotClasses()) ignored("tiers.slot_classes");
+  if (n.tiers.SlabBytes() != o.tiers.SlabBytes()) ignored("tiers.slab_bytes");
   if (n.tiers.hbm.capacity_bytes != o.tiers.hbm.capacity_bytes) ignored("tiers.hbm.capacity");
   if (n.tiers.host.capacity_bytes != o.tiers.host.capacity_bytes) ignored("tiers.host.capacity");
   if (n.tiers.nvme.tier.capacity_bytes != o.tiers.nvme.tier.capacity_bytes) ignored("tiers.nvme.capacity");

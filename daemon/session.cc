@@ -363,6 +363,11 @@ Status Session::CheckTarget(uint8_t tier) const {
   if (tier == wire::kTierHbm) {
     if (!has_gpu_) return Status::Invalid("this client attached without a GPU: target host, not hbm");
     if (!tm_->has_tier(tiers::Tier::kHbm)) return Status::Unsupported("the daemon has no HBM tier");
+    if (limits_.protocol_version < 7 && tm_->hbm_geometry().classes.size() > 1) {
+      return Status::Unsupported("the HBM tier has slots of several sizes, at slot * granule, which this client "
+                                 "(protocol " + std::to_string(limits_.protocol_version) +
+                                 ") does not know: upgrade libkvtier to protocol 7 to use the HBM tier");
+    }
   } else if (!tm_->has_tier(tiers::Tier::kHost)) {
     return Status::Unsupported("the daemon has no host tier");
   } else if (!staging_) {
@@ -1131,7 +1136,8 @@ Status Session::HandleStats(const wire::RequestEntry& req, uint8_t* out, wire::C
   uint32_t n = 0;
   for (const auto& t : stats) {
     if (n >= req.count) break;
-    const wire::WireTierStats w = ToWire(t);
+    wire::WireTierStats w = ToWire(t);
+    if (limits_.protocol_version < 7) w.slab_moves = 0;  // reserved (0) before protocol 7
     std::memcpy(out + n * sizeof(w), &w, sizeof(w));
     ++n;
   }

@@ -3,6 +3,9 @@
 // field added there travels without another line here.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+
 #include "formats/wire.h"
 #include "tiers/tier_manager.h"
 
@@ -12,6 +15,7 @@ inline wire::WireTierStats ToWire(const tiers::TierStats& s) {
   wire::WireTierStats w{};
   w.tier = static_cast<uint8_t>(s.tier);
   w.present = s.present ? 1 : 0;
+  w.slab_moves = static_cast<uint32_t>(std::min<uint64_t>(s.slab_moves, UINT32_MAX));
 #define KVTIER_TIER_STATS_COPY_(type, name) w.name = s.name;
   KVTIER_TIER_STATS_FIELDS(KVTIER_TIER_STATS_COPY_)
 #undef KVTIER_TIER_STATS_COPY_
@@ -22,6 +26,7 @@ inline tiers::TierStats FromWire(const wire::WireTierStats& w) {
   tiers::TierStats s;
   s.tier = static_cast<tiers::Tier>(w.tier);
   s.present = w.present != 0;
+  s.slab_moves = w.slab_moves;
 #define KVTIER_TIER_STATS_COPY_(type, name) s.name = w.name;
   KVTIER_TIER_STATS_FIELDS(KVTIER_TIER_STATS_COPY_)
 #undef KVTIER_TIER_STATS_COPY_

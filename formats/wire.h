@@ -91,7 +91,12 @@ namespace kvtier::wire {
 //    (kReplyHostParts: a HostPartTable after the SlotClassTable, its fds before the
 //    staging area's); host acquires of blocks in it answer arena ids, not copies. A
 //    protocol-5 client of such a daemon gets no part, and copies as before.
-inline constexpr uint32_t kProtocolVersion = 6;
+// 7: WireTierStats.slab_moves (bytes 4-7, reserved and 0 before; a client of protocol 6
+//    or older gets 0 there); the attach reply ends with the HBM tier's HbmGeometry (after
+//    the SlotClassTable and any HostPartTable; HBM slot s at s * granule, slots of the
+//    host's classes). A client of protocol 6 or older, which would address HBM slot s at s * slot_bytes, gets
+//    no HBM IPC handle and no HBM leases from a daemon whose HBM tier has several classes.
+inline constexpr uint32_t kProtocolVersion = 7;
 // The oldest client protocol this daemon still serves: a newer daemon serves older
 // clients within one major version. 3, since a version-2 client would misread the
 // version-3 stats record. Version 4 adds Op::kAcquireAsync; a version-3 client never
@@ -204,6 +209,15 @@ struct HostPartTable {
   } parts[kMaxWireHostParts];
 };
 static_assert(sizeof(HostPartTable) == 40);
+
+// Protocol 7: after the SlotClassTable (and the HostPartTable), the HBM tier's slots (count 0: no HBM tier). HBM
+// slot s (a block-table entry of the decode kernels) is at arena offset s * granule
+// whatever its class; the kernels' pool stride (kvt_pool.slot_bytes) is the granule.
+struct HbmGeometry {
+  SlotClassTable classes;
+  uint64_t arena_bytes = 0;  // bytes of the HBM arena's slabs (every slot lies below)
+};
+static_assert(sizeof(HbmGeometry) == 64);
 
 // ---- Ring region ---------------------------------------------------------------------
 

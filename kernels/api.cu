@@ -39,6 +39,16 @@ Geometry GeometryOf(const kvt_pool& p) {
   return g;
 }
 
+// Slot ids whose whole block lies in [base, base + num_slots * slot_bytes): every id when
+// slot_bytes holds a block; with a stride below the block size (the slot classes of the
+// HBM tier, whose stride is the granule) the ids from which the block would pass the end
+// are refused. CheckPool has ensured num_slots * slot_bytes >= the block's bytes.
+uint64_t UsableSlots(const kvt_pool& p) {
+  const uint64_t block = BlockBytes(static_cast<KvFormat>(p.format), GeometryOf(p));
+  if (p.slot_bytes >= block) return p.num_slots;
+  return (p.num_slots * p.slot_bytes - block) / p.slot_bytes + 1;
+}
+
 int CheckPool(const kvt_pool* p) {
   if (p == nullptr) return Fail(KVT_INVALID, "pool is null");
   if (p->format > KVT_FORMAT_BF16) return Fail(KVT_INVALID, "unknown pool format " + std::to_string(p->format));
@@ -47,10 +57,13 @@ int CheckPool(const kvt_pool* p) {
   if (p->base == nullptr) return Fail(KVT_INVALID, "pool base is null");
   if (reinterpret_cast<uintptr_t>(p->base) % 16 != 0) return Fail(KVT_INVALID, "pool base not 16-byte aligned");
   if (p->num_slots == 0) return Fail(KVT_INVALID, "pool has no slots");
-  if (p->slot_bytes % 16 != 0) return Fail(KVT_INVALID, "slot_bytes not a multiple of 16");
-  if (p->slot_bytes < BlockBytes(f, GeometryOf(*p))) {
-    return Fail(KVT_INVALID, "slot_bytes " + std::to_string(p->slot_bytes) + " < block bytes " +
-                                 std::to_string(BlockBytes(f, GeometryOf(*p))));
+  if (p->slot_bytes == 0 || p->slot_bytes % 16 != 0) return Fail(KVT_INVALID, "slot_bytes not a positive multiple of 16");
+  // slot_bytes is the stride between slot ids: at least a block (one slot size), or the
+  // granule of slots of several sizes, where a block spans several strides.
+  const uint64_t block = BlockBytes(f, GeometryOf(*p));
+  if (p->num_slots > UINT64_MAX / p->slot_bytes || p->num_slots * p->slot_bytes < block) {
+    return Fail(KVT_INVALID, "pool of " + std::to_string(p->num_slots) + " x " + std::to_string(p->slot_bytes) +
+                                 " bytes holds no block of " + std::to_string(block) + " bytes");
   }
   return KVT_OK;
 }
@@ -58,10 +71,11 @@ int CheckPool(const kvt_pool* p) {
 int CheckMappingHost(const kvt_pool& pool, int n, const int32_t* slots, const int32_t* pos) {
   if (slots == nullptr) return KVT_OK;
   if (pos == nullptr) return Fail(KVT_INVALID, "slot_ids_host given without positions_host");
+  const uint64_t usable = UsableSlots(pool);
   for (int i = 0; i < n; ++i) {
-    if (slots[i] < 0 || static_cast<uint64_t>(slots[i]) >= pool.num_slots) {
+    if (slots[i] < 0 || static_cast<uint64_t>(slots[i]) >= usable) {
       return Fail(KVT_INVALID, "token " + std::to_string(i) + ": slot id " + std::to_string(slots[i]) +
-                                   " out of range [0, " + std::to_string(pool.num_slots) + ")");
+                                   " out of range [0, " + std::to_string(usable) + ")");
     }
     if (pos[i] < 0 || static_cast<uint32_t>(pos[i]) >= pool.block_tokens) {
       return Fail(KVT_INVALID, "token " + std::to_string(i) + ": position " + std::to_string(pos[i]) +
@@ -236,7 +250,7 @@ int kvt_quantize_append(const kvt_pool* pool, const kvt_quantize_params* p, void
   a.positions = p->positions;
   a.pool = static_cast<uint8_t*>(pool->base);
   a.slot_bytes = pool->slot_bytes;
-  a.num_slots = pool->num_slots;
+  a.num_slots = UsableSlots(*pool);
   a.page_offset = PageOffset(KvFormat::kNvfp4, g, p->layer);
   a.k_data = static_cast<uint32_t>(pl.k_data);
   a.k_scale = static_cast<uint32_t>(pl.k_scale);
@@ -279,6 +293,7 @@ int DecodeImpl(const kvt_pool* pool, const kvt_decode_params* p, void* stream, b
   }
   const int T = static_cast<int>(pool->block_tokens);
   if (p->block_table_host != nullptr) {
+    const uint64_t usable = UsableSlots(*pool);
     if (p->seq_lens_host == nullptr) return Fail(KVT_INVALID, "decode: block_table_host given without seq_lens_host");
     for (int b = 0; b < p->batch; ++b) {
       const int len = p->seq_lens_host[b];
@@ -288,10 +303,10 @@ int DecodeImpl(const kvt_pool* pool, const kvt_decode_params* p, void* stream, b
       }
       for (int blk = 0; blk < (len + T - 1) / T; ++blk) {
         const int32_t s = p->block_table_host[static_cast<size_t>(b) * p->max_blocks + blk];
-        if (s < 0 || static_cast<uint64_t>(s) >= pool->num_slots) {
+        if (s < 0 || static_cast<uint64_t>(s) >= usable) {
           return Fail(KVT_INVALID, "decode: block_table[" + std::to_string(b) + "][" + std::to_string(blk) +
                                        "] = " + std::to_string(s) + " out of range [0, " +
-                                       std::to_string(pool->num_slots) + ")");
+                                       std::to_string(usable) + ")");
         }
       }
     }
@@ -312,8 +327,8 @@ int DecodeImpl(const kvt_pool* pool, const kvt_decode_params* p, void* stream, b
   a.lse = p->lse;
   a.pool = static_cast<const uint8_t*>(pool->base);
   a.slot_bytes = pool->slot_bytes;
-  a.num_slots = pool->num_slots;
-  a.num_slots32 = static_cast<uint32_t>(std::min<uint64_t>(pool->num_slots, uint64_t{1} << 31));
+  a.num_slots = UsableSlots(*pool);
+  a.num_slots32 = static_cast<uint32_t>(std::min<uint64_t>(UsableSlots(*pool), uint64_t{1} << 31));
   a.page_offset = PageOffset(f, g, p->layer);
   a.k_data = static_cast<uint32_t>(pl.k_data);
   a.k_scale = static_cast<uint32_t>(pl.k_scale);
@@ -393,7 +408,7 @@ int kvt_dequantize_pages(const kvt_pool* pool, const kvt_dequant_params* p, void
   a.positions = p->positions;
   a.pool = static_cast<const uint8_t*>(pool->base);
   a.slot_bytes = pool->slot_bytes;
-  a.num_slots = pool->num_slots;
+  a.num_slots = UsableSlots(*pool);
   a.page_offset = PageOffset(f, g, p->layer);
   a.data = static_cast<uint32_t>(p->side == 0 ? pl.k_data : pl.v_data);
   a.scale = static_cast<uint32_t>(p->side == 0 ? pl.k_scale : pl.v_scale);

@@ -15,11 +15,17 @@ Status HostPool::Validate() const {
   if (base == nullptr) return Status::Invalid("pool base is null");
   if (Status s = geometry.Validate(format); !s.ok()) return s;
   if (num_slots == 0) return Status::Invalid("pool has no slots");
-  if (slot_bytes < BlockBytes(format, geometry)) {
-    return Status::Invalid("slot_bytes " + std::to_string(slot_bytes) + " < block bytes " +
-                           std::to_string(BlockBytes(format, geometry)));
+  // slot_bytes is the stride of slot ids (kernels.h): a block may span several strides.
+  if (slot_bytes == 0 || num_slots > SIZE_MAX / slot_bytes || num_slots * slot_bytes < BlockBytes(format, geometry)) {
+    return Status::Invalid("pool of " + std::to_string(num_slots) + " x " + std::to_string(slot_bytes) +
+                           " bytes holds no block of " + std::to_string(BlockBytes(format, geometry)) + " bytes");
   }
   return Status::Ok();
+}
+
+size_t HostPool::usable_slots() const {
+  const size_t block = BlockBytes(format, geometry);
+  return slot_bytes >= block ? num_slots : (num_slots * slot_bytes - block) / slot_bytes + 1;
 }
 
 uint8_t* HostPool::Page(size_t slot, uint32_t layer) const {
@@ -51,7 +57,7 @@ Status CheckMapping(const HostPool& pool, std::span<const int32_t> slot_ids,
   if (slot_ids.size() != positions.size()) return Status::Invalid("slot_ids/positions size");
   if (layer >= pool.geometry.num_layers) return Status::Invalid("layer out of range");
   for (size_t i = 0; i < slot_ids.size(); ++i) {
-    if (slot_ids[i] < 0 || static_cast<size_t>(slot_ids[i]) >= pool.num_slots) {
+    if (slot_ids[i] < 0 || static_cast<size_t>(slot_ids[i]) >= pool.usable_slots()) {
       return Status::Invalid("token " + std::to_string(i) + ": slot id " +
                              std::to_string(slot_ids[i]) + " out of range");
     }
@@ -172,7 +178,7 @@ Status DecodeRef(const HostPool& pool, const DecodeRefArgs& a, std::vector<doubl
     if (len < 0 || len > a.max_blocks * T) return Status::Invalid("sequence length out of range");
     for (int blk = 0; blk < (len + T - 1) / T; ++blk) {
       const int32_t slot = a.block_table[static_cast<size_t>(b) * a.max_blocks + blk];
-      if (slot < 0 || static_cast<size_t>(slot) >= pool.num_slots) {
+      if (slot < 0 || static_cast<size_t>(slot) >= pool.usable_slots()) {
         return Status::Invalid("block table entry out of range");
       }
     }

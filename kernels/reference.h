@@ -25,13 +25,17 @@ namespace kvtier::kernels {
 // A host image of the slot pool (same bytes as the device pool).
 struct HostPool {
   uint8_t* base = nullptr;     // slot s at base + s * slot_bytes. Default: null (refused)
-  size_t slot_bytes = 0;       // >= BlockBytes(format, geometry). Default: 0 (refused)
+  // The stride of slot ids: >= BlockBytes(format, geometry) for slots of one size, or the
+  // granule of slots of several sizes (a block spans several). Default: 0 (refused)
+  size_t slot_bytes = 0;
   size_t num_slots = 0;        // slots in the image. Default: 0 (refused)
   Geometry geometry;           // L, H, D, T. Default: all zero (refused)
   KvFormat format = KvFormat::kNvfp4;  // page format. Default: nvfp4
 
-  // Invalid unless the geometry is valid for the format and a slot holds a block.
+  // Invalid unless the geometry is valid for the format and the image holds a block.
   Status Validate() const;
+  // Slot ids whose whole block lies in the image (all of them when a stride holds a block).
+  size_t usable_slots() const;
   // Start of the page of (slot, layer).
   uint8_t* Page(size_t slot, uint32_t layer) const;
 };

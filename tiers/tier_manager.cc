@@ -76,12 +76,27 @@ Status TierManagerImpl::Init() {
     hb.device = opts_.cuda_device;
     hb.slot_bytes = opts_.slot_bytes;
     hb.slots = static_cast<uint32_t>(opts_.hbm.capacity_bytes / opts_.slot_bytes);
+    // The host tier's classes and slabs, when the HBM arena holds a slab of them.
+    if (!opts_.slot_classes.empty() && opts_.hbm.capacity_bytes >= opts_.slab_bytes) {
+      hb.classes = opts_.slot_classes;
+      hb.slab_bytes = opts_.slab_bytes;
+      hb.arena_bytes = opts_.hbm.capacity_bytes;
+    }
     hb.copy = opts_.hbm_copy;
     hb.streams = opts_.hbm_copy_streams;
     hb.trace_copies = opts_.trace_copies;
     auto hbm = HbmPool::Create(hb);
     if (!hbm.ok()) return hbm.status();  // a GPU is there but unusable: say so at start
     hbm_ = std::move(hbm.value());
+    hbm_geometry_.granule = hbm_->granule();
+    hbm_geometry_.slab_bytes = hbm_->slab_bytes();
+    hbm_geometry_.arena_bytes = hbm_->arena_bytes();
+    hbm_geometry_.num_slabs = hbm_->num_slabs();
+    for (int c = 0; c < hbm_->num_classes(); ++c) {
+      hbm_geometry_.classes.push_back(hbm_->class_bytes(c));
+      hbm_geometry_.per_slab.push_back(hbm_->slots_per_slab(c));
+      hbm_geometry_.most.push_back(hbm_->most(c));
+    }
   }
 
   if (opts_.nvme.tier.capacity_bytes > 0) {
@@ -105,7 +120,7 @@ Status TierManagerImpl::Init() {
     group_evictions_.assign(opts_.groups.size(), {0, 0, 0});
   }
   T(kH).Init(Tier::kHbm, &opts_.hbm, hbm_.get(), nullptr, nullptr);
-  if (hbm_) hbm_client_.assign(hbm_->slots(), 0);
+  if (hbm_) hbm_client_.assign(hbm_->id_space(), 0);
   T(kS).Init(Tier::kHost, &opts_.host, nullptr, host_.get(), nullptr);
   T(kN).Init(Tier::kNvme, &opts_.nvme.tier, nullptr, nullptr, nvme_.get());
   admission_ = std::make_unique<NvmeAdmission>(opts_.nvme.admission, opts_.nvme.daily_write_budget_bytes,
@@ -133,8 +148,10 @@ Status TierManagerImpl::Init() {
                      ? fmt::format("{} B each", host_classes)
                      : fmt::format("classes {} in {} slabs of {} B", host_classes, host_->num_slabs(), host_->slab_bytes());
   spdlog::info("kvtier tiers: hbm {} | host {} slots ({}; {}) | nvme {}",
-               hbm_ ? fmt::format("{} slots on device {} ({})", hbm_->slots(), opts_.cuda_device,
-                                  cuda::DeviceName(opts_.cuda_device))
+               hbm_ ? fmt::format("{} slots on device {} ({}; {})", hbm_->slots(), opts_.cuda_device,
+                                  cuda::DeviceName(opts_.cuda_device),
+                                  hbm_->num_classes() == 1 ? fmt::format("{} B each", hbm_->slot_bytes())
+                                                           : fmt::format("the host's classes in {} slabs", hbm_->num_slabs()))
                     : fmt::format("absent ({})", hbm_why),
                host_->slots(), host_classes,
                host_->cuda_registered() ? "cudaHostRegister'ed" : "not CUDA-registered",
@@ -346,7 +363,7 @@ Status TierManagerImpl::AllocLocked(uint64_t contract_id, uint32_t n, int t, std
   const int cls = ts.ClassOf(cit->second.block_bytes());
   const uint32_t most = ts.most(cls);
   const std::string of_class =
-      ts.num_classes() > 1 ? " of its slot class (" + std::to_string(host_->class_bytes(cls)) + " B)" : "";
+      ts.num_classes() > 1 ? " of its slot class (" + std::to_string(ts.class_bytes(cls)) + " B)" : "";
   if (n > most) {
     return Status::Invalid("AllocSlots: " + std::to_string(n) + " slots asked, tier has " + std::to_string(most) + of_class);
   }
@@ -355,7 +372,7 @@ Status TierManagerImpl::AllocLocked(uint64_t contract_id, uint32_t n, int t, std
   const int part = PartForLocked(t, group);
   // A starved class takes slabs from the others (TakeSlabLocked); else it evicts within
   // its class.
-  while (ts.free(cls, part) < n && t == kS && TakeSlabLocked(cls, group, n - ts.free(cls, part))) {
+  while (ts.free(cls, part) < n && TakeSlabLocked(t, cls, group, n - ts.free(cls, part))) {
   }
   if (ts.free(cls, part) < n) EvictCleanLocked(t, n - ts.free(cls, part), group, cls);
   if (ts.free(cls, part) < n) {
@@ -591,11 +608,12 @@ std::vector<TierStats> TierManagerImpl::Stats() const {
     const uint64_t unit = s.tier == Tier::kNvme && nvme_ ? nvme_->record_bytes() : slot_bytes_;
     s.capacity_bytes = s.slots_total * unit;
     s.used_bytes = s.slots_used * unit;
-    if (s.tier == Tier::kHost) {  // slots of several sizes
-      s.capacity_bytes = host_->arena_bytes();
-      s.used_bytes = host_->used_bytes();
+    if (s.present && s.tier != Tier::kNvme) {  // slots of several sizes
+      s.capacity_bytes = ts.arena_bytes();
+      s.used_bytes = ts.used_bytes();
     }
     s.blocks = ts.policy ? ts.policy->size() : 0;
+    s.slab_moves = ts.slab_moves;
     s.pinned = ts.pinned;  // kept as pins change: no scan of the block index
     if (s.tier == Tier::kNvme && nvme_) s.checksum_failures = nvme_->Stats().checksum_failures;
     out.push_back(s);

@@ -160,8 +160,8 @@ struct GroupStats {
 
 // Where a contract's blocks go in the host tier: its slot class, that class's slot size,
 // and block bytes / slot bytes.
-// Where the host tier's slots are: slot s at arena offset s * granule; classes smallest
-// first (one: slot_bytes).
+// Where the slots of the host (or HBM) tier are: slot s at arena offset s * granule;
+// classes smallest first (one: slot_bytes).
 struct HostGeometry {
   uint64_t granule = 0;
   uint64_t slab_bytes = 0;
@@ -212,6 +212,9 @@ struct TierStats {
 #define KVTIER_TIER_STATS_MEMBER_(type, name) type name = 0;
   KVTIER_TIER_STATS_FIELDS(KVTIER_TIER_STATS_MEMBER_)
 #undef KVTIER_TIER_STATS_MEMBER_
+  // Slabs moved from one slot class to another (tiers/slab_allocator.h); 0 for a tier of
+  // one class.
+  uint64_t slab_moves = 0;
 };
 
 // Operator views (kvtierctl): one registered contract and what it holds per tier.
@@ -270,6 +273,9 @@ class TierManager {
   virtual uint64_t block_bytes(uint64_t contract_id) const { (void)contract_id; return 0; }
   // Where the host arena's slots are (granule and slot classes; fixed at open).
   virtual const HostGeometry& host_geometry() const = 0;
+  // The HBM tier's (empty without one): the host's classes when its arena holds a slab of
+  // them, else one class of slot_bytes.
+  virtual const HostGeometry& hbm_geometry() const = 0;
   // The slot class of a taken host slot; -1 for an id that is not one.
   virtual int HostSlotClass(uint32_t slot) const = 0;
   // The host slot class a contract's blocks take and how full its slots are (cls -1:

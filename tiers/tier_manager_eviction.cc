@@ -111,7 +111,7 @@ std::optional<uint32_t> TierManagerImpl::ReserveLocked(int t, Block* loading_for
   const int64_t group = GroupOfBlockLocked(loading_for);
   const int part = PartForLocked(t, group);
   auto s = ts.Alloc(cls, part);
-  while (!s && t == kS && TakeSlabLocked(cls, group, 1)) s = ts.Alloc(cls, part);
+  while (!s && TakeSlabLocked(t, cls, group, 1)) s = ts.Alloc(cls, part);
   if (!s && EvictCleanLocked(t, 1, group, cls) > 0) s = ts.Alloc(cls, part);
   if (!s) {
     KickLocked();  // let the mover demote dirty blocks; the caller retries or fails
@@ -184,40 +184,40 @@ void TierManagerImpl::EvictOneLocked(int t, Block* b, uint32_t* pending_out) {
   ++*pending_out;
 }
 
-bool TierManagerImpl::SlabMovableLocked(uint32_t slab) const {
-  const TierState& ts = T(kS);
-  if (host_->SlabClass(slab) < 0 || host_->Draining(slab)) return false;
-  for (uint32_t s : host_->TakenSlots(slab)) {
+bool TierManagerImpl::SlabMovableLocked(int t, uint32_t slab) const {
+  const TierState& ts = T(t);
+  if (ts.SlabClass(slab) < 0 || ts.Draining(slab)) return false;
+  for (uint32_t s : ts.TakenSlots(slab)) {
     const SlotInfo& si = ts.slots[s];
-    if (si.state != SlotState::kBlock || si.block == nullptr || !MayGo(*si.block, kS)) return false;
+    if (si.state != SlotState::kBlock || si.block == nullptr || !MayGo(*si.block, t)) return false;
   }
   return true;
 }
 
-uint32_t TierManagerImpl::EvictSlabLocked(uint32_t slab) {
-  TierState& ts = T(kS);
+uint32_t TierManagerImpl::EvictSlabLocked(int t, uint32_t slab) {
+  TierState& ts = T(t);
   uint32_t pending = 0;
-  for (uint32_t s : host_->TakenSlots(slab)) {
+  for (uint32_t s : ts.TakenSlots(slab)) {
     Block* b = ts.slots[s].state == SlotState::kBlock ? ts.slots[s].block : nullptr;
-    if (b && MayGo(*b, kS)) EvictOneLocked(kS, b, &pending);
+    if (b && MayGo(*b, t)) EvictOneLocked(t, b, &pending);
   }
   return pending;
 }
 
-bool TierManagerImpl::TakeSlabLocked(int cls, int64_t for_group, uint32_t need) {
-  TierState& ts = T(kS);
-  if (ts.num_classes() < 2) return false;
+bool TierManagerImpl::TakeSlabLocked(int t, int cls, int64_t for_group, uint32_t need) {
+  TierState& ts = T(t);
+  if (t == kN || ts.num_classes() < 2) return false;
   // Moves already under way to this class: finish them (a block pinned when its slab began
   // to move is evicted once its pins are gone) rather than start another.
   bool waiting = false;
-  for (auto it = moving_.begin(); it != moving_.end();) {
-    if (!host_->Draining(it->first)) {
-      it = moving_.erase(it);
+  for (auto it = ts.moving.begin(); it != ts.moving.end();) {
+    if (!ts.Draining(it->first)) {
+      it = ts.moving.erase(it);
       continue;
     }
     if (it->second == cls) {
-      EvictSlabLocked(it->first);
-      waiting = waiting || host_->Draining(it->first);
+      EvictSlabLocked(t, it->first);
+      waiting = waiting || ts.Draining(it->first);
     }
     ++it;
   }
@@ -228,37 +228,37 @@ bool TierManagerImpl::TakeSlabLocked(int cls, int64_t for_group, uint32_t need) 
   // trading slabs back and forth). Then the victim's slab moves to it, or, for a class of
   // no slab, any slab of another class whose blocks may all go. A slab with a pinned
   // block, a block in flight or a slot a client is writing never moves.
-  const bool none = host_->slabs(cls) == 0;
-  Block* coldest = VictimLocked(kS, nullptr, for_group, -1);
+  const bool none = ts.slabs(cls) == 0;
+  Block* coldest = VictimLocked(t, nullptr, for_group, -1);
   std::optional<uint32_t> slab;
-  if (coldest && coldest->slot[kS] >= 0 && ts.ClassOf(coldest->bytes) != cls) {
-    uint32_t& run = starved_run_[static_cast<size_t>(cls)];
+  if (coldest && coldest->slot[t] >= 0 && ts.ClassOf(coldest->bytes) != cls) {
+    uint32_t& run = ts.starved_run[static_cast<size_t>(cls)];
     run += need;
-    const uint32_t v = host_->SlabOf(static_cast<uint32_t>(coldest->slot[kS]));
-    if ((none || run >= host_->slots_per_slab(cls)) && SlabMovableLocked(v) && SlabFreesForLocked(v, for_group)) {
+    const uint32_t v = ts.SlabOf(static_cast<uint32_t>(coldest->slot[t]));
+    if ((none || run >= ts.slots_per_slab(cls)) && SlabMovableLocked(t, v) && SlabFreesForLocked(t, v, for_group)) {
       slab = v;
     }
     if (!slab && !none) return false;  // it evicts within its class meanwhile
   } else {
-    starved_run_[static_cast<size_t>(cls)] = 0;
+    ts.starved_run[static_cast<size_t>(cls)] = 0;
     if (!none) return false;  // its own blocks are the coldest: it evicts within its class
   }
-  for (uint32_t v = 0; !slab && none && v < host_->num_slabs(); ++v) {
-    if (host_->SlabClass(v) >= 0 && host_->SlabClass(v) != cls && SlabMovableLocked(v) &&
-        SlabFreesForLocked(v, for_group)) {
+  for (uint32_t v = 0; !slab && none && v < ts.num_slabs(); ++v) {
+    if (ts.SlabClass(v) >= 0 && ts.SlabClass(v) != cls && SlabMovableLocked(t, v) &&
+        SlabFreesForLocked(t, v, for_group)) {
       slab = v;
     }
   }
   if (!slab) return false;
-  const int from = host_->SlabClass(*slab);
-  auto taken = host_->BeginMove(*slab, cls);
+  const int from = ts.SlabClass(*slab);
+  auto taken = ts.BeginMove(*slab, cls);
   if (!taken.ok()) return false;
-  starved_run_[static_cast<size_t>(cls)] = 0;
-  ++slab_moves_;
-  spdlog::debug("host tier: slab {} moves from slot class {} ({} B) to {} ({} B), {} blocks out", *slab, from,
-                host_->class_bytes(from), cls, host_->class_bytes(cls), taken->size());
-  EvictSlabLocked(*slab);
-  if (host_->Draining(*slab)) moving_.emplace_back(*slab, cls);  // demotions in flight
+  ts.starved_run[static_cast<size_t>(cls)] = 0;
+  ++ts.slab_moves;
+  spdlog::debug("{} tier: slab {} moves from slot class {} ({} B) to {} ({} B), {} blocks out", TierName(ts.tier()),
+                *slab, from, ts.class_bytes(from), cls, ts.class_bytes(cls), taken->size());
+  EvictSlabLocked(t, *slab);
+  if (ts.Draining(*slab)) ts.moving.emplace_back(*slab, cls);  // demotions in flight
   return true;
 }
 
@@ -295,7 +295,7 @@ void TierManagerImpl::MaintainLocked() {
       const int64_t want_group = t == kS ? ts.want_group[cls] : -1;
       if (want > 0 && want_group >= 0) {
         const int part = PartForLocked(t, want_group);
-        if (classes > 1 && ts.free(cls, part) < want) (void)TakeSlabLocked(cls, want_group, want - ts.free(cls, part));
+        if (classes > 1 && ts.free(cls, part) < want) (void)TakeSlabLocked(t, cls, want_group, want - ts.free(cls, part));
         uint32_t pending = 0;
         for (const auto& w : writes_) {
           pending += (w.second && (want_cls < 0 || ts.ClassOf(w.first->bytes) == cls) &&
@@ -310,7 +310,7 @@ void TierManagerImpl::MaintainLocked() {
       const bool demand = want > 0 && want_group < 0 && ts.free(cls) < want;
       if (!over && !demand) continue;
       // A waiting alloc of a starved class: a slab of another class moves to it.
-      if (demand && t == kS && classes > 1 && TakeSlabLocked(cls, kNoGroup, want - ts.free(cls)) &&
+      if (demand && classes > 1 && TakeSlabLocked(t, cls, kNoGroup, want - ts.free(cls)) &&
           ts.free(cls) >= want) {
         continue;
       }

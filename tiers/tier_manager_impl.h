@@ -112,6 +112,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   }
   uint64_t block_bytes(uint64_t contract_id) const override;
   const HostGeometry& host_geometry() const override { return host_geometry_; }
+  const HostGeometry& hbm_geometry() const override { return hbm_geometry_; }
   int HostSlotClass(uint32_t slot) const override;
   SlotFit Fit(const ScaleContract& c) const override;
   SlotFit FitOf(uint64_t contract_id) const override;
@@ -258,8 +259,8 @@ class TierManagerImpl final : public TierManager, private StagingHost {
     const int q = host_->PartOfSlot(static_cast<uint32_t>(b.slot[kS]));
     return q == host_->num_parts() || q == PartOfGroup(for_group);
   }
-  bool SlabFreesForLocked(uint32_t slab, int64_t for_group) const {
-    if (part_of_group_.empty() || for_group == kNoGroup) return true;
+  bool SlabFreesForLocked(int t, uint32_t slab, int64_t for_group) const {
+    if (t != kS || part_of_group_.empty() || for_group == kNoGroup) return true;
     const int q = host_->PartOfSlab(slab);
     return q == host_->num_parts() || q == PartOfGroup(for_group);
   }
@@ -274,14 +275,14 @@ class TierManagerImpl final : public TierManager, private StagingHost {
     return static_cast<uint64_t>(static_cast<double>(o.daily_write_budget_bytes) * o.daily_write_budget_per_client);
   }
   void MaintainLocked();
-  // Slab moves between the host tier's slot classes (tiers/slab_allocator.h): whether
-  // every block of a slab may go now; evicting the blocks of a slab (returns the demotions
-  // begun); and the starvation rule, which moves one slab to class `cls` when it applies
-  // (true: a move began or finished; the class may have room now).
-  bool SlabMovableLocked(uint32_t slab) const;
-  uint32_t EvictSlabLocked(uint32_t slab);
+  // Slab moves between the slot classes of tier t (HBM or host, tiers/slab_allocator.h):
+  // whether every block of a slab may go now; evicting the blocks of a slab (returns the
+  // demotions begun); and the starvation rule, which moves one slab to class `cls` when it
+  // applies (true: a move began or finished; the class may have room now).
+  bool SlabMovableLocked(int t, uint32_t slab) const;
+  uint32_t EvictSlabLocked(int t, uint32_t slab);
   // `need`: the slots the caller is short of.
-  bool TakeSlabLocked(int cls, int64_t for_group, uint32_t need);
+  bool TakeSlabLocked(int t, int cls, int64_t for_group, uint32_t need);
 
   // tier_manager_promotion.cc. StartPromotionLocked returns false when the promotion
   // could not even start.
@@ -336,10 +337,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   // verify) while Reconfigure writes opts_ on another thread.
   const uint64_t slot_bytes_;
   HostGeometry host_geometry_;  // set by Init, then fixed
-  // Host slabs draining for another class (slab, class), and the moves begun. Guarded by mu_.
-  std::vector<std::pair<uint32_t, int>> moving_;
-  uint64_t slab_moves_ = 0;
-  uint32_t starved_run_[kMaxSlotClasses] = {};  // per class: the run of the starvation rule
+  HostGeometry hbm_geometry_;   // set by Init, then fixed
   std::unique_ptr<HbmPool> hbm_;
   std::unique_ptr<HostPool> host_;
   std::unique_ptr<NvmeStore> nvme_;

@@ -12,51 +12,50 @@ void TierState::Init(Tier tier, const TierOptions* opts, HbmPool* hbm, HostPool*
   hbm_ = hbm;
   host_ = host;
   nvme_ = nvme;
-  // Host slot ids run over the arena's granules (tiers/slab_allocator.h).
-  slots.assign(tier == Tier::kNvme ? 0 : host ? host->id_space() : total(), SlotInfo{});
+  // HBM and host slot ids run over their arena's granules (tiers/slab_allocator.h).
+  slots.assign(hbm ? hbm->id_space() : host ? host->id_space() : 0, SlotInfo{});
   policy = CountingPolicy::Make(*opts, total(), groups);
 }
 
+// f(pool) on the tier's slab pool (HbmPool or HostPool, which share these names); `none`
+// for NVMe and an absent tier.
+#define KVTIER_ON_POOL_(call, none) (hbm_ ? hbm_->call : host_ ? host_->call : (none))
+
 uint32_t TierState::total() const {
-  if (hbm_) return hbm_->slots();
-  if (host_) return host_->slots();
   if (nvme_) return nvme_->records_total();
-  return 0;
+  return KVTIER_ON_POOL_(slots(), 0u);
 }
 
 uint32_t TierState::used() const {
-  if (hbm_) return hbm_->used();
-  if (host_) return host_->used();
   if (nvme_) return nvme_->records_total() - nvme_->free_records();
-  return 0;
+  return KVTIER_ON_POOL_(used(), 0u);
 }
 
-int TierState::num_classes() const { return host_ ? host_->num_classes() : 1; }
+int TierState::num_classes() const { return KVTIER_ON_POOL_(num_classes(), 1); }
 
 int TierState::ClassOf(uint64_t block_bytes) const {
-  if (!host_) return 0;
-  const int c = host_->ClassFor(block_bytes);
+  const int c = KVTIER_ON_POOL_(ClassFor(block_bytes), 0);
   return c < 0 ? 0 : c;  // registration refuses contracts no class holds
 }
 
 uint32_t TierState::total(int cls) const {
-  if (host_) return host_->capacity(cls);
-  return total();
+  if (nvme_ || !present()) return total();
+  return KVTIER_ON_POOL_(capacity(cls), 0u);
 }
 
 uint32_t TierState::most(int cls) const {
-  if (host_) return host_->most(cls);
-  return total();
+  if (nvme_ || !present()) return total();
+  return KVTIER_ON_POOL_(most(cls), 0u);
 }
 
 uint32_t TierState::free(int cls) const {
-  if (host_) return host_->free_count(cls);
-  return free();
+  if (nvme_ || !present()) return free();
+  return KVTIER_ON_POOL_(free_count(cls), 0u);
 }
 
 uint32_t TierState::used(int cls) const {
-  if (host_) return host_->used(cls);
-  return used();
+  if (nvme_ || !present()) return used();
+  return KVTIER_ON_POOL_(used(cls), 0u);
 }
 
 uint32_t TierState::free(int cls, int part) const {
@@ -64,8 +63,28 @@ uint32_t TierState::free(int cls, int part) const {
   return free(cls);
 }
 
+uint64_t TierState::used_bytes() const { return KVTIER_ON_POOL_(used_bytes(), uint64_t{0}); }
+uint64_t TierState::arena_bytes() const { return KVTIER_ON_POOL_(arena_bytes(), uint64_t{0}); }
+uint64_t TierState::class_bytes(int cls) const { return KVTIER_ON_POOL_(class_bytes(cls), uint64_t{0}); }
+uint32_t TierState::num_slabs() const { return KVTIER_ON_POOL_(num_slabs(), 0u); }
+uint32_t TierState::slabs(int cls) const { return KVTIER_ON_POOL_(slabs(cls), 0u); }
+uint32_t TierState::slots_per_slab(int cls) const { return KVTIER_ON_POOL_(slots_per_slab(cls), 0u); }
+uint32_t TierState::SlabOf(uint32_t slot) const { return KVTIER_ON_POOL_(SlabOf(slot), 0u); }
+int TierState::SlabClass(uint32_t slab) const { return KVTIER_ON_POOL_(SlabClass(slab), -1); }
+bool TierState::Draining(uint32_t slab) const { return KVTIER_ON_POOL_(Draining(slab), false); }
+std::vector<uint32_t> TierState::TakenSlots(uint32_t slab) const {
+  return KVTIER_ON_POOL_(TakenSlots(slab), std::vector<uint32_t>{});
+}
+StatusOr<std::vector<uint32_t>> TierState::BeginMove(uint32_t slab, int to) {
+  if (hbm_) return hbm_->BeginMove(slab, to);
+  if (host_) return host_->BeginMove(slab, to);
+  return Status::Unsupported("tier without slabs");
+}
+
+#undef KVTIER_ON_POOL_
+
 std::optional<uint32_t> TierState::Alloc(int cls, int part) {
-  if (hbm_) return hbm_->Alloc();
+  if (hbm_) return hbm_->Alloc(cls);
   if (host_) return host_->Alloc(cls, part);
   return std::nullopt;  // NVMe records are the store's to place
 }

@@ -113,8 +113,8 @@ class TierState {
   uint32_t total() const;
   uint32_t used() const;
   uint32_t free() const { return total() - used(); }
-  // The slot size classes (tiers/slab_allocator.h): the host tier has one or more, HBM and
-  // NVMe one. A block takes a slot of ClassOf(block bytes) in this tier. A class's slots
+  // The slot size classes (tiers/slab_allocator.h): HBM and host have one or more (the
+  // same list), NVMe one. A block takes a slot of ClassOf(block bytes) in this tier. A class's slots
   // come and go with its slabs: total(cls) is what it holds and could take without a slab
   // move (its slabs' slots and the free slabs'), most(cls) what it would hold with every
   // slab.
@@ -127,6 +127,21 @@ class TierState {
   // Free slots of class `cls` an alloc for host part `part` may take (HostPool::free_count:
   // its part and the common pool; part < 0: the common pool only). HBM: free(cls).
   uint32_t free(int cls, int part) const;
+  // HBM and host: bytes of the slots taken and of the arena's slabs; a class's slot size.
+  uint64_t used_bytes() const;
+  uint64_t arena_bytes() const;
+  uint64_t class_bytes(int cls) const;
+  // HBM and host: the arena's slabs (SlabAllocator): how many, how many class `cls` holds,
+  // its slots in one, the slab of a slot, a slab's class (-1 free), whether it drains for
+  // another class, its taken slots, and the start of a move (SlabAllocator::BeginMove).
+  uint32_t num_slabs() const;
+  uint32_t slabs(int cls) const;
+  uint32_t slots_per_slab(int cls) const;
+  uint32_t SlabOf(uint32_t slot) const;
+  int SlabClass(uint32_t slab) const;
+  bool Draining(uint32_t slab) const;
+  std::vector<uint32_t> TakenSlots(uint32_t slab) const;
+  StatusOr<std::vector<uint32_t>> BeginMove(uint32_t slab, int to);
   // HBM and host: a slot of class `cls` from the arena (host: from part `part` first, then
   // the common pool; HostPool::Alloc), and its return (the slot's SlotInfo is cleared).
   std::optional<uint32_t> Alloc(int cls, int part = -1);
@@ -175,6 +190,11 @@ class TierState {
   // common pool must have the room); -1: without host parts.
   int64_t want_group[kMaxSlotClasses] = {-1, -1, -1, -1};
   uint32_t demoting = 0;             // demotions in flight out of this tier (HBM, host)
+  uint64_t slab_moves = 0;           // slabs moved from one slot class to another
+  // Slabs draining for another class (slab, class), and per class the run of the
+  // starvation rule (TierManagerImpl::TakeSlabLocked).
+  std::vector<std::pair<uint32_t, int>> moving;
+  uint32_t starved_run[kMaxSlotClasses] = {};
   std::vector<Block*> space_wait;    // promotions waiting for a demotion to free a slot
 
  private:

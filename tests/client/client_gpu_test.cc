@@ -78,6 +78,112 @@ TEST(ClientGpu, AcquireIntoHbmAndReadThroughIpc) {
 #endif
 }
 
+// HBM slot classes: with tiers.slot_classes the HBM tier has the host's classes in slabs
+// of its own, each contract's blocks in the smallest class that holds them (no block padded
+// to slot_bytes), slot s at the arena + s * kvtier_hbm_granule. Two contracts of different
+// block sizes are committed into HBM and read back byte for byte through the IPC mapping
+// at that address; HBM's used bytes are their classes' (4 KiB and 12 KiB), not slot_bytes
+// for each; a client of protocol 5 (which would address HBM slot s at s * slot_bytes) gets
+// no HBM handle.
+TEST(ClientGpu, HbmSlotClassesHoldEachBlockInItsClass) {
+  DaemonConfig cfg;
+  cfg.slot_bytes = "12KiB";
+  cfg.host_capacity = "240KiB";
+  cfg.extra = "[tiers.hbm]\ncapacity = \"480KiB\"\n";
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start({"--set", "tiers.slot_classes=4KiB,12KiB", "--set", "tiers.slab_bytes=48KiB", "--set",
+                       "daemon.max_tier_share_per_client=1"}))
+      << d.log();
+  kvtier_connect_options o{};
+  o.name = "gpu-classes";
+  o.has_gpu = 1;
+  kvtier_client* c = nullptr;
+  ASSERT_EQ(kvtier_connect(d.socket().c_str(), &o, &c), KVTIER_OK) << kvtier_last_error();
+  uint8_t handle[64];
+  if (kvtier_hbm_ipc_handle(c, handle) != KVTIER_OK) {
+    kvtier_close(c);
+    GTEST_SKIP() << "no CUDA device: the daemon has no HBM tier (" << kvtier_last_error() << ")";
+  }
+  EXPECT_EQ(kvtier_hbm_granule(c), 4096u);
+  EXPECT_EQ(kvtier_hbm_arena_bytes(c), 480u << 10);
+  kvtier_contract_desc small = SmallContract("test/small"), large = SmallContract("test/large");
+  small.num_layers = 14;  // 4032 B: the 4 KiB class
+  large.num_layers = 40;  // 11520 B: the 12 KiB class
+  uint64_t cs = 0, cl = 0, bs = 0, bl = 0;
+  ASSERT_EQ(kvtier_contract_block_bytes(&small, &bs), KVTIER_OK);
+  ASSERT_EQ(kvtier_contract_block_bytes(&large, &bl), KVTIER_OK);
+  ASSERT_EQ(kvtier_register_contract(c, &small, &cs), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(kvtier_register_contract(c, &large, &cl), KVTIER_OK) << kvtier_last_error();
+#if KVTIER_HAVE_CUDA
+  void* dev = nullptr;
+  ASSERT_EQ(kvtier_hbm_open(c, &dev), KVTIER_OK) << kvtier_last_error();
+  auto* hbm = static_cast<uint8_t*>(dev);
+  const uint64_t g = kvtier_hbm_granule(c);
+  struct Stored {
+    uint64_t cid, bytes;
+    std::vector<kvtier_key> keys;
+    std::vector<kvtier_slot> slots;
+  };
+  std::vector<Stored> stored;
+  // Interleaved: 6 small blocks, 4 large, 6 small; each commit's slots in its class.
+  for (const auto& [cid, bytes, n, tag] : {std::tuple{cs, bs, 6u, 1u}, std::tuple{cl, bl, 4u, 2u},
+                                            std::tuple{cs, bs, 6u, 3u}}) {
+    Stored st{cid, bytes, {}, std::vector<kvtier_slot>(n)};
+    uint64_t lease = 0;
+    ASSERT_EQ(kvtier_alloc(c, cid, n, KVTIER_TIER_HBM, &lease, st.slots.data()), KVTIER_OK) << kvtier_last_error();
+    std::vector<kvtier_commit_item> items;
+    std::vector<uint8_t> buf(bytes);
+    for (uint32_t i = 0; i < n; ++i) {
+      st.keys.push_back({tag, i + 1});
+      FillBlock(buf.data(), bytes, cid, st.keys[i]);
+      ASSERT_EQ(cudaMemcpy(hbm + st.slots[i].slot * g, buf.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      items.push_back({st.slots[i], st.keys[i], i ? st.keys[i - 1] : kvtier_key{0, 0}});
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(kvtier_commit(c, cid, lease, items.data(), n, nullptr), KVTIER_OK) << kvtier_last_error();
+    ASSERT_EQ(kvtier_release(c, lease), KVTIER_OK);
+    stored.push_back(std::move(st));
+  }
+  kvtier_tier_stats ts[4];
+  size_t nts = 0;
+  ASSERT_EQ(kvtier_stats(c, ts, 4, &nts), KVTIER_OK);
+  ASSERT_GE(nts, 1u);
+  EXPECT_EQ(ts[0].tier, KVTIER_TIER_HBM);
+  EXPECT_EQ(ts[0].used_bytes, 12u * 4096 + 4u * 12288) << "every block in a slot of its class";
+  // Read back through the IPC mapping at slot * granule (acquired again: the slots named by
+  // the acquire), after a round trip through host for the first commit's blocks.
+  ASSERT_EQ(kvtier_flush_to(c, KVTIER_TIER_HOST), KVTIER_OK) << kvtier_last_error();
+  for (const Stored& st : stored) {
+    std::vector<kvtier_slot> slots(st.keys.size());
+    uint64_t lease = 0;
+    size_t got = 0;
+    ASSERT_EQ(kvtier_acquire(c, st.cid, st.keys.data(), st.keys.size(), KVTIER_TIER_HBM, &lease, slots.data(), &got),
+              KVTIER_OK)
+        << kvtier_last_error();
+    EXPECT_EQ(got, st.keys.size());
+    std::vector<uint8_t> back(st.bytes);
+    for (size_t i = 0; i < got; ++i) {
+      std::fill(back.begin(), back.end(), 0xEE);
+      ASSERT_EQ(cudaMemcpy(back.data(), hbm + uint64_t{slots[i].slot} * g, st.bytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_TRUE(CheckBlock(back.data(), st.bytes, st.cid, st.keys[i])) << "HBM slot " << slots[i].slot;
+    }
+    EXPECT_EQ(kvtier_release(c, lease), KVTIER_OK);
+  }
+#endif
+  // Protocol 5 with the GPU flag: no handle, since it would place slot s at s * slot_bytes.
+  RawClient v5;
+  wire::AttachReply reply;
+  ASSERT_TRUE(v5.Attach(d.socket(), &reply, 5, wire::kAttachHasGpu));
+  ASSERT_EQ(reply.status, 0) << reply.message;
+  EXPECT_EQ(reply.flags & wire::kReplyHasHbm, 0u);
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+#if !KVTIER_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA: the HBM bytes were not read back through the IPC handle";
+#endif
+}
+
 // The HBM arena's IPC handle goes only to a client that attached with the GPU flag: a raw
 // attach without it gets none (flag clear, handle zero), libkvtier says why, and HBM alloc
 // and acquire are refused with the reason.

@@ -199,6 +199,54 @@ TEST(SlotClasses, TwoContractsShareOneDaemonEachInItsClass) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// The default configuration (tiers.slot_classes = "auto") with the default slot size: a
+// Llama-3-8B-shaped contract (32 layers x 8 KV heads x 128, 16-token NVFP4 blocks: 576
+// KiB) beside an 80-layer one (1440 KiB) in one daemon, each in a class it fills, and
+// their blocks stored and read back byte for byte. With one slot size the first filled
+// 40% of its slot.
+TEST(SlotClasses, DefaultConfigFitsLlamaBesideAnEightyLayerModel) {
+  DaemonConfig cfg;
+  cfg.slot_bytes = "1440KiB";
+  cfg.host_capacity = "64MiB";  // slabs of 2880 KiB (slab_bytes "auto")
+  cfg.nvme_capacity = "0";
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  kvtier_client* c = ConnectClient(d.socket());
+  ASSERT_NE(c, nullptr) << LastError();
+  uint64_t classes[4] = {};
+  ASSERT_EQ(kvtier_host_slot_classes(c, classes, 4), 4u);
+  EXPECT_EQ(classes[1], 576u << 10);
+  EXPECT_EQ(classes[3], 1440u << 10);
+  kvtier_contract_desc llama = SmallContract("test/llama-3-8b-shaped");
+  llama.num_layers = 32;
+  llama.num_kv_heads = 8;
+  llama.head_dim = 128;
+  kvtier_contract_desc big = llama;
+  big.model_id = "test/80-layer";
+  big.num_layers = 80;
+  uint64_t cl = 0, cb = 0, bl = 0, bb = 0;
+  ASSERT_EQ(kvtier_contract_block_bytes(&llama, &bl), KVTIER_OK);
+  ASSERT_EQ(kvtier_contract_block_bytes(&big, &bb), KVTIER_OK);
+  ASSERT_EQ(bl, 576u << 10);
+  ASSERT_EQ(bb, 1440u << 10);
+  ASSERT_EQ(kvtier_register_contract(c, &llama, &cl), KVTIER_OK) << LastError();
+  ASSERT_EQ(kvtier_register_contract(c, &big, &cb), KVTIER_OK) << LastError();
+  for (const auto& [cid, bytes] : {std::pair{cl, bl}, std::pair{cb, bb}}) {
+    uint64_t slot = 0;
+    double fill = 0;
+    ASSERT_EQ(kvtier_contract_slot(c, cid, &slot, &fill), KVTIER_OK) << LastError();
+    EXPECT_EQ(slot, bytes);
+    EXPECT_GE(fill, 0.9) << "a block of " << bytes << " B in a slot of " << slot << " B";
+  }
+  const auto tl = Tokens(8, 5), tb = Tokens(4, 6);
+  Store(c, cl, bl, tl);
+  Store(c, cb, bb, tb);
+  EXPECT_EQ(AcquireAndCheck(c, cl, bl, bl, tl), 8u);
+  EXPECT_EQ(AcquireAndCheck(c, cb, bb, bb, tb), 4u);
+  kvtier_close(c);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // A class that holds no slab takes one from the other: with every slab of the host tier
 // full of small blocks, the large contract still stores; the blocks of the slab it took
 // went to NVMe first (every small block is still found, with its bytes).
@@ -228,6 +276,15 @@ TEST(SlotClasses, AStarvedClassTakesASlabFromTheOther) {
     EXPECT_EQ(Where(a, small, t).second, 10u);  // host or NVMe, none lost
     EXPECT_EQ(AcquireAndCheck(a, small, 4032, 4096, t), 10u);
   }
+  // The move is counted: the host tier's slab_moves in the stats record and /metrics.
+  kvtier_tier_stats ts[4];
+  size_t nts = 0;
+  ASSERT_EQ(kvtier_stats(a, ts, 4, &nts), KVTIER_OK) << LastError();
+  uint32_t moves = 0;
+  for (size_t i = 0; i < nts; ++i) moves += ts[i].tier == KVTIER_TIER_HOST ? ts[i].slab_moves : 0;
+  EXPECT_GE(moves, 1u);
+  EXPECT_EQ(MetricValue(HttpGet(d.metrics_port(), "/metrics"), "kvtier_tier_slab_moves_total{tier=\"host\"}"),
+            static_cast<double>(moves));
   kvtier_close(a);
   kvtier_close(b);
   EXPECT_EQ(d.Stop(), 0) << d.log();

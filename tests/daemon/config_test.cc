@@ -203,8 +203,25 @@ TEST(Config, HbmCopyKeys) {
 TEST(Config, SlotClassKeys) {
   auto d = LoadString("", {});
   ASSERT_TRUE(d.ok());
-  EXPECT_TRUE(d->tiers.slot_classes.empty());
-  EXPECT_EQ(d->tiers.slab_bytes, 64ull << 20);
+  // The default ("auto"): slot_bytes and the common block sizes below it, in slabs of their
+  // least common multiple.
+  EXPECT_TRUE(d->tiers.slot_classes_auto);
+  EXPECT_EQ(d->tiers.SlotClasses(), (std::vector<uint64_t>{144 << 10, 576 << 10, 720 << 10, 1440 << 10}));
+  EXPECT_EQ(d->tiers.SlabBytes(), 2880ull << 10);
+  // "auto" with a slot size below every common size, or a host tier smaller than a slab:
+  // one class; an explicit [] too.
+  for (const auto& set : std::vector<std::vector<Override>>{{{"tiers.slot_bytes", "64KiB"}},
+                                                            {{"tiers.host.capacity", "2MiB"}},
+                                                            {{"tiers.slot_classes", "[]"}}}) {
+    auto one = LoadString("", set);
+    ASSERT_TRUE(one.ok()) << one.status().ToString();
+    EXPECT_TRUE(one->tiers.SlotClasses().empty()) << set[0].key;
+  }
+  // Beside a larger slot_bytes whose least common multiple with them passes 64 MiB: 64 MiB.
+  auto big = LoadString("", {{"tiers.slot_bytes", "2MiB"}});
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  EXPECT_EQ(big->tiers.SlotClasses(), (std::vector<uint64_t>{144 << 10, 576 << 10, 720 << 10, 2048 << 10}));
+  EXPECT_EQ(big->tiers.SlabBytes(), 64ull << 20);
   auto c = LoadString("[tiers]\nslot_classes = [\"576KiB\", 1474560]\nslab_bytes = \"32MiB\"\n", {});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->tiers.slot_classes, (std::vector<uint64_t>{576 << 10, 1474560}));
@@ -212,11 +229,13 @@ TEST(Config, SlotClassKeys) {
   auto o = LoadString("", {{"tiers.slot_classes", "576KiB,1440KiB"}});
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->tiers.slot_classes, (std::vector<uint64_t>{576 << 10, 1440 << 10}));
+  EXPECT_EQ(o->tiers.SlabBytes(), 2880ull << 10);  // slab_bytes "auto"
   for (const auto& [key, value, named] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"tiers.slot_classes", "576KiB,1000", "tiers.slot_classes"},
            {"tiers.slot_classes", "576KiB,576KiB,1440KiB", "tiers.slot_classes"},
            {"tiers.slot_classes", "576KiB,1024KiB", "tiers.slot_classes"},  // largest is not slot_bytes
-           {"tiers.slot_classes", "lots", "tiers.slot_classes"}}) {
+           {"tiers.slot_classes", "lots", "tiers.slot_classes"},
+           {"tiers.slab_bytes", "0", "tiers.slab_bytes"}}) {
     auto bad = LoadString("", {{key, value}});
     ASSERT_FALSE(bad.ok()) << key << "=" << value;
     EXPECT_NE(bad.status().message().find(named), std::string::npos) << bad.status().ToString();

@@ -375,7 +375,8 @@ class RawClient {
 
   // Returns the reply (status != 0 when refused). `version` goes in both the header and
   // the attach request, as the only version this client speaks.
-  bool Attach(const std::string& path, wire::AttachReply* reply, uint32_t version = wire::kProtocolVersion) {
+  bool Attach(const std::string& path, wire::AttachReply* reply, uint32_t version = wire::kProtocolVersion,
+              uint32_t flags = 0) {
     sock_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
@@ -388,6 +389,7 @@ class RawClient {
     wire::AttachRequest r;
     r.protocol_version = version;
     r.min_protocol_version = version;  // speaks exactly `version`
+    r.flags = flags;
     std::snprintf(r.name, sizeof r.name, "raw");
     uint8_t msg[sizeof h + sizeof r];
     std::memcpy(msg, &h, sizeof h);
@@ -415,13 +417,22 @@ class RawClient {
     std::memcpy(reply, buf + sizeof(wire::ControlHeader), sizeof *reply);
     wire::ControlHeader rh;
     std::memcpy(&rh, buf, sizeof rh);
-    const bool parts = rh.length == sizeof(wire::AttachReply) + sizeof(wire::SlotClassTable) +  // protocol 6
-                                        sizeof(wire::HostPartTable);
-    if ((parts || rh.length == sizeof(wire::AttachReply) + sizeof(wire::SlotClassTable)) &&  // protocol 5
+    // Protocol 5: the SlotClassTable; 6 with kReplyHostParts: the HostPartTable; 7: then
+    // the HbmGeometry.
+    const bool parts = (reply->flags & wire::kReplyHostParts) != 0;
+    const bool hbm_table = reply->status == 0 && reply->protocol_version >= 7;
+    const size_t tail = sizeof(wire::SlotClassTable) + (parts ? sizeof(wire::HostPartTable) : 0) +
+                        (hbm_table ? sizeof(wire::HbmGeometry) : 0);
+    const bool table = rh.length == sizeof(wire::AttachReply) + tail;
+    if (table &&
         ::recv(sock_, &host_classes_, sizeof host_classes_, MSG_WAITALL) != static_cast<ssize_t>(sizeof host_classes_)) {
       return false;
     }
-    if (parts && ::recv(sock_, &host_parts_, sizeof host_parts_, MSG_WAITALL) != static_cast<ssize_t>(sizeof host_parts_)) {
+    if (table && parts &&
+        ::recv(sock_, &host_parts_, sizeof host_parts_, MSG_WAITALL) != static_cast<ssize_t>(sizeof host_parts_)) {
+      return false;
+    }
+    if (table && hbm_table && ::recv(sock_, &hbm_, sizeof hbm_, MSG_WAITALL) != static_cast<ssize_t>(sizeof hbm_)) {
       return false;
     }
     if (reply->status == 0 && !fds.empty()) {
@@ -449,6 +460,7 @@ class RawClient {
   uint8_t* host() const { return host_; }
   // The host tier's slot classes of a protocol-5 attach reply (count 0 before it).
   const wire::SlotClassTable& host_classes() const { return host_classes_; }
+  const wire::HbmGeometry& hbm() const { return hbm_; }  // protocol 7
 
   // Pushes an entry (waking the daemon) and waits up to 5 s for a completion.
   bool Submit(const wire::RequestEntry& e, wire::CompletionEntry* out) {
@@ -529,6 +541,7 @@ class RawClient {
   uint64_t host_bytes_ = 0;
   wire::SlotClassTable host_classes_;
   wire::HostPartTable host_parts_;
+  wire::HbmGeometry hbm_;
   wire::RingRegionHeader hdr_;
   wire::RingView<wire::RequestEntry> req_;
   wire::RingView<wire::CompletionEntry> cmp_;

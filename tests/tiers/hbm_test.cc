@@ -259,6 +259,90 @@ TEST(HbmPool, CopiesRoundTripFromEveryPartOfAPartedHostArena) {
   for (const auto& it : down) EXPECT_TRUE(testing::Matches(static_cast<uint8_t*>(it.host), slot, 200 + it.slot)) << it.slot;
 }
 
+// The coalescing rule at a granule below the block size (HBM slot classes): a block joins
+// its predecessor's copy when its slot starts where that block's bytes end and its host
+// buffer too; a slot of another class, or a gap, starts a new copy.
+TEST(HbmPool, CoalesceFollowsOffsetsAtTheGranule) {
+  const uint64_t G = 4096;
+  std::vector<uint8_t> h(64 * G);
+  auto at = [&](size_t off) { return static_cast<void*>(h.data() + off); };
+  // 12 KiB blocks at slots 0, 3, 6 (offsets 0, 12K, 24K) from host 0, 12K, 24K: one copy.
+  // A 4 KiB block at slot 9 from host 36K: joins (offset 36K). Slot 12 (48K) from host 52K:
+  // host gap, new copy. Slot 16 from host 60K after a 4 KiB block at 48K: slot gap.
+  auto runs = HbmPool::CoalesceCopies({{6, at(24 * 1024), 3 * G},
+                                       {0, at(0), 3 * G},
+                                       {3, at(12 * 1024), 3 * G},
+                                       {9, at(36 * 1024), G},
+                                       {12, at(52 * 1024), G},
+                                       {16, at(60 * 1024), G}},
+                                      G);
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[0].slot, 0u);
+  EXPECT_EQ(runs[0].bytes, 10 * G);
+  EXPECT_EQ(runs[1].slot, 12u);
+  EXPECT_EQ(runs[1].bytes, G);
+  EXPECT_EQ(runs[2].slot, 16u);
+}
+
+// HBM slot classes in the pool: slots of two sizes in slabs of one arena, slot s at
+// base + s * granule, none overlapping another, each class's blocks copied in and out
+// byte for byte (one batch of both classes), and copies that would pass the arena's end
+// refused.
+TEST(HbmPool, SlotClassesShareTheArenaAtTheGranule) {
+  SKIP_WITHOUT_GPU();
+  HostPoolOptions ho;
+  ho.slot_bytes = 12288;
+  ho.slots = 32;
+  auto host = HostPool::Create(ho);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  HbmPoolOptions o;
+  o.classes = {4096, 12288};
+  o.slab_bytes = 48 * 1024;
+  o.arena_bytes = 10 * 48 * 1024;
+  auto p = HbmPool::Create(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HbmPool& pool = **p;
+  EXPECT_EQ(pool.granule(), 4096u);
+  EXPECT_EQ(pool.num_classes(), 2);
+  EXPECT_EQ(pool.arena_bytes(), 10u * 48 * 1024);
+  std::vector<std::pair<uint32_t, uint64_t>> taken;  // slot, bytes
+  std::vector<HbmPool::CopyItem> up;
+  for (int i = 0; i < 16; ++i) {
+    const int cls = i % 3 == 0 ? 1 : 0;
+    auto s = pool.Alloc(cls);
+    ASSERT_TRUE(s.has_value()) << i;
+    EXPECT_EQ(pool.slot_ptr(*s), pool.base() + uint64_t{*s} * 4096);
+    const uint64_t bytes = cls == 1 ? 11520 : 4032;
+    for (const auto& [t, tb] : taken) {
+      const uint64_t a = uint64_t{*s} * 4096, b = uint64_t{t} * 4096;
+      EXPECT_TRUE(a + (cls == 1 ? 12288 : 4096) <= b || b + (tb > 4096 ? 12288 : 4096) <= a)
+          << "slots " << *s << " and " << t << " overlap";
+    }
+    taken.push_back({*s, bytes});
+    up.push_back({*s, (*host)->slot_ptr(static_cast<uint32_t>(i)), bytes});
+    testing::Fill((*host)->slot_ptr(static_cast<uint32_t>(i)), bytes, 700 + i);
+  }
+  EXPECT_EQ(pool.used_bytes(), 6u * 12288 + 10u * 4096);
+  std::promise<Status> a;
+  ASSERT_TRUE(pool.CopyBatch(up, true, [&](Status st) { a.set_value(st); }).ok());
+  ASSERT_TRUE(a.get_future().get().ok());
+  for (size_t i = 0; i < up.size(); ++i) {
+    EXPECT_TRUE(DeviceMatches(pool.slot_ptr(up[i].slot), up[i].bytes, 700 + i)) << "slot " << up[i].slot;
+  }
+  std::vector<HbmPool::CopyItem> down;
+  for (size_t i = 0; i < up.size(); ++i) down.push_back({up[i].slot, (*host)->slot_ptr(16 + i), up[i].bytes});
+  std::promise<Status> b;
+  ASSERT_TRUE(pool.CopyBatch(down, false, [&](Status st) { b.set_value(st); }).ok());
+  ASSERT_TRUE(b.get_future().get().ok());
+  for (size_t i = 0; i < down.size(); ++i) {
+    EXPECT_TRUE(testing::Matches(static_cast<uint8_t*>(down[i].host), down[i].bytes, 700 + i)) << down[i].slot;
+  }
+  // The last granule of the arena holds 4 KiB: a copy of more from it is refused.
+  const uint32_t last = pool.id_space() - 1;
+  EXPECT_TRUE(pool.CopyToDeviceSync(last, (*host)->slot_ptr(0), 8192).IsInvalid());
+  EXPECT_TRUE(pool.CopyToDeviceSync(pool.id_space(), (*host)->slot_ptr(0), 4096).IsInvalid());
+}
+
 class HbmTierManager : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -485,6 +569,89 @@ TEST_F(HbmTierManager, CorruptRecordEndsAnHbmAcquire) {
 // tier's checksum_failures, never in host or NVMe; its untouched neighbours go down and
 // come back byte-exact. Both ways out of HBM: Flush (synchronous copies) and the watermark
 // (the mover's copy batches).
+// HBM slot classes in the TierManager: with tiers.slot_classes the HBM tier has the host's
+// classes, so blocks of 8 layers beside a contract of 40 take HBM slots of their own
+// class, not of slot_bytes (HBM's used bytes say so: the padding test; with one slot size
+// five small blocks would take five large slots). HBM full of large blocks, the small
+// class (no slab) takes a slab from the large one: a slab move, counted, its block demoted
+// to host first. Every block is where hbm_base + slot * granule (or the host arena +
+// slot * granule) says, byte for byte.
+TEST_F(HbmTierManager, SlotClassesHoldEachContractInItsClass) {
+  SKIP_WITHOUT_GPU();
+  ScaleContract big = c_;
+  big.model_id = "test/model-40";
+  big.geometry.num_layers = 40;  // 720 KiB
+  ASSERT_EQ(c_.block_bytes(), 144u << 10);
+  o_.slot_bytes = big.slot_bytes();
+  o_.slot_classes = {c_.slot_bytes(), big.slot_bytes()};
+  o_.slab_bytes = big.slot_bytes();  // 1 large slot or 5 small ones a slab
+  o_.hbm.capacity_bytes = 4 * o_.slab_bytes;
+  o_.hbm.high_watermark = 1.0;  // eviction on demand only
+  o_.hbm.low_watermark = 0.99;
+  o_.host.capacity_bytes = 16 * o_.slab_bytes;
+  o_.nvme.tier.capacity_bytes = 0;
+  OpenTm();
+  ASSERT_TRUE(tm_->RegisterContract(big).ok());
+  const HostGeometry& g = tm_->hbm_geometry();
+  ASSERT_EQ(g.classes.size(), 2u);
+  EXPECT_EQ(g.granule, 144u << 10);
+  auto hbm = [&](SlotRef r) { return tm_->hbm_base() + uint64_t{r.slot} * g.granule; };
+  auto commit_hbm = [&](const ScaleContract& c, uint64_t key) {
+    std::vector<SlotRef> s;
+    Status st;
+    for (int t = 0; t < 100; ++t) {
+      s.clear();
+      st = tm_->AllocSlots(c.Id(), 1, Tier::kHbm, &s);
+      if (st.code() != StatusCode::kRetry) break;
+      tm_->Drain();
+    }
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_TRUE(DeviceFill(hbm(s[0]), c.block_bytes(), key));
+    ASSERT_TRUE(tm_->Commit(c.Id(), s[0], K(key), Key128{}).ok());
+    ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+  };
+  auto acquire = [&](const ScaleContract& c, uint64_t key, Tier t) {
+    const std::vector<Key128> keys{K(key)};
+    std::promise<std::vector<SlotRef>> p;
+    tm_->Acquire(c.Id(), keys, t, [&](Status st, std::vector<SlotRef> v) {
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      p.set_value(std::move(v));
+    });
+    return p.get_future().get();
+  };
+  for (uint64_t i = 0; i < 4; ++i) commit_hbm(big, 600 + i);  // every slab
+  for (uint64_t i = 0; i < 5; ++i) commit_hbm(c_, 500 + i);   // takes one of them
+  tm_->Drain();
+  const TierStats hs = tm_->Stats()[0];
+  EXPECT_EQ(hs.tier, Tier::kHbm);
+  EXPECT_EQ(hs.slab_moves, 1u);
+  EXPECT_EQ(hs.used_bytes, 5 * c_.slot_bytes() + 3 * big.slot_bytes()) << "a block padded in HBM";
+  for (uint64_t i = 0; i < 5; ++i) {
+    auto s = acquire(c_, 500 + i, Tier::kHbm);
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_TRUE(DeviceMatches(hbm(s[0]), c_.block_bytes(), 500 + i)) << i;
+    ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+  }
+  const uint64_t hg = tm_->host_geometry().granule;
+  for (uint64_t i = 0; i < 4; ++i) {  // three in HBM, the one of the moved slab in host
+    auto s = acquire(big, 600 + i, Tier::kHost);
+    ASSERT_EQ(s.size(), 1u) << i;
+    EXPECT_TRUE(testing::Matches(arena_ + uint64_t{s[0].slot} * hg, big.block_bytes(), 600 + i)) << i;
+    ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+  }
+  // Out of HBM into host, and promoted back (host -> HBM at the granule: the gather
+  // kernel for these short runs).
+  ASSERT_TRUE(tm_->Flush(Tier::kHost).ok());
+  EXPECT_EQ(tm_->Stats()[0].blocks, 0u);
+  for (uint64_t i = 0; i < 5; ++i) {
+    auto s = acquire(c_, 500 + i, Tier::kHbm);
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_EQ(s[0].tier, Tier::kHbm);
+    EXPECT_TRUE(DeviceMatches(hbm(s[0]), c_.block_bytes(), 500 + i)) << i;
+    ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+  }
+}
+
 class HbmChanged : public HbmTierManager, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(HbmChanged, ChangedBlockIsDroppedOnTheWayDown) {

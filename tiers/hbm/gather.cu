@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(kThreads) GatherKernel(const __grid_constant__
   if (begin >= it.bytes) return;
   const uint64_t end = begin + kChunk < it.bytes ? begin + kChunk : it.bytes;
   const uint8_t* src = it.src;
-  uint8_t* dst = a.dst_base + uint64_t{it.dst_slot} * a.slot_bytes;
+  uint8_t* dst = a.dst_base + uint64_t{it.dst_slot} * a.stride;
   const uint64_t vec_end = begin + ((end - begin) & ~uint64_t{15});
   uint4 v[kUnroll];
 #pragma unroll

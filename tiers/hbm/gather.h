@@ -20,7 +20,7 @@ inline constexpr uint32_t kMaxGatherItems = 1536;
 
 struct GatherArgs {
   uint8_t* dst_base = nullptr;  // HBM slot 0
-  uint64_t slot_bytes = 0;
+  uint64_t stride = 0;          // HBM slot s at dst_base + s * stride (the pool's granule)
   uint32_t n = 0;
   uint32_t chunks_per_item = 1;  // ceil(max bytes / GatherChunkBytes())
   GatherItem items[kMaxGatherItems];

@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kThreads) HashKernel(const __grid_constant__ H
   const HashItem it = a.items[item];
   const uint32_t chunks = it.bytes == 0 ? 1 : (it.bytes + kChunk - 1) / kChunk;
   if (chunk >= chunks) return;  // not counted: the slot waits for `chunks` CTAs
-  const uint8_t* src = a.base + uint64_t{it.slot} * a.slot_bytes;
+  const uint8_t* src = a.base + uint64_t{it.slot} * a.stride;
   const uint64_t lane0 = uint64_t{chunk} * (kChunk / blockhash::kLaneBytes);
   uint64_t acc = 0;
 #pragma unroll

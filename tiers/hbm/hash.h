@@ -20,11 +20,11 @@ inline constexpr uint32_t kMaxHashItems = 2048;
 
 struct HashArgs {
   const uint8_t* base = nullptr;        // HBM slot 0
-  uint64_t slot_bytes = 0;
+  uint64_t stride = 0;                  // slot s at base + s * stride (the pool's granule)
   uint64_t seed = 0;                    // block_hash.h
-  unsigned long long* sums = nullptr;   // [slots] device scratch: 0 before and after a launch
-  unsigned int* counts = nullptr;       // [slots] device scratch: 0 before and after a launch
-  unsigned long long* out = nullptr;    // [slots] host-mapped: the hash of each item's slot
+  unsigned long long* sums = nullptr;   // [slot ids] device scratch: 0 before and after a launch
+  unsigned int* counts = nullptr;       // [slot ids] device scratch: 0 before and after a launch
+  unsigned long long* out = nullptr;    // [slot ids] host-mapped: the hash of each item's slot
   uint32_t n = 0;                       // items; their slots are distinct
   uint32_t chunks_per_item = 1;         // ceil(max bytes / HashChunkBytes())
   HashItem items[kMaxHashItems];

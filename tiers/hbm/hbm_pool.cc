@@ -36,11 +36,13 @@ StatusOr<HbmCopy> ParseHbmCopy(std::string_view name) {
 }
 
 Status HbmPoolOptions::Validate() const {
-  if (slot_bytes == 0 || slot_bytes % 4096) {
+  if (!classes.empty()) {
+    if (device < 0) return Status::Invalid("hbm pool: negative device ordinal");
+  } else if (slot_bytes == 0 || slot_bytes % 4096) {
     return Status::Invalid("hbm pool: slot_bytes " + std::to_string(slot_bytes) +
                            " is not a positive multiple of 4096");
   }
-  if (slots == 0) return Status::Invalid("hbm pool: zero slots");
+  if (classes.empty() && slots == 0) return Status::Invalid("hbm pool: zero slots");
   if (device < 0) return Status::Invalid("hbm pool: negative device ordinal");
   if (streams < 1 || streams > kMaxStreams) {
     return Status::Invalid("hbm pool: streams " + std::to_string(streams) + " not in [1, " +
@@ -52,9 +54,9 @@ Status HbmPoolOptions::Validate() const {
   return Status::Ok();
 }
 
-std::optional<uint32_t> HbmPool::Alloc() {
+std::optional<uint32_t> HbmPool::Alloc(int cls) {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.Alloc();
+  return alloc_.Alloc(cls);
 }
 Status HbmPool::Free(uint32_t slot) {
   std::lock_guard<std::mutex> l(mu_);
@@ -64,26 +66,60 @@ Status HbmPool::Free(uint32_t slot) {
 }
 
 std::optional<uint64_t> HbmPool::SlotHash(uint32_t slot) const {
-  if (!hashed_ || slot >= opts_.slots || hashed_[slot].load(std::memory_order_acquire) == 0) return std::nullopt;
+  if (!hashed_ || slot >= id_space() || hashed_[slot].load(std::memory_order_acquire) == 0) return std::nullopt;
   return static_cast<uint64_t>(reinterpret_cast<const volatile unsigned long long*>(hash_host_)[slot]);
 }
 uint32_t HbmPool::used() const {
   std::lock_guard<std::mutex> l(mu_);
   return alloc_.used();
 }
-uint32_t HbmPool::free_count() const {
+uint32_t HbmPool::free_count() const { return free_count(0); }
+uint32_t HbmPool::used(int cls) const {
   std::lock_guard<std::mutex> l(mu_);
-  return alloc_.free_count();
+  return alloc_.used(cls);
+}
+uint32_t HbmPool::free_count(int cls) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.free_count(cls);
+}
+uint32_t HbmPool::capacity(int cls) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.capacity(cls);
+}
+uint64_t HbmPool::used_bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.used_bytes();
+}
+uint32_t HbmPool::slabs(int cls) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.slabs(cls);
+}
+StatusOr<std::vector<uint32_t>> HbmPool::BeginMove(uint32_t slab, int to) {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.BeginMove(slab, to);
+}
+std::vector<uint32_t> HbmPool::TakenSlots(uint32_t slab) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_.TakenSlots(slab);
+}
+int HbmPool::SlabClass(uint32_t slab) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return slab < alloc_.num_slabs() ? alloc_.SlabClass(slab) : -1;
+}
+bool HbmPool::Draining(uint32_t slab) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return slab < alloc_.num_slabs() && alloc_.Draining(slab);
 }
 
-std::vector<HbmPool::CopyRun> HbmPool::CoalesceCopies(std::vector<CopyItem> items, uint64_t slot_bytes) {
+std::vector<HbmPool::CopyRun> HbmPool::CoalesceCopies(std::vector<CopyItem> items, uint64_t granule) {
   std::sort(items.begin(), items.end(), [](const CopyItem& a, const CopyItem& b) { return a.slot < b.slot; });
   std::vector<CopyRun> runs;
   for (size_t i = 0; i < items.size();) {
     CopyRun r{items[i].slot, items[i].host, items[i].bytes};
     size_t j = i;
-    while (j + 1 < items.size() && items[j].bytes == slot_bytes && items[j + 1].slot == items[j].slot + 1 &&
-           static_cast<uint8_t*>(items[j + 1].host) == static_cast<uint8_t*>(items[j].host) + slot_bytes) {
+    while (j + 1 < items.size() &&
+           uint64_t{items[j + 1].slot} * granule == uint64_t{items[j].slot} * granule + items[j].bytes &&
+           static_cast<uint8_t*>(items[j + 1].host) == static_cast<uint8_t*>(items[j].host) + items[j].bytes) {
       ++j;
       r.bytes += items[j].bytes;
     }
@@ -150,6 +186,12 @@ StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
   }
   std::unique_ptr<HbmPool> p(new HbmPool());
   p->opts_ = opts;
+  const uint64_t uniform = uint64_t{opts.slots} * opts.slot_bytes;
+  auto alloc = opts.classes.empty() ? SlabAllocator::Make("hbm tier", uniform, uniform, {opts.slot_bytes})
+                                    : SlabAllocator::Make("hbm tier", opts.arena_bytes, opts.slab_bytes, opts.classes);
+  if (!alloc.ok()) return alloc.status();
+  p->alloc_ = std::move(*alloc);
+  const uint32_t ids = p->alloc_.id_space();
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaSetDevice(opts.device), "cudaSetDevice"));
   void* m = nullptr;
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaMalloc(&m, p->arena_bytes()), "cudaMalloc HBM arena"));
@@ -179,7 +221,6 @@ StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
     p->cb_event_[d] = ce;
   }
   p->trace_ = opts.trace_copies;
-  p->alloc_.Reset(opts.slots);
   {
     std::random_device rd;
     p->hash_seed_ = (uint64_t{rd()} << 32) ^ rd();
@@ -197,17 +238,17 @@ StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
     KVTIER_RETURN_IF_ERROR(CudaErr(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event"));
     *ev = e;
   }
-  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMalloc(reinterpret_cast<void**>(&p->hash_sums_), sizeof(unsigned long long) * opts.slots), "cudaMalloc hash"));
-  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMalloc(reinterpret_cast<void**>(&p->hash_counts_), sizeof(unsigned int) * opts.slots), "cudaMalloc hash"));
-  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemset(p->hash_sums_, 0, sizeof(unsigned long long) * opts.slots), "cudaMemset"));
-  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemset(p->hash_counts_, 0, sizeof(unsigned int) * opts.slots), "cudaMemset"));
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMalloc(reinterpret_cast<void**>(&p->hash_sums_), sizeof(unsigned long long) * ids), "cudaMalloc hash"));
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMalloc(reinterpret_cast<void**>(&p->hash_counts_), sizeof(unsigned int) * ids), "cudaMalloc hash"));
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemset(p->hash_sums_, 0, sizeof(unsigned long long) * ids), "cudaMemset"));
+  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemset(p->hash_counts_, 0, sizeof(unsigned int) * ids), "cudaMemset"));
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaHostAlloc(reinterpret_cast<void**>(&p->hash_host_),
-                                               sizeof(unsigned long long) * opts.slots, cudaHostAllocMapped),
+                                               sizeof(unsigned long long) * ids, cudaHostAllocMapped),
                                  "cudaHostAlloc hash"));
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaHostGetDevicePointer(reinterpret_cast<void**>(&p->hash_host_dev_), p->hash_host_, 0),
                                  "cudaHostGetDevicePointer"));
-  p->hashed_ = std::make_unique<std::atomic<uint8_t>[]>(opts.slots);
-  for (uint32_t i = 0; i < opts.slots; ++i) p->hashed_[i].store(0, std::memory_order_relaxed);
+  p->hashed_ = std::make_unique<std::atomic<uint8_t>[]>(ids);
+  for (uint32_t i = 0; i < ids; ++i) p->hashed_[i].store(0, std::memory_order_relaxed);
   // HbmPoolOptions::copy: auto (default), or one method forced for a benchmark.
   const HbmCopy mode = opts.copy;
   int host_ptr_ok = 0;
@@ -266,7 +307,7 @@ HbmPool::~HbmPool() {
 Status HbmPool::QueueHashLocked(const std::vector<HashItem>& items, void* after_stream) {
   if (items.empty()) return Status::Ok();
   for (const auto& it : items) {
-    if (it.slot >= opts_.slots || it.bytes > opts_.slot_bytes) return Status::Invalid("hbm hash: slot or size out of range");
+    if (!InArena(it.slot, it.bytes)) return Status::Invalid("hbm hash: slot or size out of range");
   }
   auto hs = static_cast<cudaStream_t>(hash_stream_);
   if (after_stream != nullptr) {  // after the copies queued on that stream so far
@@ -276,7 +317,7 @@ Status HbmPool::QueueHashLocked(const std::vector<HashItem>& items, void* after_
   }
   auto args = std::make_unique<detail::HashArgs>();
   args->base = base_;
-  args->slot_bytes = opts_.slot_bytes;
+  args->stride = granule();
   args->seed = hash_seed_;
   args->sums = hash_sums_;
   args->counts = hash_counts_;
@@ -320,7 +361,7 @@ Status HbmPool::IpcHandle(uint8_t out[64]) const {
 }
 
 Status HbmPool::CopyToDevice(uint32_t slot, const void* src, uint64_t bytes, CopyDone done) {
-  if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
+  if (!InArena(slot, bytes)) return Status::Invalid("hbm copy: slot or size out of range");
   cudaSetDevice(opts_.device);
   auto s = static_cast<cudaStream_t>(h2d_);
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(slot_ptr(slot), src, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync H2D"));
@@ -332,7 +373,7 @@ Status HbmPool::CopyToDevice(uint32_t slot, const void* src, uint64_t bytes, Cop
 }
 
 Status HbmPool::CopyToHost(uint32_t slot, void* dst, uint64_t bytes, CopyDone done) {
-  if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
+  if (!InArena(slot, bytes)) return Status::Invalid("hbm copy: slot or size out of range");
   cudaSetDevice(opts_.device);
   KVTIER_RETURN_IF_ERROR(WaitHashes(d2h_));
   return CopyThenDone(dst, slot_ptr(slot), bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(d2h_),
@@ -342,7 +383,7 @@ Status HbmPool::CopyToHost(uint32_t slot, void* dst, uint64_t bytes, CopyDone do
 Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, CopyDone done) {
   const auto t0 = std::chrono::steady_clock::now();
   for (const auto& it : items) {
-    if (it.slot >= opts_.slots || it.bytes > opts_.slot_bytes) {
+    if (!InArena(it.slot, it.bytes)) {
       return Status::Invalid("hbm copy: slot or size out of range");
     }
   }
@@ -352,7 +393,7 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
   bool queued = false;
   // The copy-engine paths move coalesced runs (CoalesceCopies): neighbouring slots whose
   // host buffers are neighbours too go as one copy.
-  std::vector<CopyRun> runs = CoalesceCopies(items, opts_.slot_bytes);
+  std::vector<CopyRun> runs = CoalesceCopies(items, granule());
   uint64_t total = 0;
   for (const auto& r : runs) total += r.bytes;
   const bool short_runs = !runs.empty() && total / runs.size() < (uint64_t{1} << 20);
@@ -361,7 +402,7 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
     // SM loads straight from the (mapped) host slots: no per-block DMA setup.
     auto args = std::make_unique<detail::GatherArgs>();
     args->dst_base = base_;
-    args->slot_bytes = opts_.slot_bytes;
+    args->stride = granule();
     const uint32_t chunk = detail::GatherChunkBytes();
     cudaError_t e = cudaSuccess;
     for (size_t i = 0; i < items.size() && e == cudaSuccess; i += detail::kMaxGatherItems) {
@@ -506,7 +547,7 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
 }
 
 Status HbmPool::CopyToHostSync(uint32_t slot, void* dst, uint64_t bytes) {
-  if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
+  if (!InArena(slot, bytes)) return Status::Invalid("hbm copy: slot or size out of range");
   cudaSetDevice(opts_.device);
   auto s = static_cast<cudaStream_t>(d2h_);
   KVTIER_RETURN_IF_ERROR(WaitHashes(d2h_));
@@ -515,7 +556,7 @@ Status HbmPool::CopyToHostSync(uint32_t slot, void* dst, uint64_t bytes) {
 }
 
 Status HbmPool::CopyToDeviceSync(uint32_t slot, const void* src, uint64_t bytes) {
-  if (slot >= opts_.slots || bytes > opts_.slot_bytes) return Status::Invalid("hbm copy: slot or size out of range");
+  if (!InArena(slot, bytes)) return Status::Invalid("hbm copy: slot or size out of range");
   cudaSetDevice(opts_.device);
   auto s = static_cast<cudaStream_t>(h2d_);
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(slot_ptr(slot), src, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync H2D"));

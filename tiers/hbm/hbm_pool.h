@@ -1,7 +1,9 @@
-// HbmPool: the HBM tier's arena. One cudaMalloc of `slots * slot_bytes` bytes on one
-// device, exported once by CUDA IPC (cudaIpcGetMemHandle) so every attached engine maps
-// the same arena; HBM slot ids are the block-table entries the decode kernels take
-// (slot s starts at base + s * slot_bytes).
+// HbmPool: the HBM tier's arena. One cudaMalloc on one device, exported once by CUDA IPC
+// (cudaIpcGetMemHandle) so every attached engine maps the same arena, holding the slots
+// of a SlabAllocator (tiers/slab_allocator.h: one or more slot size classes sharing the
+// arena's slabs by demand, as in the host tier). HBM slot ids are the block-table entries
+// the decode kernels take: slot s starts at base + s * granule whatever its class (the
+// kernels' kvt_pool.slot_bytes is that stride; with one class the granule is slot_bytes).
 //
 // Copies between this arena and pinned host memory run as cudaMemcpyAsync on the pool's
 // own two non-blocking streams (one per direction, so promotions and demotions overlap).
@@ -28,7 +30,7 @@
 #include <string_view>
 
 #include "formats/status.h"
-#include "tiers/slot_allocator.h"
+#include "tiers/slab_allocator.h"
 
 namespace kvtier::tiers {
 
@@ -47,6 +49,13 @@ struct HbmPoolOptions {
   int device = 0;           // CUDA device ordinal. Default: 0
   uint64_t slot_bytes = 0;  // bytes per slot, 4096 multiple. Default: 0 (refused)
   uint32_t slots = 0;       // number of slots. Default: 0 (refused)
+  // Several slot classes (4 KiB multiples): the arena is `arena_bytes` cut into slabs of
+  // `slab_bytes`, each slab holding slots of one class, and slot_bytes / slots are
+  // ignored. Empty: one class, `slots` slots of `slot_bytes` (slot s at s * slot_bytes).
+  // Default: empty
+  std::vector<uint64_t> classes;
+  uint64_t slab_bytes = kDefaultSlabBytes;  // with classes. Default: 64 MiB
+  uint64_t arena_bytes = 0;                 // with classes. Default: 0 (refused)
   HbmCopy copy = HbmCopy::kAuto;  // host -> HBM copy method. Default: kAuto
   // Streams per direction for the copy-engine paths, [1, kMaxStreams]: a batch's runs are
   // split over them so that the DMA setup of one copy overlaps the transfer of another.
@@ -69,18 +78,48 @@ class HbmPool {
 
   int device() const { return opts_.device; }
   uint8_t* base() const { return base_; }  // device pointer
-  uint64_t slot_bytes() const { return opts_.slot_bytes; }
-  uint32_t slots() const { return opts_.slots; }
-  uint64_t arena_bytes() const { return opts_.slot_bytes * opts_.slots; }
-  uint8_t* slot_ptr(uint32_t slot) const { return base_ + uint64_t{slot} * opts_.slot_bytes; }
+  // The largest slot, the granule (slot s at base + s * granule), the ids a slot may have
+  // (every slot id is below it) and the classes, as HostPool's.
+  uint64_t slot_bytes() const { return alloc_.largest(); }
+  uint64_t granule() const { return alloc_.granule(); }
+  uint32_t id_space() const { return alloc_.id_space(); }
+  uint64_t slab_bytes() const { return alloc_.slab_bytes(); }
+  uint32_t num_slabs() const { return alloc_.num_slabs(); }
+  int num_classes() const { return static_cast<int>(alloc_.num_classes()); }
+  uint64_t class_bytes(int cls) const { return alloc_.class_bytes(cls); }
+  uint32_t slots_per_slab(int cls) const { return alloc_.slots_per_slab(cls); }
+  int ClassFor(uint64_t bytes) const { return alloc_.ClassFor(bytes); }
+  // The most slots of class `cls` the arena holds (every slab of it), and of the smallest.
+  uint32_t most(int cls) const { return alloc_.num_slabs() * alloc_.slots_per_slab(cls); }
+  uint32_t slots() const { return most(0); }
+  uint64_t arena_bytes() const { return alloc_.arena_bytes(); }
+  // The one place that says where HBM slot `slot` is (SlabAllocator::Offset).
+  uint64_t slot_offset(uint32_t slot) const { return alloc_.Offset(slot); }
+  uint8_t* slot_ptr(uint32_t slot) const { return base_ + slot_offset(slot); }
+  // Whether `bytes` from slot `slot` on lie inside the arena (the copy and hash bounds).
+  bool InArena(uint32_t slot, uint64_t bytes) const {
+    return slot < id_space() && bytes <= arena_bytes() - slot_offset(slot);
+  }
 
   // 64-byte cudaIpcMemHandle_t of the arena.
   Status IpcHandle(uint8_t out[64]) const;
 
-  std::optional<uint32_t> Alloc();
+  // A slot of class `cls`; nullopt when neither its slabs nor the pool have one.
+  std::optional<uint32_t> Alloc(int cls = 0);
   Status Free(uint32_t slot);
   uint32_t used() const;
-  uint32_t free_count() const;
+  uint32_t free_count() const;  // of class 0
+  uint32_t used(int cls) const;
+  uint32_t free_count(int cls) const;  // SlabAllocator::free_count
+  uint32_t capacity(int cls) const;
+  uint64_t used_bytes() const;
+  uint32_t slabs(int cls) const;
+  // Slab moves (SlabAllocator::BeginMove / CancelMove / TakenSlots / SlabClass).
+  StatusOr<std::vector<uint32_t>> BeginMove(uint32_t slab, int to);
+  std::vector<uint32_t> TakenSlots(uint32_t slab) const;
+  int SlabClass(uint32_t slab) const;
+  bool Draining(uint32_t slab) const;
+  uint32_t SlabOf(uint32_t slot) const { return alloc_.SlabOf(slot); }
 
   // Asynchronous copies of `bytes` (<= slot_bytes) between slot and pinned host memory.
   // On a launch error `done` is not called and the error is returned.
@@ -108,10 +147,11 @@ class HbmPool {
     void* host;
     uint64_t bytes;
   };
-  // Sorts `items` by slot and merges runs: item k+1 joins item k's run when its slot is
-  // k's + 1, its host buffer starts slot_bytes after k's, and k fills its slot (so the
-  // merged copy moves no byte that the separate copies would not). Pure; no CUDA.
-  static std::vector<CopyRun> CoalesceCopies(std::vector<CopyItem> items, uint64_t slot_bytes);
+  // Sorts `items` by slot and merges runs: item k+1 joins item k's run when its slot
+  // starts where k's bytes end (slot * granule) and its host buffer starts where k's ends
+  // (so the merged copy moves no byte that the separate copies would not: k fills its
+  // slot). Pure; no CUDA.
+  static std::vector<CopyRun> CoalesceCopies(std::vector<CopyItem> items, uint64_t granule);
   // Synchronous variants (operator paths: Flush).
   Status CopyToHostSync(uint32_t slot, void* host_dst, uint64_t bytes);
   Status CopyToDeviceSync(uint32_t slot, const void* host_src, uint64_t bytes);
@@ -157,8 +197,8 @@ class HbmPool {
   void* cb_event_[2] = {};   // cudaEvent_t
   bool trace_ = false;                   // HbmPoolOptions::trace_copies
   std::mutex fan_mu_;                    // the events above are recorded and waited in pairs
-  mutable std::mutex mu_;
-  SlotAllocator alloc_;
+  mutable std::mutex mu_;  // guards alloc_'s state (its geometry is fixed at Create)
+  SlabAllocator alloc_;
   // HbmPoolOptions::copy, as the copy paths test it.
   std::atomic<bool> gather_kernel_{true};   // the kernel may be used (host pointers usable)
   std::atomic<bool> gather_always_{false};  // HbmCopy::kKernel
@@ -172,11 +212,12 @@ class HbmPool {
   void* hash_stream_ = nullptr;  // cudaStream_t
   void* hash_in_ = nullptr;      // cudaEvent_t: a promotion's copies done (CopyBatch)
   void* hash_done_ = nullptr;    // cudaEvent_t: every hash queued so far
-  unsigned long long* hash_sums_ = nullptr;  // [slots] device scratch (hash.h)
-  unsigned int* hash_counts_ = nullptr;      // [slots] device scratch
-  unsigned long long* hash_host_ = nullptr;  // [slots] pinned, mapped: the hash per slot
+  // Indexed by slot id: id_space() entries.
+  unsigned long long* hash_sums_ = nullptr;  // [ids] device scratch (hash.h)
+  unsigned int* hash_counts_ = nullptr;      // [ids] device scratch
+  unsigned long long* hash_host_ = nullptr;  // [ids] pinned, mapped: the hash per slot
   unsigned long long* hash_host_dev_ = nullptr;  // hash_host_ as the device sees it
-  // [slots] 1 while hash_host_[slot] holds the hash of the slot's block (set at launch,
+  // [ids] 1 while hash_host_[slot] holds the hash of the slot's block (set at launch,
   // cleared by Free).
   std::unique_ptr<std::atomic<uint8_t>[]> hashed_;
   // Launches the hashes of `items` on hash_stream_ (after the work queued on

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Tokens per GiB of host tier for a Llama-3-8B-shaped contract (32 layers x 8 KV heads x
 128, 16-token NVFP4 blocks: 576 KiB) with an 80-layer contract (1440 KiB blocks)
-registered and storing in the same daemon: today's default configuration (one slot size,
-tiers.slot_bytes = 1440KiB) against host slot classes sharing slabs by demand, in one run.
+registered and storing in the same daemon: one slot size (tiers.slot_bytes = 1440KiB,
+tiers.slot_classes = [], the default configuration before slot classes) against the
+default configuration (tiers.slot_classes = "auto", tiers.slab_bytes = "auto"), or given
+classes sharing slabs by demand, in one run.
 
-    python3 tools/bench/host_tokens_per_gib.py                     # classes 576KiB,1440KiB
+    python3 tools/bench/host_tokens_per_gib.py                       # the default ("auto")
     python3 tools/bench/host_tokens_per_gib.py 576KiB,1440KiB 64MiB  # classes, slab size
 
 Each configuration starts kvtierd (KVTIER_BIN_DIR) with a 1 GiB host tier, no NVMe tier and
@@ -62,8 +64,9 @@ def run(classes, slab, keep_big=False):
                 c.release(lease)
         n = resident(c, cl, prompts)
         nb = resident(c, cb, [big_prompt])
-        name = f"classes {','.join(str(x // KiB) + 'KiB' for x in classes)} in {slab} slabs" if classes else \
-            "default (one slot size, 1440KiB)"
+        name = ("default (slot_classes \"auto\", slab_bytes \"auto\")" if classes == "auto" else
+                f"classes {','.join(str(x // KiB) + 'KiB' for x in classes)} in {slab} slabs" if classes else
+                "one slot size (1440KiB, slot_classes = [])")
         if keep_big:
             name += ", 80-layer prompt read after every llama prompt"
         print(f"{name}: llama {llama.block_bytes()} B blocks in {slot} B slots (fill {fill:.3f}), "
@@ -74,12 +77,12 @@ def run(classes, slab, keep_big=False):
 
 
 def main():
-    classes = [size(x) for x in sys.argv[1].split(",")] if len(sys.argv) > 1 else [576 * KiB, 1440 * KiB]
-    slab = sys.argv[2] if len(sys.argv) > 2 else "64MiB"
-    base = run(None, "64MiB")
+    classes = [size(x) for x in sys.argv[1].split(",")] if len(sys.argv) > 1 else "auto"
+    slab = sys.argv[2] if len(sys.argv) > 2 else "auto"
+    base = run([], "64MiB")
     new = run(classes, slab)
-    print(f"ratio: {new / base:.3f}x the tokens per GiB of today's default configuration")
-    base = run(None, "64MiB", keep_big=True)
+    print(f"ratio: {new / base:.3f}x the tokens per GiB of one slot size (the default before slot classes)")
+    base = run([], "64MiB", keep_big=True)
     new = run(classes, slab, keep_big=True)
     print(f"ratio, 80-layer blocks kept hot: {new / base:.3f}x")
 

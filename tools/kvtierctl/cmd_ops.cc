@@ -271,6 +271,7 @@ int RunStatsOrTiers(const std::vector<std::string>& argv, bool full) {
       j["evictions_demoted"] = t.evictions_demoted;
       j["evictions_dropped"] = t.evictions_dropped;
       j["admission_rejects"] = t.admission_rejects;
+      j["slab_moves"] = t.slab_moves;  // between slot classes
       j["read_gbps"] = t.read_gbps;
       j["write_gbps"] = t.write_gbps;
       j["errors"] = t.errors;              // remote tier: answers lost to a down or slow node
@@ -301,8 +302,8 @@ int RunStatsOrTiers(const std::vector<std::string>& argv, bool full) {
   std::printf("%-5s %-7s %11s %11s %6s %10s %8s", "TIER", "PRESENT", "CAPACITY", "USED", "USED%", "BLOCKS",
               "PINNED");
   if (full) {
-    std::printf(" %11s %11s %7s %9s %9s %11s %6s %7s %7s", "PAYLOAD", "SCALES", "HIT%", "PROMOTED", "DEMOTED",
-                "MOVED", "CKSUM!", "ERRORS", "WRITE!");
+    std::printf(" %11s %11s %7s %9s %9s %11s %6s %7s %7s %10s", "PAYLOAD", "SCALES", "HIT%", "PROMOTED", "DEMOTED",
+                "MOVED", "CKSUM!", "ERRORS", "WRITE!", "SLABMOVES");
   }
   std::printf("\n");
   for (const auto& j : tiers) {
@@ -312,12 +313,13 @@ int RunStatsOrTiers(const std::vector<std::string>& argv, bool full) {
                 cap ? 100.0 * static_cast<double>(used) / static_cast<double>(cap) : 0.0,
                 j["blocks"].get<uint64_t>(), j["pinned"].get<uint64_t>());
     if (full) {
-      std::printf(" %11s %11s %6.1f%% %9" PRIu64 " %9" PRIu64 " %11s %6" PRIu64 " %7" PRIu64 " %7" PRIu64,
+      std::printf(" %11s %11s %6.1f%% %9" PRIu64 " %9" PRIu64 " %11s %6" PRIu64 " %7" PRIu64 " %7" PRIu64
+                  " %10" PRIu64,
                   Bytes(j["payload_bytes"].get<uint64_t>()).c_str(), Bytes(j["scale_bytes"].get<uint64_t>()).c_str(),
                   100.0 * j["hit_ratio"].get<double>(), j["promotions_in"].get<uint64_t>(),
                   j["demotions_out"].get<uint64_t>(), Bytes(j["bytes_moved"].get<uint64_t>()).c_str(),
                   j["checksum_failures"].get<uint64_t>(), j["errors"].get<uint64_t>(),
-                  j["write_errors"].get<uint64_t>());
+                  j["write_errors"].get<uint64_t>(), j["slab_moves"].get<uint64_t>());
     }
     std::printf("\n");
   }

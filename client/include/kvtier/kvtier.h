@@ -14,7 +14,7 @@
  *  - Keys are kvtier_key {hi, lo}: the 128-bit block keys of the key chain
  *    (kvtier_key_chain; DESIGN.md section 3), identical in every process and language.
  *  - Tiers: KVTIER_TIER_HBM (slot ids index the HBM arena: the decode kernels' block
- *    table), KVTIER_TIER_HOST (slot s is at kvtier_host_slot(c, s), which is
+ *    table; slot s at the arena + s * kvtier_hbm_granule), KVTIER_TIER_HOST (slot s is at kvtier_host_slot(c, s), which is
  *    kvtier_host_arena() + s * granule: the host tier may hold slots of several sizes,
  *    one size class per contract, kvtier_contract_slot), KVTIER_TIER_NVME.
  *  - The host tier is read-only to clients: the arena maps PROT_READ (the daemon seals it
@@ -204,9 +204,9 @@ KVTIER_API uint64_t kvtier_client_id(const kvtier_client* c);
 KVTIER_API uint64_t kvtier_slot_bytes(const kvtier_client* c);
 /* Base of the host window (NULL without a host tier); *bytes gets its size: the arena,
  * mapped read-only (a write faults), then this client's staging area, writable. Host
- * slot s is at base + s * slot_bytes. Against a daemon with [[tenants]] the arena's part
- * is not mapped (a read faults) but for its tenant's part of it (kvtier_host_parts): a host
- * acquire's slots are the arena slots of blocks there, and copies of the others in the
+ * slot s is at base + s * kvtier_host_granule. Against a daemon with [[tenants]] the arena's
+ * part is not mapped (a read faults) but for its tenant's part of it (kvtier_host_parts): a
+ * host acquire's slots are the arena slots of blocks there, and copies of the others in the
  * staging area (staging ids), made for this client's lease. */
 KVTIER_API void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes);
 /* Host slot `slot` of any lease, read-only: kvtier_host_arena() + slot * granule (NULL for
@@ -246,6 +246,14 @@ KVTIER_API uint32_t kvtier_host_slot_classes(const kvtier_client* c, uint64_t* b
  * automatic ones included): a binding that caches the arena's address maps it again when
  * this changes. */
 KVTIER_API uint64_t kvtier_attach_generation(const kvtier_client* c);
+/* The HBM tier's granule: HBM slot s (a block-table entry of the decode kernels) is at
+ * the arena's device address (kvtier_hbm_open) + s * granule, whatever its size: the HBM
+ * tier has the host tier's slot classes. It is the stride to give the kernels
+ * (kvt_pool.slot_bytes). With one class it is kvtier_slot_bytes; 0 without an HBM tier. */
+KVTIER_API uint64_t kvtier_hbm_granule(const kvtier_client* c);
+/* Bytes of the HBM arena (every slot lies below): kvt_pool.num_slots = bytes / granule.
+ * 0 without an HBM tier, or from a daemon of protocol 5 (one slot size). */
+KVTIER_API uint64_t kvtier_hbm_arena_bytes(const kvtier_client* c);
 /* Copies the HBM arena's CUDA IPC handle (64 bytes); UNSUPPORTED without an HBM tier,
  * INVALID for a client that attached without has_gpu (the daemon sends the handle only to
  * GPU clients). CUDA IPC maps the arena read-write: a change made to a committed block is

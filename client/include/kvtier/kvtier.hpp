@@ -142,6 +142,10 @@ class Client {
   }
   // Host slot s is at the window's base + s * host_granule() whatever its slot class.
   uint64_t host_granule() const { return kvtier_host_granule(c_); }
+  // HBM slot s at the arena (kvtier_hbm_open) + s * hbm_granule(); hbm_arena_bytes() / it
+  // ids (kvtier_hbm_granule).
+  uint64_t hbm_granule() const { return kvtier_hbm_granule(c_); }
+  uint64_t hbm_arena_bytes() const { return kvtier_hbm_arena_bytes(c_); }
   Error Lookup(uint64_t contract, Span<const kvtier_key> keys, LookupResult* r) {
     r->tiers.assign(keys.size(), KVTIER_TIER_NONE);
     kvtier_lookup_result lr{};

@@ -16,7 +16,7 @@ tree, then the library folder it was installed with, then the system's library p
     ...                                        # slot ids are the decode kernel's block table
     c.release(lease)
 
-For torch: HBM slot s of the arena starts at c.hbm_device_ptr() + s * c.slot_bytes
+For torch: HBM slot s of the arena starts at c.hbm_device_ptr() + s * c.hbm_granule
 (pass it to kernels via data_ptr()-style integers); host slot s is c.host_slot(s), a
 memoryview, or c.host_slot_address(s) as an integer address. The host tier is read-only
 to clients: the view of an acquired (arena) slot is read-only; the slots of a host alloc
@@ -115,7 +115,8 @@ class _CommitResult(ctypes.Structure):
 
 class _TierStats(ctypes.Structure):
     # client/include/kvtier/tier_stats.h (KVTIER_TIER_STATS_FIELDS), in its order.
-    _fields_ = [("tier", ctypes.c_uint8), ("present", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 6)] + [
+    _fields_ = [("tier", ctypes.c_uint8), ("present", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 2),
+                ("slab_moves", ctypes.c_uint32)] + [
         (n, ctypes.c_uint64) for n in (
             "capacity_bytes", "used_bytes", "slots_total", "slots_used", "blocks", "pinned", "hits", "misses",
             "promotions_in", "demotions_out", "bytes_read", "bytes_written", "checksum_failures",
@@ -272,6 +273,8 @@ def _declare(lib):
         "kvtier_host_staging_fd": (S, [P]),
         "kvtier_host_parts": (u32, [P, u32, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(u64), ctypes.POINTER(u64)]),
         "kvtier_host_granule": (u64, [P]),
+        "kvtier_hbm_granule": (u64, [P]),
+        "kvtier_hbm_arena_bytes": (u64, [P]),
         "kvtier_host_slot_classes": (u32, [P, ctypes.POINTER(u64), u32]),
         "kvtier_contract_slot": (S, [P, u64, ctypes.POINTER(u64), ctypes.POINTER(ctypes.c_double)]),
         "kvtier_attach_generation": (u64, [P]),
@@ -571,6 +574,7 @@ class TierStats:
     write_gbps: float
     errors: int  # remote tier: answers lost to a down or slow node
     write_errors: int  # remote tier: writes dropped or failed
+    slab_moves: int = 0  # slabs moved between slot classes
 
 
 @dataclass
@@ -933,6 +937,17 @@ class Client:
         arr._kvtier_window = self._mm
         view = memoryview(arr).cast("B")
         return view if staging else view.toreadonly()
+
+    @property
+    def hbm_granule(self) -> int:
+        """HBM slot s is at hbm_device_ptr() + s * hbm_granule whatever its size (the
+        decode kernels' pool stride); slot_bytes with one slot class, 0 without HBM."""
+        return self._lib.kvtier_hbm_granule(self._handle())
+
+    @property
+    def hbm_arena_bytes(self) -> int:
+        """Bytes of the HBM arena (0 without HBM, or from a daemon of protocol 5)."""
+        return self._lib.kvtier_hbm_arena_bytes(self._handle())
 
     def hbm_device_ptr(self) -> int:
         """Device address of HBM slot 0 in this process (cudaIpcOpenMemHandle, once)."""

@@ -39,11 +39,12 @@ def kvtierd_path():
 
 class Daemon:
     def __init__(self, slot_bytes, hbm="8GiB", host="16GiB", nvme="32GiB", nvme_dir=None, policy="prefix-lru",
-                 log_level=None, timeout_s=120, trace_copies=False, slot_classes=None,
-                 slab_bytes="64MiB", host_watermarks=(0.95, 0.85)):
-        """hbm=None starts a daemon without an HBM tier. slot_classes: the host tier's slot
-        sizes (tiers.slot_classes, bytes; the largest is slot_bytes rounded up to 4 KiB),
-        sharing slabs of slab_bytes (tiers.slab_bytes). host_watermarks: the host tier's
+                 log_level=None, timeout_s=120, trace_copies=False, slot_classes="auto",
+                 slab_bytes="auto", host_watermarks=(0.95, 0.85)):
+        """hbm=None starts a daemon without an HBM tier. slot_classes: the slot sizes
+        (tiers.slot_classes: "auto", the daemon's default, or a list of bytes whose largest
+        is slot_bytes rounded up to 4 KiB; [] or None: one slot size), sharing slabs of
+        slab_bytes (tiers.slab_bytes, "auto" or a size). host_watermarks: the host tier's
         (high, low) watermarks."""
         log_level = log_level or os.environ.get("KVTIER_DAEMON_LOG_LEVEL", "warn")
         self.dir = tempfile.mkdtemp(prefix="kvtierd-")
@@ -60,7 +61,8 @@ ring_data_bytes = "16MiB"
 trace_copies = {"true" if trace_copies else "false"}
 [tiers]
 slot_bytes = {slot}
-slot_classes = [{", ".join(str((int(x) + 4095) // 4096 * 4096) for x in (slot_classes or []))}]
+slot_classes = {'"auto"' if slot_classes == "auto" else
+                 "[" + ", ".join(str((int(x) + 4095) // 4096 * 4096) for x in (slot_classes or [])) + "]"}
 slab_bytes = "{slab_bytes}"
 {{hbm_section}}[tiers.host]
 capacity = "{host}"

@@ -5,8 +5,9 @@ so this module works with torch tensors (``t.data_ptr()``), CuPy arrays or any o
 CUDA memory, and with the HBM arena a :class:`kvtier.Client` mapped through CUDA IPC.
 
     from kvtier import kernels
-    pool = kernels.Pool(base=client.hbm_device_ptr(), slot_bytes=client.slot_bytes,
-                        num_slots=n, num_layers=L, num_kv_heads=H, head_dim=D,
+    pool = kernels.Pool(base=client.hbm_device_ptr(), slot_bytes=client.hbm_granule,
+                        num_slots=client.hbm_arena_bytes // client.hbm_granule,
+                        num_layers=L, num_kv_heads=H, head_dim=D,
                         block_tokens=T, format=kernels.NVFP4)
     kernels.quantize_append(pool, k, v, slot_ids, positions, layer, k_scale, v_scale)
     kernels.decode(pool, q, out, block_table, seq_lens, layer, k_scale, v_scale, sm_scale)

@@ -334,8 +334,10 @@ class KvtierCache(Cache):
         if not hbm or not hbm[0].present or hbm[0].slots_total == 0:
             raise UnsupportedModel("kvtierd has no HBM tier: kvtier's decode reads HBM slots; configure "
                                    "[tiers.hbm] and connect with has_gpu=True")
-        self.num_slots = hbm[0].slots_total
-        self.slot_bytes = client.slot_bytes
+        # HBM slot s at base + s * granule (slots of several sizes share the arena; with one
+        # the granule is slot_bytes): the kernels' pool stride and its ids.
+        self.slot_bytes = client.hbm_granule or client.slot_bytes
+        self.num_slots = client.hbm_arena_bytes // self.slot_bytes or hbm[0].slots_total
         base = client.hbm_device_ptr()
         self.arena = torch_ops.arena_tensor(base, self.slot_bytes * self.num_slots)
         pool = K.Pool(base, self.slot_bytes, self.num_slots, self.layers_count, self.kv_heads, self.head_dim,

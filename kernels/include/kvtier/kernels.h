@@ -11,6 +11,9 @@
  * The pool: slot s starts at pool + s * slot_bytes; inside a slot the pages of layers
  * 0..L-1 follow each other (formats/layout.h gives the bytes of a page). Block tables hold
  * slot ids (int32). Every pointer named "device" must be device memory (or managed).
+ * slot_bytes is the stride between slot ids: a slot size of at least a block, or, for an
+ * arena of slots of several sizes (kvtierd's HBM tier with slot classes), its granule
+ * (kvtier_hbm_granule), where a block spans several strides; offsets are 64-bit.
  *
  * Errors: every function returns a kvt_status (0 = OK) and never throws; on failure
  * kvt_last_error() gives a one-line reason (thread-local, valid until the next call of
@@ -18,7 +21,8 @@
  * anything is launched, so the pool and the outputs are unchanged.
  *
  * Bounds: the launchers take num_slots, and the kernels never read or write outside
- * [pool, pool + num_slots * slot_bytes). When host copies of the block table / slot
+ * [pool, pool + num_slots * slot_bytes): a slot id whose block would pass the end (with a
+ * stride below the block size, the last ones) is out of range like one >= num_slots. When host copies of the block table / slot
  * mapping are passed, they are validated before launch (KVT_INVALID on an out-of-range
  * entry, nothing launched). Without host copies, a kernel that meets an out-of-range
  * entry skips it (no access), sets *error_flag (if given) to a non-zero code and, for
@@ -64,8 +68,10 @@ typedef enum kvt_dtype { KVT_DTYPE_BF16 = 0, KVT_DTYPE_FP16 = 1 } kvt_dtype;
 /* Where the pages live and what they look like (the scale contract's geometry). */
 typedef struct kvt_pool {
   void* base;            /* device; slot s at base + s * slot_bytes; 16-byte aligned */
-  uint64_t slot_bytes;   /* >= L * page bytes, multiple of 16 */
-  uint64_t num_slots;    /* slot ids must be in [0, num_slots) */
+  uint64_t slot_bytes;   /* stride of slot ids, a positive multiple of 16: >= L * page
+                            bytes, or the granule of slots of several sizes */
+  uint64_t num_slots;    /* slot ids in [0, num_slots) whose block ends inside
+                            num_slots * slot_bytes */
   uint32_t num_layers;   /* L */
   uint32_t num_kv_heads; /* H */
   uint32_t head_dim;     /* D */
@@ -129,7 +135,7 @@ typedef struct kvt_dequant_params {
 /* One-line reason for the last failure on this thread ("" after success). */
 const char* kvt_last_error(void);
 
-/* Checks a pool description (geometry valid for its format, slot_bytes large enough,
+/* Checks a pool description (geometry valid for its format, the pool holds a block,
  * alignment). */
 int kvt_check_pool(const kvt_pool* pool);
 
