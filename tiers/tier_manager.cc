@@ -145,7 +145,7 @@ Status TierManagerImpl::Init() {
     host_classes += fmt::format("{}{} B", host_classes.empty() ? "" : ", ", host_->class_bytes(c));
   }
   host_classes = host_->num_classes() == 1
-                     ? fmt::format("{} B each", host_classes)
+                     ? fmt::format("{} each", host_classes)
                      : fmt::format("classes {} in {} slabs of {} B", host_classes, host_->num_slabs(), host_->slab_bytes());
   spdlog::info("kvtier tiers: hbm {} | host {} slots ({}; {}) | nvme {}",
                hbm_ ? fmt::format("{} slots on device {} ({}; {})", hbm_->slots(), opts_.cuda_device,

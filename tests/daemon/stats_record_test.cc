@@ -19,7 +19,9 @@ TEST(StatsRecord, EveryFieldCrossesTheWireBothWays) {
   KVTIER_TIER_STATS_FIELDS(KVT_SET)
 #undef KVT_SET
   ASSERT_EQ(i, 20) << "the field list changed: update the wire size in formats/wire.h";
+  s.slab_moves = 4242;  // protocol 6, in bytes that were reserved
   const wire::WireTierStats w = ToWire(s);
+  EXPECT_EQ(w.slab_moves, 4242u);
   EXPECT_EQ(w.tier, static_cast<uint8_t>(tiers::Tier::kRemote));
   EXPECT_EQ(w.present, 1);
   for (uint8_t r : w.reserved) EXPECT_EQ(r, 0);
@@ -33,6 +35,7 @@ TEST(StatsRecord, EveryFieldCrossesTheWireBothWays) {
   const tiers::TierStats back = FromWire(w);
   EXPECT_EQ(back.tier, s.tier);
   EXPECT_EQ(back.present, s.present);
+  EXPECT_EQ(back.slab_moves, 4242u);
 #define KVT_CHECK(type, name) EXPECT_EQ(back.name, s.name) << #name;
   KVTIER_TIER_STATS_FIELDS(KVT_CHECK)
 #undef KVT_CHECK
@@ -43,7 +46,8 @@ TEST(StatsRecord, EveryFieldCrossesTheWireBothWays) {
   EXPECT_EQ(FromWire(ToWire(off)).present, false);
 }
 
-// TierStats holds exactly the listed fields (no member left off the list, and the wire).
+// TierStats holds exactly the listed fields and slab_moves (no member left off the list,
+// and the wire).
 TEST(StatsRecord, TierStatsIsTheListedFields) {
   struct Listed {
     tiers::Tier tier;
@@ -51,6 +55,7 @@ TEST(StatsRecord, TierStatsIsTheListedFields) {
 #define KVT_MEMBER(type, name) type name;
     KVTIER_TIER_STATS_FIELDS(KVT_MEMBER)
 #undef KVT_MEMBER
+    uint64_t slab_moves;
   };
   EXPECT_EQ(sizeof(tiers::TierStats), sizeof(Listed));
   EXPECT_EQ(sizeof(wire::WireTierStats), 8 + 20 * 8);

@@ -581,6 +581,7 @@ TEST_F(HbmTierManager, SlotClassesHoldEachContractInItsClass) {
   ScaleContract big = c_;
   big.model_id = "test/model-40";
   big.geometry.num_layers = 40;  // 720 KiB
+  big.SetUnitScales();
   ASSERT_EQ(c_.block_bytes(), 144u << 10);
   o_.slot_bytes = big.slot_bytes();
   o_.slot_classes = {c_.slot_bytes(), big.slot_bytes()};
