@@ -83,7 +83,7 @@ struct kvtier_client {
   // The host tier's granule and slot classes (protocol 5: sent after the reply; older
   // daemons: one class of reply.slot_bytes, granule slot_bytes). HostSlot() reads it.
   kvtier::wire::SlotClassTable host_classes;
-  // The HBM tier's (protocol 6; older daemons: one class, granule slot_bytes, arena_bytes
+  // The HBM tier's (protocol 7; older daemons: one class, granule slot_bytes, arena_bytes
   // 0 = unknown; no HBM tier: all 0).
   kvtier::wire::HbmGeometry hbm;
   std::mutex mu;

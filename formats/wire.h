@@ -94,8 +94,9 @@ namespace kvtier::wire {
 // 7: WireTierStats.slab_moves (bytes 4-7, reserved and 0 before; a client of protocol 6
 //    or older gets 0 there); the attach reply ends with the HBM tier's HbmGeometry (after
 //    the SlotClassTable and any HostPartTable; HBM slot s at s * granule, slots of the
-//    host's classes). A client of protocol 6 or older, which would address HBM slot s at s * slot_bytes, gets
-//    no HBM IPC handle and no HBM leases from a daemon whose HBM tier has several classes.
+//    host's classes). A client of protocol 6 or older, which would address HBM slot s at
+//    s * slot_bytes, gets no HBM IPC handle and no HBM leases from a daemon whose HBM tier
+//    has several classes.
 inline constexpr uint32_t kProtocolVersion = 7;
 // The oldest client protocol this daemon still serves: a newer daemon serves older
 // clients within one major version. 3, since a version-2 client would misread the

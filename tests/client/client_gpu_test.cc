@@ -83,7 +83,7 @@ TEST(ClientGpu, AcquireIntoHbmAndReadThroughIpc) {
 // to slot_bytes), slot s at the arena + s * kvtier_hbm_granule. Two contracts of different
 // block sizes are committed into HBM and read back byte for byte through the IPC mapping
 // at that address; HBM's used bytes are their classes' (4 KiB and 12 KiB), not slot_bytes
-// for each; a client of protocol 5 (which would address HBM slot s at s * slot_bytes) gets
+// for each; a client of protocol 6 (which would address HBM slot s at s * slot_bytes) gets
 // no HBM handle.
 TEST(ClientGpu, HbmSlotClassesHoldEachBlockInItsClass) {
   DaemonConfig cfg;
@@ -171,10 +171,10 @@ TEST(ClientGpu, HbmSlotClassesHoldEachBlockInItsClass) {
     EXPECT_EQ(kvtier_release(c, lease), KVTIER_OK);
   }
 #endif
-  // Protocol 5 with the GPU flag: no handle, since it would place slot s at s * slot_bytes.
+  // Protocol 6 with the GPU flag: no handle, since it would place slot s at s * slot_bytes.
   RawClient v5;
   wire::AttachReply reply;
-  ASSERT_TRUE(v5.Attach(d.socket(), &reply, 5, wire::kAttachHasGpu));
+  ASSERT_TRUE(v5.Attach(d.socket(), &reply, 6, wire::kAttachHasGpu));
   ASSERT_EQ(reply.status, 0) << reply.message;
   EXPECT_EQ(reply.flags & wire::kReplyHasHbm, 0u);
   kvtier_close(c);

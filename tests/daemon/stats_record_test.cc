@@ -19,7 +19,7 @@ TEST(StatsRecord, EveryFieldCrossesTheWireBothWays) {
   KVTIER_TIER_STATS_FIELDS(KVT_SET)
 #undef KVT_SET
   ASSERT_EQ(i, 20) << "the field list changed: update the wire size in formats/wire.h";
-  s.slab_moves = 4242;  // protocol 6, in bytes that were reserved
+  s.slab_moves = 4242;  // protocol 7, in bytes that were reserved
   const wire::WireTierStats w = ToWire(s);
   EXPECT_EQ(w.slab_moves, 4242u);
   EXPECT_EQ(w.tier, static_cast<uint8_t>(tiers::Tier::kRemote));

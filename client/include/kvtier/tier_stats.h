@@ -6,7 +6,7 @@
  * struct is generated from the list, in this order, after the tier and present bytes.
  * A new field goes at the end of the list (the offsets of the others do not move) and
  * bumps the wire protocol (formats/wire.h kProtocolVersion) and the ABI version.
- * slab_moves took bytes that were reserved (always 0) in protocol 6: no offset moved.
+ * slab_moves took bytes that were reserved (always 0) in protocol 7: no offset moved.
  * Self-contained C (stdint only): included by kvtier.h and by the daemon's C++.
  */
 #ifndef KVTIER_TIER_STATS_H_
@@ -45,7 +45,7 @@ typedef struct kvtier_tier_stats {
   uint8_t present;     /* 1: the tier is configured and running */
   uint8_t reserved[2]; /* 0 */
   uint32_t slab_moves; /* slabs moved between slot classes (tiers/slab_allocator.h); 0
-                          from a daemon of protocol 5 or older */
+                          from a daemon of protocol 6 or older */
   KVTIER_TIER_STATS_FIELDS(KVTIER_TIER_STATS_DECLARE_)
 } kvtier_tier_stats;
 
