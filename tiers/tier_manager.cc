@@ -88,6 +88,13 @@ Status TierManagerImpl::Init() {
     auto hbm = HbmPool::Create(hb);
     if (!hbm.ok()) return hbm.status();  // a GPU is there but unusable: say so at start
     hbm_ = std::move(hbm.value());
+    if (host_->num_parts() > 0) {  // each part is registered with CUDA on its own
+      std::vector<uintptr_t> breaks;
+      for (int p = 1; p <= host_->num_parts(); ++p) {
+        breaks.push_back(reinterpret_cast<uintptr_t>(host_->base() + host_->part_offset(p)));
+      }
+      hbm_->SetHostBreaks(std::move(breaks));
+    }
     hbm_geometry_.granule = hbm_->granule();
     hbm_geometry_.slab_bytes = hbm_->slab_bytes();
     hbm_geometry_.arena_bytes = hbm_->arena_bytes();

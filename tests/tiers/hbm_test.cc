@@ -240,7 +240,11 @@ TEST(HbmPool, CopiesRoundTripFromEveryPartOfAPartedHostArena) {
   auto p = HbmPool::Create(o);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   HbmPool& pool = **p;
-  // host 1..4 (parts 0 and 1) -> hbm 0..3 (one run), host 6 (the common pool) -> hbm 5.
+  // As the TierManager does: a copy starts afresh at each part's start (registered apart).
+  pool.SetHostBreaks({reinterpret_cast<uintptr_t>((*host)->base() + (*host)->part_offset(1)),
+                      reinterpret_cast<uintptr_t>((*host)->base() + (*host)->part_offset(2))});
+  // host 1..4 (parts 0 and 1) -> hbm 0..3 (two runs: 1..2 and 3..4), host 6 (the common
+  // pool) -> hbm 5.
   std::vector<HbmPool::CopyItem> up = {{0, (*host)->slot_ptr(1), slot}, {1, (*host)->slot_ptr(2), slot},
                                        {2, (*host)->slot_ptr(3), slot}, {3, (*host)->slot_ptr(4), slot},
                                        {5, (*host)->slot_ptr(6), slot}};
@@ -282,6 +286,13 @@ TEST(HbmPool, CoalesceFollowsOffsetsAtTheGranule) {
   EXPECT_EQ(runs[1].slot, 12u);
   EXPECT_EQ(runs[1].bytes, G);
   EXPECT_EQ(runs[2].slot, 16u);
+  // A host break (the start of separately registered host memory) splits a run there.
+  auto split = HbmPool::CoalesceCopies({{0, at(0), 3 * G}, {3, at(12 * 1024), 3 * G}, {6, at(24 * 1024), 3 * G}}, G,
+                                       {reinterpret_cast<uintptr_t>(at(12 * 1024))});
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_EQ(split[0].bytes, 3 * G);
+  EXPECT_EQ(split[1].slot, 3u);
+  EXPECT_EQ(split[1].bytes, 6 * G);
 }
 
 // HBM slot classes in the pool: slots of two sizes in slabs of one arena, slot s at

@@ -111,15 +111,26 @@ bool HbmPool::Draining(uint32_t slab) const {
   return slab < alloc_.num_slabs() && alloc_.Draining(slab);
 }
 
-std::vector<HbmPool::CopyRun> HbmPool::CoalesceCopies(std::vector<CopyItem> items, uint64_t granule) {
+void HbmPool::SetHostBreaks(std::vector<uintptr_t> breaks) {
+  std::sort(breaks.begin(), breaks.end());
+  host_breaks_ = std::move(breaks);
+}
+
+std::vector<HbmPool::CopyRun> HbmPool::CoalesceCopies(std::vector<CopyItem> items, uint64_t granule,
+                                                      const std::vector<uintptr_t>& host_breaks) {
   std::sort(items.begin(), items.end(), [](const CopyItem& a, const CopyItem& b) { return a.slot < b.slot; });
+  auto at_break = [&](const void* p) {
+    return !host_breaks.empty() &&
+           std::binary_search(host_breaks.begin(), host_breaks.end(), reinterpret_cast<uintptr_t>(p));
+  };
   std::vector<CopyRun> runs;
   for (size_t i = 0; i < items.size();) {
     CopyRun r{items[i].slot, items[i].host, items[i].bytes};
     size_t j = i;
     while (j + 1 < items.size() &&
            uint64_t{items[j + 1].slot} * granule == uint64_t{items[j].slot} * granule + items[j].bytes &&
-           static_cast<uint8_t*>(items[j + 1].host) == static_cast<uint8_t*>(items[j].host) + items[j].bytes) {
+           static_cast<uint8_t*>(items[j + 1].host) == static_cast<uint8_t*>(items[j].host) + items[j].bytes &&
+           !at_break(items[j + 1].host)) {
       ++j;
       r.bytes += items[j].bytes;
     }
@@ -393,7 +404,7 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
   bool queued = false;
   // The copy-engine paths move coalesced runs (CoalesceCopies): neighbouring slots whose
   // host buffers are neighbours too go as one copy.
-  std::vector<CopyRun> runs = CoalesceCopies(items, granule());
+  std::vector<CopyRun> runs = CoalesceCopies(items, granule(), host_breaks_);
   uint64_t total = 0;
   for (const auto& r : runs) total += r.bytes;
   const bool short_runs = !runs.empty() && total / runs.size() < (uint64_t{1} << 20);

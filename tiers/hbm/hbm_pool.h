@@ -150,8 +150,13 @@ class HbmPool {
   // Sorts `items` by slot and merges runs: item k+1 joins item k's run when its slot
   // starts where k's bytes end (slot * granule) and its host buffer starts where k's ends
   // (so the merged copy moves no byte that the separate copies would not: k fills its
-  // slot). Pure; no CUDA.
-  static std::vector<CopyRun> CoalesceCopies(std::vector<CopyItem> items, uint64_t granule);
+  // slot), unless k+1's host buffer starts at one of `host_breaks` (sorted). Pure; no CUDA.
+  static std::vector<CopyRun> CoalesceCopies(std::vector<CopyItem> items, uint64_t granule,
+                                             const std::vector<uintptr_t>& host_breaks = {});
+  // Host addresses where a copy must start afresh: the starts of host memory registered
+  // with CUDA separately (the host tier's parts, HostPool::part_offset), which one copy
+  // may not span. Set once, before the first copy.
+  void SetHostBreaks(std::vector<uintptr_t> breaks);
   // Synchronous variants (operator paths: Flush).
   Status CopyToHostSync(uint32_t slot, void* host_dst, uint64_t bytes);
   Status CopyToDeviceSync(uint32_t slot, const void* host_src, uint64_t bytes);
@@ -198,6 +203,7 @@ class HbmPool {
   bool trace_ = false;                   // HbmPoolOptions::trace_copies
   std::mutex fan_mu_;                    // the events above are recorded and waited in pairs
   mutable std::mutex mu_;  // guards alloc_'s state (its geometry is fixed at Create)
+  std::vector<uintptr_t> host_breaks_;  // SetHostBreaks, sorted
   SlabAllocator alloc_;
   // HbmPoolOptions::copy, as the copy paths test it.
   std::atomic<bool> gather_kernel_{true};   // the kernel may be used (host pointers usable)
