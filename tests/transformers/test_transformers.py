@@ -262,15 +262,17 @@ def test_shared_system_prompt_is_stored_once(model_dirs):
 
 def test_trained_model_quality(tmp_path):
     """NVFP4 and FP8 caches against the BF16 cache on a byte-level Llama trained here for
-    2,400 steps (about a minute on an H200; a fixed step count, so the same model on any
-    machine). Bounds: FP8 mean KL <= 5e-3 nats and top-1 >= 97%; NVFP4 (max6) KL <= 5e-2 and
+    2,400 steps (about a minute on an H200; a fixed step count and seed, though GPU training
+    is not bit-exact run to run). Measured over 16 sequences x 128 decode steps (2,048
+    positions: a top-1 agreement near 97% has a standard error of about 0.4 points there,
+    0.75 over 512 positions, where one run in three fell below the bound). Bounds: FP8 mean KL <= 5e-3 nats and top-1 >= 97%; NVFP4 (max6) KL <= 5e-2 and
     top-1 >= 90% (a 4-bit cache moves the distribution ~10x more than FP8's 8 bits; the
     full-length numbers are in the benchmark table)."""
     import train_bytes
     import quality
     path = str(tmp_path / "bytes")
     train_bytes.train(path, seconds=0, steps=2400, layers=4, log_every=1e9)
-    res = quality.evaluate(path, batch=4, context=256, steps=128,
+    res = quality.evaluate(path, batch=16, context=256, steps=128,
                            caches=(("bf16", "max6"), ("fp8", "max6"), ("nvfp4", "max6")))
     if REPORT:
         os.makedirs(REPORT, exist_ok=True)
