@@ -60,9 +60,7 @@ int main(int argc, char** argv) {
   EXPECT(r.hit_blocks == 0);
 
   uint64_t arena_bytes = 0;
-  unsigned char* arena = (unsigned char*)kvtier_host_arena(c, &arena_bytes);
-  const uint64_t slot_bytes = kvtier_slot_bytes(c);
-  EXPECT(arena != NULL && slot_bytes > 0);
+  EXPECT(kvtier_host_arena(c, &arena_bytes) != NULL && kvtier_slot_bytes(c) > 0);
 
   uint64_t lease = 0;
   kvtier_slot slots[2];
@@ -70,7 +68,9 @@ int main(int argc, char** argv) {
   kvtier_commit_item items[2];
   memset(items, 0, sizeof items);
   for (int i = 0; i < 2; ++i) {
-    memset(arena + (uint64_t)slots[i].slot * slot_bytes, 0x40 + i, 4096);
+    unsigned char* w = (unsigned char*)kvtier_host_slot_write(c, slots[i].slot);
+    EXPECT(w != NULL);
+    memset(w, 0x40 + i, 4096);
     items[i].slot = slots[i];
     items[i].key = keys[i];
     if (i > 0) items[i].parent = keys[i - 1];
@@ -89,7 +89,8 @@ int main(int argc, char** argv) {
   CHECK(kvtier_acquire(c, cid, keys, 2, KVTIER_TIER_HOST, &lease2, got, &n_got));
   EXPECT(n_got == 2);
   for (int i = 0; i < 2; ++i) {
-    const unsigned char* p = arena + (uint64_t)got[i].slot * slot_bytes;
+    const unsigned char* p = (const unsigned char*)kvtier_host_slot(c, got[i].slot);
+    EXPECT(p != NULL);
     for (int b = 0; b < 4096; ++b) EXPECT(p[b] == 0x40 + i);
   }
   CHECK(kvtier_release(c, lease2));
