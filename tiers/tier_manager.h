@@ -6,11 +6,14 @@
 // Unpin / FreeSlot here; the TierManager guarantees that a pinned block is never evicted
 // and a pinned slot is never reused.
 //
-// Identity: a block is (contract_id, key). Slots: every tier is an arena of equal-size
-// slots (slot_bytes(), fixed at open from the config); a contract whose block does not
-// fit in one slot is refused at registration. Slot ids are indices into a tier's arena;
-// HBM slot ids are what the decode kernels take as block-table entries, host slot ids
-// index the memfd arena (offset = slot * slot_bytes()).
+// Identity: a block is (contract_id, key). Slots: the HBM and host tiers hold slot size
+// classes (tiers.slot_classes; the largest is slot_bytes(), fixed at open from the
+// config) in slabs, and a contract's blocks take the smallest class that holds them; one
+// whose block does not fit slot_bytes() is refused at registration. NVMe records are
+// 4096 + slot_bytes(). HBM and host slot ids are offsets in units of the tier's granule
+// (offset = slot * granule): HBM ids are what the decode kernels take as block-table
+// entries (their pool stride is the granule), host ids index the memfd arena
+// (HostPool::slot_offset; docs/tiers.md, "Slot arenas").
 //
 // Threading: every public method is thread-safe. Methods that may wait on I/O or DMA
 // complete through a callback that runs on a TierManager worker thread; they never
