@@ -536,8 +536,10 @@ Status TierManagerImpl::Unpin(SlotRef ref) {
   if (si.state != SlotState::kBlock || si.block->pins[ts.index()] == 0) {
     return Status::Invalid("Unpin: slot " + std::to_string(ref.slot) + " holds no pinned block");
   }
-  if (--si.block->pins[ts.index()] == 0) --ts.pinned;
-  if (si.block->disputed) DropDisputedLocked();
+  Block* b = si.block;
+  if (--b->pins[ts.index()] == 0) --ts.pinned;
+  // A disputed block goes with its last pin (its disputed_ entry is swept as gone later).
+  if (b->disputed && MayGo(*b, kAllTiers)) DropBlockLocked(b);
   if (ts.OverHigh()) KickLocked();
   return Status::Ok();
 }

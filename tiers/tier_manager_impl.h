@@ -219,7 +219,8 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   void DropCopyLocked(int t, Block* b, bool demoted);
   // Drops every copy of a block that MayGo(kAllTiers) and erases it.
   void DropBlockLocked(Block* b);
-  // Drops each disputed block (Block::disputed) that may go now; the others wait.
+  // Drops each disputed block (Block::disputed) that may go now (a pass of the mover);
+  // the others wait. Unpin drops a disputed block at its last pin itself.
   void DropDisputedLocked();
   // Frees up to `need` slots in tier t by dropping victims that need no I/O (a copy exists
   // below, or the tier drops on eviction). Returns how many were freed.
@@ -390,7 +391,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   std::vector<Block*> reads_;                    // NVMe -> host promotions (slot in promo[kS])
   std::vector<std::pair<Block*, bool>> writes_;  // host -> NVMe (bool: eviction)
   std::vector<CopyJob> copies_;
-  std::vector<BlockId> disputed_;  // disputed blocks not dropped yet (Unpin, MaintainLocked)
+  std::vector<BlockId> disputed_;  // disputed blocks, swept by MaintainLocked (gone ones too)
   std::vector<std::function<void()>> deferred_;  // user callbacks, run without mu_
   std::vector<CopyDoneMsg> copy_done_;           // from CUDA host callbacks
   uint32_t copies_in_flight_ = 0;
