@@ -137,12 +137,10 @@ TEST(ClientAsync, ReadinessGrowsAndResultEqualsBlockingAcquire) {
     EXPECT_EQ(slots[i].tier, KVTIER_TIER_HOST) << i;
     EXPECT_EQ(slots[i].from_tier, KVTIER_TIER_NVME) << i;
   }
-  const uint8_t* arena = static_cast<const uint8_t*>(kvtier_host_arena(c, nullptr));
-  ASSERT_NE(arena, nullptr);
-  const uint64_t slot_bytes = kvtier_slot_bytes(c);
+  ASSERT_NE(kvtier_host_arena(c, nullptr), nullptr);
   std::vector<uint8_t> async_bytes;
   for (size_t i = 0; i < kBlocks; ++i) {
-    const uint8_t* b = arena + slots[i].slot * slot_bytes;
+    const auto* b = static_cast<const uint8_t*>(kvtier_host_slot(c, slots[i].slot));
     async_bytes.insert(async_bytes.end(), b, b + kBlockBytes);
     EXPECT_EQ(b[0], static_cast<uint8_t>(i + 1)) << i;
     EXPECT_EQ(b[kBlockBytes - 1], static_cast<uint8_t>(i + 1)) << i;
@@ -173,7 +171,7 @@ TEST(ClientAsync, ReadinessGrowsAndResultEqualsBlockingAcquire) {
   for (size_t i = 0; i < kBlocks; ++i) {
     EXPECT_EQ(slots2[i].slot, slots[i].slot) << i;
     EXPECT_EQ(slots2[i].tier, slots[i].tier) << i;
-    const uint8_t* b = arena + slots2[i].slot * slot_bytes;
+    const auto* b = static_cast<const uint8_t*>(kvtier_host_slot(c, slots2[i].slot));
     sync_bytes.insert(sync_bytes.end(), b, b + kBlockBytes);
   }
   EXPECT_EQ(async_bytes, sync_bytes);

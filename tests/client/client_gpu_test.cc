@@ -303,9 +303,8 @@ TEST(ClientGpu, BlockChangedThroughIpcIsDroppedNotDemoted) {
     uint64_t l = 0;
     EXPECT_EQ(kvtier_acquire(cl, cid, &k, 1, KVTIER_TIER_HOST, &l, &s, &got), KVTIER_OK) << kvtier_last_error();
     if (got == 1) {
-      uint64_t ab = 0;
-      const auto* arena = static_cast<const uint8_t*>(kvtier_host_arena(cl, &ab));
-      out->assign(arena + s.slot * kvtier_slot_bytes(cl), arena + s.slot * kvtier_slot_bytes(cl) + bb);
+      const auto* p = static_cast<const uint8_t*>(kvtier_host_slot(cl, s.slot));
+      out->assign(p, p + bb);
     }
     EXPECT_EQ(kvtier_release(cl, l), KVTIER_OK);
     return got;

@@ -209,10 +209,8 @@ TEST(ClientSemantics, TokenLevelCalls) {
             KVTIER_OK) << LastError();
   EXPECT_EQ(cached, 64u);
   ASSERT_NE(lease, 0u);
-  uint64_t arena = 0;
-  auto* host = static_cast<uint8_t*>(kvtier_host_arena(c, &arena));
   for (size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(std::memcmp(host + uint64_t{slots[i].slot} * kvtier_slot_bytes(c), bytes[i].data(), kBlockBytes), 0) << i;
+    EXPECT_EQ(std::memcmp(kvtier_host_slot(c, slots[i].slot), bytes[i].data(), kBlockBytes), 0) << i;
   }
   EXPECT_EQ(kvtier_release(c, lease), KVTIER_OK);
   // A miss: a prompt never stored.

@@ -61,13 +61,10 @@ int StoreChain(kvtier_client* c, uint64_t contract, const std::vector<kvtier_key
   std::vector<kvtier_slot> slots(keys.size());
   // Waits out passing pressure (RETRY: another tenant's blocks being demoted), as an engine does.
   CHILD_CHECK(kvtier_alloc_wait(c, contract, keys.size(), KVTIER_TIER_HOST, 5000, &lease, slots.data()) == KVTIER_OK);
-  uint64_t arena_bytes = 0;
-  auto* arena = static_cast<uint8_t*>(kvtier_host_arena(c, &arena_bytes));
-  CHILD_CHECK(arena != nullptr);
-  const uint64_t sb = kvtier_slot_bytes(c);
+  CHILD_CHECK(kvtier_host_arena(c, nullptr) != nullptr);
   std::vector<kvtier_commit_item> items(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    FillBlock(arena + slots[i].slot * sb, kBlockBytes, contract, keys[i]);
+    FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c, slots[i].slot)), kBlockBytes, contract, keys[i]);
     items[i].slot = slots[i];
     items[i].key = keys[i];
     items[i].parent = i == 0 ? kvtier_key{0, 0} : keys[i - 1];
@@ -676,10 +673,8 @@ TEST(Tenants, TheSharedNamespaceIsOneBlockForThoseWhoOptIn) {
     CHILD_CHECK(kvtier_acquire(c, h, shared_keys.data(), shared_keys.size(), KVTIER_TIER_HOST, &lease, slots.data(),
                                &n) == KVTIER_OK);
     CHILD_CHECK(n == shared_keys.size());
-    uint64_t arena_bytes = 0;
-    auto* arena = static_cast<uint8_t*>(kvtier_host_arena(c, &arena_bytes));
     for (size_t i = 0; i < n; ++i) {
-      CHILD_CHECK(CheckBlock(arena + slots[i].slot * kvtier_slot_bytes(c), kBlockBytes, h, shared_keys[i]));
+      CHILD_CHECK(CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(c, slots[i].slot)), kBlockBytes, h, shared_keys[i]));
     }
     CHILD_CHECK(kvtier_release(c, lease) == KVTIER_OK);
     // Its private namespace stays its own: the same contract, registered privately, is empty.
@@ -962,10 +957,9 @@ int Flood(const std::string& sock, const kvtier_contract_desc& desc, uint64_t ci
         continue;
       }
       CHILD_CHECK(s == KVTIER_OK);
-      auto* arena = static_cast<uint8_t*>(kvtier_host_arena(c, nullptr));
       std::vector<kvtier_commit_item> items(keys.size());
       for (size_t k = 0; k < keys.size(); ++k) {
-        FillBlock(arena + slots[k].slot * kvtier_slot_bytes(c), kBlockBytes, cid, keys[k]);
+        FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c, slots[k].slot)), kBlockBytes, cid, keys[k]);
         items[k] = {slots[k], keys[k], k == 0 ? kvtier_key{0, 0} : keys[k - 1]};
       }
       size_t done = 0;
@@ -1179,10 +1173,9 @@ TEST(Tenants, SoakWithAHostileTenantFindsNothingOfTheOther) {
       uint64_t lease = 0;
       std::vector<kvtier_slot> slots(mine.size());
       if (kvtier_alloc(c, cid, mine.size(), KVTIER_TIER_HOST, &lease, slots.data()) == KVTIER_OK) {
-        auto* arena = static_cast<uint8_t*>(kvtier_host_arena(c, nullptr));
         std::vector<kvtier_commit_item> items(mine.size());
         for (size_t k = 0; k < mine.size(); ++k) {
-          FillBlock(arena + slots[k].slot * kvtier_slot_bytes(c), kBlockBytes, cid, mine[k]);
+          FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c, slots[k].slot)), kBlockBytes, cid, mine[k]);
           items[k] = {slots[k], mine[k], k == 0 ? kvtier_key{0, 0} : mine[k - 1]};
         }
         size_t done = 0;
@@ -1234,9 +1227,8 @@ TEST(Tenants, SoakWithAHostileTenantFindsNothingOfTheOther) {
       CHILD_CHECK(kvtier_acquire(c, cid, keys.data(), keys.size(), KVTIER_TIER_HOST, &lease, slots.data(), &n) ==
                   KVTIER_OK);
       CHILD_CHECK(n == keys.size());
-      auto* arena = static_cast<uint8_t*>(kvtier_host_arena(c, nullptr));
       for (size_t i = 0; i < n; ++i) {
-        CHILD_CHECK(CheckBlock(arena + slots[i].slot * kvtier_slot_bytes(c), kBlockBytes, cid, keys[i]));
+        CHILD_CHECK(CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(c, slots[i].slot)), kBlockBytes, cid, keys[i]));
       }
       CHILD_CHECK(kvtier_release(c, lease) == KVTIER_OK);
     }

@@ -109,7 +109,7 @@ TEST(Hostile, CommitNamingItselfAsParentIsRefused) {
   kvtier_slot slot{};
   ASSERT_EQ(kvtier_alloc(c.c, c.contract, 1, KVTIER_TIER_HOST, &lease, &slot), KVTIER_OK) << kvtier_last_error();
   const kvtier_key k = reliability::MakeKey(1, 1);
-  testing::FillBlock(c.host + uint64_t{slot.slot} * c.slot_bytes, c.block_bytes, c.contract, k);
+  testing::FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c.c, slot.slot)), c.block_bytes, c.contract, k);
   kvtier_commit_item it{};
   it.slot = slot;
   it.key = k;
@@ -123,7 +123,7 @@ TEST(Hostile, CommitNamingItselfAsParentIsRefused) {
   EXPECT_FALSE(Hits(c, k)) << "the refused block is cached";
   // The same block with a real parent is taken.
   ASSERT_EQ(kvtier_alloc(c.c, c.contract, 1, KVTIER_TIER_HOST, &lease, &slot), KVTIER_OK) << kvtier_last_error();
-  testing::FillBlock(c.host + uint64_t{slot.slot} * c.slot_bytes, c.block_bytes, c.contract, k);
+  testing::FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c.c, slot.slot)), c.block_bytes, c.contract, k);
   it.slot = slot;
   it.parent = reliability::MakeKey(1, 0);
   EXPECT_EQ(kvtier_commit(c.c, c.contract, lease, &it, 1, &n), KVTIER_OK) << kvtier_last_error();
@@ -661,7 +661,7 @@ TEST(Hostile, DuplicateKeysInOneAcquireArePinnedOnce) {
       << kvtier_last_error();
   ASSERT_EQ(n, keys.size());
   for (size_t i = 1; i < n; ++i) ASSERT_EQ(slots[i].slot, slots[0].slot) << "position " << i;
-  EXPECT_TRUE(testing::CheckBlock(c.host + uint64_t{slots[0].slot} * c.slot_bytes, c.block_bytes, c.contract, k));
+  EXPECT_TRUE(testing::CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(c.c, slots[0].slot)), c.block_bytes, c.contract, k));
   EXPECT_EQ(d.WaitMetric("kvtier_leased_slots", 1), 1) << "a lease naming one block 1000 times holds more than one slot";
   kvtier_block_info info{};
   ASSERT_EQ(kvtier_inspect(c.c, c.contract, k, &info), KVTIER_OK) << kvtier_last_error();
@@ -1305,7 +1305,7 @@ TEST(Hostile, AFullNvmeTierEvictsByItsPolicy) {
     ASSERT_EQ(s, KVTIER_OK) << "chain " << chain << ": " << kvtier_last_error();
     std::vector<kvtier_commit_item> items(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
-      testing::FillBlock(c.host + uint64_t{slots[i].slot} * c.slot_bytes, c.block_bytes, c.contract, keys[i]);
+      testing::FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c.c, slots[i].slot)), c.block_bytes, c.contract, keys[i]);
       items[i].slot = slots[i];
       items[i].key = keys[i];
       items[i].parent = i == 0 ? kvtier_key{0, 0} : keys[i - 1];

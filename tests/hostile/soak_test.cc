@@ -310,7 +310,7 @@ void HostileRound(const std::string& socket, uint64_t round, PoisonTally* poison
   (void)kvtier_release(c.c, lease);
   if (kvtier_alloc(c.c, c.contract, 1, KVTIER_TIER_HOST, &lease, slots.data()) == KVTIER_OK) {
     const kvtier_key k = reliability::MakeKey(900000 + round, 1);
-    testing::FillBlock(c.host + uint64_t{slots[0].slot} * c.slot_bytes, c.block_bytes, c.contract, k);
+    testing::FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c.c, slots[0].slot)), c.block_bytes, c.contract, k);
     kvtier_commit_item it{};
     it.slot = slots[0];
     it.key = k;
@@ -425,7 +425,7 @@ TEST(HostileSoak, HonestClientsAreServedRightAndOnTime) {
         return;
       }
       for (size_t i = 0; i < n; ++i) {
-        if (!testing::CheckBlock(p.host + uint64_t{slots[i].slot} * p.slot_bytes, p.block_bytes, p.contract, keys[i])) {
+        if (!testing::CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(p.c, slots[i].slot)), p.block_bytes, p.contract, keys[i])) {
           probe_failure = "wrong bytes served for probe block " + std::to_string(i);
         }
       }

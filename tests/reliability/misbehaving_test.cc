@@ -112,7 +112,7 @@ TEST(Misbehaving, ClientsKilledHoldingLeasesGiveEverythingBack) {
       kvtier_commit_item it{};
       it.slot = s[0];
       it.key = MakeKey(10 + v, 2);
-      FillBlock(c.host + uint64_t{s[0].slot} * c.slot_bytes, c.block_bytes, c.contract, it.key);
+      FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c.c, s[0].slot)), c.block_bytes, c.contract, it.key);
       CHILD_CHECK(kvtier_commit(c.c, c.contract, lb, &it, 1, &n) == KVTIER_OK);
       CHILD_CHECK(alloc(3, &lc) == KVTIER_OK);
       char b = 1;

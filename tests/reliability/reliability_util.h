@@ -116,7 +116,7 @@ struct Conn {
     if (s != KVTIER_OK) return s;
     std::vector<kvtier_commit_item> items(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
-      FillBlock(host + uint64_t{slots[i].slot} * slot_bytes, block_bytes, contract, keys[i]);
+      FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c, slots[i].slot)), block_bytes, contract, keys[i]);
       items[i].slot = slots[i];
       items[i].key = keys[i];
       items[i].parent = kvtier_key{0, 0};
@@ -134,7 +134,7 @@ struct Conn {
     kvtier_status s = kvtier_alloc(c, contract, keys.size(), KVTIER_TIER_HOST, &lease, slots.data());
     if (s != KVTIER_OK) return s;
     for (size_t i = 0; i < keys.size(); ++i) {
-      FillBlock(host + uint64_t{slots[i].slot} * slot_bytes, block_bytes, contract, keys[i]);
+      FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c, slots[i].slot)), block_bytes, contract, keys[i]);
     }
     return kvtier_release(c, lease);
   }
@@ -153,7 +153,7 @@ struct Conn {
     if (s != KVTIER_OK) return s;
     if (n == 1) {
       *served = true;
-      *wrong = !CheckBlock(host + uint64_t{slot.slot} * slot_bytes, block_bytes, contract, k);
+      *wrong = !CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(c, slot.slot)), block_bytes, contract, k);
       return kvtier_release(c, lease);
     }
     return KVTIER_OK;

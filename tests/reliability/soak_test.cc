@@ -73,7 +73,7 @@ int RunClient(const std::string& sock, int id, int clients, double seconds, Clie
       std::vector<kvtier_commit_item> items(n);
       for (size_t i = 0; i < n; ++i) {
         const kvtier_key k = MakeKey(100 + id, next++);
-        FillBlock(c.host + uint64_t{slots[i].slot} * c.slot_bytes, c.block_bytes, c.contract, k);
+        FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c.c, slots[i].slot)), c.block_bytes, c.contract, k);
         items[i].slot = slots[i];
         items[i].key = k;
         items[i].parent = i == 0 ? kvtier_key{0, 0} : items[i - 1].key;
@@ -109,7 +109,7 @@ int RunClient(const std::string& sock, int id, int clients, double seconds, Clie
       if (s != KVTIER_OK || n == 0) continue;
       for (size_t i = 0; i < n; ++i) {
         ++st->served;
-        if (!CheckBlock(c.host + uint64_t{slots[i].slot} * c.slot_bytes, c.block_bytes, c.contract, keys[i])) {
+        if (!CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(c.c, slots[i].slot)), c.block_bytes, c.contract, keys[i])) {
           ++st->wrong;
           std::fprintf(stderr, "soak client %d: WRONG block served\n", id);
         }

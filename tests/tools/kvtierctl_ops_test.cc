@@ -359,8 +359,6 @@ TEST_F(KvtierctlOps, ExportImportRoundTripByteIdentical) {
 
   kvtier_client* c2 = Client(&fresh);
   ASSERT_NE(c2, nullptr);
-  uint64_t arena_bytes = 0;
-  auto* arena = static_cast<const uint8_t*>(kvtier_host_arena(c2, &arena_bytes));
   std::vector<kvtier_slot> slots(keys_.size());
   uint64_t lease = 0;
   size_t got = 0;
@@ -369,7 +367,7 @@ TEST_F(KvtierctlOps, ExportImportRoundTripByteIdentical) {
       << kvtier_last_error();
   ASSERT_EQ(got, keys_.size());  // the whole chain, in order: parents preserved
   for (size_t i = 0; i < got; ++i) {
-    ASSERT_EQ(std::memcmp(arena + uint64_t{slots[i].slot} * kvtier_slot_bytes(c2), blocks_[i].data(),
+    ASSERT_EQ(std::memcmp(kvtier_host_slot(c2, slots[i].slot), blocks_[i].data(),
                           blocks_[i].size()),
               0)
         << "block " << i;
