@@ -489,9 +489,12 @@ Block* TierManagerImpl::CommitLocked(uint64_t contract_id, int t, uint32_t slot,
         DropBlockLocked(b);  // evicted from every tier (and from the index)
         b = FindLocked(id);  // null once erased
       } else if (rule == OnConflict::kDropDisputed && !b->disputed) {
-        // It cannot go now: served no more, and dropped once its pins and moves end.
+        // It cannot go now: served no more, and dropped once its pins and moves end. Its
+        // NVMe record goes now where it may, so that a restart before the drop does not
+        // bring the disputed bytes back.
         b->disputed = true;
         disputed_.push_back(id);
+        if (b->nvme && MayGo(*b, kN)) DropCopyLocked(kN, b, false);
       }
       if (rule != OnConflict::kReplace || !may_go) {
         si.state = SlotState::kDup;  // the new bytes are discarded (freed by Unpin)

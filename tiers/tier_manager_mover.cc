@@ -146,7 +146,11 @@ void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
     if (batch[i].second) --T(kS).demoting;
     if (wr[i].result.ok()) {
       bytes += RoundUp4K(b->bytes) + kIoAlign;
-      if (!b->nvme) {
+      if (b->disputed && MayGo(*b, kN)) {
+        // Disputed while it was written: its record is not kept (nor an older one).
+        if (b->nvme) DropCopyLocked(kN, b, false);
+        else (void)nvme_->Remove(b->id);
+      } else if (!b->nvme) {
         b->nvme = true;
         T(kN).policy->Insert(b->id, BlockId{b->id.contract, b->parent});
       }
@@ -422,7 +426,7 @@ Status TierManagerImpl::DoFlush(Tier to) {
     std::lock_guard<std::mutex> l(mu_);
     for (const auto& up : blocks_) {
       Block* b = up.get();
-      if (!MayGo(*b, kS)) continue;
+      if (!MayGo(*b, kS) || b->disputed) continue;  // a disputed block is never written out
       QueueRemoteWriteLocked(b);
       if (b->nvme) {
         DropCopyLocked(kS, b, true);
