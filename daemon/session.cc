@@ -225,12 +225,17 @@ void Session::RingLoop() {
       idle_start = Clock::now();
       continue;
     }
-    stop_spinning();
+    // A spinning thread keeps its spin place through a request and spins again after it,
+    // so a client asking back to back keeps it; a thread that gave it up for each request
+    // would lose it to a trickling session's thread and pay a futex wake per request. A
+    // request that ran past the spin window (a restore, a listing page) gives it up.
     wire::RequestEntry e;
     req_ring_.Pop(&e);
+    const auto started = Clock::now();
     HandleRingRequest(e);
     if (kicked_.load()) break;
     idle_start = Clock::now();
+    if (idle_start - started >= spin) stop_spinning();
   }
   stop_spinning();
 }

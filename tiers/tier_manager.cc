@@ -184,7 +184,7 @@ TierManagerImpl::~TierManagerImpl() {
   if (mover_.joinable()) {
     Drain();
     {
-      std::lock_guard<std::mutex> l(mu_);
+      std::lock_guard<IndexMutex> l(mu_);
       stop_ = true;
       cv_.notify_all();
     }
@@ -208,9 +208,9 @@ int TierManagerImpl::HostSlotClass(uint32_t slot) const {
 }
 
 SlotFit TierManagerImpl::FitOf(uint64_t contract_id) const {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   auto it = contracts_.find(contract_id);
-  return it == contracts_.end() ? SlotFit{} : Fit(it->second);
+  return it == contracts_.end() ? SlotFit{} : Fit(*it->second);
 }
 
 // A contract kvtier can hold: valid, and its block fits a slot.
@@ -225,15 +225,15 @@ Status TierManagerImpl::CheckRegistrable(const ScaleContract& c) const {
 
 Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
   KVTIER_RETURN_IF_ERROR(CheckRegistrable(c));
-  std::lock_guard<std::mutex> l(mu_);
-  if (contracts_.emplace(c.Id(), c).second) {
+  std::lock_guard<IndexMutex> l(mu_);
+  if (contracts_.emplace(c.Id(), std::make_shared<const ScaleContract>(c)).second) {
     contracts_gen_.fetch_add(1, std::memory_order_release);
   }
   return Status::Ok();
 }
 
 bool TierManagerImpl::ForgetContractIfUnused(uint64_t id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   auto it = contracts_.find(id);
   if (it == contracts_.end()) return false;
   for (const TierState& ts : tiers_) {
@@ -254,9 +254,9 @@ Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, 
     return Status::Invalid("RegisterContractAs: quota group " + std::to_string(group) + " unknown");
   }
   KVTIER_RETURN_IF_ERROR(CheckRegistrable(c));
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   auto found = contracts_.find(id);
-  if (found != contracts_.end() && !(found->second == c)) {
+  if (found != contracts_.end() && !(*found->second == c)) {
     return Status::Invalid("RegisterContractAs: id " + ContractIdHex(id) + " is another contract's");
   }
   if (found != contracts_.end() && RemoteNsLocked(id) != remote_ns) {
@@ -265,7 +265,7 @@ Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, 
   }
   const bool fresh = found == contracts_.end();
   if (fresh) {
-    contracts_.emplace(id, c);
+    contracts_.emplace(id, std::make_shared<const ScaleContract>(c));
     if (!remote_ns.empty()) remote_ns_[id] = remote_ns;
     contracts_gen_.fetch_add(1, std::memory_order_release);
   }
@@ -285,9 +285,9 @@ Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, 
 }
 
 uint64_t TierManagerImpl::block_bytes(uint64_t contract_id) const {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   auto it = contracts_.find(contract_id);
-  return it == contracts_.end() ? 0 : it->second.block_bytes();
+  return it == contracts_.end() ? 0 : it->second->block_bytes();
 }
 
 LookupResult TierManagerImpl::Lookup(uint64_t contract_id, std::span<const Key128> keys) {
@@ -301,7 +301,7 @@ LookupResult TierManagerImpl::Lookup(uint64_t contract_id, std::span<const Key12
 size_t TierManagerImpl::LookupInto(uint64_t contract_id, std::span<const Key128> keys, Tier* tiers_out,
                                    double* est_seconds_to_hbm) {
   *est_seconds_to_hbm = 0.0;
-  std::unique_lock<std::mutex> l(mu_);
+  std::unique_lock<IndexMutex> l(mu_);
   if (!contracts_.count(contract_id)) return 0;
   // Byte sums and the hit count stay in registers: summed into the result's fields (or a
   // double) they were a chain through memory from each block to the next.
@@ -330,7 +330,7 @@ size_t TierManagerImpl::LookupInto(uint64_t contract_id, std::span<const Key128>
   const double h2d = T(kH).c.write_gbps > 0 ? T(kH).c.write_gbps : opts_.host_to_hbm_gbps;
   const double nv = T(kN).c.read_gbps > 0 ? T(kN).c.read_gbps : opts_.nvme_read_gbps;
   if (remote_ && hit < keys.size()) {
-    const uint64_t block = contracts_.at(contract_id).block_bytes();
+    const uint64_t block = contracts_.at(contract_id)->block_bytes();
     const std::string ns = RemoteNsLocked(contract_id);
     l.unlock();  // network I/O, bounded by the remote command timeout
     const size_t n = remote_->tier().ExistsPrefix(contract_id, keys.subspan(hit), ns);
@@ -355,7 +355,7 @@ Status TierManagerImpl::AllocSlots(uint64_t contract_id, uint32_t n, Tier target
   if (!has_tier(target)) return Status::Unsupported(std::string("no ") + TierName(target) + " tier");
   std::vector<uint32_t> slots;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     KVTIER_RETURN_IF_ERROR(AllocLocked(contract_id, n, IndexOf(target), &slots));
   }
   for (uint32_t s : slots) out->push_back({target, s});
@@ -367,7 +367,7 @@ Status TierManagerImpl::AllocLocked(uint64_t contract_id, uint32_t n, int t, std
   auto cit = contracts_.find(contract_id);
   if (cit == contracts_.end()) return Status::NotFound("AllocSlots: unknown contract " + ContractIdHex(contract_id));
   if (n == 0) return Status::Ok();
-  const int cls = ts.ClassOf(cit->second.block_bytes());
+  const int cls = ts.ClassOf(cit->second->block_bytes());
   const uint32_t most = ts.most(cls);
   const std::string of_class =
       ts.num_classes() > 1 ? " of its slot class (" + std::to_string(ts.class_bytes(cls)) + " B)" : "";
@@ -409,7 +409,7 @@ Status TierManagerImpl::Commit(uint64_t contract_id, SlotRef ref, const Key128& 
   uint64_t hash_bytes = 0;  // > 0: an HBM block to hash
   CommitOutcome o = CommitOutcome::kStored;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     Block* b = CommitLocked(contract_id, IndexOf(ref.tier), ref.slot, key, parent, /*pin=*/true,
                             /*from_remote=*/false, &err, &o);
     if (b != nullptr && err.ok() && b->writer == 0 && by.uid >= 0) b->writer = static_cast<uint64_t>(by.uid) + 1;
@@ -511,7 +511,7 @@ Block* TierManagerImpl::CommitLocked(uint64_t contract_id, int t, uint32_t slot,
     auto nb = std::make_unique<Block>();
     nb->id = id;
     nb->parent = parent;
-    nb->bytes = cit->second.block_bytes();
+    nb->bytes = cit->second->block_bytes();
     b = nb.get();
     InsertBlockLocked(std::move(nb));
   }
@@ -529,7 +529,7 @@ Block* TierManagerImpl::CommitLocked(uint64_t contract_id, int t, uint32_t slot,
 Status TierManagerImpl::Unpin(SlotRef ref) {
   if (ref.tier != Tier::kHbm && ref.tier != Tier::kHost) return Status::Invalid("Unpin: bad tier");
   TierState& ts = T(IndexOf(ref.tier));
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   if (ref.slot >= ts.slots.size()) return Status::Invalid("Unpin: slot out of range");
   SlotInfo& si = ts.slots[ref.slot];
   if (si.state == SlotState::kDup) {
@@ -550,7 +550,7 @@ Status TierManagerImpl::Unpin(SlotRef ref) {
 Status TierManagerImpl::FreeSlot(SlotRef ref) {
   if (ref.tier != Tier::kHbm && ref.tier != Tier::kHost) return Status::Invalid("FreeSlot: bad tier");
   TierState& ts = T(IndexOf(ref.tier));
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   if (ref.slot >= ts.slots.size() || ts.slots[ref.slot].state != SlotState::kAlloc) {
     return Status::Invalid("FreeSlot: slot " + std::to_string(ref.slot) + " is not allocated-uncommitted");
   }
@@ -582,7 +582,7 @@ Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
   }
   if (groups_differ) return Status::Invalid("Reconfigure: the quota groups cannot change at run time");
   g_trace_copies.store(o.trace_copies, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   const TierOptions old[3] = {T(kH).opts(), T(kS).opts(), T(kN).opts()};
   opts_ = o;  // the tier states and the remote stage read their settings from here
   admission_->Configure(o.nvme.admission, o.nvme.daily_write_budget_bytes);
@@ -597,7 +597,7 @@ Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
 
 std::vector<GroupStats> TierManagerImpl::GroupStatsAll() const {
   std::vector<GroupStats> out(opts_.groups.size());
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   for (size_t g = 0; g < out.size(); ++g) {
     for (int t : {kH, kS, kN}) {
       out[g].blocks[t] = T(t).policy ? T(t).policy->GroupCount(static_cast<uint32_t>(g)) : 0;
@@ -610,7 +610,7 @@ std::vector<GroupStats> TierManagerImpl::GroupStatsAll() const {
 
 std::vector<TierStats> TierManagerImpl::Stats() const {
   std::vector<TierStats> out;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   for (const TierState& ts : tiers_) {
     TierStats s = ts.c;
     s.tier = ts.tier();

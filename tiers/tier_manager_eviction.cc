@@ -334,7 +334,7 @@ void TierManagerImpl::MaintainLocked() {
 // ---- operator evictions --------------------------------------------------------------------
 
 Status TierManagerImpl::Evict(uint64_t contract_id, const Key128& key) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   Block* b = FindLocked({contract_id, key});
   if (!b || !b->Cached()) return Status::NotFound("Evict: block not cached");
   if (!MayGo(*b, kAllTiers)) return Status::Rejected("Evict: block is pinned or being moved");
@@ -345,7 +345,7 @@ Status TierManagerImpl::Evict(uint64_t contract_id, const Key128& key) {
 Status TierManagerImpl::EvictContract(uint64_t contract_id, uint64_t* evicted, uint64_t* skipped) {
   uint64_t ev = 0, sk = 0;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     if (contracts_.count(contract_id) == 0) {
       return Status::NotFound("contract " + ContractIdHex(contract_id) + " is not registered");
     }

@@ -15,7 +15,7 @@
 //   nvme_admission.h   NvmeAdmission: which demotions NVMe takes, and the write budget
 //   remote_stage.h     RemoteStage: the remote tier's fetch and write-back threads
 //
-// Locking: one mutex (mu_) guards the block index, the tier states, the admission and
+// Locking: one mutex (mu_, an IndexMutex: it spins briefly before sleeping) guards the block index, the tier states, the admission and
 // the mover's queues. No I/O or DMA runs under it: the mover thread takes the queued work
 // out under the lock, runs the NVMe batches and launches the copies without it, and
 // applies the results under it again. User callbacks (AcquireDone) are queued in deferred_
@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "common/log_limit.h"
+#include "common/spin_mutex.h"
 #include "tiers/block.h"
 #include "tiers/hbm/hbm_pool.h"
 #include "tiers/host/host_pool.h"
@@ -52,6 +53,9 @@
 #include "tiers/tier_state.h"
 
 namespace kvtier::tiers {
+
+// The index lock (mu_): spins up to a few microseconds before it sleeps (common/spin_mutex.h).
+using IndexMutex = SpinThenBlockMutex;
 
 // One acquire in progress (tier_manager_promotion.cc).
 struct AcquireCtx {
@@ -126,7 +130,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   Status RegisterContractAs(const ScaleContract& c, uint64_t id, uint32_t group,
                             const std::string& remote_ns = "") override;
   bool HasContract(uint64_t id) const override {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     return contracts_.count(id) != 0;
   }
   bool ForgetContractIfUnused(uint64_t id) override;
@@ -146,7 +150,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   std::vector<TierStats> Stats() const override;
   std::vector<GroupStats> GroupStatsAll() const override;
   uint64_t ClientBudgetRejects() const override {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     return client_budget_->rejects();
   }
   void Drain() override;
@@ -322,7 +326,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   void RunReads(std::vector<Block*> batch);
   void RunWrites(std::vector<std::pair<Block*, bool>> batch);
   void RunCopies(std::vector<CopyJob> batch);
-  void SendCopiesInlineLocked(std::unique_lock<std::mutex>& l);
+  void SendCopiesInlineLocked(std::unique_lock<IndexMutex>& l);
   void ApplyCopyDone(const CopyDoneMsg& m);
   Status DoFlush(Tier to);
   // The check of a copy out of HBM: Corrupt when the `bytes` at `host` (the copy of HBM
@@ -344,9 +348,11 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   std::unique_ptr<NvmeStore> nvme_;
   std::unique_ptr<RemoteStage> remote_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_, idle_cv_;
-  std::unordered_map<uint64_t, ScaleContract> contracts_;
+  mutable IndexMutex mu_;
+  std::condition_variable_any cv_, idle_cv_;
+  // Registered contracts, immutable once registered: a listing copies the pointer under the
+  // lock and the contract outside it.
+  std::unordered_map<uint64_t, std::shared_ptr<const ScaleContract>> contracts_;
   std::atomic<uint64_t> contracts_gen_{0};  // bumped (under mu_) when a contract comes or goes
   mutable std::mutex ids_mu_;                // protects ids_snap_, ids_gen_
   mutable std::shared_ptr<const std::vector<uint64_t>> ids_snap_;  // sorted; ContractIds()

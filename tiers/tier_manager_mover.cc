@@ -13,7 +13,7 @@
 namespace kvtier::tiers {
 
 void TierManagerImpl::MoverLoop() {
-  std::unique_lock<std::mutex> l(mu_);
+  std::unique_lock<IndexMutex> l(mu_);
   while (true) {
     cv_.wait(l, [&] { return stop_ || HasWorkLocked(); });
     if (stop_ && !HasWorkLocked()) break;
@@ -55,7 +55,7 @@ void TierManagerImpl::Drain() {
 }
 
 void TierManagerImpl::DrainMover() {
-  std::unique_lock<std::mutex> l(mu_);
+  std::unique_lock<IndexMutex> l(mu_);
   if (std::this_thread::get_id() == mover_.get_id()) return;
   idle_cv_.wait(l, [&] { return !HasWorkLocked() && copies_in_flight_ == 0 && !busy_step_ && inline_copies_ == 0; });
 }
@@ -63,7 +63,7 @@ void TierManagerImpl::DrainMover() {
 void TierManagerImpl::RunReads(std::vector<Block*> batch) {
   std::vector<NvmeRead> rd(batch.size());
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     for (size_t i = 0; i < batch.size(); ++i) {
       const int s = batch[i]->promo[kS]->slot;
       rd[i].id = batch[i]->id;
@@ -81,7 +81,7 @@ void TierManagerImpl::RunReads(std::vector<Block*> batch) {
   std::vector<CopyJob> pending_copies;
   (void)nvme_->ReadBatch(rd, [&](size_t i) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      std::lock_guard<IndexMutex> l(mu_);
       Block* b = batch[i];
       if (--b->io_pins[kN] == 0) --T(kN).pinned;
       const bool ok = rd[i].result.ok();
@@ -99,7 +99,7 @@ void TierManagerImpl::RunReads(std::vector<Block*> batch) {
   });
   if (!pending_copies.empty()) RunCopies(std::move(pending_copies));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   T(kN).c.bytes_read += bytes;
   if (secs > 0 && bytes > (16u << 20)) T(kN).c.read_gbps = bytes / secs / 1e9;
   KickLocked();
@@ -108,7 +108,7 @@ void TierManagerImpl::RunReads(std::vector<Block*> batch) {
 void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
   std::vector<NvmeWrite> wr;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     // Make room on NVMe first: drop its coldest unpinned records.
     const uint32_t free = nvme_->free_records();
     if (free < batch.size()) {
@@ -131,7 +131,7 @@ void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
   (void)nvme_->WriteBatch(wr);
   KVTIER_TEST_POINT("TierManager::Demote:AfterNvmeWrite");  // durable, host copy not yet dropped
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   uint64_t bytes = 0, lost = 0;
   std::string why;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -183,7 +183,7 @@ void TierManagerImpl::RunCopies(std::vector<CopyJob> batch) {
   std::vector<CopyJob> jobs[2];  // [0] host -> HBM, [1] HBM -> host
   std::vector<HbmPool::CopyItem> items[2];
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     // Promotions into HBM: hand the batch's reserved HBM slots out again in the order of
     // the blocks' host slots, so that neighbouring host slots land in neighbouring HBM
     // slots and HbmPool coalesces their copies (the slots were reserved in key order, from
@@ -254,7 +254,7 @@ void TierManagerImpl::RunCopies(std::vector<CopyJob> batch) {
         if (s.ok()) {
           for (size_t k = 0; k < down.size(); ++k) each[k] = CheckLeftHbm(down[k].slot, down[k].host, down[k].bytes);
         }
-        std::lock_guard<std::mutex> l(mu_);
+        std::lock_guard<IndexMutex> l(mu_);
         for (size_t k = 0; k < group->size(); ++k) {
           const CopyJob& j = (*group)[k];
           copy_done_.push_back({j.b, j.dst_slot, j.to_hbm, j.demote, each[k]});
@@ -336,7 +336,7 @@ void TierManagerImpl::ApplyCopyDone(const CopyDoneMsg& m) {
   }
 }
 
-void TierManagerImpl::SendCopiesInlineLocked(std::unique_lock<std::mutex>& l) {
+void TierManagerImpl::SendCopiesInlineLocked(std::unique_lock<IndexMutex>& l) {
   auto batch = std::exchange(copies_, {});
   ++inline_copies_;  // DrainMover waits for it: the batch is neither queued nor in flight yet
   l.unlock();
@@ -355,7 +355,7 @@ Status TierManagerImpl::Flush(Tier to) {
   std::promise<Status> p;
   auto f = p.get_future();
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     while (flush_req_ != nullptr) {  // one flush at a time
       mu_.unlock();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -376,7 +376,7 @@ Status TierManagerImpl::DoFlush(Tier to) {
   if (hbm_) {
     std::vector<std::pair<Block*, uint32_t>> todo;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      std::lock_guard<IndexMutex> l(mu_);
       // Collected first: making room in host (below) may erase other blocks from the map.
       std::vector<Block*> in_hbm;
       for (const auto& up : blocks_) {
@@ -401,7 +401,7 @@ Status TierManagerImpl::DoFlush(Tier to) {
       const auto hs = static_cast<uint32_t>(b->slot[kH]);
       Status cs = hbm_->CopyToHostSync(hs, host_->slot_ptr(s), b->bytes);
       if (cs.ok()) cs = CheckLeftHbm(hs, host_->slot_ptr(s), b->bytes);
-      std::lock_guard<std::mutex> l(mu_);
+      std::lock_guard<IndexMutex> l(mu_);
       b->busy[kH] = false;
       if (cs.IsCorrupt()) {  // changed in HBM: neither copy stays
         ReportChangedLocked(b, hs, cs);
@@ -423,7 +423,7 @@ Status TierManagerImpl::DoFlush(Tier to) {
   if (!nvme_) return first.ok() ? Status::Unsupported("flush: no NVMe tier") : first;
   std::vector<std::pair<Block*, bool>> writes;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     for (const auto& up : blocks_) {
       Block* b = up.get();
       if (!MayGo(*b, kS) || b->disputed) continue;  // a disputed block is never written out
@@ -448,7 +448,7 @@ Status TierManagerImpl::DoFlush(Tier to) {
     RunWrites(std::move(chunk));
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     for (auto it = blocks_.begin(); it != blocks_.end();) {
       Block* b = (it++)->get();
       MaybeEraseLocked(b);

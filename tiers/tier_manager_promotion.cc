@@ -145,7 +145,7 @@ bool TierManagerImpl::MaybeFetchRemote(uint64_t contract_id, std::span<const Key
                                        AcquireDone& done) {
   if (!remote_ || (target != Tier::kHbm && target != Tier::kHost) || !has_tier(target)) return false;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     if (!contracts_.count(contract_id) || LocalPrefixLocked(contract_id, keys) == keys.size()) return false;
   }
   // The remote stage fetches the rest, then runs the local acquire.
@@ -160,7 +160,7 @@ void TierManagerImpl::Acquire(uint64_t contract_id, std::span<const Key128> keys
 
 void TierManagerImpl::AcquireLocal(uint64_t contract_id, std::span<const Key128> keys, Tier target,
                                    AcquireDone done) {
-  std::unique_lock<std::mutex> l(mu_);
+  std::unique_lock<IndexMutex> l(mu_);
   if ((target != Tier::kHbm && target != Tier::kHost) || !has_tier(target)) {
     deferred_.push_back([done = std::move(done), target] {
       done(Status::Unsupported(std::string("Acquire into ") + TierName(target) + ": no such tier here"), {});
@@ -272,7 +272,7 @@ void TierManagerImpl::Prefetch(uint64_t contract_id, std::span<const Key128> key
     for (const SlotRef& s : slots) (void)Unpin(s);
   };
   if (MaybeFetchRemote(contract_id, keys, target, unpin)) return;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   if (!contracts_.count(contract_id)) return;
   const int t = IndexOf(target);
   std::vector<Block*> prefix;

@@ -18,10 +18,10 @@ void TierManagerImpl::QueueRemoteWriteLocked(Block* b) {
 
 bool TierManagerImpl::LocalPrefix(uint64_t contract, std::span<const Key128> keys, uint64_t* block_bytes,
                                   size_t* prefix, std::string* remote_ns) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   auto it = contracts_.find(contract);
   if (it == contracts_.end()) return false;
-  *block_bytes = it->second.block_bytes();
+  *block_bytes = it->second->block_bytes();
   *remote_ns = RemoteNsLocked(contract);
   *prefix = LocalPrefixLocked(contract, keys);
   return true;
@@ -30,7 +30,7 @@ bool TierManagerImpl::LocalPrefix(uint64_t contract, std::span<const Key128> key
 std::vector<StagingHost::Slot> TierManagerImpl::ReserveStaging(uint64_t contract, uint32_t n) {
   std::vector<uint32_t> slots;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<IndexMutex> l(mu_);
     if (!AllocLocked(contract, n, kS, &slots).ok()) {
       slots.clear();
       if (!AllocLocked(contract, 1, kS, &slots).ok()) slots.clear();
@@ -43,7 +43,7 @@ std::vector<StagingHost::Slot> TierManagerImpl::ReserveStaging(uint64_t contract
 
 size_t TierManagerImpl::CommitStaging(uint64_t contract, std::span<const Slot> slots,
                                       std::span<const remote::GetItem> items, size_t good, std::vector<Block*>* held) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<IndexMutex> l(mu_);
   size_t committed = 0;
   for (size_t i = 0; i < slots.size(); ++i) {
     const uint32_t s = slots[i].slot;
@@ -67,7 +67,7 @@ void TierManagerImpl::AcquireStaged(RemoteFetch job, std::vector<Block*> held, s
                [this, held = std::move(held), done = std::move(job.done), fetched_from](
                    Status s, std::vector<SlotRef> slots) mutable {
                  if (!held.empty()) {
-                   std::lock_guard<std::mutex> l(mu_);
+                   std::lock_guard<IndexMutex> l(mu_);
                    ReleaseHoldsLocked(held);
                  }
                  for (size_t i = fetched_from; i < slots.size(); ++i) {
