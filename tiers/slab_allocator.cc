@@ -144,6 +144,38 @@ bool SlabAllocator::Free(uint32_t id) {
   return true;
 }
 
+Status SlabAllocator::Restore(uint32_t id, int c) {
+  if (c < 0 || static_cast<size_t>(c) >= classes_.size()) {
+    return Status::Invalid("slot class " + std::to_string(c) + " is out of range");
+  }
+  if (id >= id_space()) return Status::Invalid("slot id " + std::to_string(id) + " is out of range");
+  const uint32_t slab = SlabOf(id);
+  Slab& s = slabs_[slab];
+  const uint64_t in = Offset(id) % slab_bytes_;
+  const Class& want = classes_[static_cast<size_t>(c)];
+  if (in % want.bytes != 0 || in / want.bytes >= want.per_slab) {
+    return Status::Invalid("slot id " + std::to_string(id) + " is not a slot start of class " +
+                           std::to_string(want.bytes) + " B");
+  }
+  if (s.cls >= 0 && s.cls != c) {
+    return Status::Invalid("slot id " + std::to_string(id) + ": slab " + std::to_string(slab) +
+                           " belongs to class " + std::to_string(class_bytes(s.cls)) + " B");
+  }
+  if (s.move_to != kNoMove) return Status::Invalid("slab " + std::to_string(slab) + " is moving");
+  const auto i = static_cast<uint32_t>(in / want.bytes);
+  if (s.cls >= 0 && s.slots.IsTaken(i)) return Status::Invalid("slot id " + std::to_string(id) + " is taken");
+  if (s.cls < 0) {
+    pool_.erase(slab);
+    Assign(slab, c);
+  }
+  (void)s.slots.Take(i);  // free: checked above
+  Class& k = classes_[static_cast<size_t>(c)];
+  ++k.used;
+  --k.open_free;
+  if (s.slots.free_count() == 0) k.open.erase(slab);
+  return Status::Ok();
+}
+
 StatusOr<std::vector<uint32_t>> SlabAllocator::BeginMove(uint32_t slab, int to) {
   if (slab >= slabs_.size()) return Status::Invalid("slab " + std::to_string(slab) + " is out of range");
   if (to < -1 || to >= static_cast<int>(classes_.size())) {

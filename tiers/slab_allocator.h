@@ -95,6 +95,11 @@ class SlabAllocator {
   // False (and nothing changes) for an id that is not a taken slot. A slab left empty goes
   // to the pool, or to the class a move drains it for.
   bool Free(uint32_t id);
+  // Marks slot `id` of class c taken, as a reload from an index does (the NVMe store at
+  // open): a free slab becomes one of class c. Invalid, and nothing changes, for a class
+  // out of range, an id that is not a slot start of class c, a slab of another class or a
+  // draining one, or a slot already taken.
+  Status Restore(uint32_t id, int c);
   // Starts moving `slab` (of a class other than `to`, not already draining) to class `to`:
   // nothing more is allocated from it, and the Free of its last taken slot hands it to
   // `to`. Returns the taken slots (their blocks are the owner's to evict). An empty slab

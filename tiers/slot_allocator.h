@@ -74,6 +74,14 @@ class SlotAllocator {
     return true;
   }
 
+  // Takes a given free id (a reload); false (and nothing changes) when it is out of range
+  // or taken.
+  bool Take(uint32_t id) {
+    if (id >= n_ || !IsFree(id)) return false;
+    SetTaken(id);
+    return true;
+  }
+
   bool IsTaken(uint32_t id) const { return id < n_ && !IsFree(id); }
   uint32_t total() const { return n_; }
   uint32_t free_count() const { return free_; }

@@ -111,6 +111,12 @@ Status TierManagerImpl::Init() {
     no.dir = opts_.nvme.dir;
     no.capacity_bytes = opts_.nvme.tier.capacity_bytes;
     no.slot_bytes = opts_.slot_bytes;
+    // The host tier's classes, one record class each, when the tier holds a slab of them;
+    // else one class of slot_bytes.
+    if (host_->num_classes() > 1 && opts_.nvme.tier.capacity_bytes >= opts_.slab_bytes) {
+      for (int c = 0; c < host_->num_classes(); ++c) no.classes.push_back(host_->class_bytes(c));
+      no.slab_bytes = opts_.slab_bytes;
+    }
     no.queue_depth = opts_.nvme.queue_depth;
     no.verify_on_restart = opts_.nvme.verify_on_restart;
     // One fixed region per part (each its own mapping).
@@ -162,7 +168,7 @@ Status TierManagerImpl::Init() {
                     : fmt::format("absent ({})", hbm_why),
                host_->slots(), host_classes,
                host_->cuda_registered() ? "cudaHostRegister'ed" : "not CUDA-registered",
-               nvme_ ? fmt::format("{} records under {} ({} blocks loaded)", nvme_->records_total(),
+               nvme_ ? fmt::format("{} under {} ({} blocks loaded)", nvme_->geometry().ToString(),
                                    opts_.nvme.dir, blocks_.size())
                      : std::string("absent"));
   if (opts_.remote.enabled()) {
@@ -617,10 +623,9 @@ std::vector<TierStats> TierManagerImpl::Stats() const {
     s.present = has_tier(s.tier);
     s.slots_total = ts.total();
     s.slots_used = s.present ? ts.used() : 0;
-    const uint64_t unit = s.tier == Tier::kNvme && nvme_ ? nvme_->record_bytes() : slot_bytes_;
-    s.capacity_bytes = s.slots_total * unit;
-    s.used_bytes = s.slots_used * unit;
-    if (s.present && s.tier != Tier::kNvme) {  // slots of several sizes
+    s.capacity_bytes = s.slots_total * slot_bytes_;
+    s.used_bytes = s.slots_used * slot_bytes_;
+    if (s.present) {  // slots (NVMe: records) of several sizes
       s.capacity_bytes = ts.arena_bytes();
       s.used_bytes = ts.used_bytes();
     }

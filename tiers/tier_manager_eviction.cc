@@ -184,12 +184,30 @@ void TierManagerImpl::EvictOneLocked(int t, Block* b, uint32_t* pending_out) {
   ++*pending_out;
 }
 
+Block* TierManagerImpl::BlockInSlotLocked(int t, uint32_t slot) const {
+  if (t == kN) {  // a record: its index entry names the block (none while its write is in flight)
+    auto id = nvme_->BlockAt(slot);
+    auto it = id ? blocks_.find(*id) : blocks_.end();
+    Block* b = it == blocks_.end() ? nullptr : it->get();
+    return b && b->nvme ? b : nullptr;
+  }
+  const SlotInfo& si = T(t).slots[slot];
+  return si.state == SlotState::kBlock ? si.block : nullptr;
+}
+
+int64_t TierManagerImpl::SlotOfLocked(int t, const Block& b) const {
+  if (t != kN) return b.slot[t];
+  if (!b.nvme) return -1;
+  auto e = nvme_->Find(b.id);
+  return e ? int64_t{e->record} : -1;
+}
+
 bool TierManagerImpl::SlabMovableLocked(int t, uint32_t slab) const {
   const TierState& ts = T(t);
   if (ts.SlabClass(slab) < 0 || ts.Draining(slab)) return false;
   for (uint32_t s : ts.TakenSlots(slab)) {
-    const SlotInfo& si = ts.slots[s];
-    if (si.state != SlotState::kBlock || si.block == nullptr || !MayGo(*si.block, t)) return false;
+    const Block* b = BlockInSlotLocked(t, s);
+    if (b == nullptr || !MayGo(*b, t)) return false;
   }
   return true;
 }
@@ -198,7 +216,7 @@ uint32_t TierManagerImpl::EvictSlabLocked(int t, uint32_t slab) {
   TierState& ts = T(t);
   uint32_t pending = 0;
   for (uint32_t s : ts.TakenSlots(slab)) {
-    Block* b = ts.slots[s].state == SlotState::kBlock ? ts.slots[s].block : nullptr;
+    Block* b = BlockInSlotLocked(t, s);
     if (b && MayGo(*b, t)) EvictOneLocked(t, b, &pending);
   }
   return pending;
@@ -206,7 +224,7 @@ uint32_t TierManagerImpl::EvictSlabLocked(int t, uint32_t slab) {
 
 bool TierManagerImpl::TakeSlabLocked(int t, int cls, int64_t for_group, uint32_t need) {
   TierState& ts = T(t);
-  if (t == kN || ts.num_classes() < 2) return false;
+  if (ts.num_classes() < 2) return false;
   // Moves already under way to this class: finish them (a block pinned when its slab began
   // to move is evicted once its pins are gone) rather than start another.
   bool waiting = false;
@@ -231,10 +249,11 @@ bool TierManagerImpl::TakeSlabLocked(int t, int cls, int64_t for_group, uint32_t
   const bool none = ts.slabs(cls) == 0;
   Block* coldest = VictimLocked(t, nullptr, for_group, -1);
   std::optional<uint32_t> slab;
-  if (coldest && coldest->slot[t] >= 0 && ts.ClassOf(coldest->bytes) != cls) {
+  const int64_t coldest_slot = coldest ? SlotOfLocked(t, *coldest) : -1;
+  if (coldest_slot >= 0 && ts.ClassOf(coldest->bytes) != cls) {
     uint32_t& run = ts.starved_run[static_cast<size_t>(cls)];
     run += need;
-    const uint32_t v = ts.SlabOf(static_cast<uint32_t>(coldest->slot[t]));
+    const uint32_t v = ts.SlabOf(static_cast<uint32_t>(coldest_slot));
     if ((none || run >= ts.slots_per_slab(cls)) && SlabMovableLocked(t, v) && SlabFreesForLocked(t, v, for_group)) {
       slab = v;
     }

@@ -280,11 +280,15 @@ class TierManagerImpl final : public TierManager, private StagingHost {
     return static_cast<uint64_t>(static_cast<double>(o.daily_write_budget_bytes) * o.daily_write_budget_per_client);
   }
   void MaintainLocked();
-  // Slab moves between the slot classes of tier t (HBM or host, tiers/slab_allocator.h):
+  // Slab moves between the slot classes of tier t (HBM, host or NVMe, tiers/slab_allocator.h):
   // whether every block of a slab may go now; evicting the blocks of a slab (returns the
   // demotions begun); and the starvation rule, which moves one slab to class `cls` when it
   // applies (true: a move began or finished; the class may have room now).
   bool SlabMovableLocked(int t, uint32_t slab) const;
+  // The block in slot `slot` of tier t (NVMe: record `slot`, the block its index entry
+  // names), or null; and the slot (NVMe: record) of b's copy in tier t, or -1.
+  Block* BlockInSlotLocked(int t, uint32_t slot) const;
+  int64_t SlotOfLocked(int t, const Block& b) const;
   uint32_t EvictSlabLocked(int t, uint32_t slab);
   // `need`: the slots the caller is short of.
   bool TakeSlabLocked(int t, int cls, int64_t for_group, uint32_t need);

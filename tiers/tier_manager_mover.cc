@@ -109,11 +109,21 @@ void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
   std::vector<NvmeWrite> wr;
   {
     std::lock_guard<IndexMutex> l(mu_);
-    // Make room on NVMe first: drop its coldest unpinned records.
-    const uint32_t free = nvme_->free_records();
-    if (free < batch.size()) {
-      for (uint32_t k = 0; k < batch.size() - free; ++k) {
-        Block* v = VictimLocked(kN, nullptr, GroupOfBlockLocked(batch[free + k].first));
+    // Make room on NVMe first, per record class: a slab of another class moves to a
+    // starved one (the host tier's rule, TakeSlabLocked), else the class's coldest
+    // unpinned records go.
+    TierState& n = T(kN);
+    uint32_t need[kMaxSlotClasses] = {};
+    const Block* first[kMaxSlotClasses] = {};
+    for (const auto& w : batch) {
+      const int c = n.ClassOf(w.first->bytes);
+      if (need[c]++ == 0) first[c] = w.first;
+    }
+    for (int c = 0; c < n.num_classes(); ++c) {
+      const int64_t group = GroupOfBlockLocked(first[c]);
+      while (need[c] > 0 && n.free(c) < need[c]) {
+        if (TakeSlabLocked(kN, c, group, need[c] - n.free(c))) continue;
+        Block* v = VictimLocked(kN, nullptr, group, c);
         if (!v) break;
         EvictOneLocked(kN, v, nullptr);
       }

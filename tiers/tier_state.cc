@@ -17,19 +17,16 @@ void TierState::Init(Tier tier, const TierOptions* opts, HbmPool* hbm, HostPool*
   policy = CountingPolicy::Make(*opts, total(), groups);
 }
 
-// f(pool) on the tier's slab pool (HbmPool or HostPool, which share these names); `none`
-// for NVMe and an absent tier.
-#define KVTIER_ON_POOL_(call, none) (hbm_ ? hbm_->call : host_ ? host_->call : (none))
+// f(pool) on the tier's slabs (HbmPool, HostPool or NvmeStore, which share these names);
+// `none` for an absent tier.
+#define KVTIER_ON_POOL_(call, none) (hbm_ ? hbm_->call : host_ ? host_->call : nvme_ ? nvme_->call : (none))
 
 uint32_t TierState::total() const {
   if (nvme_) return nvme_->records_total();
-  return KVTIER_ON_POOL_(slots(), 0u);
+  return hbm_ ? hbm_->slots() : host_ ? host_->slots() : 0u;
 }
 
-uint32_t TierState::used() const {
-  if (nvme_) return nvme_->records_total() - nvme_->free_records();
-  return KVTIER_ON_POOL_(used(), 0u);
-}
+uint32_t TierState::used() const { return KVTIER_ON_POOL_(used(), 0u); }
 
 int TierState::num_classes() const { return KVTIER_ON_POOL_(num_classes(), 1); }
 
@@ -39,22 +36,22 @@ int TierState::ClassOf(uint64_t block_bytes) const {
 }
 
 uint32_t TierState::total(int cls) const {
-  if (nvme_ || !present()) return total();
+  if (!present()) return total();
   return KVTIER_ON_POOL_(capacity(cls), 0u);
 }
 
 uint32_t TierState::most(int cls) const {
-  if (nvme_ || !present()) return total();
+  if (!present()) return total();
   return KVTIER_ON_POOL_(most(cls), 0u);
 }
 
 uint32_t TierState::free(int cls) const {
-  if (nvme_ || !present()) return free();
+  if (!present()) return free();
   return KVTIER_ON_POOL_(free_count(cls), 0u);
 }
 
 uint32_t TierState::used(int cls) const {
-  if (nvme_ || !present()) return used();
+  if (!present()) return used();
   return KVTIER_ON_POOL_(used(cls), 0u);
 }
 
@@ -78,6 +75,7 @@ std::vector<uint32_t> TierState::TakenSlots(uint32_t slab) const {
 StatusOr<std::vector<uint32_t>> TierState::BeginMove(uint32_t slab, int to) {
   if (hbm_) return hbm_->BeginMove(slab, to);
   if (host_) return host_->BeginMove(slab, to);
+  if (nvme_) return nvme_->BeginMove(slab, to);
   return Status::Unsupported("tier without slabs");
 }
 

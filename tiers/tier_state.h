@@ -113,11 +113,12 @@ class TierState {
   uint32_t total() const;
   uint32_t used() const;
   uint32_t free() const { return total() - used(); }
-  // The slot size classes (tiers/slab_allocator.h): HBM and host have one or more (the
-  // same list), NVMe one. A block takes a slot of ClassOf(block bytes) in this tier. A class's slots
-  // come and go with its slabs: total(cls) is what it holds and could take without a slab
-  // move (its slabs' slots and the free slabs'), most(cls) what it would hold with every
-  // slab.
+  // The slot size classes (tiers/slab_allocator.h): HBM, host and NVMe have one or more
+  // (the same list; NVMe's records are 4 KiB larger). A block takes a slot of
+  // ClassOf(block bytes) in this tier. A class's slots come and go with its slabs:
+  // total(cls) is what it holds and could take without a slab move (its slabs' slots and
+  // the free slabs'), most(cls) what it would hold with every slab. NVMe's slots are its
+  // records, their ids the store's record ids.
   int num_classes() const;
   int ClassOf(uint64_t block_bytes) const;
   uint32_t total(int cls) const;
@@ -127,11 +128,11 @@ class TierState {
   // Free slots of class `cls` an alloc for host part `part` may take (HostPool::free_count:
   // its part and the common pool; part < 0: the common pool only). HBM: free(cls).
   uint32_t free(int cls, int part) const;
-  // HBM and host: bytes of the slots taken and of the arena's slabs; a class's slot size.
+  // Bytes of the slots taken and of the arena's slabs; a class's slot size.
   uint64_t used_bytes() const;
   uint64_t arena_bytes() const;
   uint64_t class_bytes(int cls) const;
-  // HBM and host: the arena's slabs (SlabAllocator): how many, how many class `cls` holds,
+  // The arena's slabs (SlabAllocator): how many, how many class `cls` holds,
   // its slots in one, the slab of a slot, a slab's class (-1 free), whether it drains for
   // another class, its taken slots, and the start of a move (SlabAllocator::BeginMove).
   uint32_t num_slabs() const;

@@ -126,7 +126,7 @@ TEST(FaultDevice, WriteErrorsAndEnospcAreRefusedWritesAndStoreKeepsServing) {
       EXPECT_NE(w.message().find("ENOSPC"), std::string::npos) << w.message();
     }
     EXPECT_FALSE(st.s->Contains(Id(2)));
-    EXPECT_EQ(st.s->free_records(), 15u);  // the refused write's record was given back
+    EXPECT_EQ(st.s->free_count(0), 15u);  // the refused write's record was given back
     EXPECT_TRUE(Read(*st.s, 1).ok());       // reads are untouched by write faults
     const FaultCounts c = st.fd->counts();
     EXPECT_EQ(std::string(kind) == "enospc" ? c.enospc : c.write_errors, 2u);  // header + payload op
@@ -155,7 +155,7 @@ TEST(FaultDevice, TornWritesAndPayloadFlipsBecomeCountedMisses) {
     }
     EXPECT_FALSE(st.s->Contains(Id(3)));  // dropped
     EXPECT_EQ(st.s->Stats().checksum_failures, 1u);
-    EXPECT_EQ(st.s->free_records(), 16u);
+    EXPECT_EQ(st.s->free_count(0), 16u);
     EXPECT_TRUE(Read(*st.s, 3).IsNotFound());
     EXPECT_GT(st.fd->counts().total(), 0u);
     ASSERT_TRUE(Write(*st.s, 4).ok());
@@ -225,7 +225,7 @@ TEST(FaultDevice, RandomMixNeverServesWrongBytes) {
     const uint64_t b = i % 24;
     if (!st.s->Contains(Id(b))) {
       (void)Write(*st.s, b);
-      if (st.s->free_records() == 0) (void)st.s->Remove(Id((b + 1) % 24));
+      if (st.s->free_count(0) == 0) (void)st.s->Remove(Id((b + 1) % 24));
     }
     Status r = Read(*st.s, b);  // checks the bytes whenever Ok
     (r.ok() ? ok_reads : failed)++;

@@ -111,7 +111,7 @@ TEST(NvmeStore, BadWritesChangeNothing) {
   w.payload = buf.get() + 1;  // misaligned for O_DIRECT
   EXPECT_TRUE((*s)->WriteBatch(std::span<NvmeWrite>(&w, 1)).IsInvalid());
   EXPECT_FALSE((*s)->Contains(Id(1)));
-  EXPECT_EQ((*s)->free_records(), 32u);
+  EXPECT_EQ((*s)->free_count(0), 32u);
 }
 
 TEST(NvmeStore, FullStoreRejectsAndRemoveFrees) {
@@ -272,7 +272,7 @@ TEST(NvmeStore, CrashBeforeIndexWriteLeavesNoBlock) {
     for (uint64_t i = 0; i < 3; ++i) EXPECT_TRUE(ReadBlock(**s, i).ok());
     if (std::string(point) == "NvmeStore::WriteBatch:AfterPayloadSync") {
       EXPECT_FALSE((*s)->Contains(Id(7)));
-      EXPECT_EQ((*s)->free_records(), 32u - 3u);
+      EXPECT_EQ((*s)->free_count(0), 32u - 3u);
     } else {
       EXPECT_TRUE(ReadBlock(**s, 7).ok());
     }
@@ -361,7 +361,7 @@ TEST(NvmeStore, InjectedWriteErrorsAreReportedAndNotIndexed) {
     }
   }
   EXPECT_EQ(ok, 4u);  // 8 records per file: the first 8 land in the failing file 0
-  EXPECT_EQ((*s)->free_records(), 32u - 4u);
+  EXPECT_EQ((*s)->free_count(0), 32u - 4u);
 }
 
 }  // namespace

@@ -148,6 +148,53 @@ TEST(SlabAllocator, FreeRefusesWhatIsNotATakenSlot) {
   EXPECT_FALSE(a.IsTaken(*s));
 }
 
+// Restore marks given slots taken (a reload from an index): it rebuilds the state Alloc
+// made, and refuses what no Alloc could have made, changing nothing.
+TEST(SlabAllocator, RestoreRebuildsTakenSlotsAndRefusesWhatDoesNotFit) {
+  SlabAllocator a = MakeOrDie(3 * 64 * MiB, 64 * MiB, {1440 * KiB, 576 * KiB});
+  std::vector<uint32_t> small, big;
+  for (int i = 0; i < 3; ++i) small.push_back(*a.Alloc(0));
+  for (int i = 0; i < 2; ++i) big.push_back(*a.Alloc(1));
+  (void)a.Free(small[1]);
+  SlabAllocator b = MakeOrDie(3 * 64 * MiB, 64 * MiB, {1440 * KiB, 576 * KiB});
+  for (uint32_t id : {small[0], small[2]}) ASSERT_TRUE(b.Restore(id, 0).ok());
+  for (uint32_t id : big) ASSERT_TRUE(b.Restore(id, 1).ok());
+  for (int c : {0, 1}) {
+    EXPECT_EQ(b.used(c), a.used(c));
+    EXPECT_EQ(b.slabs(c), a.slabs(c));
+    EXPECT_EQ(b.free_count(c), a.free_count(c));
+  }
+  EXPECT_EQ(b.free_slabs(), a.free_slabs());
+  EXPECT_EQ(b.ClassOfSlot(small[2]), 0);
+  EXPECT_EQ(b.ClassOfSlot(big[1]), 1);
+  // Refused, nothing changed:
+  const uint32_t used = b.used(), pool = b.free_slabs();
+  const uint32_t slab0 = b.SlabOf(small[0]);
+  EXPECT_FALSE(b.Restore(small[0], 0).ok());   // a taken slot
+  EXPECT_FALSE(b.Restore(small[0] + 1, 0).ok());  // not a slot start (inside slot 0)
+  EXPECT_FALSE(b.Restore(small[0], 1).ok());   // a slab of another class
+  EXPECT_FALSE(b.Restore(b.SlotId(slab0, 113) , 0).ok());  // past the slab's last slot
+  EXPECT_FALSE(b.Restore(b.id_space(), 0).ok());  // past the arena
+  EXPECT_FALSE(b.Restore(small[1], 2).ok());   // no such class
+  const uint32_t free_slab = 2;
+  ASSERT_EQ(b.SlabClass(free_slab), -1);
+  // In a free slab: 576 KiB is not a slot start of class 1440 KiB.
+  EXPECT_FALSE(b.Restore(static_cast<uint32_t>((free_slab * 64 * MiB + 576 * KiB) / b.granule()), 1).ok());
+  EXPECT_EQ(b.SlabClass(free_slab), -1);
+  EXPECT_EQ(b.used(), used);
+  EXPECT_EQ(b.free_slabs(), pool);
+  // The freed slot is free again, and Alloc goes on from the restored state.
+  ASSERT_TRUE(b.Restore(small[1], 0).ok());
+  EXPECT_EQ(b.used(0), 3u);
+  auto n = b.Alloc(0);
+  ASSERT_TRUE(n);
+  EXPECT_EQ(b.SlabOf(*n), slab0);
+  // A slot of a free slab takes that slab for its class.
+  ASSERT_TRUE(b.Restore(static_cast<uint32_t>(free_slab * 64 * MiB / b.granule()), 1).ok());
+  EXPECT_EQ(b.SlabClass(free_slab), 1);
+  EXPECT_EQ(b.free_slabs(), pool - 1);
+}
+
 TEST(SlabAllocator, MakeRefusesBadGeometry) {
   EXPECT_FALSE(SlabAllocator::Make("t", 64 * MiB, 64 * MiB, {}).ok());
   EXPECT_FALSE(SlabAllocator::Make("t", 64 * MiB, 64 * MiB, {4 * KiB, 8 * KiB, 12 * KiB, 16 * KiB, 20 * KiB}).ok());

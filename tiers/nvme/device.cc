@@ -54,12 +54,12 @@ Status Device::Batch(std::span<IoOp> ops, const IoDone& done) {
 }
 
 Status Device::Read(uint32_t file, uint64_t offset, uint64_t len, void* buf) {
-  IoOp op{IoOp::Kind::kRead, file, offset, len, buf, 0, {}};
+  IoOp op{IoOp::Kind::kRead, file, offset, len, buf, 0, false, {}};
   return Batch(std::span<IoOp>(&op, 1));
 }
 
 Status Device::Write(uint32_t file, uint64_t offset, uint64_t len, const void* buf) {
-  IoOp op{IoOp::Kind::kWrite, file, offset, len, const_cast<void*>(buf), 0, {}};
+  IoOp op{IoOp::Kind::kWrite, file, offset, len, const_cast<void*>(buf), 0, false, {}};
   return Batch(std::span<IoOp>(&op, 1));
 }
 

@@ -31,6 +31,7 @@ struct IoOp {
   uint64_t len = 0;       // bytes; positive kIoAlign multiple
   void* buf = nullptr;    // kIoAlign-aligned memory of len bytes
   uint64_t user = 0;      // caller's tag, untouched by the device
+  bool header = false;    // the op is a record header's 4 KiB (fault injection tells them apart)
   Status result;          // set by Batch
 };
 

@@ -56,7 +56,8 @@ FaultDevice::Fault FaultDevice::Choose(const IoOp& op) {
   u -= opts_.short_write;
   if (u < opts_.enospc) return Fault::kEnospc;
   u -= opts_.enospc;
-  const bool header = opts_.record_bytes != 0 && op.offset % opts_.record_bytes == 0 && op.len == kIoAlign;
+  const bool header =
+      op.header || (opts_.record_bytes != 0 && op.offset % opts_.record_bytes == 0 && op.len == kIoAlign);
   if (header) return u < opts_.flip_header ? Fault::kFlipHeader : Fault::kNone;
   return u < opts_.flip_payload ? Fault::kFlipPayload : Fault::kNone;
 }
@@ -170,8 +171,7 @@ StatusOr<FaultOptions> ParseFaultSpec(std::string_view spec) {
   return o;
 }
 
-std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)> EnvironmentDeviceWrapper(
-    uint64_t record_bytes) {
+std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)> EnvironmentDeviceWrapper() {
 #if KVTIER_TEST_POINTS
   const char* spec = std::getenv("KVTIER_TEST_FAULTS");
   if (spec == nullptr || *spec == '\0') return nullptr;
@@ -181,13 +181,11 @@ std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)> EnvironmentDevic
     std::abort();
   }
   FaultOptions fo = *o;
-  if (fo.record_bytes == 0) fo.record_bytes = record_bytes;
   spdlog::warn("nvme: fault injection on (KVTIER_TEST_FAULTS={}): test build only", spec);
   return [fo](std::unique_ptr<Device> real) -> std::unique_ptr<Device> {
     return std::make_unique<FaultDevice>(std::move(real), fo);
   };
 #else
-  (void)record_bytes;
   return nullptr;
 #endif
 }

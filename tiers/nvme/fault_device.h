@@ -15,8 +15,9 @@
 //   flip_payload  one random bit of a payload write is flipped on its way to the disk
 //                 (the caller's buffer is left alone); the op reports Ok.
 //   flip_header   the same for a record-header write (the 4 KiB at the start of a record).
-// A header op is told from a payload op by its position: offset % record_bytes == 0 and
-// len == 4 KiB (tiers/nvme/nvme_store.h, "Placement").
+// A header op is one the store marks (IoOp::header), or, with record_bytes set (a caller
+// of one record size that does not mark its ops), one at offset % record_bytes == 0 of
+// len == 4 KiB.
 //
 // Every injected fault is counted (counts()) and logged as one warn line starting with
 // "fault injected:", so an integration test can count them in a daemon's log.
@@ -50,9 +51,9 @@ struct FaultOptions {
   double enospc = 0;        // probability per write op. Default: 0
   double flip_payload = 0;  // probability per payload write op. Default: 0
   double flip_header = 0;   // probability per header write op. Default: 0
-  uint64_t record_bytes = 0;  // bytes of one record slot (4096 + slot_bytes), to tell
-                              // header ops from payload ops; 0 = every op is a payload
-                              // op. Default: 0
+  uint64_t record_bytes = 0;  // bytes of one record (4096 + slot_bytes), to tell
+                              // header ops from payload ops by position; 0 = only the
+                              // ops marked IoOp::header are. Default: 0
   uint64_t seed = 1;        // of the fault choices (deterministic per seed). Default: 1
 
   // Invalid unless every probability is in [0, 1] and the read (write) probabilities sum
@@ -105,8 +106,7 @@ StatusOr<FaultOptions> ParseFaultSpec(std::string_view spec);
 // applies when its caller passed none): a FaultDevice when the build has
 // KVTIER_TEST_POINTS and KVTIER_TEST_FAULTS is set (an unparsable spec aborts
 // the process with a message: a test that asked for faults must not run without them),
-// else an empty function. `record_bytes` is the store's record size.
-std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)> EnvironmentDeviceWrapper(
-    uint64_t record_bytes);
+// else an empty function.
+std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)> EnvironmentDeviceWrapper();
 
 }  // namespace kvtier::tiers

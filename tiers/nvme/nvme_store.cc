@@ -10,10 +10,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <set>
 
 #include "formats/bytes.h"
 #include "formats/record.h"
+#include "formats/size.h"
 #include "tiers/nvme/uring_device.h"
 #include "testing/test_point.h"
 
@@ -21,12 +23,15 @@ namespace kvtier::tiers {
 
 namespace {
 
-constexpr uint32_t kMetaVersion = 1;
-constexpr uint8_t kEntryVersion = 1;
+constexpr uint32_t kMetaVersion1 = 1;   // one record size: dropped at open
 constexpr size_t kStagingRecords = 256;  // headers per I/O chunk
 constexpr size_t kEntryValueBytes = 1 + 4 + 8 + 8 + 8 + 16 + 8 + 4;
 
-std::string IndexKey(const BlockId& id) {
+}  // namespace
+
+namespace nvme_index {
+
+std::string Key(const BlockId& id) {
   std::string k(25, '\0');
   k[0] = 'b';
   for (int i = 0; i < 8; ++i) k[1 + i] = static_cast<char>(id.contract >> (56 - 8 * i));
@@ -34,7 +39,7 @@ std::string IndexKey(const BlockId& id) {
   return k;
 }
 
-bool ParseIndexKey(const rocksdb::Slice& s, BlockId* id) {
+bool ParseKey(std::string_view s, BlockId* id) {
   if (s.size() != 25 || s[0] != 'b') return false;
   id->contract = 0;
   for (int i = 0; i < 8; ++i) id->contract = (id->contract << 8) | static_cast<uint8_t>(s[1 + i]);
@@ -57,7 +62,7 @@ std::string EncodeEntry(const NvmeEntry& e) {
   return std::string(w.bytes().begin(), w.bytes().end());
 }
 
-bool DecodeEntry(const rocksdb::Slice& v, NvmeEntry* e) {
+bool DecodeEntry(std::string_view v, NvmeEntry* e) {
   if (v.size() != kEntryValueBytes) return false;
   ByteReader r(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size()));
   uint8_t ver;
@@ -70,14 +75,43 @@ bool DecodeEntry(const rocksdb::Slice& v, NvmeEntry* e) {
   return ok;
 }
 
-std::string EncodeMeta(uint64_t slot_bytes, uint32_t rpf, uint32_t files) {
+std::string EncodeMeta(const NvmeGeometry& g) {
   ByteWriter w;
-  w.PutU32(kMetaVersion);
-  w.PutU64(slot_bytes);
-  w.PutU32(rpf);
-  w.PutU32(files);
+  w.PutU32(kVersion);
+  w.PutU64(g.slab_bytes);
+  w.PutU32(g.slabs_per_file);
+  w.PutU32(g.num_slabs);
+  w.PutU32(static_cast<uint32_t>(g.record_bytes.size()));
+  for (uint64_t b : g.record_bytes) w.PutU64(b);
   return std::string(w.bytes().begin(), w.bytes().end());
 }
+
+uint32_t DecodeMeta(std::string_view v, NvmeGeometry* g) {
+  ByteReader r(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size()));
+  uint32_t ver = 0, n = 0;
+  if (!r.GetU32(&ver)) return 0;
+  if (ver != kVersion) return ver;
+  NvmeGeometry out;
+  if (!r.GetU64(&out.slab_bytes) || !r.GetU32(&out.slabs_per_file) || !r.GetU32(&out.num_slabs) || !r.GetU32(&n) ||
+      n > kMaxSlotClasses || v.size() != 24 + 8 * size_t{n}) {
+    return 0;
+  }
+  out.record_bytes.resize(n);
+  for (uint64_t& b : out.record_bytes) (void)r.GetU64(&b);  // sized above
+  *g = std::move(out);
+  return ver;
+}
+
+}  // namespace nvme_index
+
+std::string NvmeGeometry::ToString() const {
+  std::string classes;
+  for (uint64_t b : record_bytes) classes += (classes.empty() ? "" : ", ") + FormatSize(b);
+  return fmt::format("{} slabs of {} ({} a file), records of {}", num_slabs, FormatSize(slab_bytes), slabs_per_file,
+                     classes);
+}
+
+namespace {
 
 Status FromRocks(const rocksdb::Status& s, const char* what) {
   if (s.ok()) return Status::Ok();
@@ -91,9 +125,9 @@ NvmeStore::DefaultWrapperFactory& WrapperFactory() {
   return f;
 }
 
-NvmeStore::DeviceWrapper DefaultDeviceWrapper(uint64_t record_bytes) {
+NvmeStore::DeviceWrapper DefaultDeviceWrapper() {
   std::lock_guard<std::mutex> l(g_wrapper_mu);
-  return WrapperFactory() ? WrapperFactory()(record_bytes) : nullptr;
+  return WrapperFactory() ? WrapperFactory()() : nullptr;
 }
 
 }  // namespace
@@ -108,6 +142,14 @@ Status NvmeStoreOptions::Validate() const {
   if (slot_bytes == 0 || slot_bytes % kIoAlign) {
     return Status::Invalid("nvme: slot_bytes " + std::to_string(slot_bytes) +
                            " is not a positive multiple of 4096");
+  }
+  if (!classes.empty() && *std::max_element(classes.begin(), classes.end()) != slot_bytes) {
+    return Status::Invalid("nvme: the largest record class is not slot_bytes (" + std::to_string(slot_bytes) + ")");
+  }
+  if (slab_bytes % kIoAlign != 0 || (slab_bytes != 0 && slab_bytes < slot_bytes + kIoAlign)) {
+    return Status::Invalid("nvme: slab_bytes " + std::to_string(slab_bytes) +
+                           " is not a 4096 multiple that holds a record of " + std::to_string(slot_bytes + kIoAlign) +
+                           " bytes");
   }
   if (capacity_bytes < slot_bytes + kIoAlign) {
     return Status::Invalid("nvme: capacity_bytes " + std::to_string(capacity_bytes) +
@@ -152,13 +194,42 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
   KVTIER_RETURN_IF_ERROR(opts.Validate());
   std::unique_ptr<NvmeStore> s(new NvmeStore());
   s->opts_ = opts;
-  s->record_bytes_ = kIoAlign + opts.slot_bytes;
-  const uint64_t total = opts.capacity_bytes / s->record_bytes_;
-  if (total > UINT32_MAX) return Status::Invalid("nvme: more than 2^32 records");
-  s->records_total_ = static_cast<uint32_t>(total);
-  s->records_per_file_ =
-      static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(total, opts.file_bytes / s->record_bytes_)));
-  s->num_files_ = (s->records_total_ + s->records_per_file_ - 1) / s->records_per_file_;
+  std::vector<uint64_t> classes = opts.classes.empty() ? std::vector<uint64_t>{opts.slot_bytes} : opts.classes;
+  for (uint64_t& c : classes) c += kIoAlign;  // a record: its header's 4 KiB + the payload
+  std::sort(classes.begin(), classes.end());
+  uint64_t slab = opts.slab_bytes;
+  if (slab == 0 && classes.size() == 1) {  // one class: a data file's worth of records
+    const uint64_t rec = classes[0];
+    slab = std::max<uint64_t>(1, std::min(opts.capacity_bytes, opts.file_bytes) / rec) * rec;
+  } else if (slab == 0) {
+    slab = kDefaultSlabBytes;
+  }
+  if (opts.capacity_bytes < slab) {
+    return Status::Invalid("nvme: capacity_bytes " + std::to_string(opts.capacity_bytes) + " holds no slab of " +
+                           std::to_string(slab) + " bytes");
+  }
+  const uint64_t slabs = opts.capacity_bytes / slab;
+  if (slabs * slab / kIoAlign > UINT32_MAX) {
+    return Status::Invalid("nvme: " + FormatSize(slabs * slab) +
+                           " of slabs is more than record ids (u32, 4 KiB units) reach: at most 16 TiB a store");
+  }
+  auto alloc = SlabAllocator::Make("nvme tier", slabs * slab, slab, classes);
+  if (!alloc.ok()) return alloc.status();
+  s->alloc_ = std::move(*alloc);
+  s->ids_per_granule_ = static_cast<uint32_t>(s->alloc_.granule() / kIoAlign);
+  s->geo_.slab_bytes = slab;
+  s->geo_.num_slabs = static_cast<uint32_t>(slabs);
+  s->geo_.slabs_per_file = static_cast<uint32_t>(std::clamp<uint64_t>(opts.file_bytes / slab, 1, slabs));
+  s->geo_.record_bytes = classes;
+  s->num_files_ = (s->geo_.num_slabs + s->geo_.slabs_per_file - 1) / s->geo_.slabs_per_file;
+  for (int c = 0; c < s->num_classes(); ++c) {
+    const uint64_t tail = slab - s->alloc_.slots_per_slab(c) * classes[static_cast<size_t>(c)];
+    if (tail * 50 >= slab) {  // 2%
+      spdlog::warn("nvme: a slab of {} holds {} records of {} and leaves {} ({:.1f}%) unused", FormatSize(slab),
+                   s->alloc_.slots_per_slab(c), FormatSize(classes[static_cast<size_t>(c)]), FormatSize(tail),
+                   100.0 * static_cast<double>(tail) / static_cast<double>(slab));
+    }
+  }
 
   std::error_code ec;
   std::filesystem::create_directories(opts.dir + "/data", ec);
@@ -184,21 +255,30 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
   rocksdb::DB* db = nullptr;
   KVTIER_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(ro, opts.dir + "/index", &db), "open RocksDB index"));
   s->db_.reset(db);
-  const std::string meta = EncodeMeta(opts.slot_bytes, s->records_per_file_, s->num_files_);
+  const std::string meta = nvme_index::EncodeMeta(s->geo_);
   std::string have;
   rocksdb::Status gs = db->Get(rocksdb::ReadOptions(), "meta", &have);
-  if (gs.ok()) {
+  NvmeGeometry was;
+  const uint32_t version = gs.ok() ? nvme_index::DecodeMeta(have, &was) : 0;
+  if (gs.ok() && version == kMetaVersion1) {
+    KVTIER_RETURN_IF_ERROR(s->DropVersion1Index());
+  } else if (gs.ok() && version != nvme_index::kVersion) {
+    return Status::Invalid("nvme: " + opts.dir + " has an index of version " + std::to_string(version) +
+                           (version == 0 ? " (unreadable)" : "") + "; this build reads version " +
+                           std::to_string(nvme_index::kVersion) + " (and empties one of version 1): use a new folder");
+  } else if (gs.ok()) {
     if (have != meta) {
-      return Status::Invalid("nvme: " + opts.dir +
-                             " was made with another slot size, capacity or file size; "
-                             "use a new folder or the old settings");
+      return Status::Invalid("nvme: " + opts.dir + " was made with " + was.ToString() + "; the settings give " +
+                             s->geo_.ToString() +
+                             " (slot classes, slab size, capacity or file size changed): use a new folder or the old "
+                             "settings");
     }
-  } else if (gs.IsNotFound()) {
+  }
+  if (!gs.ok() && !gs.IsNotFound()) return FromRocks(gs, "read index meta");
+  if (gs.IsNotFound() || version == kMetaVersion1) {
     rocksdb::WriteOptions wo;
     wo.sync = true;
     KVTIER_RETURN_IF_ERROR(FromRocks(db->Put(wo, "meta", meta), "write index meta"));
-  } else {
-    return FromRocks(gs, "read index meta");
   }
 
   s->staging_ = static_cast<uint8_t*>(std::aligned_alloc(kIoAlign, kStagingRecords * kIoAlign));
@@ -207,7 +287,7 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
 
   UringDeviceOptions dopts;
   for (uint32_t f = 0; f < s->num_files_; ++f) dopts.paths.push_back(s->DataPath(f));
-  dopts.file_bytes = uint64_t{s->records_per_file_} * s->record_bytes_;
+  dopts.file_bytes = uint64_t{s->geo_.slabs_per_file} * slab;
   dopts.queue_depth = opts.queue_depth;
   dopts.fixed = opts.fixed;
   dopts.fixed.push_back({s->staging_, kStagingRecords * kIoAlign});
@@ -215,7 +295,7 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
   if (!dev.ok()) return dev.status();
   if (!(*dev)->fixed_buffers()) spdlog::warn("nvme: running without registered buffers");
   s->dev_ = std::move(dev.value());
-  if (!wrap) wrap = DefaultDeviceWrapper(s->record_bytes_);  // test builds: fault injection
+  if (!wrap) wrap = DefaultDeviceWrapper();  // test builds: fault injection
   if (wrap) s->dev_ = wrap(std::move(s->dev_));
 
   KVTIER_RETURN_IF_ERROR(s->LoadIndex());
@@ -229,42 +309,59 @@ NvmeStore::~NvmeStore() {
   std::free(staging_);
 }
 
+Status NvmeStore::DropVersion1Index() {
+  uint64_t n = 0;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("b"); it->Valid() && it->key().starts_with("b"); it->Next()) ++n;
+  KVTIER_RETURN_IF_ERROR(FromRocks(it->status(), "scan index"));
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  KVTIER_RETURN_IF_ERROR(
+      FromRocks(db_->DeleteRange(wo, db_->DefaultColumnFamily(), "b", "c"), "empty the index of version 1"));
+  spdlog::warn("nvme: {} holds an index of version 1 (one record size): its {} entries are dropped and the tier "
+               "starts empty in the layout of version {}",
+               opts_.dir, n, nvme_index::kVersion);
+  index_dropped_ += n;
+  return Status::Ok();
+}
+
+std::optional<uint32_t> NvmeStore::IdOf(uint32_t record) const {
+  if (record % ids_per_granule_ != 0) return std::nullopt;
+  return record / ids_per_granule_;
+}
+
 Status NvmeStore::LoadIndex() {
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  std::vector<uint32_t> taken;
-  std::set<uint32_t> seen;
   rocksdb::WriteBatch drops;
   uint64_t dropped = 0, self_parent = 0;
   for (it->Seek("b"); it->Valid() && it->key().starts_with("b"); it->Next()) {
     NvmeEntry e;
-    const bool ok = ParseIndexKey(it->key(), &e.id) && DecodeEntry(it->value(), &e) &&
-                    e.record < records_total_ && e.payload_len > 0 &&
-                    e.payload_len <= opts_.slot_bytes && seen.insert(e.record).second;
+    bool ok = nvme_index::ParseKey(it->key().ToStringView(), &e.id) &&
+              nvme_index::DecodeEntry(it->value().ToStringView(), &e) && e.payload_len > 0 &&
+              e.payload_len <= opts_.slot_bytes;
+    const bool own_parent = ok && e.parent == e.id.key;  // a block cannot be its own parent: never committed so
+    // The record must be a record start of the class the payload takes, in a slab of it.
+    const auto id = ok && !own_parent ? IdOf(e.record) : std::nullopt;
+    ok = id && alloc_.Restore(*id, ClassFor(e.payload_len)).ok();
     if (!ok) {
       drops.Delete(it->key());
       ++dropped;
-      continue;
-    }
-    if (e.parent == e.id.key) {  // a block cannot be its own parent: never committed so
-      drops.Delete(it->key());
-      ++dropped;
-      ++self_parent;
-      seen.erase(e.record);
+      self_parent += own_parent ? 1 : 0;
       continue;
     }
     e.verified = false;
     next_seq_ = std::max(next_seq_, e.sequence + 1);
-    taken.push_back(e.record);
+    at_.emplace(e.record, e.id);
     map_.emplace(e.id, e);
   }
   KVTIER_RETURN_IF_ERROR(FromRocks(it->status(), "scan index"));
   if (dropped) {
-    spdlog::warn("nvme: dropped {} malformed or overlapping index entries ({} naming their own block as parent)",
+    spdlog::warn("nvme: dropped {} malformed, overlapping or misplaced index entries ({} naming their own block as "
+                 "parent)",
                  dropped, self_parent);
     KVTIER_RETURN_IF_ERROR(FromRocks(db_->Write(rocksdb::WriteOptions(), &drops), "drop bad entries"));
   }
   index_dropped_ += dropped;
-  alloc_.ResetTaken(records_total_, taken);
   loaded_ = map_.size();
   return Status::Ok();
 }
@@ -276,8 +373,53 @@ std::string NvmeStore::DataPath(uint32_t file) const {
 }
 
 void NvmeStore::RecordLocation(uint32_t record, uint32_t* file, uint64_t* offset) const {
-  *file = record / records_per_file_;
-  *offset = uint64_t{record % records_per_file_} * record_bytes_;
+  const uint64_t at = uint64_t{record} * kIoAlign, file_bytes = uint64_t{geo_.slabs_per_file} * geo_.slab_bytes;
+  *file = static_cast<uint32_t>(at / file_bytes);
+  *offset = at % file_bytes;
+}
+
+int NvmeStore::ClassFor(uint64_t payload_len) const { return alloc_.ClassFor(RoundUp4K(payload_len) + kIoAlign); }
+uint32_t NvmeStore::slots_per_slab(int cls) const { return alloc_.slots_per_slab(cls); }
+uint32_t NvmeStore::records_total() const { return most(0); }
+uint32_t NvmeStore::SlabOf(uint32_t record) const {
+  return static_cast<uint32_t>(uint64_t{record} * kIoAlign / geo_.slab_bytes);
+}
+
+#define KVTIER_LOCKED_(expr)            \
+  std::lock_guard<std::mutex> l(mu_); \
+  return expr
+
+uint32_t NvmeStore::used() const { KVTIER_LOCKED_(alloc_.used()); }
+uint32_t NvmeStore::used(int cls) const { KVTIER_LOCKED_(alloc_.used(cls)); }
+uint64_t NvmeStore::used_bytes() const { KVTIER_LOCKED_(alloc_.used_bytes()); }
+uint32_t NvmeStore::free_count(int cls) const { KVTIER_LOCKED_(alloc_.free_count(cls)); }
+uint32_t NvmeStore::capacity(int cls) const { KVTIER_LOCKED_(alloc_.capacity(cls)); }
+uint32_t NvmeStore::slabs(int cls) const { KVTIER_LOCKED_(alloc_.slabs(cls)); }
+int NvmeStore::SlabClass(uint32_t slab) const { KVTIER_LOCKED_(alloc_.SlabClass(slab)); }
+bool NvmeStore::Draining(uint32_t slab) const { KVTIER_LOCKED_(alloc_.Draining(slab)); }
+
+#undef KVTIER_LOCKED_
+
+std::vector<uint32_t> NvmeStore::TakenSlots(uint32_t slab) const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<uint32_t> v = alloc_.TakenSlots(slab);
+  for (uint32_t& id : v) id = RecordOf(id);
+  return v;
+}
+
+StatusOr<std::vector<uint32_t>> NvmeStore::BeginMove(uint32_t slab, int cls) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto v = alloc_.BeginMove(slab, cls);
+  if (!v.ok()) return v.status();
+  for (uint32_t& id : *v) id = RecordOf(id);
+  return v;
+}
+
+std::optional<BlockId> NvmeStore::BlockAt(uint32_t record) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = at_.find(record);
+  if (it == at_.end()) return std::nullopt;
+  return it->second;
 }
 
 Status NvmeStore::WriteBatch(std::span<NvmeWrite> writes) {
@@ -301,15 +443,16 @@ Status NvmeStore::WriteBatch(std::span<NvmeWrite> writes) {
           continue;
         }
         if (map_.count(w.id)) continue;  // already stored: keep the old record
-        auto rec = alloc_.Alloc();
+        const int cls = ClassFor(w.len);
+        auto rec = alloc_.Alloc(cls);
         if (!rec) {
-          w.result = Status::Rejected("nvme store full");
+          w.result = Status::Rejected("nvme store full: no free record of " + FormatSize(class_bytes(cls)));
           continue;
         }
         NvmeEntry& e = ents[i];
         e.id = w.id;
         e.parent = w.parent;
-        e.record = *rec;
+        e.record = RecordOf(*rec);
         e.payload_len = w.len;
         e.sequence = next_seq_++;
         active[i] = true;
@@ -335,10 +478,10 @@ Status NvmeStore::WriteBatch(std::span<NvmeWrite> writes) {
       uint32_t file;
       uint64_t off;
       RecordLocation(e.record, &file, &off);
-      ops.push_back({IoOp::Kind::kWrite, file, off, kIoAlign, hb, i, {}});
+      ops.push_back({IoOp::Kind::kWrite, file, off, kIoAlign, hb, i, true, {}});
       op_owner.push_back(i);
       ops.push_back({IoOp::Kind::kWrite, file, off + kIoAlign, RoundUp4K(w.len),
-                     const_cast<uint8_t*>(w.payload), i, {}});
+                     const_cast<uint8_t*>(w.payload), i, false, {}});
       op_owner.push_back(i);
     }
     if (ops.empty()) {
@@ -369,7 +512,7 @@ Status NvmeStore::WriteBatch(std::span<NvmeWrite> writes) {
     for (size_t i = 0; i < n; ++i) {
       if (!active[i]) continue;
       if (!ss.ok() && writes[base + i].result.ok()) writes[base + i].result = ss;
-      if (writes[base + i].result.ok()) wb.Put(IndexKey(ents[i].id), EncodeEntry(ents[i]));
+      if (writes[base + i].result.ok()) wb.Put(nvme_index::Key(ents[i].id), nvme_index::EncodeEntry(ents[i]));
     }
     Status is = Status::Ok();
     if (wb.Count() > 0) {
@@ -384,12 +527,13 @@ Status NvmeStore::WriteBatch(std::span<NvmeWrite> writes) {
       NvmeWrite& w = writes[base + i];
       if (!is.ok() && w.result.ok()) w.result = is;
       if (w.result.ok()) {
+        at_.emplace(ents[i].record, ents[i].id);
         map_.emplace(ents[i].id, ents[i]);
         ++blocks_written_;
         bytes_written_ += RoundUp4K(w.len) + kIoAlign;
       } else {
         spdlog::warn("nvme: write of block {} failed: {}; not stored", w.id.key.ToHex(), w.result.message());
-        (void)alloc_.Free(ents[i].record);
+        (void)alloc_.Free(*IdOf(ents[i].record));
       }
     }
     for (size_t i = 0; i < n; ++i) {
@@ -435,11 +579,11 @@ Status NvmeStore::ReadBatch(std::span<NvmeRead> reads, const std::function<void(
       uint64_t off;
       RecordLocation(ents[i].record, &file, &off);
       if (check_header[i]) {
-        ops.push_back({IoOp::Kind::kRead, file, off, kIoAlign, staging_ + i * kIoAlign, i, {}});
+        ops.push_back({IoOp::Kind::kRead, file, off, kIoAlign, staging_ + i * kIoAlign, i, true, {}});
         ++outstanding[i];
       }
       ops.push_back({IoOp::Kind::kRead, file, off + kIoAlign, RoundUp4K(ents[i].payload_len),
-                     reads[base + i].dst, i, {}});
+                     reads[base + i].dst, i, false, {}});
       ++outstanding[i];
     }
     std::vector<bool> corrupt(n, false);
@@ -488,13 +632,14 @@ Status NvmeStore::ReadBatch(std::span<NvmeRead> reads, const std::function<void(
         if (corrupt[i]) {
           ++checksum_failures_;
           spdlog::warn("nvme: {} (block {}); dropped", r.result.message(), r.id.key.ToHex());
-          wb.Delete(IndexKey(r.id));
-          (void)alloc_.Free(it->second.record);
+          wb.Delete(nvme_index::Key(r.id));
+          (void)alloc_.Free(*IdOf(it->second.record));
+          at_.erase(it->second.record);
           map_.erase(it);
         } else if (r.result.ok()) {
           it->second.verified = true;
           ++it->second.hits;
-          wb.Put(IndexKey(r.id), EncodeEntry(it->second));
+          wb.Put(nvme_index::Key(r.id), nvme_index::EncodeEntry(it->second));
           ++blocks_read_;
           bytes_read_ += RoundUp4K(r.len);
         } else {
@@ -514,8 +659,9 @@ Status NvmeStore::Remove(const BlockId& id) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = map_.find(id);
   if (it == map_.end()) return Status::NotFound("nvme: block not stored");
-  KVTIER_RETURN_IF_ERROR(FromRocks(db_->Delete(rocksdb::WriteOptions(), IndexKey(id)), "index delete"));
-  (void)alloc_.Free(it->second.record);
+  KVTIER_RETURN_IF_ERROR(FromRocks(db_->Delete(rocksdb::WriteOptions(), nvme_index::Key(id)), "index delete"));
+  (void)alloc_.Free(*IdOf(it->second.record));
+  at_.erase(it->second.record);
   map_.erase(it);
   return Status::Ok();
 }
@@ -540,18 +686,15 @@ std::vector<NvmeEntry> NvmeStore::Entries() const {
   return v;
 }
 
-uint32_t NvmeStore::free_records() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return alloc_.free_count();
-}
-
 NvmeStoreStats NvmeStore::Stats() const {
   NvmeStoreStats s;
-  s.records_total = records_total_;
-  s.record_bytes = record_bytes_;
+  s.records_total = records_total();
+  s.record_bytes = class_bytes(0);
+  s.capacity_bytes = arena_bytes();
   {
     std::lock_guard<std::mutex> l(mu_);
     s.records_used = alloc_.used();
+    s.used_bytes = alloc_.used_bytes();
   }
   s.blocks_written = blocks_written_;
   s.blocks_read = blocks_read_;
