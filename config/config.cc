@@ -368,6 +368,7 @@ const std::vector<Entry>& Schema() {
                  DoubleField([](Config& c) { return &c.tiers.nvme.daily_write_budget_per_client; })});
     s.push_back({"tiers.nvme.queue_depth",
                  IntField<uint32_t>([](Config& c) { return &c.tiers.nvme.queue_depth; }, 1, 4096)});
+    s.push_back({"tiers.nvme.slab_bytes", SizeField([](Config& c) { return &c.tiers.nvme.slab_bytes; })});
     s.push_back({"tiers.nvme.verify_on_restart",
                  BoolField([](Config& c) { return &c.tiers.nvme.verify_on_restart; })});
     s.push_back({"tiers.remote.nodes", StringListField([](Config& c) { return &c.tiers.remote.nodes; })});

@@ -45,6 +45,9 @@ struct NvmeConfig {
   double daily_write_budget_per_client = 0.5;
   uint32_t queue_depth = 64;              // io_uring depth, [1, 4096]. Default: 64
   bool verify_on_restart = true;          // verify blocks before first serve. Default: true
+  // With several slot classes: the NVMe tier's records (4 KiB + a class) are cut in slabs
+  // of this size, a 4 KiB multiple (docs/tiers.md). Default: 64MiB
+  uint64_t slab_bytes = uint64_t{64} << 20;
 };
 
 // [tiers.remote]: a Redis Cluster shared by a fleet of daemons (docs/remote.md).

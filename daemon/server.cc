@@ -139,6 +139,7 @@ tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
   o.nvme.daily_write_budget_per_client = c.tiers.nvme.daily_write_budget_per_client;
   o.nvme.queue_depth = c.tiers.nvme.queue_depth;
   o.nvme.verify_on_restart = c.tiers.nvme.verify_on_restart;
+  o.nvme.slab_bytes = c.tiers.nvme.slab_bytes;
   o.remote.nodes = c.tiers.remote.nodes;
   o.remote.connect_timeout_ms = c.tiers.remote.connect_timeout_ms;
   o.remote.command_timeout_ms = c.tiers.remote.command_timeout_ms;

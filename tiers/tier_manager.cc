@@ -113,9 +113,9 @@ Status TierManagerImpl::Init() {
     no.slot_bytes = opts_.slot_bytes;
     // The host tier's classes, one record class each, when the tier holds a slab of them;
     // else one class of slot_bytes.
-    if (host_->num_classes() > 1 && opts_.nvme.tier.capacity_bytes >= opts_.slab_bytes) {
+    if (host_->num_classes() > 1 && opts_.nvme.tier.capacity_bytes >= opts_.nvme.slab_bytes) {
       for (int c = 0; c < host_->num_classes(); ++c) no.classes.push_back(host_->class_bytes(c));
-      no.slab_bytes = opts_.slab_bytes;
+      no.slab_bytes = opts_.nvme.slab_bytes;
     }
     no.queue_depth = opts_.nvme.queue_depth;
     no.verify_on_restart = opts_.nvme.verify_on_restart;

@@ -65,6 +65,10 @@ struct NvmeOptions {
   double daily_write_budget_per_client = 0.5;
   uint32_t queue_depth = 64;        // io_uring depth. Default: 64
   bool verify_on_restart = true;    // verify every block before first serve. Default: true
+  // With several slot classes, the record slabs (NvmeStoreOptions::slab_bytes): a 4 KiB
+  // multiple that holds a record of the largest class. A tier smaller than a slab keeps one
+  // record class of slot_bytes. Default: kDefaultSlabBytes (64 MiB)
+  uint64_t slab_bytes = kDefaultSlabBytes;
 };
 
 // Who commits a block (TierManager::Commit).

@@ -91,6 +91,11 @@ Status TierManagerOptions::Validate() const {
     if (nvme.queue_depth == 0 || nvme.queue_depth > 4096) {
       return Status::Invalid("nvme tier: queue_depth not in [1, 4096]");
     }
+    if (nvme.slab_bytes == 0 || nvme.slab_bytes % 4096 != 0 || nvme.slab_bytes < slot_bytes + 4096) {
+      return Status::Invalid("nvme tier: slab_bytes " + std::to_string(nvme.slab_bytes) +
+                             " is not a 4096 multiple that holds a record of slot_bytes + 4096 (" +
+                             std::to_string(slot_bytes + 4096) + ")");
+    }
   }
   if (mover_batch == 0) return Status::Invalid("mover_batch is 0");
   if (!(host_to_hbm_gbps > 0) || !(nvme_read_gbps > 0)) return Status::Invalid("bandwidths must be > 0");

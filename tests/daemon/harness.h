@@ -116,6 +116,7 @@ struct DaemonConfig {
   std::string nvme_capacity = "1MiB";
   std::string extra;                      // appended TOML
   std::string daemon_extra;               // keys appended to the [daemon] table
+  std::string tiers_extra;                // keys appended to the [tiers] table
   int metrics_port = 0;                   // 0: pick a free one
   int max_bad_requests = 4;
   // The daemon binary in KVTIER_BIN_DIR: kvtierd, or kvtierd-test for the tests that arm
@@ -177,8 +178,9 @@ class DaemonProcess {
       << (cfg_.bad_request_decay_ms ? "bad_request_decay_ms = " + std::to_string(cfg_.bad_request_decay_ms) + "\n" : "")
       << (cfg_.max_keys_per_request ? "max_keys_per_request = " + std::to_string(cfg_.max_keys_per_request) + "\n" : "")
       << cfg_.daemon_extra
-      << "[tiers]\nslot_bytes = \"" << cfg_.slot_bytes
-      << "\"\n[tiers.host]\ncapacity = \"" << cfg_.host_capacity
+      << "[tiers]\nslot_bytes = \"" << cfg_.slot_bytes << "\"\n"
+      << cfg_.tiers_extra
+      << "[tiers.host]\ncapacity = \"" << cfg_.host_capacity
       << "\"\npolicy = \"prefix-lru\"\n"
       << "[tiers.nvme]\ncapacity = \"" << cfg_.nvme_capacity
       << "\"\ndir = \"" << dir_.path() << "/nvme\"\n"

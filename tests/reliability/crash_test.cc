@@ -12,6 +12,9 @@
 //   - every block of the durable set, with the right bytes;
 //   - nothing else (after a restart only NVMe holds blocks): no key whose commit was
 //     never sent, no abandoned (filled but uncommitted) slot, no wrong byte.
+// Two contracts store side by side, of blocks in two slot classes (4 KiB and 8 KiB), so
+// that the NVMe tier holds records of two classes (tiers/nvme/nvme_store.h) and moves
+// slabs between them.
 // Cycles: KVTIER_CRASH_CYCLES (default 50, what CI runs); the long run is documented in
 // docs/reliability.md.
 #include <gtest/gtest.h>
@@ -38,12 +41,24 @@ const char* const kKillPoints[] = {
     "Session::Release:BeforeUnpin",            // lease gone from the table, pins not dropped
 };
 
+// The second contract: 20 layers, 5760-byte blocks (the 8 KiB class; the first
+// contract's 576 take the 4 KiB one).
+kvtier_contract_desc BigContract() {
+  kvtier_contract_desc d = testing::SmallContract("test/model-big");
+  d.num_layers = 20;
+  return d;
+}
+
 // The durable set: the index entries of the NVMe folder (opened while no daemon runs).
-std::vector<kvtier_key> DurableSet(const DaemonProcess& d, uint64_t contract, bool* ok) {
-  tiers::NvmeStoreOptions o;
+// per_contract[i]: how many are blocks of contract i (contracts[i]).
+std::vector<kvtier_key> DurableSet(const DaemonProcess& d, const uint64_t contracts[2], bool* ok,
+                                   uint64_t per_contract[2]) {
+  tiers::NvmeStoreOptions o;  // the geometry the test's config gives the daemon
   o.dir = d.dir() + "/nvme";
   o.capacity_bytes = 1 << 20;  // DaemonConfig's nvme_capacity
-  o.slot_bytes = 4096;         // DaemonConfig's slot_bytes
+  o.slot_bytes = 8192;         // tiers.slot_bytes
+  o.classes = {4096, 8192};    // tiers.slot_classes
+  o.slab_bytes = 96 << 10;     // tiers.nvme.slab_bytes: 12 records of 8 KiB or 8 of 12 KiB
   auto s = tiers::NvmeStore::Open(o);
   *ok = s.ok();
   std::vector<kvtier_key> keys;
@@ -52,7 +67,8 @@ std::vector<kvtier_key> DurableSet(const DaemonProcess& d, uint64_t contract, bo
     return keys;
   }
   for (const auto& e : (*s)->Entries()) {
-    EXPECT_EQ(e.id.contract, contract);
+    EXPECT_TRUE(e.id.contract == contracts[0] || e.id.contract == contracts[1]) << e.id.contract;
+    ++per_contract[e.id.contract == contracts[0] ? 0 : 1];
     keys.push_back(kvtier_key{e.id.key.hi, e.id.key.lo});
   }
   return keys;
@@ -65,12 +81,14 @@ TEST(CrashTest, KillRestartCyclesNeverServeWrongOrUncommittedBlocks) {
   const long cycles = EnvInt("KVTIER_CRASH_CYCLES", 50);
   const uint64_t seed = static_cast<uint64_t>(EnvInt("KVTIER_CRASH_SEED", 20261129));
   std::mt19937_64 rng(seed);
-  DaemonConfig cfg;  // 4 KiB slots, host 64 slots, NVMe 128 records: constant demotion
+  DaemonConfig cfg;  // host 256 KiB, NVMe 1 MiB (10 slabs of 96 KiB): constant demotion
   // The NVMe tier evicts only when it is full (demotions make room themselves): with the
   // default 0.95 watermark a restart right after a kill that left it fuller would drop
   // blocks down to the low watermark at once -- allowed for a cache, but it would hide
   // which durable blocks were lost to the crash. (extra lands in [tiers.nvme].)
-  cfg.extra = "high_watermark = 1.0\nlow_watermark = 0.9\n";
+  cfg.extra = "high_watermark = 1.0\nlow_watermark = 0.9\nslab_bytes = \"96KiB\"\n";
+  cfg.slot_bytes = "8KiB";  // host: 32 slabs of 8 KiB, each 2 slots of 4 KiB or 1 of 8 KiB
+  cfg.tiers_extra = "slot_classes = [\"4KiB\", \"8KiB\"]\n";
   cfg.binary = "kvtierd-test";  // the daemon with the kill points armed from the environment
   DaemonProcess d(cfg);
 
@@ -78,7 +96,8 @@ TEST(CrashTest, KillRestartCyclesNeverServeWrongOrUncommittedBlocks) {
   KeySet abandoned;  // filled, released uncommitted: must never be served
   std::vector<kvtier_key> sent_list, abandoned_list;
   std::vector<kvtier_key> durable;
-  uint64_t contract = 0;
+  uint64_t contract = 0, contract2 = 0;
+  uint64_t durable_of[2] = {0, 0};  // durable blocks seen per contract, over the cycles
   uint64_t next = 0;
   uint64_t acked = 0, checked_durable = 0, served = 0, wrong = 0, uncommitted_served = 0,
            durable_lost = 0, misses_checked = 0, timer_kills = 0, random_kills = 0;
@@ -93,9 +112,16 @@ TEST(CrashTest, KillRestartCyclesNeverServeWrongOrUncommittedBlocks) {
     ASSERT_TRUE(d.Start()) << "cycle " << cycle << ": kvtierd did not start\n" << d.log();
     {
       Conn c;
-      ASSERT_EQ(c.Open(d.socket()), KVTIER_OK) << kvtier_last_error();
-      if (contract == 0) contract = c.contract;
+      const kvtier_contract_desc big = BigContract();
+      ASSERT_EQ(c.Open(d.socket(), 5000, "reliability", &big), KVTIER_OK) << kvtier_last_error();
+      if (contract == 0) {
+        contract = c.contract;
+        contract2 = c.contract2;
+        ASSERT_GT(c.block_bytes2, 4096u) << "the second contract must take the 8 KiB class";
+        ASSERT_LE(c.block_bytes, 4096u);
+      }
       ASSERT_EQ(c.contract, contract);
+      ASSERT_EQ(c.contract2, contract2);
       KeySet dset(durable.begin(), durable.end());
       // Leases of the checks are released by reconnecting (socket close), so that the
       // Release kill point counts only the workload's releases.
@@ -110,7 +136,7 @@ TEST(CrashTest, KillRestartCyclesNeverServeWrongOrUncommittedBlocks) {
           if (!sent.count(k)) ++uncommitted_served;
           if (++held >= 16) {
             c.Close();
-            EXPECT_EQ(c.Open(d.socket()), KVTIER_OK);
+            EXPECT_EQ(c.Open(d.socket(), 5000, "reliability", &big), KVTIER_OK);
             held = 0;
           }
         }
@@ -123,7 +149,7 @@ TEST(CrashTest, KillRestartCyclesNeverServeWrongOrUncommittedBlocks) {
           ++durable_lost;
           kvtier_lookup_result lr{};
           uint8_t t = 0;
-          (void)kvtier_lookup(c.c, c.contract, &k, 1, &lr, &t);
+          (void)kvtier_lookup(c.c, c.ContractOf(k), &k, 1, &lr, &t);
           std::printf("durable block %016llx%016llx not served: lookup hits %zu tier %d\n",
                       (unsigned long long)k.hi, (unsigned long long)k.lo, lr.hit_blocks, t);
         }
@@ -166,12 +192,14 @@ TEST(CrashTest, KillRestartCyclesNeverServeWrongOrUncommittedBlocks) {
     std::vector<kvtier_key> sent_now, abandoned_now;
     std::thread writer([&] {
       Conn c;
-      if (c.Open(d.socket(), 3000, "crash-writer") != KVTIER_OK) return;
+      const kvtier_contract_desc big = BigContract();
+      if (c.Open(d.socket(), 3000, "crash-writer", &big) != KVTIER_OK) return;
       std::mt19937_64 wr(seed ^ (cycle * 7919));
       while (!stop.load()) {
         const size_t n = 1 + wr() % 4;
+        const uint64_t run = 1 + wr() % 2;  // run 2: the big contract's keys
         std::vector<kvtier_key> keys;
-        for (size_t i = 0; i < n; ++i) keys.push_back(MakeKey(1, next++));
+        for (size_t i = 0; i < n; ++i) keys.push_back(MakeKey(run, next++));
         size_t done = 0;
         kvtier_status s;
         if (wr() % 8 == 0) {
@@ -211,7 +239,8 @@ TEST(CrashTest, KillRestartCyclesNeverServeWrongOrUncommittedBlocks) {
       abandoned_list.push_back(k);
     }
     bool ok = false;
-    durable = DurableSet(d, contract, &ok);
+    const uint64_t ids[2] = {contract, contract2};
+    durable = DurableSet(d, ids, &ok, durable_of);
     ASSERT_TRUE(ok);
     for (const auto& k : durable) {
       ASSERT_TRUE(sent.count(k)) << "cycle " << cycle << ": the index holds a key whose commit was never sent";
@@ -224,12 +253,16 @@ TEST(CrashTest, KillRestartCyclesNeverServeWrongOrUncommittedBlocks) {
   std::printf("RELIABILITY crash: cycles %ld, kills at points %llu, random-time kills %llu, "
               "point cycles ended by timer %llu, blocks committed %llu, durable blocks checked %llu, "
               "blocks served and checked %llu, misses checked %llu, wrong %llu, uncommitted served %llu, "
-              "durable lost %llu\n",
+              "durable lost %llu, durable blocks of the 4 KiB / 8 KiB class %llu / %llu\n",
               cycles, (unsigned long long)pk, (unsigned long long)random_kills,
               (unsigned long long)timer_kills, (unsigned long long)acked,
               (unsigned long long)checked_durable, (unsigned long long)served,
               (unsigned long long)misses_checked, (unsigned long long)wrong,
-              (unsigned long long)uncommitted_served, (unsigned long long)durable_lost);
+              (unsigned long long)uncommitted_served, (unsigned long long)durable_lost,
+              (unsigned long long)durable_of[0], (unsigned long long)durable_of[1]);
+  // Both record classes held durable blocks (summed over the cycles' durable sets).
+  EXPECT_GT(durable_of[0], 0u);
+  EXPECT_GT(durable_of[1], 0u);
   bench::Report r("reliability: crash test (SIGKILL/restart cycles with an oracle)",
                   "build/bin/reliability_test --gtest_filter='CrashTest.*' (KVTIER_CRASH_CYCLES=" +
                       std::to_string(cycles) + ")");

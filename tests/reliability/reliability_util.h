@@ -77,19 +77,29 @@ inline kvtier_key MakeKey(uint64_t run, uint64_t n) {
   return kvtier_key{(run << 40) | n | (uint64_t{1} << 63), x | 1};
 }
 
-// A connected libkvtier client with the small test contract registered.
+// The run of a MakeKey key.
+inline uint64_t RunOf(const kvtier_key& k) { return (k.hi & ~(uint64_t{1} << 63)) >> 40; }
+
+// A connected libkvtier client with the small test contract registered, and optionally a
+// second contract (`second`, e.g. one of larger blocks in another slot class): keys of
+// run 2 (MakeKey(2, n)) are that contract's blocks, every other key the first's. A slot
+// is at kvtier_host_slot (slot x granule with several slot classes).
 struct Conn {
   kvtier_client* c = nullptr;
-  uint64_t contract = 0;
-  uint64_t block_bytes = 0, slot_bytes = 0;
+  uint64_t contract = 0, contract2 = 0;
+  uint64_t block_bytes = 0, block_bytes2 = 0, slot_bytes = 0;
   uint8_t* host = nullptr;
+
+  uint64_t ContractOf(const kvtier_key& k) const { return contract2 != 0 && RunOf(k) == 2 ? contract2 : contract; }
+  uint64_t BytesOf(const kvtier_key& k) const { return contract2 != 0 && RunOf(k) == 2 ? block_bytes2 : block_bytes; }
 
   ~Conn() { Close(); }
   void Close() {
     if (c) kvtier_close(c);
     c = nullptr;
   }
-  kvtier_status Open(const std::string& socket, uint32_t timeout_ms = 5000, const char* name = "reliability") {
+  kvtier_status Open(const std::string& socket, uint32_t timeout_ms = 5000, const char* name = "reliability",
+                     const kvtier_contract_desc* second = nullptr) {
     kvtier_connect_options o{};
     o.name = name;
     o.timeout_ms = timeout_ms;
@@ -99,42 +109,49 @@ struct Conn {
     s = kvtier_register_contract(c, &d, &contract);
     if (s != KVTIER_OK) return s;
     (void)kvtier_contract_block_bytes(&d, &block_bytes);
+    if (second) {
+      s = kvtier_register_contract(c, second, &contract2);
+      if (s != KVTIER_OK) return s;
+      (void)kvtier_contract_block_bytes(second, &block_bytes2);
+    }
     slot_bytes = kvtier_slot_bytes(c);
     uint64_t hb = 0;
     host = static_cast<uint8_t*>(kvtier_host_arena(c, &hb));
     return host ? KVTIER_OK : KVTIER_UNSUPPORTED;
   }
 
-  // Stores keys (each a first block): alloc, fill, commit, release. `on_commit_sent` is
-  // called for every key just before its commit goes out.
+  // Stores keys (each a first block, all of one contract): alloc, fill, commit, release.
+  // `on_commit_sent` is called for every key just before its commit goes out.
   template <typename F>
   kvtier_status Store(const std::vector<kvtier_key>& keys, F&& on_commit_sent, size_t* committed) {
     *committed = 0;
     uint64_t lease = 0;
     std::vector<kvtier_slot> slots(keys.size());
-    kvtier_status s = kvtier_alloc(c, contract, keys.size(), KVTIER_TIER_HOST, &lease, slots.data());
+    const uint64_t cid = ContractOf(keys[0]);
+    kvtier_status s = kvtier_alloc(c, cid, keys.size(), KVTIER_TIER_HOST, &lease, slots.data());
     if (s != KVTIER_OK) return s;
     std::vector<kvtier_commit_item> items(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
-      FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c, slots[i].slot)), block_bytes, contract, keys[i]);
+      FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c, slots[i].slot)), BytesOf(keys[i]), cid, keys[i]);
       items[i].slot = slots[i];
       items[i].key = keys[i];
       items[i].parent = kvtier_key{0, 0};
       on_commit_sent(keys[i]);
     }
-    s = kvtier_commit(c, contract, lease, items.data(), items.size(), committed);
+    s = kvtier_commit(c, cid, lease, items.data(), items.size(), committed);
     const kvtier_status r = kvtier_release(c, lease);
     return s != KVTIER_OK ? s : r;
   }
 
-  // Fills slots for keys and releases the lease without committing.
+  // Fills slots for keys (all of one contract) and releases the lease without committing.
   kvtier_status Abandon(const std::vector<kvtier_key>& keys) {
     uint64_t lease = 0;
     std::vector<kvtier_slot> slots(keys.size());
-    kvtier_status s = kvtier_alloc(c, contract, keys.size(), KVTIER_TIER_HOST, &lease, slots.data());
+    const uint64_t cid = ContractOf(keys[0]);
+    kvtier_status s = kvtier_alloc(c, cid, keys.size(), KVTIER_TIER_HOST, &lease, slots.data());
     if (s != KVTIER_OK) return s;
     for (size_t i = 0; i < keys.size(); ++i) {
-      FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c, slots[i].slot)), block_bytes, contract, keys[i]);
+      FillBlock(static_cast<uint8_t*>(kvtier_host_slot_write(c, slots[i].slot)), BytesOf(keys[i]), cid, keys[i]);
     }
     return kvtier_release(c, lease);
   }
@@ -144,16 +161,17 @@ struct Conn {
   kvtier_status Check(const kvtier_key& k, bool* served, bool* wrong) {
     *served = *wrong = false;
     kvtier_lookup_result lr{};
-    kvtier_status s = kvtier_lookup(c, contract, &k, 1, &lr, nullptr);
+    const uint64_t cid = ContractOf(k);
+    kvtier_status s = kvtier_lookup(c, cid, &k, 1, &lr, nullptr);
     if (s != KVTIER_OK) return s;
     uint64_t lease = 0;
     kvtier_slot slot{};
     size_t n = 0;
-    s = kvtier_acquire(c, contract, &k, 1, KVTIER_TIER_HOST, &lease, &slot, &n);
+    s = kvtier_acquire(c, cid, &k, 1, KVTIER_TIER_HOST, &lease, &slot, &n);
     if (s != KVTIER_OK) return s;
     if (n == 1) {
       *served = true;
-      *wrong = !CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(c, slot.slot)), block_bytes, contract, k);
+      *wrong = !CheckBlock(static_cast<const uint8_t*>(kvtier_host_slot(c, slot.slot)), BytesOf(k), cid, k);
       return kvtier_release(c, lease);
     }
     return KVTIER_OK;

@@ -235,5 +235,144 @@ TEST_F(SlabClassesTest, AMovingSlabDemotesItsBlocksToNvme) {
   EXPECT_EQ(Held(small_, 4 * 113).size(), 3u * 113);
 }
 
+// ---- NVMe record classes (tiers/nvme/nvme_store.h) -----------------------------------------
+
+class NvmeClassesTest : public SlabClassesTest {
+ protected:
+  void SetUp() override {
+    SlabClassesTest::SetUp();
+    opts_.slot_classes = {144 * KiB, 576 * KiB, 720 * KiB, 1440 * KiB};  // the default config's
+    opts_.nvme.dir = dir_.path() + "/nvme";
+    opts_.nvme.queue_depth = 32;
+    opts_.nvme.tier.high_watermark = 1.0;  // no background eviction: the test fills it
+    opts_.nvme.tier.low_watermark = 1.0;
+  }
+  TierStats Nvme() {
+    for (const auto& s : tm_->Stats()) {
+      if (s.tier == Tier::kNvme) return s;
+    }
+    return {};
+  }
+  // Which of blocks [0, n) of a contract a lookup finds (and where).
+  std::vector<uint64_t> Found(const ScaleContract& c, uint64_t n, Tier in) {
+    std::vector<uint64_t> out;
+    for (uint64_t i = 0; i < n; ++i) {
+      const Key128 k = K(c.geometry.num_layers, i);
+      LookupResult r = tm_->Lookup(c.Id(), std::span<const Key128>(&k, 1));
+      if (r.hit_blocks == 1 && r.tiers[0] == in) out.push_back(i);
+    }
+    return out;
+  }
+  // Acquires each of blocks [0, n) of a contract into host (from wherever it is) and
+  // checks its bytes; returns the ones served.
+  std::vector<uint64_t> Served(const ScaleContract& c, uint64_t n) {
+    std::vector<uint64_t> out;
+    for (uint64_t i = 0; i < n; ++i) {
+      const Key128 k = K(c.geometry.num_layers, i);
+      std::promise<std::pair<Status, std::vector<SlotRef>>> p;
+      auto f = p.get_future();
+      tm_->Acquire(c.Id(), std::span<const Key128>(&k, 1), Tier::kHost,
+                   [&p](Status s, std::vector<SlotRef> v) { p.set_value({s, std::move(v)}); });
+      auto [st, slots] = f.get();
+      if (!st.ok() || slots.size() != 1) continue;
+      EXPECT_TRUE(testing::Matches(Slot(slots[0]), c.block_bytes(), c.geometry.num_layers * 100000 + i)) << i;
+      EXPECT_TRUE(tm_->Unpin(slots[0]).ok());
+      out.push_back(i);
+    }
+    return out;
+  }
+  testing::TempDir dir_;
+};
+
+// The default classes with a 576 KiB and a 1440 KiB contract: each block demoted to NVMe
+// takes a record of 4 KiB + its class, within 10% of the block plus its header (one record
+// size would give the 576 KiB blocks 1444 KiB records: 2.49x).
+TEST_F(NvmeClassesTest, EachContractsRecordsPadUnderTenPercent) {
+  opts_.nvme.tier.capacity_bytes = 4 * kDefaultSlabBytes;
+  Open();
+  for (uint64_t i = 0; i < 100; ++i) ASSERT_TRUE(Store(small_, i).ok()) << i;
+  ASSERT_TRUE(tm_->Flush(Tier::kNvme).ok());
+  const TierStats a = Nvme();
+  ASSERT_EQ(a.blocks, 100u);
+  const double small_per_block = static_cast<double>(a.used_bytes) / 100.0;
+  for (uint64_t i = 0; i < 40; ++i) ASSERT_TRUE(Store(big_, i).ok()) << i;
+  ASSERT_TRUE(tm_->Flush(Tier::kNvme).ok());
+  const TierStats b = Nvme();
+  ASSERT_EQ(b.blocks, 140u);
+  const double big_per_block = static_cast<double>(b.used_bytes - a.used_bytes) / 40.0;
+  std::printf("NVMe bytes a block: 576 KiB contract %.0f KiB, 1440 KiB contract %.0f KiB\n", small_per_block / KiB,
+              big_per_block / KiB);
+  EXPECT_LE(small_per_block, 1.1 * (576 * KiB + 4096));
+  EXPECT_LE(big_per_block, 1.1 * (1440 * KiB + 4096));
+  EXPECT_EQ(a.used_bytes, 100 * (576 * KiB + 4096));
+  EXPECT_EQ(b.used_bytes, 100 * (576 * KiB + 4096) + 40 * (1440 * KiB + 4096));
+  EXPECT_EQ(b.capacity_bytes, 4 * kDefaultSlabBytes);
+  for (uint64_t i = 0; i < 100; ++i) {
+    auto info = tm_->InspectBlock(small_.Id(), K(32, i));
+    ASSERT_TRUE(info.ok());
+    EXPECT_TRUE(info->in_nvme);
+  }
+  VerifyReport rep;
+  ASSERT_TRUE(tm_->VerifyNvme(0, 1000, &rep).ok());
+  EXPECT_EQ(rep.ok, 140u);
+  EXPECT_EQ(rep.corrupt, 0u);
+}
+
+// Every block of both classes comes back after a restart, byte-exact; the same folder
+// with other slot classes is refused naming both geometries.
+TEST_F(NvmeClassesTest, RestartWithMixedClassesServesEveryBlockAndAClassChangeIsRefused) {
+  opts_.nvme.tier.capacity_bytes = 4 * kDefaultSlabBytes;
+  Open();
+  for (uint64_t i = 0; i < 150; ++i) ASSERT_TRUE(Store(small_, i).ok()) << i;
+  for (uint64_t i = 0; i < 50; ++i) ASSERT_TRUE(Store(big_, i).ok()) << i;
+  ASSERT_TRUE(tm_->Flush(Tier::kNvme).ok());
+  const uint64_t used = Nvme().used_bytes;
+  tm_.reset();
+  Open();
+  EXPECT_EQ(Nvme().blocks, 200u);
+  EXPECT_EQ(Nvme().used_bytes, used);
+  EXPECT_EQ(Found(small_, 150, Tier::kNvme).size(), 150u);
+  EXPECT_EQ(Served(small_, 150).size(), 150u);  // promoted to host, bytes checked
+  EXPECT_EQ(Served(big_, 50).size(), 50u);
+  tm_.reset();
+  TierManagerOptions o = opts_;
+  o.slot_classes = {576 * KiB, 1440 * KiB};
+  auto bad = TierManager::Open(o);
+  ASSERT_FALSE(bad.ok());
+  const std::string m = bad.status().message();
+  EXPECT_NE(m.find("was made with 4 slabs of 64 MiB (4 a file), records of 148 KiB, 580 KiB, 724 KiB, 1444 KiB"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("the settings give 4 slabs of 64 MiB (4 a file), records of 580 KiB, 1444 KiB"), std::string::npos)
+      << m;
+}
+
+// A starved record class takes a slab from another: with the NVMe tier full of 576 KiB
+// blocks, a 1440 KiB demotion moves the slab of the coldest one to its class; that slab's
+// blocks are gone from NVMe (and its index), the rest and the new block are served
+// byte-exact, before and after a restart.
+TEST_F(NvmeClassesTest, AStarvedClassTakesASlabOnNvme) {
+  opts_.nvme.tier.capacity_bytes = 2 * kDefaultSlabBytes;  // 2 slabs: 224 records of 580 KiB
+  Open();
+  for (uint64_t i = 0; i < 224; ++i) ASSERT_TRUE(Store(small_, i).ok()) << i;
+  ASSERT_TRUE(tm_->Flush(Tier::kNvme).ok());
+  ASSERT_EQ(Nvme().blocks, 224u);
+  EXPECT_EQ(Nvme().slab_moves, 0u);
+  ASSERT_TRUE(Store(big_, 0).ok());
+  ASSERT_TRUE(tm_->Flush(Tier::kNvme).ok());
+  EXPECT_EQ(Nvme().slab_moves, 1u);
+  EXPECT_EQ(Nvme().blocks, 112u + 1);
+  EXPECT_EQ(Found(big_, 1, Tier::kNvme).size(), 1u);
+  const auto kept = Found(small_, 224, Tier::kNvme);
+  EXPECT_EQ(kept.size(), 112u);
+  EXPECT_EQ(Nvme().used_bytes, 112 * (576 * KiB + 4096) + (1440 * KiB + 4096));
+  tm_.reset();
+  Open();
+  EXPECT_EQ(Nvme().blocks, 113u);
+  EXPECT_EQ(Found(small_, 224, Tier::kNvme), kept);
+  EXPECT_EQ(Served(small_, 224), kept);  // bytes checked
+  EXPECT_EQ(Served(big_, 1).size(), 1u);
+}
+
 }  // namespace
 }  // namespace kvtier::tiers

@@ -15,7 +15,6 @@
 
 #include "formats/bytes.h"
 #include "formats/record.h"
-#include "formats/size.h"
 #include "tiers/nvme/uring_device.h"
 #include "testing/test_point.h"
 
@@ -104,10 +103,19 @@ uint32_t DecodeMeta(std::string_view v, NvmeGeometry* g) {
 
 }  // namespace nvme_index
 
+namespace {
+// Exact sizes for the geometry's messages: "64 MiB", "580 KiB", "1444 KiB".
+std::string Size(uint64_t b) {
+  if (b % (1 << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b % 1024 == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+}  // namespace
+
 std::string NvmeGeometry::ToString() const {
   std::string classes;
-  for (uint64_t b : record_bytes) classes += (classes.empty() ? "" : ", ") + FormatSize(b);
-  return fmt::format("{} slabs of {} ({} a file), records of {}", num_slabs, FormatSize(slab_bytes), slabs_per_file,
+  for (uint64_t b : record_bytes) classes += (classes.empty() ? "" : ", ") + Size(b);
+  return fmt::format("{} slabs of {} ({} a file), records of {}", num_slabs, Size(slab_bytes), slabs_per_file,
                      classes);
 }
 
@@ -210,7 +218,7 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
   }
   const uint64_t slabs = opts.capacity_bytes / slab;
   if (slabs * slab / kIoAlign > UINT32_MAX) {
-    return Status::Invalid("nvme: " + FormatSize(slabs * slab) +
+    return Status::Invalid("nvme: " + Size(slabs * slab) +
                            " of slabs is more than record ids (u32, 4 KiB units) reach: at most 16 TiB a store");
   }
   auto alloc = SlabAllocator::Make("nvme tier", slabs * slab, slab, classes);
@@ -225,8 +233,8 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
   for (int c = 0; c < s->num_classes(); ++c) {
     const uint64_t tail = slab - s->alloc_.slots_per_slab(c) * classes[static_cast<size_t>(c)];
     if (tail * 50 >= slab) {  // 2%
-      spdlog::warn("nvme: a slab of {} holds {} records of {} and leaves {} ({:.1f}%) unused", FormatSize(slab),
-                   s->alloc_.slots_per_slab(c), FormatSize(classes[static_cast<size_t>(c)]), FormatSize(tail),
+      spdlog::warn("nvme: a slab of {} holds {} records of {} and leaves {} ({:.1f}%) unused", Size(slab),
+                   s->alloc_.slots_per_slab(c), Size(classes[static_cast<size_t>(c)]), Size(tail),
                    100.0 * static_cast<double>(tail) / static_cast<double>(slab));
     }
   }
@@ -446,7 +454,7 @@ Status NvmeStore::WriteBatch(std::span<NvmeWrite> writes) {
         const int cls = ClassFor(w.len);
         auto rec = alloc_.Alloc(cls);
         if (!rec) {
-          w.result = Status::Rejected("nvme store full: no free record of " + FormatSize(class_bytes(cls)));
+          w.result = Status::Rejected("nvme store full: no free record of " + Size(class_bytes(cls)));
           continue;
         }
         NvmeEntry& e = ents[i];
