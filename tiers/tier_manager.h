@@ -10,7 +10,7 @@
 // classes (tiers.slot_classes; the largest is slot_bytes(), fixed at open from the
 // config) in slabs, and a contract's blocks take the smallest class that holds them; one
 // whose block does not fit slot_bytes() is refused at registration. NVMe records are
-// 4096 + slot_bytes(). HBM and host slot ids are offsets in units of the tier's granule
+// 4096 + a class's bytes, in slabs of nvme.slab_bytes (tiers/nvme/nvme_store.h). HBM and host slot ids are offsets in units of the tier's granule
 // (offset = slot * granule): HBM ids are what the decode kernels take as block-table
 // entries (their pool stride is the granule), host ids index the memfd arena
 // (HostPool::slot_offset; docs/tiers.md, "Slot arenas").
@@ -243,7 +243,7 @@ struct BlockInfo {
   uint32_t pins_hbm = 0, pins_host = 0;
   uint32_t uses = 0;
   bool nvme_verified = false;
-  uint32_t nvme_record = 0, nvme_hits = 0;
+  uint32_t nvme_record = 0, nvme_hits = 0;  // nvme_record: its byte offset in the store / 4096
   uint64_t payload_xxh3 = 0, header_xxh3 = 0;
 };
 

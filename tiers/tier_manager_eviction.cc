@@ -300,7 +300,7 @@ void TierManagerImpl::MaintainLocked() {
   for (TierState& ts : tiers_) {
     const int t = ts.index();
     if (ts.total() == 0) continue;
-    // Each slot class on its own (one for HBM and NVMe): its blocks free only its slots.
+    // Each slot class on its own (NVMe: each record class): its blocks free only its slots.
     const int classes = ts.num_classes();
     for (int cls = 0; cls < classes; ++cls) {
       const int want_cls = classes == 1 ? -1 : cls;  // -1: any block

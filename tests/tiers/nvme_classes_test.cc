@@ -313,6 +313,57 @@ TEST(NvmeClasses, DefaultClassesWasteLittle) {
   EXPECT_EQ(a->granule(), 4096u);  // record ids are 4 KiB units
 }
 
+// Tokens a GiB of NVMe tier for a Llama-3-8B-shaped contract (576 KiB blocks of 16 tokens)
+// beside an 80-layer one (1440 KiB): a 1 GiB store takes 64 blocks of the 80-layer
+// contract, then Llama blocks until it is full; one record size (4 KiB + 1440 KiB, the
+// store before record classes) against the default classes in 64 MiB slabs. Printed for
+// bench/README.md ("slot classes").
+TEST(NvmeClasses, TokensPerGiBOfALlamaContractBesideAn80LayerOne) {
+  constexpr uint64_t kLlama = 576 * KiB, kBig80 = 1440 * KiB, kGiB = 1024 * MiB;
+  auto buf = Aligned(kBig80);
+  testing::Fill(buf.get(), kBig80, 1);
+  auto fill = [&](const std::vector<uint64_t>& classes, uint64_t slab) {
+    testing::TempDir d;
+    NvmeStoreOptions o;
+    o.dir = d.path();
+    o.slot_bytes = kBig80;
+    o.classes = classes;
+    o.slab_bytes = slab;
+    o.capacity_bytes = kGiB;
+    o.queue_depth = 64;
+    auto s = NvmeStore::Open(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return std::pair<uint64_t, uint64_t>{0, 0};
+    uint64_t n = 0, big = 0;
+    bool full = false;
+    for (uint64_t batch = 0; !full; ++batch) {
+      std::vector<NvmeWrite> w(64);
+      for (uint64_t i = 0; i < 64; ++i) {
+        w[i].id = BlockId{batch == 0 ? 80u : 32u, K(batch * 64 + i)};
+        w[i].payload = buf.get();
+        w[i].len = batch == 0 ? kBig80 : kLlama;
+      }
+      (void)(*s)->WriteBatch(w);
+      for (const auto& x : w) {
+        full = full || !x.result.ok();
+        if (x.result.ok()) ++(batch == 0 ? big : n);
+      }
+    }
+    return std::pair<uint64_t, uint64_t>{n, big};
+  };
+  const auto [before, big_before] = fill({}, 0);
+  const auto [after, big_after] = fill({144 * KiB, 576 * KiB, 720 * KiB, 1440 * KiB}, kDefaultSlabBytes);
+  std::printf("NVMe tier of 1 GiB, 64 blocks of 1440 KiB first: one record size %llu Llama blocks "
+              "(%llu tokens per GiB), record classes %llu (%llu tokens per GiB): %.2fx\n",
+              static_cast<unsigned long long>(before), static_cast<unsigned long long>(before * 16),
+              static_cast<unsigned long long>(after), static_cast<unsigned long long>(after * 16),
+              static_cast<double>(after) / static_cast<double>(before));
+  EXPECT_EQ(big_before, 64u);
+  EXPECT_EQ(big_after, 64u);
+  EXPECT_EQ(before, 726u - 64u);    // 1 GiB / 1444 KiB records
+  EXPECT_EQ(after, (16u - 2u) * 112u);  // 2 slabs of 45 records for the 64 big blocks
+}
+
 TEST(NvmeClasses, OpenRefusesAStoreRecordIdsCannotReach) {
   NvmeStoreOptions o = Opts("/tmp/kvtier-nvme-never-made");
   o.capacity_bytes = (uint64_t{16} << 40) + kSlab;  // 16 TiB + a slab

@@ -235,7 +235,7 @@ TEST(NvmeStore, FlippedHeaderByteIsRefusedAfterRestart) {
 }
 
 // Crash (a child process _exit()s) after the payload is durable but before its index
-// entry: after restart the block is absent and its record slot is free. A crash right
+// entry: after restart the block is absent and its record is free. A crash right
 // after the index write keeps the block.
 TEST(NvmeStore, CrashBeforeIndexWriteLeavesNoBlock) {
   testing::TempDir d;
