@@ -612,6 +612,12 @@ Status Config::Validate() const {
                              " holds no slab of tiers.slab_bytes (" + FormatSize(slab) + ")");
     }
   }
+  if (t.nvme.slab_bytes % 4096 != 0 || t.nvme.slab_bytes < t.slot_bytes + 4096 ||
+      t.nvme.slab_bytes > (uint64_t{1} << 30)) {
+    return Status::Invalid("tiers.nvme.slab_bytes: " + FormatSize(t.nvme.slab_bytes) +
+                           " is not a multiple of 4KiB in [tiers.slot_bytes + 4KiB (" + FormatSize(t.slot_bytes + 4096) +
+                           "), 1GiB]");
+  }
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.hbm", t.hbm, t.slot_bytes));
   if (!InSet(t.hbm_copy, {"auto", "kernel", "batch", "loop"})) {
     return Status::Invalid("tiers.hbm.copy: \"" + t.hbm_copy + "\" is not auto, kernel, batch or loop");

@@ -1158,6 +1158,7 @@ Status Daemon::Impl::Reload(std::string* summary) {
   if (n.tiers.host.capacity_bytes != o.tiers.host.capacity_bytes) ignored("tiers.host.capacity");
   if (n.tiers.nvme.tier.capacity_bytes != o.tiers.nvme.tier.capacity_bytes) ignored("tiers.nvme.capacity");
   if (n.tiers.nvme.dir != o.tiers.nvme.dir) ignored("tiers.nvme.dir");
+  if (n.tiers.nvme.slab_bytes != o.tiers.nvme.slab_bytes) ignored("tiers.nvme.slab_bytes");
   if (n.tiers.cuda_device != o.tiers.cuda_device) ignored("tiers.hbm.cuda_device");
   if (n.daemon.socket != o.daemon.socket) ignored("daemon.socket");
   {

@@ -243,6 +243,17 @@ TEST(Config, SlotClassKeys) {
   auto slab = LoadString("", {{"tiers.slot_classes", "576KiB,1440KiB"}, {"tiers.slab_bytes", "1MiB"}});
   ASSERT_FALSE(slab.ok());
   EXPECT_NE(slab.status().message().find("tiers.slab_bytes"), std::string::npos) << slab.status().ToString();
+  // tiers.nvme.slab_bytes: 64 MiB by default (not the host's slab: a record is 4 KiB
+  // larger than its class); a value that holds no record of slot_bytes is refused by name.
+  EXPECT_EQ(d->tiers.nvme.slab_bytes, 64ull << 20);
+  auto n = LoadString("[tiers.nvme]\nslab_bytes = \"32MiB\"\n", {});
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(n->tiers.nvme.slab_bytes, 32ull << 20);
+  for (const char* v : {"1440KiB", "1000000", "2GiB"}) {
+    auto bad = LoadString("", {{"tiers.nvme.slab_bytes", v}});
+    ASSERT_FALSE(bad.ok()) << v;
+    EXPECT_NE(bad.status().message().find("tiers.nvme.slab_bytes"), std::string::npos) << bad.status().ToString();
+  }
 }
 
 // [tiers.remote] authentication, TLS and key prefix: defaults (today's keys, no AUTH, no

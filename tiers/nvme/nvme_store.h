@@ -19,8 +19,11 @@
 // slabs (Open refuses more). Record r lives in file r * 4096 / file bytes at
 // r * 4096 % file bytes (RecordLocation). A slab of class c holds floor(slab / c) records
 // back to back from its start; 64 MiB holds 112 records of 580 KiB (576 KiB of it left
-// over, 0.88%) and 45 of 1444 KiB (556 KiB, 0.85%). Eviction, and moving a slab to a starved class, are
-// the caller's (TierManager's) job: BeginMove, then Remove of the slab's blocks.
+// over, 0.88%) and 45 of 1444 KiB (556 KiB, 0.85%). The TierManager's slabs are
+// tiers.nvme.slab_bytes, not the host's: a record is 4 KiB larger than its class, so the
+// host's 2880 KiB slab would hold one 1444 KiB record. Eviction, and moving a slab to a
+// starved class, are the caller's (TierManager's) job: BeginMove, then Remove of the
+// slab's blocks.
 //
 // Index schema (RocksDB, one column family; formats in docs/formats.md, a golden copy in
 // tests/data/nvme_index_v2.bin):
