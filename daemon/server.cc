@@ -1140,8 +1140,8 @@ Status Daemon::Impl::Reload(std::string* summary) {
   }
   auto nc = config::LoadFile(opts_.config_path, opts_.overrides);
   if (!nc.ok()) {
-    metrics_.reload_failures.fetch_add(1);
     if (log) spdlog::error("SIGHUP: config error, nothing changed: {}", nc.status().message());
+    metrics_.reload_failures.fetch_add(1);
     return Status::Invalid("config error, nothing changed: " + nc.status().message());
   }
   const config::Config& o = opts_.config;
@@ -1204,8 +1204,8 @@ Status Daemon::Impl::Reload(std::string* summary) {
   merged.tiers.host_staging_slots_per_client = n.tiers.host_staging_slots_per_client;  // new clients
   Status s = tm_->Reconfigure(ToTierManagerOptions(merged));
   if (!s.ok()) {
-    metrics_.reload_failures.fetch_add(1);
     if (log) spdlog::error("SIGHUP: tiers refused the new settings, nothing changed: {}", s.ToString());
+    metrics_.reload_failures.fetch_add(1);
     return Status::Rejected("tiers refused the new settings, nothing changed: " + s.ToString());
   }
   spdlog::set_level(LevelOf(merged.daemon.log_level));
@@ -1218,12 +1218,13 @@ Status Daemon::Impl::Reload(std::string* summary) {
   opts_.config.tiers.nvme.daily_write_budget_bytes = merged.tiers.nvme.daily_write_budget_bytes;
   opts_.config.tiers.nvme.daily_write_budget_per_client = merged.tiers.nvme.daily_write_budget_per_client;
   opts_.config.daemon.log_level = merged.daemon.log_level;
-  metrics_.reloads.fetch_add(1);
+  // The counter moves after the log line, so whoever sees the reload counted also finds its line.
   if (log) {
     spdlog::info("SIGHUP: reloaded eviction/admission settings from {} (host policy {}, watermarks {}/{}; nvme admission {})",
                opts_.config_path, merged.tiers.host.policy, merged.tiers.host.low_watermark,
                merged.tiers.host.high_watermark, merged.tiers.nvme.admission);
   }
+  metrics_.reloads.fetch_add(1);
   if (summary) {
     *summary = "reloaded eviction/admission settings from " + opts_.config_path;
     if (!notes.empty()) *summary += " (" + notes + ")";
