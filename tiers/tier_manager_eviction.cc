@@ -53,6 +53,7 @@ bool TierManagerImpl::QuotaLetsGoLocked(int t, uint64_t contract, int64_t for_gr
 
 Block* TierManagerImpl::VictimLocked(int t, const Block* except, int64_t for_group, int cls) {
   TierState& ts = T(t);
+  ts.FollowCapacity();
   auto of_class = [&](const Block& b) { return cls < 0 || ts.num_classes() == 1 || ts.ClassOf(b.bytes) == cls; };
   if (!quotas()) {
     auto v = ts.policy->Victim([&](const BlockId& id) {
@@ -78,6 +79,7 @@ uint32_t TierManagerImpl::EvictCleanLocked(int t, uint32_t need, int64_t for_gro
   uint32_t freed = 0;
   const bool drop_all = ts.DropsOnEvict(/*tier_below=*/t == kH || (t == kS && nvme_));
   const bool any_class = ts.num_classes() == 1;
+  ts.FollowCapacity();
   while (freed < need) {
     auto clean = [&](const BlockId& id, int pass) {
       Block* b = FindLocked(id);

@@ -14,7 +14,25 @@ void TierState::Init(Tier tier, const TierOptions* opts, HbmPool* hbm, HostPool*
   nvme_ = nvme;
   // HBM and host slot ids run over their arena's granules (tiers/slab_allocator.h).
   slots.assign(hbm ? hbm->id_space() : host ? host->id_space() : 0, SlotInfo{});
-  policy = CountingPolicy::Make(*opts, total(), groups);
+  policy = CountingPolicy::Make(*opts, BlockCapacity(), groups);
+}
+
+uint64_t TierState::BlockCapacity() const {
+  if (!present() || num_classes() == 1) return total();
+  uint64_t in_use = 0, weighted = 0;
+  for (int c = 0; c < num_classes(); ++c) {
+    const uint64_t n = used(c);
+    in_use += n;
+    weighted += n * most(c);
+  }
+  return in_use == 0 ? total() : std::max<uint64_t>(1, weighted / in_use);
+}
+
+void TierState::FollowCapacity() {
+  if (!policy || num_classes() == 1) return;
+  const uint64_t now = BlockCapacity(), was = policy->capacity();
+  const uint64_t diff = now > was ? now - was : was - now;
+  if (diff * 64 > was) policy->SetCapacity(now);
 }
 
 // f(pool) on the tier's slabs (HbmPool, HostPool or NvmeStore, which share these names);

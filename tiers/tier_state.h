@@ -38,7 +38,15 @@ class CountingPolicy {
   // groups: null without quota groups (nothing counted per group).
   static std::unique_ptr<CountingPolicy> Make(const TierOptions& t, uint64_t capacity,
                                               const GroupMap* groups = nullptr) {
-    return std::make_unique<CountingPolicy>(EvictionPolicy::Create(t.policy, capacity, t.policy_options), groups);
+    auto p = std::make_unique<CountingPolicy>(EvictionPolicy::Create(t.policy, capacity, t.policy_options), groups);
+    p->capacity_ = capacity;
+    return p;
+  }
+  // The policy's capacity in blocks: what it was made with, or the last SetCapacity.
+  uint64_t capacity() const { return capacity_; }
+  void SetCapacity(uint64_t blocks) {
+    capacity_ = blocks;
+    p_->SetCapacity(blocks);
   }
   void Insert(const BlockId& b, const BlockId& parent) {
     if (!p_->Contains(b)) {
@@ -85,6 +93,7 @@ class CountingPolicy {
     return per_group_[g];
   }
   std::unique_ptr<EvictionPolicy> p_;
+  uint64_t capacity_ = 0;
   std::unordered_map<uint64_t, uint64_t> per_contract_;
   const GroupMap* groups_ = nullptr;
   std::vector<uint64_t> per_group_;
@@ -169,11 +178,21 @@ class TierState {
   // A fresh policy of the configured kind over the blocks of `all` this tier holds.
   template <typename Blocks>
   void ResetPolicy(const Blocks& all) {
-    policy = CountingPolicy::Make(*opts_, total(), groups);
+    policy = CountingPolicy::Make(*opts_, BlockCapacity(), groups);
     for (const auto& b : all) {
       if (Holds(*b)) policy->Insert(b->id, BlockId{b->id.contract, b->parent});
     }
   }
+  // How many blocks the tier holds at the present mix of slot classes: each class's slots
+  // if every slab were of it (most), weighted by the class's share of the slots in use;
+  // with one class, or nothing in use, total(). total() alone counts the smallest class's
+  // slots, which is several times what a tier of larger blocks holds, and would make the
+  // policies' shares (reuse's protected target, S3-FIFO's small queue, ARC's ghosts) that
+  // many times too large.
+  uint64_t BlockCapacity() const;
+  // Gives the policy BlockCapacity() when it moved by more than 1/64 since the last time.
+  // The engine calls it before it asks the policy for a victim.
+  void FollowCapacity();
 
   std::vector<SlotInfo> slots;  // HBM and host: what each slot of the arena holds
   // The engine's quota groups (null without them); set before Init.

@@ -4,6 +4,7 @@
 // demoted to NVMe first), and a slab with a pinned block never moves.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <future>
 #include <map>
 
@@ -165,6 +166,28 @@ TEST_F(SlabClassesTest, ClassesShareTheTierByDemand) {
   EXPECT_EQ(Held(big_, 200).size(), 90u);
   EXPECT_EQ(Held(small_, 600).size(), 2u * 113);
   EXPECT_EQ(HostBlocks(), 2u * 113 + 90);
+}
+
+// The policy's shares count blocks the tier holds, not slots of its smallest class: with
+// only 1440 KiB blocks the tier holds 180 (4 slabs of 45), not the 452 of 576 KiB. reuse
+// with its protected share at one half: 180 blocks read twice fill protected, then 180
+// new ones come. Protected gives up blocks down to 90 and the new ones keep the rest;
+// sized by the smallest class (target 226) it would never give one up, and every new
+// block would push out the one before it.
+TEST_F(SlabClassesTest, PolicySharesCountTheBlocksTheTierHolds) {
+  opts_.host.policy = PolicyKind::kReuse;
+  opts_.host.policy_options.reuse_adapt = false;
+  opts_.host.policy_options.reuse_protected_fraction = 0.5;
+  Open();
+  for (uint64_t i = 0; i < 180; ++i) ASSERT_TRUE(Store(big_, i).ok()) << i;
+  ASSERT_EQ(HostBlocks(), 180u);
+  ASSERT_EQ(Held(big_, 180).size(), 180u);  // read: now in protected
+  for (uint64_t i = 180; i < 360; ++i) ASSERT_TRUE(Store(big_, i).ok()) << i;
+  const auto held = Held(big_, 360);
+  const size_t old = static_cast<size_t>(std::count_if(held.begin(), held.end(), [](uint64_t i) { return i < 180; }));
+  EXPECT_EQ(held.size(), 180u);
+  EXPECT_GE(old, 88u);
+  EXPECT_LE(old, 92u) << "protected kept " << old << " of 180 blocks at a share of one half";
 }
 
 // The watermarks count each class against what it holds and could take without a move: a

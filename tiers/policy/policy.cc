@@ -53,10 +53,12 @@ class LruPolicy final : public EvictionPolicy {
 // ---- S3-FIFO -----------------------------------------------------------------------
 class S3FifoPolicy final : public EvictionPolicy {
  public:
-  S3FifoPolicy(uint64_t capacity, double small_fraction)
-      : small_target_(std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(capacity) * small_fraction))),
-        ghost_cap_(std::max<uint64_t>(1, capacity)) {}
+  S3FifoPolicy(uint64_t capacity, double small_fraction) : small_fraction_(small_fraction) { SetCapacity(capacity); }
   const char* name() const override { return PolicyName(PolicyKind::kS3Fifo); }
+  void SetCapacity(uint64_t c) override {
+    small_target_ = std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(c) * small_fraction_));
+    ghost_cap_ = std::max<uint64_t>(1, c);
+  }
   void Insert(const BlockId& b, const BlockId&) override {
     if (map_.count(b)) return Touch(b);
     const bool ghost = ghost_set_.erase(b) != 0;
@@ -130,7 +132,8 @@ class S3FifoPolicy final : public EvictionPolicy {
       ghost_.pop_front();
     }
   }
-  const uint64_t small_target_, ghost_cap_;
+  const double small_fraction_;
+  uint64_t small_target_ = 1, ghost_cap_ = 1;
   std::list<BlockId> small_, main_, ghost_;
   absl::flat_hash_set<BlockId, BlockIdHash> ghost_set_;
   absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
@@ -330,6 +333,11 @@ class ArcPolicy final : public EvictionPolicy {
  public:
   explicit ArcPolicy(uint64_t capacity) : c_(capacity) {}
   const char* name() const override { return PolicyName(PolicyKind::kArc); }
+  void SetCapacity(uint64_t c) override {
+    c_ = std::max<uint64_t>(1, c);
+    p_ = std::min(p_, static_cast<double>(c_));
+    TrimGhosts();
+  }
   void Insert(const BlockId& b, const BlockId&) override {
     if (auto it = map_.find(b); it != map_.end()) {
       if (it->second.list < 2) return Touch(b);
@@ -390,7 +398,7 @@ class ArcPolicy final : public EvictionPolicy {
       DropGhost(lists_[3].empty() ? 2 : 3);
     }
   }
-  const uint64_t c_;
+  uint64_t c_;
   double p_ = 0;  // target size of T1
   std::list<BlockId> lists_[4];
   absl::flat_hash_map<BlockId, Entry, BlockIdHash> map_;
@@ -418,13 +426,23 @@ class ArcPolicy final : public EvictionPolicy {
 class ReusePolicy final : public EvictionPolicy {
  public:
   ReusePolicy(uint64_t capacity, const PolicyOptions& o)
-      : cap_(capacity),
-        ghost_cap_(static_cast<uint64_t>(static_cast<double>(capacity) * o.reuse_ghost_factor)),
+      : cap_(std::max<uint64_t>(1, capacity)),
+        ghost_factor_(o.reuse_ghost_factor),
+        ghost_cap_(static_cast<uint64_t>(static_cast<double>(cap_) * o.reuse_ghost_factor)),
         density_on_(o.reuse_density),
         adapt_(o.reuse_adapt),
-        period_(std::max<uint64_t>(1024, capacity / 2)),
-        target_(static_cast<double>(capacity) * o.reuse_protected_fraction) {}
+        period_(std::max<uint64_t>(1024, cap_ / 2)),
+        target_(static_cast<double>(cap_) * o.reuse_protected_fraction) {}
   const char* name() const override { return PolicyName(PolicyKind::kReuse); }
+  // The protected target keeps its share of the tier (and what adaptation made of it).
+  void SetCapacity(uint64_t c) override {
+    c = std::max<uint64_t>(1, c);
+    target_ *= static_cast<double>(c) / static_cast<double>(cap_);
+    cap_ = c;
+    ghost_cap_ = static_cast<uint64_t>(static_cast<double>(c) * ghost_factor_);
+    period_ = std::max<uint64_t>(1024, c / 2);
+    TrimGhost();
+  }
   void Insert(const BlockId& b, const BlockId& parent) override {
     if (map_.count(b)) return Touch(b);
     Entry e;
@@ -488,12 +506,8 @@ class ReusePolicy final : public EvictionPolicy {
       ghost_.push_back({b, e.seg});
       ++ghost_n_[e.seg];
       ghost_map_[b] = std::prev(ghost_.end());
-      while (ghost_.size() > ghost_cap_) {
-        ghost_map_.erase(ghost_.front().id);
-        --ghost_n_[ghost_.front().seg];
-        ghost_.pop_front();
-      }
     }
+    TrimGhost();
   }
   std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& ok) override {
     // Leaves first (a chain is eaten from its tail), then inner blocks; within each, the
@@ -544,6 +558,13 @@ class ReusePolicy final : public EvictionPolicy {
     const int lg = k / 4 + 1, frac = k % 4;
     return std::ldexp(4.0 + frac + 0.5, lg - 2);
   }
+  void TrimGhost() {
+    while (ghost_.size() > ghost_cap_) {
+      ghost_map_.erase(ghost_.front().id);
+      --ghost_n_[ghost_.front().seg];
+      ghost_.pop_front();
+    }
+  }
   // A key that left segment `left` came back (ARC's adaptation of the target).
   void Adapt(uint8_t left) {
     const double n0 = static_cast<double>(ghost_n_[0]), n1 = static_cast<double>(ghost_n_[1]);
@@ -574,9 +595,11 @@ class ReusePolicy final : public EvictionPolicy {
     built_ = true;
   }
   TickList& Set(int seg, bool inner) { return sets_[seg * 2 + (inner ? 1 : 0)]; }
-  const uint64_t cap_, ghost_cap_;
+  uint64_t cap_;
+  const double ghost_factor_;
+  uint64_t ghost_cap_;
   const bool density_on_, adapt_;
-  const uint64_t period_;  // events (hits and departures) between table rebuilds
+  uint64_t period_;  // events (hits and departures) between table rebuilds
   double target_;          // protected blocks allowed without (or before) a density table
   uint64_t clock_ = 0, events_ = 0;
   uint64_t seg_size_[2] = {0, 0};
@@ -611,10 +634,8 @@ class ReusePolicy final : public EvictionPolicy {
 // of doorkeeper bits).
 class TinyLfuPolicy final : public EvictionPolicy {
  public:
-  TinyLfuPolicy(uint64_t capacity, double window_fraction)
-      : window_target_(std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(capacity) * window_fraction))),
-        protected_target_(std::max<uint64_t>(1, (capacity - std::min(capacity, window_target_)) * 4 / 5)),
-        sample_(10 * capacity) {
+  TinyLfuPolicy(uint64_t capacity, double window_fraction) : window_fraction_(window_fraction) {
+    SetCapacity(capacity);
     uint64_t w = 1024;
     while (w < capacity) w <<= 1;
     mask_ = w - 1;
@@ -623,6 +644,12 @@ class TinyLfuPolicy final : public EvictionPolicy {
     door_mask_ = 8 * w - 1;
   }
   const char* name() const override { return PolicyName(PolicyKind::kTinyLfu); }
+  // The sketch keeps its width (sized at creation); its sample and the segments follow.
+  void SetCapacity(uint64_t c) override {
+    window_target_ = std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(c) * window_fraction_));
+    protected_target_ = std::max<uint64_t>(1, (c - std::min(c, window_target_)) * 4 / 5);
+    sample_ = std::max<uint64_t>(10, 10 * c);
+  }
   void Insert(const BlockId& b, const BlockId&) override {
     if (map_.count(b)) return Touch(b);
     Count(b);
@@ -728,7 +755,8 @@ class TinyLfuPolicy final : public EvictionPolicy {
     }
   }
   static constexpr int kRows = 4;
-  const uint64_t window_target_, protected_target_, sample_;
+  const double window_fraction_;
+  uint64_t window_target_ = 1, protected_target_ = 1, sample_ = 10;
   uint64_t mask_ = 0, door_mask_ = 0, counted_ = 0;
   std::vector<uint8_t> rows_[kRows];
   std::vector<uint8_t> door_;

@@ -68,9 +68,14 @@ class EvictionPolicy {
   virtual std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& evictable) = 0;
   virtual size_t size() const = 0;
   virtual bool Contains(const BlockId& b) const = 0;
+  // The tier now holds about `blocks` blocks: a tier of several slot classes holds more or
+  // fewer as the sizes of its blocks change (TierState::FollowCapacity). The targets and
+  // ghost bounds that are shares of the capacity follow it; what is over a smaller bound
+  // goes at the next insert or eviction. Default: nothing (lru and prefix-lru keep none).
+  virtual void SetCapacity(uint64_t blocks) { (void)blocks; }
 
-  // capacity: the tier's slots (S3-FIFO, SIEVE's nothing, ARC and reuse size their
-  // queues and ghosts from it). `o` must pass o.Check().
+  // capacity: the blocks the tier holds (S3-FIFO, ARC, reuse and W-TinyLFU size their
+  // queues and ghosts from it; SetCapacity moves it). `o` must pass o.Check().
   static std::unique_ptr<EvictionPolicy> Create(PolicyKind kind, uint64_t capacity,
                                                 const PolicyOptions& o = PolicyOptions{});
 };
