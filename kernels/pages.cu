@@ -288,12 +288,13 @@ __global__ void __launch_bounds__(256) DequantKernel(const DequantLaunch a) {
   if (a.format == 0) {
     const uint2 d = *reinterpret_cast<const uint2*>(page + a.data + row * (a.head_dim / 2) + g * 8);
     const uint8_t sf = page[a.scale + row * groups_per_row + g];
-    const float s = __fmul_rn(nvfp4::E4M3ToFloat(sf), a.scale_f);
     const uint32_t w[2] = {d.x, d.y};
+    // DecodeValue's order, (e2m1 * e4m3) * scale: e2m1 * e4m3 is exact, so the value is
+    // the CPU codec's (kvtier_nvfp4_decode) bit for bit, before and after BF16 rounding.
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const uint8_t code = static_cast<uint8_t>((w[i / 8] >> (4 * (i % 8))) & 0xF);
-      v[i] = __fmul_rn(nvfp4::E2M1ToFloat(code), s);
+      v[i] = nvfp4::DecodeValue(code, sf, a.scale_f);
     }
   } else if (a.format == 1) {
     const uint4 d = *reinterpret_cast<const uint4*>(page + a.data + row * a.head_dim + g * 16);
