@@ -421,7 +421,24 @@ def test_codec_abi_refusals():
         assert e.args and "NaN" in str(e), str(e)
 
 
-CPU_TESTS = [test_as_is_bf16_every_layout, test_as_is_fp8_every_layout, test_fp16_and_fp32_as_is_refused,
+def test_torch_decode_equals_codec():
+    """nvfp4_decode_torch (the CUDA path for FP16 caches) == kvtier_nvfp4_decode, bit for bit,
+    on every code and scale byte combination plus random groups."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    scales = torch.arange(256, dtype=torch.uint8)
+    scales = scales[(scales & 0x7F) != 0x7F]
+    data = codes.repeat(len(scales), 1).view(len(scales), 256)  # 512 values per scale row
+    for kv in (1.0, 0.0123, 3.0e-5, 417.0):
+        d = data.reshape(-1, 8).contiguous()
+        sc = scales.repeat_interleave(32).contiguous()
+        want = torch.empty(d.numel() * 2)
+        kvtier.nvfp4_decode(d.data_ptr(), sc.data_ptr(), want.numel(), kv, want.data_ptr())
+        got = P.nvfp4_decode_torch(d.view(-1, 8).to(DEV), sc.view(-1, 1).to(DEV),
+                                   torch.tensor(kv, device=DEV)).reshape(-1).cpu()
+        assert_eq(got.view(torch.int32), want.view(torch.int32), f"decode at kv_scale {kv}")
+
+
+CPU_TESTS = [test_torch_decode_equals_codec, test_as_is_bf16_every_layout, test_as_is_fp8_every_layout, test_fp16_and_fp32_as_is_refused,
              test_bad_shapes_refused, test_nvfp4_mode_every_layout, test_fp8_mode,
              test_vllm_nvfp4_pages_convert_bit_exact, test_codec_abi_refusals]
 
@@ -484,7 +501,7 @@ def main():
         DEV = "cuda"
         # The CPU checks again with CUDA caches (saves to pinned host, loads from device).
         return run([test_as_is_bf16_every_layout, test_as_is_fp8_every_layout, test_nvfp4_mode_every_layout,
-                    test_fp8_mode, test_vllm_nvfp4_pages_convert_bit_exact] + GPU_TESTS)
+                    test_fp8_mode, test_vllm_nvfp4_pages_convert_bit_exact, test_torch_decode_equals_codec] + GPU_TESTS)
     print(f"unknown group {group!r}: cpu or gpu")
     return 2
 
