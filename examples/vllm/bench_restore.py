@@ -59,19 +59,20 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--block-tokens", type=int, default=16)
     ap.add_argument("--blocks", type=int, default=256, help="blocks restored per call")
-    ap.add_argument("--cache-blocks", type=int, default=1024)
+    ap.add_argument("--cache-blocks", type=int, default=0, help="blocks per layer (default 2 * --blocks + 8)")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("SKIPPED: no CUDA device")
         return 0
-    L, H, D, T, n, NB = a.layers, a.heads, a.head_dim, a.block_tokens, a.blocks, a.cache_blocks
+    L, H, D, T, n = a.layers, a.heads, a.head_dim, a.block_tokens, a.blocks
+    NB = a.cache_blocks or 2 * n + 8
     gen = torch.Generator(device="cuda").manual_seed(1)
     stream = torch.cuda.current_stream()
     rows = []
-    ids = torch.randperm(NB, generator=torch.Generator().manual_seed(2))[:n].tolist()
-    to = torch.randperm(NB, generator=torch.Generator().manual_seed(3))[:n].tolist()
+    perm = torch.randperm(NB, generator=torch.Generator().manual_seed(2))
+    ids, to = perm[:n].tolist(), perm[n:2 * n].tolist()  # disjoint: a restore never overwrites a source
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "layers": L, "heads": H, "head_dim": D,
            "block_tokens": T, "blocks": n, "rows": rows}
 
@@ -122,6 +123,12 @@ def main():
             r["vs_memcpy"] = round(base["ms"] / r["ms"], 3)
             add("save as_is/flash_attn/HND", timed(lambda: m.save(ids, host, wait=False), a.reps, stream),
                 host.numel(), tokens)
+            # The same restore with torch ops instead of kvt_engine_pages (one indexed store per
+            # layer and side), for comparison.
+            mt = P.BlockMover(caches, lay, use_kernels=False)
+            r2 = add("as_is_torch_ops/flash_attn/HND", timed(lambda: mt.load(host, to, wait=False), a.reps, stream),
+                     host.numel(), tokens)
+            r2["vs_memcpy"] = round(base["ms"] / r2["ms"], 3)
         # NVFP4 blocks of the same tokens.
         mq = P.BlockMover(caches, lay, "nvfp4", k_scales, v_scales)
         qhost = torch.empty(n, mq.block_bytes, dtype=torch.uint8).pin_memory()
@@ -131,6 +138,9 @@ def main():
                  qhost.numel(), tokens)
         rq["speedup_vs_as_is"] = round(asis_ms / rq["ms"], 3)
         if kind == "flash_attn" and order == "HND":
+            mt = P.BlockMover(caches, lay, "nvfp4", k_scales, v_scales, use_kernels=False)
+            add("nvfp4_torch_ops/flash_attn/HND", timed(lambda: mt.load(qhost, to, wait=False), a.reps, stream),
+                qhost.numel(), tokens)
             add("save nvfp4/flash_attn/HND", timed(lambda: mq.save(ids, qhost, wait=False), a.reps, stream),
                 qhost.numel(), tokens)
             # The restored values equal the CPU codec's decode (a sample of 4 blocks).

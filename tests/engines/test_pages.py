@@ -309,7 +309,9 @@ def test_fp8_mode():
             for side, sc in ((0, ks[l]), (1, vs[l])):
                 for b_src, b_dst in ((2, 0), (3, 1)):
                     x = block_hnd(caches[l], kind, b_src, side).float()
-                    q = (x / sc).clamp(-448, 448).to(torch.float8_e4m3fn)
+                    # IEEE division on both devices: a 0-dim tensor on x's device (torch's CUDA
+                    # kernel would multiply by the reciprocal of a Python float instead).
+                    q = (x / torch.tensor(sc, device=x.device)).clamp(-448, 448).to(torch.float8_e4m3fn)
                     want = (q.float() * sc).to(torch.bfloat16)
                     assert_eq(block_hnd(fresh[l], kind, b_dst, side), want, "fp8 mode values")
 
@@ -468,7 +470,50 @@ def test_gpu_nvfp4_equals_cpu():
                 assert_eq(gpu[l], cpu[l], f"{kind}/{order}: CUDA NVFP4 load vs CPU")
 
 
-GPU_TESTS = [test_gpu_nvfp4_equals_cpu]
+def test_gpu_kernel_and_torch_paths_agree():
+    """kvt_engine_pages (gather, scatter, NVFP4 decode) against the torch path, over blocks
+    enough for several pipeline chunks, from pinned rows, shuffled slots and device rows."""
+    g = torch.Generator().manual_seed(9)
+    L, NB, T, H, D, n = 8, 200, 16, 8, 128, 96
+    for kind, order in LAYOUTS[:4]:
+        base = [make_cache(kind, order, NB, T, H, D, torch.bfloat16, device="cuda", gen=g) for _ in range(L)]
+        ks, vs = _scales(base, kind)
+        lay = P.describe(base[0], kind)
+        ids = torch.randperm(NB, generator=g)[:2 * n]
+        src_ids, to = ids[:n].tolist(), ids[n:].tolist()
+        for mode in ("as_is", "nvfp4"):
+            a = [c.clone() for c in base]
+            b = [c.clone() for c in base]
+            mk = P.BlockMover(a, lay, mode, ks, vs)
+            mt = P.BlockMover(b, lay, mode, ks, vs, use_kernels=False)
+            assert mk.uses_kernels() and not mt.uses_kernels(), "kernel path not taken"
+            assert mode == "nvfp4" or len(mk._chunks(n)) > 1, "one chunk only"
+            ra = torch.zeros(n, mk.block_bytes, dtype=torch.uint8).pin_memory()
+            rb = torch.zeros(n, mt.block_bytes, dtype=torch.uint8).pin_memory()
+            mk.save(src_ids, ra)
+            mt.save(src_ids, rb)
+            assert_eq(ra, rb, f"{kind}/{order} {mode}: saved bytes, kernel vs torch")
+            if mode == "as_is":
+                assert_eq(ra, ref_as_is(base, kind, src_ids), f"{kind}/{order}: saved bytes vs reference")
+            mk.load(ra, to)
+            mt.load(rb, to)
+            for l in range(L):
+                assert_eq(a[l], b[l], f"{kind}/{order} {mode}: loaded cache, kernel vs torch")
+            # Rows at shuffled slots (a list) and rows already on the device.
+            arena = torch.zeros(2 * n, mk.block_bytes + 512, dtype=torch.uint8).pin_memory()
+            slots = torch.randperm(2 * n, generator=g)[:n].tolist()
+            for i, s in enumerate(slots):
+                arena[s, :mk.block_bytes] = ra[i]
+            c = [x.clone() for x in base]
+            P.BlockMover(c, lay, mode, ks, vs).load([arena[s] for s in slots], to)
+            d = [x.clone() for x in base]
+            P.BlockMover(d, lay, mode, ks, vs).load(ra.cuda(), to)
+            for l in range(L):
+                assert_eq(c[l], a[l], f"{kind}/{order} {mode}: load from shuffled slots")
+                assert_eq(d[l], a[l], f"{kind}/{order} {mode}: load from device rows")
+
+
+GPU_TESTS = [test_gpu_nvfp4_equals_cpu, test_gpu_kernel_and_torch_paths_agree]
 
 
 def run(tests):

@@ -293,7 +293,7 @@ class BlockMover:
 
     def __init__(self, caches: Sequence[torch.Tensor], layout: EngineLayout, mode: str = "as_is",
                  k_scales: Optional[Sequence[float]] = None, v_scales: Optional[Sequence[float]] = None,
-                 scale_rule: int = MAX6):
+                 scale_rule: int = MAX6, use_kernels: Optional[bool] = None):
         caches = list(caches)
         _check_layers(caches, layout)
         self.caches, self.layout, self.mode = caches, layout, mode
@@ -331,6 +331,64 @@ class BlockMover:
             k, v = self._sides(c)
             self._k.append(k)
             self._v.append(v)
+        self._copy_stream = None
+        self._eng = self._engine_table(use_kernels)
+
+    def _engine_table(self, use_kernels: Optional[bool]):
+        """Device table of every layer's K/V addresses for kvt_engine_pages, or None where
+        the torch path serves (CPU caches, vLLM NVFP4 pages, FP8 mode, FP16 NVFP4 decode,
+        layers of different strides, no libkvtier_kernels, use_kernels=False)."""
+        if self.device.type != "cuda" or use_kernels is False or self.layout.kv_dtype == "nvfp4":
+            return None
+        if self.mode == "fp8" or (self.mode == "nvfp4" and self.caches[0].dtype != torch.bfloat16):
+            return None
+        strides = {tuple(x.stride()) for x in self._k + self._v}
+        if len(strides) != 1:
+            return None
+        try:
+            from . import kernels as K
+            K.library()
+        except Exception:
+            if use_kernels:
+                raise
+            return None
+        es = self._k[0].element_size()
+        st = self._k[0].stride()
+        ptrs = []
+        for k, v in zip(self._k, self._v):
+            ptrs += [k.data_ptr(), v.data_ptr()]
+        return {"ptrs": torch.tensor(ptrs, dtype=torch.int64, device=self.device), "es": es,
+                "block": st[0] * es, "head": st[1] * es, "token": st[2] * es}
+
+    def uses_kernels(self) -> bool:
+        """True when the CUDA path copies (and decodes) with kvt_engine_pages."""
+        return self._eng is not None
+
+    def _kernel_copy(self, rows: torch.Tensor, ids: torch.Tensor, direction: int) -> None:
+        from . import kernels as K
+        e, lay = self._eng, self.layout
+        p = K.EnginePagesParams()
+        p.engine, p.block_stride, p.head_stride, p.token_stride = e["ptrs"].data_ptr(), e["block"], e["head"], e["token"]
+        p.elem_bytes = e["es"]
+        p.block_ids, p.n, p.num_blocks = ids.data_ptr(), ids.numel(), lay.num_blocks
+        p.rows, p.row_stride = rows.data_ptr(), rows.stride(0)
+        p.num_layers, p.num_kv_heads, p.head_dim, p.block_tokens = (self.num_layers, lay.num_kv_heads, lay.head_dim,
+                                                                    lay.block_tokens)
+        p.format = {"nvfp4": K.NVFP4, "fp8": K.FP8, "bf16": K.BF16}[self.format]
+        p.scales = self._scales_dev.data_ptr() if self.format == "nvfp4" else None
+        p.direction = direction
+        K.engine_pages(p, stream=torch.cuda.current_stream(self.device).cuda_stream)
+
+    def _chunks(self, n: int):
+        """Row ranges for the copy/compute pipeline: chunks of >= 16 MiB, at most 8."""
+        k = max(1, min(8, n * self.block_bytes // (16 << 20), n))
+        size = -(-n // k)
+        return [(a, min(n, a + size)) for a in range(0, n, size)]
+
+    def _side_stream(self):
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        return self._copy_stream
 
     # -- views ---------------------------------------------------------------------------
     def _sides(self, c: torch.Tensor):
@@ -394,11 +452,27 @@ class BlockMover:
             return
         dst_dev = rows[0].device
         if self.device.type == "cuda":
-            with torch.cuda.stream(stream or torch.cuda.current_stream(self.device)):
-                st = self._gather(ids, torch.empty(n, self._staging_stride(), dtype=torch.uint8, device=self.device))
-                _copy_rows(st[:, :self.block_bytes], mat, rows, dst_dev)
+            main = stream or torch.cuda.current_stream(self.device)
+            bb = self.block_bytes
+            with torch.cuda.stream(main):
+                st = torch.empty(n, self._staging_stride(), dtype=torch.uint8, device=self.device)
+                if dst_dev == self.device:
+                    self._gather(ids, st)
+                    _copy_rows(st[:, :bb], rows, dst_dev)
+                else:
+                    # Gather chunk c on the compute stream while chunk c-1 goes to host.
+                    copy = self._side_stream()
+                    for a, b in self._chunks(n):
+                        self._gather(ids[a:b], st[a:b])
+                        ev = torch.cuda.Event()
+                        ev.record(main)
+                        copy.wait_event(ev)
+                        with torch.cuda.stream(copy):
+                            _copy_rows(st[a:b, :bb], rows[a:b], dst_dev)
+                    st.record_stream(copy)
+                    main.wait_stream(copy)
                 if wait:
-                    torch.cuda.current_stream(self.device).synchronize()
+                    main.synchronize()
             return
         if dst_dev.type != "cpu":
             raise PagesError(f"a CPU cache saves to host buffers, not {dst_dev}")
@@ -418,16 +492,39 @@ class BlockMover:
         if n == 0:
             return
         if self.device.type == "cuda":
-            with torch.cuda.stream(stream or torch.cuda.current_stream(self.device)):
-                if (mat is not None and mat.device == self.device and mat.stride(0) % 16 == 0
-                        and mat.data_ptr() % 16 == 0):
-                    st = mat
+            main = stream or torch.cuda.current_stream(self.device)
+            bb = self.block_bytes
+            with torch.cuda.stream(main):
+                if rows[0].device == self.device:
+                    if mat is not None and mat.stride(0) % 16 == 0 and mat.data_ptr() % 16 == 0:
+                        st = mat
+                    else:
+                        st = torch.empty(n, self._staging_stride(), dtype=torch.uint8, device=self.device)
+                        _copy_rows_in(st[:, :bb], rows)
+                    self._scatter(st[:, :bb], ids)
                 else:
+                    # Copy chunk c to the device on a side stream while chunk c-1 is
+                    # scattered. NVFP4 checks every scale byte before the first write.
                     st = torch.empty(n, self._staging_stride(), dtype=torch.uint8, device=self.device)
-                    _copy_rows_in(st[:, :self.block_bytes], mat, rows)
-                self._scatter(st[:, :self.block_bytes], ids)
+                    copy = self._side_stream()
+                    copy.wait_stream(main)
+                    events = []
+                    with torch.cuda.stream(copy):
+                        for a, b in self._chunks(n):
+                            _copy_rows_in(st[a:b, :bb], rows[a:b])
+                            ev = torch.cuda.Event()
+                            ev.record(copy)
+                            events.append((a, b, ev))
+                    st.record_stream(copy)
+                    if self.format == "nvfp4":
+                        main.wait_stream(copy)
+                        self._scatter(st[:, :bb], ids)
+                    else:
+                        for a, b, ev in events:
+                            main.wait_event(ev)
+                            self._scatter(st[a:b, :bb], ids[a:b])
                 if wait:
-                    torch.cuda.current_stream(self.device).synchronize()
+                    main.synchronize()
             return
         if mat is None:
             mat = torch.stack(rows)
@@ -454,6 +551,9 @@ class BlockMover:
                 self._layer(out, l).copy_(pages if self._perm is None else pages[:, self._perm])
             return out
         if fmt in ("bf16", "fp8") and self.mode == "as_is":
+            if self._eng is not None:
+                self._kernel_copy(out, ids, 0)
+                return out
             et = torch.bfloat16 if fmt == "bf16" else torch.uint8
             for l in range(self.num_layers):
                 pg = self._layer(out, l).view(et).view(n, 2, H, T, D)
@@ -523,6 +623,9 @@ class BlockMover:
                 self._v[l][ids] = pages[:, side:]
             return
         if fmt in ("bf16", "fp8") and self.mode == "as_is":
+            if self._eng is not None:
+                self._kernel_copy(src, ids, 1)
+                return
             et = torch.bfloat16 if fmt == "bf16" else torch.uint8
             for l in range(L):
                 pg = self._layer(src, l).view(et).view(n, 2, H, T, D)
@@ -542,6 +645,8 @@ class BlockMover:
         data, scales = sides[..., :vals // 2], sides[..., vals // 2:]
         if _nvfp4_nan_scales(scales):
             raise PagesError("a block scale byte is an E4M3 NaN: the block bytes are corrupt")
+        if self._eng is not None:
+            return self._kernel_copy(src, ids, 1)
         if self.device.type == "cuda" and dt == torch.bfloat16:
             return self._dequantize_cuda(src, ids)
         if self.device.type == "cuda":
@@ -599,7 +704,7 @@ def _span(r: torch.Tensor, count: int, bb: int) -> torch.Tensor:
     return torch.as_strided(r, (count * bb,), (1,))
 
 
-def _copy_rows(st: torch.Tensor, mat, rows: List[torch.Tensor], dst_dev) -> None:
+def _copy_rows(st: torch.Tensor, rows: List[torch.Tensor], dst_dev) -> None:
     """Device staging [n, bb] -> destination rows: one async copy per contiguous run."""
     bb = st.shape[1]
     nb = dst_dev.type == "cpu"
@@ -607,7 +712,7 @@ def _copy_rows(st: torch.Tensor, mat, rows: List[torch.Tensor], dst_dev) -> None
         _span(rows[first], count, bb).copy_(st[first:first + count].reshape(-1), non_blocking=nb)
 
 
-def _copy_rows_in(st: torch.Tensor, mat, rows: List[torch.Tensor]) -> None:
+def _copy_rows_in(st: torch.Tensor, rows: List[torch.Tensor]) -> None:
     bb = st.shape[1]
     for first, count in _runs(rows, bb):
         st[first:first + count].reshape(-1).copy_(_span(rows[first], count, bb), non_blocking=True)
