@@ -7,6 +7,8 @@
  *     FP8 (E4M3, per-layer scale) or BF16 pages, split-KV ("flash-decoding") with an LSE
  *     merge so that batch 1 at long context fills the GPU.
  *   - kvt_dequantize_pages: pages -> BF16 [tokens, H, D] (prefill workspace).
+ *   - kvt_engine_pages: an engine's paged KV tensors <-> kvtier block rows in one launch
+ *     (kvtier.pages), decoding NVFP4 rows to BF16 on the way in.
  *
  * The pool: slot s starts at pool + s * slot_bytes; inside a slot the pages of layers
  * 0..L-1 follow each other (formats/layout.h gives the bytes of a page). Block tables hold
