@@ -424,6 +424,60 @@ int kvt_dequantize_pages(const kvt_pool* pool, const kvt_dequant_params* p, void
   return Ok();
 }
 
+int kvt_engine_pages(const kvt_engine_pages_params* p, void* stream) {
+  if (p == nullptr) return Fail(KVT_INVALID, "engine_pages: params are null");
+  if (p->format > KVT_FORMAT_BF16) return Fail(KVT_INVALID, "engine_pages: unknown format " + std::to_string(p->format));
+  const KvFormat f = static_cast<KvFormat>(p->format);
+  Geometry g;
+  g.num_layers = p->num_layers;
+  g.num_kv_heads = p->num_kv_heads;
+  g.head_dim = p->head_dim;
+  g.block_tokens = p->block_tokens;
+  if (Status s = g.Validate(f); !s.ok()) return Fail(KVT_INVALID, "engine_pages: geometry: " + s.message());
+  if (p->n < 0) return Fail(KVT_INVALID, "engine_pages: n < 0");
+  if (p->direction > 1) return Fail(KVT_INVALID, "engine_pages: direction must be 0 (gather) or 1 (scatter)");
+  const uint32_t want_elem = p->format == KVT_FORMAT_FP8 ? 1 : 2;
+  if (p->elem_bytes != want_elem) {
+    return Fail(KVT_INVALID, "engine_pages: elem_bytes " + std::to_string(p->elem_bytes) + " for " + KvFormatName(f) +
+                                 " rows (want " + std::to_string(want_elem) + ")");
+  }
+  if (p->format == KVT_FORMAT_NVFP4 && p->direction != 1) {
+    return Fail(KVT_UNSUPPORTED, "engine_pages: NVFP4 rows are only decoded (scatter); quantize with quantize_append");
+  }
+  if (p->row_stride < BlockBytes(f, g)) return Fail(KVT_INVALID, "engine_pages: row_stride below the block's bytes");
+  if (p->num_blocks < 0) return Fail(KVT_INVALID, "engine_pages: num_blocks < 0");
+  if (p->n == 0) return Ok();
+  if (p->engine == nullptr || p->block_ids == nullptr || p->rows == nullptr) {
+    return Fail(KVT_INVALID, "engine_pages: engine, block_ids and rows are required");
+  }
+  if (p->format == KVT_FORMAT_NVFP4 && p->scales == nullptr) return Fail(KVT_INVALID, "engine_pages: NVFP4 needs scales");
+  detail::EnginePagesLaunch a{};
+  a.engine = p->engine;
+  a.block_stride = p->block_stride;
+  a.head_stride = p->head_stride;
+  a.token_stride = p->token_stride;
+  a.block_ids = p->block_ids;
+  a.n = p->n;
+  a.num_blocks = p->num_blocks;
+  a.rows = static_cast<uint8_t*>(p->rows);
+  a.row_stride = p->row_stride;
+  a.page_bytes = PageBytes(f, g);
+  a.side_bytes = a.page_bytes / 2;
+  a.num_layers = static_cast<int>(g.num_layers);
+  a.num_kv_heads = static_cast<int>(g.num_kv_heads);
+  a.head_dim = static_cast<int>(g.head_dim);
+  a.block_tokens = static_cast<int>(g.block_tokens);
+  a.elem_bytes = static_cast<int>(p->elem_bytes);
+  a.format = static_cast<int>(p->format);
+  a.direction = static_cast<int>(p->direction);
+  a.scales = p->scales;
+  a.error_flag = p->error_flag;
+  if (cudaError_t e = detail::LaunchEnginePages(a, static_cast<cudaStream_t>(stream)); e != cudaSuccess) {
+    return CudaFail(e, "engine_pages launch");
+  }
+  return Ok();
+}
+
 int kvt_read_bandwidth_probe(const void* src, uint64_t bytes, uint32_t* sink, void* stream) {
   if (src == nullptr || sink == nullptr) return Fail(KVT_INVALID, "read probe: null pointer");
   if (reinterpret_cast<uintptr_t>(src) % 16 != 0 || bytes % 16 != 0) return Fail(KVT_INVALID, "read probe: 16-byte alignment");

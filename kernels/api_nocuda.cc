@@ -20,4 +20,5 @@ int kvt_decode(const kvt_pool*, const kvt_decode_params*, void*) { return NoCuda
 int kvt_decode_read_probe(const kvt_pool*, const kvt_decode_params*, void*) { return NoCuda(); }
 int kvt_dequantize_pages(const kvt_pool*, const kvt_dequant_params*, void*) { return NoCuda(); }
 int kvt_read_bandwidth_probe(const void*, uint64_t, uint32_t*, void*) { return NoCuda(); }
+int kvt_engine_pages(const kvt_engine_pages_params*, void*) { return NoCuda(); }
 }

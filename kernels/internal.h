@@ -87,6 +87,21 @@ struct DequantLaunch {
 };
 cudaError_t LaunchDequant(const DequantLaunch& a, cudaStream_t stream);
 
+// kvt_engine_pages: one CUDA block per (row i, layer, side, head), T rows of head_dim.
+struct EnginePagesLaunch {
+  const uint64_t* engine;
+  int64_t block_stride, head_stride, token_stride;
+  const int64_t* block_ids;
+  int n;
+  int64_t num_blocks;
+  uint8_t* rows;
+  uint64_t row_stride, page_bytes, side_bytes;  // kvtier page and side (K or V) bytes
+  int num_layers, num_kv_heads, head_dim, block_tokens, elem_bytes, format, direction;
+  const float* scales;
+  int32_t* error_flag;
+};
+cudaError_t LaunchEnginePages(const EnginePagesLaunch& a, cudaStream_t stream);
+
 cudaError_t LaunchReadProbe(const void* src, uint64_t bytes, uint32_t* sink, cudaStream_t stream);
 
 // Error codes the kernels write to *error_flag (ORed).

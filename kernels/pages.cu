@@ -288,12 +288,13 @@ __global__ void __launch_bounds__(256) DequantKernel(const DequantLaunch a) {
   if (a.format == 0) {
     const uint2 d = *reinterpret_cast<const uint2*>(page + a.data + row * (a.head_dim / 2) + g * 8);
     const uint8_t sf = page[a.scale + row * groups_per_row + g];
-    const float s = __fmul_rn(nvfp4::E4M3ToFloat(sf), a.scale_f);
     const uint32_t w[2] = {d.x, d.y};
+    // DecodeValue's order, (e2m1 * e4m3) * scale: e2m1 * e4m3 is exact, so the value is
+    // the CPU codec's (kvtier_nvfp4_decode) bit for bit, before and after BF16 rounding.
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const uint8_t code = static_cast<uint8_t>((w[i / 8] >> (4 * (i % 8))) & 0xF);
-      v[i] = __fmul_rn(nvfp4::E2M1ToFloat(code), s);
+      v[i] = nvfp4::DecodeValue(code, sf, a.scale_f);
     }
   } else if (a.format == 1) {
     const uint4 d = *reinterpret_cast<const uint4*>(page + a.data + row * a.head_dim + g * 16);
@@ -365,6 +366,101 @@ cudaError_t LaunchDequant(const DequantLaunch& a, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(a.num_tokens) * a.num_kv_heads * (a.head_dim / 16);
   if (total == 0) return cudaSuccess;
   DequantKernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// One CUDA block per (row i, layer l, side s, head h): the T head_dim rows of that head.
+// Rows whose engine and kvtier addresses are both 16-byte aligned move as uint4; others
+// byte by byte (an odd pitch or padding), which is rare and correct.
+__global__ void __launch_bounds__(256) EnginePagesKernel(const EnginePagesLaunch a) {
+  const int H = a.num_kv_heads, T = a.block_tokens, D = a.head_dim;
+  int64_t q = blockIdx.x;
+  const int h = static_cast<int>(q % H);
+  q /= H;
+  const int s = static_cast<int>(q % 2);
+  q /= 2;
+  const int l = static_cast<int>(q % a.num_layers);
+  const int64_t i = q / a.num_layers;
+  const int64_t b = a.block_ids[i];
+  if (b < 0 || b >= a.num_blocks) {
+    if (a.error_flag != nullptr && threadIdx.x == 0) atomicOr(a.error_flag, kErrSlotRange);
+    return;
+  }
+  uint8_t* eng = reinterpret_cast<uint8_t*>(a.engine[2 * l + s]) + b * a.block_stride + h * a.head_stride;
+  uint8_t* side = a.rows + i * a.row_stride + l * a.page_bytes + s * a.side_bytes;
+  if (a.format == 0) {
+    // NVFP4 rows -> BF16 engine rows, 16 values (one block scale) per thread step.
+    const int G = D / 16;
+    const float scale = a.scales[2 * l + s];
+    const uint8_t* data = side + static_cast<size_t>(h) * T * (D / 2);
+    const uint8_t* sfs = side + static_cast<size_t>(H) * T * (D / 2) + static_cast<size_t>(h) * T * G;
+    for (int e = threadIdx.x; e < T * G; e += blockDim.x) {
+      const int t = e / G, g = e % G;
+      const uint8_t* d = data + static_cast<size_t>(t) * (D / 2) + g * 8;
+      uint32_t w[2];
+      if ((reinterpret_cast<uintptr_t>(d) & 7) == 0) {
+        const uint2 v = *reinterpret_cast<const uint2*>(d);
+        w[0] = v.x;
+        w[1] = v.y;
+      } else {
+        w[0] = w[1] = 0;
+        for (int k = 0; k < 8; ++k) w[k / 4] |= static_cast<uint32_t>(d[k]) << (8 * (k % 4));
+      }
+      const uint8_t sf = sfs[static_cast<size_t>(t) * G + g];
+      uint32_t o[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const uint8_t c0 = static_cast<uint8_t>((w[(2 * k) / 8] >> (4 * ((2 * k) % 8))) & 0xF);
+        const uint8_t c1 = static_cast<uint8_t>((w[(2 * k + 1) / 8] >> (4 * ((2 * k + 1) % 8))) & 0xF);
+        __nv_bfloat162 v2 = __floats2bfloat162_rn(nvfp4::DecodeValue(c0, sf, scale), nvfp4::DecodeValue(c1, sf, scale));
+        o[k] = *reinterpret_cast<uint32_t*>(&v2);
+      }
+      uint8_t* dst = eng + static_cast<int64_t>(t) * a.token_stride + g * 32;
+      if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+        reinterpret_cast<uint4*>(dst)[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        reinterpret_cast<uint4*>(dst)[1] = make_uint4(o[4], o[5], o[6], o[7]);
+      } else {
+        for (int k = 0; k < 32; ++k) dst[k] = static_cast<uint8_t>(o[k / 4] >> (8 * (k % 4)));
+      }
+    }
+    return;
+  }
+  const int row = D * a.elem_bytes;
+  uint8_t* kv = side + static_cast<size_t>(h) * T * row;
+  const bool gather = a.direction == 0;
+  bool aligned = row % 16 == 0 && (a.token_stride & 15) == 0 && (reinterpret_cast<uintptr_t>(eng) & 15) == 0 &&
+                 (reinterpret_cast<uintptr_t>(kv) & 15) == 0;
+  if (aligned) {
+    const int units = row / 16;
+    for (int e = threadIdx.x; e < T * units; e += blockDim.x) {
+      const int t = e / units, c = e % units;
+      uint4* pe = reinterpret_cast<uint4*>(eng + static_cast<int64_t>(t) * a.token_stride) + c;
+      uint4* pk = reinterpret_cast<uint4*>(kv + static_cast<size_t>(t) * row) + c;
+      if (gather) {
+        *pk = *pe;
+      } else {
+        *pe = *pk;
+      }
+    }
+  } else {
+    for (int e = threadIdx.x; e < T * row; e += blockDim.x) {
+      const int t = e / row, c = e % row;
+      uint8_t* pe = eng + static_cast<int64_t>(t) * a.token_stride + c;
+      uint8_t* pk = kv + static_cast<size_t>(t) * row + c;
+      if (gather) {
+        *pk = *pe;
+      } else {
+        *pe = *pk;
+      }
+    }
+  }
+}
+
+cudaError_t LaunchEnginePages(const EnginePagesLaunch& a, cudaStream_t stream) {
+  const int64_t blocks = static_cast<int64_t>(a.n) * a.num_layers * 2 * a.num_kv_heads;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  EnginePagesKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

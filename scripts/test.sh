@@ -11,6 +11,10 @@ build="${KVTIER_BUILD_DIR:-build}"
 jobs="${KVTIER_JOBS:-$(nproc)}"
 cmake -S . -B "$build" -G Ninja -DKVTIER_WERROR=ON ${KVTIER_CMAKE_ARGS:-}
 ninja -C "$build" -j"$jobs"
+# Python tests that need torch without a GPU (tests/engines) use a venv with torch's CPU
+# build, made once per machine; with KVTIER_REQUIRE_TORCH=1 a missing torch fails them.
+KVTIER_TORCH_PYTHON="$(scripts/torch-venv.sh)"
+export KVTIER_TORCH_PYTHON KVTIER_REQUIRE_TORCH=1
 ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 600 "$@"
 
 # Reliability extras (docs/reliability.md), each in its own build folder, after the main

@@ -496,6 +496,28 @@ typedef struct kvtier_tenant_counters {
  * every tenant and the shared namespace, anyone else its own tenant. */
 KVTIER_API kvtier_status kvtier_tenant_stats(kvtier_client* c, kvtier_tenant_counters* out, size_t cap, size_t* n);
 
+/* ---- NVFP4 codec on the CPU ---------------------------------------------------------
+ * The codec of kvtierd's tiers and the CUDA kernels (formats/nvfp4.h, DESIGN.md section 3),
+ * for engines that move pages on the CPU (kvtier.pages). No client is needed; both calls
+ * are thread-safe. Bytes are bit-identical to the quantize-append kernel's.
+ *
+ * n values (n a multiple of 16) of float32 x <-> `data`, n/2 bytes (byte j = code[2j] |
+ * code[2j+1] << 4, E2M1 codes), and `scales`, n/16 E4M3 bytes (scale g covers values
+ * [16g, 16g+16)). kv_scale is the global dequantization multiplier (the contract's k_scale
+ * or v_scale of the layer): value = e2m1(code) * e4m3(scale) * kv_scale. One side (K or V)
+ * of an NVFP4 page is H*T*D values in HND order (formats/layout.h): encoding them gives
+ * that side's data region and scale region as they lie in the page.
+ *
+ * encode: rule 0 = max6, 1 = 4over6. INVALID (nothing written) on a count that is not a
+ * multiple of 16, a NULL buffer, a non-finite value, or a kv_scale that is not a finite
+ * positive normal float.
+ * decode: INVALID on the same argument errors; CORRUPT (nothing written) when a scale byte
+ * is an E4M3 NaN (0x7F/0xFF), which no encoder produces. */
+KVTIER_API kvtier_status kvtier_nvfp4_encode(const float* x, size_t n, float kv_scale, uint32_t rule,
+                                             uint8_t* data, uint8_t* scales);
+KVTIER_API kvtier_status kvtier_nvfp4_decode(const uint8_t* data, const uint8_t* scales, size_t n,
+                                             float kv_scale, float* out);
+
 #ifdef __cplusplus
 }
 #endif

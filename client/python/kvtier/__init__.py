@@ -48,7 +48,7 @@ __version__ = _locate.package_version()
 
 __all__ = [
     "KvtierError", "Contract", "Key", "Slot", "LookupResult", "CommitResult", "TierNames", "Lease", "TierStats", "Client", "AsyncAcquire",
-    "key_chain", "key_chain_array", "KeyArray", "contract_id", "library_path", "library_version", "TIER_HBM", "TIER_HOST", "TIER_NVME", "TIER_NONE",
+    "key_chain", "key_chain_array", "KeyArray", "contract_id", "nvfp4_encode", "nvfp4_decode", "library_path", "library_version", "TIER_HBM", "TIER_HOST", "TIER_NVME", "TIER_NONE",
 ]
 
 TIER_HBM, TIER_HOST, TIER_NVME, TIER_REMOTE, TIER_NONE = 0, 1, 2, 3, 255
@@ -311,6 +311,8 @@ def _declare(lib):
                                    sz, ctypes.POINTER(sz)]),
         "kvtier_flush_to": (S, [P, S]),
         "kvtier_evict_contract": (S, [P, u64, ctypes.POINTER(u64), ctypes.POINTER(u64)]),
+        "kvtier_nvfp4_encode": (S, [P, sz, ctypes.c_float, u32, P, P]),
+        "kvtier_nvfp4_decode": (S, [P, P, sz, ctypes.c_float, P]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
@@ -652,6 +654,22 @@ def key_chain(contract_id: int, tokens: Sequence[int], block_tokens: int) -> Lis
     n = ctypes.c_size_t()
     _check(lib.kvtier_key_chain(contract_id, arr, n_tok, block_tokens, out, cap, ctypes.byref(n)))
     return [Key(out[i].hi, out[i].lo) for i in range(n.value)]
+
+
+def nvfp4_encode(x_addr: int, n: int, kv_scale: float, rule: int, data_addr: int, scales_addr: int) -> None:
+    """kvtier_nvfp4_encode (kvtier.h): n float32 values at address x_addr (n a multiple of
+    16) -> n/2 packed E2M1 bytes at data_addr and n/16 E4M3 scales at scales_addr, the bytes
+    of kvtierd's NVFP4 pages and of the CUDA quantize kernel. rule 0 = max6, 1 = 4over6.
+    Raises KvtierError (INVALID) on a bad count, a non-finite value or a bad kv_scale; then
+    nothing was written. Addresses are integers (``tensor.data_ptr()``, ctypes addresses)."""
+    _check(_load().kvtier_nvfp4_encode(x_addr, n, kv_scale, rule, data_addr, scales_addr))
+
+
+def nvfp4_decode(data_addr: int, scales_addr: int, n: int, kv_scale: float, out_addr: int) -> None:
+    """kvtier_nvfp4_decode: the inverse of nvfp4_encode, n float32 values to out_addr
+    (e2m1(code) * e4m3(scale) * kv_scale). Raises KvtierError: INVALID on bad arguments,
+    CORRUPT on a NaN scale byte; then nothing was written."""
+    _check(_load().kvtier_nvfp4_decode(data_addr, scales_addr, n, kv_scale, out_addr))
 
 
 def _check_token_range(tokens):

@@ -67,6 +67,15 @@ class _DequantParams(ctypes.Structure):
                 ("scale", ctypes.c_float), ("error_flag", ctypes.c_void_p)]
 
 
+class EnginePagesParams(ctypes.Structure):
+    _fields_ = [("engine", ctypes.c_void_p), ("block_stride", ctypes.c_int64), ("head_stride", ctypes.c_int64),
+                ("token_stride", ctypes.c_int64), ("elem_bytes", ctypes.c_uint32), ("block_ids", ctypes.c_void_p),
+                ("n", ctypes.c_int32), ("num_blocks", ctypes.c_int64), ("rows", ctypes.c_void_p),
+                ("row_stride", ctypes.c_uint64), ("num_layers", ctypes.c_uint32), ("num_kv_heads", ctypes.c_uint32),
+                ("head_dim", ctypes.c_uint32), ("block_tokens", ctypes.c_uint32), ("format", ctypes.c_uint32),
+                ("scales", ctypes.c_void_p), ("direction", ctypes.c_uint32), ("error_flag", ctypes.c_void_p)]
+
+
 _lib = None
 
 
@@ -84,7 +93,7 @@ def library():
         lib.kvt_last_error.restype = ctypes.c_char_p
         lib.kvt_decode_workspace_bytes.restype = ctypes.c_uint64
         lib.kvt_decode_num_splits.restype = ctypes.c_int32
-        for f in ("kvt_check_pool", "kvt_quantize_append", "kvt_decode", "kvt_dequantize_pages"):
+        for f in ("kvt_check_pool", "kvt_quantize_append", "kvt_decode", "kvt_dequantize_pages", "kvt_engine_pages"):
             getattr(lib, f).restype = ctypes.c_int
         _lib = lib
     return _lib
@@ -178,3 +187,9 @@ def dequantize_pages(pool: Pool, out, slot_ids, positions, layer: int, side: int
     p.layer, p.side, p.scale = layer, side, scale
     _check(library().kvt_dequantize_pages(ctypes.byref(pool), ctypes.byref(p), _stream(stream)), "dequantize_pages")
     return out
+
+
+def engine_pages(p: EnginePagesParams, stream=None):
+    """kvt_engine_pages (kernels.h): gather engine pages into kvtier block rows or scatter
+    rows (BF16/FP8 bytes, or NVFP4 decoded to BF16) into them, in one launch."""
+    _check(library().kvt_engine_pages(ctypes.byref(p), _stream(stream)), "engine_pages")

@@ -7,6 +7,8 @@
  *     FP8 (E4M3, per-layer scale) or BF16 pages, split-KV ("flash-decoding") with an LSE
  *     merge so that batch 1 at long context fills the GPU.
  *   - kvt_dequantize_pages: pages -> BF16 [tokens, H, D] (prefill workspace).
+ *   - kvt_engine_pages: an engine's paged KV tensors <-> kvtier block rows in one launch
+ *     (kvtier.pages), decoding NVFP4 rows to BF16 on the way in.
  *
  * The pool: slot s starts at pool + s * slot_bytes; inside a slot the pages of layers
  * 0..L-1 follow each other (formats/layout.h gives the bytes of a page). Block tables hold
@@ -131,6 +133,37 @@ typedef struct kvt_dequant_params {
   float scale;                   /* global scale of that side (NVFP4, FP8) */
   int32_t* error_flag;
 } kvt_dequant_params;
+
+/* Copies between an engine's paged KV tensors and kvtier block rows (kvtier.pages): n
+ * blocks x L layers x K/V x H heads x T tokens of one head_dim row each, in one launch.
+ * Engine side: the row of (block b, layer l, side s, head h, token t) is at
+ *   engine[2*l + s] + b * block_stride + h * head_stride + t * token_stride
+ * (bytes; any NHD/HND order and padding). kvtier side: row i of the block bytes at
+ * rows + i * row_stride, the page of layer l at l * page bytes, HND (formats/layout.h).
+ * format BF16/FP8: rows hold that format and the bytes are copied (elem_bytes 2 / 1), in
+ * either direction. format NVFP4: scatter only; the rows' NVFP4 pages are decoded to BF16
+ * as DecodeValue does ((e2m1 * e4m3) * scale, the CPU codec's value bit for bit before the
+ * BF16 rounding), with scales[2*l + s] the global scales. A block id outside
+ * [0, num_blocks) is skipped and sets *error_flag. NVFP4 scale bytes are not checked for
+ * NaN here (a NaN scale decodes to NaN): callers check the bytes first. */
+typedef struct kvt_engine_pages_params {
+  const uint64_t* engine;        /* device [2 * L]: address of block 0 of layer l, side s */
+  int64_t block_stride;          /* bytes between blocks of the engine tensors */
+  int64_t head_stride;           /* bytes between heads */
+  int64_t token_stride;          /* bytes between tokens */
+  uint32_t elem_bytes;           /* engine element bytes: 2 (bf16; NVFP4 decode), 1 (fp8) */
+  const int64_t* block_ids;      /* device [n]: the engine block of row i */
+  int32_t n;                     /* >= 0 */
+  int64_t num_blocks;            /* engine blocks per layer (the id bound) */
+  void* rows;                    /* device: row i at rows + i * row_stride */
+  uint64_t row_stride;           /* >= the block's bytes */
+  uint32_t num_layers, num_kv_heads, head_dim, block_tokens; /* L H D T of the rows */
+  uint32_t format;               /* kvt_format of the rows */
+  const float* scales;           /* device [2 * L] (NVFP4), else NULL */
+  uint32_t direction;            /* 0 = gather (engine -> rows), 1 = scatter (rows -> engine) */
+  int32_t* error_flag;           /* optional device int */
+} kvt_engine_pages_params;
+int kvt_engine_pages(const kvt_engine_pages_params* p, void* stream);
 
 /* One-line reason for the last failure on this thread ("" after success). */
 const char* kvt_last_error(void);

@@ -1,0 +1,733 @@
+"""kvtier.pages: moves KV blocks between an engine's paged KV tensors and kvtier block bytes.
+
+Takes plain torch tensors (no engine import), one per layer, in the layouts vLLM hands a
+KV connector (docs/pages.md):
+
+    kind          logical shape                         physical order inside a block
+    "flash_attn"  (2, num_blocks, T, H, D)              NHD, or HND = permute (0,1,3,2,4)
+    "flashinfer"  (num_blocks, 2, T, H, D)              NHD, or HND = permute (0,1,3,2,4)
+    "cpu"         (2, num_blocks, H, T, D)              HND (vLLM's CPU attention backend)
+
+and kvtier's block layout (formats/layout.h): per layer one page, K then V, HND inside a
+page; a block is the pages of layers 0..L-1 one after the other. An NVFP4 page is
+``K data | K scales | V data | V scales``.
+
+Block formats (``mode``):
+  * ``"as_is"``: BF16 pages as BF16 blocks, FP8 (E4M3) pages as FP8 blocks, both byte for
+    byte; vLLM's own NVFP4 pages (uint8, last dim D/2 + D/16) as kvtier NVFP4 blocks by a
+    byte permutation (bit-exact both ways, see :func:`vllm_nvfp4_permutation`). FP16 and
+    FP32 pages are refused: kvtier has no FP16/FP32 block format.
+  * ``"nvfp4"``: BF16/FP16 pages quantized to kvtier NVFP4 on save (per-layer FP32 K and V
+    scales from the contract, max6 or 4over6) and dequantized on load. On the CPU through
+    libkvtier's ``kvtier_nvfp4_encode``/``decode`` (the daemon's codec); on CUDA through
+    libkvtier_kernels' ``quantize_append`` (bit-identical to it) and a device decode that
+    computes ``(e2m1 * e4m3) * kv_scale`` in float32 like the CPU codec, so both paths
+    load the same values bit for bit.
+  * ``"fp8"``: BF16/FP16 pages as kvtier FP8 blocks (``x / scale`` rounded to E4M3 with
+    saturation, as kvtier.torch_ops does); load multiplies back.
+
+Block bytes (``dst`` of save, ``src`` of load) are either one uint8 tensor ``[n, >=
+block_bytes]`` whose rows may be strided (a view of the pinned host arena, a device
+buffer), or a list of n 1-D uint8 tensors (one per block, e.g. ``c.host_slot(s)`` views).
+With a CUDA cache, save gathers every layer's pages on the device into one contiguous
+staging buffer (quantizing in NVFP4 mode) and copies it to host with one async copy per
+contiguous run of rows; load is the reverse. Everything is queued on ``stream`` (default:
+the current stream); with ``wait=False`` the call returns before the copies end, and the
+host bytes must not be read (save) or reused (load) until the stream passes that point.
+
+Bad input raises :class:`PagesError` (a ValueError) before anything is written.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Union
+
+import torch
+
+KINDS = ("flash_attn", "flashinfer", "cpu")
+MODES = ("as_is", "nvfp4", "fp8")
+MAX6, FOUR_OVER_SIX = 0, 1
+E4M3_MAX = 448.0
+
+# E2M1 magnitudes by code (sign in bit 3), formats/nvfp4_math.h.
+_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+class PagesError(ValueError):
+    """A layout, shape, dtype or argument the mover refuses; nothing was written."""
+
+
+@dataclass(frozen=True)
+class EngineLayout:
+    """How one layer's paged KV tensor is laid out.
+
+    kind: "flash_attn" | "flashinfer" | "cpu" (shapes in the module docstring).
+    order: "NHD" or "HND", the physical order of tokens and heads inside a block.
+    num_blocks, block_tokens (T), num_kv_heads (H), head_dim (D): D is the logical head
+        size, also for NVFP4 pages whose last dim is D/2 + D/16 bytes.
+    kv_dtype: what the elements are: "bf16", "fp16", "fp32", "fp8" (E4M3 bytes) or
+        "nvfp4" (vLLM's packed pages).
+    v_scale_swizzle: NVFP4 pages only: V block scales in the 4-token interleave vLLM
+        writes for the SM100 trtllm-gen kernels (K scales are always linear).
+    """
+    kind: str
+    order: str
+    num_blocks: int
+    block_tokens: int
+    num_kv_heads: int
+    head_dim: int
+    kv_dtype: str
+    v_scale_swizzle: bool = False
+
+
+_AUTO_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+                torch.float8_e4m3fn: "fp8"}
+
+
+def describe(cache: torch.Tensor, kind: str, kv_cache_dtype: str = "auto", num_kv_heads: Optional[int] = None,
+             head_dim: Optional[int] = None, v_scale_swizzle: bool = False) -> EngineLayout:
+    """Reads the layout of one layer's KV tensor and checks its shape and strides.
+
+    kv_cache_dtype is vLLM's name ("auto", "bfloat16", "fp8", "fp8_e4m3", "nvfp4"); with
+    "auto" the tensor's dtype decides. num_kv_heads / head_dim, when given, must match."""
+    if kind not in KINDS:
+        raise PagesError(f"layout kind {kind!r} is not one of {KINDS}")
+    if not isinstance(cache, torch.Tensor):
+        raise PagesError(f"a KV cache must be a torch.Tensor, got {type(cache).__name__}")
+    if cache.dim() != 5:
+        raise PagesError(f"a {kind} KV cache has 5 dims, got shape {tuple(cache.shape)}")
+    kvd = _kv_dtype(cache, kv_cache_dtype)
+    if v_scale_swizzle and kvd != "nvfp4":
+        raise PagesError("v_scale_swizzle applies to NVFP4 pages only")
+    sh, st = tuple(cache.shape), cache.stride()
+    if kind == "flash_attn":
+        kv_dim, nb, rest, rest_st = 0, sh[1], sh[2:], st[2:]
+    elif kind == "flashinfer":
+        kv_dim, nb, rest, rest_st = 1, sh[0], sh[2:], st[2:]
+    else:
+        kv_dim, nb = 0, sh[1]
+        rest, rest_st = (sh[3], sh[2], sh[4]), (st[3], st[2], st[4])  # as (T, H, D)
+    if sh[kv_dim] != 2:
+        raise PagesError(f"{kind} KV cache {tuple(sh)}: dim {kv_dim} must be 2 (K and V)")
+    t, h, last = rest
+    if kvd == "nvfp4":
+        if kind == "cpu":
+            raise PagesError("NVFP4 pages exist only for the CUDA backends (flash_attn, flashinfer)")
+        if last % 9 != 0:
+            raise PagesError(f"NVFP4 page rows are D/2 + D/16 bytes; {last} is not that for any D")
+        d = last // 9 * 16
+    else:
+        d = last
+    if num_kv_heads is not None and h != num_kv_heads:
+        raise PagesError(f"KV cache has {h} KV heads, expected {num_kv_heads} ({tuple(sh)} as {kind})")
+    if head_dim is not None and d != head_dim:
+        raise PagesError(f"KV cache has head_dim {d}, expected {head_dim} ({tuple(sh)} as {kind})")
+    if min(nb, t, h, d) <= 0:
+        raise PagesError(f"KV cache {tuple(sh)} has an empty dimension")
+    if kvd == "nvfp4" and d % 16 != 0:
+        raise PagesError(f"NVFP4 needs head_dim a multiple of 16, got {d}")
+    # Inside a block: NHD dense (T stride H*last, H stride last) or HND dense (H stride
+    # T*last, T stride last); the last dim always contiguous. Strides of size-1 dims do not
+    # matter (torch may give them any value), and with T or H of 1 both orders agree.
+    nhd = _dense(rest, rest_st, (h * last, last, 1))
+    hnd = _dense(rest, rest_st, (last, t * last, 1))
+    if not (hnd if kind == "cpu" else nhd or hnd):
+        want = "HND" if kind == "cpu" else "NHD or HND"
+        raise PagesError(f"{kind} KV cache {tuple(sh)} strides {st}: a block must be dense in {want} order "
+                         f"(T, H, D strides {(h * last, last, 1)} or {(last, t * last, 1)}), got {rest_st}")
+    order = "HND" if (hnd and not nhd) or kind == "cpu" else "NHD"
+    block_elems = t * h * last
+    blk_dim = 1 - kv_dim if kind != "flashinfer" else 0
+    for dim_, what in ((kv_dim, "K/V"), (blk_dim, "block")):
+        if sh[dim_] > 1 and abs(st[dim_]) < block_elems:
+            raise PagesError(f"KV cache strides {st}: the {what} stride {st[dim_]} overlaps a block of {block_elems}")
+    if kvd == "nvfp4" and v_scale_swizzle and (t % 4 != 0 or (d // 16) % 4 != 0):
+        raise PagesError(f"the V-scale swizzle needs block_tokens and head_dim/16 multiples of 4, got T={t}, D={d}")
+    return EngineLayout(kind, order, nb, t, h, d, kvd, bool(v_scale_swizzle))
+
+
+def _dense(shape, strides, want) -> bool:
+    return all(n == 1 or a == b for n, a, b in zip(shape, strides, want))
+
+
+def _kv_dtype(cache: torch.Tensor, name: str) -> str:
+    name = (name or "auto").lower()
+    if name == "auto":
+        kvd = _AUTO_DTYPES.get(cache.dtype)
+        if kvd is None:
+            raise PagesError(f"cannot tell what a {cache.dtype} KV cache holds: pass kv_cache_dtype "
+                             "('fp8' for E4M3 bytes, 'nvfp4' for vLLM's packed NVFP4 pages)")
+        return kvd
+    named = {"bfloat16": "bf16", "bf16": "bf16", "half": "fp16", "float16": "fp16", "fp16": "fp16",
+             "float32": "fp32", "fp8": "fp8", "fp8_e4m3": "fp8", "nvfp4": "nvfp4"}
+    if name == "fp8_e5m2":
+        raise PagesError("FP8 E5M2 pages are not supported: kvtier's FP8 blocks are E4M3")
+    if name not in named:
+        raise PagesError(f"kv_cache_dtype {name!r} is not supported (auto, bfloat16, float16, fp8, fp8_e4m3, nvfp4)")
+    kvd = named[name]
+    ok = {"bf16": (torch.bfloat16,), "fp16": (torch.float16,), "fp32": (torch.float32,),
+          "fp8": (torch.uint8, torch.float8_e4m3fn), "nvfp4": (torch.uint8,)}[kvd]
+    if cache.dtype not in ok:
+        raise PagesError(f"kv_cache_dtype {name!r} needs a tensor of {[str(x) for x in ok]}, got {cache.dtype}")
+    return kvd
+
+
+def _check_layers(caches: Sequence[torch.Tensor], layout: EngineLayout):
+    if len(caches) == 0:
+        raise PagesError("no layers")
+    dev, dt = caches[0].device, caches[0].dtype
+    for i, c in enumerate(caches):
+        if c.device != dev or c.dtype != dt:
+            raise PagesError(f"layer {i} is {c.dtype} on {c.device}; layer 0 is {dt} on {dev}")
+        got = describe(c, layout.kind, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(
+            layout.kv_dtype, layout.kv_dtype), v_scale_swizzle=layout.v_scale_swizzle)
+        if got != layout:
+            raise PagesError(f"layer {i} has layout {got}, layer 0 {layout}")
+
+
+# ---- kvtier block geometry ------------------------------------------------------------
+
+def block_format(layout: EngineLayout, mode: str) -> str:
+    """The kvtier block format ("bf16", "fp8", "nvfp4") a mode stores this cache as, or
+    PagesError when that combination is refused."""
+    if mode not in MODES:
+        raise PagesError(f"mode {mode!r} is not one of {MODES}")
+    kvd = layout.kv_dtype
+    if mode == "as_is":
+        if kvd in ("bf16", "fp8", "nvfp4"):
+            return kvd
+        raise PagesError(f"kvtier has no {kvd} block format: store {kvd} pages with mode='nvfp4' or 'fp8', "
+                         "or run the engine in bfloat16")
+    if kvd not in ("bf16", "fp16"):
+        raise PagesError(f"mode {mode!r} quantizes bf16/fp16 pages; these are {kvd}")
+    if mode == "nvfp4" and layout.head_dim % 16 != 0:
+        raise PagesError(f"NVFP4 needs head_dim a multiple of 16, got {layout.head_dim}")
+    return mode
+
+
+def page_bytes(fmt: str, num_kv_heads: int, head_dim: int, block_tokens: int) -> int:
+    """Bytes of one layer's page (formats/layout.h)."""
+    vals = num_kv_heads * block_tokens * head_dim
+    return {"nvfp4": vals + vals // 8, "fp8": 2 * vals, "bf16": 4 * vals}[fmt]
+
+
+# ---- vLLM NVFP4 pages -----------------------------------------------------------------
+#
+# vLLM's NVFP4 KV cache (vllm-project/vllm@0cd789b397efc1a8992489076db9fe28d41aed69,
+# csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu, reshape_and_cache_nvfp4_dispatch) is a
+# uint8 tensor whose last dim is D/2 + D/16; one block's K side (kv_cache[:, 0][b]) and V
+# side are each H*T*(D/2 + D/16) bytes: the data region (H*T*D/2 bytes, low nibble = even
+# element, from cvt.rn.satfinite.e2m1x2) and then the E4M3 scale region (H*T*D/16). Inside
+# both regions rows are (h, t) for HND (head stride T*row, token stride row) and (t, h) for
+# NHD. K scales are linear; V scales are linear on SM12x and, on SM100 (trtllm-gen), each
+# head's [T, S] scale array (S = D/16) is stored with linear (t, s) at
+#   t' = (t // 4) * 4 + s // (S / 4),  s' = (s % (S / 4)) * 4 + t % 4.
+# The global scale is vLLM's k_scale / v_scale (a dequantization multiplier, the kernel
+# quantizes with 1 / k_scale), which is kvtier's per-layer kv_scale.
+
+def vllm_nvfp4_permutation(layout: EngineLayout) -> torch.Tensor:
+    """int64 [page_bytes]: byte j of a kvtier NVFP4 page is byte perm[j] of vLLM's page
+    (its K side then its V side, 2 * H*T*(D/2 + D/16) bytes)."""
+    h, t, d = layout.num_kv_heads, layout.block_tokens, layout.head_dim
+    half, s_dim = d // 2, d // 16
+    side = h * t * (half + s_dim)
+    data_bytes = h * t * half
+    hh = torch.arange(h).view(h, 1, 1)
+    tt = torch.arange(t).view(1, t, 1)
+    nhd = layout.order == "NHD"
+
+    def rows(inner):  # offset of row (h, t) in a region of `inner`-byte rows
+        return (tt * h + hh) * inner if nhd else (hh * t + tt) * inner
+
+    b = torch.arange(half).view(1, 1, half)
+    data = (rows(half) + b).reshape(-1)
+    s = torch.arange(s_dim).view(1, 1, s_dim)
+    k_sf = (data_bytes + rows(s_dim) + s).reshape(-1)
+    if layout.v_scale_swizzle:
+        g = s_dim // 4
+        t2 = (tt // 4) * 4 + s // g
+        s2 = (s % g) * 4 + tt % 4
+        row2 = (t2 * h + hh) * s_dim if nhd else (hh * t + t2) * s_dim
+        v_sf = (data_bytes + row2 + s2).reshape(-1)
+    else:
+        v_sf = k_sf
+    perm = torch.cat([data, k_sf, side + data, side + v_sf])
+    assert perm.numel() == 2 * side
+    return perm
+
+
+# ---- NVFP4 decode in torch (the CPU codec's arithmetic, on any device) ----------------
+
+def nvfp4_decode_torch(data: torch.Tensor, scales: torch.Tensor, kv_scale: torch.Tensor) -> torch.Tensor:
+    """float32 values of NVFP4 bytes: data [..., n/2], scales [..., n/16] (uint8, any device),
+    kv_scale broadcastable to [..., 1, 1] (float32). Value = (e2m1 * e4m3) * kv_scale, the
+    order of kvtier's DecodeValue: e2m1 * e4m3 is exact, so only the last product rounds and
+    the result equals kvtier_nvfp4_decode bit for bit."""
+    lut = torch.tensor(_E2M1, dtype=torch.float32, device=data.device)
+    lo = (data & 0xF).long()
+    hi = (data >> 4).long()
+    codes = torch.stack((lut[lo], lut[hi]), dim=-1)  # [..., n/2, 2]
+    codes = codes.view(*data.shape[:-1], scales.shape[-1], 16)
+    sf = scales.view(torch.float8_e4m3fn).float().unsqueeze(-1)
+    return (codes * sf) * kv_scale
+
+
+def _nvfp4_nan_scales(scales: torch.Tensor) -> bool:
+    return bool(((scales & 0x7F) == 0x7F).any())
+
+
+# ---- the mover -------------------------------------------------------------------------
+
+Rows = Union[torch.Tensor, Sequence[torch.Tensor]]
+
+
+class BlockMover:
+    """Saves blocks of `caches` (one tensor per layer, all of `layout`) to kvtier block
+    bytes and loads them back.
+
+    mode: "as_is", "nvfp4" or "fp8" (module docstring). k_scales / v_scales: per-layer
+    global scales (the contract's), required by "nvfp4" and "fp8", also for vLLM NVFP4
+    pages only as documentation (the bytes carry no scale). scale_rule: MAX6 or
+    FOUR_OVER_SIX (NVFP4 save)."""
+
+    def __init__(self, caches: Sequence[torch.Tensor], layout: EngineLayout, mode: str = "as_is",
+                 k_scales: Optional[Sequence[float]] = None, v_scales: Optional[Sequence[float]] = None,
+                 scale_rule: int = MAX6, use_kernels: Optional[bool] = None):
+        caches = list(caches)
+        _check_layers(caches, layout)
+        self.caches, self.layout, self.mode = caches, layout, mode
+        self.format = block_format(layout, mode)
+        self.num_layers = len(caches)
+        self.device = caches[0].device
+        L, H, T, D = self.num_layers, layout.num_kv_heads, layout.block_tokens, layout.head_dim
+        self.page_bytes = page_bytes(self.format, H, D, T)
+        self.block_bytes = self.page_bytes * L
+        if scale_rule not in (MAX6, FOUR_OVER_SIX):
+            raise PagesError(f"scale_rule {scale_rule} is not 0 (max6) or 1 (4over6)")
+        self.scale_rule = scale_rule
+        self.k_scales = self.v_scales = None
+        if mode in ("nvfp4", "fp8"):
+            if k_scales is None or v_scales is None:
+                raise PagesError(f"mode {mode!r} needs k_scales and v_scales (one per layer, from the contract)")
+            k_scales, v_scales = [float(x) for x in k_scales], [float(x) for x in v_scales]
+            if len(k_scales) != L or len(v_scales) != L:
+                raise PagesError(f"{len(k_scales)} k_scales and {len(v_scales)} v_scales for {L} layers")
+            import math
+            for x in k_scales + v_scales:
+                if not (math.isfinite(x) and x > 0 and x >= 1.1754944e-38):
+                    raise PagesError(f"global scale {x} is not a finite positive normal float")
+            self.k_scales, self.v_scales = k_scales, v_scales
+            self._scales_dev = torch.tensor([k_scales, v_scales], dtype=torch.float32).t().contiguous().to(self.device)
+        self._perm = None
+        if self.format == "nvfp4" and layout.kv_dtype == "nvfp4":
+            perm = vllm_nvfp4_permutation(layout)
+            if not torch.equal(perm, torch.arange(perm.numel())):
+                self._perm = perm.to(self.device)
+        # Per-layer [NB, H, T, D] views of K and V (elements), or for NVFP4 pages
+        # [NB, side_bytes] byte views of each side.
+        self._k, self._v = [], []
+        for c in caches:
+            k, v = self._sides(c)
+            self._k.append(k)
+            self._v.append(v)
+        self._copy_stream = None
+        self._eng = self._engine_table(use_kernels)
+
+    def _engine_table(self, use_kernels: Optional[bool]):
+        """Device table of every layer's K/V addresses for kvt_engine_pages, or None where
+        the torch path serves (CPU caches, vLLM NVFP4 pages, FP8 mode, FP16 NVFP4 decode,
+        layers of different strides, no libkvtier_kernels, use_kernels=False)."""
+        if self.device.type != "cuda" or use_kernels is False or self.layout.kv_dtype == "nvfp4":
+            return None
+        if self.mode == "fp8" or (self.mode == "nvfp4" and self.caches[0].dtype != torch.bfloat16):
+            return None
+        strides = {tuple(x.stride()) for x in self._k + self._v}
+        if len(strides) != 1:
+            return None
+        try:
+            from . import kernels as K
+            K.library()
+        except Exception:
+            if use_kernels:
+                raise
+            return None
+        es = self._k[0].element_size()
+        st = self._k[0].stride()
+        ptrs = []
+        for k, v in zip(self._k, self._v):
+            ptrs += [k.data_ptr(), v.data_ptr()]
+        return {"ptrs": torch.tensor(ptrs, dtype=torch.int64, device=self.device), "es": es,
+                "block": st[0] * es, "head": st[1] * es, "token": st[2] * es}
+
+    def uses_kernels(self) -> bool:
+        """True when the CUDA path copies (and decodes) with kvt_engine_pages."""
+        return self._eng is not None
+
+    def _kernel_copy(self, rows: torch.Tensor, ids: torch.Tensor, direction: int) -> None:
+        from . import kernels as K
+        e, lay = self._eng, self.layout
+        p = K.EnginePagesParams()
+        p.engine, p.block_stride, p.head_stride, p.token_stride = e["ptrs"].data_ptr(), e["block"], e["head"], e["token"]
+        p.elem_bytes = e["es"]
+        p.block_ids, p.n, p.num_blocks = ids.data_ptr(), ids.numel(), lay.num_blocks
+        p.rows, p.row_stride = rows.data_ptr(), rows.stride(0)
+        p.num_layers, p.num_kv_heads, p.head_dim, p.block_tokens = (self.num_layers, lay.num_kv_heads, lay.head_dim,
+                                                                    lay.block_tokens)
+        p.format = {"nvfp4": K.NVFP4, "fp8": K.FP8, "bf16": K.BF16}[self.format]
+        p.scales = self._scales_dev.data_ptr() if self.format == "nvfp4" else None
+        p.direction = direction
+        K.engine_pages(p, stream=torch.cuda.current_stream(self.device).cuda_stream)
+
+    def _chunks(self, n: int):
+        """Row ranges for the copy/compute pipeline: chunks of >= 16 MiB, at most 8."""
+        k = max(1, min(8, n * self.block_bytes // (16 << 20), n))
+        size = -(-n // k)
+        return [(a, min(n, a + size)) for a in range(0, n, size)]
+
+    def _side_stream(self):
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        return self._copy_stream
+
+    # -- views ---------------------------------------------------------------------------
+    def _sides(self, c: torch.Tensor):
+        kind = self.layout.kind
+        k, v = (c[0], c[1]) if kind in ("flash_attn", "cpu") else (c[:, 0], c[:, 1])
+        if c.dtype == torch.float8_e4m3fn:
+            k, v = k.view(torch.uint8), v.view(torch.uint8)
+        if self.layout.kv_dtype == "nvfp4":
+            side = k[0].numel()
+            return (torch.as_strided(k, (k.shape[0], side), (k.stride(0), 1)),
+                    torch.as_strided(v, (v.shape[0], side), (v.stride(0), 1)))
+        if kind != "cpu":  # [NB, T, H, D] -> [NB, H, T, D]
+            k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+        return k, v
+
+    def _ids(self, block_ids, unique: bool) -> torch.Tensor:
+        ids = torch.as_tensor(block_ids, dtype=torch.int64).reshape(-1).cpu()
+        nb = self.layout.num_blocks
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= nb):
+            bad = ids[(ids < 0) | (ids >= nb)][0]
+            raise PagesError(f"block id {int(bad)} is outside [0, {nb})")
+        if unique and ids.unique().numel() != ids.numel():
+            raise PagesError("a block id appears twice in one load")
+        return ids.to(self.device)
+
+    def _rows(self, rows: Rows, n: int, writable: bool):
+        """(2-D view [n, block_bytes] or None, list of n row views)."""
+        bb = self.block_bytes
+        if isinstance(rows, torch.Tensor):
+            if rows.dtype != torch.uint8 or rows.dim() != 2:
+                raise PagesError(f"block bytes must be a 2-D uint8 tensor [n, >= {bb}], got {rows.dtype} {tuple(rows.shape)}")
+            if rows.shape[0] != n or rows.shape[1] < bb:
+                raise PagesError(f"block bytes are {tuple(rows.shape)}, need [{n}, >= {bb}]")
+            if rows.stride(1) != 1:
+                raise PagesError("block byte rows must be contiguous")
+            v = rows[:, :bb]
+            return v, [v[i] for i in range(n)]
+        rows = list(rows)
+        if len(rows) != n:
+            raise PagesError(f"{len(rows)} block buffers for {n} blocks")
+        out = []
+        for i, r in enumerate(rows):
+            if not isinstance(r, torch.Tensor) or r.dtype != torch.uint8 or r.dim() != 1 or r.numel() < bb:
+                raise PagesError(f"block buffer {i} must be a 1-D uint8 tensor of >= {bb} bytes")
+            if r.stride(0) != 1:
+                raise PagesError(f"block buffer {i} is not contiguous")
+            out.append(r[:bb])
+        if writable:
+            for i, r in enumerate(out):
+                if r.device != out[0].device:
+                    raise PagesError(f"block buffer {i} is on {r.device}, buffer 0 on {out[0].device}")
+        return None, out
+
+    # -- public --------------------------------------------------------------------------
+    def save(self, block_ids, dst: Rows, stream=None, wait: bool = True) -> None:
+        """Writes block_ids' pages of every layer into dst (n rows of block_bytes)."""
+        ids = self._ids(block_ids, unique=False)
+        n = ids.numel()
+        mat, rows = self._rows(dst, n, writable=True)
+        if n == 0:
+            return
+        dst_dev = rows[0].device
+        if self.device.type == "cuda":
+            main = stream or torch.cuda.current_stream(self.device)
+            bb = self.block_bytes
+            with torch.cuda.stream(main):
+                st = torch.empty(n, self._staging_stride(), dtype=torch.uint8, device=self.device)
+                if dst_dev == self.device:
+                    self._gather(ids, st)
+                    _copy_rows(st[:, :bb], rows, dst_dev)
+                else:
+                    # Gather chunk c on the compute stream while chunk c-1 goes to host.
+                    copy = self._side_stream()
+                    for a, b in self._chunks(n):
+                        self._gather(ids[a:b], st[a:b])
+                        ev = torch.cuda.Event()
+                        ev.record(main)
+                        copy.wait_event(ev)
+                        with torch.cuda.stream(copy):
+                            _copy_rows(st[a:b, :bb], rows[a:b], dst_dev)
+                    st.record_stream(copy)
+                    main.wait_stream(copy)
+                if wait:
+                    main.synchronize()
+            return
+        if dst_dev.type != "cpu":
+            raise PagesError(f"a CPU cache saves to host buffers, not {dst_dev}")
+        if mat is not None:
+            self._gather(ids, mat)
+        else:
+            st = self._gather(ids, torch.empty(n, self.block_bytes, dtype=torch.uint8))
+            for i, r in enumerate(rows):
+                r.copy_(st[i])
+
+    def load(self, src: Rows, block_ids, stream=None, wait: bool = True) -> None:
+        """Writes n blocks' bytes from src into block_ids' pages of every layer. Nothing is
+        written when an argument is refused or (NVFP4) a scale byte is an E4M3 NaN."""
+        ids = self._ids(block_ids, unique=True)
+        n = ids.numel()
+        mat, rows = self._rows(src, n, writable=False)
+        if n == 0:
+            return
+        if self.device.type == "cuda":
+            main = stream or torch.cuda.current_stream(self.device)
+            bb = self.block_bytes
+            with torch.cuda.stream(main):
+                if rows[0].device == self.device:
+                    if mat is not None and mat.stride(0) % 16 == 0 and mat.data_ptr() % 16 == 0:
+                        st = mat
+                    else:
+                        st = torch.empty(n, self._staging_stride(), dtype=torch.uint8, device=self.device)
+                        _copy_rows_in(st[:, :bb], rows)
+                    self._scatter(st[:, :bb], ids)
+                else:
+                    # Copy chunk c to the device on a side stream while chunk c-1 is
+                    # scattered. NVFP4 checks every scale byte before the first write.
+                    st = torch.empty(n, self._staging_stride(), dtype=torch.uint8, device=self.device)
+                    copy = self._side_stream()
+                    copy.wait_stream(main)
+                    events = []
+                    with torch.cuda.stream(copy):
+                        for a, b in self._chunks(n):
+                            _copy_rows_in(st[a:b, :bb], rows[a:b])
+                            ev = torch.cuda.Event()
+                            ev.record(copy)
+                            events.append((a, b, ev))
+                    st.record_stream(copy)
+                    if self.format == "nvfp4":
+                        main.wait_stream(copy)
+                        self._scatter(st[:, :bb], ids)
+                    else:
+                        for a, b, ev in events:
+                            main.wait_event(ev)
+                            self._scatter(st[a:b, :bb], ids[a:b])
+                if wait:
+                    main.synchronize()
+            return
+        if mat is None:
+            mat = torch.stack(rows)
+        if mat.device.type != "cpu":
+            raise PagesError(f"a CPU cache loads from host buffers, not {mat.device}")
+        self._scatter(mat, ids)
+
+    # -- internals -----------------------------------------------------------------------
+    def _staging_stride(self) -> int:
+        # kvt_pool wants 16-byte strides (NVFP4 quantize on the device).
+        return (self.block_bytes + 15) // 16 * 16 if self.format == "nvfp4" else self.block_bytes
+
+    def _layer(self, out: torch.Tensor, layer: int) -> torch.Tensor:
+        p = self.page_bytes
+        return out[:, layer * p:(layer + 1) * p]
+
+    def _gather(self, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Every layer's pages of blocks ids into out [n, >= block_bytes] (rows strided)."""
+        lay, fmt = self.layout, self.format
+        n, H, T, D = ids.numel(), lay.num_kv_heads, lay.block_tokens, lay.head_dim
+        if fmt == "nvfp4" and lay.kv_dtype == "nvfp4":
+            for l in range(self.num_layers):
+                pages = torch.cat((self._k[l][ids], self._v[l][ids]), dim=1)
+                self._layer(out, l).copy_(pages if self._perm is None else pages[:, self._perm])
+            return out
+        if fmt in ("bf16", "fp8") and self.mode == "as_is":
+            if self._eng is not None:
+                self._kernel_copy(out, ids, 0)
+                return out
+            et = torch.bfloat16 if fmt == "bf16" else torch.uint8
+            for l in range(self.num_layers):
+                pg = self._layer(out, l).view(et).view(n, 2, H, T, D)
+                pg[:, 0] = self._k[l][ids]
+                pg[:, 1] = self._v[l][ids]
+            return out
+        if fmt == "fp8":
+            for l in range(self.num_layers):
+                pg = self._layer(out, l).view(n, 2, H, T, D)
+                for s, side in enumerate((self._k[l], self._v[l])):
+                    x = side[ids].float() / self._scales_dev[l, s]
+                    pg[:, s] = x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+            return out
+        # NVFP4 quantize.
+        if self.device.type == "cuda":
+            return self._quantize_cuda(ids, out)
+        from . import nvfp4_encode
+        vals = H * T * D
+        data = torch.empty(n, vals // 2, dtype=torch.uint8)
+        scales = torch.empty(n, vals // 16, dtype=torch.uint8)
+        for l in range(self.num_layers):
+            pg = self._layer(out, l)
+            off = 0
+            for s, side in enumerate((self._k[l], self._v[l])):
+                x = side[ids].float().contiguous()
+                scale = (self.k_scales, self.v_scales)[s][l]
+                nvfp4_encode(x.data_ptr(), x.numel(), scale, self.scale_rule, data.data_ptr(), scales.data_ptr())
+                pg[:, off:off + vals // 2] = data
+                pg[:, off + vals // 2:off + vals // 2 + vals // 16] = scales
+                off += vals // 2 + vals // 16
+        return out
+
+    def _quantize_cuda(self, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        from . import kernels as K
+        lay = self.layout
+        n, H, T, D = ids.numel(), lay.num_kv_heads, lay.block_tokens, lay.head_dim
+        if out.stride(0) % 16 != 0 or out.data_ptr() % 16 != 0:
+            raise PagesError("NVFP4 staging rows must be 16-byte aligned")
+        pool = K.Pool(out.data_ptr(), out.stride(0), n, self.num_layers, H, D, T, K.NVFP4)
+        slot_ids = torch.arange(n, dtype=torch.int32, device=self.device).repeat_interleave(T)
+        positions = torch.arange(T, dtype=torch.int32, device=self.device).repeat(n)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        for l in range(self.num_layers):
+            # [n, H, T, D] -> tokens [n*T, H, D], the kernel's input order.
+            k = self._k[l][ids].permute(0, 2, 1, 3).reshape(n * T, H, D)
+            v = self._v[l][ids].permute(0, 2, 1, 3).reshape(n * T, H, D)
+            K.quantize_append(pool, k, v, slot_ids, positions, l, self.k_scales[l], self.v_scales[l],
+                              self.scale_rule, stream=stream)
+        return out
+
+    def _scatter(self, src: torch.Tensor, ids: torch.Tensor) -> None:
+        """src [n, block_bytes] (on the cache's device, or host for a CPU cache) into the
+        pages of blocks ids. Every check runs before the first write."""
+        lay, fmt = self.layout, self.format
+        n, H, T, D = ids.numel(), lay.num_kv_heads, lay.block_tokens, lay.head_dim
+        L = self.num_layers
+        if fmt == "nvfp4" and lay.kv_dtype == "nvfp4":
+            side = self._k[0].shape[1]
+            for l in range(L):
+                pg = self._layer(src, l)
+                if self._perm is not None:
+                    pages = torch.empty(n, 2 * side, dtype=torch.uint8, device=self.device)
+                    pages[:, self._perm] = pg
+                else:
+                    pages = pg
+                self._k[l][ids] = pages[:, :side]
+                self._v[l][ids] = pages[:, side:]
+            return
+        if fmt in ("bf16", "fp8") and self.mode == "as_is":
+            if self._eng is not None:
+                self._kernel_copy(src, ids, 1)
+                return
+            et = torch.bfloat16 if fmt == "bf16" else torch.uint8
+            for l in range(L):
+                pg = self._layer(src, l).view(et).view(n, 2, H, T, D)
+                self._k[l][ids] = pg[:, 0]
+                self._v[l][ids] = pg[:, 1]
+            return
+        dt = self.caches[0].dtype
+        if fmt == "fp8":
+            for l in range(L):
+                pg = self._layer(src, l).view(n, 2, H, T, D)
+                for s, side in enumerate((self._k[l], self._v[l])):
+                    side[ids] = (pg[:, s].view(torch.float8_e4m3fn).float() * self._scales_dev[l, s]).to(dt)
+            return
+        # NVFP4 dequantize: all layers' sides are [data | scales] regions of one size.
+        vals = H * T * D
+        sides = src.view(n, L, 2, vals // 2 + vals // 16)
+        data, scales = sides[..., :vals // 2], sides[..., vals // 2:]
+        if _nvfp4_nan_scales(scales):
+            raise PagesError("a block scale byte is an E4M3 NaN: the block bytes are corrupt")
+        if self._eng is not None:
+            return self._kernel_copy(src, ids, 1)
+        if self.device.type == "cuda" and dt == torch.bfloat16:
+            return self._dequantize_cuda(src, ids)
+        if self.device.type == "cuda":
+            x = nvfp4_decode_torch(data, scales, self._scales_dev.view(1, L, 2, 1, 1))
+            x = x.to(dt).view(n, L, 2, H, T, D)
+        else:
+            from . import nvfp4_decode
+            x = torch.empty(n, L, 2, vals, dtype=torch.float32)
+            d_c, s_c = data.contiguous(), scales.contiguous()
+            for l in range(L):
+                for s in range(2):
+                    buf = torch.empty(n, vals, dtype=torch.float32)
+                    dd, ss = d_c[:, l, s].contiguous(), s_c[:, l, s].contiguous()
+                    nvfp4_decode(dd.data_ptr(), ss.data_ptr(), n * vals, (self.k_scales, self.v_scales)[s][l],
+                                 buf.data_ptr())
+                    x[:, l, s] = buf
+            x = x.to(dt).view(n, L, 2, H, T, D)
+        for l in range(L):
+            self._k[l][ids] = x[:, l, 0]
+            self._v[l][ids] = x[:, l, 1]
+
+
+    def _dequantize_cuda(self, src: torch.Tensor, ids: torch.Tensor) -> None:
+        """NVFP4 pages in device memory src [n, block_bytes] (16-byte aligned rows) -> BF16
+        pages of the cache, with libkvtier_kernels' dequantize_pages (one launch per layer
+        and side, values equal to the CPU codec's) and one scatter per side."""
+        from . import kernels as K
+        lay = self.layout
+        n, H, T, D = ids.numel(), lay.num_kv_heads, lay.block_tokens, lay.head_dim
+        pool = K.Pool(src.data_ptr(), src.stride(0), n, self.num_layers, H, D, T, K.NVFP4)
+        slot_ids = torch.arange(n, dtype=torch.int32, device=self.device).repeat_interleave(T)
+        positions = torch.arange(T, dtype=torch.int32, device=self.device).repeat(n)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        out = torch.empty(2, n * T, H, D, dtype=torch.bfloat16, device=self.device)
+        for l in range(self.num_layers):
+            for s, side in enumerate((self._k[l], self._v[l])):
+                K.dequantize_pages(pool, out[s], slot_ids, positions, l, s, (self.k_scales, self.v_scales)[s][l],
+                                   stream=stream)
+                side[ids] = out[s].view(n, T, H, D).permute(0, 2, 1, 3)
+
+
+def _runs(rows: List[torch.Tensor], bb: int):
+    """Groups consecutive rows that lie back to back in memory: [(first, count)]."""
+    out, i = [], 0
+    while i < len(rows):
+        j = i + 1
+        while j < len(rows) and rows[j].data_ptr() == rows[j - 1].data_ptr() + bb:
+            j += 1
+        out.append((i, j - i))
+        i = j
+    return out
+
+
+def _span(r: torch.Tensor, count: int, bb: int) -> torch.Tensor:
+    return torch.as_strided(r, (count * bb,), (1,))
+
+
+def _copy_rows(st: torch.Tensor, rows: List[torch.Tensor], dst_dev) -> None:
+    """Device staging [n, bb] -> destination rows: one async copy per contiguous run."""
+    bb = st.shape[1]
+    nb = dst_dev.type == "cpu"
+    for first, count in _runs(rows, bb):
+        _span(rows[first], count, bb).copy_(st[first:first + count].reshape(-1), non_blocking=nb)
+
+
+def _copy_rows_in(st: torch.Tensor, rows: List[torch.Tensor]) -> None:
+    bb = st.shape[1]
+    for first, count in _runs(rows, bb):
+        st[first:first + count].reshape(-1).copy_(_span(rows[first], count, bb), non_blocking=True)
+
+
+def pin(t: torch.Tensor, read_only: bool = False) -> torch.Tensor:
+    """Page-locks host memory that torch did not allocate (e.g. a view of kvtierd's host
+    arena, which maps read-only) with cudaHostRegister, so copies from it are true async
+    DMA. Returns t. The registration lasts until the process ends or unpin(t)."""
+    flags = 0x08 if read_only else 0  # cudaHostRegisterReadOnly
+    rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), flags)
+    if int(rc) != 0:
+        raise PagesError(f"cudaHostRegister failed ({rc})")
+    return t
+
+
+def unpin(t: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(t.data_ptr())

@@ -1,0 +1,555 @@
+"""kvtier.pages: the block mover between engine KV tensors and kvtier block bytes.
+
+    python3 tests/engines/test_pages.py cpu   # CPU tests (torch's CPU build is enough)
+    python3 tests/engines/test_pages.py gpu   # the same checks on CUDA tensors, and CUDA == CPU
+
+Every reference here is built independently of kvtier.pages: as-is block bytes by slicing the
+logical tensors one block at a time; NVFP4 bytes with libkvtier's codec (kvtier_nvfp4_encode)
+one block at a time; vLLM's NVFP4 pages by a per-token writer that follows vLLM's
+reshape_and_cache_nvfp4 kernel addressing (the strides and swizzle formula in its source).
+Prints "N passed, N failed"; "SKIPPED: reason" (exit 0) where torch or a GPU is missing,
+unless KVTIER_REQUIRE_TORCH=1, which makes a missing torch a failure.
+"""
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "client", "python"))
+
+
+def skip(reason):
+    print(f"SKIPPED: {reason}")
+    sys.exit(0)
+
+
+try:
+    import torch
+except ImportError:
+    if os.environ.get("KVTIER_REQUIRE_TORCH") == "1":
+        print("FAILED: torch is not importable and KVTIER_REQUIRE_TORCH=1 (scripts/torch-venv.sh makes its venv)")
+        sys.exit(1)
+    skip("torch is not installed (scripts/torch-venv.sh makes a venv with it)")
+
+import kvtier  # noqa: E402
+from kvtier import pages as P  # noqa: E402
+
+LAYOUTS = [("flash_attn", "NHD"), ("flash_attn", "HND"), ("flashinfer", "NHD"), ("flashinfer", "HND"),
+           ("cpu", "HND")]
+DEV = "cpu"
+
+
+def make_cache(kind, order, nb, t, h, d, dtype, device=None, fill=True, gen=None):
+    """One layer's KV tensor, allocated in physical order and viewed in vLLM's logical shape."""
+    device = device or DEV
+    if kind == "flash_attn":
+        phys = (2, nb, t, h, d) if order == "NHD" else (2, nb, h, t, d)
+    elif kind == "flashinfer":
+        phys = (nb, 2, t, h, d) if order == "NHD" else (nb, 2, h, t, d)
+    else:
+        phys = (2, nb, h, t, d)
+    if dtype in (torch.uint8, torch.float8_e4m3fn):
+        raw = torch.randint(0, 256, phys, dtype=torch.uint8, generator=gen)
+        raw[(raw & 0x7F) == 0x7F] = 0  # no E4M3 NaN bytes
+        x = raw.view(dtype) if dtype != torch.uint8 else raw
+    else:
+        x = (torch.randn(phys, generator=gen) * 0.5).to(dtype) if fill else torch.zeros(phys, dtype=dtype)
+    x = x.to(device)
+    if kind != "cpu" and order == "HND":
+        x = x.permute(0, 1, 3, 2, 4)
+    return x
+
+
+def block_hnd(cache, kind, b, side):
+    """[H, T, D] of block b, side 0 (K) / 1 (V), from the logical tensor."""
+    if kind == "flash_attn":
+        return cache[side, b].permute(1, 0, 2)
+    if kind == "flashinfer":
+        return cache[b, side].permute(1, 0, 2)
+    return cache[side, b]
+
+
+def ref_as_is(caches, kind, ids):
+    rows = []
+    for b in ids:
+        parts = []
+        for c in caches:
+            for side in (0, 1):
+                x = block_hnd(c, kind, b, side).contiguous()
+                parts.append(x.view(torch.uint8).reshape(-1).cpu() if x.dtype != torch.uint8 else x.reshape(-1).cpu())
+        rows.append(torch.cat(parts))
+    return torch.stack(rows)
+
+
+def ref_nvfp4(caches, kind, ids, ks, vs, rule):
+    """kvtier NVFP4 blocks encoded with libkvtier's codec, one (block, layer, side) at a time."""
+    rows = []
+    for b in ids:
+        parts = []
+        for l, c in enumerate(caches):
+            for side, sc in ((0, ks[l]), (1, vs[l])):
+                x = block_hnd(c, kind, b, side).float().contiguous().cpu()
+                data = torch.empty(x.numel() // 2, dtype=torch.uint8)
+                scales = torch.empty(x.numel() // 16, dtype=torch.uint8)
+                kvtier.nvfp4_encode(x.data_ptr(), x.numel(), sc, rule, data.data_ptr(), scales.data_ptr())
+                parts += [data, scales]
+        rows.append(torch.cat(parts))
+    return torch.stack(rows)
+
+
+def decode_ref(block_rows, L, H, T, D, ks, vs):
+    """libkvtier's decode of NVFP4 block rows: float32 [n, L, 2, H, T, D]."""
+    n, vals = block_rows.shape[0], H * T * D
+    out = torch.empty(n, L, 2, vals)
+    for i in range(n):
+        off = 0
+        for l in range(L):
+            for side, sc in ((0, ks[l]), (1, vs[l])):
+                data = block_rows[i, off:off + vals // 2].contiguous()
+                scales = block_rows[i, off + vals // 2:off + vals // 2 + vals // 16].contiguous()
+                buf = torch.empty(vals)
+                kvtier.nvfp4_decode(data.data_ptr(), scales.data_ptr(), vals, sc, buf.data_ptr())
+                out[i, l, side] = buf
+                off += vals // 2 + vals // 16
+    return out.view(n, L, 2, H, T, D)
+
+
+def strided_rows(n, bb, pad=4096, device="cpu", fill=0xA5):
+    """[n, bb] rows with a stride past the block (as slots of an arena are), poisoned."""
+    base = torch.full((n, bb + pad), fill, dtype=torch.uint8, device=device)
+    return base[:, :bb + pad // 2]
+
+
+def assert_eq(a, b, what):
+    if not torch.equal(a.cpu(), b.cpu()):
+        diff = (a.cpu().view(-1) != b.cpu().view(-1)).nonzero()
+        raise AssertionError(f"{what}: {diff.numel()} bytes/elements differ, first at {diff[:4].view(-1).tolist()}")
+
+
+def raises(fn, *words):
+    try:
+        fn()
+    except P.PagesError as e:
+        msg = str(e)
+        for w in words:
+            if w not in msg:
+                raise AssertionError(f"error {msg!r} does not say {w!r}")
+        return
+    raise AssertionError("no PagesError")
+
+
+# ---- as-is ---------------------------------------------------------------------------
+
+def _as_is(kind, order, dtype, kv_name="auto"):
+    g = torch.Generator().manual_seed(hash((kind, order, str(dtype))) & 0xFFFF)
+    L, NB, T, H, D = 3, 7, 16, 2, 64
+    caches = [make_cache(kind, order, NB, T, H, D, dtype, gen=g) for _ in range(L)]
+    lay = P.describe(caches[0], kind, kv_name)
+    assert lay.order == order and (lay.num_blocks, lay.block_tokens, lay.num_kv_heads, lay.head_dim) == (NB, T, H, D), lay
+    m = P.BlockMover(caches, lay)
+    ids = [5, 0, 3]
+    dst = strided_rows(len(ids), m.block_bytes)
+    before = dst.clone()
+    m.save(ids, dst)
+    assert_eq(dst[:, :m.block_bytes], ref_as_is(caches, kind, ids), f"{kind}/{order} {dtype} saved bytes")
+    assert_eq(dst[:, m.block_bytes:], before[:, m.block_bytes:], "bytes past the block")
+    # Load into other blocks of fresh caches: those pages equal the saved ones, the rest stay.
+    fresh = [make_cache(kind, order, NB, T, H, D, dtype, gen=g) for _ in range(L)]
+    keep = [f.clone() for f in fresh]
+    m2 = P.BlockMover(fresh, lay)
+    to = [1, 6, 2]
+    m2.load(dst.to(DEV) if DEV != "cpu" else dst, to)
+    for l in range(L):
+        for side in (0, 1):
+            for b_src, b_dst in zip(ids, to):
+                assert_eq(block_hnd(fresh[l], kind, b_dst, side), block_hnd(caches[l], kind, b_src, side),
+                          f"layer {l} side {side} block {b_dst}")
+            for b in set(range(NB)) - set(to):
+                assert_eq(block_hnd(fresh[l], kind, b, side), block_hnd(keep[l], kind, b, side), f"untouched block {b}")
+    # A list of per-block buffers gives the same bytes.
+    rows = [torch.zeros(m.block_bytes + 100, dtype=torch.uint8, device=DEV if DEV != "cpu" else "cpu") for _ in ids]
+    m.save(ids, rows)
+    for i, r in enumerate(rows):
+        assert_eq(r[:m.block_bytes], dst[i, :m.block_bytes], "list row")
+
+
+def test_as_is_bf16_every_layout():
+    for kind, order in LAYOUTS:
+        _as_is(kind, order, torch.bfloat16)
+
+
+def test_as_is_fp8_every_layout():
+    for kind, order in LAYOUTS:
+        if kind == "cpu":
+            continue  # vLLM's CPU backend has no FP8 KV cache
+        _as_is(kind, order, torch.uint8, "fp8")
+        _as_is(kind, order, torch.float8_e4m3fn, "fp8_e4m3")
+
+
+def test_fp16_and_fp32_as_is_refused():
+    for dt in (torch.float16, torch.float32):
+        c = make_cache("flash_attn", "NHD", 4, 16, 2, 64, dt)
+        lay = P.describe(c, "flash_attn")
+        raises(lambda: P.BlockMover([c], lay), "no fp", "nvfp4")
+
+
+def test_bad_shapes_refused():
+    c = make_cache("flash_attn", "NHD", 4, 16, 2, 64, torch.bfloat16)
+    raises(lambda: P.describe(c[0], "flash_attn"), "5 dims")
+    raises(lambda: P.describe(c, "paged"), "kind")
+    raises(lambda: P.describe(c, "flashinfer"), "must be 2")  # (2, 4, ...) read as flashinfer
+    raises(lambda: P.describe(c, "flash_attn", num_kv_heads=4), "2 KV heads", "expected 4")
+    raises(lambda: P.describe(c, "flash_attn", head_dim=128), "head_dim 64")
+    raises(lambda: P.describe(c.transpose(3, 4), "flash_attn"), "dense")
+    raises(lambda: P.describe(make_cache("flash_attn", "HND", 4, 16, 2, 64, torch.bfloat16), "cpu"), "dense", "HND")
+    raises(lambda: P.describe(c.view(torch.int16), "flash_attn"), "kv_cache_dtype")
+    raises(lambda: P.describe(c, "flash_attn", "fp8_e5m2"), "E5M2")
+    raises(lambda: P.describe(c, "flash_attn", "nvfp4"), "needs a tensor")
+    u = make_cache("flashinfer", "HND", 4, 16, 2, 64, torch.uint8)
+    raises(lambda: P.describe(u, "flashinfer", "nvfp4"), "D/2 + D/16")
+    lay = P.describe(c, "flash_attn")
+    m = P.BlockMover([c, c.clone()], lay)
+    other = make_cache("flash_attn", "NHD", 4, 16, 2, 32, torch.bfloat16)
+    raises(lambda: P.BlockMover([c, other], lay), "layer 1")
+    raises(lambda: P.BlockMover([c], lay, mode="int4"), "mode")
+    raises(lambda: P.BlockMover([c], lay, mode="nvfp4"), "k_scales")
+    raises(lambda: P.BlockMover([c], lay, mode="nvfp4", k_scales=[0.0], v_scales=[1.0]), "normal")
+    raises(lambda: P.BlockMover([c], lay, mode="nvfp4", k_scales=[1, 1], v_scales=[1, 1]), "2 k_scales")
+    dst = torch.zeros(2, m.block_bytes, dtype=torch.uint8)
+    raises(lambda: m.save([0, 4], dst), "block id 4")
+    raises(lambda: m.save([0, -1], dst), "block id -1")
+    raises(lambda: m.save([0], dst), "need [1")
+    raises(lambda: m.save([0, 1], dst[:, :-1]), "need [2")
+    raises(lambda: m.save([0, 1], dst.view(torch.int8)), "uint8")
+    raises(lambda: m.save([0, 1], [dst[0]]), "1 block buffers")
+    snapshot = c.clone()
+    raises(lambda: m.load(dst, [1, 1]), "twice")
+    raises(lambda: m.load(dst, [1, 9]), "block id 9")
+    assert_eq(c, snapshot, "cache after refused loads")
+
+
+# ---- NVFP4 mode ----------------------------------------------------------------------
+
+def _scales(caches, kind):
+    """Per-layer K and V global scales as a contract would carry: amax / (448 * 6)."""
+    ks, vs = [], []
+    for c in caches:
+        k = c[0] if kind in ("flash_attn", "cpu") else c[:, 0]
+        v = c[1] if kind in ("flash_attn", "cpu") else c[:, 1]
+        ks.append(float(k.float().abs().max()) / (448 * 6))
+        vs.append(float(v.float().abs().max()) / (448 * 6))
+    return ks, vs
+
+
+def _nvfp4_mode(kind, order, dtype, rule):
+    g = torch.Generator().manual_seed(7)
+    L, NB, T, H, D = 2, 5, 16, 2, 64
+    caches = [make_cache(kind, order, NB, T, H, D, dtype, gen=g) for _ in range(L)]
+    ks, vs = _scales(caches, kind)
+    lay = P.describe(caches[0], kind)
+    m = P.BlockMover(caches, lay, mode="nvfp4", k_scales=ks, v_scales=vs, scale_rule=rule)
+    assert m.block_bytes == L * 2 * H * T * (D // 2 + D // 16)
+    ids = [4, 1]
+    dst = strided_rows(len(ids), m.block_bytes)
+    m.save(ids, dst)
+    want = ref_nvfp4(caches, kind, ids, ks, vs, rule)
+    assert_eq(dst[:, :m.block_bytes], want, f"{kind}/{order} {dtype} rule {rule}: NVFP4 bytes")
+    fresh = [make_cache(kind, order, NB, T, H, D, dtype, fill=False) for _ in range(L)]
+    m2 = P.BlockMover(fresh, lay, mode="nvfp4", k_scales=ks, v_scales=vs, scale_rule=rule)
+    to = [0, 3]
+    m2.load(dst.to(DEV) if DEV != "cpu" else dst, to)
+    dec = decode_ref(want, L, H, T, D, ks, vs)
+    for l in range(L):
+        for side in (0, 1):
+            for i, (b_src, b_dst) in enumerate(zip(ids, to)):
+                got = block_hnd(fresh[l], kind, b_dst, side)
+                # Equal to the codec's decode, rounded once to the cache dtype.
+                assert_eq(got, dec[i, l, side].to(dtype), f"layer {l} side {side}: loaded values")
+                # Within the codec's bound: |x - y| <= s_eff (1.0625 amax/6, E4M3 rounding
+                # of the block scale) plus the cache dtype's rounding of y.
+                x = block_hnd(caches[l], kind, b_src, side).float().cpu()
+                y = got.float().cpu()
+                amax = x.view(H, T, D // 16, 16).abs().amax(-1, keepdim=True).expand(H, T, D // 16, 16).reshape(H, T, D)
+                sc = (ks, vs)[side][l]
+                eps = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+                bound = 1.0625 * amax / 6 + eps * y.abs() + 6 * sc * 2.0 ** -9
+                if not bool(((x - y).abs() <= bound).all()):
+                    worst = float(((x - y).abs() - bound).max())
+                    raise AssertionError(f"NVFP4 error past the bound by {worst}")
+    # A NaN scale byte is refused and the cache stays as it was.
+    bad = dst.clone()
+    bad[0, H * T * D // 2] = 0x7F  # layer 0's first K scale
+    snap = [f.clone() for f in fresh]
+    raises(lambda: m2.load(bad.to(DEV) if DEV != "cpu" else bad, [1, 2]), "NaN")
+    for f, s in zip(fresh, snap):
+        assert_eq(f, s, "cache after a corrupt load")
+
+
+def test_nvfp4_mode_every_layout():
+    for kind, order in LAYOUTS:
+        _nvfp4_mode(kind, order, torch.bfloat16, P.MAX6)
+    _nvfp4_mode("flash_attn", "HND", torch.float16, P.MAX6)
+    _nvfp4_mode("flashinfer", "NHD", torch.bfloat16, P.FOUR_OVER_SIX)
+    _nvfp4_mode("cpu", "HND", torch.float16, P.FOUR_OVER_SIX)
+
+
+def test_fp8_mode():
+    g = torch.Generator().manual_seed(3)
+    L, NB, T, H, D = 2, 4, 16, 2, 32
+    for kind, order in (("flash_attn", "HND"), ("cpu", "HND")):
+        caches = [make_cache(kind, order, NB, T, H, D, torch.bfloat16, gen=g) for _ in range(L)]
+        ks, vs = [float(c.float().abs().max()) / 448 for c in caches], [0.01, 0.02]
+        lay = P.describe(caches[0], kind)
+        m = P.BlockMover(caches, lay, mode="fp8", k_scales=ks, v_scales=vs)
+        assert m.block_bytes == L * 2 * H * T * D
+        dst = torch.zeros(2, m.block_bytes, dtype=torch.uint8)
+        m.save([2, 3], dst)
+        fresh = [make_cache(kind, order, NB, T, H, D, torch.bfloat16, fill=False) for _ in range(L)]
+        P.BlockMover(fresh, lay, mode="fp8", k_scales=ks, v_scales=vs).load(dst.to(DEV) if DEV != "cpu" else dst, [0, 1])
+        for l in range(L):
+            for side, sc in ((0, ks[l]), (1, vs[l])):
+                for b_src, b_dst in ((2, 0), (3, 1)):
+                    x = block_hnd(caches[l], kind, b_src, side).float()
+                    # IEEE division on both devices: a 0-dim tensor on x's device (torch's CUDA
+                    # kernel would multiply by the reciprocal of a Python float instead).
+                    q = (x / torch.tensor(sc, device=x.device)).clamp(-448, 448).to(torch.float8_e4m3fn)
+                    want = (q.float() * sc).to(torch.bfloat16)
+                    assert_eq(block_hnd(fresh[l], kind, b_dst, side), want, "fp8 mode values")
+
+
+# ---- vLLM's NVFP4 pages ----------------------------------------------------------------
+
+def vllm_nvfp4_cache(kind, order, nb, t, h, d, swizzle, values_k, values_v, ks, vs, device=None):
+    """A uint8 NVFP4 cache written token by token the way vLLM's reshape_and_cache_nvfp4
+    kernel addresses it (vllm-project/vllm@0cd789b, nvfp4_kv_cache_kernels.cu): values_*
+    [nb, t, h, d] float32, quantized with kvtier's codec one (token, head) at a time."""
+    full = d // 2 + d // 16
+    cache = make_cache(kind, order, nb, t, h, full, torch.uint8, device="cpu")
+    cache.zero_()
+    half, s_dim = d // 2, d // 16
+    data_per_kv = h * t * half
+    if order == "HND":
+        dh, dt_, sh, st_ = t * half, half, t * s_dim, s_dim
+    else:
+        dh, dt_, sh, st_ = half, h * half, s_dim, h * s_dim
+    for side, vals, sc in ((0, values_k, ks), (1, values_v, vs)):
+        side_view = cache[:, side] if kind == "flashinfer" else cache[side]
+        for b in range(nb):
+            blk = side_view[b]
+            raw = torch.as_strided(blk, (h * t * full,), (1,))  # the side's bytes
+            for tok in range(t):
+                for head in range(h):
+                    x = vals[b, tok, head].contiguous()
+                    data = torch.empty(half, dtype=torch.uint8)
+                    scales = torch.empty(s_dim, dtype=torch.uint8)
+                    kvtier.nvfp4_encode(x.data_ptr(), d, sc, 0, data.data_ptr(), scales.data_ptr())
+                    o = head * dh + tok * dt_
+                    raw[o:o + half] = data
+                    for s in range(s_dim):
+                        if side == 0 or not swizzle:
+                            pos = head * sh + tok * st_ + s
+                        else:
+                            g = s_dim // 4
+                            t2 = (tok // 4) * 4 + s // g
+                            s2 = (s % g) * 4 + tok % 4
+                            pos = head * sh + t2 * st_ + s2
+                        raw[data_per_kv + pos] = scales[s]
+    return cache.to(device or DEV)
+
+
+def test_vllm_nvfp4_pages_convert_bit_exact():
+    g = torch.Generator().manual_seed(11)
+    nb, t, h, d = 3, 8, 2, 64
+    for kind in ("flashinfer", "flash_attn"):
+        for order in ("NHD", "HND"):
+            for swizzle in (False, True):
+                vk = torch.randn(nb, t, h, d, generator=g)
+                vv = torch.randn(nb, t, h, d, generator=g) * 3
+                ks, vs = 0.01, 0.02
+                cache = vllm_nvfp4_cache(kind, order, nb, t, h, d, swizzle, vk, vv, ks, vs)
+                lay = P.describe(cache, kind, "nvfp4", v_scale_swizzle=swizzle)
+                assert (lay.order, lay.head_dim) == (order, d), lay
+                m = P.BlockMover([cache], lay)
+                ids = [2, 0]
+                dst = strided_rows(2, m.block_bytes)
+                m.save(ids, dst)
+                # kvtier's own encoding of the same values, HND, linear scales.
+                for i, b in enumerate(ids):
+                    parts = []
+                    for vals, sc in ((vk, ks), (vv, vs)):
+                        x = vals[b].permute(1, 0, 2).contiguous()
+                        data = torch.empty(h * t * d // 2, dtype=torch.uint8)
+                        scales = torch.empty(h * t * d // 16, dtype=torch.uint8)
+                        kvtier.nvfp4_encode(x.data_ptr(), x.numel(), sc, 0, data.data_ptr(), scales.data_ptr())
+                        parts += [data, scales]
+                    assert_eq(dst[i, :m.block_bytes], torch.cat(parts), f"{kind}/{order}/swizzle={swizzle} block {b}")
+                # Back into an empty cache: the loaded blocks are vLLM's bytes exactly.
+                empty = make_cache(kind, order, nb, t, h, d // 2 + d // 16, torch.uint8)
+                empty.zero_()
+                P.BlockMover([empty], lay).load(dst.to(DEV) if DEV != "cpu" else dst, ids)
+                for b in range(nb):
+                    for side in (0, 1):
+                        want = block_hnd(cache, kind, b, side) if b in ids else torch.zeros_like(block_hnd(cache, kind, b, side))
+                        assert_eq(block_hnd(empty, kind, b, side), want, f"{kind}/{order}/{swizzle} loaded block {b}")
+    # The swizzle needs T and D/16 multiples of 4.
+    c = make_cache("flashinfer", "HND", 2, 6, 1, 36, torch.uint8)
+    raises(lambda: P.describe(c, "flashinfer", "nvfp4", v_scale_swizzle=True), "multiples of 4")
+    raises(lambda: P.describe(make_cache("cpu", "HND", 2, 8, 1, 36, torch.uint8), "cpu", "nvfp4"), "CUDA")
+
+
+def test_codec_abi_refusals():
+    x = torch.randn(20)
+    data = torch.full((10,), 0x55, dtype=torch.uint8)
+    sc = torch.full((2,), 0x55, dtype=torch.uint8)
+    for args, word in (((x.data_ptr(), 20, 1.0, 0), "multiple of 16"), ((x.data_ptr(), 16, 0.0, 0), "global scale"),
+                       ((x.data_ptr(), 16, 1.0, 2), "scale rule")):
+        try:
+            kvtier.nvfp4_encode(*args, data.data_ptr(), sc.data_ptr())
+            raise AssertionError("accepted")
+        except kvtier.KvtierError as e:
+            assert word in str(e), str(e)
+    x[3] = float("nan")
+    try:
+        kvtier.nvfp4_encode(x.data_ptr(), 16, 1.0, 0, data.data_ptr(), sc.data_ptr())
+        raise AssertionError("accepted a NaN")
+    except kvtier.KvtierError as e:
+        assert "not finite" in str(e), str(e)
+    assert bool((data == 0x55).all()) and bool((sc == 0x55).all()), "a refused encode wrote"
+    sc[0] = 0x7F
+    out = torch.zeros(16)
+    try:
+        kvtier.nvfp4_decode(data.data_ptr(), sc.data_ptr(), 16, 1.0, out.data_ptr())
+        raise AssertionError("decoded a NaN scale")
+    except kvtier.KvtierError as e:
+        assert e.args and "NaN" in str(e), str(e)
+
+
+def test_torch_decode_equals_codec():
+    """nvfp4_decode_torch (the CUDA path for FP16 caches) == kvtier_nvfp4_decode, bit for bit,
+    on every code and scale byte combination plus random groups."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    scales = torch.arange(256, dtype=torch.uint8)
+    scales = scales[(scales & 0x7F) != 0x7F]
+    data = codes.repeat(len(scales), 1).view(len(scales), 256)  # 512 values per scale row
+    for kv in (1.0, 0.0123, 3.0e-5, 417.0):
+        d = data.reshape(-1, 8).contiguous()
+        sc = scales.repeat_interleave(32).contiguous()
+        want = torch.empty(d.numel() * 2)
+        kvtier.nvfp4_decode(d.data_ptr(), sc.data_ptr(), want.numel(), kv, want.data_ptr())
+        got = P.nvfp4_decode_torch(d.view(-1, 8).to(DEV), sc.view(-1, 1).to(DEV),
+                                   torch.tensor(kv, device=DEV)).reshape(-1).cpu()
+        assert_eq(got.view(torch.int32), want.view(torch.int32), f"decode at kv_scale {kv}")
+
+
+CPU_TESTS = [test_torch_decode_equals_codec, test_as_is_bf16_every_layout, test_as_is_fp8_every_layout, test_fp16_and_fp32_as_is_refused,
+             test_bad_shapes_refused, test_nvfp4_mode_every_layout, test_fp8_mode,
+             test_vllm_nvfp4_pages_convert_bit_exact, test_codec_abi_refusals]
+
+
+# ---- GPU --------------------------------------------------------------------------------
+
+def test_gpu_nvfp4_equals_cpu():
+    """CUDA save bytes == CPU save bytes, CUDA load values == CPU load values."""
+    g = torch.Generator().manual_seed(5)
+    L, NB, T, H, D = 4, 9, 16, 8, 128
+    for kind, order in LAYOUTS[:4]:
+        for rule in (P.MAX6, P.FOUR_OVER_SIX):
+            cpu = [make_cache(kind, order, NB, T, H, D, torch.bfloat16, device="cpu", gen=g) for _ in range(L)]
+            gpu = [c.cuda() for c in cpu]
+            ks, vs = _scales(cpu, kind)
+            mc = P.BlockMover(cpu, P.describe(cpu[0], kind), "nvfp4", ks, vs, rule)
+            mg = P.BlockMover(gpu, P.describe(gpu[0], kind), "nvfp4", ks, vs, rule)
+            ids = [8, 0, 4, 5]
+            a = torch.zeros(4, mc.block_bytes, dtype=torch.uint8)
+            b = torch.zeros(4, mg.block_bytes, dtype=torch.uint8).pin_memory()
+            mc.save(ids, a)
+            mg.save(ids, b)
+            assert_eq(b, a, f"{kind}/{order} rule {rule}: CUDA NVFP4 bytes vs CPU codec")
+            mc.load(a, [1, 2, 3, 6])
+            mg.load(b, [1, 2, 3, 6])
+            for l in range(L):
+                assert_eq(gpu[l], cpu[l], f"{kind}/{order}: CUDA NVFP4 load vs CPU")
+
+
+def test_gpu_kernel_and_torch_paths_agree():
+    """kvt_engine_pages (gather, scatter, NVFP4 decode) against the torch path, over blocks
+    enough for several pipeline chunks, from pinned rows, shuffled slots and device rows."""
+    g = torch.Generator().manual_seed(9)
+    L, NB, T, H, D, n = 8, 200, 16, 8, 128, 96
+    for kind, order in LAYOUTS[:4]:
+        base = [make_cache(kind, order, NB, T, H, D, torch.bfloat16, device="cuda", gen=g) for _ in range(L)]
+        ks, vs = _scales(base, kind)
+        lay = P.describe(base[0], kind)
+        ids = torch.randperm(NB, generator=g)[:2 * n]
+        src_ids, to = ids[:n].tolist(), ids[n:].tolist()
+        for mode in ("as_is", "nvfp4"):
+            a = [c.clone() for c in base]
+            b = [c.clone() for c in base]
+            mk = P.BlockMover(a, lay, mode, ks, vs)
+            mt = P.BlockMover(b, lay, mode, ks, vs, use_kernels=False)
+            assert mk.uses_kernels() and not mt.uses_kernels(), "kernel path not taken"
+            assert mode == "nvfp4" or len(mk._chunks(n)) > 1, "one chunk only"
+            ra = torch.zeros(n, mk.block_bytes, dtype=torch.uint8).pin_memory()
+            rb = torch.zeros(n, mt.block_bytes, dtype=torch.uint8).pin_memory()
+            mk.save(src_ids, ra)
+            mt.save(src_ids, rb)
+            assert_eq(ra, rb, f"{kind}/{order} {mode}: saved bytes, kernel vs torch")
+            if mode == "as_is":
+                assert_eq(ra, ref_as_is(base, kind, src_ids), f"{kind}/{order}: saved bytes vs reference")
+            mk.load(ra, to)
+            mt.load(rb, to)
+            for l in range(L):
+                assert_eq(a[l], b[l], f"{kind}/{order} {mode}: loaded cache, kernel vs torch")
+            # Rows at shuffled slots (a list) and rows already on the device.
+            arena = torch.zeros(2 * n, mk.block_bytes + 512, dtype=torch.uint8).pin_memory()
+            slots = torch.randperm(2 * n, generator=g)[:n].tolist()
+            for i, s in enumerate(slots):
+                arena[s, :mk.block_bytes] = ra[i]
+            c = [x.clone() for x in base]
+            P.BlockMover(c, lay, mode, ks, vs).load([arena[s] for s in slots], to)
+            d = [x.clone() for x in base]
+            P.BlockMover(d, lay, mode, ks, vs).load(ra.cuda(), to)
+            for l in range(L):
+                assert_eq(c[l], a[l], f"{kind}/{order} {mode}: load from shuffled slots")
+                assert_eq(d[l], a[l], f"{kind}/{order} {mode}: load from device rows")
+
+
+GPU_TESTS = [test_gpu_nvfp4_equals_cpu, test_gpu_kernel_and_torch_paths_agree]
+
+
+def run(tests):
+    passed, failed = 0, 0
+    for t in tests:
+        try:
+            t()
+            passed += 1
+            print(f"PASS {t.__name__}", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL {t.__name__}\n{traceback.format_exc()}", flush=True)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def main():
+    group = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    global DEV
+    if group == "cpu":
+        try:
+            kvtier.library_path()
+        except Exception as e:  # the C codec is part of what is tested
+            print(f"FAILED: libkvtier not found: {e}")
+            return 1
+        return run(CPU_TESTS)
+    if group == "gpu":
+        if not torch.cuda.is_available():
+            skip("no CUDA device")
+        DEV = "cuda"
+        # The CPU checks again with CUDA caches (saves to pinned host, loads from device).
+        return run([test_as_is_bf16_every_layout, test_as_is_fp8_every_layout, test_nvfp4_mode_every_layout,
+                    test_fp8_mode, test_vllm_nvfp4_pages_convert_bit_exact, test_torch_decode_equals_codec] + GPU_TESTS)
+    print(f"unknown group {group!r}: cpu or gpu")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
