@@ -48,6 +48,10 @@ def fake_quant(x: torch.Tensor, fmt: str, scale: float) -> torch.Tensor:
 
 
 def _fakequant_attention(module, query, key, value, attention_mask, **kwargs):
+    """A prefill (several query tokens) attends to its own K/V as computed, as kvtier's
+    prefill does; a decode step attends to every K/V as the pages hold them."""
+    if query.shape[2] > 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     layer = module.layer_idx
     fmt = _state["fmt"]
     k = fake_quant(key, fmt, _state["k"][layer]).to(key.dtype)
@@ -62,7 +66,9 @@ AttentionMaskInterface.register(FAKEQUANT, sdpa_mask)
 @torch.no_grad()
 def logits(model, ids, mask, forced, fmt="bf16", k_scales=None, v_scales=None):
     """[B, 1 + steps, vocab] float32: the prefill's last logits, then one per forced token,
-    with transformers' DynamicCache and sdpa over the K/V as `fmt` pages would hold them."""
+    with transformers' DynamicCache and sdpa; with `fmt` FP8 or NVFP4, each decode step
+    attends to the K/V as `fmt` pages hold them (the prefill to its K/V as computed, as
+    kvtier's prefill does)."""
     impl = model.config._attn_implementation
     if fmt == "bf16":
         model.set_attn_implementation("sdpa")
