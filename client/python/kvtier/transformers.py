@@ -89,6 +89,17 @@ def _text_config(model):
 
 
 _PROBE = "kvtier_probe"
+# Arguments of the attention interface that change its result and that kvtier's decode
+# does not take: attention sinks (GPT-OSS's s_aux), additive position biases.
+_UNSERVED_KWARGS = ("s_aux", "sinks", "position_bias", "alibi", "attn_bias", "head_mask")
+
+
+def _unserved_kwargs(module, kwargs) -> List[str]:
+    """What an attention call asks for that kvtier's decode cannot honour."""
+    out = [k for k in _UNSERVED_KWARGS if kwargs.get(k) is not None]
+    if kwargs.get("is_causal", getattr(module, "is_causal", True)) is False:
+        out.append("is_causal=False")
+    return out
 
 
 def _probe_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -99,7 +110,8 @@ def _probe_attention(module, query, key, value, attention_mask, scaling=None, dr
     if calls is not None:
         calls.append({"layer": getattr(module, "layer_idx", None), "q": tuple(query.shape), "k": tuple(key.shape),
                       "v": tuple(value.shape), "sliding_window": kwargs.get("sliding_window"),
-                      "softcap": kwargs.get("softcap"), "module": type(module).__name__})
+                      "softcap": kwargs.get("softcap"), "module": type(module).__name__,
+                      "unserved": _unserved_kwargs(module, kwargs)})
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                   **kwargs)
 
@@ -121,7 +133,11 @@ def _probe_calls(model) -> list:
     try:
         model.set_attn_implementation(_PROBE)
         if model.config._attn_implementation == _PROBE:
-            model(input_ids=ids, use_cache=False)
+            try:
+                model(input_ids=ids, use_cache=False)
+            except Exception as e:
+                raise UnsupportedModel(f"{type(model).__name__}: a probe forward of 4 tokens failed, so what its "
+                                       f"attention does is unknown: {type(e).__name__}: {e}") from e
     finally:
         _tls.probe = None
         if model.config._attn_implementation != impl:
@@ -148,6 +164,9 @@ def _probed_geometry(model, name: str, layers: int) -> Tuple[int, int, int]:
                                f"not once for each of its {layers} layers (cross-attention, shared or skipped "
                                "layers are not supported)")
     for c in calls:
+        if c["unserved"]:
+            raise UnsupportedModel(f"{name}: layer {c['layer']}'s attention takes {c['unserved']}, which kvtier's "
+                                   "decode does not apply")
         if c["softcap"] is not None:
             raise UnsupportedModel(f"{name}: attention logit soft-capping ({c['softcap']}) is not supported by "
                                    "kvtier's decode")
@@ -760,6 +779,9 @@ def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dr
         raise UnsupportedModel("sliding-window attention is not supported by kvtier's cache")
     if kwargs.get("softcap") is not None:
         raise UnsupportedModel("attention logit soft-capping is not supported by kvtier's cache")
+    unserved = _unserved_kwargs(module, kwargs)
+    if unserved:
+        raise UnsupportedModel(f"kvtier's cache does not apply the attention arguments {unserved}")
     if dropout:
         raise UnsupportedModel("kvtier's attention is for inference: dropout must be 0 (call model.eval())")
     if scaling is None:
