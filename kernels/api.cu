@@ -13,6 +13,7 @@
 #include "formats/nvfp4.h"
 #include "kernels/include/kvtier/kernels.h"
 #include "kernels/internal.h"
+#include "kernels/support.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -91,12 +92,9 @@ int CheckDecode(const kvt_pool* pool, const kvt_decode_params* p) {
   if (p == nullptr) return Fail(KVT_INVALID, "params are null");
   const int D = static_cast<int>(pool->head_dim), T = static_cast<int>(pool->block_tokens);
   const int H = static_cast<int>(pool->num_kv_heads);
-  if (D != 64 && D != 128 && !(D == 256 && pool->format == KVT_FORMAT_NVFP4)) {
-    return Fail(KVT_UNSUPPORTED, "decode: head_dim " + std::to_string(D) +
-                                     " unsupported (64, 128; 256 for nvfp4)");
-  }
-  if (T != 16 && T != 32 && T != 64) {
-    return Fail(KVT_UNSUPPORTED, "decode: block_tokens " + std::to_string(T) + " unsupported (16, 32, 64)");
+  // The GQA group is checked below, once num_q_heads is known to be a multiple of H.
+  if (std::string why = DecodeUnsupportedReason(pool->format, D, 1, T); !why.empty()) {
+    return Fail(KVT_UNSUPPORTED, "decode: " + why);
   }
   if (p->batch < 1) return Fail(KVT_INVALID, "decode: batch must be >= 1");
   if (p->num_q_heads < 1 || p->num_q_heads % H != 0) {
@@ -104,8 +102,8 @@ int CheckDecode(const kvt_pool* pool, const kvt_decode_params* p) {
                                  " is not a multiple of the KV heads " + std::to_string(H));
   }
   const int group = p->num_q_heads / H;
-  if (group != 1 && group != 2 && group != 4 && group != 8) {
-    return Fail(KVT_UNSUPPORTED, "decode: GQA group " + std::to_string(group) + " unsupported (1, 2, 4, 8)");
+  if (std::string why = DecodeUnsupportedReason(pool->format, D, group, T); !why.empty()) {
+    return Fail(KVT_UNSUPPORTED, "decode: " + why);
   }
   if (p->layer >= pool->num_layers) return Fail(KVT_INVALID, "decode: layer out of range");
   if (p->q == nullptr || p->out == nullptr || p->block_table == nullptr || p->seq_lens == nullptr) {
@@ -216,6 +214,15 @@ extern "C" {
 
 const char* kvt_last_error(void) { return g_error.c_str(); }
 
+uint32_t kvt_decode_shapes(kvt_decode_shape* out, uint32_t capacity) { return DecodeShapes(out, capacity); }
+
+int kvt_decode_supports(uint32_t format, uint32_t head_dim, uint32_t group, uint32_t block_tokens) {
+  if (std::string why = DecodeUnsupportedReason(format, head_dim, group, block_tokens); !why.empty()) {
+    return Fail(KVT_UNSUPPORTED, "decode: " + why);
+  }
+  return Ok();
+}
+
 int kvt_check_pool(const kvt_pool* pool) {
   if (int r = CheckPool(pool); r != KVT_OK) return r;
   return Ok();
@@ -224,7 +231,6 @@ int kvt_check_pool(const kvt_pool* pool) {
 int kvt_quantize_append(const kvt_pool* pool, const kvt_quantize_params* p, void* stream) {
   if (int r = CheckPool(pool); r != KVT_OK) return r;
   if (p == nullptr) return Fail(KVT_INVALID, "quantize_append: params are null");
-  if (pool->format != KVT_FORMAT_NVFP4) return Fail(KVT_UNSUPPORTED, "quantize_append: pool is not nvfp4");
   if (p->dtype > KVT_DTYPE_FP16) return Fail(KVT_INVALID, "quantize_append: unknown dtype");
   if (p->num_tokens < 0) return Fail(KVT_INVALID, "quantize_append: num_tokens < 0");
   if (p->layer >= pool->num_layers) return Fail(KVT_INVALID, "quantize_append: layer out of range");
@@ -240,8 +246,10 @@ int kvt_quantize_append(const kvt_pool* pool, const kvt_quantize_params* p, void
   }
   if (int r = CheckMappingHost(*pool, p->num_tokens, p->slot_ids_host, p->positions_host); r != KVT_OK) return r;
   const Geometry g = GeometryOf(*pool);
-  const PageLayout pl = MakePageLayout(KvFormat::kNvfp4, g);
+  const KvFormat f = static_cast<KvFormat>(pool->format);
+  const PageLayout pl = MakePageLayout(f, g);
   detail::QuantizeLaunch a{};
+  a.format = static_cast<int>(pool->format);
   a.k = static_cast<const uint16_t*>(p->k);
   a.v = static_cast<const uint16_t*>(p->v);
   a.fp16 = p->dtype == KVT_DTYPE_FP16;
@@ -251,7 +259,7 @@ int kvt_quantize_append(const kvt_pool* pool, const kvt_quantize_params* p, void
   a.pool = static_cast<uint8_t*>(pool->base);
   a.slot_bytes = pool->slot_bytes;
   a.num_slots = UsableSlots(*pool);
-  a.page_offset = PageOffset(KvFormat::kNvfp4, g, p->layer);
+  a.page_offset = PageOffset(f, g, p->layer);
   a.k_data = static_cast<uint32_t>(pl.k_data);
   a.k_scale = static_cast<uint32_t>(pl.k_scale);
   a.v_data = static_cast<uint32_t>(pl.v_data);

@@ -57,6 +57,7 @@ inline constexpr int kLeanParts = 256;
 inline constexpr int kDecodeWarps = 4;  // warps per CTA; one warp per (b, kv head, split)
 
 struct QuantizeLaunch {
+  int format;               // kvt_format: 0 nvfp4, 1 fp8, 2 bf16
   const uint16_t* k;        // [N, H, D]
   const uint16_t* v;
   int fp16;                 // 0 bf16, 1 fp16

@@ -6,8 +6,12 @@
 // per-value division replaced by an exact threshold test (QuantizeWithScaleNoDiv), and
 // writes 8 data bytes and 1 scale byte. Consecutive threads take consecutive groups of one token's
 // row, so loads and stores coalesce.
+//
+// The same launcher writes FP8 and BF16 pages (StoreKernel): one thread per 16 values, the
+// same bounds and finiteness checks, 16 (FP8) or 32 (BF16) bytes stored per thread.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -265,6 +269,70 @@ __global__ void __launch_bounds__(256) QuantizeMax6Kernel(const QuantizeLaunch a
   }
 }
 
+// FP8 or BF16 pages (format 1 or 2): one thread per 16 values of one side (blockIdx.y).
+// FP8: E4M3 of x / scale, rounded to nearest even and saturating at +-448 (what
+// `(x / scale).clamp(-448, 448).to(torch.float8_e4m3fn)` gives). BF16: the values as they
+// are (bf16 input) or rounded to nearest even (fp16 input). A token whose slot or
+// position is out of range, or a group with a non-finite value, is skipped and flagged,
+// as in the NVFP4 kernels.
+__global__ void __launch_bounds__(256) StoreKernel(const QuantizeLaunch a, int format) {
+  const int groups_per_row = a.head_dim / 16;
+  const int64_t per_side = static_cast<int64_t>(a.num_tokens) * a.num_kv_heads * groups_per_row;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int side = blockIdx.y;
+  if (idx >= per_side) return;
+  const int g = static_cast<int>(idx % groups_per_row);
+  const int64_t th = idx / groups_per_row;
+  const int h = static_cast<int>(th % a.num_kv_heads);
+  const int tok = static_cast<int>(th / a.num_kv_heads);
+  const int32_t slot = a.slot_ids[tok];
+  const int32_t pos = a.positions[tok];
+  if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || pos < 0 || pos >= a.block_tokens) {
+    if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrSlotRange);
+    return;
+  }
+  const uint16_t* src = (side == 0 ? a.k : a.v) + idx * 16;
+  const uint4 r0 = __ldg(reinterpret_cast<const uint4*>(src));
+  const uint4 r1 = __ldg(reinterpret_cast<const uint4*>(src) + 1);
+  uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+  float x[16];
+  bool finite = true;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    x[2 * i] = to_float(static_cast<uint16_t>(w[i] & 0xffffu), a.fp16);
+    x[2 * i + 1] = to_float(static_cast<uint16_t>(w[i] >> 16), a.fp16);
+    finite &= isfinite(x[2 * i]) && isfinite(x[2 * i + 1]);
+  }
+  if (!finite) {
+    if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrNonFinite);
+    return;
+  }
+  uint8_t* page = a.pool + static_cast<uint64_t>(slot) * a.slot_bytes + a.page_offset;
+  const size_t row = static_cast<size_t>(h) * a.block_tokens + pos;
+  const uint32_t region = side == 0 ? a.k_data : a.v_data;
+  if (format == 1) {
+    const float gs = side == 0 ? a.k_scale_f : a.v_scale_f;
+    uint32_t o[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint32_t q = __nv_cvt_float_to_fp8(__fdiv_rn(x[i], gs), __NV_SATFINITE, __NV_E4M3);
+      o[i / 4] |= q << (8 * (i % 4));
+    }
+    *reinterpret_cast<uint4*>(page + region + row * a.head_dim + g * 16) = make_uint4(o[0], o[1], o[2], o[3]);
+    return;
+  }
+  if (a.fp16) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      __nv_bfloat162 b = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
+      w[i] = *reinterpret_cast<uint32_t*>(&b);
+    }
+  }
+  uint4* dst = reinterpret_cast<uint4*>(page + region + row * a.head_dim * 2 + g * 32);
+  dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+}
+
 // One thread per 16 values of one side; writes 16 bf16 (32 bytes).
 __global__ void __launch_bounds__(256) DequantKernel(const DequantLaunch a) {
   const int groups_per_row = a.head_dim / 16;
@@ -345,7 +413,9 @@ cudaError_t LaunchQuantize(const QuantizeLaunch& a, cudaStream_t stream) {
   if (per_side == 0) return cudaSuccess;
   dim3 grid(static_cast<unsigned>((per_side + 255) / 256), 2);
   const int gpr = a.head_dim / 16;
-  if (a.rule == 0 && per_side <= 0xffffffffLL && (gpr & (gpr - 1)) == 0) {
+  if (a.format != 0) {
+    StoreKernel<<<grid, 256, 0, stream>>>(a, a.format);
+  } else if (a.rule == 0 && per_side <= 0xffffffffLL && (gpr & (gpr - 1)) == 0) {
     int log2_gpr = 0;
     while ((1 << log2_gpr) < gpr) ++log2_gpr;
     const unsigned blocks = static_cast<unsigned>((per_side + 255) / 256);

@@ -190,7 +190,13 @@ def main(argv=None):
                     help="also: ROUNDS alternating rounds of DynamicCache, StaticCache and kvtier NVFP4, all eager, "
                          "at the smallest context (what the integration's Python costs)")
     ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the smallest run of every cache and mode (a 2-layer model, contexts 256 and 512, batches "
+                         "1 and 2, 2 steps, one eager A/B round, no max-batch search); exits 1 when any row failed")
     a = ap.parse_args(argv)
+    if a.smoke:
+        a.contexts, a.batches, a.warmup, a.steps, a.no_max_batch = "256,512", "1,2", 1, 2, True
+        a.eager_ab = max(a.eager_ab, 1)
     contexts = [int(x) for x in a.contexts.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
     caches = [c for c in a.caches.split(",") if c]
@@ -199,9 +205,9 @@ def main(argv=None):
     bw = hbm_read_gbps()
     log(f"HBM read bandwidth (kvt_read_bandwidth_probe, 8 GiB): {bw:.0f} GB/s")
     with torch.no_grad():
-        model = models.build(models.config("llama", small=False), seed=0)
+        model = models.build(models.config("llama", small=a.smoke), seed=0)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    log(f"model: Llama-3-8B shape, {weights / 1e9:.2f} GB of bf16 weights")
+    log(f"model: Llama-3-8B shape{' (2 layers, --smoke)' if a.smoke else ''}, {weights / 1e9:.2f} GB of bf16 weights")
     rows = []
 
     def record(cache_name, mode, ctx, B, ms, fmt):
@@ -303,6 +309,13 @@ def main(argv=None):
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
+    if a.smoke:
+        failed = [r for r in rows if not r.get("step_ms")]
+        if failed:
+            log(f"--smoke: {len(failed)} rows failed: {failed}")
+            return 1
+        log(f"--smoke: {len(rows)} rows, every one ran")
+    return 0
 
 
 def eager_ab(model, ctx, batches, a):
@@ -421,4 +434,4 @@ def print_table(out, contexts):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -53,58 +53,24 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--block-tokens", type=int, default=16)
     ap.add_argument("--nvme-dir", default=None, help="NVMe tier folder (default: a temp folder)")
+    ap.add_argument("--formats", default="nvfp4", help="page formats of the kvtier caches (comma separated)")
     ap.add_argument("--json")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the smallest run: a 2-layer model, 256 + 16 tokens, one repetition, every page format")
     a = ap.parse_args(argv)
+    if a.smoke:
+        a.context, a.new_tokens, a.reps, a.formats = 256, 16, 1, ",".join(kt.FORMATS)
+    formats = [f for f in a.formats.split(",") if f]
     with torch.no_grad():
-        model = models.build(models.config("llama", small=False), seed=0)
+        model = models.build(models.config("llama", small=a.smoke), seed=0)
         kt.use_kvtier(model)
-        contract = kt.contract_for(model, "nvfp4", a.block_tokens)
-        bb = contract.block_bytes()
-        blocks = a.context // a.block_tokens + 8
-        gib = -(-blocks * ((bb + 4095) // 4096 * 4096) // (1 << 30)) + 1
         g = torch.Generator().manual_seed(5)
         conv1 = torch.randint(0, model.config.vocab_size, (1, a.context), generator=g).cuda()
         conv2 = torch.cat([conv1, torch.randint(0, model.config.vocab_size, (1, a.new_tokens), generator=g).cuda()], 1)
         S = conv2.shape[1]
-        res = {"gpu": torch.cuda.get_device_name(), "context": a.context, "new_tokens": a.new_tokens,
-               "block_bytes": bb}
-        nvme_dir = a.nvme_dir or tempfile.mkdtemp(prefix="kvtier-ttft-nvme-")
-        with Daemon(slot_bytes=bb, hbm=f"{gib}GiB", host=f"{gib}GiB", nvme=f"{gib}GiB", nvme_dir=nvme_dir,
-                    timeout_s=300) as d:
-            client = kvtier.Client(d.socket, name="bench-ttft", has_gpu=True)
-            with kt.prefix_cache(model, client, conv1, max_new_tokens=1, contract=contract) as c1:
-                t0 = time.perf_counter()
-                model(input_ids=conv1, past_key_values=c1, use_cache=True, logits_to_keep=1)
-                torch.cuda.synchronize()
-                res["turn1_prefill_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
-                res["committed_blocks"] = c1.commit(conv1)
-            log(f"turn 1: prefilled {a.context} tokens through kvtier in {res['turn1_prefill_ms']} ms, "
-                f"committed {res['committed_blocks']} blocks")
-
-            def kvtier_turn2():
-                with kt.prefix_cache(model, client, conv2, max_new_tokens=1, contract=contract) as c:
-                    col = c._columns
-                    pos = torch.arange(col, S, device="cuda").unsqueeze(0)
-                    model(input_ids=conv2[:, col:], position_ids=pos, past_key_values=c, use_cache=True,
-                          logits_to_keep=1)
-                    return c.hit_tiers[0], col
-
-            for tier in ("hbm", "host", "nvme"):
-                ts = []
-                for _ in range(a.reps):
-                    if tier != "hbm":
-                        client.flush(tier)
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    tiers, col = kvtier_turn2()
-                    torch.cuda.synchronize()
-                    ts.append(time.perf_counter() - t0)
-                    assert set(tiers) == {tier}, f"expected the prefix in {tier}, it came from {set(tiers)}"
-                res[f"kvtier_{tier}_ms"] = round(statistics.median(ts) * 1e3, 2)
-                res["restored_tokens"] = col
-                log(f"turn 2 from {tier}: TTFT {res[f'kvtier_{tier}_ms']} ms ({col} tokens restored, "
-                    f"{S - col} computed)")
-            client.close()
+        res = {"gpu": torch.cuda.get_device_name(), "context": a.context, "new_tokens": a.new_tokens}
+        for fmt in formats:
+            kvtier_ttft(model, fmt, conv1, conv2, a, res)
         model.set_attn_implementation("sdpa")
         ms, _ = timed(lambda: model(input_ids=conv2, use_cache=False, logits_to_keep=1), a.reps)
         res["recompute_ms"] = round(ms, 1)
@@ -112,13 +78,70 @@ def main(argv=None):
     log("| turn-2 prefix from | TTFT ms | speedup vs recompute |")
     log("|---|---|---|")
     log(f"| recompute (transformers, sdpa) | {res['recompute_ms']} | 1.00x |")
-    for tier in ("hbm", "host", "nvme"):
-        v = res[f"kvtier_{tier}_ms"]
-        res[f"speedup_{tier}"] = round(res["recompute_ms"] / v, 2)
-        log(f"| kvtier {tier} | {v} | {res[f'speedup_{tier}']:.2f}x |")
+    for fmt in formats:
+        for tier in ("hbm", "host", "nvme"):
+            key = _key(fmt, tier)
+            v = res[f"{key}_ms"]
+            res[f"speedup_{key[len('kvtier_'):]}"] = round(res["recompute_ms"] / v, 2)
+            log(f"| kvtier {fmt} {tier} | {v} | {res['recompute_ms'] / v:.2f}x |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+
+
+def _key(fmt, tier):
+    """Result key of a tier's TTFT: kvtier_<tier> for NVFP4 pages (the default), else
+    kvtier_<fmt>_<tier>."""
+    return f"kvtier_{tier}" if fmt == "nvfp4" else f"kvtier_{fmt}_{tier}"
+
+
+def kvtier_ttft(model, fmt, conv1, conv2, a, res):
+    """Turn 1 through a `fmt` KvtierCache (committed), then turn 2's TTFT with the prefix
+    restored from each tier, into res."""
+    S = conv2.shape[1]
+    contract = kt.contract_for(model, fmt, a.block_tokens)
+    bb = contract.block_bytes()
+    blocks = a.context // a.block_tokens + 8
+    gib = -(-blocks * ((bb + 4095) // 4096 * 4096) // (1 << 30)) + 1
+    res[f"{fmt}_block_bytes"] = bb
+    nvme_dir = os.path.join(a.nvme_dir, fmt) if a.nvme_dir else tempfile.mkdtemp(prefix="kvtier-ttft-nvme-")
+    with Daemon(slot_bytes=bb, hbm=f"{gib}GiB", host=f"{gib}GiB", nvme=f"{gib}GiB", nvme_dir=nvme_dir,
+                timeout_s=300) as d:
+        client = kvtier.Client(d.socket, name="bench-ttft", has_gpu=True)
+        with kt.prefix_cache(model, client, conv1, max_new_tokens=1, contract=contract) as c1:
+            t0 = time.perf_counter()
+            model(input_ids=conv1, past_key_values=c1, use_cache=True, logits_to_keep=1)
+            torch.cuda.synchronize()
+            res["turn1_prefill_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
+            res["committed_blocks"] = c1.commit(conv1)
+        log(f"turn 1 ({fmt}): prefilled {a.context} tokens through kvtier in {res['turn1_prefill_ms']} ms, "
+            f"committed {res['committed_blocks']} blocks")
+
+        def kvtier_turn2():
+            with kt.prefix_cache(model, client, conv2, max_new_tokens=1, contract=contract) as c:
+                col = c._columns
+                pos = torch.arange(col, S, device="cuda").unsqueeze(0)
+                model(input_ids=conv2[:, col:], position_ids=pos, past_key_values=c, use_cache=True,
+                      logits_to_keep=1)
+                return c.hit_tiers[0], col
+
+        for tier in ("hbm", "host", "nvme"):
+            ts = []
+            for _ in range(a.reps):
+                if tier != "hbm":
+                    client.flush(tier)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                tiers, col = kvtier_turn2()
+                torch.cuda.synchronize()
+                ts.append(time.perf_counter() - t0)
+                assert set(tiers) == {tier}, f"expected the prefix in {tier}, it came from {set(tiers)}"
+            res[f"{_key(fmt, tier)}_ms"] = round(statistics.median(ts) * 1e3, 2)
+            res["restored_tokens"] = col
+            assert col > 0, f"{fmt}: turn 2 restored nothing from {tier}"
+            log(f"turn 2 ({fmt}) from {tier}: TTFT {res[f'{_key(fmt, tier)}_ms']} ms ({col} tokens restored, "
+                f"{S - col} computed)")
+        client.close()
 
 
 if __name__ == "__main__":

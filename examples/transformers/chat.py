@@ -42,17 +42,40 @@ def main(argv=None):
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--evict-between-turns", default="none", choices=["none", "host", "nvme"],
                     help="push the conversation's blocks down a tier before every later turn")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the smallest run of every page format and eviction mode (--spawn --demo, 200 + 40 tokens, "
+                         "3 turns of 8 new tokens); exits 1 unless every later turn restores its conversation from "
+                         "the tier it was pushed to")
     a = ap.parse_args(argv)
+    if a.smoke:
+        a.spawn, a.demo, a.prompt_tokens, a.turn_tokens, a.max_new, a.turns = True, True, 200, 40, 8, 3
     if not (a.socket or a.spawn) or not (a.model or a.demo):
         ap.error("give --socket or --spawn, and --model or --demo")
     path = a.model or models.save_random(models.config("llama", small=True), tempfile.mkdtemp(prefix="demo-llama-"))
     model = kt.use_kvtier(models.load(path))
     model.generation_config.pad_token_id = 0
-    contract = kt.contract_for(model, a.format)
+    runs = [(f, e) for f in kt.FORMATS for e in ("none", "host", "nvme")] if a.smoke else \
+        [(a.format, a.evict_between_turns)]
+    ok = True
+    for fmt, evict in runs:
+        if a.smoke:
+            print(f"-- {fmt} pages, evict between turns: {evict}")
+        ok &= conversation(model, fmt, evict, a)
+    if a.smoke:
+        print("--smoke: every turn restored its conversation" if ok else "--smoke: a turn missed its conversation")
+    return 0 if ok else 1
+
+
+def conversation(model, fmt, evict, a) -> bool:
+    """Runs a.turns turns; True when every turn after the first restored the conversation
+    so far (its whole blocks) from the tier it was left in."""
+    contract = kt.contract_for(model, fmt)
     daemon = None
+    ok = True
     if a.spawn:
         from kvtier.daemon import Daemon
-        daemon = Daemon(slot_bytes=contract.block_bytes(), hbm="4GiB", host="4GiB", nvme="8GiB")
+        hbm, host, nvme = ("1GiB", "1GiB", "2GiB") if a.smoke else ("4GiB", "4GiB", "8GiB")
+        daemon = Daemon(slot_bytes=contract.block_bytes(), hbm=hbm, host=host, nvme=nvme)
     try:
         client = kvtier.Client(a.socket or daemon.socket, name="chat", has_gpu=True)
         g = torch.Generator().manual_seed(0)
@@ -60,8 +83,8 @@ def main(argv=None):
         conv = torch.randint(1, vocab, (1, a.prompt_tokens), generator=g).cuda()
         for turn in range(1, a.turns + 1):
             if turn > 1:
-                if a.evict_between_turns != "none":
-                    client.flush(a.evict_between_turns)
+                if evict != "none":
+                    client.flush(evict)
                 conv = torch.cat([conv, torch.randint(1, vocab, (1, a.turn_tokens), generator=g).cuda()], 1)
             t0 = time.perf_counter()
             with kt.prefix_cache(model, client, conv, max_new_tokens=a.max_new, contract=contract) as cache:
@@ -74,12 +97,18 @@ def main(argv=None):
                 print(f"turn {turn}: {conv.shape[1]} prompt tokens, {cache.cached_tokens[0]} restored from "
                       f"{where or 'nowhere'}, {conv.shape[1] - cache.cached_tokens[0]} computed, {a.max_new} "
                       f"generated in {took * 1e3:.0f} ms, {committed} blocks committed")
+                if turn > 1:
+                    # Everything but the last token of the conversation so far, in whole blocks.
+                    want = (conv.shape[1] - a.turn_tokens - 1) // cache.T * cache.T
+                    tier = "hbm" if evict == "none" else evict
+                    ok &= cache.cached_tokens[0] >= want and where == [tier]
             conv = out
         client.close()
     finally:
         if daemon is not None:
             daemon.stop()
+    return ok
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

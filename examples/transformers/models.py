@@ -52,6 +52,57 @@ def config(arch: str, small: bool = True, **overrides):
     return cls(**kw)
 
 
+# Decoder families beyond ARCHS, each for one thing a generic integration must honour
+# (tests/transformers/test_families.py runs every one on BF16, FP8 and NVFP4 pages).
+FAMILIES = {
+    "granite": "a softmax scale other than 1/sqrt(head_dim) (attention_multiplier 0.05)",
+    "gemma": "head_dim 256 (served for NVFP4 pages only)",
+    "phi3": "K and V sliced out of one fused qkv projection",
+    "olmo2": "QK-norm over the whole projection",
+    "stablelm": "partial rotary (a quarter of head_dim)",
+    "gpt_neox": "a parallel residual, partial rotary, a per-head interleaved fused qkv, no GQA",
+    "cohere": "a parallel residual, interleaved rotary",
+    "smollm3": "layers without RoPE (every fourth)",
+}
+# Families kvtier must refuse, with what it cannot serve.
+REFUSED_FAMILIES = {
+    "gemma2": "attention logit soft-capping and sliding-window layers",
+}
+
+
+def family_config(name: str, **overrides):
+    """A tiny config of family `name` (FAMILIES or REFUSED_FAMILIES): 4 layers, hidden 256,
+    4 query heads over 2 KV heads of head_dim 64 (Gemma: 256; GPT-NeoX: 4 KV heads, it has
+    no GQA), a 1024-token vocabulary."""
+    import transformers as tf
+    kw = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=1024, max_position_embeddings=2048, pad_token_id=0,
+              bos_token_id=1, eos_token_id=2)
+    if name == "granite":
+        cls, kw = tf.GraniteConfig, dict(kw, attention_multiplier=0.05)
+    elif name == "gemma":
+        cls, kw = tf.GemmaConfig, dict(kw, head_dim=256)
+    elif name == "phi3":
+        cls = tf.Phi3Config
+    elif name == "olmo2":
+        cls = tf.Olmo2Config
+    elif name == "stablelm":
+        cls = tf.StableLmConfig
+    elif name == "gpt_neox":
+        kw.pop("num_key_value_heads")
+        cls = tf.GPTNeoXConfig
+    elif name == "cohere":
+        cls = tf.CohereConfig
+    elif name == "smollm3":
+        cls = tf.SmolLM3Config
+    elif name == "gemma2":
+        cls, kw = tf.Gemma2Config, dict(kw, head_dim=64)
+    else:
+        raise ValueError(f"unknown family {name!r} (one of {list(FAMILIES) + list(REFUSED_FAMILIES)})")
+    kw.update(overrides)
+    return cls(**kw)
+
+
 def build(cfg, seed: int = 0, device: str = "cuda"):
     """A causal LM of `cfg` with seeded random bf16 weights, in eval mode."""
     from transformers import AutoModelForCausalLM

@@ -94,12 +94,25 @@ def evaluate(model_path: str, batch: int = 8, context: int = 512, steps: int = 5
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a folder written by train_bytes.py")
+    ap.add_argument("--model", help="a folder written by train_bytes.py")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=512)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the smallest run: a 2-layer byte model trained for 30 steps into a temp folder, 2 "
+                         "sequences of 64 + 32 bytes, every cache; exits 1 unless every score is finite and the "
+                         "BF16 cache scores itself exactly")
     a = ap.parse_args(argv)
+    if a.smoke:
+        import tempfile
+        import train_bytes
+        if not a.model:
+            a.model = tempfile.mkdtemp(prefix="kvtier-quality-smoke-")
+            train_bytes.train(a.model, seconds=0, steps=30, batch=8, seq=128, layers=2, log_every=1e9)
+        a.batch, a.context, a.steps = 2, 64, 32
+    elif not a.model:
+        ap.error("--model is required (or --smoke)")
     res = evaluate(a.model, a.batch, a.context, a.steps)
     print(f"| cache | perplexity | vs BF16 | KL vs BF16 (nats) | top-1 vs BF16 |")
     print(f"|---|---|---|---|---|")
@@ -109,7 +122,15 @@ def main(argv=None):
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+    if a.smoke:
+        finite = all(math.isfinite(v) for r in res.values() for v in r.values())
+        exact = res["bf16"]["kl_vs_bf16"] == 0.0 and res["bf16"]["top1_vs_bf16"] == 1.0
+        if not (finite and exact and set(res) == {"bf16", "fp8", "nvfp4-max6", "nvfp4-4over6"}):
+            print(f"--smoke: failed (finite {finite}, bf16 exact {exact}, caches {sorted(res)})")
+            return 1
+        print("--smoke: every cache scored")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

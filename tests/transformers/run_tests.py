@@ -1,13 +1,22 @@
 #!/usr/bin/env python3
-"""ctest entry (label gpu) for test_transformers.py. Prints "SKIPPED: <reason>" and exits 0
-where the machine cannot run it (no torch, transformers, pytest or numpy, no CUDA device,
-or a build without CUDA); ctest reports that as Skipped, never as a pass. Otherwise runs
-pytest (arguments are passed on, e.g. -k GROUP) and returns its exit status."""
+"""ctest entry for the kvtier.transformers tests and the examples' smoke runs. Prints
+"SKIPPED: <reason>" and exits 0 where the machine cannot run it (no torch, transformers,
+pytest or numpy; for GPU entries no CUDA device or a kernels library built without CUDA);
+ctest reports that as Skipped, never as a pass. Otherwise returns the run's exit status.
+
+    run_tests.py [--file test_x.py] [--cpu] [pytest args, e.g. -k GROUP]
+        pytest over tests/transformers/test_x.py (default test_transformers.py); --cpu: the
+        file's tests run without a GPU (its GPU tests skip themselves)
+    run_tests.py --example SCRIPT [args]
+        examples/transformers/SCRIPT with args (e.g. bench_decode.py --smoke)
+"""
 import importlib.util
 import os
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.normpath(os.path.join(HERE, "..", "..", "examples", "transformers"))
 
 
 def skip(reason):
@@ -15,20 +24,34 @@ def skip(reason):
     return 0
 
 
-def main():
+def main(argv):
+    cpu, example, test_file = False, None, "test_transformers.py"
+    while argv and argv[0] in ("--cpu", "--example", "--file"):
+        flag = argv.pop(0)
+        if flag == "--cpu":
+            cpu = True
+        elif flag == "--example":
+            example = argv.pop(0)
+        else:
+            test_file = argv.pop(0)
     for mod in ("torch", "transformers", "pytest", "numpy"):
         if importlib.util.find_spec(mod) is None:
             return skip(f"python module '{mod}' is not installed (the GPU machine has it)")
-    import torch
-    if not torch.cuda.is_available():
-        return skip("no CUDA device")
     klib = os.environ.get("KVTIER_KERNELS_LIB", "")
     if klib and not os.path.exists(klib):
-        return skip(f"{klib} was not built (a build without CUDA)")
+        return skip(f"{klib} was not built")
+    if not cpu:
+        import torch
+        if not torch.cuda.is_available():
+            return skip("no CUDA device")
+        from kvtier import kernels
+        if not kernels.built_with_cuda():
+            return skip("libkvtier_kernels.so was built without CUDA")
+    if example:
+        return subprocess.run([sys.executable, os.path.join(EXAMPLES, example), *argv]).returncode
     import pytest
-    return pytest.main([os.path.join(HERE, "test_transformers.py"), "-q", "-s", "-p", "no:cacheprovider",
-                        *sys.argv[1:]])
+    return pytest.main([os.path.join(HERE, test_file), "-q", "-s", "-p", "no:cacheprovider", *argv])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -60,6 +60,11 @@ class DecodeParams(ctypes.Structure):
                 ("error_flag", ctypes.c_void_p)]
 
 
+class DecodeShape(ctypes.Structure):
+    _fields_ = [("format", ctypes.c_uint32), ("head_dim", ctypes.c_uint32), ("group", ctypes.c_uint32),
+                ("block_tokens", ctypes.c_uint32)]
+
+
 class _DequantParams(ctypes.Structure):
     _fields_ = [("out", ctypes.c_void_p), ("num_tokens", ctypes.c_int32), ("slot_ids", ctypes.c_void_p),
                 ("positions", ctypes.c_void_p), ("slot_ids_host", ctypes.c_void_p),
@@ -95,8 +100,44 @@ def library():
         lib.kvt_decode_num_splits.restype = ctypes.c_int32
         for f in ("kvt_check_pool", "kvt_quantize_append", "kvt_decode", "kvt_dequantize_pages", "kvt_engine_pages"):
             getattr(lib, f).restype = ctypes.c_int
+        lib.kvt_decode_shapes.restype = ctypes.c_uint32
+        lib.kvt_decode_shapes.argtypes = [ctypes.POINTER(DecodeShape), ctypes.c_uint32]
+        lib.kvt_decode_supports.restype = ctypes.c_int
+        lib.kvt_decode_supports.argtypes = [ctypes.c_uint32] * 4
         _lib = lib
     return _lib
+
+
+def built_with_cuda() -> bool:
+    """Whether the loaded library has its GPU kernels (a build without CUDA answers every
+    launcher with KVT_UNSUPPORTED; its decode-shape table still answers)."""
+    return library().kvt_check_pool(None) != 7
+
+
+_shapes = None
+
+
+def decode_shapes() -> List[tuple]:
+    """The shapes the kernels' decode serves, as (format, head_dim, group, block_tokens)
+    tuples (format: NVFP4, FP8, BF16): the library's table (kvt_decode_shapes), the one
+    source of what kvtier.transformers accepts."""
+    global _shapes
+    if _shapes is None:
+        lib = library()
+        n = lib.kvt_decode_shapes(None, 0)
+        arr = (DecodeShape * n)()
+        lib.kvt_decode_shapes(arr, n)
+        _shapes = [(int(x.format), int(x.head_dim), int(x.group), int(x.block_tokens)) for x in arr]
+    return list(_shapes)
+
+
+def decode_unsupported(fmt: int, head_dim: int, group: int, block_tokens: int) -> Optional[str]:
+    """None when the decode serves pages of `fmt` with this head_dim, GQA group and block
+    tokens; otherwise the library's one-line reason (kvt_decode_supports)."""
+    lib = library()
+    if lib.kvt_decode_supports(fmt, head_dim, group, block_tokens) == 0:
+        return None
+    return lib.kvt_last_error().decode()
 
 
 def _check(rc: int, what: str):
@@ -123,11 +164,15 @@ def check_pool(pool: Pool):
 
 def quantize_append(pool: Pool, k, v, slot_ids, positions, layer: int, k_scale: float, v_scale: float,
                     scale_rule: int = MAX6, stream=None, slot_ids_host=None, positions_host=None):
-    """K and V of one layer ([n, H, D] bf16/fp16 torch tensors on the GPU) into NVFP4 pages:
-    token i goes to slot slot_ids[i] (int32 device tensor), position positions[i]."""
+    """K and V of one layer ([n, H, D] bf16/fp16 torch tensors on the GPU) into the pool's
+    pages (NVFP4, FP8 or BF16): token i goes to slot slot_ids[i] (int32 device tensor),
+    position positions[i]. Views of any strides are copied to contiguous tensors first (the
+    kernel reads [n, H, D] row-major)."""
     import torch
     n = k.shape[0]
-    assert k.is_contiguous() and v.is_contiguous() and k.dtype == v.dtype
+    if k.dtype != v.dtype or k.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"k and v must both be bf16 or fp16, got {k.dtype} and {v.dtype}")
+    k, v = k.contiguous(), v.contiguous()
     p = _QuantizeParams()
     p.k, p.v = k.data_ptr(), v.data_ptr()
     p.dtype = DTYPE_BF16 if k.dtype == torch.bfloat16 else DTYPE_FP16

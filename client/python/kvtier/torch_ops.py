@@ -15,11 +15,14 @@ block_tokens, format]`` (:func:`geometry`), the fields of ``kvt_pool`` (kernels.
                             ks, vs, softmax_scale, max_seq_len, num_splits)
     torch.ops.kvtier.dequantize_pages(arena, out, slot_ids, positions, geom, layer, side, scale)
 
-``quantize_append`` writes NVFP4 pages with the CUDA kernel (bit-identical to the CPU
-codec); for FP8 pages it rounds ``x / scale`` to E4M3 (round to nearest even, saturating
-at +-448) and for BF16 pages it stores the values, both with torch scatters into the same
-page layout (formats/layout.h). Every launcher checks its arguments first and raises
-:class:`kvtier.kernels.KernelError` without launching anything.
+``quantize_append`` writes the pages of every format with the CUDA kernel: NVFP4
+bit-identical to the CPU codec, FP8 as ``x / scale`` rounded to E4M3 (round to nearest
+even, saturating at +-448), BF16 as the values. The kernel addresses one block at a time
+(slot ``s`` at ``base + s * slot_bytes``, its layers' pages side by side, formats/layout.h),
+so no view over the arena is ever built and nothing reaches past it, whatever the stride
+(a block may span several granules of an arena of slot classes). Every launcher checks
+its arguments first and raises :class:`kvtier.kernels.KernelError` without launching
+anything.
 
 ``quantize_append_impl``, ``decode_impl`` and ``dequantize_pages_impl`` are the same
 launchers without the dispatcher: eager callers (kvtier.transformers outside torch.compile)
@@ -74,49 +77,38 @@ def _stream() -> ctypes.c_void_p:
     return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
 
-def _side_view(arena: torch.Tensor, geom: List[int], layer: int, side: int, dtype, elem: int) -> torch.Tensor:
-    """[num_slots, H, T, D] view of one side (K 0 / V 1) of one layer's FP8 or BF16 pages."""
-    slot_bytes, num_slots, _, heads, dim, T, fmt = geom
-    page = K.page_bytes(fmt, heads, dim, T)
-    vals = heads * T * dim
-    off = layer * page + side * vals * elem
-    return arena.view(dtype).as_strided((num_slots, heads, T, dim),
-                                        (slot_bytes // elem, T * dim, dim, 1), off // elem)
-
-
 def quantize_append_impl(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_ids: torch.Tensor,
                     positions: torch.Tensor, geom: List[int], layer: int, k_scale: float, v_scale: float,
                     scale_rule: int) -> None:
-    """K and V of one layer ([n, H, D] bf16/fp16, contiguous) into the pages: token i goes to
-    slot slot_ids[i] (int32), position positions[i] (int32) of the block."""
-    fmt = geom[6]
+    """K and V of one layer ([n, H, D] bf16/fp16, any strides) into the pages: token i goes
+    to slot slot_ids[i] (int32), position positions[i] (int32) of the block.
+
+    The kernel reads [n, H, D] row-major, so each of k and v is made contiguous here on its
+    own: a model hands the cache views (K/V slices of a fused qkv projection, heads
+    transposed out of [n, D, H]) whose strides are not those of [n, H, D], and a raw
+    pointer to such a view reads other tokens' values."""
     if not (0 <= layer < geom[2]):
         raise K.KernelError(6, "quantize_append", f"layer {layer} is outside [0, {geom[2]})")
     if k.shape != v.shape or k.dim() != 3 or k.shape[1] != geom[3] or k.shape[2] != geom[4]:
         raise K.KernelError(6, "quantize_append", f"k/v are {tuple(k.shape)}/{tuple(v.shape)}, expected [n, {geom[3]}, {geom[4]}]")
+    if k.dtype != v.dtype or k.dtype not in (torch.bfloat16, torch.float16):
+        raise K.KernelError(6, "quantize_append", f"k/v must both be bf16 or fp16, got {k.dtype}/{v.dtype}")
+    if slot_ids.dtype != torch.int32 or positions.dtype != torch.int32 or slot_ids.shape != (k.shape[0],) or \
+            positions.shape != (k.shape[0],):
+        raise K.KernelError(6, "quantize_append", f"slot_ids/positions must be int32 [{k.shape[0]}], got "
+                            f"{slot_ids.dtype}{tuple(slot_ids.shape)}/{positions.dtype}{tuple(positions.shape)}")
     if k.shape[0] == 0:
         return
-    if fmt == K.NVFP4:
-        p = K._QuantizeParams()
-        p.k, p.v = k.data_ptr(), v.data_ptr()
-        p.dtype = K.DTYPE_BF16 if k.dtype == torch.bfloat16 else K.DTYPE_FP16
-        p.num_tokens = k.shape[0]
-        p.slot_ids, p.positions = slot_ids.data_ptr(), positions.data_ptr()
-        p.layer, p.k_scale, p.v_scale, p.scale_rule = layer, k_scale, v_scale, scale_rule
-        K._check(K.library().kvt_quantize_append(ctypes.byref(_pool(arena, geom)), ctypes.byref(p), _stream()),
-                 "quantize_append")
-        return
-    _pool(arena, geom)  # validates the geometry against the arena
-    s, o = slot_ids.long(), positions.long()
-    if fmt == K.BF16:
-        _side_view(arena, geom, layer, 0, torch.bfloat16, 2)[s, :, o, :] = k.to(torch.bfloat16)
-        _side_view(arena, geom, layer, 1, torch.bfloat16, 2)[s, :, o, :] = v.to(torch.bfloat16)
-    elif fmt == K.FP8:
-        for side, x, sc in ((0, k, k_scale), (1, v, v_scale)):
-            q = (x.float() / sc).clamp(-K.E4M3_MAX, K.E4M3_MAX).to(torch.float8_e4m3fn)
-            _side_view(arena, geom, layer, side, torch.uint8, 1)[s, :, o, :] = q.view(torch.uint8)
-    else:
-        raise K.KernelError(7, "quantize_append", f"page format {fmt} is not nvfp4, fp8 or bf16")
+    k, v = k.contiguous(), v.contiguous()
+    slot_ids, positions = slot_ids.contiguous(), positions.contiguous()
+    p = K._QuantizeParams()
+    p.k, p.v = k.data_ptr(), v.data_ptr()
+    p.dtype = K.DTYPE_BF16 if k.dtype == torch.bfloat16 else K.DTYPE_FP16
+    p.num_tokens = k.shape[0]
+    p.slot_ids, p.positions = slot_ids.data_ptr(), positions.data_ptr()
+    p.layer, p.k_scale, p.v_scale, p.scale_rule = layer, k_scale, v_scale, scale_rule
+    K._check(K.library().kvt_quantize_append(ctypes.byref(_pool(arena, geom)), ctypes.byref(p), _stream()),
+             "quantize_append")
 
 
 quantize_append = torch.library.custom_op("kvtier::quantize_append", quantize_append_impl, mutates_args=("arena",),

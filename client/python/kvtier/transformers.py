@@ -32,12 +32,15 @@ What each piece does:
 - :class:`DecodeGraph` captures one decode step of the model over the cache in a CUDA
   graph and replays it (the kernels and the cache's bookkeeping are graph-safe).
 
-What is refused when the cache is made, with the reason: encoder-decoder models
-(cross-attention), sliding-window or other non-full attention layers, attention logit
-soft-capping, multi-head latent attention, a model whose attention does not go through
-the attention interface, dtypes other than bf16, shapes the kernels do not support (GQA
-group 1/2/4/8, head_dim 64/128/256, block tokens 16/32/64) and a daemon without an HBM
-tier. Beam search and ``num_return_sequences > 1`` are refused when ``generate`` asks the
+What is refused, with the reason, by :func:`use_kvtier` (no page format serves the model)
+or when the cache is made (the chosen format or block size is not served), before
+anything is allocated: encoder-decoder models (cross-attention), sliding-window or other
+non-full attention layers, attention logit soft-capping, multi-head latent attention, a
+model whose attention modules do not call the attention interface once per layer (a probe
+forward of 4 tokens records what the model really does, :func:`model_geometry`), dtypes
+other than bf16, shapes outside the kernels' table (:func:`kvtier.kernels.decode_shapes`:
+GQA group 1/2/4/8, head_dim 64/128, and 256 for NVFP4 pages, block tokens 16/32/64) and a
+daemon without an HBM tier. Beam search and ``num_return_sequences > 1`` are refused when ``generate`` asks the
 cache to reorder or repeat rows.
 """
 from __future__ import annotations
@@ -64,9 +67,6 @@ except ImportError as e:  # pragma: no cover - reported to the caller
 
 ATTN_IMPLEMENTATION = "kvtier"
 FORMATS = ("nvfp4", "fp8", "bf16")
-_SUPPORTED_HEAD_DIMS = (64, 128, 256)
-_SUPPORTED_GROUPS = (1, 2, 4, 8)
-_SUPPORTED_BLOCK_TOKENS = (16, 32, 64)
 # 64-token blocks: the decode reads each layer's page of a block as one run per head, and
 # the daemon's slots put a block's layers side by side, so one layer's pages sit a slot
 # apart. At (32K, batch 8) on an H200 the NVFP4 decode's long-context share is 1.29x its
@@ -88,9 +88,124 @@ def _text_config(model):
     return get(decoder=True) if get is not None else cfg
 
 
+_PROBE = "kvtier_probe"
+# Arguments of the attention interface that change its result and that kvtier's decode
+# does not take: attention sinks (GPT-OSS's s_aux), additive position biases.
+_UNSERVED_KWARGS = ("s_aux", "sinks", "position_bias", "alibi", "attn_bias", "head_mask")
+
+
+def _unserved_kwargs(module, kwargs) -> List[str]:
+    """What an attention call asks for that kvtier's decode cannot honour."""
+    out = [k for k in _UNSERVED_KWARGS if kwargs.get(k) is not None]
+    if kwargs.get("is_causal", getattr(module, "is_causal", True)) is False:
+        out.append("is_causal=False")
+    return out
+
+
+def _probe_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention function of the probe forward: records what the model hands the attention
+    interface, then computes transformers' own sdpa attention."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    calls = getattr(_tls, "probe", None)
+    if calls is not None:
+        calls.append({"layer": getattr(module, "layer_idx", None), "q": tuple(query.shape), "k": tuple(key.shape),
+                      "v": tuple(value.shape), "sliding_window": kwargs.get("sliding_window"),
+                      "softcap": kwargs.get("softcap"), "module": type(module).__name__,
+                      "unserved": _unserved_kwargs(module, kwargs)})
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                  **kwargs)
+
+
+@torch.no_grad()
+def _probe_calls(model) -> list:
+    """What the attention interface sees in one forward of 4 tokens with the attention
+    implementation switched to a recording one (cached on the model). Empty when the
+    model's attention does not go through the interface (transformers then leaves the
+    implementation as it was, and the recorder is never called)."""
+    cached = getattr(model, "_kvtier_probe", None)
+    if cached is not None:
+        return cached
+    impl = model.config._attn_implementation
+    vocab = int(getattr(_text_config(model), "vocab_size", 0) or 0)
+    ids = (torch.arange(4, device=model.device) % max(vocab, 1)).unsqueeze(0)
+    calls = []
+    _tls.probe = calls
+    try:
+        model.set_attn_implementation(_PROBE)
+        if model.config._attn_implementation == _PROBE:
+            try:
+                model(input_ids=ids, use_cache=False)
+            except Exception as e:
+                raise UnsupportedModel(f"{type(model).__name__}: a probe forward of 4 tokens failed, so what its "
+                                       f"attention does is unknown: {type(e).__name__}: {e}") from e
+    finally:
+        _tls.probe = None
+        if model.config._attn_implementation != impl:
+            model.set_attn_implementation(impl)
+    model._kvtier_probe = calls
+    return calls
+
+
+def _probed_geometry(model, name: str, layers: int) -> Tuple[int, int, int]:
+    """(query heads, KV heads, head_dim) as the model's attention modules hand them to the
+    attention interface in a probe forward; raises UnsupportedModel when what they do
+    cannot be served from kvtier's pages."""
+    calls = _probe_calls(model)
+    if not calls:
+        raise UnsupportedModel(f"{name}: its attention does not go through transformers' attention interface (a "
+                               "probe forward never called the registered attention function)")
+    seen = [c["layer"] for c in calls]
+    if any(x is None for x in seen):
+        mods = sorted({c["module"] for c in calls if c["layer"] is None})
+        raise UnsupportedModel(f"{name}: attention modules {mods} have no layer_idx, so their K/V cannot be "
+                               "placed in a layer's pages")
+    if sorted(seen) != list(range(layers)):
+        raise UnsupportedModel(f"{name}: a probe forward called the attention interface for layers {sorted(seen)}, "
+                               f"not once for each of its {layers} layers (cross-attention, shared or skipped "
+                               "layers are not supported)")
+    for c in calls:
+        if c["unserved"]:
+            raise UnsupportedModel(f"{name}: layer {c['layer']}'s attention takes {c['unserved']}, which kvtier's "
+                                   "decode does not apply")
+        if c["softcap"] is not None:
+            raise UnsupportedModel(f"{name}: attention logit soft-capping ({c['softcap']}) is not supported by "
+                                   "kvtier's decode")
+        if c["sliding_window"] is not None:
+            raise UnsupportedModel(f"{name}: layer {c['layer']} uses sliding-window attention (window "
+                                   f"{c['sliding_window']}); every layer must be full attention")
+    shapes = {(c["q"][1], c["k"][1], c["q"][3], c["k"][3], c["v"][1], c["v"][3]) for c in calls}
+    if len(shapes) != 1:
+        raise UnsupportedModel(f"{name}: its layers differ in heads or head_dim ({sorted(shapes)}); kvtier's pages "
+                               "have one geometry for every layer")
+    hq, hk, dq, dk, hv, dv = shapes.pop()
+    if not (dq == dk == dv) or hk != hv:
+        raise UnsupportedModel(f"{name}: queries, keys and values differ in head_dim or heads (q {hq}x{dq}, "
+                               f"k {hk}x{dk}, v {hv}x{dv}); kvtier's decode takes one head_dim for all three")
+    if hq % hk:
+        raise UnsupportedModel(f"{name}: {hq} query heads are not a multiple of its {hk} KV heads")
+    return hq, hk, dq
+
+
+def _decode_reasons(head_dim: int, group: int, block_tokens: Sequence[int] = (), fmt: Optional[str] = None) -> str:
+    """'' when the kernels' decode serves (head_dim, group) for some block size (or for
+    `fmt` and each of `block_tokens`, when given); else the kernels' reasons."""
+    if fmt is not None:
+        reasons = [K.decode_unsupported(K.FORMAT_BY_NAME[fmt], head_dim, group, t) for t in block_tokens]
+        return "; ".join(r for r in reasons if r)
+    if any(d == head_dim and g == group for _, d, g, _ in K.decode_shapes()):
+        return ""
+    reasons = {K.decode_unsupported(f, head_dim, group, DEFAULT_BLOCK_TOKENS) for f in K.FORMAT_NAMES}
+    return "; ".join(sorted(r for r in reasons if r))
+
+
 def model_geometry(model) -> Tuple[int, int, int, int]:
-    """(layers, query heads, KV heads, head_dim) of a decoder the kernels can serve; raises
-    UnsupportedModel naming the first reason it cannot."""
+    """(layers, query heads, KV heads, head_dim) of a decoder the kernels can serve in some
+    page format; raises UnsupportedModel naming the first reason it cannot.
+
+    What the model does decides: a probe forward (4 tokens, cached on the model) records
+    each call of the attention interface, and every layer must call it once, with full
+    attention (no window, no soft-capping) and one geometry that the kernels' table
+    (:func:`kvtier.kernels.decode_shapes`) serves."""
     cfg = _text_config(model)
     name = type(model).__name__
     if getattr(model.config, "is_encoder_decoder", False):
@@ -105,21 +220,24 @@ def model_geometry(model) -> Tuple[int, int, int, int]:
         kinds = sorted(set(layer_types) - {"full_attention"})
         raise UnsupportedModel(f"{name}: layers of type {kinds} (sliding-window or other non-full attention) are "
                                "not supported; every layer must be full attention")
-    if getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True):
-        raise UnsupportedModel(f"{name}: sliding-window attention (sliding_window={cfg.sliding_window}) is not "
-                               "supported; set config.sliding_window = None for a full-attention checkpoint")
-    if not getattr(model, "_supports_attention_backend", False):
-        raise UnsupportedModel(f"{name}: its attention does not go through transformers' attention interface")
-    heads = int(cfg.num_attention_heads)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    if heads % kv_heads or heads // kv_heads not in _SUPPORTED_GROUPS:
-        raise UnsupportedModel(f"{name}: {heads} query heads over {kv_heads} KV heads is a GQA group kvtier's "
-                               f"decode does not support (groups {_SUPPORTED_GROUPS})")
-    if head_dim not in _SUPPORTED_HEAD_DIMS:
-        raise UnsupportedModel(f"{name}: head_dim {head_dim} is not supported by kvtier's decode "
-                               f"(head_dim {_SUPPORTED_HEAD_DIMS})")
-    return int(cfg.num_hidden_layers), heads, kv_heads, head_dim
+    layers = int(cfg.num_hidden_layers)
+    heads, kv_heads, head_dim = _probed_geometry(model, name, layers)
+    why = _decode_reasons(head_dim, heads // kv_heads)
+    if why:
+        raise UnsupportedModel(f"{name}: {heads} query heads over {kv_heads} KV heads of head_dim {head_dim} are not "
+                               f"served by kvtier's decode in any page format ({why})")
+    return layers, heads, kv_heads, head_dim
+
+
+def check_format(model, kv_format: str, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> None:
+    """Raises UnsupportedModel, with the kernels' reason, unless their decode serves
+    `model` with `kv_format` pages of `block_tokens`-token blocks."""
+    _, heads, kv_heads, head_dim = model_geometry(model)
+    if kv_format not in FORMATS:
+        raise ValueError(f"kv_format {kv_format!r} is not one of {FORMATS}")
+    why = _decode_reasons(head_dim, heads // kv_heads, (block_tokens,), kv_format)
+    if why:
+        raise UnsupportedModel(f"{type(model).__name__} with {kv_format} pages of {block_tokens}-token blocks: {why}")
 
 
 def use_kvtier(model):
@@ -210,10 +328,7 @@ def contract_for(model, kv_format: str = "nvfp4", block_tokens: int = DEFAULT_BL
     """The scale contract of `model`'s KV blocks in `kv_format`. Scales default to
     :func:`calibrate`'s. model_id defaults to the checkpoint name."""
     layers, _, kv_heads, head_dim = model_geometry(model)
-    if kv_format not in FORMATS:
-        raise ValueError(f"kv_format {kv_format!r} is not one of {FORMATS}")
-    if block_tokens not in _SUPPORTED_BLOCK_TOKENS:
-        raise UnsupportedModel(f"block_tokens {block_tokens} is not supported (one of {_SUPPORTED_BLOCK_TOKENS})")
+    check_format(model, kv_format, block_tokens)
     if kv_format == "bf16":
         k_scales = v_scales = [1.0] * layers
     elif k_scales is None or v_scales is None:
@@ -322,6 +437,10 @@ class KvtierCache(Cache):
             raise UnsupportedModel(f"contract {contract.model_id} names weights {contract.model_revision}, but this "
                                    f"model's weights are {model_identity(model)}: another model's blocks are never "
                                    "used")
+        if contract.kv_format not in FORMATS:
+            raise UnsupportedModel(f"contract {contract.model_id}: kv_format {contract.kv_format!r} is not one of "
+                                   f"{FORMATS}")
+        check_format(model, contract.kv_format, int(contract.block_tokens))
         super().__init__(layers=[KvtierLayer(self, i) for i in range(self.layers_count)])
         self.client, self.contract = client, contract
         self.cid = client.register_contract(contract)
@@ -482,14 +601,13 @@ class KvtierCache(Cache):
         if layer == 0:
             self._plan = self._make_plan(S)
         plan = self._plan
+        # Views as the model made them (quantize_append makes each contiguous on its own).
         if plan.decode:
             k = key_states.reshape(B, self.kv_heads, self.head_dim)
             v = value_states.reshape(B, self.kv_heads, self.head_dim)
-            if not k.is_contiguous():
-                k, v = k.contiguous(), v.contiguous()
         else:
-            k = key_states.transpose(1, 2)[plan.src_b, plan.src_j].contiguous()
-            v = value_states.transpose(1, 2)[plan.src_b, plan.src_j].contiguous()
+            k = key_states.transpose(1, 2)[plan.src_b, plan.src_j]
+            v = value_states.transpose(1, 2)[plan.src_b, plan.src_j]
         _ops()[0](self.arena, k, v, plan.slots, plan.offs, self.geom, layer, self.k_scales[layer],
                   self.v_scales[layer], self.rule)
         _tls.cache = self
@@ -661,6 +779,9 @@ def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dr
         raise UnsupportedModel("sliding-window attention is not supported by kvtier's cache")
     if kwargs.get("softcap") is not None:
         raise UnsupportedModel("attention logit soft-capping is not supported by kvtier's cache")
+    unserved = _unserved_kwargs(module, kwargs)
+    if unserved:
+        raise UnsupportedModel(f"kvtier's cache does not apply the attention arguments {unserved}")
     if dropout:
         raise UnsupportedModel("kvtier's attention is for inference: dropout must be 0 (call model.eval())")
     if scaling is None:
@@ -676,6 +797,15 @@ def kvtier_mask(*args, **kwargs):
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, kvtier_attention)
 AttentionMaskInterface.register(ATTN_IMPLEMENTATION, kvtier_mask)
+
+
+def _register_probe():
+    from transformers.masking_utils import sdpa_mask
+    AttentionInterface.register(_PROBE, _probe_attention)
+    AttentionMaskInterface.register(_PROBE, sdpa_mask)
+
+
+_register_probe()
 
 
 # ---- CUDA graphs -----------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 /* kvtier kernels: C ABI of the CUDA kernels that read and write KV pages in the slot pool.
  *
  * What lives here (DESIGN.md sections 3 and 4):
- *   - kvt_quantize_append: BF16/FP16 K and V of one layer -> NVFP4 pages written straight
- *     into pool slots, bit-identical to the CPU codec (formats/nvfp4.h) for every input.
+ *   - kvt_quantize_append: BF16/FP16 K and V of one layer -> pages written straight into
+ *     pool slots: NVFP4 bit-identical to the CPU codec (formats/nvfp4.h) for every input,
+ *     FP8 as E4M3 of x / scale (round to nearest even, saturating at +-448), BF16 as is.
  *   - kvt_decode: fused paged decode attention (one query token per sequence) over NVFP4,
  *     FP8 (E4M3, per-layer scale) or BF16 pages, split-KV ("flash-decoding") with an LSE
  *     merge so that batch 1 at long context fills the GPU.
@@ -30,8 +31,10 @@
  * entry skips it (no access), sets *error_flag (if given) to a non-zero code and, for
  * decode, writes NaN to the outputs of that sequence.
  *
- * Supported decode shapes: head_dim 64, 128 or 256; block_tokens 16, 32 or 64; query
- * heads per KV head (GQA group) 1, 2, 4 or 8. Anything else is KVT_UNSUPPORTED.
+ * Supported decode shapes: head_dim 64 or 128 (and 256 for NVFP4 pages); block_tokens
+ * 16, 32 or 64; query heads per KV head (GQA group) 1, 2, 4 or 8. Anything else is
+ * KVT_UNSUPPORTED. kvt_decode_shapes lists them and kvt_decode_supports answers for one
+ * shape, in a build without CUDA too: an integration asks before it allocates.
  *
  * CUDA graphs: kvt_decode may be captured (global capture mode too, and as the process's
  * first decode) and replayed with new contents in the same buffers (queries, seq_lens,
@@ -82,8 +85,8 @@ typedef struct kvt_pool {
 } kvt_pool;
 
 typedef struct kvt_quantize_params {
-  const void* k;                 /* device [num_tokens, H, D] dtype */
-  const void* v;                 /* device [num_tokens, H, D] dtype */
+  const void* k;                 /* device [num_tokens, H, D] dtype, contiguous */
+  const void* v;                 /* device [num_tokens, H, D] dtype, contiguous */
   uint32_t dtype;                /* kvt_dtype */
   int32_t num_tokens;            /* >= 0 */
   const int32_t* slot_ids;       /* device [num_tokens]: slot of each token */
@@ -91,9 +94,9 @@ typedef struct kvt_quantize_params {
   const int32_t* slot_ids_host;  /* optional host copy, validated before launch; or NULL */
   const int32_t* positions_host; /* optional host copy; NULL unless slot_ids_host is set */
   uint32_t layer;                /* layer index < L */
-  float k_scale;                 /* this layer's K global (dequantization) scale */
-  float v_scale;                 /* this layer's V global scale */
-  uint32_t scale_rule;           /* 0 = max6, 1 = 4over6 */
+  float k_scale;                 /* this layer's K global (dequantization) scale (1 for BF16) */
+  float v_scale;                 /* this layer's V global scale (1 for BF16) */
+  uint32_t scale_rule;           /* 0 = max6, 1 = 4over6 (NVFP4; ignored otherwise) */
   int32_t* error_flag;           /* optional device int: set non-zero on a skipped token */
 } kvt_quantize_params;
 
@@ -164,6 +167,24 @@ typedef struct kvt_engine_pages_params {
   int32_t* error_flag;           /* optional device int */
 } kvt_engine_pages_params;
 int kvt_engine_pages(const kvt_engine_pages_params* p, void* stream);
+
+/* One decode shape: pages of `format` read with this head_dim, GQA group (query heads per
+ * KV head) and block_tokens. */
+typedef struct kvt_decode_shape {
+  uint32_t format;       /* kvt_format */
+  uint32_t head_dim;
+  uint32_t group;
+  uint32_t block_tokens;
+} kvt_decode_shape;
+
+/* Writes the shapes kvt_decode serves (every combination, by format, head_dim, group,
+ * block_tokens) to out[0, capacity) and returns how many there are; out may be NULL when
+ * capacity is 0. Works in a build without CUDA. */
+uint32_t kvt_decode_shapes(kvt_decode_shape* out, uint32_t capacity);
+
+/* KVT_OK when kvt_decode serves this shape, else KVT_UNSUPPORTED with the reason in
+ * kvt_last_error(). Works in a build without CUDA. */
+int kvt_decode_supports(uint32_t format, uint32_t head_dim, uint32_t group, uint32_t block_tokens);
 
 /* One-line reason for the last failure on this thread ("" after success). */
 const char* kvt_last_error(void);
