@@ -3,10 +3,17 @@
 # GPU tests (ctest label "gpu") report "Skipped" with the reason where no GPU exists.
 #   KVTIER_BUILD_DIR  build folder (default: build)
 #   KVTIER_JOBS       parallel jobs (default: number of cores)
+#   KVTIER_SKIP_VLLM  1: neither install vLLM's CPU build nor run the vLLM tests (ctest label
+#                     "vllm" then reports them Skipped); by default scripts/install-vllm.sh
+#                     makes its venv (cached per machine: seconds once it is there, about
+#                     3-5 min from nothing) and the tests run
 #   extra arguments go to ctest, e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+if [ "${KVTIER_SKIP_VLLM:-0}" != 1 ]; then
+  scripts/install-vllm.sh >/dev/null
+fi
 build="${KVTIER_BUILD_DIR:-build}"
 jobs="${KVTIER_JOBS:-$(nproc)}"
 cmake -S . -B "$build" -G Ninja -DKVTIER_WERROR=ON ${KVTIER_CMAKE_ARGS:-}
