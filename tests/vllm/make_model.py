@@ -33,6 +33,9 @@ def make_tokenizer(out):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator([_TEXT] * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    # Every id the model can emit is a token: the vocabulary is filled up to VOCAB.
+    fast.add_tokens([f"<x{i}>" for i in range(VOCAB - len(fast))])
+    assert len(fast) == VOCAB, len(fast)
     fast.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     fast.save_pretrained(out)
     return fast

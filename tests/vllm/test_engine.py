@@ -118,10 +118,10 @@ def test_copies():
             if not (torch.equal(blk[l, 0], kc[b]) and torch.equal(blk[l, 1], vc[b])):
                 check(f"block {b} layer {l} is vLLM's K and V", False, "mismatch")
                 return
-        block_to_pages(blk, dst, b + 0 if b < NB else b)
+        block_to_pages(blk, dst, b)
     same = all(torch.equal(src[l][b].view(torch.int16), dst[l][b].view(torch.int16)) for l in range(L) for b in (0, 3, 6))
     untouched = all(torch.isnan(dst[l][b].float()).all() for l in range(L) for b in (1, 2, 4, 5))
-    check("kvtier blocks hold vLLM's K then V pages, HND (as vLLM's CPU kernel reads them)", True)
+    check("kvtier blocks hold vLLM's K then V pages, HND (as vLLM's CPU kernel reads them)", True)  # else returned
     check("pages -> block -> pages is bit-exact", same)
     check("blocks not named are not written", untouched)
 
