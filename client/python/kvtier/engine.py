@@ -171,7 +171,7 @@ class DaemonLink:
     :meth:`failed`, which drops the connection when the error means the daemon is gone.
     Thread-safe."""
 
-    _GONE = {8, 9}  # DISCONNECTED, TIMEOUT: the connection is dead
+    GONE = {8, 9}  # DISCONNECTED, TIMEOUT: the connection is dead
     _CONNECT_ERRORS = (kvtier.KvtierError, OSError)
 
     def __init__(self, socket_path: str, name: str, contracts: Callable[[], Sequence[kvtier.Contract]] = lambda: (),
@@ -225,7 +225,7 @@ class DaemonLink:
     def failed(self, err: Exception):
         """Reports an error from a call on the client: the connection is dropped (and the
         outage logged once) when the error says the daemon is gone."""
-        if isinstance(err, kvtier.KvtierError) and err.code not in self._GONE:
+        if isinstance(err, kvtier.KvtierError) and err.code not in self.GONE:
             return
         with self._lock:
             c, self._client = self._client, None

@@ -241,6 +241,14 @@ class KvtierConnector(KVConnectorBase_V1):
                 return None, 0
         return client, cid
 
+    def _failed(self, what: str, err: kvtier.KvtierError, msg: str):
+        """A call failed: a lost daemon is DaemonLink's one line per outage; any other error
+        is logged once per operation and status (the request goes on without kvtier)."""
+        if err.code in E.DaemonLink.GONE:
+            self.link.failed(err)
+        else:
+            self._once.warn((what, err.code), msg, err)
+
     # ==== scheduler side =================================================================
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
@@ -262,8 +270,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 keys = E.block_keys(cid, tokens[:usable * bt], bt)
                 hit = min(hit, client.lookup(cid, keys).hit_blocks)
             except kvtier.KvtierError as e:
-                self.link.failed(e)
-                self._once.warn(("lookup", e.code), "kvtier: lookup failed (%s); computing instead", e)
+                self._failed("lookup", e, "kvtier: lookup failed (%s); computing instead")
                 return 0, False
             if hit == 0:
                 break
@@ -372,8 +379,7 @@ class KvtierConnector(KVConnectorBase_V1):
                     if got < len(chunk):
                         break
             except kvtier.KvtierError as e:
-                self.link.failed(e)
-                self._once.warn(("load", e.code), "kvtier: load failed (%s); vLLM recomputes the blocks", e)
+                self._failed("load", e, "kvtier: load failed (%s); vLLM recomputes the blocks")
         self.loaded_blocks += done
         if done < n:
             # Every block after the first one missing is recomputed (vLLM recomputes from the
@@ -419,8 +425,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 at += m
         except kvtier.KvtierError as e:
             # Anything but success (a full tier, a conflict, a dead daemon) means "not stored".
-            self.link.failed(e)
-            self._once.warn(("save", e.code), "kvtier: save failed (%s); those blocks are not cached", e)
+            self._failed("save", e, "kvtier: save failed (%s); those blocks are not cached")
 
     def get_block_ids_with_load_errors(self) -> set:
         errs, self._load_errors = self._load_errors, set()
