@@ -49,7 +49,6 @@ import ctypes
 import logging
 import os
 import re
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -200,7 +199,6 @@ class KvtierConnector(KVConnectorBase_V1):
         self.link = E.DaemonLink(socket, name, contracts=lambda: list(self._contracts.values()), logger=log)
         self._contract(None, ranks[0])  # refuses a bad kv_format or shape now, at start
         self._once = _Once()
-        self._lock = threading.Lock()
         # scheduler side
         self._reqs: Dict[str, _ReqState] = {}
         self._loads: List[_Transfer] = []
