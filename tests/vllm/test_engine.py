@@ -199,8 +199,57 @@ def test_link_and_daemon():
     link.close()
 
 
+def _worker(link, shape, T, layers):
+    """A worker-side KvtierConnector without vLLM's config objects: the attributes its
+    __init__ sets from them, and its real _save/_load/get_block_ids_with_load_errors."""
+    from kvtier.vllm import KvtierConnector, _Once
+    c = KvtierConnector.__new__(KvtierConnector)
+    c.shape, c.block_tokens, c.tp_rank, c.tp_size, c._ranks = shape, T, 0, 1, [0]
+    c.model_name, c.weights, c.tier_format, c._contracts = "unit", "sha256:unit-load", "as-is", {}
+    c.link, c._once, c._kv_layers, c._load_errors = link, _Once(), layers, set()
+    c.loaded_blocks = c.saved_blocks = 0
+    return c
+
+
+def test_load_errors():
+    """Blocks that are not in kvtierd, or a daemon that is gone, are load errors (vLLM
+    recomputes them) and their pages are not written."""
+    from kvtier.vllm import _Transfer
+    L, H, T, D, NB = 2, 2, 32, 64, 8
+    shape = E.EngineShape(L, H, D, "bfloat16")
+    probe = E.engine_contract("vllm", "unit", "sha256:unit-load", shape, T, layout="cpu-bhnc")
+    d = kvtier.daemon.Daemon(slot_bytes=probe.block_bytes(), hbm=None, host="64MiB", nvme="128MiB")
+    try:
+        src = cpu_pages(NB, H, T, D, L, 3)
+        w = _worker(E.DaemonLink(d.socket, "unit-w"), shape, T, src)
+        tokens = list(range(7, 7 + 4 * T + 5))
+        w._save(_Transfer("r", None, tokens[:2 * T], 0, [1, 2]))  # blocks 0 and 1 of the chain
+        check("two blocks saved from the pages", w.saved_blocks == 2, w.saved_blocks)
+        dst = [torch.full_like(p, 7.0) for p in src]
+        r = _worker(E.DaemonLink(d.socket, "unit-r"), shape, T, dst)
+        r._load(_Transfer("r", None, tokens[:4 * T], 0, [4, 5, 6, 7]))
+        errs = r.get_block_ids_with_load_errors()
+        ok = all(torch.equal(dst[l][4 + i].view(torch.int16), src[l][1 + i].view(torch.int16))
+                 for l in range(L) for i in range(2))
+        check("the cached blocks load bit-exact", r.loaded_blocks == 2 and ok, r.loaded_blocks)
+        check("the missing blocks are load errors", errs == {6, 7}, errs)
+        check("a load error's pages are not written", all(bool((dst[l][b] == 7.0).all()) for l in range(L)
+                                                           for b in (6, 7)))
+        check("load errors are reported once", r.get_block_ids_with_load_errors() == set())
+        s1 = _worker(E.DaemonLink(d.socket, "unit-s"), shape, T, src)
+        s1._save(_Transfer("r", "salt-1", tokens[:2 * T], 0, [1, 2]))
+        r2 = _worker(E.DaemonLink(d.socket, "unit-r2"), shape, T, dst)
+        r2._load(_Transfer("r", "salt-2", tokens[:2 * T], 0, [4, 5]))
+        check("another salt's blocks are load errors", r2.get_block_ids_with_load_errors() == {4, 5})
+    finally:
+        d.stop()
+    r._load(_Transfer("r", None, tokens[:4 * T], 0, [4, 5, 6, 7]))
+    check("with the daemon gone every block is a load error", r.get_block_ids_with_load_errors() == {4, 5, 6, 7})
+    r.link.close()
+
+
 def main():
-    for t in (test_shapes_and_contracts, test_copies, test_link_and_daemon):
+    for t in (test_shapes_and_contracts, test_copies, test_link_and_daemon, test_load_errors):
         try:
             t()
         except Exception as e:  # reported as a failure, and the other groups still run
