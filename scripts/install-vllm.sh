@@ -35,8 +35,14 @@ stamp="$venv/.kvtier-vllm-ready"
 
 env_lines() {
   local tcm iomp
-  tcm="$(ldconfig -p | awk '/libtcmalloc_minimal.so.4 /{print $NF; exit}')"
-  iomp="$(ls "$venv"/lib/libiomp5.so 2>/dev/null | head -1)"
+  # awk reads all of ldconfig's output (an early exit would SIGPIPE it, a failure under pipefail)
+  tcm="$(ldconfig -p | awk '/libtcmalloc_minimal.so.4 /{if (!f) print $NF; f=1}')"
+  iomp=""
+  [ -f "$venv/lib/libiomp5.so" ] && iomp="$venv/lib/libiomp5.so"
+  if [ -z "$tcm" ]; then
+    echo "install-vllm: libtcmalloc_minimal.so.4 not found (Debian libtcmalloc-minimal4)" >&2
+    return 1
+  fi
   echo "export KVTIER_VLLM_VENV='$venv'"
   echo "export PATH='$venv/bin':\"\$PATH\""
   echo "export LD_PRELOAD='${tcm}${iomp:+:$iomp}'"
