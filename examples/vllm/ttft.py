@@ -98,6 +98,8 @@ def main():
     finally:
         for p in reversed(procs):
             p.stop()
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
