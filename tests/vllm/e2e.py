@@ -4,7 +4,8 @@ inside the venv scripts/install-vllm.sh makes.
 
 Checks (docs/vllm.md):
   (a) the first request stores its prompt's full blocks (daemon's host tier counters)
-  (b) the same prompt again loads them from kvtier, and the output is identical
+  (b) the same prompt again loads them from kvtier, and the output is identical; and the
+      control: other bytes planted under a prompt's keys are loaded and change its output
   (e) an unrelated prompt loads nothing
   (j) a request with cache_salt "s1" does not load the unsalted blocks, its repeat does,
       and cache_salt "s2" does not load "s1"'s
@@ -249,6 +250,28 @@ def make_model(out, seed):
                    timeout=300, stdout=subprocess.DEVNULL)
 
 
+def plant_blocks(d, model, tokens):
+    """Commits random BF16 blocks under the keys of `tokens` in the contract the connector
+    makes for `model` (served as "tiny", no salt); returns how many were committed."""
+    import torch
+    from kvtier import engine as E
+    shape = E.EngineShape(2, 2, 64, "bfloat16")
+    contract = E.engine_contract("vllm", "tiny", E.folder_identity(model), shape, BLOCK, layout="cpu-bhnc")
+    with d.client() as c:
+        cid = c.register_contract(contract)
+        keys = E.block_keys(cid, tokens, BLOCK)
+        n = len(keys)
+        lease = c.alloc(cid, n, "host")
+        g = torch.Generator().manual_seed(5)
+        nbytes = contract.block_bytes()
+        for slot in lease.slots:
+            junk = torch.randn(nbytes // 2, generator=g).to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
+            c.host_slot(slot)[:nbytes] = junk
+        done = c.commit_chain(cid, lease, lease.slots, keys)
+        c.release(lease)
+        return done
+
+
 def prompt(seed, n=PROMPT_TOKENS):
     rng = random.Random(seed)
     return [rng.randrange(2, 512) for _ in range(n)]
@@ -311,6 +334,20 @@ def run(a, work, procs):
     check("(b) same prompt loads from kvtier", c2.hits - c1.hits >= usable,
           f"host hits {c1.hits} -> {c2.hits}, want >= +{usable}")
     check("(b) same output", out_b == out_a, f"{out_a!r} vs {out_b!r}")
+
+    # (b) the control: the output check can fail. Blocks of other bytes planted under the
+    # keys vLLM will look up for prompt D (the connector's own contract, made here from the
+    # same inputs) are loaded and change the output; the same prompt under a salt (no
+    # planted blocks there) is computed and gives the true output.
+    D = prompt(4)
+    out_true = v1.complete(D, salt="control")
+    planted = plant_blocks(d, model_a, D)
+    p0 = d.counters()["host"]
+    out_planted = v1.complete(D)
+    p1 = d.counters()["host"]
+    check("(b) control: planted blocks are loaded and change the output",
+          planted == full_blocks and p1.hits - p0.hits >= usable and out_planted != out_true,
+          f"planted {planted}, host hits {p0.hits} -> {p1.hits}, outputs {out_planted!r} {out_true!r}")
 
     # (e) unrelated prompt: no hit
     c3 = d.counters()["host"]
