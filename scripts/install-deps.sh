@@ -16,6 +16,8 @@ PKGS=(
   # systemd-analyze (systemd, above), the offline pip install (python3-pip, -setuptools)
   prometheus dpkg-dev
   clang libclang-rt-14-dev
+  # vLLM's CPU build (scripts/install-vllm.sh, tests/vllm): NUMA and tcmalloc (LD_PRELOAD)
+  libnuma1 libtcmalloc-minimal4
 )
 # Set KVTIER_DEPS_EXTRA="pkg ..." to add packages (e.g. a debugger).
 read -r -a EXTRA <<<"${KVTIER_DEPS_EXTRA:-}"

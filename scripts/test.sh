@@ -3,18 +3,26 @@
 # GPU tests (ctest label "gpu") report "Skipped" with the reason where no GPU exists.
 #   KVTIER_BUILD_DIR  build folder (default: build)
 #   KVTIER_JOBS       parallel jobs (default: number of cores)
+#   KVTIER_SKIP_VLLM  1: neither install vLLM's CPU build nor run the vLLM tests (ctest label
+#                     "vllm" then reports them Skipped); by default scripts/install-vllm.sh
+#                     makes its venv (cached per machine: seconds once it is there, about
+#                     3-5 min from nothing) and the tests run
 #   extra arguments go to ctest, e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+# The CPU torch tests (tests/engines, the transformers CPU entry) run under a venv with
+# torch's CPU build: vLLM's venv has one (and pytest); without vLLM, a small torch venv.
+if [ "${KVTIER_SKIP_VLLM:-0}" != 1 ]; then
+  KVTIER_TORCH_PYTHON="$(scripts/install-vllm.sh)/bin/python"
+else
+  KVTIER_TORCH_PYTHON="$(scripts/torch-venv.sh)"
+fi
+export KVTIER_TORCH_PYTHON KVTIER_REQUIRE_TORCH=1
 build="${KVTIER_BUILD_DIR:-build}"
 jobs="${KVTIER_JOBS:-$(nproc)}"
 cmake -S . -B "$build" -G Ninja -DKVTIER_WERROR=ON ${KVTIER_CMAKE_ARGS:-}
 ninja -C "$build" -j"$jobs"
-# Python tests that need torch without a GPU (tests/engines) use a venv with torch's CPU
-# build, made once per machine; with KVTIER_REQUIRE_TORCH=1 a missing torch fails them.
-KVTIER_TORCH_PYTHON="$(scripts/torch-venv.sh)"
-export KVTIER_TORCH_PYTHON KVTIER_REQUIRE_TORCH=1
 ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 600 "$@"
 
 # Reliability extras (docs/reliability.md), each in its own build folder, after the main

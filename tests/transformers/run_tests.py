@@ -34,8 +34,20 @@ def main(argv):
             example = argv.pop(0)
         else:
             test_file = argv.pop(0)
+    # CPU entries run under the CPU torch venv scripts/test.sh names (KVTIER_TORCH_PYTHON),
+    # where this python lacks the modules; with KVTIER_REQUIRE_TORCH=1 (scripts/test.sh) a
+    # missing module fails a CPU entry instead of skipping it.
+    tp = os.environ.get("KVTIER_TORCH_PYTHON", "")
+    if cpu and tp and os.path.realpath(tp) != os.path.realpath(sys.executable) and \
+            os.environ.get("KVTIER_RUN_TESTS_REEXEC") != "1":
+        os.environ["KVTIER_RUN_TESTS_REEXEC"] = "1"
+        os.execv(tp, [tp, os.path.abspath(__file__), *sys.argv[1:]])
     for mod in ("torch", "transformers", "pytest", "numpy"):
         if importlib.util.find_spec(mod) is None:
+            if cpu and os.environ.get("KVTIER_REQUIRE_TORCH") == "1":
+                print(f"FAILED: python module '{mod}' is not installed in {sys.executable}"
+                      " (KVTIER_REQUIRE_TORCH=1)")
+                return 1
             return skip(f"python module '{mod}' is not installed (the GPU machine has it)")
     klib = os.environ.get("KVTIER_KERNELS_LIB", "")
     if klib and not os.path.exists(klib):
