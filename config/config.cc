@@ -357,6 +357,8 @@ const std::vector<Entry>& Schema() {
     s.push_back({"tiers.host.staging_slots_per_client",
                  IntField<uint32_t>([](Config& c) { return &c.tiers.host_staging_slots_per_client; }, 0,
                                     1u << 30)});
+    s.push_back({"tiers.host.staging_bytes_total",
+                 SizeField([](Config& c) { return &c.tiers.host_staging_bytes_total; })});
     s.push_back({"tiers.host.tenant_parts", BoolField([](Config& c) { return &c.tiers.host_tenant_parts; })});
     AddTier(s, "tiers.nvme", [](Config& c) { return &c.tiers.nvme.tier; });
     s.push_back({"tiers.nvme.dir", StringField([](Config& c) { return &c.tiers.nvme.dir; })});
@@ -629,13 +631,13 @@ Status Config::Validate() const {
   if (!InSet(t.on_conflict, {"keep-first", "replace", "drop-disputed"})) {
     return Status::Invalid("tiers.on_conflict: \"" + t.on_conflict + "\" is not keep-first, replace or drop-disputed");
   }
-  // The most host slots a client's alloc leases can hold: those of the smallest class.
-  const std::vector<uint64_t> classes = t.SlotClasses();
-  const uint64_t smallest = classes.empty() ? t.slot_bytes : *std::min_element(classes.begin(), classes.end());
-  if (smallest > 0 && t.host_staging_slots_per_client > t.host.capacity_bytes / smallest) {
+  // A staging slot holds any block (slot_bytes): one client's area is at most the host
+  // tier's bytes.
+  if (t.slot_bytes > 0 && t.host_staging_slots_per_client > t.host.capacity_bytes / t.slot_bytes) {
     return Status::Invalid("tiers.host.staging_slots_per_client: " + std::to_string(t.host_staging_slots_per_client) +
-                           " is more than the host tier's " + std::to_string(t.host.capacity_bytes / smallest) +
-                           " slots");
+                           " slots of " + std::to_string(t.slot_bytes) + " bytes are more than the host tier's " +
+                           std::to_string(t.host.capacity_bytes) + " bytes (at most " +
+                           std::to_string(t.host.capacity_bytes / t.slot_bytes) + ")");
   }
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.nvme", t.nvme.tier, t.slot_bytes));
   if (std::string why = t.policy.Check(); !why.empty()) {

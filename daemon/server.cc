@@ -198,6 +198,8 @@ class Daemon::Impl {
   std::unique_ptr<asio::local::stream_protocol::acceptor> acceptor_;
   std::unique_ptr<asio::ip::tcp::acceptor> metrics_acceptor_;
   std::unique_ptr<tiers::TierManager> tm_;
+  // Every client's staging memory together (tiers.host.staging_bytes_total); set in Start.
+  std::shared_ptr<StagingBudget> staging_budget_;
   std::unique_ptr<ContractStore> contracts_;  // with an NVMe tier: registrations that outlive restarts
   // [security] and [[tenants]] of the config the daemon started with (a change needs a
   // restart), the contracts' owners and the tenants' counters. Created in Start.
@@ -469,14 +471,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     lim.max_spinning = dc.max_spinning_rings;
     lim.protocol_version = protocol_;
     if (protocol_ >= 5 && d_->tm_->has_tier(tiers::Tier::kHost)) {
-      // The most host slots its leases could hold: all of the smallest slot class.
+      // Staging slots hold any block (slot_bytes each): the host tier's bytes in them.
       const tiers::HostGeometry& g = d_->tm_->host_geometry();
-      const auto host_slots = g.most[0];
+      const auto host_slots = std::max<uint32_t>(1, static_cast<uint32_t>(g.arena_bytes / d_->tm_->slot_bytes()));
       const uint32_t cap = d_->opts_.config.tiers.host_staging_slots_per_client;
-      // 0: the client's share of the host tier (daemon.max_tier_share_per_client), which
-      // bounds what its leases hold anyway.
+      // 0: the client's share of the host tier's bytes (daemon.max_tier_share_per_client),
+      // which bounds what its leases hold anyway.
       const auto share = static_cast<uint32_t>(dc.max_tier_share_per_client * static_cast<double>(host_slots));
       lim.staging_slots = std::min(host_slots, cap != 0 ? cap : std::max<uint32_t>(1, share));
+      lim.staging_budget = d_->staging_budget_;
       // With tenants, no client maps the arena: it holds every tenant's blocks.
       lim.private_reads = d_->tenants_->access().tenants_configured();
     }
@@ -900,6 +903,8 @@ Status Daemon::Impl::Start() {
   auto tm = tiers::TierManager::Open(ToTierManagerOptions(c));
   if (!tm.ok()) return Status(tm.status().code(), "tiers: " + tm.status().message());
   tm_ = std::move(*tm);
+  staging_budget_ = std::make_shared<StagingBudget>(
+      c.tiers.host_staging_bytes_total != 0 ? c.tiers.host_staging_bytes_total : c.tiers.host.capacity_bytes);
   if (c.tiers.nvme.tier.capacity_bytes != 0) {
     // Contracts registered before the restart: their blocks on NVMe are reachable at once.
     std::vector<StoredContract> known;

@@ -238,7 +238,10 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   static constexpr int64_t kNoGroup = -1;
   Block* VictimLocked(int t, const Block* except = nullptr, int64_t for_group = kNoGroup, int cls = -1);
   // Quotas (TierManagerOptions::groups): a contract's group, a group's share of tier t in
-  // slots, and whether the group holds more than that.
+  // bytes of the tier's slabs (and, for the operator views, in slots of its smallest
+  // class), and whether the group's blocks, each weighed by the bytes of its slot
+  // (CountingPolicy), pass its share. Bytes, so that a group of large blocks is over its
+  // share at the same fill of the tier as a group of small ones.
   bool quotas() const { return !opts_.groups.empty(); }
   uint32_t GroupOfLocked(uint64_t contract) const {
     auto it = group_of_.find(contract);
@@ -250,7 +253,12 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   uint64_t QuotaSlots(int t, uint32_t g) const {
     return g < opts_.groups.size() ? static_cast<uint64_t>(opts_.groups[g].share[t] * T(t).total()) : 0;
   }
-  bool OverShareLocked(int t, uint32_t g) const { return T(t).policy->GroupCount(g) > QuotaSlots(t, g); }
+  uint64_t QuotaBytes(int t, uint32_t g) const {
+    return g < opts_.groups.size()
+               ? static_cast<uint64_t>(opts_.groups[g].share[t] * static_cast<double>(T(t).arena_bytes()))
+               : 0;
+  }
+  bool OverShareLocked(int t, uint32_t g) const { return T(t).policy->GroupBytes(g) > QuotaBytes(t, g); }
   // Host parts (TierManagerOptions::host_parts): group -> its part (-1: none, the common
   // pool only; fixed at Init), the part an alloc of tier t for group g takes from, and
   // whether a block's slot in tier t, once freed, serves an alloc for group g (its part
@@ -281,10 +289,12 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   }
   void MaintainLocked();
   // Slab moves between the slot classes of tier t (HBM, host or NVMe, tiers/slab_allocator.h):
-  // whether every block of a slab may go now; evicting the blocks of a slab (returns the
-  // demotions begun); and the starvation rule, which moves one slab to class `cls` when it
-  // applies (true: a move began or finished; the class may have room now).
-  bool SlabMovableLocked(int t, uint32_t slab) const;
+  // whether every block of a slab may go now, for quota group `for_group` (kNoGroup: the
+  // watermarks), without taking a block of another group within its share; evicting the
+  // blocks of a slab (returns the demotions begun); and the starvation rule, which moves
+  // one slab to class `cls` when it applies (true: a move began or finished; the class may
+  // have room now).
+  bool SlabMovableLocked(int t, uint32_t slab, int64_t for_group) const;
   // The block in slot `slot` of tier t (NVMe: record `slot`, the block its index entry
   // names), or null; and the slot (NVMe: record) of b's copy in tier t, or -1.
   Block* BlockInSlotLocked(int t, uint32_t slot) const;
