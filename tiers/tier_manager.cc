@@ -242,6 +242,7 @@ bool TierManagerImpl::ForgetContractIfUnused(uint64_t id) {
   std::lock_guard<IndexMutex> l(mu_);
   auto it = contracts_.find(id);
   if (it == contracts_.end()) return false;
+  if (indexed_.count(id) != 0) return false;  // blocks cached or in flight between tiers
   for (const TierState& ts : tiers_) {
     if (ts.policy && ts.policy->Count(id) != 0) return false;
   }

@@ -186,12 +186,16 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   void InsertBlockLocked(std::unique_ptr<Block> b) {
     order_.insert(b->id);
     ++blocks_gen_;
+    ++indexed_[b->id.contract];
     blocks_.insert(std::move(b));
   }
   void EraseBlockLocked(const BlockId& id) {
     order_.erase(id);
     ++blocks_gen_;
-    blocks_.erase(id);
+    if (blocks_.erase(id) != 0) {
+      auto it = indexed_.find(id.contract);
+      if (it != indexed_.end() && --it->second == 0) indexed_.erase(it);
+    }
   }
   // tier_manager_views.cc: the index's ids in order_'s order, a snapshot kept until a
   // block comes or goes, copied out of order_ a few hundred ids per hold of mu_.
@@ -391,6 +395,10 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   };
   absl::btree_set<BlockId, BlockIdLess> order_;
   uint64_t blocks_gen_ = 0;
+  // Blocks of each contract in the index, in a tier or on their way between two (a
+  // demotion takes a block out of one tier's policy before the next tier's takes it in):
+  // a contract with any is not forgotten, so its blocks keep their quota group.
+  std::unordered_map<uint64_t, uint64_t> indexed_;
   mutable std::mutex order_mu_;  // taken before mu_, never under it: order_snap_, order_gen_
   mutable std::shared_ptr<const std::vector<BlockId>> order_snap_;
   mutable uint64_t order_gen_ = 0;  // blocks_gen_ that order_snap_ reflects

@@ -38,8 +38,9 @@ using GroupMap = std::unordered_map<uint64_t, uint32_t>;
 // of the smallest class's slots lets a group of large blocks fill the tier without ever
 // being over its share. Each block weighs the bytes of the slot (NVMe: record) it takes in
 // this tier (TierState::BlockWeight), given at its first Insert; every block of one
-// contract takes slots of one class, so the weight is kept per contract and a Remove or a
-// Regroup gives back what the Insert counted.
+// contract takes slots of one class, so the weight is kept per contract, with the group
+// its blocks were counted in, and a Remove or a Regroup gives back what the Insert counted
+// whatever the group map says by then.
 class CountingPolicy {
  public:
   CountingPolicy(std::unique_ptr<EvictionPolicy> p, const GroupMap* groups) : p_(std::move(p)), groups_(groups) {}
@@ -61,11 +62,13 @@ class CountingPolicy {
   void Insert(const BlockId& b, const BlockId& parent, uint64_t weight) {
     if (!p_->Contains(b)) {
       PerContract& pc = per_contract_[b.contract];
-      if (pc.n++ == 0) pc.weight = weight;
+      if (pc.n++ == 0) {
+        pc.weight = weight;
+        pc.group = GroupOfContract(b.contract);
+      }
       if (groups_) {
-        const uint32_t g = GroupOfContract(b.contract);
-        ++GroupSlot(g).n;
-        GroupSlot(g).bytes += pc.weight;
+        ++GroupSlot(pc.group).n;
+        GroupSlot(pc.group).bytes += pc.weight;
       }
     }
     p_->Insert(b, parent);
@@ -74,12 +77,13 @@ class CountingPolicy {
   void Remove(const BlockId& b) {
     if (p_->Contains(b)) {
       auto it = per_contract_.find(b.contract);
-      const uint64_t w = it == per_contract_.end() ? 0 : it->second.weight;
-      if (it != per_contract_.end() && --it->second.n == 0) per_contract_.erase(it);
-      if (groups_) {
-        Counts& gc = GroupSlot(GroupOfContract(b.contract));
-        gc.n -= std::min<uint64_t>(gc.n, 1);
-        gc.bytes -= std::min(gc.bytes, w);
+      if (it != per_contract_.end()) {
+        if (groups_) {
+          Counts& gc = GroupSlot(it->second.group);
+          gc.n -= std::min<uint64_t>(gc.n, 1);
+          gc.bytes -= std::min(gc.bytes, it->second.weight);
+        }
+        if (--it->second.n == 0) per_contract_.erase(it);
       }
     }
     p_->Remove(b);
@@ -91,7 +95,8 @@ class CountingPolicy {
   // blocks were indexed: a warm restart).
   void Regroup(uint64_t contract, uint32_t from, uint32_t to) {
     auto it = per_contract_.find(contract);
-    if (it == per_contract_.end()) return;
+    if (it == per_contract_.end() || it->second.group != from) return;
+    it->second.group = to;
     const uint64_t n = it->second.n, bytes = n * it->second.weight;
     Counts& f = GroupSlot(from);
     f.n -= std::min(n, f.n);
@@ -114,6 +119,7 @@ class CountingPolicy {
   struct PerContract {
     uint64_t n = 0;       // blocks in the tier
     uint64_t weight = 0;  // bytes of one (its slot's)
+    uint32_t group = 0;   // the quota group they are counted in
   };
   struct Counts {
     uint64_t n = 0, bytes = 0;

@@ -230,14 +230,21 @@ TEST(Budgets, ATenantOfLargeBlocksIsOverItsNvmeShareByBytes) {
   ASSERT_EQ(kvtier_flush(op), KVTIER_OK) << kvtier_last_error();
   auto ts = TenantStats(op);
   ASSERT_NE(Find(ts, "a"), nullptr);
-  EXPECT_EQ(Find(ts, "a")->blocks[2], 28u) << "a's blocks did not all reach NVMe";
+  // Every record was a's; over its share, the NVMe tier's watermarks took some back.
+  EXPECT_GE(Find(ts, "a")->blocks[2], 14u) << "a's blocks did not reach NVMe";
   EXPECT_EQ(RunAs(d.socket(), kUidB, kGidB, 2, 10, 2000), 10) << d.log();
   ASSERT_EQ(kvtier_flush(op), KVTIER_OK) << kvtier_last_error();
   ts = TenantStats(op);
   kvtier_close(op);
   ASSERT_NE(Find(ts, "a"), nullptr);
   ASSERT_NE(Find(ts, "b"), nullptr);
-  EXPECT_EQ(Find(ts, "b")->blocks[2], 10u) << "tenant b's blocks did not reach NVMe";
+  std::string table;
+  for (const auto& t : ts) {
+    table += std::string(t.name) + ": blocks " + std::to_string(t.blocks[1]) + "/" + std::to_string(t.blocks[2]) +
+             " evictions " + std::to_string(t.evictions[1]) + "/" + std::to_string(t.evictions[2]) + " committed " +
+             std::to_string(t.committed) + "\n";
+  }
+  EXPECT_EQ(Find(ts, "b")->blocks[2], 10u) << "tenant b's blocks did not reach NVMe\n" << table;
   EXPECT_GE(Find(ts, "a")->blocks[2], 14u) << "a was pushed below its NVMe share";
   EXPECT_EQ(d.Stop(), 0);
 }
