@@ -103,8 +103,8 @@ enum class CommitOutcome : uint8_t {
 // (t = hbm, host, nvme; the bytes of the tier's slabs), in [0, 1], is what the blocks of
 // other groups cannot push this group's blocks below. A block weighs the bytes of the
 // slot (NVMe: record) its class takes, so a share means the same fill of the tier
-// whatever the sizes of the group's blocks. Eviction for a group over its share takes its own blocks first;
-// eviction for anyone else (another group's alloc or promotion, the watermarks) takes
+// whatever the sizes of the group's blocks. Eviction for a group over its share takes its
+// own blocks first; eviction for anyone else (another group's alloc or promotion, the watermarks) takes
 // only blocks of groups over their share, or the requester's own. Group 0 (contracts
 // registered without a group) never has a share.
 struct GroupShare {
