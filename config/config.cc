@@ -631,13 +631,13 @@ Status Config::Validate() const {
   if (!InSet(t.on_conflict, {"keep-first", "replace", "drop-disputed"})) {
     return Status::Invalid("tiers.on_conflict: \"" + t.on_conflict + "\" is not keep-first, replace or drop-disputed");
   }
-  // A staging slot holds any block (slot_bytes): one client's area is at most the host
-  // tier's bytes.
-  if (t.slot_bytes > 0 && t.host_staging_slots_per_client > t.host.capacity_bytes / t.slot_bytes) {
+  // The most host slots a client's alloc leases can hold: those of the smallest class.
+  const std::vector<uint64_t> classes = t.SlotClasses();
+  const uint64_t smallest = classes.empty() ? t.slot_bytes : *std::min_element(classes.begin(), classes.end());
+  if (smallest > 0 && t.host_staging_slots_per_client > t.host.capacity_bytes / smallest) {
     return Status::Invalid("tiers.host.staging_slots_per_client: " + std::to_string(t.host_staging_slots_per_client) +
-                           " slots of " + std::to_string(t.slot_bytes) + " bytes are more than the host tier's " +
-                           std::to_string(t.host.capacity_bytes) + " bytes (at most " +
-                           std::to_string(t.host.capacity_bytes / t.slot_bytes) + ")");
+                           " is more than the host tier's " + std::to_string(t.host.capacity_bytes / smallest) +
+                           " slots");
   }
   KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.nvme", t.nvme.tier, t.slot_bytes));
   if (std::string why = t.policy.Check(); !why.empty()) {

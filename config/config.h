@@ -114,9 +114,10 @@ struct TiersConfig {
   TierConfig host;                // capacity Default: 1GiB
   // tiers.host.staging_slots_per_client: host slots one client may hold under alloc leases
   // at once (with [[tenants]], and the copies its host acquires hold), the size of its
-  // private staging area (daemon/staging.h) in slots of slot_bytes; at most the host tier's
-  // bytes in slots of slot_bytes. 0 = daemon.max_tier_share_per_client of the host tier's
-  // bytes (at least 1 slot), the most its leases may hold anyway. Default: 0
+  // private staging area (daemon/staging.h); [0, host slots of the smallest class],
+  // 0 = daemon.max_tier_share_per_client of the host tier's slots (at least 1), the most
+  // its leases may hold anyway. Its memory in use is bounded by its leases (counted in
+  // bytes against that share), its freed slots' by staging_bytes_total. Default: 0
   uint32_t host_staging_slots_per_client = 0;
   // tiers.host.staging_bytes_total: the memory every client's staging area may hold at
   // once (slots in use, and freed slots that keep their pages; StagingBudget in

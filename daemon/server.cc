@@ -471,12 +471,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     lim.max_spinning = dc.max_spinning_rings;
     lim.protocol_version = protocol_;
     if (protocol_ >= 5 && d_->tm_->has_tier(tiers::Tier::kHost)) {
-      // Staging slots hold any block (slot_bytes each): the host tier's bytes in them.
+      // The most host slots its leases could hold: all of the smallest slot class. What its
+      // staging slots hold in memory is bounded by its leases (each counted in bytes against
+      // daemon.max_tier_share_per_client) and, for freed slots, by the daemon's total.
       const tiers::HostGeometry& g = d_->tm_->host_geometry();
-      const auto host_slots = std::max<uint32_t>(1, static_cast<uint32_t>(g.arena_bytes / d_->tm_->slot_bytes()));
+      const auto host_slots = g.most[0];
       const uint32_t cap = d_->opts_.config.tiers.host_staging_slots_per_client;
-      // 0: the client's share of the host tier's bytes (daemon.max_tier_share_per_client),
-      // which bounds what its leases hold anyway.
+      // 0: the client's share of the host tier (daemon.max_tier_share_per_client), which
+      // bounds what its leases hold anyway.
       const auto share = static_cast<uint32_t>(dc.max_tier_share_per_client * static_cast<double>(host_slots));
       lim.staging_slots = std::min(host_slots, cap != 0 ? cap : std::max<uint32_t>(1, share));
       lim.staging_budget = d_->staging_budget_;

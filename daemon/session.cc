@@ -1051,7 +1051,7 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
   std::vector<uint32_t> staged;
   const bool host = req.tier == wire::kTierHost;
   Status staged_st = host ? staging_->Alloc(req.count, tm_->block_bytes(*cid), &staged) : Status::Ok();
-  if (staged_st.code() == StatusCode::kRetry) return staged_st;  // the daemon's total: passes as others release
+  if (staged_st.code() == StatusCode::kRetry) return AllocRefusal(req, staged_st);  // the daemon's total
   if (!staged_st.ok()) {
     uint64_t total = 0;
     for (const auto& t : tm_->Stats()) total = t.tier == tiers::Tier::kHost ? t.slots_total : total;

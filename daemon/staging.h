@@ -25,9 +25,11 @@
 //
 // Memory, per client: the memfd is sparse; a page costs memory once written, and a freed
 // slot keeps its pages for the client's next allocs (most recently freed first: no fault
-// per block). The area's size bounds what one client's staging can ever hold: its slot
-// count is `tiers.host.staging_slots_per_client`, by default the client's
-// `daemon.max_tier_share_per_client` of the host tier's bytes in slots of slot_bytes.
+// per block). The slot count is `tiers.host.staging_slots_per_client`, by default the
+// client's `daemon.max_tier_share_per_client` of the host tier's slots of the smallest
+// class. Each slot in use belongs to a lease whose host slot counts its class's bytes
+// against that share (Session), so the pages one client's slots in use hold are at most
+// its share of the host tier's bytes.
 //
 // Memory, in total (StagingBudget): every area of the daemon charges one budget,
 // `tiers.host.staging_bytes_total` (default: the host tier's bytes), for the pages of its

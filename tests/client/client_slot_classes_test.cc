@@ -48,8 +48,7 @@ DaemonConfig ClassedConfig() {
   return c;
 }
 // One client may hold every slot here (daemon.max_tier_share_per_client: 1, so its staging
-// area holds the host tier's bytes: 20 slots of 12 KiB): the limits under test are the
-// classes'.
+// area has the 60 slots of the smallest class): the limits under test are the classes'.
 // The high watermark at 1: eviction on demand only, so counts are exact.
 const std::vector<std::string> kClasses{"--set", "tiers.slot_classes=4KiB,12KiB",       "--set",
                                         "tiers.slab_bytes=48KiB",        "--set", "daemon.max_tier_share_per_client=1",

@@ -198,22 +198,20 @@ TEST(Config, HbmCopyKeys) {
   EXPECT_TRUE(c->daemon.trace_copies);
 }
 
-// The staging keys: tiers.host.staging_slots_per_client counts slots of slot_bytes (a
-// staging slot holds any block), so it is at most the host tier's bytes in them (728 of
-// 1440 KiB in 1 GiB; counted in the smallest class's slots it let one client's area be
-// 7,281 of them, 10 GiB); tiers.host.staging_bytes_total is a size, 0 = the host tier's.
+// The staging keys: tiers.host.staging_slots_per_client is at most the host tier's slots of
+// the smallest class (7,281 of 144 KiB in 1 GiB); tiers.host.staging_bytes_total, the
+// memory of every client's staging together, is a size, 0 = the host tier's.
 TEST(Config, StagingKeys) {
   auto d = LoadString("", {});
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->tiers.host_staging_slots_per_client, 0u);
   EXPECT_EQ(d->tiers.host_staging_bytes_total, 0u);
-  auto c = LoadString("[tiers.host]\nstaging_bytes_total = \"64MiB\"\nstaging_slots_per_client = 728\n", {});
+  auto c = LoadString("[tiers.host]\nstaging_bytes_total = \"64MiB\"\nstaging_slots_per_client = 7281\n", {});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->tiers.host_staging_bytes_total, 64ull << 20);
-  EXPECT_EQ(c->tiers.host_staging_slots_per_client, 728u);
+  EXPECT_EQ(c->tiers.host_staging_slots_per_client, 7281u);
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
-           {"tiers.host.staging_slots_per_client", "729"},
-           {"tiers.host.staging_slots_per_client", "7281"},
+           {"tiers.host.staging_slots_per_client", "7282"},
            {"tiers.host.staging_bytes_total", "-1"},
            {"tiers.host.staging_bytes_total", "lots"}}) {
     auto bad = LoadString("", {{key, value}});
