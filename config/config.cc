@@ -357,6 +357,8 @@ const std::vector<Entry>& Schema() {
     s.push_back({"tiers.host.staging_slots_per_client",
                  IntField<uint32_t>([](Config& c) { return &c.tiers.host_staging_slots_per_client; }, 0,
                                     1u << 30)});
+    s.push_back({"tiers.host.staging_bytes_total",
+                 SizeField([](Config& c) { return &c.tiers.host_staging_bytes_total; })});
     s.push_back({"tiers.host.tenant_parts", BoolField([](Config& c) { return &c.tiers.host_tenant_parts; })});
     AddTier(s, "tiers.nvme", [](Config& c) { return &c.tiers.nvme.tier; });
     s.push_back({"tiers.nvme.dir", StringField([](Config& c) { return &c.tiers.nvme.dir; })});

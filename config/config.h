@@ -114,10 +114,16 @@ struct TiersConfig {
   TierConfig host;                // capacity Default: 1GiB
   // tiers.host.staging_slots_per_client: host slots one client may hold under alloc leases
   // at once (with [[tenants]], and the copies its host acquires hold), the size of its
-  // private staging area (daemon/staging.h); [0, host slots],
+  // private staging area (daemon/staging.h); [0, host slots of the smallest class],
   // 0 = daemon.max_tier_share_per_client of the host tier's slots (at least 1), the most
-  // its leases may hold anyway. Default: 0
+  // its leases may hold anyway. Its memory in use is bounded by its leases (counted in
+  // bytes against that share), its freed slots' by staging_bytes_total. Default: 0
   uint32_t host_staging_slots_per_client = 0;
+  // tiers.host.staging_bytes_total: the memory every client's staging area may hold at
+  // once (slots in use, and freed slots that keep their pages; StagingBudget in
+  // daemon/staging.h); past it freed slots' pages are taken back, then staging allocs get
+  // Retry. 0 = the host tier's capacity. Needs a restart. Default: 0
+  uint64_t host_staging_bytes_total = 0;
   // tiers.host.tenant_parts: with [[tenants]], each tenant's host_share is a part of the
   // host tier of its own (a memfd its clients map read-only: host acquires of blocks in it
   // copy nothing) that no other tenant's blocks use; false: one arena for every tenant and

@@ -198,6 +198,8 @@ class Daemon::Impl {
   std::unique_ptr<asio::local::stream_protocol::acceptor> acceptor_;
   std::unique_ptr<asio::ip::tcp::acceptor> metrics_acceptor_;
   std::unique_ptr<tiers::TierManager> tm_;
+  // Every client's staging memory together (tiers.host.staging_bytes_total); set in Start.
+  std::shared_ptr<StagingBudget> staging_budget_;
   std::unique_ptr<ContractStore> contracts_;  // with an NVMe tier: registrations that outlive restarts
   // [security] and [[tenants]] of the config the daemon started with (a change needs a
   // restart), the contracts' owners and the tenants' counters. Created in Start.
@@ -469,7 +471,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     lim.max_spinning = dc.max_spinning_rings;
     lim.protocol_version = protocol_;
     if (protocol_ >= 5 && d_->tm_->has_tier(tiers::Tier::kHost)) {
-      // The most host slots its leases could hold: all of the smallest slot class.
+      // The most host slots its leases could hold: all of the smallest slot class. What its
+      // staging slots hold in memory is bounded by its leases (each counted in bytes against
+      // daemon.max_tier_share_per_client) and, for freed slots, by the daemon's total.
       const tiers::HostGeometry& g = d_->tm_->host_geometry();
       const auto host_slots = g.most[0];
       const uint32_t cap = d_->opts_.config.tiers.host_staging_slots_per_client;
@@ -477,6 +481,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       // bounds what its leases hold anyway.
       const auto share = static_cast<uint32_t>(dc.max_tier_share_per_client * static_cast<double>(host_slots));
       lim.staging_slots = std::min(host_slots, cap != 0 ? cap : std::max<uint32_t>(1, share));
+      lim.staging_budget = d_->staging_budget_;
       // With tenants, no client maps the arena: it holds every tenant's blocks.
       lim.private_reads = d_->tenants_->access().tenants_configured();
     }
@@ -900,6 +905,8 @@ Status Daemon::Impl::Start() {
   auto tm = tiers::TierManager::Open(ToTierManagerOptions(c));
   if (!tm.ok()) return Status(tm.status().code(), "tiers: " + tm.status().message());
   tm_ = std::move(*tm);
+  staging_budget_ = std::make_shared<StagingBudget>(
+      c.tiers.host_staging_bytes_total != 0 ? c.tiers.host_staging_bytes_total : c.tiers.host.capacity_bytes);
   if (c.tiers.nvme.tier.capacity_bytes != 0) {
     // Contracts registered before the restart: their blocks on NVMe are reachable at once.
     std::vector<StoredContract> known;

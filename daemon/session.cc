@@ -113,14 +113,17 @@ StatusOr<std::shared_ptr<Session>> Session::Create(uint64_t client_id, const std
   s->data_ = s->base_ + s->hdr_.data_offset;
   s->req_ring_ = wire::RequestRing(s->base_, s->hdr_);
   s->cmp_ring_ = wire::CompletionRing(s->base_, s->hdr_);
-  for (const auto& t : tm->Stats()) {
-    const int i = t.tier == tiers::Tier::kHbm ? 0 : t.tier == tiers::Tier::kHost ? 1 : -1;
-    if (i >= 0) {
-      s->share_cap_[i] = std::max<uint64_t>(1, static_cast<uint64_t>(limits.max_tier_share *
-                                                                     static_cast<double>(t.slots_total)));
-      // A share of the whole tier is no limit of its own: the tier's size answers.
-      if (s->share_cap_[i] >= t.slots_total) s->share_cap_[i] = UINT64_MAX;
-    }
+  for (const tiers::Tier t : {tiers::Tier::kHbm, tiers::Tier::kHost}) {
+    const int i = t == tiers::Tier::kHbm ? 0 : 1;
+    const uint64_t bytes = !tm->has_tier(t)                ? 0
+                           : t == tiers::Tier::kHbm ? tm->hbm_geometry().arena_bytes
+                                                    : tm->host_geometry().arena_bytes;
+    s->tier_bytes_[i] = bytes;
+    // At least one slot of any class, as a share of one slot was.
+    s->share_cap_[i] = std::max(tm->slot_bytes(),
+                                static_cast<uint64_t>(limits.max_tier_share * static_cast<double>(bytes)));
+    // A share of the whole tier is no limit of its own: the tier's size answers.
+    if (s->share_cap_[i] >= bytes) s->share_cap_[i] = UINT64_MAX;
   }
   if (limits.staging_slots > 0 && tm->has_tier(tiers::Tier::kHost)) {
     // Staging slot ids follow the arena's: the client maps both in one window, host slot
@@ -128,7 +131,7 @@ StatusOr<std::shared_ptr<Session>> Session::Create(uint64_t client_id, const std
     const uint64_t granule = tm->host_geometry().granule;
     auto st = StagingArea::Create("kvtier-staging-" + std::to_string(client_id), limits.staging_slots,
                                   tm->slot_bytes(), static_cast<uint32_t>(tm->host_arena_bytes() / granule),
-                                  static_cast<uint32_t>(tm->slot_bytes() / granule));
+                                  static_cast<uint32_t>(tm->slot_bytes() / granule), limits.staging_budget);
     if (!st.ok()) return st.status();
     s->staging_ = std::move(st.value());
   }
@@ -403,6 +406,15 @@ void Session::WakeProgress(wire::AcquireProgress* p) {
 }
 
 StatusOr<uint64_t> Session::AddLease(Lease lease) {
+  // The lease's bytes per tier, each slot its class's (asked before mu_: FitOf takes the
+  // TierManager's lock).
+  const uint64_t weight[2] = {SlotBytes(lease.contract_id, tiers::Tier::kHbm),
+                              SlotBytes(lease.contract_id, tiers::Tier::kHost)};
+  lease.bytes[0] = lease.bytes[1] = 0;
+  for (const auto& sl : lease.slots) {
+    const int i = sl.tier == tiers::Tier::kHbm ? 0 : 1;
+    lease.bytes[i] += weight[i];
+  }
   std::unique_lock<std::mutex> l(mu_);
   if (closed_) {
     l.unlock();
@@ -415,18 +427,18 @@ StatusOr<uint64_t> Session::AddLease(Lease lease) {
     return Status::Rejected("lease table full (" + std::to_string(limits_.max_leases) +
                             "): release leases first");
   }
-  uint64_t add[2] = {0, 0};
-  for (const auto& s : lease.slots) ++add[s.tier == tiers::Tier::kHbm ? 0 : 1];
   for (const tiers::Tier t : {tiers::Tier::kHbm, tiers::Tier::kHost}) {
-    Status cs = CheckShareLocked(t, add[t == tiers::Tier::kHbm ? 0 : 1]);
+    const int i = t == tiers::Tier::kHbm ? 0 : 1;
+    const uint64_t n = lease.bytes[i] == 0 ? 0 : lease.bytes[i] / weight[i];
+    Status cs = CheckShareLocked(t, n, weight[i]);
     if (!cs.ok()) {
       l.unlock();
       ReleaseSlots(lease);
       return cs;
     }
   }
-  held_[0] += add[0];
-  held_[1] += add[1];
+  held_[0] += lease.bytes[0];
+  held_[1] += lease.bytes[1];
   const uint64_t id = NextLeaseId();
   metrics_->leases.fetch_add(1);
   metrics_->leased_slots.fetch_add(static_cast<int64_t>(lease.slots.size()));
@@ -434,13 +446,24 @@ StatusOr<uint64_t> Session::AddLease(Lease lease) {
   return id;
 }
 
-Status Session::CheckShareLocked(tiers::Tier tier, uint64_t n) const {
+uint64_t Session::SlotBytes(uint64_t contract, tiers::Tier tier) const {
+  const tiers::HostGeometry& g = tier == tiers::Tier::kHbm ? tm_->hbm_geometry() : tm_->host_geometry();
+  if (g.classes.size() <= 1) return g.classes.empty() ? tm_->slot_bytes() : g.classes[0];
+  const int cls = tm_->FitOf(contract).cls;  // HBM's classes, when it has several, are the host's
+  return cls >= 0 && static_cast<size_t>(cls) < g.classes.size() ? g.classes[static_cast<size_t>(cls)]
+                                                                  : tm_->slot_bytes();
+}
+
+Status Session::CheckShareLocked(tiers::Tier tier, uint64_t n, uint64_t slot_bytes) const {
   const int i = tier == tiers::Tier::kHbm ? 0 : 1;
-  if (n == 0 || held_[i] + n <= share_cap_[i]) return Status::Ok();
-  return Status::Rejected(std::string("this client holds ") + std::to_string(held_[i]) + " " +
+  if (n == 0 || slot_bytes == 0 || held_[i] + n * slot_bytes <= share_cap_[i]) return Status::Ok();
+  return Status::Rejected(std::string("this client holds ") + std::to_string(held_[i]) + " bytes of " +
                           tiers::TierName(tier) + " slots under its leases and asks for " + std::to_string(n) +
-                          " more; daemon.max_tier_share_per_client lets one client hold " +
-                          std::to_string(share_cap_[i]) + ": release leases first");
+                          " more of " + std::to_string(slot_bytes) +
+                          " bytes; daemon.max_tier_share_per_client lets one client hold " +
+                          std::to_string(share_cap_[i] / slot_bytes) + " of these (" +
+                          std::to_string(share_cap_[i]) + " of the tier's " + std::to_string(tier_bytes_[i]) +
+                          " bytes): release leases first");
 }
 
 std::vector<tiers::SlotRef> Session::UniqueSlots(const std::vector<tiers::SlotRef>& slots) {
@@ -488,7 +511,7 @@ Status Session::DoRelease(uint64_t lease_id) {
     }
     lease = std::move(it->second);
     leases_.erase(it);
-    for (const auto& sl : lease.slots) --held_[sl.tier == tiers::Tier::kHbm ? 0 : 1];
+    for (int i : {0, 1}) held_[i] -= std::min(held_[i], lease.bytes[i]);
   }
   metrics_->leases.fetch_sub(1);
   metrics_->leased_slots.fetch_sub(static_cast<int64_t>(lease.slots.size()));
@@ -505,7 +528,8 @@ wire::WireSlot Session::ClientSlot(const Lease& lease, size_t i) const {
   return ws;
 }
 
-Status Session::StagingFull(size_t n) const {
+Status Session::StagingFull(size_t n, const Status& why) const {
+  if (why.code() == StatusCode::kRetry) return why;  // the daemon's total: passes as others release
   return Status::Rejected("this client's staging area (" + std::to_string(staging_->slots()) +
                           " slots, tiers.host.staging_slots_per_client) has " +
                           std::to_string(staging_->slots() - staging_->used()) + " free for copies of " +
@@ -519,7 +543,7 @@ uint32_t Session::FindCopy(const Copies& copies, uint32_t slot) {
   return it != copies.end() && it->first == slot ? it->second : kNoStaging;
 }
 
-bool Session::CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t block_bytes, Copies* copies) {
+Status Session::CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t block_bytes, Copies* copies) {
   std::vector<uint32_t> need;  // arena slots without a copy yet, each once
   need.reserve(slots.size());
   for (const auto& r : slots) {
@@ -530,11 +554,13 @@ bool Session::CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t bloc
   need.erase(std::unique(need.begin(), need.end()), need.end());
   std::vector<uint32_t> got;
   got.reserve(need.size());
-  bool ok = staging_->Alloc(static_cast<uint32_t>(need.size()), &got);
-  for (size_t i = 0; ok && i < need.size(); ++i) ok = tm_->host_slot_ptr(need[i]) != nullptr;
-  if (!ok) {
+  Status st = staging_->Alloc(static_cast<uint32_t>(need.size()), block_bytes, &got);
+  for (size_t i = 0; st.ok() && i < need.size(); ++i) {
+    if (tm_->host_slot_ptr(need[i]) == nullptr) st = Status::Invalid("host slot " + std::to_string(need[i]));
+  }
+  if (!st.ok()) {
     staging_->Free(got);
-    return false;
+    return st;
   }
   // The arena slots are pinned by the acquire: their bytes stay while they are read.
   const auto old = static_cast<ptrdiff_t>(copies->size());
@@ -543,7 +569,7 @@ bool Session::CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t bloc
     copies->emplace_back(need[i], got[i]);
   }
   std::inplace_merge(copies->begin(), copies->begin() + old, copies->end());
-  return true;
+  return Status::Ok();
 }
 
 uint32_t Session::AcquiredSlotId(const tiers::SlotRef& ref, const Copies& copies) const {
@@ -834,10 +860,12 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
                    lease.slots = self->UniqueSlots(slots);
                    Copies copy;  // arena slot -> staging slot of its copy
                    auto id = [&]() -> StatusOr<uint64_t> {
-                     if (copy_bytes > 0 && !self->CopyToStaging(lease.slots, copy_bytes, &copy)) {
-                       const size_t n_slots = lease.slots.size();
-                       self->ReleaseSlots(lease);
-                       return self->StagingFull(n_slots);
+                     if (copy_bytes > 0) {
+                       if (Status cs = self->CopyToStaging(lease.slots, copy_bytes, &copy); !cs.ok()) {
+                         const size_t n_slots = lease.slots.size();
+                         self->ReleaseSlots(lease);
+                         return self->StagingFull(n_slots, cs);
+                       }
                      }
                      lease.staged = StagedOf(lease.slots, copy);
                      return self->AddLease(std::move(lease));  // on failure it returns the copies too
@@ -947,10 +975,11 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
               auto& g = st->got[st->next];
               // Private reads: a chunk whose copies find no room in the staging area ends
               // the prefix before it.
-              if (!st->ended && st->copy_bytes > 0 && !g.empty() &&
-                  !self->CopyToStaging(g, st->copy_bytes, &st->copy)) {
-                if (st->prefix.empty()) st->first_error = self->StagingFull(g.size());
-                st->ended = true;
+              if (!st->ended && st->copy_bytes > 0 && !g.empty()) {
+                if (Status cs = self->CopyToStaging(g, st->copy_bytes, &st->copy); !cs.ok()) {
+                  if (st->prefix.empty()) st->first_error = self->StagingFull(g.size(), cs);
+                  st->ended = true;
+                }
               }
               if (st->ended) {
                 unpin.insert(unpin.end(), g.begin(), g.end());
@@ -1012,15 +1041,18 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
   auto cid = ContractOf(req.contract_id);
   if (!cid.ok()) return cid.status();
   KVTIER_RETURN_IF_ERROR(CheckTarget(req.tier));
+  const uint64_t slot_bytes = SlotBytes(*cid, static_cast<tiers::Tier>(req.tier));
   {
     // Before the tier makes room: a request past this client's share evicts nothing.
     std::lock_guard<std::mutex> l(mu_);
-    KVTIER_RETURN_IF_ERROR(CheckShareLocked(static_cast<tiers::Tier>(req.tier), req.count));
+    KVTIER_RETURN_IF_ERROR(CheckShareLocked(static_cast<tiers::Tier>(req.tier), req.count, slot_bytes));
   }
   // Host slots: first this client's staging slots (its cap), then the arena's.
   std::vector<uint32_t> staged;
   const bool host = req.tier == wire::kTierHost;
-  if (host && !staging_->Alloc(req.count, &staged)) {
+  Status staged_st = host ? staging_->Alloc(req.count, tm_->block_bytes(*cid), &staged) : Status::Ok();
+  if (staged_st.code() == StatusCode::kRetry) return AllocRefusal(req, staged_st);  // the daemon's total
+  if (!staged_st.ok()) {
     uint64_t total = 0;
     for (const auto& t : tm_->Stats()) total = t.tier == tiers::Tier::kHost ? t.slots_total : total;
     // Past the whole tier, not only the cap: the tier's numbers say more.

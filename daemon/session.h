@@ -45,7 +45,7 @@ struct SessionLimits {
   uint64_t ring_data_bytes = 4u << 20;    // data area
   uint32_t max_keys = 65536;              // per request
   uint32_t max_leases = 65536;            // open leases
-  double max_tier_share = 0.75;           // of each tier's slots, held under this client's leases
+  double max_tier_share = 0.75;           // of each tier's bytes, held in slots under this client's leases
   uint32_t max_contracts = 1024;          // contracts this client registered
   uint32_t max_bad_requests = 16;         // corrupt requests (broken frames) before disconnect
   uint32_t bad_request_decay_ms = 10000;  // one strike forgiven per interval
@@ -58,6 +58,8 @@ struct SessionLimits {
   // acquire from this client (a client of protocol < 5 maps the arena writable, which
   // the sealed arena refuses).
   uint32_t staging_slots = 0;
+  // The daemon's total of staging memory every client's area charges (null: none).
+  std::shared_ptr<StagingBudget> staging_budget;
   // The client maps no host arena ([[tenants]] are configured: the arena holds every
   // tenant's blocks): a host acquire copies each block outside the client's part
   // (SetHostPart) into a staging slot of the lease, and the client reads the copy. Needs
@@ -137,6 +139,9 @@ class Session : public std::enable_shared_from_this<Session> {
     // private reads: per host slot, the staging slot holding its copy. slots[] holds the
     // arena slots.
     std::vector<uint32_t> staged;
+    // Bytes of the slots it holds in HBM and host (each slot its class's size): what it
+    // counts against max_tier_share while it is held.
+    uint64_t bytes[2] = {0, 0};
   };
   static constexpr uint32_t kNoStaging = ~uint32_t{0};
 
@@ -203,7 +208,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // lease's: each slot once, the extra pins dropped.
   std::vector<tiers::SlotRef> UniqueSlots(const std::vector<tiers::SlotRef>& slots);
   // Refused when `n` more slots of `tier` would take this client past its share.
-  Status CheckShareLocked(tiers::Tier tier, uint64_t n) const;
+  Status CheckShareLocked(tiers::Tier tier, uint64_t n, uint64_t slot_bytes) const;
+  // The bytes a slot of `contract` takes in `tier` (HBM or host): its slot class's size.
+  uint64_t SlotBytes(uint64_t contract, tiers::Tier tier) const;
   void ReleaseSlots(const Lease& lease);
   // The slot of an alloc lease as the client sees it: a staging slot id for the host tier.
   wire::WireSlot ClientSlot(const Lease& lease, size_t i) const;
@@ -211,12 +218,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // arena slot, one per distinct host slot.
   using Copies = std::vector<std::pair<uint32_t, uint32_t>>;
   // Copies the host blocks of `slots` (block_bytes each) that *copies lacks into staging
-  // slots and adds them. False, with nothing more taken, when the staging area has no room.
-  bool CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t block_bytes, Copies* copies);
+  // slots and adds them. Not Ok, with nothing more taken, when the staging area has no
+  // room (Rejected) or the daemon's staging total is spent (Retry).
+  Status CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t block_bytes, Copies* copies);
   // The staging slot of arena slot `slot` in `copies`, or kNoStaging.
   static uint32_t FindCopy(const Copies& copies, uint32_t slot);
-  // The refusal of an acquire of n blocks whose copies find no room in the staging area.
-  Status StagingFull(size_t n) const;
+  // The refusal of an acquire of n blocks whose copies find no room (`why`: the area's
+  // Rejected, or the total's Retry, which is returned as it is).
+  Status StagingFull(size_t n, const Status& why) const;
   // The client's id of an acquired slot: its copy's staging id where one was made.
   uint32_t AcquiredSlotId(const tiers::SlotRef& ref, const Copies& copies) const;
   // The staging slots of `copies`, in the order of the lease's slots (Lease::staged).
@@ -273,8 +282,13 @@ class Session : public std::enable_shared_from_this<Session> {
   mutable std::mutex mu_;               // protects leases_, held_, registered_ids_, closed_, inflight_,
                                         // async_inflight_
   std::unordered_map<uint64_t, Lease> leases_;
-  uint64_t held_[2] = {0, 0};           // slots under leases, hbm / host
-  uint64_t share_cap_[2] = {0, 0};      // limits_.max_tier_share of each tier's slots; UINT64_MAX: all of it
+  // Bytes of the slots under leases (each slot its class's size), hbm / host, and
+  // limits_.max_tier_share of each tier's bytes (UINT64_MAX: all of it). Bytes, not slots:
+  // a count of slots against a share of the smallest class's would let a client of large
+  // blocks hold its whole class.
+  uint64_t held_[2] = {0, 0};
+  uint64_t share_cap_[2] = {0, 0};
+  uint64_t tier_bytes_[2] = {0, 0};     // the bytes of each tier's slabs
   std::unordered_set<uint64_t> registered_ids_;
   bool closed_ = false;
   int inflight_ = 0;                    // acquires waiting for their callback

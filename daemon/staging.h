@@ -23,14 +23,29 @@
 // from outside that part into a staging slot of the lease, and the client reads that
 // copy; the slot is free again at release.
 //
-// Memory: the memfd is sparse; a page costs memory once the client writes it, and the
-// pages stay until the client detaches (reused by its next allocs, most recently freed
-// first: no fault per block).
-// The slot count is the per-client cap `tiers.host.staging_slots_per_client`.
+// Memory, per client: the memfd is sparse; a page costs memory once written, and a freed
+// slot keeps its pages for the client's next allocs (most recently freed first: no fault
+// per block). The slot count is `tiers.host.staging_slots_per_client`, by default the
+// client's `daemon.max_tier_share_per_client` of the host tier's slots of the smallest
+// class. Each slot in use belongs to a lease whose host slot counts its class's bytes
+// against that share (Session), so the pages one client's slots in use hold are at most
+// its share of the host tier's bytes.
 //
-// Thread-safe: Alloc/Free take a small lock; slot_ptr() is lock-free.
+// Memory, in total (StagingBudget): every area of the daemon charges one budget,
+// `tiers.host.staging_bytes_total` (default: the host tier's bytes), for the pages of its
+// slots in use and of its freed slots that keep theirs. An Alloc charges what its slots
+// will newly hold (the bytes the caller will write, in pages, past what each slot already
+// holds); past the budget it first takes back the pages of freed slots of every area
+// (a hole punched in the memfd: the slot is cold again), and only then refuses (Retry).
+// So the pages the daemon's copies and the clients' leases hold are at most the budget,
+// however many clients attach; what a client writes into slots it does not hold is its
+// own memory, within its area, and goes at the next take-back.
+//
+// Thread-safe: Alloc/Free take a small lock (the budget's take-back takes each area's in
+// turn, never two at once); slot_ptr() is lock-free.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -42,12 +57,45 @@
 
 namespace kvtier::daemon {
 
+class StagingArea;
+
+// The daemon's total of staging memory (above). One per daemon, shared by every area.
+class StagingBudget {
+ public:
+  // limit_bytes: the most bytes every area's slots may hold at once; 0: no limit.
+  explicit StagingBudget(uint64_t limit_bytes) : limit_(limit_bytes) {}
+  StagingBudget(const StagingBudget&) = delete;
+  StagingBudget& operator=(const StagingBudget&) = delete;
+
+  uint64_t limit() const { return limit_; }
+  // Bytes the areas' slots hold now (charged), and the take-backs so far (in slots).
+  uint64_t charged() const { return charged_.load(std::memory_order_relaxed); }
+  uint64_t taken_back() const { return taken_back_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class StagingArea;
+  bool TryCharge(uint64_t bytes);
+  void Uncharge(uint64_t bytes) { charged_.fetch_sub(bytes, std::memory_order_relaxed); }
+  // Punches out the freed slots of the areas, least recently attached first, until
+  // `bytes` more fit or every freed slot is cold. Called with no area's lock held.
+  void TakeBack(uint64_t bytes);
+  void Register(StagingArea* a);
+  void Unregister(StagingArea* a);
+
+  const uint64_t limit_;
+  std::atomic<uint64_t> charged_{0};
+  std::atomic<uint64_t> taken_back_{0};
+  std::mutex mu_;  // guards areas_; taken before an area's lock, never under it
+  std::vector<StagingArea*> areas_;
+};
+
 class StagingArea {
  public:
+  // budget: the daemon's total (null: none).
   static StatusOr<std::unique_ptr<StagingArea>> Create(const std::string& name, uint32_t slots,
                                                        uint64_t slot_bytes, uint32_t first_id,
-                                                       uint32_t stride = 1);
-  ~StagingArea();
+                                                       uint32_t stride = 1,
+                                                       std::shared_ptr<StagingBudget> budget = nullptr);
   StagingArea(const StagingArea&) = delete;
   StagingArea& operator=(const StagingArea&) = delete;
 
@@ -65,24 +113,36 @@ class StagingArea {
   uint64_t slot_offset(uint32_t i) const { return uint64_t{i} * slot_bytes_; }
   uint8_t* slot_ptr(uint32_t i) const { return base_ + slot_offset(i); }
 
-  // n staging slots into *out, or false (nothing taken) when fewer than n are free.
-  bool Alloc(uint32_t n, std::vector<uint32_t>* out);
+  // n staging slots into *out, for `bytes_each` bytes each (what the caller or the client
+  // writes into each: a block; at most slot_bytes), and Ok; nothing taken otherwise:
+  // Rejected when fewer than n are free in the area, Retry when the daemon's total
+  // (StagingBudget) cannot hold them even after taking back freed slots' pages.
+  Status Alloc(uint32_t n, uint64_t bytes_each, std::vector<uint32_t>* out);
   void Free(uint32_t i);
   void Free(std::span<const uint32_t> slots);  // under one lock; ids outside the area are skipped
   uint32_t used() const;
+  // Bytes this area's slots hold against the budget (in use and freed-but-warm).
+  uint64_t charged() const;
+  ~StagingArea();
 
  private:
+  friend class StagingBudget;
   StagingArea() = default;
+  // Punches out freed slots' pages until `want` bytes were released; returns the bytes.
+  uint64_t TakeBackFree(uint64_t want);
   int fd_ = -1;
   uint8_t* base_ = nullptr;
   uint64_t bytes_ = 0, slot_bytes_ = 0;
   uint32_t slots_ = 0, first_id_ = 0, stride_ = 1;
-  mutable std::mutex mu_;        // guards free_ and taken_
+  std::shared_ptr<StagingBudget> budget_;
+  mutable std::mutex mu_;        // guards free_, taken_, held_ and charged_
   // Free slots as a stack: the most recently freed comes out first, so a client that
   // stores a few blocks at a time keeps writing the same pages (no fault, no zeroing)
   // and the area's resident memory stays near what the client holds at once.
   std::vector<uint32_t> free_;
   std::vector<uint8_t> taken_;
+  std::vector<uint64_t> held_;   // per slot: the bytes charged for it (its pages in use)
+  uint64_t charged_ = 0;         // sum of held_
 };
 
 }  // namespace kvtier::daemon

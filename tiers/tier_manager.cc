@@ -149,7 +149,7 @@ Status TierManagerImpl::Init() {
       b->bytes = e.payload_len;
       b->nvme = true;
       b->uses = e.hits;
-      T(kN).policy->Insert(e.id, BlockId{e.id.contract, e.parent});
+      T(kN).policy->Insert(e.id, BlockId{e.id.contract, e.parent}, T(kN).BlockWeight(e.payload_len));
       InsertBlockLocked(std::move(b));
     }
   }
@@ -242,6 +242,7 @@ bool TierManagerImpl::ForgetContractIfUnused(uint64_t id) {
   std::lock_guard<IndexMutex> l(mu_);
   auto it = contracts_.find(id);
   if (it == contracts_.end()) return false;
+  if (indexed_.count(id) != 0) return false;  // blocks cached or in flight between tiers
   for (const TierState& ts : tiers_) {
     if (ts.policy && ts.policy->Count(id) != 0) return false;
   }
@@ -525,7 +526,7 @@ Block* TierManagerImpl::CommitLocked(uint64_t contract_id, int t, uint32_t slot,
   b->slot[t] = static_cast<int32_t>(slot);
   if (pin && b->pins[t]++ == 0) ++ts.pinned;
   si = SlotInfo{SlotState::kBlock, b, 0};
-  ts.policy->Insert(id, BlockId{contract_id, b->parent});
+  ts.policy->Insert(id, BlockId{contract_id, b->parent}, ts.BlockWeight(b->bytes));
   if (from_remote) b->remote = true;  // never written back
   if (t == kS && remote_ && remote_->write_through()) QueueRemoteWriteLocked(b);
   if (ts.OverHigh()) KickLocked();
@@ -609,6 +610,8 @@ std::vector<GroupStats> TierManagerImpl::GroupStatsAll() const {
       out[g].blocks[t] = T(t).policy ? T(t).policy->GroupCount(static_cast<uint32_t>(g)) : 0;
       out[g].quota[t] = QuotaSlots(t, static_cast<uint32_t>(g));
       out[g].evictions[t] = group_evictions_[g][t];
+      out[g].bytes[t] = T(t).policy ? T(t).policy->GroupBytes(static_cast<uint32_t>(g)) : 0;
+      out[g].quota_bytes[t] = QuotaBytes(t, static_cast<uint32_t>(g));
     }
   }
   return out;

@@ -99,10 +99,12 @@ enum class CommitOutcome : uint8_t {
                // HBM commit): handled as before comparisons existed
 };
 
-// One quota group (the daemon's tenants, docs/security.md): share[t] of tier t's slots
-// (t = hbm, host, nvme), in [0, 1], is what the blocks of other groups cannot push this
-// group's blocks below. Eviction for a group over its share takes its own blocks first;
-// eviction for anyone else (another group's alloc or promotion, the watermarks) takes
+// One quota group (the daemon's tenants, docs/security.md): share[t] of tier t's bytes
+// (t = hbm, host, nvme; the bytes of the tier's slabs), in [0, 1], is what the blocks of
+// other groups cannot push this group's blocks below. A block weighs the bytes of the
+// slot (NVMe: record) its class takes, so a share means the same fill of the tier
+// whatever the sizes of the group's blocks. Eviction for a group over its share takes its
+// own blocks first; eviction for anyone else (another group's alloc or promotion, the watermarks) takes
 // only blocks of groups over their share, or the requester's own. Group 0 (contracts
 // registered without a group) never has a share.
 struct GroupShare {
@@ -161,8 +163,14 @@ struct TierManagerOptions {
 // One quota group's figures per local tier (hbm, host, nvme).
 struct GroupStats {
   uint64_t blocks[3] = {0, 0, 0};     // blocks of the group the tier holds
-  uint64_t quota[3] = {0, 0, 0};      // its share, in slots (records on NVMe)
+  // Its share in slots (records on NVMe) of the tier's smallest class: how many blocks of
+  // that class it protects. Blocks of a larger class count for more (quota_bytes).
+  uint64_t quota[3] = {0, 0, 0};
   uint64_t evictions[3] = {0, 0, 0};  // copies of its blocks evicted from the tier
+  // What the quotas weigh: the bytes of the slots (records) its blocks take, and its share
+  // of the tier's bytes. Over its share when bytes > quota_bytes.
+  uint64_t bytes[3] = {0, 0, 0};
+  uint64_t quota_bytes[3] = {0, 0, 0};
 };
 
 // Where a contract's blocks go in the host tier: its slot class, that class's slot size,

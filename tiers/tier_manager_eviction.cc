@@ -204,12 +204,22 @@ int64_t TierManagerImpl::SlotOfLocked(int t, const Block& b) const {
   return e ? int64_t{e->record} : -1;
 }
 
-bool TierManagerImpl::SlabMovableLocked(int t, uint32_t slab) const {
+bool TierManagerImpl::SlabMovableLocked(int t, uint32_t slab, int64_t for_group) const {
   const TierState& ts = T(t);
   if (ts.SlabClass(slab) < 0 || ts.Draining(slab)) return false;
+  // With quotas: the bytes the move would take from each group other than the requester's.
+  std::vector<uint64_t> take(quotas() ? opts_.groups.size() : 0, 0);
   for (uint32_t s : ts.TakenSlots(slab)) {
     const Block* b = BlockInSlotLocked(t, s);
     if (b == nullptr || !MayGo(*b, t)) return false;
+    if (!quotas()) continue;
+    const uint32_t g = GroupOfLocked(b->id.contract);
+    if (static_cast<int64_t>(g) != for_group && g < take.size()) take[g] += ts.BlockWeight(b->bytes);
+  }
+  // Never a block of a group within its share: every group keeps at least its share after
+  // the move (the slab's blocks all go at once, so over it by one block is not enough).
+  for (uint32_t g = 0; g < take.size(); ++g) {
+    if (take[g] > 0 && ts.policy->GroupBytes(g) < take[g] + QuotaBytes(t, g)) return false;
   }
   return true;
 }
@@ -256,7 +266,8 @@ bool TierManagerImpl::TakeSlabLocked(int t, int cls, int64_t for_group, uint32_t
     uint32_t& run = ts.starved_run[static_cast<size_t>(cls)];
     run += need;
     const uint32_t v = ts.SlabOf(static_cast<uint32_t>(coldest_slot));
-    if ((none || run >= ts.slots_per_slab(cls)) && SlabMovableLocked(t, v) && SlabFreesForLocked(t, v, for_group)) {
+    if ((none || run >= ts.slots_per_slab(cls)) && SlabMovableLocked(t, v, for_group) &&
+        SlabFreesForLocked(t, v, for_group)) {
       slab = v;
     }
     if (!slab && !none) return false;  // it evicts within its class meanwhile
@@ -265,7 +276,7 @@ bool TierManagerImpl::TakeSlabLocked(int t, int cls, int64_t for_group, uint32_t
     if (!none) return false;  // its own blocks are the coldest: it evicts within its class
   }
   for (uint32_t v = 0; !slab && none && v < ts.num_slabs(); ++v) {
-    if (ts.SlabClass(v) >= 0 && ts.SlabClass(v) != cls && SlabMovableLocked(t, v) &&
+    if (ts.SlabClass(v) >= 0 && ts.SlabClass(v) != cls && SlabMovableLocked(t, v, for_group) &&
         SlabFreesForLocked(t, v, for_group)) {
       slab = v;
     }

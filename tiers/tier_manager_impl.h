@@ -186,12 +186,16 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   void InsertBlockLocked(std::unique_ptr<Block> b) {
     order_.insert(b->id);
     ++blocks_gen_;
+    ++indexed_[b->id.contract];
     blocks_.insert(std::move(b));
   }
   void EraseBlockLocked(const BlockId& id) {
     order_.erase(id);
     ++blocks_gen_;
-    blocks_.erase(id);
+    if (blocks_.erase(id) != 0) {
+      auto it = indexed_.find(id.contract);
+      if (it != indexed_.end() && --it->second == 0) indexed_.erase(it);
+    }
   }
   // tier_manager_views.cc: the index's ids in order_'s order, a snapshot kept until a
   // block comes or goes, copied out of order_ a few hundred ids per hold of mu_.
@@ -238,7 +242,10 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   static constexpr int64_t kNoGroup = -1;
   Block* VictimLocked(int t, const Block* except = nullptr, int64_t for_group = kNoGroup, int cls = -1);
   // Quotas (TierManagerOptions::groups): a contract's group, a group's share of tier t in
-  // slots, and whether the group holds more than that.
+  // bytes of the tier's slabs (and, for the operator views, in slots of its smallest
+  // class), and whether the group's blocks, each weighed by the bytes of its slot
+  // (CountingPolicy), pass its share. Bytes, so that a group of large blocks is over its
+  // share at the same fill of the tier as a group of small ones.
   bool quotas() const { return !opts_.groups.empty(); }
   uint32_t GroupOfLocked(uint64_t contract) const {
     auto it = group_of_.find(contract);
@@ -250,7 +257,12 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   uint64_t QuotaSlots(int t, uint32_t g) const {
     return g < opts_.groups.size() ? static_cast<uint64_t>(opts_.groups[g].share[t] * T(t).total()) : 0;
   }
-  bool OverShareLocked(int t, uint32_t g) const { return T(t).policy->GroupCount(g) > QuotaSlots(t, g); }
+  uint64_t QuotaBytes(int t, uint32_t g) const {
+    return g < opts_.groups.size()
+               ? static_cast<uint64_t>(opts_.groups[g].share[t] * static_cast<double>(T(t).arena_bytes()))
+               : 0;
+  }
+  bool OverShareLocked(int t, uint32_t g) const { return T(t).policy->GroupBytes(g) > QuotaBytes(t, g); }
   // Host parts (TierManagerOptions::host_parts): group -> its part (-1: none, the common
   // pool only; fixed at Init), the part an alloc of tier t for group g takes from, and
   // whether a block's slot in tier t, once freed, serves an alloc for group g (its part
@@ -281,10 +293,12 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   }
   void MaintainLocked();
   // Slab moves between the slot classes of tier t (HBM, host or NVMe, tiers/slab_allocator.h):
-  // whether every block of a slab may go now; evicting the blocks of a slab (returns the
-  // demotions begun); and the starvation rule, which moves one slab to class `cls` when it
-  // applies (true: a move began or finished; the class may have room now).
-  bool SlabMovableLocked(int t, uint32_t slab) const;
+  // whether every block of a slab may go now, for quota group `for_group` (kNoGroup: the
+  // watermarks), without taking a block of another group within its share; evicting the
+  // blocks of a slab (returns the demotions begun); and the starvation rule, which moves
+  // one slab to class `cls` when it applies (true: a move began or finished; the class may
+  // have room now).
+  bool SlabMovableLocked(int t, uint32_t slab, int64_t for_group) const;
   // The block in slot `slot` of tier t (NVMe: record `slot`, the block its index entry
   // names), or null; and the slot (NVMe: record) of b's copy in tier t, or -1.
   Block* BlockInSlotLocked(int t, uint32_t slot) const;
@@ -381,6 +395,10 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   };
   absl::btree_set<BlockId, BlockIdLess> order_;
   uint64_t blocks_gen_ = 0;
+  // Blocks of each contract in the index, in a tier or on their way between two (a
+  // demotion takes a block out of one tier's policy before the next tier's takes it in):
+  // a contract with any is not forgotten, so its blocks keep their quota group.
+  std::unordered_map<uint64_t, uint64_t> indexed_;
   mutable std::mutex order_mu_;  // taken before mu_, never under it: order_snap_, order_gen_
   mutable std::shared_ptr<const std::vector<BlockId>> order_snap_;
   mutable uint64_t order_gen_ = 0;  // blocks_gen_ that order_snap_ reflects

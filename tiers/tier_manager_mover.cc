@@ -162,7 +162,7 @@ void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
         else (void)nvme_->Remove(b->id);
       } else if (!b->nvme) {
         b->nvme = true;
-        T(kN).policy->Insert(b->id, BlockId{b->id.contract, b->parent});
+        T(kN).policy->Insert(b->id, BlockId{b->id.contract, b->parent}, T(kN).BlockWeight(b->bytes));
       }
       T(kS).c.demotions_out++;
     } else {
@@ -173,7 +173,8 @@ void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
     if (batch[i].second && b->pins[kS] == 0 && b->io_pins[kS] == 0 && b->slot[kS] >= 0) {
       DropCopyLocked(kS, b, b->nvme);
     } else if (b->slot[kS] >= 0 && !T(kS).policy->Contains(b->id)) {
-      T(kS).policy->Insert(b->id, BlockId{b->id.contract, b->parent});  // pinned meanwhile: stays
+      // pinned meanwhile: stays
+      T(kS).policy->Insert(b->id, BlockId{b->id.contract, b->parent}, T(kS).BlockWeight(b->bytes));
     }
     MaybeEraseLocked(b);
   }
@@ -324,7 +325,7 @@ void TierManagerImpl::ApplyCopyDone(const CopyDoneMsg& m) {
     if (ok) {
       b->slot[kS] = m.dst_slot;
       T(kS).slots[m.dst_slot] = SlotInfo{SlotState::kBlock, b, 0};
-      T(kS).policy->Insert(b->id, BlockId{b->id.contract, b->parent});
+      T(kS).policy->Insert(b->id, BlockId{b->id.contract, b->parent}, T(kS).BlockWeight(b->bytes));
       T(kH).c.demotions_out++;
       if (remote_ && remote_->write_through()) QueueRemoteWriteLocked(b);
     } else {
@@ -333,7 +334,8 @@ void TierManagerImpl::ApplyCopyDone(const CopyDoneMsg& m) {
     if (b->pins[kH] == 0 && b->slot[kH] >= 0) {
       DropCopyLocked(kH, b, ok);
     } else if (b->slot[kH] >= 0 && !T(kH).policy->Contains(b->id)) {
-      T(kH).policy->Insert(b->id, BlockId{b->id.contract, b->parent});  // pinned meanwhile: stays
+      // pinned meanwhile: stays
+      T(kH).policy->Insert(b->id, BlockId{b->id.contract, b->parent}, T(kH).BlockWeight(b->bytes));
     }
     MaybeEraseLocked(b);
     RetrySpaceWaitersLocked(kH);
@@ -421,7 +423,7 @@ Status TierManagerImpl::DoFlush(Tier to) {
       } else if (cs.ok()) {
         b->slot[kS] = static_cast<int32_t>(s);
         T(kS).slots[s] = SlotInfo{SlotState::kBlock, b, 0};
-        T(kS).policy->Insert(b->id, BlockId{b->id.contract, b->parent});
+        T(kS).policy->Insert(b->id, BlockId{b->id.contract, b->parent}, T(kS).BlockWeight(b->bytes));
         if (b->pins[kH] == 0) DropCopyLocked(kH, b, true);
       } else {
         T(kS).Free(s);

@@ -102,7 +102,7 @@ void TierManagerImpl::FinishPromotionLocked(Block* b, int t, bool ok) {
   if (ok) {
     b->slot[t] = p->slot;
     T(t).slots[p->slot] = SlotInfo{SlotState::kBlock, b, 0};
-    T(t).policy->Insert(b->id, BlockId{b->id.contract, b->parent});
+    T(t).policy->Insert(b->id, BlockId{b->id.contract, b->parent}, T(t).BlockWeight(b->bytes));
     T(t).c.promotions_in++;
   } else if (p->slot >= 0 && T(t).slots[p->slot].state == SlotState::kLoading) {
     T(t).Free(static_cast<uint32_t>(p->slot));

@@ -31,7 +31,16 @@ using GroupMap = std::unordered_map<uint64_t, uint32_t>;
 
 // The tier's eviction policy, counting its blocks per contract on the way (for the
 // operator views: per-contract counts without a scan of the block index) and, with quota
-// groups, per group (for the quotas: TierManagerOptions::groups).
+// groups, per group (for the quotas: TierManagerOptions::groups), in blocks and in bytes.
+//
+// Bytes, not blocks, are what a quota weighs: a tier of several slot classes holds a few
+// large blocks or many small ones in the same bytes, so a count of blocks against a share
+// of the smallest class's slots lets a group of large blocks fill the tier without ever
+// being over its share. Each block weighs the bytes of the slot (NVMe: record) it takes in
+// this tier (TierState::BlockWeight), given at its first Insert; every block of one
+// contract takes slots of one class, so the weight is kept per contract, with the group
+// its blocks were counted in, and a Remove or a Regroup gives back what the Insert counted
+// whatever the group map says by then.
 class CountingPolicy {
  public:
   CountingPolicy(std::unique_ptr<EvictionPolicy> p, const GroupMap* groups) : p_(std::move(p)), groups_(groups) {}
@@ -48,10 +57,19 @@ class CountingPolicy {
     capacity_ = blocks;
     p_->SetCapacity(blocks);
   }
-  void Insert(const BlockId& b, const BlockId& parent) {
+  // `weight`: the bytes b takes in the tier (TierState::BlockWeight). The first block of a
+  // contract sets the contract's weight; the others of it weigh the same.
+  void Insert(const BlockId& b, const BlockId& parent, uint64_t weight) {
     if (!p_->Contains(b)) {
-      ++per_contract_[b.contract];
-      if (groups_) ++GroupSlot(GroupOf(b.contract));
+      PerContract& pc = per_contract_[b.contract];
+      if (pc.n++ == 0) {
+        pc.weight = weight;
+        pc.group = GroupOfContract(b.contract);
+      }
+      if (groups_) {
+        ++GroupSlot(pc.group).n;
+        GroupSlot(pc.group).bytes += pc.weight;
+      }
     }
     p_->Insert(b, parent);
   }
@@ -59,24 +77,34 @@ class CountingPolicy {
   void Remove(const BlockId& b) {
     if (p_->Contains(b)) {
       auto it = per_contract_.find(b.contract);
-      if (it != per_contract_.end() && --it->second == 0) per_contract_.erase(it);
-      if (groups_) --GroupSlot(GroupOf(b.contract));
+      if (it != per_contract_.end()) {
+        if (groups_) {
+          Counts& gc = GroupSlot(it->second.group);
+          gc.n -= std::min<uint64_t>(gc.n, 1);
+          gc.bytes -= std::min(gc.bytes, it->second.weight);
+        }
+        if (--it->second.n == 0) per_contract_.erase(it);
+      }
     }
     p_->Remove(b);
   }
-  // Blocks of quota group g in the tier.
-  uint64_t GroupCount(uint32_t g) const { return g < per_group_.size() ? per_group_[g] : 0; }
+  // Blocks of quota group g in the tier, and their bytes (each block its slot's).
+  uint64_t GroupCount(uint32_t g) const { return g < per_group_.size() ? per_group_[g].n : 0; }
+  uint64_t GroupBytes(uint32_t g) const { return g < per_group_.size() ? per_group_[g].bytes : 0; }
   // A contract's blocks move from group `from` to `to` (its group became known after its
   // blocks were indexed: a warm restart).
   void Regroup(uint64_t contract, uint32_t from, uint32_t to) {
-    const uint64_t n = Count(contract);
-    GroupSlot(from) -= std::min(n, GroupSlot(from));
-    GroupSlot(to) += n;
+    auto it = per_contract_.find(contract);
+    if (it == per_contract_.end() || it->second.group != from) return;
+    it->second.group = to;
+    const uint64_t n = it->second.n, bytes = n * it->second.weight;
+    Counts& f = GroupSlot(from);
+    f.n -= std::min(n, f.n);
+    f.bytes -= std::min(bytes, f.bytes);
+    GroupSlot(to).n += n;
+    GroupSlot(to).bytes += bytes;
   }
-  uint32_t GroupOf(uint64_t contract) const {
-    auto it = groups_->find(contract);
-    return it == groups_->end() ? 0 : it->second;
-  }
+  uint32_t GroupOf(uint64_t contract) const { return GroupOfContract(contract); }
   std::optional<BlockId> Victim(const std::function<bool(const BlockId&)>& evictable) {
     return p_->Victim(evictable);
   }
@@ -84,19 +112,32 @@ class CountingPolicy {
   bool Contains(const BlockId& b) const { return p_->Contains(b); }
   uint64_t Count(uint64_t contract) const {
     auto it = per_contract_.find(contract);
-    return it == per_contract_.end() ? 0 : it->second;
+    return it == per_contract_.end() ? 0 : it->second.n;
   }
 
  private:
-  uint64_t& GroupSlot(uint32_t g) {
-    if (g >= per_group_.size()) per_group_.resize(g + 1, 0);
+  struct PerContract {
+    uint64_t n = 0;       // blocks in the tier
+    uint64_t weight = 0;  // bytes of one (its slot's)
+    uint32_t group = 0;   // the quota group they are counted in
+  };
+  struct Counts {
+    uint64_t n = 0, bytes = 0;
+  };
+  uint32_t GroupOfContract(uint64_t contract) const {
+    if (!groups_) return 0;
+    auto it = groups_->find(contract);
+    return it == groups_->end() ? 0 : it->second;
+  }
+  Counts& GroupSlot(uint32_t g) {
+    if (g >= per_group_.size()) per_group_.resize(g + 1);
     return per_group_[g];
   }
   std::unique_ptr<EvictionPolicy> p_;
   uint64_t capacity_ = 0;
-  std::unordered_map<uint64_t, uint64_t> per_contract_;
+  std::unordered_map<uint64_t, PerContract> per_contract_;
   const GroupMap* groups_ = nullptr;
-  std::vector<uint64_t> per_group_;
+  std::vector<Counts> per_group_;
 };
 
 // What a slot of the HBM or host arena holds.
@@ -141,6 +182,9 @@ class TierState {
   uint64_t used_bytes() const;
   uint64_t arena_bytes() const;
   uint64_t class_bytes(int cls) const;
+  // The bytes a block of `block_bytes` takes in this tier: its class's slot (NVMe: its
+  // record, header included). What quotas and the per-client shares weigh a block by.
+  uint64_t BlockWeight(uint64_t block_bytes) const { return class_bytes(ClassOf(block_bytes)); }
   // The arena's slabs (SlabAllocator): how many, how many class `cls` holds,
   // its slots in one, the slab of a slot, a slab's class (-1 free), whether it drains for
   // another class, its taken slots, and the start of a move (SlabAllocator::BeginMove).
@@ -180,7 +224,7 @@ class TierState {
   void ResetPolicy(const Blocks& all) {
     policy = CountingPolicy::Make(*opts_, BlockCapacity(), groups);
     for (const auto& b : all) {
-      if (Holds(*b)) policy->Insert(b->id, BlockId{b->id.contract, b->parent});
+      if (Holds(*b)) policy->Insert(b->id, BlockId{b->id.contract, b->parent}, BlockWeight(b->bytes));
     }
   }
   // How many blocks the tier holds at the present mix of slot classes: each class's slots

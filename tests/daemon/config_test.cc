@@ -198,6 +198,28 @@ TEST(Config, HbmCopyKeys) {
   EXPECT_TRUE(c->daemon.trace_copies);
 }
 
+// The staging keys: tiers.host.staging_slots_per_client is at most the host tier's slots of
+// the smallest class (7,281 of 144 KiB in 1 GiB); tiers.host.staging_bytes_total, the
+// memory of every client's staging together, is a size, 0 = the host tier's.
+TEST(Config, StagingKeys) {
+  auto d = LoadString("", {});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->tiers.host_staging_slots_per_client, 0u);
+  EXPECT_EQ(d->tiers.host_staging_bytes_total, 0u);
+  auto c = LoadString("[tiers.host]\nstaging_bytes_total = \"64MiB\"\nstaging_slots_per_client = 7281\n", {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->tiers.host_staging_bytes_total, 64ull << 20);
+  EXPECT_EQ(c->tiers.host_staging_slots_per_client, 7281u);
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"tiers.host.staging_slots_per_client", "7282"},
+           {"tiers.host.staging_bytes_total", "-1"},
+           {"tiers.host.staging_bytes_total", "lots"}}) {
+    auto bad = LoadString("", {{key, value}});
+    ASSERT_FALSE(bad.ok()) << key << "=" << value;
+    EXPECT_NE(bad.status().message().find(key), std::string::npos) << bad.status().ToString();
+  }
+}
+
 // tiers.slot_classes (an array of sizes, or one comma-separated string for --set) and
 // tiers.slab_bytes: defaults, values, and refusals that name the key.
 TEST(Config, SlotClassKeys) {

@@ -234,6 +234,35 @@ TEST_F(SlabClassesTest, ASlabWithAPinnedBlockNeverMoves) {
   }
 }
 
+// With quota groups a slab move never takes a block of a group within its share. Group A
+// (share 0.5) and group B (no share: always over it) fill slabs 0 and 1 side by side with
+// small blocks, B fills slabs 2 and 3 alone; group C's first big block needs a slab. The
+// coldest block over a share is B's first, in slab 0, whose move would take half of A's
+// blocks: a pure-B slab moves instead, and A keeps all 113.
+TEST_F(SlabClassesTest, ASlabMoveNeverTakesABlockOfAGroupWithinItsShare) {
+  opts_.groups.resize(4);
+  opts_.groups[1].share[1] = 0.5;   // A: small blocks, within its share (64 of 128 MiB)
+  opts_.groups[3].share[1] = 0.25;  // C: big blocks, the requester
+  auto tm = TierManager::Open(opts_);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  tm_ = std::move(*tm);
+  ScaleContract flood = Model(32);
+  flood.model_id = "kvtier/flood";
+  ASSERT_TRUE(tm_->RegisterContractAs(small_, small_.Id(), 1).ok());
+  ASSERT_TRUE(tm_->RegisterContractAs(flood, flood.Id(), 2).ok());
+  ASSERT_TRUE(tm_->RegisterContractAs(big_, big_.Id(), 3).ok());
+  for (uint64_t i = 0; i < 113; ++i) {
+    ASSERT_TRUE(Store(small_, i).ok()) << i;
+    ASSERT_TRUE(Store(flood, i).ok()) << i;
+  }
+  for (uint64_t i = 113; i < 339; ++i) ASSERT_TRUE(Store(flood, i).ok()) << i;
+  ASSERT_EQ(HostBlocks(), 4u * 113);
+  ASSERT_TRUE(Store(big_, 0).ok());
+  EXPECT_EQ(Held(small_, 113).size(), 113u) << "a slab move took blocks of a group within its share";
+  EXPECT_EQ(Held(big_, 1).size(), 1u);
+  EXPECT_EQ(HostBlocks(), 3u * 113 + 1);
+}
+
 // With NVMe below, a moving slab's blocks are demoted before the slab changes class: the
 // alloc waits (Retry) for the writes, then succeeds, and the demoted blocks are served
 // from NVMe.
