@@ -208,6 +208,9 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
   Line(&o, "kvtier_config_reloads_total", "result=\"ok\"", static_cast<double>(reloads.load()));
   Line(&o, "kvtier_config_reloads_total", "result=\"failed\"",
        static_cast<double>(reload_failures.load()));
+  Family(&o, "kvtier_contract_file_corrupt_records_total", "counter",
+         "Corrupt records of contracts.kvc skipped at start (the records around them kept).");
+  Line(&o, "kvtier_contract_file_corrupt_records_total", "", static_cast<double>(contract_records_corrupt.load()));
   return o;
 }
 

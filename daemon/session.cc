@@ -726,6 +726,7 @@ Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<
                               " contracts, daemon.max_contracts_per_client");
     }
   }
+  if (admit_contract_) KVTIER_RETURN_IF_ERROR(admit_contract_(internal));
   if (!namespaced_ && !shared) {
     KVTIER_RETURN_IF_ERROR(tm_->RegisterContract(*ct));
   } else {

@@ -92,6 +92,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // Without it (in-process users) every admin action is allowed and ids are not
   // namespaced.
   void SetPeer(const PeerCred& peer, uint32_t tenant, Tenants* tenants);
+  // Judges a registration this client has not made yet (the TierManager's id of the
+  // contract) before it goes through: the daemon counts what the client's uid keeps
+  // registered across its attaches (daemon.max_contracts_per_client). Before Start;
+  // without it only this session's registrations are counted.
+  using AdmitContractFn = std::function<Status(uint64_t internal)>;
+  void SetContractAdmission(AdmitContractFn admit) { admit_contract_ = std::move(admit); }
 
   void Start();  // starts the ring thread
   // Stops the ring thread (after it executed what is already in the ring when `drain`),
@@ -245,6 +251,7 @@ class Session : public std::enable_shared_from_this<Session> {
   KickFn kick_;
   ReloadFn reload_;
   RegisteredFn registered_;
+  AdmitContractFn admit_contract_;
   PeerCred peer_;
   uint32_t tenant_ = kDefaultTenant;
   Tenants* tenants_ = nullptr;  // null: every admin action allowed, ids as given (in-process users)
