@@ -145,6 +145,10 @@ class Session : public std::enable_shared_from_this<Session> {
     std::vector<uint32_t> staged;
   };
   static constexpr uint32_t kNoStaging = ~uint32_t{0};
+  // Keys one hold of the index lock sets up for an acquire (a TierManager acquire of
+  // them): about 80 ns a key, so a bystander's lookup waits about 20 us at most behind an
+  // acquire of any size (bench/README.md, "bystander"). Acquires of more keys go in steps.
+  static constexpr size_t kAcquireLockChunk = 256;
 
   Session(uint64_t id, std::string name, uint32_t pid, bool has_gpu, tiers::TierManager* tm,
           Metrics* metrics, const SessionLimits& limits, KickFn kick);
@@ -165,6 +169,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleAcquire(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out, Done done);
   void HandleAcquireAsync(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
                           Done done);
+  // The acquire in steps of `chunk` keys, one TierManager acquire each, all started at
+  // once: the index lock is held for one step's keys at a time, so that a bystander's
+  // lookup waits for one step at most (kAcquireLockChunk), not for a whole acquire of
+  // 16,384 keys. Async (HandleAcquireAsync): `out` starts with the AcquireProgress the
+  // client polls; else the slots start at `out` (HandleAcquire, past kAcquireLockChunk
+  // keys). BeginAcquire has counted it.
+  void AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id, std::vector<Key128> keys, size_t chunk,
+                      bool async, uint8_t* out, Done done);
   Status HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c);
   // What an alloc the tier answered Retry gets: Rejected, with the numbers, when this
   // client's own leases keep the tier full; else Retry (pressure that passes).
