@@ -172,7 +172,7 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
   Family(&o, "kvtier_requests_malformed_total", "counter",
          "Requests refused by validation (bad field, region, op or version).");
   Line(&o, "kvtier_requests_malformed_total", "", static_cast<double>(requests_malformed.load()));
-  Family(&o, "kvtier_clients", "gauge", "Clients attached now.");
+  Family(&o, "kvtier_clients", "gauge", "Clients attached now (a client that went away counts until its leases are released).");
   Line(&o, "kvtier_clients", "", static_cast<double>(clients.load()));
   Family(&o, "kvtier_clients_attached_total", "counter", "Successful attaches.");
   Line(&o, "kvtier_clients_attached_total", "", static_cast<double>(clients_attached.load()));

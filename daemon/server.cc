@@ -346,7 +346,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
     sock_.close(ec);
     if (session_) {
       if (!kicked_) d_->metrics_.disconnect_closed.fetch_add(1);
-      d_->metrics_.clients.fetch_sub(1);
       --d_->attached_;
       if (--d_->clients_by_uid_[peer_uid_] == 0) d_->clients_by_uid_.erase(peer_uid_);
       if (--d_->clients_by_pid_[peer_pid_] == 0) d_->clients_by_pid_.erase(peer_pid_);
@@ -356,6 +355,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       Daemon::Impl* d = d_;
       asio::post(d_->closer_, [d, s = std::move(session_), drain] {
         s->Close(drain);
+        // kvtier_clients counts a client until its session has ended: once it drops, every
+        // lease of the client is released (what a test of a close can wait for).
+        d->metrics_.clients.fetch_sub(1);
         d->ContractsReleased(s->registered_contracts());
         if (uint64_t held = 0; d->detach_log_.Allow(&held)) {
           spdlog::info("client {} ({}) detached{}", s->id(), s->name(), HeldBack(held, "detach lines"));
