@@ -1361,7 +1361,7 @@ void Daemon::Impl::Sweep() {
     }
   }
   size_t forgot = 0;
-  for (size_t at = 0; at < ids.size() && !shutting_down_; at += kBatch) {
+  for (size_t at = 0; at < ids.size(); at += kBatch) {
     std::map<std::string, std::vector<uint64_t>> forgotten;
     std::lock_guard<std::mutex> l(registrants_mu_);
     for (size_t i = at; i < std::min(ids.size(), at + kBatch); ++i) {

@@ -451,9 +451,10 @@ TEST(Contracts, ACorruptRecordInTheMiddleCostsThatRecordOnly) {
     auto s = daemon::ContractStore::Open(path, &none);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     for (int i = 0; i < 100; ++i) {
-      kvtier_contract_desc desc = testing::SmallContract(("hostile/stored-" + std::to_string(i)).c_str());
+      const std::string model = "hostile/stored-" + std::to_string(i);
+      kvtier_contract_desc desc = testing::SmallContract(model.c_str());
       ScaleContract c;
-      c.model_id = desc.model_id;
+      c.model_id = model;
       c.model_revision = desc.model_revision;
       c.tokenizer_revision = desc.tokenizer_revision;
       c.geometry.num_layers = desc.num_layers;
