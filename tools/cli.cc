@@ -1,6 +1,7 @@
 #include "tools/cli.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -260,9 +261,17 @@ void ForgetTemp(const std::string& tmp) {
 Status CreateTempBeside(const std::string& path, std::string* tmp, int* fd, mode_t mode) {
   InstallTempHandlers();
   std::string tmpl = path + ".tmp.XXXXXX";
+  // The signals wait while the file is created and remembered: one that comes in between
+  // is taken after, and then removes it.
+  sigset_t block, was;
+  sigemptyset(&block);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&block, sig);
+  ::pthread_sigmask(SIG_BLOCK, &block, &was);
   const int f = ::mkostemp(tmpl.data(), O_CLOEXEC);
-  if (f < 0) return Status::IoError("cannot create " + path + ".tmp.*: " + std::strerror(errno));
-  RememberTemp(tmpl);
+  const int create_errno = errno;
+  if (f >= 0) RememberTemp(tmpl);
+  ::pthread_sigmask(SIG_SETMASK, &was, nullptr);
+  if (f < 0) return Status::IoError("cannot create " + path + ".tmp.*: " + std::strerror(create_errno));
   // mkostemp makes 0600: the mode open(2) would give, never more than the umask allows.
   const mode_t want = mode & ~CurrentUmask() & 0777;
   if (::fchmod(f, want) != 0) {
