@@ -437,6 +437,34 @@ TEST(Contracts, TheLimitCountsWhatAUidKeepsAcrossAttachesAndTheSweepForgets) {
   }
 }
 
+// One uid at its contract limit does not hold another's: a client of another uid
+// registers its own meanwhile.
+TEST(Contracts, AnotherUidRegistersWhileOneIsAtItsLimit) {
+  SKIP_UNLESS_ROOT();
+  DaemonConfig cfg;
+  cfg.extra = std::string(kOpenSocket) + "attach_uids = [65534]\n";
+  cfg.daemon_extra = "max_contracts_per_client = 2\n";
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  ::chmod(d.dir().c_str(), 0755);
+  Conn mine;
+  ASSERT_EQ(mine.Open(d.socket()), KVTIER_OK) << kvtier_last_error();  // SmallContract: 1 of 2
+  kvtier_contract_desc second = testing::SmallContract("hostile/mine-2");
+  kvtier_contract_desc third = testing::SmallContract("hostile/mine-3");
+  uint64_t id = 0;
+  ASSERT_EQ(kvtier_register_contract(mine.c, &second, &id), KVTIER_OK) << kvtier_last_error();
+  EXPECT_EQ(kvtier_register_contract(mine.c, &third, &id), KVTIER_REJECTED);
+  Child nobody([&] {
+    if (!BecomeUser(65534)) return 1;
+    Conn c;
+    if (c.Open(d.socket()) != KVTIER_OK) return 2;
+    kvtier_contract_desc own = testing::SmallContract("hostile/nobodys");
+    uint64_t oid = 0;
+    return kvtier_register_contract(c.c, &own, &oid) == KVTIER_OK ? 0 : 3;
+  });
+  EXPECT_EQ(nobody.Wait(), 0) << "another uid could not register while one uid was at its limit\n" << d.log();
+}
+
 // One flipped bit in a record in the middle of contracts.kvc: the daemon skips that record
 // (logged and counted as corruption) and registers every record after it again.
 TEST(Contracts, ACorruptRecordInTheMiddleCostsThatRecordOnly) {
