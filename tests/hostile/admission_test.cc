@@ -351,7 +351,9 @@ TEST(MetricsPort, FdExhaustionBacksOffInsteadOfSpinning) {
   std::this_thread::sleep_for(std::chrono::seconds(2));
   const long ticks = CpuTicks(d.pid()) - t0;
   const long hz = ::sysconf(_SC_CLK_TCK);
-  EXPECT_LT(ticks, hz / 2) << "the daemon used " << ticks << " ticks of CPU in 2 s with the metrics port out of fds";
+  // Backing off, it wakes 20 times in 2 s; spinning, it takes what CPU the machine leaves
+  // it (a whole core when idle; 0.46 s of the 2 s on a 2-core machine at load 15).
+  EXPECT_LT(ticks, hz / 10) << "the daemon used " << ticks << " ticks of CPU in 2 s with the metrics port out of fds";
   for (int fd : idle) ::close(fd);
   rlimit wide{65536, 65536};
   (void)::prlimit(d.pid(), RLIMIT_NOFILE, &wide, nullptr);
