@@ -951,7 +951,7 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
         [self, st, k, n, c, async, head, progress, slots_out, text, text_len, contract_id,
          shared_done](Status cs, std::vector<tiers::SlotRef> slots) mutable {
           std::vector<tiers::SlotRef> unpin;
-          bool last = false;
+          bool last = false, grew = false;
           {
             std::lock_guard<std::mutex> l(st->mu);
             if (slots.size() > n) {  // never more than asked
@@ -996,9 +996,15 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
               WakeProgress(progress);  // the client's fd turns readable per ready step
             }
             last = --st->remaining == 0;
+            grew = st->ready != before;
           }
           for (const auto& ref : unpin) (void)self->tm_->Unpin(ref);
-          if (!last) return;
+          if (!last) {
+            // A ready step published before the end (tests hold it here, with
+            // KVTIER_TEST_DELAY_POINT, to see the client wake before the acquire finished).
+            if (progress && grew) KVTIER_TEST_POINT("Session::AcquireStep:Ready");
+            return;
+          }
           if (progress) {
             std::atomic_ref<uint32_t>(progress->done).store(1, std::memory_order_release);
             WakeProgress(progress);
