@@ -1127,7 +1127,8 @@ void Daemon::Impl::Admit(UnixSocket s) {
 void Daemon::Impl::RefuseAtAccept(UnixSocket& s, const Status& why) {
   metrics_.attach_refused.fetch_add(1);
   if (uint64_t held = 0; unattached_log_.Allow(&held)) {
-    spdlog::warn("accept: refused: {} ({} more lines about unattached connections held back)", why.ToString(), held);
+    spdlog::warn("accept: attach refused: {} ({} more lines about unattached connections held back)", why.ToString(),
+                 held);
   }
   wire::ControlHeader h;
   h.type = static_cast<uint16_t>(wire::ControlType::kAttachReply);
