@@ -77,10 +77,11 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
   std::memcpy(msg, &h, sizeof h);
   std::memcpy(msg + sizeof h, &a, sizeof a);
   BoundBy(c->sock, deadline);
-  if (!WriteAll(c->sock, msg, sizeof msg)) {
-    Detach(c);
-    return Fail(KVTIER_IO_ERROR, "attach: send failed");
-  }
+  // A daemon that refuses the peer at accept (its credentials, its uid's unattached
+  // connections) sends the refusal and closes before reading: the send may fail then,
+  // and the refusal waiting on the socket is the answer.
+  const bool sent = WriteAll(c->sock, msg, sizeof msg);
+  const int send_errno = errno;
   // The reply carries the fds (SCM_RIGHTS) with its first bytes.
   uint8_t buf[sizeof(w::ControlHeader) + sizeof(w::AttachReply)];
   alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 8)];
@@ -115,6 +116,7 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
     const bool late = reply_late || (got > 0 && timed_out());
     close_fds();
     Detach(c);
+    if (!sent) return Fail(KVTIER_IO_ERROR, std::string("attach: send failed: ") + std::strerror(send_errno));
     if (late) {
       return Fail(KVTIER_TIMEOUT, "attach: no reply from kvtierd within " + std::to_string(c->timeout_ms) +
                                       " ms (timeout_ms)");

@@ -278,6 +278,9 @@ const std::vector<Entry>& Schema() {
                  StringField([](Config& c) { return &c.daemon.metrics_address; })});
     s.push_back({"daemon.metrics_port",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.metrics_port; }, 0, 65535)});
+    s.push_back({"daemon.metrics_max_connections",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.metrics_max_connections; }, 1, 1024)});
+    s.push_back({"daemon.metrics_tenants", BoolField([](Config& c) { return &c.daemon.metrics_tenants; })});
     s.push_back({"daemon.ring_entries",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.ring_entries; }, 0, 1 << 30)});
     s.push_back({"daemon.ring_data_bytes",
@@ -286,6 +289,8 @@ const std::vector<Entry>& Schema() {
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_clients; }, 1, 4096)});
     s.push_back({"daemon.max_unattached",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_unattached; }, 1, 4096)});
+    s.push_back({"daemon.max_unattached_per_uid",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.max_unattached_per_uid; }, 1, 4096)});
     s.push_back({"daemon.attach_timeout_ms",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.attach_timeout_ms; }, 1, 600000)});
     s.push_back({"daemon.max_socket_queue_bytes",
@@ -300,10 +305,14 @@ const std::vector<Entry>& Schema() {
                  DoubleField([](Config& c) { return &c.daemon.max_tier_share_per_client; })});
     s.push_back({"daemon.max_contracts_per_client",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_contracts_per_client; }, 1, 1 << 20)});
+    s.push_back({"daemon.contract_sweep_ms",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.contract_sweep_ms; }, 100, 86400000)});
     s.push_back({"daemon.max_clients_per_uid",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_clients_per_uid; }, 1, 4096)});
     s.push_back({"daemon.max_clients_per_pid",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_clients_per_pid; }, 1, 4096)});
+    s.push_back({"daemon.max_clients_per_tenant",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.max_clients_per_tenant; }, 1, 4096)});
     s.push_back({"daemon.max_async_acquires_per_client",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_async_acquires_per_client; }, 1,
                                     1024)});

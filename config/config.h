@@ -142,10 +142,22 @@ struct DaemonConfig {
   std::string log_level = "info";        // trace|debug|info|warn|error|critical|off. Default: info
   std::string metrics_address = "127.0.0.1";  // loopback only. Default: 127.0.0.1
   uint32_t metrics_port = 9464;          // Prometheus /metrics; 0 = off. Default: 9464
+  // /metrics connections open at once, [1, 1024]; past it a new one is closed at accept.
+  // Default: 16
+  uint32_t metrics_max_connections = 16;
+  // Per-tenant series on /metrics (kvtier_tenant_*: each tenant's blocks, lookups and
+  // hits). Any local user can read the port, and one tenant's live hit count tells
+  // another which prefixes it caches: only for an operator who keeps the port from the
+  // tenants (docs/security.md, "What the metrics port shows"). Default: false
+  bool metrics_tenants = false;
   uint32_t ring_entries = 256;           // per ring, power of two in [8, 65536]. Default: 256
   uint64_t ring_data_bytes = 4u << 20;   // per-client data area, 4 KiB multiple. Default: 4MiB
   uint32_t max_clients = 64;             // attached clients at once, [1, 4096]. Default: 64
   uint32_t max_unattached = 64;          // connections not yet attached, [1, 4096]. Default: 64
+  // Of them, the most one peer uid (SO_PEERCRED at accept) may hold, [1, 4096]: no user
+  // keeps the others from attaching. A uid that may not attach at all holds none (its
+  // connection is refused at accept). Default: 8
+  uint32_t max_unattached_per_uid = 8;
   uint32_t attach_timeout_ms = 5000;     // accept to attach reply, [1, 600000]. Default: 5000
   // Socket-path replies queued for a client that does not read them, [64KiB, 1GiB];
   // past it the client is disconnected. Default: 64MiB
@@ -156,14 +168,23 @@ struct DaemonConfig {
   // and acquire together (a slot named twice in one acquire counts once), (0, 1]. Past
   // it an alloc or acquire is Rejected. Default: 0.75
   double max_tier_share_per_client = 0.75;
-  // Contracts one client may register (a repeat of its own counts once), [1, 1<<20]. A
-  // contract no attached client registered and no block uses is forgotten when its last
-  // registrant detaches. Default: 1024
+  // Contracts the clients of one uid may keep registered, counted across their attaches
+  // (a repeat counts once), [1, 1<<20]: a contract counts against every uid that
+  // registered it until the daemon forgets it. A contract no attached client registered
+  // and no block uses is forgotten when its last registrant detaches, or by the sweep
+  // (contract_sweep_ms) once its last block is gone. Default: 1024
   uint32_t max_contracts_per_client = 1024;
+  // Interval of the sweep that forgets contracts no attached client registered whose
+  // blocks are all gone, [100, 86400000] ms. Default: 30000
+  uint32_t contract_sweep_ms = 30000;
   // Clients attached at once by one user id / by one process (SO_PEERCRED), [1, 4096].
   // Default: 48 / 16
   uint32_t max_clients_per_uid = 48;
   uint32_t max_clients_per_pid = 16;
+  // With [[tenants]]: clients attached at once by the members of one tenant (its uids
+  // together, the implicit tenant's too), [1, 4096]: no tenant takes every place of
+  // max_clients. Default: 48
+  uint32_t max_clients_per_tenant = 48;
   // Asynchronous acquires (kvtier_acquire_async) in flight per client, [1, 1024]; past it,
   // one is answered Rejected. Default: 8
   uint32_t max_async_acquires_per_client = 8;

@@ -172,7 +172,7 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
   Family(&o, "kvtier_requests_malformed_total", "counter",
          "Requests refused by validation (bad field, region, op or version).");
   Line(&o, "kvtier_requests_malformed_total", "", static_cast<double>(requests_malformed.load()));
-  Family(&o, "kvtier_clients", "gauge", "Clients attached now.");
+  Family(&o, "kvtier_clients", "gauge", "Clients attached now (a client that went away counts until its leases are released).");
   Line(&o, "kvtier_clients", "", static_cast<double>(clients.load()));
   Family(&o, "kvtier_clients_attached_total", "counter", "Successful attaches.");
   Line(&o, "kvtier_clients_attached_total", "", static_cast<double>(clients_attached.load()));
@@ -208,6 +208,9 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
   Line(&o, "kvtier_config_reloads_total", "result=\"ok\"", static_cast<double>(reloads.load()));
   Line(&o, "kvtier_config_reloads_total", "result=\"failed\"",
        static_cast<double>(reload_failures.load()));
+  Family(&o, "kvtier_contract_file_corrupt_records_total", "counter",
+         "Corrupt records of contracts.kvc skipped at start (the records around them kept).");
+  Line(&o, "kvtier_contract_file_corrupt_records_total", "", static_cast<double>(contract_records_corrupt.load()));
   return o;
 }
 

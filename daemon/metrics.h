@@ -13,10 +13,11 @@
 //   request_duration_seconds (histogram)                {op="lookup|...",transport="ring|socket"}
 //   requests_failed_total{op,transport}, requests_malformed_total, clients, clients_attached_total,
 //   clients_disconnected_total{reason}, access_denied_total, leases, leased_slots,
-//   build_info{version,protocol,cuda} (always 1),
+//   build_info{version,protocol,cuda} (always 1), contract_file_corrupt_records_total,
 //   nvme_client_budget_rejects_total (demotions refused: the committing client had spent
 //   its share of the daily NVMe write budget)
-// With [[tenants]] (RenderTenants), per tenant ("default", each table, "shared"):
+// With [[tenants]] and daemon.metrics_tenants = true (RenderTenants; off by default: any
+// local user reads the port), per tenant ("default", each table, "shared"):
 //   tenant_blocks, tenant_quota_slots, tenant_evictions_total      {tenant,tier="hbm|host|nvme"}
 //   tenant_lookup_keys_total, tenant_lookup_hits_total, tenant_committed_total,
 //   tenant_access_denied_total                                     {tenant}
@@ -82,6 +83,7 @@ struct Metrics {
   std::atomic<uint64_t> commit_cached_same{0};
   std::atomic<uint64_t> commit_conflicts{0};
   std::atomic<uint64_t> commit_cached_unchecked{0};
+  std::atomic<uint64_t> contract_records_corrupt{0};  // contracts.kvc records skipped at start
 
   void ObserveRequest(uint16_t op, Transport t, uint64_t nanos, bool ok);
 

@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -189,10 +190,14 @@ class Daemon::Impl {
 
   // Connections.
   void Accept();
+  void Admit(UnixSocket s);
   void AcceptMetrics();
   void OnConnectionClosed(uint64_t conn_id);
 
   Options opts_;
+  // /metrics connections open now (daemon.metrics_max_connections); io thread only.
+  // Before io_: the exchanges io_ still holds when it goes count themselves out.
+  uint32_t metrics_conns_ = 0;
   asio::io_context io_;
   asio::signal_set signals_;
   std::unique_ptr<asio::local::stream_protocol::acceptor> acceptor_;
@@ -212,7 +217,18 @@ class Daemon::Impl {
   std::map<uint64_t, std::shared_ptr<Connection>> conns_;  // io thread only
   uint64_t next_conn_id_ = 1;
   std::atomic<uint64_t> next_client_id_{1};
-  size_t attached_ = 0;  // io thread only
+  size_t attached_ = 0;    // io thread only
+  size_t unattached_ = 0;  // connections accepted and not attached (nor closed) yet; io thread only
+  // Unattached connections per peer uid (daemon.max_unattached_per_uid) and attached
+  // clients per tenant (daemon.max_clients_per_tenant); io thread only.
+  std::map<uint32_t, uint32_t> unattached_by_uid_, clients_by_tenant_;
+  // The metrics listener's fd-exhaustion back-off, as the control socket's (spare_fd_).
+  std::unique_ptr<asio::steady_timer> metrics_backoff_;
+  LogLimit metrics_log_;
+  // Refuses a new control connection at accept, before anything of it is read: a bare
+  // attach refusal (what every client version reads as the answer to its attach) if it
+  // fits without waiting, then the close.
+  void RefuseAtAccept(UnixSocket& s, const Status& why);
   // Lines about connections that never attach (refused, timed out, over the cap): any
   // local process can cause them at any rate.
   LogLimit unattached_log_;
@@ -247,8 +263,30 @@ class Daemon::Impl {
   };
   std::mutex registrants_mu_;
   std::unordered_map<uint64_t, Registrants> registrants_;
+  // Contracts registered with no attached registrant: the last one detached while a
+  // block of it was cached, or contracts.kvc brought it back at start. The sweep
+  // (daemon.contract_sweep_ms) forgets those whose blocks are gone. Under registrants_mu_.
+  std::unordered_map<uint64_t, Registrants> idle_;
+  // Contracts each peer uid keeps registered, across its attaches
+  // (daemon.max_contracts_per_client), and the uids that keep each: an id leaves them
+  // when the daemon forgets it. Under registrants_mu_.
+  std::unordered_map<uint32_t, std::unordered_set<uint64_t>> kept_by_uid_;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> keepers_;
+  std::unique_ptr<asio::steady_timer> sweep_timer_;
+  std::atomic<bool> sweeping_{false};
   void ContractRegistered(const ScaleContract& ct, uint64_t internal, uint32_t owner);
   void ContractsReleased(const std::vector<uint64_t>& ids);
+  // A registration by a client of `uid` of a contract (the TierManager's id): refused
+  // when the uid keeps daemon.max_contracts_per_client others; else counted against it.
+  Status AdmitContract(uint32_t uid, uint64_t internal);
+  // The uids that kept a forgotten contract no longer count it. Caller holds registrants_mu_.
+  void DropKeptLocked(uint64_t internal);
+  // Forgets the contract if no block of it is cached (owners, uids' counts; its record
+  // goes into *forgotten by namespace). Caller holds registrants_mu_.
+  bool ForgetLocked(uint64_t internal, const Registrants& r, std::map<std::string, std::vector<uint64_t>>* forgotten);
+  void RemoveFromStore(const std::map<std::string, std::vector<uint64_t>>& forgotten);
+  void ArmSweep();  // io thread
+  void Sweep();     // admin pool
   // Registers again the contracts contracts.kvc holds, each in its namespace.
   void RestoreContracts(const std::vector<StoredContract>& known);
 };
@@ -257,22 +295,17 @@ class Daemon::Impl {
 // Every method runs on the io thread except the completion callbacks, which post back.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(Daemon::Impl* d, uint64_t id, UnixSocket sock)
-      : d_(d), id_(id), sock_(std::move(sock)) {}
+  // peer: SO_PEERCRED / SO_PEERGROUPS, read at accept; the connection holds one of the
+  // places of daemon.max_unattached (and of its uid's max_unattached_per_uid) until it
+  // attaches or closes.
+  Connection(Daemon::Impl* d, uint64_t id, UnixSocket sock, PeerCred peer)
+      : d_(d), id_(id), sock_(std::move(sock)), peer_(std::move(peer)) {
+    ++d_->unattached_;
+    ++d_->unattached_by_uid_[peer_.uid];
+  }
 
-  // Reads the peer's credentials, then the attach, which must complete within
-  // daemon.attach_timeout_ms.
+  // Reads the attach, which must complete within daemon.attach_timeout_ms.
   void Start() {
-    auto cred = ReadPeerCred(sock_.native_handle());
-    if (!cred.ok()) {
-      uint64_t held = 0;
-      if (d_->unattached_log_.Allow(&held)) {
-        spdlog::warn("control connection {}: {}; closing ({} more lines about unattached connections held back)",
-                     id_, cred.status().ToString(), held);
-      }
-      return Close(false);
-    }
-    peer_ = *cred;
     std::weak_ptr<Connection> w = shared_from_this();
     attach_timer_.expires_after(std::chrono::milliseconds(d_->opts_.config.daemon.attach_timeout_ms));
     attach_timer_.async_wait([w](const boost::system::error_code& ec) {
@@ -297,6 +330,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (closed_) return;
     closed_ = true;
     attach_timer_.cancel();
+    LeaveUnattached();
     boost::system::error_code ec;
     if (!why.empty()) {
       const size_t n = std::min<size_t>(why.size(), wire::kMaxGoodbyeBytes);
@@ -314,15 +348,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     sock_.close(ec);
     if (session_) {
       if (!kicked_) d_->metrics_.disconnect_closed.fetch_add(1);
-      d_->metrics_.clients.fetch_sub(1);
       --d_->attached_;
       if (--d_->clients_by_uid_[peer_uid_] == 0) d_->clients_by_uid_.erase(peer_uid_);
       if (--d_->clients_by_pid_[peer_pid_] == 0) d_->clients_by_pid_.erase(peer_pid_);
+      if (--d_->clients_by_tenant_[tenant_] == 0) d_->clients_by_tenant_.erase(tenant_);
       // The ring thread may be inside a long request (an admin flush, a reload): the
       // session ends on the closer pool, never on the io thread.
       Daemon::Impl* d = d_;
       asio::post(d_->closer_, [d, s = std::move(session_), drain] {
         s->Close(drain);
+        // kvtier_clients counts a client until its session has ended: once it drops, every
+        // lease of the client is released (what a test of a close can wait for).
+        d->metrics_.clients.fetch_sub(1);
         d->ContractsReleased(s->registered_contracts());
         if (uint64_t held = 0; d->detach_log_.Allow(&held)) {
           spdlog::info("client {} ({}) detached{}", s->id(), s->name(), HeldBack(held, "detach lines"));
@@ -333,6 +370,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
  private:
+  // Gives back the unattached places (at attach or close; once).
+  void LeaveUnattached() {
+    if (!unattached_) return;
+    unattached_ = false;
+    --d_->unattached_;
+    if (--d_->unattached_by_uid_[peer_.uid] == 0) d_->unattached_by_uid_.erase(peer_.uid);
+  }
+
   void ReadHeader() {
     auto self = shared_from_this();
     asio::async_read(sock_, asio::buffer(&hdr_, sizeof hdr_),
@@ -452,6 +497,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return RefuseAttach(&r, Status::Rejected("daemon.max_clients_per_pid (" + std::to_string(dc.max_clients_per_pid) +
                                                ") clients of pid " + std::to_string(cred.pid) + " attached"));
     }
+    // With tenants, the members of one tenant together (several uids of one tenant would
+    // otherwise take every place the per-uid cap leaves).
+    if (d_->tenants_->access().tenants_configured() &&
+        count_of(d_->clients_by_tenant_, tenant) >= dc.max_clients_per_tenant) {
+      return RefuseAttach(&r, Status::Rejected("daemon.max_clients_per_tenant (" +
+                                               std::to_string(dc.max_clients_per_tenant) + ") clients of tenant " +
+                                               d_->tenants_->access().tenant_name(tenant) + " attached"));
+    }
     std::string name(a.name, strnlen(a.name, sizeof a.name));
     for (char& ch : name) {
       if (ch < 0x20 || ch > 0x7e) ch = '?';
@@ -508,6 +561,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                 reload, std::move(registered));
     if (!sess.ok()) return RefuseAttach(&r, sess.status());
     (*sess)->SetPeer(peer_, tenant, d_->tenants_.get());
+    (*sess)->SetContractAdmission(
+        [impl, uid = cred.uid](uint64_t internal) { return impl->AdmitContract(uid, internal); });
     tiers::TierManager* tm = d_->tm_.get();
     r.status = 0;
     r.protocol_version = protocol_;
@@ -561,11 +616,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     session_ = std::move(*sess);
     session_->Start();
+    LeaveUnattached();
     ++d_->attached_;
     peer_uid_ = cred.uid;
     peer_pid_ = static_cast<uint32_t>(cred.pid);
+    tenant_ = tenant;
     ++d_->clients_by_uid_[peer_uid_];
     ++d_->clients_by_pid_[peer_pid_];
+    ++d_->clients_by_tenant_[tenant_];
     d_->metrics_.clients.fetch_add(1);
     d_->metrics_.clients_attached.fetch_add(1);
     if (uint64_t held = 0; d_->attach_log_.Allow(&held)) {
@@ -797,6 +855,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<std::shared_ptr<std::vector<uint8_t>>> writes_;
   uint64_t queued_bytes_ = 0;  // bytes in writes_, at most daemon.max_socket_queue_bytes
   bool closed_ = false;
+  bool unattached_ = true;  // holds its places among the unattached connections
+  uint32_t tenant_ = kDefaultTenant;  // at attach
 
  public:
   bool kicked_ = false;
@@ -805,20 +865,43 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::steady_timer attach_timer_{d_->io_};     // daemon.attach_timeout_ms from accept
 };
 
-// One /metrics HTTP exchange.
+// Bytes of a /metrics request: its header (a scraper sends a few hundred) and its body
+// (a GET has none). A request past either is answered 413 and closed, having cost no more.
+inline constexpr uint32_t kMetricsHeaderLimit = 8192;
+inline constexpr uint64_t kMetricsRequestLimit = 4096;
+
+// One /metrics HTTP exchange; it holds one of daemon.metrics_max_connections places
+// until it ends (io thread only).
 class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
  public:
-  HttpExchange(asio::ip::tcp::socket s, Daemon::Impl* d) : stream_(std::move(s)), d_(d) {}
+  HttpExchange(asio::ip::tcp::socket s, Daemon::Impl* d) : stream_(std::move(s)), d_(d) {
+    ++d_->metrics_conns_;
+    parser_.header_limit(kMetricsHeaderLimit);
+    parser_.body_limit(kMetricsRequestLimit);
+  }
+  ~HttpExchange() { --d_->metrics_conns_; }
   void Start() {
     stream_.expires_after(std::chrono::seconds(5));
     auto self = shared_from_this();
-    http::async_read(stream_, buf_, req_, [self](beast::error_code ec, size_t) {
+    http::async_read(stream_, buf_, parser_, [self](beast::error_code ec, size_t) {
+      if (ec == http::error::body_limit || ec == http::error::header_limit) return self->TooLarge();
       if (ec) return;
+      self->req_ = self->parser_.release();
       self->Respond();
     });
   }
 
  private:
+  void TooLarge() {
+    res_.version(11);
+    res_.keep_alive(false);
+    res_.result(http::status::payload_too_large);
+    res_.set(http::field::content_type, "text/plain");
+    res_.body() = "request over " + std::to_string(kMetricsHeaderLimit) + " header bytes or " +
+                  std::to_string(kMetricsRequestLimit) + " body bytes\n";
+    Send();
+  }
+
   void Respond() {
     res_.version(req_.version());
     res_.keep_alive(false);
@@ -832,12 +915,17 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
       res_.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       res_.body() = d_->metrics_.Render(d_->tm_->Stats());
       Metrics::RenderClientBudget(d_->tm_->ClientBudgetRejects(), &res_.body());
-      Metrics::RenderTenants(d_->TenantRows(), &res_.body());
+      // Per-tenant series only where the operator keeps the port from the tenants.
+      if (d_->opts_.config.daemon.metrics_tenants) Metrics::RenderTenants(d_->TenantRows(), &res_.body());
     } else {
       res_.result(http::status::not_found);
       res_.set(http::field::content_type, "text/plain");
       res_.body() = "kvtierd: see /metrics\n";
     }
+    Send();
+  }
+
+  void Send() {
     res_.prepare_payload();
     auto self = shared_from_this();
     http::async_write(stream_, res_, [self](beast::error_code, size_t) {
@@ -849,6 +937,7 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
   beast::tcp_stream stream_;
   Daemon::Impl* d_;
   beast::flat_buffer buf_;
+  http::request_parser<http::string_body> parser_;
   http::request<http::string_body> req_;
   http::response<http::string_body> res_;
 };
@@ -870,6 +959,8 @@ Status Daemon::Impl::Start() {
   }
   spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   accept_backoff_ = std::make_unique<asio::steady_timer>(io_);
+  sweep_timer_ = std::make_unique<asio::steady_timer>(io_);
+  metrics_backoff_ = std::make_unique<asio::steady_timer>(io_);
   tenants_ = std::make_unique<Tenants>(c, static_cast<uint32_t>(::getuid()), static_cast<uint32_t>(::getgid()));
   socket_path_ = Abs(c.daemon.socket);
   // An unknown socket owner or group stops the start before anything is created.
@@ -911,11 +1002,18 @@ Status Daemon::Impl::Start() {
     // Contracts registered before the restart: their blocks on NVMe are reachable at once.
     std::vector<StoredContract> known;
     uint64_t dropped = 0;
-    auto store = ContractStore::Open(Abs(c.tiers.nvme.dir) + "/contracts.kvc", &known, &dropped);
+    ContractParseReport rep;
+    auto store = ContractStore::Open(Abs(c.tiers.nvme.dir) + "/contracts.kvc", &known, &dropped, &rep);
     if (!store.ok()) return Status(store.status().code(), "tiers.nvme.dir: " + store.status().message());
     contracts_ = std::move(*store);
     if (dropped > 0) {
       spdlog::warn("{}: dropped a torn tail of {} bytes (an append cut short)", contracts_->path(), dropped);
+    }
+    if (rep.corrupt_records > 0) {
+      metrics_.contract_records_corrupt.fetch_add(rep.corrupt_records);
+      spdlog::error("{}: corruption: skipped {} corrupt records ({} bytes) and kept the {} intact ones around "
+                    "them; the file was compacted without them",
+                    contracts_->path(), rep.corrupt_records, rep.corrupt_bytes, known.size());
     }
     RestoreContracts(known);
   }
@@ -987,32 +1085,110 @@ void Daemon::Impl::Accept() {
         if (!tec && !shutting_down_) Accept();
       });
       return;
-    } else if (!shutting_down_ && conns_.size() - attached_ >= opts_.config.daemon.max_unattached) {
-      // Connections that have not attached yet are capped: idle ones cannot crowd out the
-      // clients that attach.
-      metrics_.attach_refused.fetch_add(1);
-      uint64_t held = 0;
-      if (unattached_log_.Allow(&held)) {
-        spdlog::warn("accept: daemon.max_unattached ({}) connections have not attached yet; closing a new one "
-                     "({} more lines about unattached connections held back)",
-                     opts_.config.daemon.max_unattached, held);
-      }
-      boost::system::error_code cec;
-      s.close(cec);
     } else if (!shutting_down_) {
-      const uint64_t id = next_conn_id_++;
-      auto conn = std::make_shared<Connection>(this, id, std::move(s));
-      conns_.emplace(id, conn);
-      conn->Start();
+      Admit(std::move(s));
     }
     if (!shutting_down_) Accept();
   });
 }
 
+// A new control connection, judged by its credentials before anything of it is read: a
+// peer that may not attach is refused at once, and one uid holds at most
+// daemon.max_unattached_per_uid of the daemon.max_unattached places, so neither a
+// refused user nor one admitted user keeps the others from attaching.
+void Daemon::Impl::Admit(UnixSocket s) {
+  const auto& dc = opts_.config.daemon;
+  auto cred = ReadPeerCred(s.native_handle());
+  if (!cred.ok()) {
+    if (uint64_t held = 0; unattached_log_.Allow(&held)) {
+      spdlog::warn("accept: {}; closing ({} more lines about unattached connections held back)",
+                   cred.status().ToString(), held);
+    }
+    boost::system::error_code cec;
+    s.close(cec);
+    return;
+  }
+  uint32_t tenant = kDefaultTenant;
+  if (Status as = tenants_->access().AdmitEngine(*cred, &tenant); !as.ok()) {
+    metrics_.access_denied.fetch_add(1);
+    return RefuseAtAccept(s, as);
+  }
+  auto it = unattached_by_uid_.find(cred->uid);
+  if (it != unattached_by_uid_.end() && it->second >= dc.max_unattached_per_uid) {
+    return RefuseAtAccept(s, Status::Retry("daemon.max_unattached_per_uid (" +
+                                           std::to_string(dc.max_unattached_per_uid) + ") connections of uid " +
+                                           std::to_string(cred->uid) + " have not attached yet"));
+  }
+  if (unattached_ >= dc.max_unattached) {
+    // Connections that have not attached yet are capped: idle ones cannot crowd out the
+    // clients that attach.
+    return RefuseAtAccept(s, Status::Retry("daemon.max_unattached (" + std::to_string(dc.max_unattached) +
+                                           ") connections have not attached yet"));
+  }
+  const uint64_t id = next_conn_id_++;
+  auto conn = std::make_shared<Connection>(this, id, std::move(s), std::move(*cred));
+  conns_.emplace(id, conn);
+  conn->Start();
+}
+
+void Daemon::Impl::RefuseAtAccept(UnixSocket& s, const Status& why) {
+  metrics_.attach_refused.fetch_add(1);
+  if (uint64_t held = 0; unattached_log_.Allow(&held)) {
+    spdlog::warn("accept: attach refused: {} ({} more lines about unattached connections held back)", why.ToString(),
+                 held);
+  }
+  wire::ControlHeader h;
+  h.type = static_cast<uint16_t>(wire::ControlType::kAttachReply);
+  h.length = sizeof(wire::AttachReply);
+  wire::AttachReply r;
+  r.status = static_cast<int32_t>(why.code());
+  std::snprintf(r.message, sizeof r.message, "%s", why.message().c_str());
+  uint8_t buf[sizeof h + sizeof r];
+  std::memcpy(buf, &h, sizeof h);
+  std::memcpy(buf + sizeof h, &r, sizeof r);
+  // A new socket's buffer is empty: this fits, or the peer is gone already.
+  (void)::send(s.native_handle(), buf, sizeof buf, MSG_DONTWAIT | MSG_NOSIGNAL);
+  boost::system::error_code ec;
+  s.shutdown(asio::socket_base::shutdown_both, ec);
+  s.close(ec);
+}
+
+// The metrics listener: the control socket's fd-exhaustion back-off (a full fd table
+// costs neither a spinning core nor a line per try) and at most
+// daemon.metrics_max_connections exchanges at once (each bounded by kMetricsRequestLimit
+// and a deadline); past it a new connection is closed at accept.
 void Daemon::Impl::AcceptMetrics() {
   metrics_acceptor_->async_accept([this](const boost::system::error_code& ec, asio::ip::tcp::socket s) {
-    if (!ec) std::make_shared<HttpExchange>(std::move(s), this)->Start();
     if (ec == asio::error::operation_aborted || shutting_down_) return;
+    if (ec) {
+      const bool no_fds = ec.value() == EMFILE || ec.value() == ENFILE;
+      if (uint64_t held = 0; metrics_log_.Allow(&held)) {
+        spdlog::warn("metrics accept: {}{} ({} more such lines held back)", ec.message(),
+                     no_fds ? "; closing new connections until descriptors are free" : "", held);
+      }
+      if (no_fds) {
+        if (spare_fd_ >= 0) ::close(spare_fd_);
+        const int fd = ::accept4(metrics_acceptor_->native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd >= 0) ::close(fd);
+        spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      }
+      metrics_backoff_->expires_after(std::chrono::milliseconds(no_fds ? 100 : 10));
+      metrics_backoff_->async_wait([this](const boost::system::error_code& tec) {
+        if (!tec && !shutting_down_) AcceptMetrics();
+      });
+      return;
+    }
+    if (metrics_conns_ >= opts_.config.daemon.metrics_max_connections) {
+      if (uint64_t held = 0; metrics_log_.Allow(&held)) {
+        spdlog::warn("metrics accept: daemon.metrics_max_connections ({}) connections open; closing a new one "
+                     "({} more such lines held back)",
+                     opts_.config.daemon.metrics_max_connections, held);
+      }
+      boost::system::error_code cec;
+      s.close(cec);
+    } else {
+      std::make_shared<HttpExchange>(std::move(s), this)->Start();
+    }
     AcceptMetrics();
   });
 }
@@ -1049,6 +1225,13 @@ void Daemon::Impl::RestoreContracts(const std::vector<StoredContract>& known) {
       continue;
     }
     if (owner != kDefaultTenant) tenants_->owners().Add(internal, {owner, owner == kSharedOwner ? internal : ct.Id()});
+    {
+      // No client registered it yet: the sweep forgets it once no block of it is cached.
+      std::lock_guard<std::mutex> l(registrants_mu_);
+      Registrants& r = idle_[internal];
+      r.contract = ct.Id();
+      r.ns = sc.ns;
+    }
     ++restored;
   }
   if (restored > 0) spdlog::info("{} contracts registered again from {}", restored, contracts_->path());
@@ -1060,6 +1243,7 @@ void Daemon::Impl::ContractRegistered(const ScaleContract& ct, uint64_t internal
     std::lock_guard<std::mutex> l(registrants_mu_);
     Registrants& r = registrants_[internal];
     ++r.count;
+    idle_.erase(internal);
     r.contract = ct.Id();
     r.ns = ns;
     // Its last registrant may have detached between the registration and this count (and
@@ -1097,12 +1281,52 @@ void Daemon::Impl::ContractsReleased(const std::vector<uint64_t>& ids) {
     if (it == registrants_.end() || --it->second.count > 0) continue;
     const Registrants r = it->second;
     registrants_.erase(it);
-    if (!tm_->ForgetContractIfUnused(id)) continue;
-    // Its owner entry goes with it (a tenant admin's listings walk the owners' contracts);
-    // a registration racing this one adds it back in ContractRegistered, under this lock.
-    tenants_->owners().Remove(id);
-    forgotten[r.ns].push_back(r.contract);
+    // A block of it is cached: the sweep forgets it once they are gone.
+    if (!ForgetLocked(id, r, &forgotten)) idle_[id] = r;
   }
+  RemoveFromStore(forgotten);
+}
+
+bool Daemon::Impl::ForgetLocked(uint64_t internal, const Registrants& r,
+                                std::map<std::string, std::vector<uint64_t>>* forgotten) {
+  if (!tm_->ForgetContractIfUnused(internal)) return false;
+  // Its owner entry goes with it (a tenant admin's listings walk the owners' contracts);
+  // a registration racing this one adds it back in ContractRegistered, under this lock.
+  tenants_->owners().Remove(internal);
+  DropKeptLocked(internal);
+  (*forgotten)[r.ns].push_back(r.contract);
+  return true;
+}
+
+void Daemon::Impl::DropKeptLocked(uint64_t internal) {
+  auto it = keepers_.find(internal);
+  if (it == keepers_.end()) return;
+  for (const uint32_t uid : it->second) {
+    auto k = kept_by_uid_.find(uid);
+    if (k == kept_by_uid_.end()) continue;
+    k->second.erase(internal);
+    if (k->second.empty()) kept_by_uid_.erase(k);
+  }
+  keepers_.erase(it);
+}
+
+Status Daemon::Impl::AdmitContract(uint32_t uid, uint64_t internal) {
+  const uint32_t cap = opts_.config.daemon.max_contracts_per_client;
+  std::lock_guard<std::mutex> l(registrants_mu_);
+  auto& kept = kept_by_uid_[uid];
+  if (kept.count(internal)) return Status::Ok();
+  if (kept.size() >= cap) {
+    return Status::Rejected("uid " + std::to_string(uid) + " keeps " + std::to_string(kept.size()) +
+                            " contracts registered, daemon.max_contracts_per_client (" + std::to_string(cap) +
+                            "), counted across its attaches: a contract counts until the daemon forgets it (no "
+                            "client of it attached and no block of it cached)");
+  }
+  kept.insert(internal);
+  keepers_[internal].push_back(uid);
+  return Status::Ok();
+}
+
+void Daemon::Impl::RemoveFromStore(const std::map<std::string, std::vector<uint64_t>>& forgotten) {
   if (!contracts_) return;
   for (const auto& [ns, cids] : forgotten) {
     if (Status s = contracts_->Remove(ns, cids); !s.ok()) {
@@ -1112,6 +1336,62 @@ void Daemon::Impl::ContractsReleased(const std::vector<uint64_t>& ids) {
         spdlog::warn("{} forgotten contracts stay in {} (a restart registers them again): {}{}", cids.size(),
                      contracts_->path(), s.ToString(), HeldBack(held, "such lines"));
       }
+    }
+  }
+}
+
+void Daemon::Impl::ArmSweep() {
+  sweep_timer_->expires_after(std::chrono::milliseconds(opts_.config.daemon.contract_sweep_ms));
+  sweep_timer_->async_wait([this](const boost::system::error_code& ec) {
+    if (ec || shutting_down_) return;
+    if (!sweeping_.exchange(true)) {
+      asio::post(admin_, [this] {
+        Sweep();
+        sweeping_.store(false);
+      });
+    }
+    ArmSweep();
+  });
+}
+
+void Daemon::Impl::Sweep() {
+  // In batches, the lock released between them: registrations and detaches wait for one
+  // batch at most, as a listing's bystanders do.
+  constexpr size_t kBatch = 256;
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> l(registrants_mu_);
+    ids.reserve(idle_.size() + keepers_.size());
+    for (const auto& [id, r] : idle_) ids.push_back(id);
+    // Counted at admission, never registered (the registration failed after it): not kept.
+    for (const auto& [id, uids] : keepers_) {
+      if (!idle_.count(id)) ids.push_back(id);
+    }
+  }
+  size_t forgot = 0;
+  for (size_t at = 0; at < ids.size(); at += kBatch) {
+    std::map<std::string, std::vector<uint64_t>> forgotten;
+    std::lock_guard<std::mutex> l(registrants_mu_);
+    for (size_t i = at; i < std::min(ids.size(), at + kBatch); ++i) {
+      const uint64_t id = ids[i];
+      if (registrants_.count(id)) continue;  // registered again meanwhile
+      auto it = idle_.find(id);
+      if (it == idle_.end()) {
+        if (!tm_->HasContract(id)) DropKeptLocked(id);
+        continue;
+      }
+      if (ForgetLocked(id, it->second, &forgotten)) {
+        idle_.erase(it);
+        ++forgot;
+      }
+    }
+    RemoveFromStore(forgotten);
+  }
+  if (forgot > 0) {
+    static LogLimit sweep_log(std::chrono::seconds(60));
+    if (uint64_t held = 0; sweep_log.Allow(&held)) {
+      spdlog::info("sweep: forgot {} contracts no client registered whose blocks are gone{}", forgot,
+                   HeldBack(held, "sweep lines"));
     }
   }
 }
@@ -1246,6 +1526,8 @@ void Daemon::Impl::Shutdown() {
   if (acceptor_) acceptor_->close(ec);
   if (metrics_acceptor_) metrics_acceptor_->close(ec);
   if (accept_backoff_) accept_backoff_->cancel();
+  if (sweep_timer_) sweep_timer_->cancel();
+  if (metrics_backoff_) metrics_backoff_->cancel();
   ::unlink(socket_path_.c_str());
   signals_.cancel(ec);
   // Drain every client: its ring thread executes what is already queued, in-flight
@@ -1259,6 +1541,7 @@ void Daemon::Impl::Shutdown() {
 int Daemon::Impl::Run() {
   Accept();
   if (metrics_acceptor_) AcceptMetrics();
+  ArmSweep();
   WaitSignal();
   io_.run();
   conns_.clear();

@@ -752,6 +752,7 @@ Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<
                               " contracts, daemon.max_contracts_per_client");
     }
   }
+  if (admit_contract_) KVTIER_RETURN_IF_ERROR(admit_contract_(internal));
   if (!namespaced_ && !shared) {
     KVTIER_RETURN_IF_ERROR(tm_->RegisterContract(*ct));
   } else {
@@ -838,6 +839,11 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
   if (s.ok()) s = CheckTarget(req.tier);
   if (!s.ok()) return fail(s);
   if (Status b = BeginAcquire(); !b.ok()) return fail(b);
+  if (req.count > kAcquireLockChunk) {
+    // A big acquire holds the index lock one step at a time.
+    return AcquireInSteps(req, *cid, CopyArray<Key128>(in.data(), req.count), kAcquireLockChunk, /*async=*/false,
+                          out, std::move(done));
+  }
   auto keys = std::make_shared<std::vector<Key128>>(CopyArray<Key128>(in.data(), req.count));
   auto self = shared_from_this();
   const uint32_t max_out = req.count;
@@ -891,25 +897,19 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
                });
 }
 
-// The acquire in steps: one TierManager acquire per chunk of chunk_blocks keys, all
-// started at once (the promotions overlap as in one acquire). As the leading chunks
-// finish, their slots land in `out` and AcquireProgress.ready grows (a release store
-// after the slots). A chunk that comes back short ends the prefix: the chunks after it
-// are unpinned. The last callback makes one lease of the prefix and completes as the
-// blocking acquire does.
+// The asynchronous acquire: AcquireInSteps with the client's readiness step (never more
+// keys a step than kAcquireLockChunk: a step is also one hold of the index lock).
 void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
                                  Done done) {
   wire::CompletionEntry c;
   c.tag = req.tag;
   c.op = req.op;
-  // Error text goes after the AcquireProgress header (the client polls it).
-  uint8_t* text = out + sizeof(wire::AcquireProgress);
-  const uint32_t text_len = req.out_len - static_cast<uint32_t>(sizeof(wire::AcquireProgress));
   auto fail = [&](const Status& s) {
     auto* p = reinterpret_cast<wire::AcquireProgress*>(out);
     std::atomic_ref<uint32_t>(p->done).store(1, std::memory_order_release);
     WakeProgress(p);
-    SetError(&c, s, text, text_len);
+    // Error text goes after the AcquireProgress header (the client polls it).
+    SetError(&c, s, out + sizeof(wire::AcquireProgress), req.out_len - static_cast<uint32_t>(sizeof(wire::AcquireProgress)));
     done(c);
   };
   wire::AcquireAsyncHeader h;
@@ -920,6 +920,24 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
   if (s.ok() && h.reserved != 0) s = Status::Invalid("acquire_async header reserved field must be 0");
   if (!s.ok()) return fail(s);
   if (Status b = BeginAcquire(/*async=*/true); !b.ok()) return fail(b);
+  const size_t chunk = std::min<size_t>(h.chunk_blocks == 0 ? wire::kDefaultAcquireChunk : h.chunk_blocks,
+                                        kAcquireLockChunk);
+  AcquireInSteps(req, *cid, CopyArray<Key128>(in.data() + sizeof h, req.count), chunk, /*async=*/true, out,
+                 std::move(done));
+}
+
+// As the leading steps finish, their slots land in the slots' place and, async,
+// AcquireProgress.ready grows (a release store after the slots). A step that comes back
+// short ends the prefix: the steps after it are unpinned. The last callback makes one
+// lease of the prefix and completes as the blocking acquire does.
+void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id, std::vector<Key128> keys,
+                             size_t chunk, bool async, uint8_t* out, Done done) {
+  wire::CompletionEntry c;
+  c.tag = req.tag;
+  c.op = req.op;
+  const uint32_t head = async ? static_cast<uint32_t>(sizeof(wire::AcquireProgress)) : 0;
+  uint8_t* text = out + head;
+  const uint32_t text_len = req.out_len - head;
   struct Steps {
     std::mutex mu;
     std::vector<Key128> keys;
@@ -937,30 +955,31 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
     Copies copy;                                   // arena slot -> staging slot of its copy
   };
   auto st = std::make_shared<Steps>();
-  st->keys = CopyArray<Key128>(in.data() + sizeof h, req.count);
-  st->chunk = h.chunk_blocks == 0 ? wire::kDefaultAcquireChunk : h.chunk_blocks;
+  st->keys = std::move(keys);
+  st->chunk = std::max<size_t>(chunk, 1);
   const size_t chunks = (st->keys.size() + st->chunk - 1) / st->chunk;
   st->got.resize(chunks);
   st->arrived.assign(chunks, 0);
   st->status.resize(chunks);
   st->remaining = chunks;
-  st->copy_bytes = private_reads() && req.tier == wire::kTierHost ? tm_->block_bytes(*cid) : 0;
+  st->copy_bytes = private_reads() && req.tier == wire::kTierHost ? tm_->block_bytes(contract_id) : 0;
   auto self = shared_from_this();
-  auto* progress = reinterpret_cast<wire::AcquireProgress*>(out);
-  uint8_t* slots_out = out + sizeof(wire::AcquireProgress);
-  std::atomic_ref<uint32_t>(progress->ready).store(0, std::memory_order_relaxed);
-  std::atomic_ref<uint32_t>(progress->done).store(0, std::memory_order_release);
-  const uint64_t contract_id = *cid;
+  auto* progress = async ? reinterpret_cast<wire::AcquireProgress*>(out) : nullptr;
+  uint8_t* slots_out = out + head;
+  if (progress) {
+    std::atomic_ref<uint32_t>(progress->ready).store(0, std::memory_order_relaxed);
+    std::atomic_ref<uint32_t>(progress->done).store(0, std::memory_order_release);
+  }
   auto shared_done = std::make_shared<Done>(std::move(done));
   for (size_t k = 0; k < chunks; ++k) {
     const size_t begin = k * st->chunk;
     const size_t n = std::min(st->chunk, st->keys.size() - begin);
     tm_->Acquire(
         contract_id, std::span<const Key128>(st->keys.data() + begin, n), static_cast<tiers::Tier>(req.tier),
-        [self, st, k, n, c, progress, slots_out, text, text_len, contract_id,
+        [self, st, k, n, c, async, head, progress, slots_out, text, text_len, contract_id,
          shared_done](Status cs, std::vector<tiers::SlotRef> slots) mutable {
           std::vector<tiers::SlotRef> unpin;
-          bool last = false;
+          bool last = false, grew = false;
           {
             std::lock_guard<std::mutex> l(st->mu);
             if (slots.size() > n) {  // never more than asked
@@ -1000,17 +1019,25 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
               ++st->next;
             }
             st->ready = st->prefix.size();
-            if (st->ready != before) {
+            if (progress && st->ready != before) {
               std::atomic_ref<uint32_t>(progress->ready).store(static_cast<uint32_t>(st->ready),
                                                                std::memory_order_release);
               WakeProgress(progress);  // the client's fd turns readable per ready step
             }
             last = --st->remaining == 0;
+            grew = st->ready != before;
           }
           for (const auto& ref : unpin) (void)self->tm_->Unpin(ref);
-          if (!last) return;
-          std::atomic_ref<uint32_t>(progress->done).store(1, std::memory_order_release);
-          WakeProgress(progress);
+          if (!last) {
+            // A ready step published before the end (tests hold it here, with
+            // KVTIER_TEST_DELAY_POINT, to see the client wake before the acquire finished).
+            if (progress && grew) KVTIER_TEST_POINT("Session::AcquireStep:Ready");
+            return;
+          }
+          if (progress) {
+            std::atomic_ref<uint32_t>(progress->done).store(1, std::memory_order_release);
+            WakeProgress(progress);
+          }
           if (st->prefix.empty()) {
             if (!st->first_error.ok()) SetError(&c, st->first_error, text, text_len);
           } else {
@@ -1026,13 +1053,13 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
             } else {
               c.value = *id;
               c.count = static_cast<uint32_t>(n_slots);
-              c.out_bytes = static_cast<uint32_t>(sizeof(wire::AcquireProgress) + n_slots * sizeof(wire::WireSlot));
+              c.out_bytes = static_cast<uint32_t>(head + n_slots * sizeof(wire::WireSlot));
             }
           }
           (*shared_done)(c);
           std::lock_guard<std::mutex> l(self->mu_);
           --self->inflight_;
-          --self->async_inflight_;
+          if (async) --self->async_inflight_;
         });
   }
 }

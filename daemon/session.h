@@ -94,6 +94,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // Without it (in-process users) every admin action is allowed and ids are not
   // namespaced.
   void SetPeer(const PeerCred& peer, uint32_t tenant, Tenants* tenants);
+  // Judges a registration this client has not made yet (the TierManager's id of the
+  // contract) before it goes through: the daemon counts what the client's uid keeps
+  // registered across its attaches (daemon.max_contracts_per_client). Before Start;
+  // without it only this session's registrations are counted.
+  using AdmitContractFn = std::function<Status(uint64_t internal)>;
+  void SetContractAdmission(AdmitContractFn admit) { admit_contract_ = std::move(admit); }
 
   void Start();  // starts the ring thread
   // Stops the ring thread (after it executed what is already in the ring when `drain`),
@@ -144,6 +150,10 @@ class Session : public std::enable_shared_from_this<Session> {
     uint64_t bytes[2] = {0, 0};
   };
   static constexpr uint32_t kNoStaging = ~uint32_t{0};
+  // Keys one hold of the index lock sets up for an acquire (a TierManager acquire of
+  // them): about 80 ns a key, so a bystander's lookup waits about 20 us at most behind an
+  // acquire of any size (bench/README.md, "bystander"). Acquires of more keys go in steps.
+  static constexpr size_t kAcquireLockChunk = 256;
 
   Session(uint64_t id, std::string name, uint32_t pid, bool has_gpu, tiers::TierManager* tm,
           Metrics* metrics, const SessionLimits& limits, KickFn kick);
@@ -164,6 +174,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleAcquire(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out, Done done);
   void HandleAcquireAsync(const wire::RequestEntry& req, std::span<const uint8_t> in, uint8_t* out,
                           Done done);
+  // The acquire in steps of `chunk` keys, one TierManager acquire each, all started at
+  // once: the index lock is held for one step's keys at a time, so that a bystander's
+  // lookup waits for one step at most (kAcquireLockChunk), not for a whole acquire of
+  // 16,384 keys. Async (HandleAcquireAsync): `out` starts with the AcquireProgress the
+  // client polls; else the slots start at `out` (HandleAcquire, past kAcquireLockChunk
+  // keys). BeginAcquire has counted it.
+  void AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id, std::vector<Key128> keys, size_t chunk,
+                      bool async, uint8_t* out, Done done);
   Status HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c);
   // What an alloc the tier answered Retry gets: Rejected, with the numbers, when this
   // client's own leases keep the tier full; else Retry (pressure that passes).
@@ -254,6 +272,7 @@ class Session : public std::enable_shared_from_this<Session> {
   KickFn kick_;
   ReloadFn reload_;
   RegisteredFn registered_;
+  AdmitContractFn admit_contract_;
   PeerCred peer_;
   uint32_t tenant_ = kDefaultTenant;
   Tenants* tenants_ = nullptr;  // null: every admin action allowed, ids as given (in-process users)

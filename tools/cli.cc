@@ -1,10 +1,13 @@
 #include "tools/cli.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 
 #include "kvtier/version.h"
 
@@ -186,11 +190,97 @@ StatusOr<std::vector<uint8_t>> ReadFile(const std::string& path) {
   return data;
 }
 
-Status CreateTempBeside(const std::string& path, std::string* tmp, int* fd) {
+namespace {
+
+// Temp files a signal removes: fixed slots the handler can read without allocating or
+// locking (state 0 free, 1 being filled or emptied, 2 a path the handler unlinks).
+constexpr int kTempSlots = 32;
+struct TempSlot {
+  std::atomic<int> state{0};
+  char path[4096];
+};
+TempSlot g_temps[kTempSlots];
+
+void RemoveTempsAndDie(int sig) {
+  for (auto& t : g_temps) {
+    if (t.state.load(std::memory_order_acquire) == 2) ::unlink(t.path);
+  }
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+void InstallTempHandlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+      struct sigaction old {};
+      if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) continue;  // someone else's
+      struct sigaction sa {};
+      sa.sa_handler = RemoveTempsAndDie;
+      sigemptyset(&sa.sa_mask);
+      (void)::sigaction(sig, &sa, nullptr);
+    }
+  });
+}
+
+void RememberTemp(const std::string& tmp) {
+  if (tmp.size() >= sizeof(TempSlot::path)) return;
+  for (auto& t : g_temps) {
+    int expect = 0;
+    if (!t.state.compare_exchange_strong(expect, 1)) continue;
+    std::memcpy(t.path, tmp.c_str(), tmp.size() + 1);
+    t.state.store(2, std::memory_order_release);
+    return;
+  }
+}
+
+}  // namespace
+
+mode_t CurrentUmask() {
+  // /proc/self/status says it (Linux 4.7 on) without the umask(2) dance that changes it
+  // for a moment under other threads.
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Umask:", 0) == 0) return static_cast<mode_t>(std::strtoul(line.c_str() + 6, nullptr, 8));
+  }
+  const mode_t u = ::umask(022);
+  ::umask(u);
+  return u;
+}
+
+void ForgetTemp(const std::string& tmp) {
+  for (auto& t : g_temps) {
+    int expect = 2;
+    if (t.state.load(std::memory_order_acquire) != 2 || std::strcmp(t.path, tmp.c_str()) != 0) continue;
+    if (t.state.compare_exchange_strong(expect, 1)) t.state.store(0, std::memory_order_release);
+    return;
+  }
+}
+
+Status CreateTempBeside(const std::string& path, std::string* tmp, int* fd, mode_t mode) {
+  InstallTempHandlers();
   std::string tmpl = path + ".tmp.XXXXXX";
+  // The signals wait while the file is created and remembered: one that comes in between
+  // is taken after, and then removes it.
+  sigset_t block, was;
+  sigemptyset(&block);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&block, sig);
+  ::pthread_sigmask(SIG_BLOCK, &block, &was);
   const int f = ::mkostemp(tmpl.data(), O_CLOEXEC);
-  if (f < 0) return Status::IoError("cannot create " + path + ".tmp.*: " + std::strerror(errno));
-  (void)::fchmod(f, 0644);  // mkostemp makes 0600; the files kvtierctl writes are 0644
+  const int create_errno = errno;
+  if (f >= 0) RememberTemp(tmpl);
+  ::pthread_sigmask(SIG_SETMASK, &was, nullptr);
+  if (f < 0) return Status::IoError("cannot create " + path + ".tmp.*: " + std::strerror(create_errno));
+  // mkostemp makes 0600: the mode open(2) would give, never more than the umask allows.
+  const mode_t want = mode & ~CurrentUmask() & 0777;
+  if (::fchmod(f, want) != 0) {
+    const std::string err = std::strerror(errno);
+    ::close(f);
+    ::unlink(tmpl.c_str());
+    ForgetTemp(tmpl);
+    return Status::IoError("cannot set the mode of " + tmpl + ": " + err);
+  }
   *tmp = std::move(tmpl);
   *fd = f;
   return Status::Ok();
@@ -200,6 +290,10 @@ Status WriteFileAtomic(const std::string& path, const void* data, size_t n) {
   std::string tmp;
   int fd = -1;
   KVTIER_RETURN_IF_ERROR(CreateTempBeside(path, &tmp, &fd));
+  auto drop = [&tmp] {
+    ::unlink(tmp.c_str());
+    ForgetTemp(tmp);
+  };
   const auto* p = static_cast<const uint8_t*>(data);
   size_t done = 0;
   while (done < n) {
@@ -208,19 +302,21 @@ Status WriteFileAtomic(const std::string& path, const void* data, size_t n) {
     if (w <= 0) {
       const std::string err = std::strerror(errno);
       ::close(fd);
-      ::unlink(tmp.c_str());
+      drop();
       return Status::IoError("cannot write " + tmp + ": " + err);
     }
     done += static_cast<size_t>(w);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
+    drop();
     return Status::IoError("cannot flush " + tmp);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return Status::IoError("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+    const std::string err = std::strerror(errno);
+    drop();
+    return Status::IoError("cannot rename " + tmp + " to " + path + ": " + err);
   }
+  ForgetTemp(tmp);
   return Status::Ok();
 }
 

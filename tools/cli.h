@@ -8,6 +8,8 @@
 // output file behind (write to FILE.tmp, then rename).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -83,9 +85,16 @@ StatusOr<std::vector<uint8_t>> ReadFile(const std::string& path);
 Status WriteFileAtomic(const std::string& path, const void* data, size_t n);
 
 // Creates "path.tmp.XXXXXX" beside path with mkostemp (O_EXCL: never an existing file, never
-// through a link someone planted there; the rename then stays in one folder), mode 0644.
-// On success *tmp names it and *fd is open for writing (close-on-exec).
-Status CreateTempBeside(const std::string& path, std::string* tmp, int* fd);
+// through a link someone planted there; the rename then stays in one folder), with mode
+// `mode` less the process's umask (as open(2) would make it: 0666 gives 0644 under the
+// usual umask 022 and 0600 under 077). On success *tmp names it and *fd is open for
+// writing (close-on-exec). Until ForgetTemp(*tmp), a SIGINT, SIGTERM or SIGHUP removes it
+// before the process ends (the handler is installed here where none is set).
+Status CreateTempBeside(const std::string& path, std::string* tmp, int* fd, mode_t mode = 0666);
+// The temp file is renamed into place or removed: a signal no longer removes it.
+void ForgetTemp(const std::string& tmp);
+// The process's umask, read without changing it.
+mode_t CurrentUmask();
 
 // Sizes ("64MiB", "4G", "1.5GiB", "4096") use the one grammar of formats/size.h.
 using ::kvtier::ParseSize;

@@ -24,7 +24,9 @@ StatusOr<std::unique_ptr<ExportWriter>> ExportWriter::Create(const std::string& 
   w->contract_id_ = contract.Id();
   w->level_ = zstd_level;
   int fd = -1;
-  KVTIER_RETURN_IF_ERROR(cli::CreateTempBeside(path, &w->tmp_, &fd));
+  // An export is the prompts of its contract in another form: 0600 (less the umask),
+  // whatever the umask lets others read.
+  KVTIER_RETURN_IF_ERROR(cli::CreateTempBeside(path, &w->tmp_, &fd, 0600));
   w->f_ = ::fdopen(fd, "wb");
   if (!w->f_) {
     const int e = errno;
@@ -38,7 +40,10 @@ StatusOr<std::unique_ptr<ExportWriter>> ExportWriter::Create(const std::string& 
 
 ExportWriter::~ExportWriter() {
   if (f_) std::fclose(f_);
-  if (!finished_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+  if (!finished_ && !tmp_.empty()) {
+    ::unlink(tmp_.c_str());
+    cli::ForgetTemp(tmp_);
+  }
 }
 
 Status ExportWriter::Write(const void* p, size_t n) {
@@ -72,6 +77,7 @@ Status ExportWriter::Finish() {
   if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
     return Status::IoError("cannot rename " + tmp_ + " to " + path_ + ": " + std::strerror(errno));
   }
+  cli::ForgetTemp(tmp_);
   finished_ = true;
   return Status::Ok();
 }

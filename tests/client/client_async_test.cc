@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -23,6 +24,16 @@ namespace kvtier::testing {
 namespace {
 
 std::string LastError() { return kvtier_last_error(); }
+
+// An environment variable for the object's lifetime (a daemon started meanwhile inherits it).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
 
 constexpr size_t kBlocks = 48;
 constexpr size_t kBlockBytes = 576;  // SmallContract(): 2 layers x 288 bytes
@@ -257,8 +268,14 @@ TEST(ClientAsync, SeveralInFlightUpToTheDaemonsLimit) {
 // The eventfd turns readable per ready step, not only at the end: an event loop that
 // polls it, reads it and asks _ready sees leading blocks before the acquire finished
 // (rounds, because a restore may also land in one step; it must show in at least one).
+// The test daemon holds each ready step published before the end for 100 ms
+// (KVTIER_TEST_DELAY_POINT): on a loaded machine the client may otherwise be scheduled
+// only after the whole restore, which says nothing about the wake-ups.
 TEST(ClientAsync, EventfdWakesPerReadyStep) {
-  DaemonProcess d;
+  ScopedEnv delay("KVTIER_TEST_DELAY_POINT", "Session::AcquireStep:Ready=100");
+  DaemonConfig cfg;
+  cfg.binary = "kvtierd-test";
+  DaemonProcess d(cfg);
   ASSERT_TRUE(d.Start()) << d.log();
   Stored st;
   ASSERT_NO_FATAL_FAILURE(StoreOnNvme(d, &st));
@@ -337,10 +354,11 @@ TEST(ClientAsync, FreeAndCloseWhileInFlightAreSafe) {
       << LastError();
   EXPECT_EQ(n, kBlocks);
   EXPECT_EQ(kvtier_release(c, lease2), KVTIER_OK);
-  for (int i = 0; i < 200 && MetricValue(d.Metrics(), "kvtier_leases") != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_EQ(MetricValue(d.Metrics(), "kvtier_leases"), 0) << d.Metrics();
+  // c2's session ends on the daemon's closer thread, after its in-flight acquire finished
+  // and its leases were released: kvtier_clients drops to 1 then (however long a loaded
+  // machine takes), and from then on no lease of c2's may remain.
+  ASSERT_EQ(d.WaitMetric("kvtier_clients", 1, 60000), 1) << d.Metrics();
+  EXPECT_EQ(MetricValue(d.Metrics(), "kvtier_leases"), 0) << d.Metrics() << d.log();
   // The socket transport cannot carry it.
   ASSERT_EQ(kvtier_set_transport(c, KVTIER_TRANSPORT_SOCKET), KVTIER_OK);
   EXPECT_EQ(kvtier_acquire_async(c, st.cid, st.keys.data(), kBlocks, KVTIER_TIER_HOST, 4, &op), KVTIER_UNSUPPORTED);

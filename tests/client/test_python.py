@@ -195,6 +195,64 @@ class PythonClientTest(unittest.TestCase):
             kvtier.Client("/nonexistent/kvtierd.sock")
         self.assertEqual(e.exception.status, "IO_ERROR")
 
+    def test_sizes_are_checked_before_anything_is_allocated(self):
+        """Counts past what a request can carry, or past the C integer they become, are
+        INVALID before the package allocates for them or passes them on wrapped. Run in a
+        child under an address-space limit of its size + 512 MiB: a package that
+        allocated first fails there with MemoryError instead of answering."""
+        import resource
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            out = []
+            try:
+                with kvtier.Client(self.sock, name="py-sizes") as c:
+                    cid = c.register_contract(self.contract("py/sizes"))
+                    with open("/proc/self/status") as f:
+                        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+                    resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), resource.RLIM_INFINITY))
+                    moves = [
+                        ("alloc 2**31", lambda: c.alloc(cid, 2**31)),
+                        ("alloc 2**32+1", lambda: c.alloc(cid, 2**32 + 1)),
+                        ("alloc 0", lambda: c.alloc(cid, 0)),
+                        ("alloc -1", lambda: c.alloc(cid, -1)),
+                        ("alloc wait 2**32", lambda: c.alloc(cid, 1, wait_ms=2**32)),
+                        ("chunk 2**32+16", lambda: c.acquire_async(cid, [kvtier.Key(1, 2)], chunk_blocks=2**32 + 16)),
+                        ("release 2**64+5", lambda: c.release(2**64 + 5)),
+                        ("key_chain block 2**32+16", lambda: kvtier.key_chain(cid, list(range(64)), 2**32 + 16)),
+                    ]
+                    for name, call in moves:
+                        try:
+                            res = call()
+                            if isinstance(res, kvtier.AsyncAcquire):
+                                res.close()
+                            out.append(f"{name}: no error")
+                        except kvtier.KvtierError as e:
+                            out.append(f"{name}: {e.status}")
+                        except BaseException as e:  # noqa: BLE001
+                            out.append(f"{name}: {type(e).__name__}")
+                    c.ping()
+                    out.append("ping: OK")
+            except BaseException as e:  # noqa: BLE001
+                out.append(f"child: {e!r}")
+            os.write(w, "\n".join(out).encode())
+            os._exit(0)
+        os.close(w)
+        got = b""
+        while True:
+            b = os.read(r, 4096)
+            if not b:
+                break
+            got += b
+        os.close(r)
+        os.waitpid(pid, 0)
+        lines = got.decode().split("\n")
+        want = ["alloc 2**31: INVALID", "alloc 2**32+1: INVALID", "alloc 0: INVALID", "alloc -1: INVALID",
+                "alloc wait 2**32: INVALID", "chunk 2**32+16: INVALID", "release 2**64+5: INVALID",
+                "key_chain block 2**32+16: INVALID", "ping: OK"]
+        self.assertEqual(lines, want)
+
     def test_struct_layouts_match_the_library(self):
         import ctypes
         table = kvtier._layout_table(kvtier._load())

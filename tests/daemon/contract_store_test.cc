@@ -151,14 +151,16 @@ TEST_F(ContractStoreTest, ATornTailIsCutAndTheRestKept) {
 
 TEST_F(ContractStoreTest, AnotherVersionIsRefusedByNameAndLeftAsItIs) {
   std::vector<uint8_t> g = golden();
-  g[4] = 3;  // version 3
+  g[4] = static_cast<uint8_t>(kContractFileVersion + 1);  // a version after this build's
   const std::string p = (dir_ / "contracts.kvc").string();
   WriteAll(p, g);
   std::vector<ScaleContract> got;
   auto s = ContractStore::Open(p, &got);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kUnsupported) << s.status().ToString();
-  EXPECT_NE(s.status().message().find("contract file version 3"), std::string::npos) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("contract file version " + std::to_string(kContractFileVersion + 1)),
+            std::string::npos)
+      << s.status().ToString();
   EXPECT_TRUE(got.empty());
   EXPECT_EQ(ReadAll(p), g);
 }
@@ -241,12 +243,103 @@ TEST_F(ContractStoreTest, RemovedContractsAreGoneAfterAReopenAndTheRestStays) {
   }
   s->reset();
   const std::vector<uint8_t> now = ReadAll(p);
-  EXPECT_EQ(now[4], 1) << "without namespace records the file is written as version 1 again";
+  EXPECT_EQ(now[4], 3) << "a file with deletion records is version 3";
   got.clear();
   s = ContractStore::Open(p, &got);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0], (StoredContract{Golden1(), ""}));
+}
+
+// A forget appends a deletion record: the file grows by it and no record before it is
+// rewritten; once the dead records pass kCompactAfterDeadRecords and outnumber the live
+// ones, the file is compacted to the live records.
+TEST_F(ContractStoreTest, ForgetsAppendAndCompactionKeepsTheLiveRecords) {
+  const std::string p = (dir_ / "contracts.kvc").string();
+  std::vector<StoredContract> none;
+  auto s = ContractStore::Open(p, &none);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto model = [](int i) {
+    ScaleContract c = Golden0();
+    c.model_id = "m/" + std::to_string(i);
+    return c;
+  };
+  const int n = static_cast<int>(kCompactAfterDeadRecords);
+  for (int i = 0; i < n; ++i) ASSERT_TRUE((*s)->Add(model(i)).ok());
+  const std::vector<uint8_t> before = ReadAll(p);
+  const uint64_t id0[] = {model(0).Id()};
+  ASSERT_TRUE((*s)->Remove("", id0).ok());
+  const std::vector<uint8_t> after = ReadAll(p);
+  ASSERT_GT(after.size(), before.size());
+  EXPECT_EQ(after[4], 3);
+  EXPECT_EQ(std::memcmp(after.data() + 16, before.data() + 16, before.size() - 16), 0)
+      << "a forget rewrote records before its own";
+  EXPECT_LT(after.size() - before.size(), 64u) << "a forget wrote more than its deletion record";
+  EXPECT_EQ((*s)->compactions(), 0u);
+  // Forget all but the last 100: the dead records outnumber the live ones.
+  for (int i = 1; i < n - 100; ++i) {
+    const uint64_t id[] = {model(i).Id()};
+    ASSERT_TRUE((*s)->Remove("", id).ok());
+  }
+  EXPECT_GE((*s)->compactions(), 1u);
+  EXPECT_EQ((*s)->size(), 100u);
+  s->reset();
+  EXPECT_LT(ReadAll(p).size(), before.size()) << "the file holds every forgotten record still";
+  std::vector<StoredContract> got;
+  ContractParseReport rep;
+  auto r = ContractStore::Open(p, &got, nullptr, &rep);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(got.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(got[i].contract, model(n - 100 + i)) << i;
+  EXPECT_EQ(rep.corrupt_records, 0u);
+}
+
+// One flipped bit in a record in the middle: that record is skipped (counted as
+// corruption), every record after it is kept, and the file is compacted without it (not
+// truncated at it).
+TEST_F(ContractStoreTest, ACorruptRecordInTheMiddleIsSkippedAndTheRecordsAfterItKept) {
+  const std::string p = (dir_ / "contracts.kvc").string();
+  auto model = [](int i) {
+    ScaleContract c = Golden0();
+    c.model_id = "m/" + std::to_string(i);
+    return c;
+  };
+  std::vector<size_t> ends;
+  {
+    std::vector<StoredContract> none;
+    auto s = ContractStore::Open(p, &none);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    for (int i = 0; i < 100; ++i) {
+      ASSERT_TRUE((*s)->Add(model(i)).ok());
+      ends.push_back(std::filesystem::file_size(p));
+    }
+  }
+  for (const size_t flip : {ends[40] + 5 /* record 41's length */, ends[40] + 20 /* its payload */,
+                            ends[40] + 1 /* its magic */}) {
+    std::vector<uint8_t> b = ReadAll(p);
+    std::vector<uint8_t> bad = b;
+    bad[flip] ^= 0x10;
+    const std::string q = (dir_ / "corrupt.kvc").string();
+    WriteAll(q, bad);
+    std::vector<StoredContract> got;
+    ContractParseReport rep;
+    uint64_t dropped = 0;
+    auto s = ContractStore::Open(q, &got, &dropped, &rep);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ(rep.corrupt_records, 1u) << "flip at " << flip;
+    EXPECT_EQ(dropped, 0u) << "the records after the corrupt one were dropped as a torn tail";
+    ASSERT_EQ(got.size(), 99u) << "flip at " << flip;
+    for (int i = 0, j = 0; i < 100; ++i) {
+      if (i == 41) continue;
+      EXPECT_EQ(got[j++].contract, model(i)) << i;
+    }
+    s->reset();
+    got.clear();
+    s = ContractStore::Open(q, &got, &dropped, &rep);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(rep.corrupt_records, 0u) << "the compaction at open left the corruption in the file";
+    EXPECT_EQ(got.size(), 99u);
+  }
 }
 
 TEST_F(ContractStoreTest, ANamespaceRecordInAFileOfVersion1IsATornTail) {

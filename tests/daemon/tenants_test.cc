@@ -280,7 +280,9 @@ std::vector<kvtier_tenant_counters> TenantStats(kvtier_client* c) {
 
 TEST(Tenants, TheSameBlockUnderTwoTenantsIsTwoBlocksAndNeverACrossHit) {
   SKIP_UNLESS_ROOT();
-  DaemonProcess d(Config(TwoTenants()));
+  DaemonConfig cfg = Config(TwoTenants());
+  cfg.daemon_extra = "metrics_tenants = true\n";  // the per-tenant series checked at the end
+  DaemonProcess d(cfg);
   ASSERT_TRUE(d.Start()) << d.log();
   kvtier_contract_desc desc = SmallContract();
   uint64_t cid = 0;

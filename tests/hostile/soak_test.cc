@@ -27,6 +27,8 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -246,8 +248,8 @@ int ArenaWritesThatWorked(Conn& c, uint64_t round, const kvtier_key& cached) {
 // One round of every move, each through its own connection(s). Failures of the moves
 // themselves are expected (refusals); only the daemon's answers to the honest clients
 // are checked.
-void HostileRound(const std::string& socket, uint64_t round, PoisonTally* poison, uint64_t* poison_next,
-                  std::atomic<uint64_t>* arena_writes) {
+void HostileRound(const std::string& socket, int metrics_port, uint64_t round, PoisonTally* poison,
+                  uint64_t* poison_next, std::atomic<uint64_t>* arena_writes) {
   // A reload pushed on the ring, the socket closed at once.
   {
     testing::RawClient r;
@@ -265,10 +267,27 @@ void HostileRound(const std::string& socket, uint64_t round, PoisonTally* poison
       (void)r.Push(e);
     }
   }
-  // An attach header declaring 16 MiB, and idle connections that never attach.
+  // The metrics port: idle connections past its cap, and a request declaring a 1 MiB body.
   {
     std::vector<int> fds;
-    for (int i = 0; i < 8; ++i) fds.push_back(RawConnect(socket));
+    for (int i = 0; i < 24; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(metrics_port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) fds.push_back(fd);
+      else ::close(fd);
+    }
+    const std::string head = "GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n";
+    if (!fds.empty()) (void)::send(fds[0], head.data(), head.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    for (int fd : fds) ::close(fd);
+  }
+  // An attach header declaring 16 MiB, and idle connections that never attach (past
+  // daemon.max_unattached_per_uid).
+  {
+    std::vector<int> fds;
+    for (int i = 0; i < 16; ++i) fds.push_back(RawConnect(socket));
     wire::ControlHeader h;
     h.type = static_cast<uint16_t>(wire::ControlType::kAttach);
     h.length = 16u << 20;
@@ -457,7 +476,7 @@ TEST(HostileSoak, HonestClientsAreServedRightAndOnTime) {
   std::thread hostile([&] {
     uint64_t poison_next = 0;
     while (Clock::now() < end) {
-      HostileRound(d.socket(), rounds.load(), &poison, &poison_next, &arena_writes);
+      HostileRound(d.socket(), d.metrics_port(), rounds.load(), &poison, &poison_next, &arena_writes);
       ++rounds;
       rss_max = std::max(rss_max.load(), RssKib(d.pid()));
     }

@@ -6,6 +6,9 @@
 //          per request, up to 256 KiB a page) in a loop, pausing --pace-us between pages
 //   nops   one thread of a client trickles nops over 32 sessions, one session after the
 //          other, pausing 20 us after each pass over the 32
+//   acquire  a client acquires 16,384 blocks cached in host in one request and releases
+//          them, in a loop, pausing --pace-us between acquires (the daemon sets an acquire
+//          up one step of Session::kAcquireLockChunk keys a hold of the index lock)
 // Phases alternate, idle before each load (idle, list, idle, nops, ... --rounds times),
 // so that whatever else runs on the machine falls on both sides; every phase lasts
 // --seconds. Each load's p99 is compared with the p99 of all idle phases together, and,
@@ -47,6 +50,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kContracts = 30000;
 constexpr int kSessions = 32;
+constexpr size_t kAcquireKeys = 16384;
 
 double Pct(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -103,9 +107,9 @@ std::string LoadAverage() {
 // Shared with the load processes (an anonymous MAP_SHARED page).
 struct Shared {
   std::atomic<int> ready{0};   // load processes set up (attached, contracts registered)
-  std::atomic<int> active{0};  // 1: the list load runs, 2: the nops load runs
+  std::atomic<int> active{0};  // 1: the list load runs, 2: the nops load runs, 3: the acquire load
   std::atomic<int> quit{0};
-  std::atomic<uint64_t> listed{0}, nops{0};
+  std::atomic<uint64_t> listed{0}, nops{0}, acquired{0};
   std::atomic<int> failed{0};
   char error[256] = {};
 };
@@ -186,14 +190,79 @@ int TricklerMain(const std::string& sock, Shared* sh) {
   return 0;
 }
 
+// The acquirer: stores kAcquireKeys blocks in host, then acquires all of them in one
+// request and releases them while active == 3.
+int AcquirerMain(const std::string& sock, Shared* sh, int pace_us) {
+  kvtier_client* c = Connect(sock, "bystander-acquirer");
+  if (c == nullptr) {
+    SetError(sh, std::string("acquirer connect: ") + kvtier_last_error());
+    return 1;
+  }
+  const kvtier_contract_desc desc = Contract("bench/acquired");
+  uint64_t cid = 0;
+  if (kvtier_register_contract(c, &desc, &cid) != KVTIER_OK) {
+    SetError(sh, std::string("acquirer register: ") + kvtier_last_error());
+    return 1;
+  }
+  std::vector<kvtier_key> keys(kAcquireKeys);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = {0x6163717569726500ull + i, 0x9E3779B97F4A7C15ull * (i + 1)};
+  constexpr size_t kBatch = 1024;
+  std::vector<kvtier_slot> slots(kAcquireKeys);
+  std::vector<kvtier_commit_item> items(kBatch);
+  for (size_t at = 0; at < keys.size(); at += kBatch) {
+    uint64_t lease = 0;
+    if (kvtier_alloc(c, cid, kBatch, KVTIER_TIER_HOST, &lease, slots.data()) != KVTIER_OK) {
+      SetError(sh, std::string("acquirer alloc: ") + kvtier_last_error());
+      return 1;
+    }
+    for (size_t i = 0; i < kBatch; ++i) {
+      if (void* p = kvtier_host_slot_write(c, slots[i].slot)) std::memset(p, static_cast<int>(i & 0xff), 576);
+      items[i] = kvtier_commit_item{};
+      items[i].slot = slots[i];
+      items[i].key = keys[at + i];
+    }
+    if (kvtier_commit(c, cid, lease, items.data(), kBatch, nullptr) != KVTIER_OK || kvtier_release(c, lease) != KVTIER_OK) {
+      SetError(sh, std::string("acquirer commit: ") + kvtier_last_error());
+      return 1;
+    }
+  }
+  sh->ready.fetch_add(1);
+  while (!sh->quit.load()) {
+    if (sh->active.load() != 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    uint64_t lease = 0;
+    size_t n = 0;
+    if (kvtier_acquire(c, cid, keys.data(), keys.size(), KVTIER_TIER_HOST, &lease, slots.data(), &n) != KVTIER_OK ||
+        kvtier_release(c, lease) != KVTIER_OK) {
+      SetError(sh, std::string("acquire: ") + kvtier_last_error());
+      return 1;
+    }
+    if (n != keys.size()) {
+      SetError(sh, "acquire: " + std::to_string(n) + " of " + std::to_string(keys.size()) + " blocks");
+      return 1;
+    }
+    sh->acquired.fetch_add(n);
+    if (pace_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pace_us));
+  }
+  kvtier_close(c);
+  return 0;
+}
+
 struct Phase {
-  int load = 0;  // 0 idle, 1 list, 2 nops
+  int load = 0;  // 0 idle, 1 list, 2 nops, 3 acquire
   std::vector<double> us;
   double daemon_cpu = 0;  // cores
   uint64_t work = 0;      // contracts listed / nops answered
 };
 
-const char* LoadName(int load) { return load == 0 ? "idle" : load == 1 ? "list 30,000 contracts" : "nops over 32 sessions"; }
+const char* LoadName(int load) {
+  return load == 0 ? "idle" : load == 1 ? "list 30,000 contracts" : load == 2 ? "nops over 32 sessions" : "acquire 16,384 keys";
+}
+uint64_t Work(const Shared* sh, int load) {
+  return load == 1 ? sh->listed.load() : load == 2 ? sh->nops.load() : load == 3 ? sh->acquired.load() : 0;
+}
 
 int Run(const std::vector<std::string>& argv) {
   auto args = cli::Args::Parse(argv, {"no-append", "no-pin"});
@@ -217,9 +286,11 @@ int Run(const std::vector<std::string>& argv) {
   const std::string la_start = LoadAverage();
   bench::DaemonProc d;
   if (Status s = bench::StartDaemon(&d,
-                                    "[tiers]\nslot_bytes = \"4KiB\"\n[tiers.host]\ncapacity = \"16MiB\"\n"
-                                    "[tiers.nvme]\ncapacity = \"0\"\ndir = \"{dir}/nvme\"",
-                                    "max_contracts_per_client = 40000\nmax_clients_per_pid = 64\n", pin ? 1 : -1, 10.0);
+                                    "[tiers]\nslot_bytes = \"4KiB\"\n[tiers.host]\ncapacity = \"80MiB\"\n"
+                                    "high_watermark = 1.0\n[tiers.nvme]\ncapacity = \"0\"\ndir = \"{dir}/nvme\"",
+                                    "max_contracts_per_client = 40000\nmax_clients_per_pid = 64\n"
+                                    "max_tier_share_per_client = 1.0\n",
+                                    pin ? 1 : -1, 10.0);
       !s.ok()) {
     return cli::Fail(s.ToString());
   }
@@ -227,10 +298,14 @@ int Run(const std::vector<std::string>& argv) {
   if (mem == MAP_FAILED) return cli::Fail("mmap failed");
   Shared* sh = new (mem) Shared();
   std::vector<pid_t> kids;
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < 3; ++k) {
     const pid_t pid = ::fork();
     if (pid < 0) return cli::Fail("fork failed");
-    if (pid == 0) ::_exit(k == 0 ? ListerMain(d.socket, sh, static_cast<int>(*pace)) : TricklerMain(d.socket, sh));
+    if (pid == 0) {
+      ::_exit(k == 0   ? ListerMain(d.socket, sh, static_cast<int>(*pace))
+              : k == 1 ? TricklerMain(d.socket, sh)
+                       : AcquirerMain(d.socket, sh, static_cast<int>(*pace)));
+    }
     kids.push_back(pid);
   }
   auto stop_kids = [&] {
@@ -242,10 +317,10 @@ int Run(const std::vector<std::string>& argv) {
     kids.clear();
   };
   const auto setup_end = Clock::now() + std::chrono::seconds(120);
-  while (sh->ready.load() < 2 && !sh->failed.load() && Clock::now() < setup_end) {
+  while (sh->ready.load() < 3 && !sh->failed.load() && Clock::now() < setup_end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (sh->ready.load() < 2) {
+  if (sh->ready.load() < 3) {
     const std::string why = sh->failed.load() ? std::string(sh->error) : "load processes not ready after 120 s";
     stop_kids();
     return cli::Fail(why);
@@ -285,7 +360,7 @@ int Run(const std::vector<std::string>& argv) {
   // Lookups back to back for `secs`; the first 50 ms are not kept (the load settles).
   auto measure = [&](int load, Phase* ph) -> Status {
     ph->load = load;
-    const uint64_t w0 = load == 1 ? sh->listed.load() : sh->nops.load();
+    const uint64_t w0 = Work(sh, load);
     sh->active.store(load);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const long cpu0 = CpuTicks(d.pid);
@@ -301,14 +376,14 @@ int Run(const std::vector<std::string>& argv) {
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     ph->daemon_cpu = static_cast<double>(CpuTicks(d.pid) - cpu0) / static_cast<double>(::sysconf(_SC_CLK_TCK)) / secs;
     sh->active.store(0);
-    ph->work = (load == 1 ? sh->listed.load() : sh->nops.load()) - w0;
+    ph->work = Work(sh, load) - w0;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the load's last request ends
     if (sh->failed.load()) return Status::IoError(sh->error);
     return Status::Ok();
   };
   std::vector<Phase> phases;
   for (int r = 0; r < *rounds; ++r) {
-    for (int load : {1, 2}) {
+    for (int load : {1, 2, 3}) {
       for (int which : {0, load}) {
         phases.emplace_back();
         if (Status s = measure(which, &phases.back()); !s.ok()) {
@@ -339,14 +414,15 @@ int Run(const std::vector<std::string>& argv) {
     std::string ratio = "-", work = "-";
     if (p.load != 0) {
       ratio = Fmt("%.2fx (%.2fx of the idle phase before)", p99 / idle_p99, p99 / Pct(phases[i - 1].us, 0.99));
-      work = p.load == 1 ? Fmt("%.0f contracts/s", static_cast<double>(p.work) / *seconds)
-                         : Fmt("%.0f nops/s", static_cast<double>(p.work) / *seconds);
+      work = p.load == 1   ? Fmt("%.0f contracts/s", static_cast<double>(p.work) / *seconds)
+             : p.load == 2 ? Fmt("%.0f nops/s", static_cast<double>(p.work) / *seconds)
+                           : Fmt("%.0f blocks acquired/s", static_cast<double>(p.work) / *seconds);
     }
-    rep.AddRow({Fmt("round %zu: %s", i / 4 + 1, LoadName(p.load)), std::to_string(p.us.size()), Fmt("%.2f", Pct(p.us, 0.5)),
+    rep.AddRow({Fmt("round %zu: %s", i / 6 + 1, LoadName(p.load)), std::to_string(p.us.size()), Fmt("%.2f", Pct(p.us, 0.5)),
                 Fmt("%.2f", p99), Fmt("%.0f", p.us.empty() ? 0 : *std::max_element(p.us.begin(), p.us.end())), ratio,
                 Fmt("%.0f%%", p.daemon_cpu * 100), work});
   }
-  for (int load : {1, 2}) {
+  for (int load : {1, 2, 3}) {
     std::vector<double> all;
     for (const Phase& p : phases) {
       if (p.load == load) all.insert(all.end(), p.us.begin(), p.us.end());
@@ -356,7 +432,10 @@ int Run(const std::vector<std::string>& argv) {
                 Fmt("%.2f", p99), "-", Fmt("%.2fx", p99 / idle_p99), "-", "-"});
     rep.AddNote(Fmt("target: bystander lookup p99 within 2x of idle while a client %s: %.2f us against %.2f us "
                     "idle, %.2fx -> %s",
-                    load == 1 ? "lists 30,000 contracts in a loop" : "trickles nops over 32 sessions", p99, idle_p99,
+                    load == 1   ? "lists 30,000 contracts in a loop"
+                    : load == 2 ? "trickles nops over 32 sessions"
+                                : "acquires 16,384 keys in a loop",
+                    p99, idle_p99,
                     p99 / idle_p99, p99 <= 2 * idle_p99 ? "met" : "MISSED"));
   }
   rep.AddRow({"all rounds: idle", std::to_string(idle_all.size()), Fmt("%.2f", Pct(idle_all, 0.5)),
@@ -367,7 +446,7 @@ int Run(const std::vector<std::string>& argv) {
               "2-core machine every other runnable thread (the load's, another process's) takes CPU from one "
               "of them: rerun on a quiet machine before reading the ratios.");
   rep.AddNote(Fmt("phases of %g s, idle before each load, %d rounds; lookups back to back from one thread; %s; "
-                  "the lister pauses %d us between pages; host tier only, NVMe off",
+                  "the lister pauses %d us between pages and the acquirer between acquires; host tier only, NVMe off",
                   *seconds, static_cast<int>(*rounds),
                   pin ? "kvtierd pinned to CPU 1, the bystander to CPU 0, the load processes unpinned"
                       : "nothing pinned (--no-pin; a p50 near 1 us: the bystander and its ring thread ran on two cores; "
@@ -379,13 +458,14 @@ int Run(const std::vector<std::string>& argv) {
 }
 
 cli::CommandRegistrar reg("bystander",
-                          "a bystander's lookup p99 while another client lists contracts or trickles nops, "
-                          "against idle",
+                          "a bystander's lookup p99 while another client lists contracts, trickles nops or "
+                          "acquires 16,384 keys, against idle",
                           Run,
                           "[--seconds S] [--rounds N] [--pace-us US] [--no-pin] [--results FILE | --no-append]\n"
                           "  --seconds S      length of each phase (default 2)\n"
-                          "  --rounds N       rounds of idle, list, idle, nops, 1-100 (default 3)\n"
-                          "  --pace-us US     the lister's pause between pages (default 2000)\n"
+                          "  --rounds N       rounds of idle, list, idle, nops, idle, acquire, 1-100 (default 3)\n"
+                          "  --pace-us US     the lister's pause between pages, the acquirer's between acquires "
+                          "(default 2000)\n"
                           "  --no-pin         do not pin kvtierd and the bystander to CPUs 1 and 0\n" +
                               std::string(kvtier::bench::kResultsUsage));
 

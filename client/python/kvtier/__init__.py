@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections.abc
 import ctypes
+import numbers
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -473,7 +474,7 @@ class AsyncAcquire:
         return [Slot(arr[i].tier, arr[i].slot) for i in range(ready.value)]
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        ms = -1 if timeout is None else min(max(0, int(timeout * 1000)), 2**31 - 1)
         code = self._lib.kvtier_acquire_async_wait(self._h(), ms)
         if code == 3:  # RETRY: still in flight
             return False
@@ -646,6 +647,8 @@ def contract_id(contract: Contract) -> int:
 def key_chain(contract_id: int, tokens: Sequence[int], block_tokens: int) -> List[Key]:
     """Keys of every full block of `tokens` (the same code the daemon and C++ use)."""
     lib = _load()
+    contract_id = _count("contract_id", contract_id, 0, 2**64 - 1)
+    block_tokens = _count("block_tokens", block_tokens, 1, 2**32 - 1)
     n_tok = len(tokens)
     _check_token_range(tokens)
     arr = (ctypes.c_uint32 * n_tok)(*tokens)
@@ -670,6 +673,22 @@ def nvfp4_decode(data_addr: int, scales_addr: int, n: int, kv_scale: float, out_
     (e2m1(code) * e4m3(scale) * kv_scale). Raises KvtierError: INVALID on bad arguments,
     CORRUPT on a NaN scale byte; then nothing was written."""
     _check(_load().kvtier_nvfp4_decode(data_addr, scales_addr, n, kv_scale, out_addr))
+
+
+# The most keys or slots one request may name: the largest daemon.max_keys_per_request
+# (config/config.h); a daemon's own limit may be lower, and its library answers INVALID.
+MAX_REQUEST_KEYS = 1 << 20
+
+
+def _count(name: str, v, lo: int, hi: int) -> int:
+    """An integer argument checked before anything is allocated for it or it reaches a
+    C integer (which would wrap it silently): INVALID unless lo <= v <= hi."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise KvtierError(6, f"{name} must be an integer, not {type(v).__name__}")
+    v = int(v)
+    if not lo <= v <= hi:
+        raise KvtierError(6, f"{name} = {v} is not in [{lo}, {hi}]")
+    return v
 
 
 def _check_token_range(tokens):
@@ -714,6 +733,8 @@ def key_chain_array(contract_id: int, tokens, block_tokens: int) -> KeyArray:
     """key_chain for long prompts: `tokens` may be a numpy array (any integer dtype,
     converted to uint32) or a sequence; returns a KeyArray."""
     lib = _load()
+    contract_id = _count("contract_id", contract_id, 0, 2**64 - 1)
+    block_tokens = _count("block_tokens", block_tokens, 1, 2**32 - 1)
     try:
         import numpy as np
     except ImportError:
@@ -1006,6 +1027,8 @@ class Client:
     def acquire_async(self, contract_id: int, keys: Sequence[Key], tier="host", chunk_blocks: int = 0) -> "AsyncAcquire":
         """acquire() without blocking: returns an AsyncAcquire at once. The daemon makes the
         leading blocks ready in steps of chunk_blocks (0: 16); one per client at a time."""
+        contract_id = _count("contract_id", contract_id, 0, 2**64 - 1)
+        chunk_blocks = _count("chunk_blocks", chunk_blocks, 0, 2**32 - 1)
         arr = _keys_array(keys)
         op = ctypes.c_void_p()
         _check(self._lib.kvtier_acquire_async(self._handle(), contract_id, arr, len(keys), _tier(tier),
@@ -1015,7 +1038,10 @@ class Client:
     def alloc(self, contract_id: int, n: int, tier="host", wait_ms: int = 0) -> Lease:
         """n free slots under a new lease. wait_ms > 0 waits out RETRY (a tier full for
         now) up to that long; REJECTED (this client's own leases fill the tier) at once."""
-        slots = (_Slot * max(n, 1))()
+        contract_id = _count("contract_id", contract_id, 0, 2**64 - 1)
+        n = _count("n", n, 1, MAX_REQUEST_KEYS)
+        wait_ms = _count("wait_ms", wait_ms, 0, 2**32 - 1)
+        slots = (_Slot * n)()
         lease = ctypes.c_uint64()
         if wait_ms:
             _check(self._lib.kvtier_alloc_wait(self._handle(), contract_id, n, _tier(tier), wait_ms,
@@ -1124,7 +1150,8 @@ class Client:
         return cached.value, _lease_from_array(lease.value, slots, cached.value // bt)
 
     def release(self, lease):
-        _check(self._lib.kvtier_release(self._handle(), lease.id if isinstance(lease, Lease) else int(lease)))
+        lease_id = lease.id if isinstance(lease, Lease) else _count("lease", lease, 0, 2**64 - 1)
+        _check(self._lib.kvtier_release(self._handle(), lease_id))
 
     def prefetch(self, contract_id: int, keys: Sequence[Key], tier="host"):
         arr = _keys_array(keys)
