@@ -253,6 +253,86 @@ TEST(Simulator, ReuseStaysNearLruWhereLruWinsAndGainsWhereItCan) {
   EXPECT_GT(rate(tiers::PolicyKind::kReuse, 1), lru1 + 0.05);
 }
 
+// The default policy's bound (docs/replay.md): reuse is never more than 0.5 points of
+// prefix hit rate below lru, on every workload family the generators make, at budgets
+// from a tenth of the working set to more than all of it: the agentic generator, tool
+// loops, and the adversarial ones sized from the cache (a scan past it, a loop of 1.1x
+// it, a shifting working set, one-hit floods). Small enough to run in seconds; the
+// budgets up to 1 TiB and the Mooncake trace are bench/README.md's tables.
+TEST(Simulator, ReuseIsNeverHalfAPointBelowLru) {
+  SimOptions o;
+  o.geometry = {2, 2, 64, 16};
+  const uint64_t slot = SlotBytes(KvFormat::kNvfp4, o.geometry);
+  auto rate = [&](const std::vector<Request>& reqs, tiers::PolicyKind p, uint64_t blocks) {
+    o.tiers = {{"hbm", blocks * slot, p}};
+    return Simulate(reqs, o).hit_rate();
+  };
+  auto check = [&](const std::string& name, const std::vector<Request>& reqs, std::vector<uint64_t> budgets) {
+    for (uint64_t blocks : budgets) {
+      const double lru = rate(reqs, tiers::PolicyKind::kLru, blocks);
+      const double reuse = rate(reqs, tiers::PolicyKind::kReuse, blocks);
+      EXPECT_GE(reuse, lru - 0.005) << name << " at " << blocks << " blocks: reuse " << reuse << ", lru " << lru;
+    }
+  };
+  GeneratorOptions g;
+  g.requests = 600;
+  g.sessions = 60;
+  g.system_tokens = 256;
+  g.first_turn_tokens = 128;
+  g.turn_tokens = 64;
+  check("agentic", GenerateAgentic(g), {64, 256, 1024, 4096});
+  ToolLoopOptions t;
+  t.requests = 600;
+  t.tool_prompt_tokens = 512;
+  t.task_tokens = 64;
+  t.tool_output_tokens = 64;
+  check("tool-loop", GenerateToolLoops(t), {64, 256, 1024, 4096});
+  for (uint64_t cache : {256u, 1024u}) {
+    for (auto kind : {AdversarialKind::kScan, AdversarialKind::kLoop, AdversarialKind::kShift, AdversarialKind::kFlood}) {
+      AdversarialOptions a;
+      a.kind = kind;
+      a.prompt_tokens = 64;  // 4 blocks a prompt
+      a.working_set = static_cast<uint32_t>(cache * 11 / 10 / 4);
+      ASSERT_TRUE(a.Validate().ok());
+      check("adversarial " + std::to_string(static_cast<int>(kind)) + " sized for " + std::to_string(cache),
+            GenerateAdversarial(a), {cache / 4, cache / 2, cache, 2 * cache});
+    }
+  }
+}
+
+// The adversarial generators: deterministic, every prompt its own chain, the loop's
+// order, the scan's one-time prompts, and bad options refused.
+TEST(Generator, AdversarialWorkloads) {
+  AdversarialOptions a;
+  a.working_set = 10;
+  a.prompt_tokens = 32;
+  a.kind = AdversarialKind::kLoop;
+  const auto loop = GenerateAdversarial(a);
+  ASSERT_EQ(loop.size(), 40u);
+  EXPECT_EQ(loop[0].tokens, loop[10].tokens);
+  EXPECT_NE(loop[0].tokens, loop[1].tokens);
+  EXPECT_EQ(loop[3].tokens.size(), 32u);
+  a.kind = AdversarialKind::kScan;
+  const auto scan = GenerateAdversarial(a);
+  std::map<std::vector<uint32_t>, int> seen;
+  for (size_t i = 1; i < scan.size(); i += 2) ++seen[scan[i].tokens];
+  EXPECT_EQ(seen.size(), scan.size() / 2) << "a scan prompt came back";
+  EXPECT_EQ(GenerateAdversarial(a)[4].tokens, scan[4].tokens) << "not deterministic";
+  for (auto kind : {AdversarialKind::kShift, AdversarialKind::kFlood}) {
+    a.kind = kind;
+    EXPECT_EQ(GenerateAdversarial(a).size(), 40u);
+  }
+  AdversarialKind k;
+  EXPECT_TRUE(ParseAdversarialKind("flood", &k));
+  EXPECT_EQ(k, AdversarialKind::kFlood);
+  EXPECT_FALSE(ParseAdversarialKind("loops", &k));
+  a.working_set = 1;
+  EXPECT_FALSE(a.Validate().ok());
+  a.working_set = 1'000'000;
+  a.prompt_tokens = 4096;
+  EXPECT_FALSE(a.Validate().ok()) << "2^31 tokens";
+}
+
 // The partial-knowledge oracles on a trace made for them (one block per request,
 // two blocks of cache): A, four one-time blocks, A again. LRU loses A to the one-time
 // blocks; the reuse-bit oracle knows they are dead and keeps A; a horizon of 1 x C (2
