@@ -601,6 +601,11 @@ int Policies(const cli::Args& a, const std::string& cmdline) {
   std::vector<std::string> cols = {"format", "budget", "blocks"};
   for (auto k : kinds) cols.push_back(std::string(tiers::PolicyName(k)) + (k == tiers::PolicyKind::kLru ? " (baseline)" : ""));
   cols.insert(cols.end(), {"best", "best - lru (points)"});
+  // The default policy's distance to lru: the bound it holds (docs/replay.md).
+  const auto reuse_at = std::find(kinds.begin(), kinds.end(), tiers::PolicyKind::kReuse);
+  const bool has_reuse = reuse_at != kinds.end();
+  const size_t reuse_pi = static_cast<size_t>(reuse_at - kinds.begin());
+  if (has_reuse) cols.push_back("reuse - lru (points)");
   for (double k : partial) cols.push_back(partial_name(k));
   cols.insert(cols.end(), {"oracle", "infinite bound"});
   rep.SetColumns(cols);
@@ -651,6 +656,10 @@ int Policies(const cli::Args& a, const std::string& cmdline) {
         j[tiers::PolicyName(kinds[pi])] = hr[pi];
       }
       row.insert(row.end(), {tiers::PolicyName(kinds[best]), bench::Fmt("%+.2f", 100.0 * (hr[best] - hr[0]))});
+      if (has_reuse) {
+        row.push_back(bench::Fmt("%+.2f", 100.0 * (hr[reuse_pi] - hr[0])));
+        j["reuse_minus_lru_points"] = 100.0 * (hr[reuse_pi] - hr[0]);
+      }
       for (size_t i = 0; i < partial.size(); ++i) {
         row.push_back(bench::Fmt("%.4f", hr[kinds.size() + i]));
         j[partial_name(partial[i])] = hr[kinds.size() + i];
