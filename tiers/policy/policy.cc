@@ -424,12 +424,15 @@ class ArcPolicy final : public EvictionPolicy {
 // ghosts)), one that left protected says the opposite (it rises by the inverse ratio),
 // within [0, capacity].
 //
-// With reuse_lru_guard, protection must pay against recency, measured: a shadow LRU of
-// the tier's capacity in keys (no bytes) sees every Insert and Touch and counts the prefix
-// hits plain LRU would have had (a key counts when it is in the shadow and its parent was
-// the previous shadow hit, or it starts a chain), beside the hits this policy has (its
-// Touches). Every guard window (max(256, capacity / 2) accesses) compares the two: behind
-// LRU, the recency weight w rises by a quarter; ahead, it falls by one eighth. Victim()
+// With reuse_lru_guard, protection must pay against recency, measured by two shadow
+// caches of the tier's capacity in keys (no bytes) that see every Insert and Touch: plain
+// LRU, and a twin of this policy without the guard (a cache of its own: it evicts its own
+// victims). Each counts its prefix hits (a key counts when it is in the shadow and its
+// parent was that shadow's previous hit, or it starts a chain). Every guard window
+// (max(256, capacity / 2) accesses) compares the two: LRU ahead raises the recency weight
+// w by a half, the twin ahead lowers it by a quarter. The shadows do not depend on w, so
+// the comparison is a duel of the two rules on the same requests (set dueling, as CPU
+// caches choose between insertion policies), not of this cache against one. Victim()
 // then decides a share w of its choices between the two segments' candidates by recency
 // alone (the older one goes, as in LRU, still leaves first), the rest by the protected
 // target; the choices are spread evenly (an error accumulator, no randomness). So where
@@ -445,7 +448,13 @@ class ReusePolicy final : public EvictionPolicy {
         adapt_(o.reuse_adapt),
         guard_(o.reuse_lru_guard),
         period_(std::max<uint64_t>(1024, cap_ / 2)),
-        target_(static_cast<double>(cap_) * o.reuse_protected_fraction) {}
+        target_(static_cast<double>(cap_) * o.reuse_protected_fraction) {
+    if (guard_) {
+      PolicyOptions t = o;
+      t.reuse_lru_guard = false;
+      twin_ = std::make_unique<ReusePolicy>(capacity, t);
+    }
+  }
   const char* name() const override { return PolicyName(PolicyKind::kReuse); }
   // The protected target keeps its share of the tier (and what adaptation made of it).
   void SetCapacity(uint64_t c) override {
@@ -456,6 +465,7 @@ class ReusePolicy final : public EvictionPolicy {
     period_ = std::max<uint64_t>(1024, c / 2);
     TrimGhost();
     TrimShadow();
+    if (twin_) twin_->SetCapacity(c);
   }
   void Insert(const BlockId& b, const BlockId& parent) override {
     if (map_.count(b)) return Touch(b);
@@ -491,10 +501,7 @@ class ReusePolicy final : public EvictionPolicy {
     auto it = map_.find(b);
     if (it == map_.end()) return;
     Entry& e = it->second;
-    if (guard_) {
-      ++real_hits_;
-      Shadow(b, nullptr);
-    }
+    if (guard_) Shadow(b, &e.parent);
     if (density_on_) Count(hits_[e.seg], e.tick, clock_);
     TickList& from = Set(e.seg, e.inner);
     --seg_size_[e.seg];
@@ -587,8 +594,8 @@ class ReusePolicy final : public EvictionPolicy {
       ghost_.pop_front();
     }
   }
-  // The shadow LRU sees an access of b (parent: from an Insert; a Touch takes the one the
-  // shadow remembers) and counts LRU's prefix hit; every window, w follows the comparison.
+  // The shadows see an access of b (its parent: the one it was inserted with) and count
+  // their prefix hits; every window, w follows the comparison.
   void Shadow(const BlockId& b, const BlockId* parent) {
     auto it = shadow_map_.find(b);
     const bool in = it != shadow_map_.end();
@@ -605,10 +612,27 @@ class ReusePolicy final : public EvictionPolicy {
       shadow_map_[b] = shadow_.begin();
       TrimShadow();
     }
+    // The twin: the same access on reuse without the guard, a cache of its own.
+    auto tw = twin_->map_.find(b);
+    const bool tin = tw != twin_->map_.end();
+    const BlockId tp = parent ? *parent : (tin ? tw->second.parent : BlockId{});
+    const bool troot = tp.key == Key128{};
+    const bool thit = tin && (troot || (twin_valid_ && tp == twin_last_));
+    if (thit) ++twin_hits_;
+    twin_valid_ = thit;
+    if (thit) twin_last_ = b;
+    if (tin) {
+      twin_->Touch(b);
+    } else {
+      if (twin_->size() >= cap_) {
+        if (auto v = twin_->Victim([](const BlockId&) { return true; })) twin_->Remove(*v);
+      }
+      twin_->Insert(b, tp);
+    }
     if (++window_n_ >= std::max<uint64_t>(256, cap_ / 2)) {
-      if (lru_hits_ > real_hits_) w_ = std::min(1.0, w_ + 0.25);
-      else if (real_hits_ > lru_hits_) w_ = std::max(0.0, w_ - 0.125);
-      window_n_ = lru_hits_ = real_hits_ = 0;
+      if (lru_hits_ > twin_hits_) w_ = std::min(1.0, w_ + 0.5);
+      else if (twin_hits_ > lru_hits_) w_ = std::max(0.0, w_ - 0.25);
+      window_n_ = lru_hits_ = twin_hits_ = 0;
     }
   }
   void TrimShadow() {
@@ -677,7 +701,12 @@ class ReusePolicy final : public EvictionPolicy {
   absl::flat_hash_map<BlockId, std::list<ShadowEntry>::iterator, BlockIdHash> shadow_map_;
   BlockId last_hit_;
   bool last_valid_ = false;
-  uint64_t window_n_ = 0, lru_hits_ = 0, real_hits_ = 0;
+  // The twin: reuse without the guard, fed the same accesses, a cache of capacity keys of
+  // its own; its prefix hits are what protection would have had.
+  std::unique_ptr<ReusePolicy> twin_;
+  BlockId twin_last_;
+  bool twin_valid_ = false;
+  uint64_t window_n_ = 0, lru_hits_ = 0, twin_hits_ = 0;
   double w_ = 0.0, mix_ = 0.0;
 };
 
