@@ -430,7 +430,8 @@ class ArcPolicy final : public EvictionPolicy {
 // victims). Each counts its prefix hits (a key counts when it is in the shadow and its
 // parent was that shadow's previous hit, or it starts a chain). Every guard window
 // (max(256, capacity / 2) accesses) compares the two: LRU ahead raises the recency weight
-// w by a half, the twin ahead lowers it by a quarter. The shadows do not depend on w, so
+// w by a half, the twin ahead by more than noise (2 sqrt(hits)) lowers it by an eighth.
+// The shadows do not depend on w, so
 // the comparison is a duel of the two rules on the same requests (set dueling, as CPU
 // caches choose between insertion policies), not of this cache against one. Victim()
 // then decides a share w of its choices between the two segments' candidates by recency
@@ -630,8 +631,12 @@ class ReusePolicy final : public EvictionPolicy {
       twin_->Insert(b, tp);
     }
     if (++window_n_ >= std::max<uint64_t>(256, cap_ / 2)) {
+      // LRU ahead at all: toward recency at once. The twin ahead by more than noise (two
+      // standard deviations of the difference of two counts): back toward protection,
+      // slowly, so that one window after a shift of the working set does not undo it.
+      const double noise = 2.0 * std::sqrt(static_cast<double>(lru_hits_ + twin_hits_) + 1.0);
       if (lru_hits_ > twin_hits_) w_ = std::min(1.0, w_ + 0.5);
-      else if (twin_hits_ > lru_hits_) w_ = std::max(0.0, w_ - 0.25);
+      else if (static_cast<double>(twin_hits_ - lru_hits_) > noise) w_ = std::max(0.0, w_ - 0.125);
       window_n_ = lru_hits_ = twin_hits_ = 0;
     }
   }

@@ -36,8 +36,10 @@ run() {  # name, then bench policies options
 }
 
 for t in "${TRACES[@]}"; do run "trace:$(basename "$t")" --trace "$t" --block-tokens 512 --sweep "$SWEEP"; done
-run agentic --sweep "$SWEEP"
-run tool-loop --workload tool-loop --sweep "$SWEEP"
+if [ -z "${SKIP_GENERATED:-}" ]; then  # SKIP_GENERATED=1: the traces and adversarial ones only
+  run agentic --sweep "$SWEEP"
+  run tool-loop --workload tool-loop --sweep "$SWEEP"
+fi
 # Adversarial: each sized from the cache of the budget it runs at (NVFP4's blocks; FP8's
 # cache is 0.56x that, so the same workload is 2x its cache there).
 blocks_per_gib=$("$CTL" bench policies --policies lru --formats nvfp4 --block-tokens 512 --workload loop \
