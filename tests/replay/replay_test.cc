@@ -237,7 +237,7 @@ TEST(Simulator, OracleIsAboveEveryPolicyAndBelowTheBound) {
   }
 }
 
-// The default policy against lru where lru is hard to beat: tool-agent loops at 8 GiB
+// reuse against lru where lru is hard to beat: tool-agent loops at 8 GiB
 // (nearly everything fits; a fixed protected share there keeps dead tool-output turns
 // and loses 1.4 points), and where it gains (1 GiB). The protected target's adaptation
 // (reuse_adapt) is what keeps it within 0.5 points at 8 GiB.
