@@ -55,6 +55,8 @@ const kvtier_abi_field kLayout[] = {
     KVT_FIELD(kvtier_commit_result, same_bytes),
     KVT_FIELD(kvtier_commit_result, different_bytes),
     KVT_FIELD(kvtier_commit_result, unchecked),
+    KVT_FIELD(kvtier_commit_result, replaced),
+    KVT_FIELD(kvtier_commit_result, disputed),
     KVT_RECORD(kvtier_tier_stats),
     KVT_FIELD(kvtier_tier_stats, tier),
     KVT_FIELD(kvtier_tier_stats, present),

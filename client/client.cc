@@ -151,6 +151,7 @@ const char* kvtier_status_name(kvtier_status s) {
     case KVTIER_UNSUPPORTED: return "UNSUPPORTED";
     case KVTIER_DISCONNECTED: return "DISCONNECTED";
     case KVTIER_TIMEOUT: return "TIMEOUT";
+    case KVTIER_CONFLICT: return "CONFLICT";
   }
   return "UNKNOWN";
 }
@@ -486,6 +487,7 @@ kvtier_status kvtier_store_tokens(kvtier_client* c, uint64_t contract_id, const 
   // The uncached tail, in leases of at most max_keys_per_request blocks each.
   const size_t chunk = c->reply.max_keys_per_request ? c->reply.max_keys_per_request : 65536;
   size_t done = r.hit_blocks;
+  std::string conflict;  // the last KVTIER_CONFLICT's line
   while (done < nkeys) {
     const size_t m = std::min(chunk, nkeys - done);
     uint64_t lease = 0;
@@ -508,9 +510,11 @@ kvtier_status kvtier_store_tokens(kvtier_client* c, uint64_t contract_id, const 
     const std::string err = s == KVTIER_OK ? "" : kvtier_last_error();
     (void)kvtier_release(c, lease);  // committed blocks stay cached, unpinned
     if (stored_blocks) *stored_blocks += committed;
-    if (s != KVTIER_OK) return Fail(s, err);
+    if (s == KVTIER_CONFLICT) conflict = err;  // the rest is stored all the same
+    else if (s != KVTIER_OK) return Fail(s, err);
     done += m;
   }
+  if (!conflict.empty()) return Fail(KVTIER_CONFLICT, conflict);
   return Ok();
   KVTIER_GUARD_END
 }
@@ -649,10 +653,26 @@ kvtier_status kvtier_alloc_wait(kvtier_client* c, uint64_t contract_id, size_t n
 
 kvtier_status kvtier_commit(kvtier_client* c, uint64_t contract_id, uint64_t lease,
                             const kvtier_commit_item* items, size_t n, size_t* n_committed) {
+  KVTIER_GUARD_BEGIN
   kvtier_commit_result r{};
   const kvtier_status s = kvtier_commit_report(c, contract_id, lease, items, n, &r);
-  if (n_committed) *n_committed = r.committed;
-  return s;
+  const size_t kept_other = r.different_bytes - r.replaced;  // cached with other bytes, kept
+  if (n_committed) *n_committed = r.committed - kept_other - r.disputed;
+  if (s != KVTIER_OK || kept_other + r.disputed == 0) return s;
+  std::string why = std::to_string(kept_other + r.disputed) + " of " + std::to_string(r.committed) +
+                    " keys do not hold these bytes:";
+  if (kept_other > 0) {
+    why += " " + std::to_string(kept_other) +
+           " already cached with different bytes (tiers.on_conflict keeps or drops the cached block; the "
+           "daemon logs the conflict)";
+  }
+  if (r.disputed > 0) {
+    why += std::string(kept_other > 0 ? ";" : "") + " " + std::to_string(r.disputed) +
+           " disputed (tiers.on_conflict = drop-disputed) and still pinned by another lease: nothing is served "
+           "under them until the disputed block goes; commit again then";
+  }
+  return Fail(KVTIER_CONFLICT, why + ". They are not counted as committed (kvtier_commit_report gives the counts)");
+  KVTIER_GUARD_END
 }
 
 kvtier_status kvtier_commit_report(kvtier_client* c, uint64_t contract_id, uint64_t lease,
@@ -684,16 +704,22 @@ kvtier_status kvtier_commit_report(kvtier_client* c, uint64_t contract_id, uint6
     w::CompletionEntry cmp;
     kvtier_status st = Call(c, req, wi.data() + off, m * sizeof(w::CommitItem), nullptr, 0, &cmp);
     const size_t went = std::min<size_t>(cmp.count, m);
-    // A daemon of protocol < 5 leaves these zero (reserved bytes): every item "stored".
+    // A daemon of protocol < 5 leaves these zero (reserved bytes): every item "stored";
+    // one of protocol < 8 no replaced (each different key counts as not stored) and no
+    // disputed. The disputed keys are in cached_different on the wire (wire.h).
     const size_t same = std::min<size_t>(cmp.cached_same, went);
-    const size_t diff = std::min<size_t>(cmp.cached_different, went - same);
-    const size_t unch = std::min<size_t>(cmp.cached_unchecked, went - same - diff);
+    const size_t diff_all = std::min<size_t>(cmp.cached_different, went - same);
+    const size_t disp = std::min<size_t>(cmp.cached_disputed, diff_all);
+    const size_t repl = std::min<size_t>(cmp.cached_replaced, diff_all - disp);
+    const size_t unch = std::min<size_t>(cmp.cached_unchecked, went - same - diff_all);
     done += went;
     r->committed = done;
     r->same_bytes += same;
-    r->different_bytes += diff;
+    r->different_bytes += diff_all - disp;
+    r->replaced += repl;
+    r->disputed += disp;
     r->unchecked += unch;
-    r->stored += went - same - diff - unch;
+    r->stored += went - same - diff_all - unch;
     if (st != KVTIER_OK) return st;
     off += m;
   }

@@ -412,6 +412,8 @@ const std::vector<Entry>& Schema() {
                  DoubleField([](Config& c) { return &c.tiers.policy.tinylfu_window_fraction; })});
     s.push_back({"tiers.policy.reuse_density", BoolField([](Config& c) { return &c.tiers.policy.reuse_density; })});
     s.push_back({"tiers.policy.reuse_adapt", BoolField([](Config& c) { return &c.tiers.policy.reuse_adapt; })});
+    s.push_back(
+        {"tiers.policy.reuse_lru_guard", BoolField([](Config& c) { return &c.tiers.policy.reuse_lru_guard; })});
     return s;
   }();
   return schema;

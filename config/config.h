@@ -28,8 +28,8 @@ namespace kvtier::config {
 
 struct TierConfig {
   uint64_t capacity_bytes = 0;     // 0 disables the tier. Default: per tier (see below)
-  std::string policy = "reuse";    // a name of tiers::kPolicyNames (lru, s3fifo, prefix-lru,
-                                   // sieve, arc, reuse, tinylfu). Default: "reuse"
+  std::string policy = "lru";      // a name of tiers::kPolicyNames (lru, s3fifo, prefix-lru,
+                                   // sieve, arc, reuse, tinylfu). Default: "lru"
   double high_watermark = 0.95;    // start evicting above this fill, in (0, 1]. Default: 0.95
   double low_watermark = 0.85;     // evict down to this fill, below high. Default: 0.85
   std::string on_evict = "demote";  // demote | drop. Default: "demote"

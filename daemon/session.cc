@@ -678,6 +678,8 @@ Status Session::DoCommit(const wire::RequestEntry& req, uint64_t contract_id, st
       case tiers::CommitOutcome::kSame: ++c->cached_same; break;
       case tiers::CommitOutcome::kDifferent: ++c->cached_different; break;
       case tiers::CommitOutcome::kUnchecked: ++c->cached_unchecked; break;
+      case tiers::CommitOutcome::kReplaced: ++c->cached_different, ++c->cached_replaced; break;
+      case tiers::CommitOutcome::kDisputed: ++c->cached_different, ++c->cached_disputed; break;
     }
     KVTIER_TEST_POINT("Session::Commit:AfterTierCommit");  // visible, not yet acknowledged
     lease->committed[st.pos] = 1;

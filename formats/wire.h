@@ -97,7 +97,12 @@ namespace kvtier::wire {
 //    host's classes). A client of protocol 6 or older, which would address HBM slot s at
 //    s * slot_bytes, gets no HBM IPC handle and no HBM leases from a daemon whose HBM tier
 //    has several classes.
-inline constexpr uint32_t kProtocolVersion = 7;
+// 8: a commit's completion also counts, of cached_different, the keys whose committed
+//    bytes replaced the cached block (cached_replaced, tiers.on_conflict = replace) and the
+//    keys that were disputed and not yet gone (cached_disputed, drop-disputed: nothing
+//    stored, nothing served). Both are in cached_different too, so that a client of
+//    protocol 7 or older is told its bytes were not the ones stored.
+inline constexpr uint32_t kProtocolVersion = 8;
 // The oldest client protocol this daemon still serves: a newer daemon serves older
 // clients within one major version. 3, since a version-2 client would misread the
 // version-3 stats record. Version 4 adds Op::kAcquireAsync; a version-3 client never
@@ -351,7 +356,12 @@ struct CompletionEntry {
   uint32_t cached_same = 0;
   uint32_t cached_different = 0;
   uint32_t cached_unchecked = 0;
-  uint8_t reserved[12] = {};
+  // Commit (protocol 8): of cached_different, the keys whose bytes replaced the cached
+  // block, and the keys disputed and not yet gone (drop-disputed: not stored). Zero from
+  // an older daemon.
+  uint32_t cached_replaced = 0;
+  uint32_t cached_disputed = 0;
+  uint8_t reserved[4] = {};
 };
 static_assert(sizeof(CompletionEntry) == 64);
 

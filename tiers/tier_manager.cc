@@ -485,6 +485,13 @@ Block* TierManagerImpl::CommitLocked(uint64_t contract_id, int t, uint32_t slot,
   }
   const BlockId id{contract_id, key};
   Block* b = FindLocked(id);
+  if (b && b->disputed) {
+    // Disputed and not yet gone: no bytes committed under the key are served until it goes,
+    // whatever they are (equal to the disputed block's bytes or not).
+    if (outcome != nullptr) *outcome = CommitOutcome::kDisputed;
+    si.state = SlotState::kDup;  // freed by Unpin
+    return b;
+  }
   if (b && outcome != nullptr) {
     // A client commits a key that is cached: its bytes against the cached ones (host
     // commits; an HBM slot has no bytes on this side to compare).
@@ -508,6 +515,7 @@ Block* TierManagerImpl::CommitLocked(uint64_t contract_id, int t, uint32_t slot,
         return b;
       }
       // kReplace: the new bytes become the block below, as for a key not cached.
+      *outcome = CommitOutcome::kReplaced;
     }
   }
   if (b && (b->slot[t] >= 0 || b->promo[t])) {

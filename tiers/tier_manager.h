@@ -94,9 +94,14 @@ enum class OnConflict : uint8_t {
 enum class CommitOutcome : uint8_t {
   kStored,     // the key was not cached: the block holds the committed bytes
   kSame,       // already cached with equal bytes: the cached block stays
-  kDifferent,  // already cached with other bytes: OnConflict decided
+  kDifferent,  // already cached with other bytes: OnConflict decided, and the committed
+               // bytes were not stored (keep-first, drop-disputed, replace of a pinned block)
   kUnchecked,  // already cached where no bytes are compared (its only copy in HBM, or an
                // HBM commit): handled as before comparisons existed
+  kReplaced,   // already cached with other bytes, and replace stored the committed bytes
+  kDisputed,   // drop-disputed found other bytes under this key before, and the disputed
+               // block is still pinned or moving: nothing is served under the key and these
+               // bytes are not stored; a commit after the block goes is stored
 };
 
 // One quota group (the daemon's tenants, docs/security.md): share[t] of tier t's bytes

@@ -339,6 +339,78 @@ print("views ok")
             c.release(lease)
             self.assertEqual(c.evict_contract(cid), (2, 0))  # the other tests count the host tier's blocks
 
+    def test_plain_commit_raises_conflict_under_each_on_conflict(self):
+        # Keys a poisoner cached first with other bytes: commit and commit_chain raise
+        # KvtierConflict and count only the keys holding the caller's bytes (keep-first,
+        # drop-disputed); replace stores them and returns the count.
+        for rule in ("keep-first", "drop-disputed", "replace"):
+            with self.subTest(on_conflict=rule):
+                d = tempfile.mkdtemp(prefix="kvtier-py-cf-", dir=self.tmp.name)
+                sock = os.path.join(d, "kvtierd.sock")
+                cfg = os.path.join(d, "kvtier.toml")
+                with open(cfg, "w") as f:
+                    f.write(f'[daemon]\nsocket = "{sock}"\nmetrics_port = 0\n[tiers]\nslot_bytes = "4KiB"\n'
+                            f'on_conflict = "{rule}"\n[tiers.host]\ncapacity = "256KiB"\n[tiers.nvme]\n'
+                            f'capacity = "0"\n')
+                binary = os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd")
+                proc = subprocess.Popen([binary, "--config", cfg], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+                try:
+                    for _ in range(1000):
+                        s = socket.socket(socket.AF_UNIX)
+                        try:
+                            s.connect(sock)
+                            break
+                        except OSError:
+                            time.sleep(0.02)
+                        finally:
+                            s.close()
+                    with kvtier.Client(sock, name="poisoner") as p, kvtier.Client(sock, name="honest") as h:
+                        cid = p.register_contract(self.contract("py/conflict"))
+                        self.assertEqual(h.register_contract(self.contract("py/conflict")), cid)
+                        keys = kvtier.key_chain(cid, list(range(8000, 8000 + 64)), 16)
+
+                        def stage(c, fill, ks):
+                            lease = c.alloc(cid, len(ks), "host")
+                            for s in lease.slots:
+                                c.host_slot(s)[:576] = bytes([fill]) * 576
+                            return lease, [(s, k, keys[keys.index(k) - 1] if keys.index(k) else None)
+                                           for s, k in zip(lease.slots, ks)]
+
+                        lease, items = stage(p, 0x66, keys[:2])
+                        self.assertEqual(p.commit(cid, lease, items), 2)
+                        p.release(lease)
+                        lease, items = stage(h, 0x11, keys[:2])
+                        if rule == "replace":
+                            self.assertEqual(h.commit(cid, lease, items), 2)
+                        else:
+                            with self.assertRaises(kvtier.KvtierConflict) as e:
+                                h.commit(cid, lease, items)
+                            self.assertEqual(e.exception.status, "CONFLICT")
+                            self.assertEqual(e.exception.committed, 0)
+                            self.assertEqual(e.exception.conflicts, 2)
+                            self.assertEqual(e.exception.result.different_bytes, 2)
+                            self.assertIsInstance(e.exception, kvtier.KvtierError)
+                        h.release(lease)
+                        # commit_chain: keys[2] poisoned, keys[3] new.
+                        lease, items = stage(p, 0x66, keys[2:3])
+                        p.commit(cid, lease, [(items[0][0], keys[2], keys[1])])
+                        p.release(lease)
+                        lease = h.alloc(cid, 2, "host")
+                        for s in lease.slots:
+                            h.host_slot(s)[:576] = bytes([0x22]) * 576
+                        if rule == "replace":
+                            self.assertEqual(h.commit_chain(cid, lease, lease.slots, keys[2:4], keys[1]), 2)
+                        else:
+                            with self.assertRaises(kvtier.KvtierConflict) as e:
+                                h.commit_chain(cid, lease, lease.slots, keys[2:4], keys[1])
+                            self.assertEqual(e.exception.committed, 1)
+                            self.assertEqual(e.exception.conflicts, 1)
+                        h.release(lease)
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(timeout=20)
+
     def test_range_checks(self):
         with kvtier.Client(self.sock) as c:
             n = c.host_arena()[1] // c.slot_bytes

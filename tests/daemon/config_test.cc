@@ -15,8 +15,8 @@ TEST(Config, DefaultsAreValid) {
   EXPECT_EQ(c->tiers.host.capacity_bytes, uint64_t{1} << 30);
   EXPECT_EQ(c->tiers.hbm.capacity_bytes, 0u);
   EXPECT_EQ(c->daemon.ring_entries, 256u);
-  EXPECT_EQ(c->tiers.host.policy, "reuse");
-  EXPECT_EQ(c->tiers.hbm.policy, "reuse");
+  EXPECT_EQ(c->tiers.host.policy, "lru");  // the default that never loses to lru (docs/replay.md)
+  EXPECT_EQ(c->tiers.hbm.policy, "lru");
   EXPECT_TRUE(c->tiers.policy.reuse_adapt);
   EXPECT_FALSE(c->tiers.policy.reuse_density);
 }
@@ -24,7 +24,7 @@ TEST(Config, DefaultsAreValid) {
 TEST(Config, ShippedExampleLoads) {
   auto c = LoadFile(std::string(KVTIER_SOURCE_DIR) + "/config/kvtier.toml", {});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c->tiers.host.policy, "reuse");
+  EXPECT_EQ(c->tiers.host.policy, "lru");
   EXPECT_EQ(c->tiers.nvme.tier.policy, "lru");
   EXPECT_EQ(c->tiers.nvme.dir, "./kvtier-data/nvme");
   EXPECT_EQ(c->tiers.nvme.tier.capacity_bytes, uint64_t{2} << 30);

@@ -152,6 +152,9 @@ bool HonestCommitOnce(Conn& c, uint64_t i, PoisonDefence defence, PoisonTally* t
     ++t->told;
     if (own) ++t->misreported;
     if (defence == PoisonDefence::kDropDisputed && n > 0) ++t->disputed_served;
+  } else if (r.disputed == 1) {
+    ++t->told;  // disputed and still pinned: not stored, told so
+    if (n > 0) ++t->disputed_served;
   } else if (!own) {
     ++t->wrong;  // "same bytes" (or unchecked) and other bytes served
   }

@@ -423,6 +423,22 @@ class ArcPolicy final : public EvictionPolicy {
 // probation was too small (the target drops by max(1, protected ghosts / probation
 // ghosts)), one that left protected says the opposite (it rises by the inverse ratio),
 // within [0, capacity].
+//
+// With reuse_lru_guard, protection must pay against recency, measured by two shadow
+// caches of the tier's capacity in keys (no bytes) that see every Insert and Touch: plain
+// LRU, and a twin of this policy without the guard (a cache of its own: it evicts its own
+// victims). Each counts its prefix hits (a key counts when it is in the shadow and its
+// parent was that shadow's previous hit, or it starts a chain). Every guard window
+// (max(256, capacity / 2) accesses) compares the two: LRU ahead raises the recency weight
+// w by a half, the twin ahead by more than noise (2 sqrt(hits)) lowers it by an eighth.
+// The shadows do not depend on w, so
+// the comparison is a duel of the two rules on the same requests (set dueling, as CPU
+// caches choose between insertion policies), not of this cache against one. Victim()
+// then decides a share w of its choices between the two segments' candidates by recency
+// alone (the older one goes, as in LRU, still leaves first), the rest by the protected
+// target; the choices are spread evenly (an error accumulator, no randomness). So where
+// protection loses to recency the policy becomes prefix-aware LRU within a few windows,
+// and where it wins it keeps its gains.
 class ReusePolicy final : public EvictionPolicy {
  public:
   ReusePolicy(uint64_t capacity, const PolicyOptions& o)
@@ -431,8 +447,15 @@ class ReusePolicy final : public EvictionPolicy {
         ghost_cap_(static_cast<uint64_t>(static_cast<double>(cap_) * o.reuse_ghost_factor)),
         density_on_(o.reuse_density),
         adapt_(o.reuse_adapt),
+        guard_(o.reuse_lru_guard),
         period_(std::max<uint64_t>(1024, cap_ / 2)),
-        target_(static_cast<double>(cap_) * o.reuse_protected_fraction) {}
+        target_(static_cast<double>(cap_) * o.reuse_protected_fraction) {
+    if (guard_) {
+      PolicyOptions t = o;
+      t.reuse_lru_guard = false;
+      twin_ = std::make_unique<ReusePolicy>(capacity, t);
+    }
+  }
   const char* name() const override { return PolicyName(PolicyKind::kReuse); }
   // The protected target keeps its share of the tier (and what adaptation made of it).
   void SetCapacity(uint64_t c) override {
@@ -442,9 +465,12 @@ class ReusePolicy final : public EvictionPolicy {
     ghost_cap_ = static_cast<uint64_t>(static_cast<double>(c) * ghost_factor_);
     period_ = std::max<uint64_t>(1024, c / 2);
     TrimGhost();
+    TrimShadow();
+    if (twin_) twin_->SetCapacity(c);
   }
   void Insert(const BlockId& b, const BlockId& parent) override {
     if (map_.count(b)) return Touch(b);
+    if (guard_) Shadow(b, &parent);
     Entry e;
     e.parent = parent;
     e.has_parent = HasParent(b, parent);
@@ -476,6 +502,7 @@ class ReusePolicy final : public EvictionPolicy {
     auto it = map_.find(b);
     if (it == map_.end()) return;
     Entry& e = it->second;
+    if (guard_) Shadow(b, &e.parent);
     if (density_on_) Count(hits_[e.seg], e.tick, clock_);
     TickList& from = Set(e.seg, e.inner);
     --seg_size_[e.seg];
@@ -525,7 +552,10 @@ class ReusePolicy final : public EvictionPolicy {
       if (!cand[0] && !cand[1]) continue;
       if (!cand[0] || !cand[1]) return (cand[0] ? cand[0] : cand[1])->id;
       int evict;
-      if (density_on_ && built_) {
+      if (guard_ && (mix_ += w_) >= 1.0) {
+        mix_ -= 1.0;
+        evict = cand[1]->tick < cand[0]->tick ? 1 : 0;  // recency: the older one goes
+      } else if (density_on_ && built_) {
         evict = density_[1][Bucket(clock_ - cand[1]->tick)] < density_[0][Bucket(clock_ - cand[0]->tick)] ? 1 : 0;
       } else {
         evict = static_cast<double>(seg_size_[1]) > target_ ? 1 : 0;
@@ -565,6 +595,57 @@ class ReusePolicy final : public EvictionPolicy {
       ghost_.pop_front();
     }
   }
+  // The shadows see an access of b (its parent: the one it was inserted with) and count
+  // their prefix hits; every window, w follows the comparison.
+  void Shadow(const BlockId& b, const BlockId* parent) {
+    auto it = shadow_map_.find(b);
+    const bool in = it != shadow_map_.end();
+    const BlockId p = parent ? *parent : (in ? it->second->parent : BlockId{});
+    const bool root = p.key == Key128{};
+    if (in && (root || (last_valid_ && p == last_hit_))) ++lru_hits_;
+    last_valid_ = in && (root || (last_valid_ && p == last_hit_));
+    if (last_valid_) last_hit_ = b;
+    if (in) {
+      shadow_.splice(shadow_.begin(), shadow_, it->second);
+      if (parent) it->second->parent = *parent;
+    } else {
+      shadow_.push_front({b, p});
+      shadow_map_[b] = shadow_.begin();
+      TrimShadow();
+    }
+    // The twin: the same access on reuse without the guard, a cache of its own.
+    auto tw = twin_->map_.find(b);
+    const bool tin = tw != twin_->map_.end();
+    const BlockId tp = parent ? *parent : (tin ? tw->second.parent : BlockId{});
+    const bool troot = tp.key == Key128{};
+    const bool thit = tin && (troot || (twin_valid_ && tp == twin_last_));
+    if (thit) ++twin_hits_;
+    twin_valid_ = thit;
+    if (thit) twin_last_ = b;
+    if (tin) {
+      twin_->Touch(b);
+    } else {
+      if (twin_->size() >= cap_) {
+        if (auto v = twin_->Victim([](const BlockId&) { return true; })) twin_->Remove(*v);
+      }
+      twin_->Insert(b, tp);
+    }
+    if (++window_n_ >= std::max<uint64_t>(256, cap_ / 2)) {
+      // LRU ahead at all: toward recency at once. The twin ahead by more than noise (two
+      // standard deviations of the difference of two counts): back toward protection,
+      // slowly, so that one window after a shift of the working set does not undo it.
+      const double noise = 2.0 * std::sqrt(static_cast<double>(lru_hits_ + twin_hits_) + 1.0);
+      if (lru_hits_ > twin_hits_) w_ = std::min(1.0, w_ + 0.5);
+      else if (static_cast<double>(twin_hits_ - lru_hits_) > noise) w_ = std::max(0.0, w_ - 0.125);
+      window_n_ = lru_hits_ = twin_hits_ = 0;
+    }
+  }
+  void TrimShadow() {
+    while (shadow_.size() > cap_) {
+      shadow_map_.erase(shadow_.back().id);
+      shadow_.pop_back();
+    }
+  }
   // A key that left segment `left` came back (ARC's adaptation of the target).
   void Adapt(uint8_t left) {
     const double n0 = static_cast<double>(ghost_n_[0]), n1 = static_cast<double>(ghost_n_[1]);
@@ -598,7 +679,7 @@ class ReusePolicy final : public EvictionPolicy {
   uint64_t cap_;
   const double ghost_factor_;
   uint64_t ghost_cap_;
-  const bool density_on_, adapt_;
+  const bool density_on_, adapt_, guard_;
   uint64_t period_;  // events (hits and departures) between table rebuilds
   double target_;          // protected blocks allowed without (or before) a density table
   uint64_t clock_ = 0, events_ = 0;
@@ -615,6 +696,23 @@ class ReusePolicy final : public EvictionPolicy {
   std::list<Ghost> ghost_;  // oldest first
   uint64_t ghost_n_[2] = {0, 0};  // ghost entries per segment left
   absl::flat_hash_map<BlockId, std::list<Ghost>::iterator, BlockIdHash> ghost_map_;
+  // reuse_lru_guard: the shadow LRU (front = most recent; keys and parents, capacity
+  // entries), this window's accesses and hits of it and of this policy, the recency
+  // weight and its accumulator.
+  struct ShadowEntry {
+    BlockId id, parent;
+  };
+  std::list<ShadowEntry> shadow_;
+  absl::flat_hash_map<BlockId, std::list<ShadowEntry>::iterator, BlockIdHash> shadow_map_;
+  BlockId last_hit_;
+  bool last_valid_ = false;
+  // The twin: reuse without the guard, fed the same accesses, a cache of capacity keys of
+  // its own; its prefix hits are what protection would have had.
+  std::unique_ptr<ReusePolicy> twin_;
+  BlockId twin_last_;
+  bool twin_valid_ = false;
+  uint64_t window_n_ = 0, lru_hits_ = 0, twin_hits_ = 0;
+  double w_ = 0.0, mix_ = 0.0;
 };
 
 // ---- W-TinyLFU ---------------------------------------------------------------------

@@ -18,7 +18,7 @@
 //   arc        ARC (Megiddo and Modha, FAST'03): T1 (seen once) and T2 (seen again) in
 //              LRU order, ghost lists B1/B2 of their evicted keys (capacity keys in all),
 //              and a target size p for T1 that a ghost hit in B1 raises and in B2 lowers.
-//   reuse      kvtier's own (the daemon's default): a block's reuse is predicted from
+//   reuse      kvtier's own (opt-in; the default is lru, docs/replay.md): a block's reuse is predicted from
 //              whether it was used again since it entered the tier (or returned while
 //              its key was remembered), and from its place in its chain. Probation
 //              (used once) and protected (used again, or returning within

@@ -56,6 +56,10 @@ struct PolicyOptions {
   // left probation shrinks it, one that left protected grows it), starting at
   // reuse_protected_fraction. Off: the target stays there. Default: true
   bool reuse_adapt = true;
+  // reuse: shadow caches of keys run plain LRU and reuse without this guard on the same
+  // requests; where LRU is ahead, the choice between the segments turns to recency
+  // (docs/tiers.md). Default: true
+  bool reuse_lru_guard = true;
   // tinylfu: the window LRU's share of the tier's blocks, in (0, 1). Default: 0.01
   double tinylfu_window_fraction = 0.01;
 

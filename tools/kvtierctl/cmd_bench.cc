@@ -53,6 +53,9 @@ constexpr const char* kUsage = R"(usage:
 workload (default: the built-in agentic generator):
   --trace FILE            kvtier JSON lines or a Mooncake FAST'25 trace
   --workload agentic|tool-loop   the generator (tool-loop takes --requests and --seed)
+  --workload scan|loop|shift|flood   adversarial: --working-set N prompts (size it from
+                          the cache), --prompt-tokens N (2048), --requests N (4 x working
+                          set), --seed N (docs/replay.md)
   --requests N --sessions N --system-prompts N --system-tokens N
   --first-turn-tokens N --turn-tokens N --max-turns N --zipf A --seed N
   --quick                 a small generated workload (200 requests) that runs in seconds
@@ -70,7 +73,7 @@ tiers:
   --oracle-horizons K,K   the horizons of --partial-oracles (1,2,4)
   policies: {policies} (knobs as in [tiers.policy]:
   --s3fifo-small-fraction F --reuse-protected-fraction F --reuse-ghost-factor F
-  --reuse-density 0|1 --reuse-adapt 0|1 --tinylfu-window-fraction F)
+  --reuse-density 0|1 --reuse-adapt 0|1 --reuse-lru-guard 0|1 --tinylfu-window-fraction F)
 replay:
   --sweep SIZE,SIZE,...   HBM budgets to sweep (replay) or budgets to test (policies)
   --prefill-tok-s R       prefill rate for the time-saved estimate (20000)
@@ -92,7 +95,7 @@ const std::vector<std::string> kKnown = {
     "append", "simulate", "results", "spawn", "socket", "nvme", "verify-full", "max-requests", "quick",
     "s3fifo-small-fraction", "reuse-protected-fraction", "reuse-ghost-factor", "reuse-density",
     "reuse-adapt", "workload", "policies", "nvme-budgets", "windows", "partial-oracles",
-    "oracle-horizons", "tinylfu-window-fraction"};
+    "oracle-horizons", "tinylfu-window-fraction", "reuse-lru-guard", "working-set", "prompt-tokens"};
 
 struct Setup {
   std::vector<replay::Request> reqs;
@@ -162,8 +165,23 @@ StatusOr<Setup> ParseSetup(const cli::Args& a) {
                  std::to_string(g.tool_prompts) + " tool prompts of " + std::to_string(g.tool_prompt_tokens) +
                  " tokens, " + std::to_string(g.burst_sessions) + " sessions a burst, seed " + std::to_string(g.seed) + ")";
     if (auto path = a.Get("save-trace")) KVTIER_RETURN_IF_ERROR(replay::WriteKvtierTrace(*path, s.reqs));
+  } else if (replay::AdversarialKind kind; replay::ParseAdversarialKind(a.Get("workload").value_or(""), &kind)) {
+    replay::AdversarialOptions g;
+    g.kind = kind;
+    KVT_U32(g.working_set, "working-set", g.working_set, 2, 10'000'000);
+    KVT_U32(g.prompt_tokens, "prompt-tokens", g.prompt_tokens, 1, replay::kMaxTraceTokens);
+    KVT_U32(g.requests, "requests", 0, 0, 40'000'000);
+    auto seed = a.GetInt("seed", 1);
+    if (!seed.ok()) return seed.status();
+    g.seed = static_cast<uint64_t>(*seed);
+    KVTIER_RETURN_IF_ERROR(g.Validate());
+    s.reqs = replay::GenerateAdversarial(g);
+    s.workload = "adversarial " + *a.Get("workload") + " (working set " + std::to_string(g.working_set) +
+                 " prompts of " + std::to_string(g.prompt_tokens) + " tokens, " + std::to_string(s.reqs.size()) +
+                 " requests, seed " + std::to_string(g.seed) + ")";
+    if (auto path = a.Get("save-trace")) KVTIER_RETURN_IF_ERROR(replay::WriteKvtierTrace(*path, s.reqs));
   } else if (a.Get("workload").value_or("agentic") != "agentic") {
-    return Status::Invalid("--workload must be agentic or tool-loop");
+    return Status::Invalid("--workload must be agentic, tool-loop, scan, loop, shift or flood");
   } else {
     replay::GeneratorOptions g;
     if (a.Has("quick")) {  // a small workload that finishes in seconds (README one-liner)
@@ -225,7 +243,8 @@ StatusOr<Setup> ParseSetup(const cli::Args& a) {
     *field = *v;
   }
   for (auto [name, field] : {std::pair{"reuse-density", &s.knobs.reuse_density},
-                             std::pair{"reuse-adapt", &s.knobs.reuse_adapt}}) {
+                             std::pair{"reuse-adapt", &s.knobs.reuse_adapt},
+                             std::pair{"reuse-lru-guard", &s.knobs.reuse_lru_guard}}) {
     if (auto v = a.GetInt(name, *field ? 1 : 0); !v.ok() || (*v != 0 && *v != 1)) {
       return Status::Invalid(std::string("--") + name + " must be 0 or 1");
     } else {
@@ -582,6 +601,11 @@ int Policies(const cli::Args& a, const std::string& cmdline) {
   std::vector<std::string> cols = {"format", "budget", "blocks"};
   for (auto k : kinds) cols.push_back(std::string(tiers::PolicyName(k)) + (k == tiers::PolicyKind::kLru ? " (baseline)" : ""));
   cols.insert(cols.end(), {"best", "best - lru (points)"});
+  // The default policy's distance to lru: the bound it holds (docs/replay.md).
+  const auto reuse_at = std::find(kinds.begin(), kinds.end(), tiers::PolicyKind::kReuse);
+  const bool has_reuse = reuse_at != kinds.end();
+  const size_t reuse_pi = static_cast<size_t>(reuse_at - kinds.begin());
+  if (has_reuse) cols.push_back("reuse - lru (points)");
   for (double k : partial) cols.push_back(partial_name(k));
   cols.insert(cols.end(), {"oracle", "infinite bound"});
   rep.SetColumns(cols);
@@ -632,6 +656,10 @@ int Policies(const cli::Args& a, const std::string& cmdline) {
         j[tiers::PolicyName(kinds[pi])] = hr[pi];
       }
       row.insert(row.end(), {tiers::PolicyName(kinds[best]), bench::Fmt("%+.2f", 100.0 * (hr[best] - hr[0]))});
+      if (has_reuse) {
+        row.push_back(bench::Fmt("%+.2f", 100.0 * (hr[reuse_pi] - hr[0])));
+        j["reuse_minus_lru_points"] = 100.0 * (hr[reuse_pi] - hr[0]);
+      }
       for (size_t i = 0; i < partial.size(); ++i) {
         row.push_back(bench::Fmt("%.4f", hr[kinds.size() + i]));
         j[partial_name(partial[i])] = hr[kinds.size() + i];

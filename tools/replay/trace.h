@@ -85,6 +85,30 @@ struct ToolLoopOptions {
 };
 std::vector<Request> GenerateToolLoops(const ToolLoopOptions& opts);
 
+// Adversarial workloads for eviction policies, sized by `working_set` prompts (set it from
+// the cache: a loop of 1.1 x the prompts a budget holds is "just larger than the cache").
+// Every prompt is prompt_tokens of its own (no shared prefix), so each is one chain.
+//   scan   a hot set of working_set / 2 prompts (uniform), every other request the next
+//          prompt of a scan that never repeats (one-time blocks, far more than the cache)
+//   loop   prompts 0, 1, ..., working_set - 1, again and again (LRU's worst case)
+//   shift  phases of 2 x working_set requests, each uniform over working_set prompts that
+//          start working_set / 2 later than the last phase's (the hot set moves)
+//   flood  a hot set of working_set prompts (Zipf 0.8), 2 x working_set requests of it,
+//          then working_set one-hit prompts in a row, and again
+enum class AdversarialKind { kScan, kLoop, kShift, kFlood };
+struct AdversarialOptions {
+  AdversarialKind kind = AdversarialKind::kLoop;
+  uint32_t working_set = 1000;   // prompts (see above). Default: 1000
+  uint32_t prompt_tokens = 2048; // tokens per prompt. Default: 2048
+  uint32_t requests = 0;         // 0: 4 x working_set. Default: 0
+  uint64_t seed = 1;             // Default: 1
+
+  Status Validate() const;
+};
+// "scan", "loop", "shift", "flood" -> kind; false on anything else.
+bool ParseAdversarialKind(const std::string& s, AdversarialKind* k);
+std::vector<Request> GenerateAdversarial(const AdversarialOptions& opts);
+
 // Writes requests in kvtier's JSON-lines format (explicit tokens).
 Status WriteKvtierTrace(const std::string& path, const std::vector<Request>& reqs);
 

@@ -58,7 +58,11 @@ extern "C" {
 #define KVTIER_API
 #endif
 
-#define KVTIER_ABI_VERSION 2 /* 2: kvtier_tier_stats.errors, write_errors; kvtier_abi_layout */
+/* 2: kvtier_tier_stats.errors, write_errors; kvtier_abi_layout.
+ * 3: KVTIER_CONFLICT: kvtier_commit, kvtier_commit_chain and kvtier_store_tokens answer it
+ *    (they answered OK) when keys were already cached with other bytes, and do not count
+ *    those keys as committed; kvtier_commit_result.replaced and .disputed. */
+#define KVTIER_ABI_VERSION 3
 
 typedef enum kvtier_status {
   KVTIER_OK = 0,
@@ -73,6 +77,10 @@ typedef enum kvtier_status {
                                said so); kvtier_reconnect or close the client */
   KVTIER_TIMEOUT = 9,       /* no completion within the client's timeout: the connection is
                                given up (later calls fail at once); kvtier_reconnect */
+  KVTIER_CONFLICT = 10,     /* commit: every item went through, but some keys were already
+                               cached with other bytes (or disputed): those keys do not hold
+                               the caller's bytes and are not counted in *n_committed; the
+                               error line gives the counts (kvtier_commit_report: which) */
 } kvtier_status;
 
 typedef enum kvtier_tier {
@@ -143,7 +151,10 @@ typedef struct kvtier_commit_item {
 
 /* What a commit did with its items (kvtier_commit_report). A key already cached is
  * compared with the committed bytes: the committer learns that its bytes were not the
- * ones stored. committed = stored + same_bytes + different_bytes + unchecked. */
+ * ones stored. committed = stored + same_bytes + different_bytes + unchecked + disputed.
+ * The keys that now hold the caller's bytes (what kvtier_commit counts) are stored +
+ * same_bytes + unchecked + replaced; the others, different_bytes - replaced + disputed,
+ * are what makes kvtier_commit answer KVTIER_CONFLICT. */
 typedef struct kvtier_commit_result {
   size_t committed;       /* items that went through */
   size_t stored;          /* keys not cached before: now cached with these bytes */
@@ -154,6 +165,12 @@ typedef struct kvtier_commit_result {
                              go), counted and logged by the daemon */
   size_t unchecked;       /* already cached where bytes are not compared (only in HBM, or
                              an HBM commit): the cached block stays */
+  size_t replaced;        /* of different_bytes: these bytes replaced the cached block
+                             (tiers.on_conflict = replace, the block not pinned) */
+  size_t disputed;        /* the key was disputed before (drop-disputed) and its block is
+                             still pinned or moving: nothing is served under it and these
+                             bytes are not stored; commit again once it is gone (protocol 8
+                             daemons; an older one counts them in same_bytes) */
 } kvtier_commit_result;
 
 /* kvtier_tier_stats: one tier's statistics, defined in tier_stats.h (the field list the
@@ -312,7 +329,8 @@ KVTIER_API kvtier_status kvtier_lookup_tokens(kvtier_client* c, uint64_t contrac
                                               const uint32_t* tokens, size_t n_tokens,
                                               size_t* cached_tokens);
 /* kvtier_commit of slots[i] under keys[i] with the parents filled in: keys[i - 1], and
- * `parent` ({0,0} for a chain that starts at the prompt's first block) for keys[0]. */
+ * `parent` ({0,0} for a chain that starts at the prompt's first block) for keys[0].
+ * KVTIER_CONFLICT as kvtier_commit. */
 KVTIER_API kvtier_status kvtier_commit_chain(kvtier_client* c, uint64_t contract_id, uint64_t lease,
                                              const kvtier_slot* slots, const kvtier_key* keys, size_t n,
                                              kvtier_key parent, size_t* n_committed);
@@ -320,7 +338,8 @@ KVTIER_API kvtier_status kvtier_commit_chain(kvtier_client* c, uint64_t contract
  * and for every full block after it copies blocks[i] (block_bytes of the contract) into a
  * fresh host slot and commits the chain. blocks has n_tokens / block_tokens entries; the
  * cached prefix's entries are not read (may be NULL). *stored_blocks (may be NULL) gets
- * how many blocks it stored; they stay cached, unpinned. */
+ * how many blocks it stored; they stay cached, unpinned. KVTIER_CONFLICT when some keys
+ * were cached with other bytes meanwhile (not counted in *stored_blocks). */
 KVTIER_API kvtier_status kvtier_store_tokens(kvtier_client* c, uint64_t contract_id,
                                              const uint32_t* tokens, size_t n_tokens,
                                              const void* const* blocks, size_t* stored_blocks);
@@ -395,15 +414,23 @@ KVTIER_API kvtier_status kvtier_alloc_wait(kvtier_client* c, uint64_t contract_i
                                            kvtier_tier target, uint32_t wait_ms, uint64_t* lease,
                                            kvtier_slot* slots_out);
 /* Makes written slots of an alloc lease visible under their keys. Stops at the first
- * failure; *n_committed (may be NULL) says how many went through. The blocks stay
- * pinned until the lease is released. Lookup, commit and prefetch split a long request
- * under the daemon's max_keys_per_request themselves; acquire and alloc (one lease each)
- * answer INVALID over it. */
+ * failure; *n_committed (may be NULL) says how many keys went through and now hold these
+ * bytes. The blocks stay pinned until the lease is released. Lookup, commit and prefetch
+ * split a long request under the daemon's max_keys_per_request themselves; acquire and
+ * alloc (one lease each) answer INVALID over it.
+ * KVTIER_CONFLICT: every item went through, but some keys were already cached with other
+ * bytes (tiers.on_conflict keep-first or drop-disputed, or replace of a pinned block) or
+ * disputed (drop-disputed): they do not hold the caller's bytes (an acquire of them
+ * serves the other bytes, or nothing), are not counted in *n_committed, and the error
+ * line says how many. Never treat such a key as holding the caller's bytes. Before ABI
+ * version 3 this call answered OK and counted them. */
 KVTIER_API kvtier_status kvtier_commit(kvtier_client* c, uint64_t contract_id, uint64_t lease,
                                        const kvtier_commit_item* items, size_t n, size_t* n_committed);
 /* kvtier_commit that also says, for the items that went through, how many were stored
  * and how many keys were already cached, with equal or different bytes (*result, may be
- * NULL; filled on failure too). A daemon of protocol < 5 counts every item as stored. */
+ * NULL; filled on failure too). A daemon of protocol < 5 counts every item as stored.
+ * Answers OK on conflicts (the counts say them), as before ABI version 3: the caller
+ * reads the report. */
 KVTIER_API kvtier_status kvtier_commit_report(kvtier_client* c, uint64_t contract_id, uint64_t lease,
                                               const kvtier_commit_item* items, size_t n,
                                               kvtier_commit_result* result);

@@ -175,12 +175,14 @@ class Client {
   // Acquire without blocking (kvtier_acquire_async): *op is in flight on success.
   inline Error AcquireAsync(uint64_t contract, Span<const kvtier_key> keys, kvtier_tier target, AsyncAcquire* op,
                             uint32_t chunk_blocks = 0);
+  // KVTIER_CONFLICT (not ok) when some keys were already cached with other bytes or
+  // disputed: *committed counts only the keys that hold these bytes (kvtier_commit).
   Error Commit(uint64_t contract, uint64_t lease, Span<const kvtier_commit_item> items,
                size_t* committed = nullptr) {
     return LastError(kvtier_commit(c_, contract, lease, items.data(), items.size(), committed));
   }
   // The same, saying how many were stored and how many keys were already cached, with
-  // equal or different bytes (kvtier_commit_report).
+  // equal or different bytes (kvtier_commit_report: ok on conflicts, the counts say them).
   Error Commit(uint64_t contract, uint64_t lease, Span<const kvtier_commit_item> items,
                kvtier_commit_result* result) {
     return LastError(kvtier_commit_report(c_, contract, lease, items.data(), items.size(), result));

@@ -48,7 +48,7 @@ from . import _locate
 __version__ = _locate.package_version()
 
 __all__ = [
-    "KvtierError", "Contract", "Key", "Slot", "LookupResult", "CommitResult", "TierNames", "Lease", "TierStats", "Client", "AsyncAcquire",
+    "KvtierError", "KvtierConflict", "Contract", "Key", "Slot", "LookupResult", "CommitResult", "TierNames", "Lease", "TierStats", "Client", "AsyncAcquire",
     "key_chain", "key_chain_array", "KeyArray", "contract_id", "nvfp4_encode", "nvfp4_decode", "library_path", "library_version", "TIER_HBM", "TIER_HOST", "TIER_NVME", "TIER_NONE",
 ]
 
@@ -57,7 +57,8 @@ _TIER_NAMES = {TIER_HBM: "hbm", TIER_HOST: "host", TIER_NVME: "nvme", TIER_REMOT
 _TIER_BY_CODE = [_TIER_NAMES.get(i, "none") for i in range(256)]
 _TIER_BY_NAME = {v: k for k, v in _TIER_NAMES.items()}
 _STATUS = ["OK", "NOT_FOUND", "REJECTED", "RETRY", "IO_ERROR", "CORRUPT", "INVALID", "UNSUPPORTED",
-           "DISCONNECTED", "TIMEOUT"]
+           "DISCONNECTED", "TIMEOUT", "CONFLICT"]
+_CONFLICT = 10
 
 
 class KvtierError(RuntimeError):
@@ -70,6 +71,22 @@ class KvtierError(RuntimeError):
         self.status = _STATUS[code] if 0 <= code < len(_STATUS) else str(code)
         self.committed = committed
         super().__init__(f"{self.status}: {message}")
+
+
+class KvtierConflict(KvtierError):
+    """A commit (Client.commit, commit_chain, store) went through, but some keys were
+    already cached with other bytes (tiers.on_conflict keep-first or drop-disputed, or
+    replace of a pinned block) or disputed (drop-disputed): those keys do not hold the
+    caller's bytes, and an acquire of them serves the other bytes or nothing. `committed`
+    counts the keys that do hold them; `conflicts` the others (None where the call does not
+    say: store); `result` is the CommitResult of Client.commit (None elsewhere). Never
+    treat a key of `conflicts` as holding the caller's bytes."""
+
+    def __init__(self, message: str, committed: int, conflicts: Optional[int] = None,
+                 result: Optional["CommitResult"] = None):
+        super().__init__(_CONFLICT, message, committed=committed)
+        self.conflicts = conflicts
+        self.result = result
 
 
 # ---- C structs (client/include/kvtier/kvtier.h) -------------------------------------------
@@ -111,7 +128,8 @@ class _CommitItem(ctypes.Structure):
 
 class _CommitResult(ctypes.Structure):
     _fields_ = [("committed", ctypes.c_size_t), ("stored", ctypes.c_size_t), ("same_bytes", ctypes.c_size_t),
-                ("different_bytes", ctypes.c_size_t), ("unchecked", ctypes.c_size_t)]
+                ("different_bytes", ctypes.c_size_t), ("unchecked", ctypes.c_size_t),
+                ("replaced", ctypes.c_size_t), ("disputed", ctypes.c_size_t)]
 
 
 class _TierStats(ctypes.Structure):
@@ -214,7 +232,7 @@ def _load_first(candidates, what: str):
 
 
 # The C ABI these ctypes declarations follow (kvtier.h's KVTIER_ABI_VERSION).
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 
 
 def _check_abi_version(lib, path: str):
@@ -347,14 +365,23 @@ class Slot:
 @dataclass(frozen=True)
 class CommitResult:
     """What a commit did with its items (Client.commit_report): committed = stored +
-    same_bytes + different_bytes + unchecked. different_bytes: the keys were already
-    cached with other bytes, and the daemon's tiers.on_conflict decided (keep-first:
-    these bytes were dropped)."""
+    same_bytes + different_bytes + unchecked + disputed. different_bytes: the keys were
+    already cached with other bytes, and the daemon's tiers.on_conflict decided
+    (keep-first: these bytes were dropped; replace: `replaced` of them took these bytes).
+    disputed: drop-disputed had disputed the key and its block is still pinned: nothing
+    stored, nothing served; commit again once it is gone. `conflicts` is what makes
+    Client.commit raise KvtierConflict: the keys that do not hold these bytes."""
     committed: int
     stored: int
     same_bytes: int
     different_bytes: int
     unchecked: int
+    replaced: int = 0
+    disputed: int = 0
+
+    @property
+    def conflicts(self) -> int:
+        return self.different_bytes - self.replaced + self.disputed
 
 
 @dataclass
@@ -1051,8 +1078,17 @@ class Client:
         return _lease_from_array(lease.value, slots, n)
 
     def commit(self, contract_id: int, lease: Lease, items: Sequence[Tuple[Slot, Key, Optional[Key]]]) -> int:
-        """items: (slot, key, parent or None). Returns how many were committed."""
-        return self.commit_report(contract_id, lease, items).committed
+        """items: (slot, key, parent or None). Returns how many were committed (now hold
+        these bytes). Raises KvtierConflict when some keys were already cached with other
+        bytes or disputed (kvtier_commit's KVTIER_CONFLICT): every item went through, and
+        those keys are not counted."""
+        r = self.commit_report(contract_id, lease, items)
+        if r.conflicts > 0:
+            raise KvtierConflict(
+                f"{r.conflicts} of {r.committed} keys do not hold these bytes: {r.different_bytes - r.replaced} "
+                f"already cached with different bytes (tiers.on_conflict), {r.disputed} disputed and still pinned",
+                committed=r.committed - r.conflicts, conflicts=r.conflicts, result=r)
+        return r.committed
 
     def commit_report(self, contract_id: int, lease: Lease,
                       items: Sequence[Tuple[Slot, Key, Optional[Key]]]) -> CommitResult:
@@ -1068,7 +1104,8 @@ class Client:
         code = self._lib.kvtier_commit_report(self._handle(), contract_id, lease.id, arr, len(items), ctypes.byref(r))
         if code != 0:
             raise KvtierError(code, self._lib.kvtier_last_error().decode("utf-8", "replace"), committed=r.committed)
-        return CommitResult(r.committed, r.stored, r.same_bytes, r.different_bytes, r.unchecked)
+        return CommitResult(r.committed, r.stored, r.same_bytes, r.different_bytes, r.unchecked, r.replaced,
+                            r.disputed)
 
     # ---- token level: prompts as token ids (the block size comes from the contract) ----
 
@@ -1107,6 +1144,9 @@ class Client:
         done = ctypes.c_size_t()
         code = self._lib.kvtier_commit_chain(self._handle(), contract_id, lease.id, sa, _keys_array(keys),
                                              len(keys), p, ctypes.byref(done))
+        if code == _CONFLICT:
+            raise KvtierConflict(self._lib.kvtier_last_error().decode("utf-8", "replace"), committed=done.value,
+                                 conflicts=len(keys) - done.value)
         if code != 0:
             raise KvtierError(code, self._lib.kvtier_last_error().decode("utf-8", "replace"), committed=done.value)
         return done.value
@@ -1133,6 +1173,8 @@ class Client:
         done = ctypes.c_size_t()
         code = self._lib.kvtier_store_tokens(self._handle(), contract_id, self._tokens(tokens), len(tokens), ptrs,
                                              ctypes.byref(done))
+        if code == _CONFLICT:
+            raise KvtierConflict(self._lib.kvtier_last_error().decode("utf-8", "replace"), committed=done.value)
         if code != 0:
             raise KvtierError(code, self._lib.kvtier_last_error().decode("utf-8", "replace"), committed=done.value)
         return done.value

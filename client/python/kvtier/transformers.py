@@ -695,8 +695,20 @@ class KvtierCache(Cache):
                 lease, j = self._alloc_index[(b, i)]
                 per_lease.setdefault(lease.id, (lease, []))[1].append((lease.slots[j], key,
                                                                       keys[i - 1] if i > 0 else None))
-        # kvtier_commit splits a long commit under the daemon's max_keys_per_request itself.
-        return sum(self.client.commit(self.cid, lease, items) for lease, items in per_lease.values())
+        # kvtier_commit splits a long commit under the daemon's max_keys_per_request itself. A
+        # key cached with other bytes (another engine's) holds none of ours: not counted, and
+        # logged once per process (KvtierConflict).
+        done = 0
+        for lease, items in per_lease.values():
+            try:
+                done += self.client.commit(self.cid, lease, items)
+            except kvtier.KvtierConflict as e:
+                done += e.committed
+                if not getattr(KvtierCache, "_conflict_logged", False):
+                    KvtierCache._conflict_logged = True
+                    import logging
+                    logging.getLogger("kvtier.transformers").warning("commit: %s", e)
+        return done
 
     def release(self):
         """Gives the leases back (uncommitted slots are freed). The cache is unusable after."""
