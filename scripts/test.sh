@@ -15,6 +15,10 @@ ninja -C "$build" -j"$jobs"
 # build, made once per machine; with KVTIER_REQUIRE_TORCH=1 a missing torch fails them.
 KVTIER_TORCH_PYTHON="$(scripts/torch-venv.sh)"
 export KVTIER_TORCH_PYTHON KVTIER_REQUIRE_TORCH=1
+# tests/sglang runs under a venv with the sglang package (scripts/sglang-venv.sh, once per
+# machine); made here so that its ctest entry does not spend its time limit installing.
+KVTIER_SGLANG_PYTHON="$(scripts/sglang-venv.sh)"
+export KVTIER_SGLANG_PYTHON
 ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 600 "$@"
 
 # Reliability extras (docs/reliability.md), each in its own build folder, after the main
