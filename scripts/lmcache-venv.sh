@@ -26,8 +26,8 @@ if ! ok; then
     grpcio==1.78.0 grpcio-tools==1.78.0 wheel >&2
   src="$(mktemp -d)"
   trap 'rm -rf "$src"' EXIT
-  (cd "$src" && "$venv/bin/python" -m pip download --quiet --no-deps --no-build-isolation --no-binary :all: \
-     "lmcache==$ver" -d . >&2 || true)
+  (cd "$src" && NO_GPU_EXT=1 "$venv/bin/python" -m pip download --quiet --no-deps --no-build-isolation --no-binary :all: \
+     "lmcache==$ver" -d . >&2)
   tar xzf "$src"/lmcache-"$ver".tar.gz -C "$src"
   (cd "$src/lmcache-$ver" && NO_GPU_EXT=1 MAX_JOBS="$(nproc)" "${pip[@]}" --no-build-isolation --no-deps . >&2)
   # Its runtime requirements, less the CUDA-only and cloud ones, with torch held at the CPU build.
