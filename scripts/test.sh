@@ -20,7 +20,7 @@ export KVTIER_TORCH_PYTHON KVTIER_REQUIRE_TORCH=1
 KVTIER_SGLANG_PYTHON="$(scripts/sglang-venv.sh)"
 export KVTIER_SGLANG_PYTHON
 # tests/lmcache: LMCache built for the CPU from its sdist (scripts/lmcache-venv.sh, once per
-# machine: about 11 minutes on 2 busy cores).
+# machine: 6.5 to 11 minutes on 2 busy cores).
 KVTIER_LMCACHE_PYTHON="$(scripts/lmcache-venv.sh)"
 export KVTIER_LMCACHE_PYTHON
 ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 600 "$@"
