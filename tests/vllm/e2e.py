@@ -309,7 +309,7 @@ def nvfp4_matches_bf16(bf16_rows, nvfp4_rows, contract):
     L, H, D = contract.num_layers, contract.num_kv_heads, contract.head_dim
     vals = H * BLOCK * D
     x = bf16_rows.view(torch.bfloat16).float().view(-1, L, 2, vals)
-    worst, exact = 0.0, 0
+    worst, exact = float("-inf"), 0
     for b in range(x.shape[0]):
         off = 0
         for l in range(L):
@@ -546,26 +546,35 @@ def run(a, work, procs):
         check("(h) NVFP4 blocks are the NVFP4 encoding of the BF16 blocks (within the codec's bound)", ok, detail)
         check("(h) an NVFP4 block is 0.28x a BF16 block", rows_nvfp4.shape[1] * 32 == rows_bf16.shape[1] * 9,
               f"{rows_nvfp4.shape[1]} vs {rows_bf16.shape[1]} bytes")
+    h1 = d.counters()  # stored_blocks' own acquires count as hits too
+    hits1 = sum(s.hits for s in h1.values())
     out_h2 = v5.complete(A, logprobs=5)
     h2 = d.counters()
     check("(h) the repeat loads the NVFP4 blocks", sum(s.hits for s in h2.values()) - hits1 >= usable,
           f"hits {hits1} -> {sum(s.hits for s in h2.values())}")
-    # The output after an NVFP4 load is not required to equal the recompute: the first
+    # The whole output after an NVFP4 load is not required to equal the recompute: each
     # generated token reads 576 prompt positions of NVFP4 K and V (errors up to 1/12 of each
     # 16-value group's amax), and a random tiny model's next-token distribution is nearly
-    # flat, so a top-1 flip (and every token after it) is not a bug. What is checked is the
-    # first token's distribution: the recompute's top token is among the NVFP4 run's top 5,
-    # and the top-5 log-probabilities the two runs share differ by at most 0.5 nats. A wrong
-    # decode (K/V or layers swapped, a wrong scale, another layout) feeds attention values
-    # unrelated to the prompt, as the planted blocks of (b) do.
+    # flat, so a top-1 flip at some later token (and every token after it) is not a bug.
+    # What is checked is the first generated token: the same as the recompute's. The run is
+    # deterministic (fixed weights, prompt, temperature 0, the same code on the same CPU), so
+    # this is not a flake; it can fail without a bug only if NVFP4's perturbation of the
+    # first token's log-probabilities exceeds the recompute's top-1 margin, and the detail
+    # prints both (the top-5 log-probability differences and the margin) to judge that. A
+    # wrong decode (K/V or layers swapped, a wrong scale, another layout) is caught by the
+    # block check above and by tests/vllm/test_engine.py's decode-against-codec check.
     lp_a, lp_q = first_token_logprobs(out_h1), first_token_logprobs(out_h2)
     shared = set(lp_a) & set(lp_q)
     diff = max((abs(lp_a[t] - lp_q[t]) for t in shared), default=float("inf"))
-    top_a = max(lp_a, key=lp_a.get) if lp_a else None
-    check("(h) after the NVFP4 load the first token's log-probabilities are within 0.5 nats of the recompute's",
-          top_a in lp_q and diff <= 0.5,
-          f"max |dlogprob| {diff:.4f} over {len(shared)} shared top-5 tokens; first token "
-          f"{'equal' if out_h2[:1] == out_h1[:1] else 'differs'}; output {'equal' if out_h2 == out_h1 else 'differs'}")
+    top = sorted(lp_a.values(), reverse=True)
+    margin = top[0] - top[1] if len(top) > 1 else float("inf")
+    first_a = (out_h1.logprobs or {}).get("tokens", [None])[0]
+    first_q = (out_h2.logprobs or {}).get("tokens", [None])[0]
+    check("(h) after the NVFP4 load the first generated token is the recompute's",
+          first_a is not None and first_a == first_q,
+          f"first token {'equal' if first_a == first_q else 'differs'}; recompute's top-1 margin {margin:.4f} nats; "
+          f"max |dlogprob| {diff:.4f} over {len(shared)} shared top-5 tokens; whole output "
+          f"{'equal' if out_h2 == out_h1 else 'differs'}")
     v5.stop()
 
 

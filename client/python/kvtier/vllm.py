@@ -442,6 +442,8 @@ class KvtierConnector(KVConnectorBase_V1):
         except kvtier.KvtierError as e:
             # Anything but success (a full tier, a conflict, a dead daemon) means "not stored".
             self._failed("save", e, "kvtier: save failed (%s); those blocks are not cached")
+        except P.PagesError as e:
+            self._once.warn(("save", "pages"), "kvtier: save refused (%s); those blocks are not cached", e)
 
     def get_block_ids_with_load_errors(self) -> set:
         errs, self._load_errors = self._load_errors, set()
