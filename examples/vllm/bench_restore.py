@@ -144,11 +144,12 @@ def main():
             add("save nvfp4/flash_attn/HND", timed(lambda: mq.save(ids, qhost, wait=False), a.reps, stream),
                 qhost.numel(), tokens)
             # The restored values equal the CPU codec's decode (a sample of 4 blocks).
-            cpu = [torch.zeros(2, 4, H, T, D, dtype=torch.bfloat16) for _ in range(L)]
+            cpu = [torch.zeros(4, H, T, 2 * D, dtype=torch.bfloat16) for _ in range(L)]  # vLLM CPU's layout
             mc = P.BlockMover(cpu, P.describe(cpu[0], "cpu"), "nvfp4", k_scales, v_scales)
             mc.load(qhost[:4].clone(), [0, 1, 2, 3])
             for l in range(L):
-                assert torch.equal(caches[l][:, to[:4]].permute(0, 1, 3, 2, 4).cpu(), cpu[l]), \
+                cpu_kv = cpu[l].view(4, H, 2, T, D).permute(2, 0, 1, 3, 4)  # [2, 4, H, T, D]
+                assert torch.equal(caches[l][:, to[:4]].permute(0, 1, 3, 2, 4).cpu(), cpu_kv), \
                     f"NVFP4 restore differs from the CPU codec at layer {l}"
             out["nvfp4_equals_cpu_codec"] = True
         del caches, m, mq, host, qhost

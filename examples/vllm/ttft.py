@@ -16,9 +16,10 @@ kvtier or recomputed. Per length and repetition, with a fresh random prompt each
   daemon promotes from NVMe, the engine loads from the host arena).
 
 Each request asks for one token (max_tokens 1), so its time is the time to first token as
-the client sees it (HTTP included, the same for all three). Medians of --reps. The table
-says tokens per GiB of tier capacity for the model's blocks as they are stored (BF16) and
-what NVFP4 blocks of the same model would hold (the contract's block size).
+the client sees it (HTTP included, the same for all three). Medians of --reps.
+--kv-format nvfp4 runs the kvtier engine with NVFP4 blocks in the tiers (quantized on save,
+dequantized on load). The last line says tokens per GiB of tier capacity for the model's
+blocks in the format the run stored and in the other one (the contracts' block sizes).
 """
 import argparse
 import os
@@ -42,6 +43,8 @@ def main():
     ap.add_argument("--lengths", default="512,1024,2048,4096,8000")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--kv-format", default="as-is", choices=("as-is", "nvfp4"),
+                    help="the kvtier engine's kv_connector_extra_config kv_format")
     ap.add_argument("--bin-dir", default=os.environ.get("KVTIER_BIN_DIR", os.path.join(ROOT, "build", "bin")))
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
@@ -58,7 +61,7 @@ def main():
     e2e.REQUEST_TIMEOUT_S = 600
     try:
         d.start()
-        kv = e2e.Vllm("kvtier", model, work, d.socket, max_model_len=8192)
+        kv = e2e.Vllm("kvtier", model, work, d.socket, max_model_len=8192, extra={"kv_format": a.kv_format})
         procs.append(kv)
         kv.start()
         base = e2e.Vllm("baseline", model, work, d.socket, max_model_len=8192, connector=False)
@@ -93,8 +96,8 @@ def main():
         print("|---:|---:|---:|---:|---:|---:|")
         for n, r_, h_, v_ in rows:
             print(f"| {n} | {r_:.1f} | {h_:.1f} | {r_ / h_:.2f}x | {v_:.1f} | {r_ / v_:.2f}x |")
-        print(f"\ntokens per GiB of tier: as-is BF16 {2**30 / per_tok:,.0f} ({per_tok:.0f} B/token); NVFP4 blocks "
-              f"of the same model {2**30 / nv:,.0f} ({nv:.0f} B/token, {per_tok / nv:.2f}x)")
+        print(f"\nkvtier engine kv_format {a.kv_format}; tokens per GiB of tier: as-is BF16 {2**30 / per_tok:,.0f} "
+              f"({per_tok:.0f} B/token); NVFP4 {2**30 / nv:,.0f} ({nv:.0f} B/token, {per_tok / nv:.2f}x)")
     finally:
         for p in reversed(procs):
             p.stop()

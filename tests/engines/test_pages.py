@@ -46,7 +46,7 @@ def make_cache(kind, order, nb, t, h, d, dtype, device=None, fill=True, gen=None
     elif kind == "flashinfer":
         phys = (nb, 2, t, h, d) if order == "NHD" else (nb, 2, h, t, d)
     else:
-        phys = (2, nb, h, t, d)
+        phys = (nb, h, t, 2 * d)  # vLLM CPU (cpu_attn.py): (num_blocks, H, block_size, 2 * head_size)
     if dtype in (torch.uint8, torch.float8_e4m3fn):
         raw = torch.randint(0, 256, phys, dtype=torch.uint8, generator=gen)
         raw[(raw & 0x7F) == 0x7F] = 0  # no E4M3 NaN bytes
@@ -59,13 +59,20 @@ def make_cache(kind, order, nb, t, h, d, dtype, device=None, fill=True, gen=None
     return x
 
 
+def cpu_sides(cache):
+    """(K, V) of a vLLM CPU cache, each [NB, H, T, D], the way vLLM's CPU attention reads
+    it (cpu_attn.py forward): view (num_blocks, H, 2 * block_size, head_size), chunk(2, dim=2)."""
+    nb, h, t, d2 = cache.shape
+    return cache.view(nb, h, 2 * t, d2 // 2).chunk(2, dim=2)
+
+
 def block_hnd(cache, kind, b, side):
     """[H, T, D] of block b, side 0 (K) / 1 (V), from the logical tensor."""
     if kind == "flash_attn":
         return cache[side, b].permute(1, 0, 2)
     if kind == "flashinfer":
         return cache[b, side].permute(1, 0, 2)
-    return cache[side, b]
+    return cpu_sides(cache)[side][b]
 
 
 def ref_as_is(caches, kind, ids):
@@ -179,8 +186,6 @@ def test_as_is_bf16_every_layout():
 
 def test_as_is_fp8_every_layout():
     for kind, order in LAYOUTS:
-        if kind == "cpu":
-            continue  # vLLM's CPU backend has no FP8 KV cache
         _as_is(kind, order, torch.uint8, "fp8")
         _as_is(kind, order, torch.float8_e4m3fn, "fp8_e4m3")
 
@@ -200,7 +205,14 @@ def test_bad_shapes_refused():
     raises(lambda: P.describe(c, "flash_attn", num_kv_heads=4), "2 KV heads", "expected 4")
     raises(lambda: P.describe(c, "flash_attn", head_dim=128), "head_dim 64")
     raises(lambda: P.describe(c.transpose(3, 4), "flash_attn"), "dense")
-    raises(lambda: P.describe(make_cache("flash_attn", "HND", 4, 16, 2, 64, torch.bfloat16), "cpu"), "dense", "HND")
+    raises(lambda: P.describe(c, "cpu"), "4 dims", "2 * head_dim")
+    cc = make_cache("cpu", "HND", 4, 16, 2, 64, torch.bfloat16)
+    raises(lambda: P.describe(cc[..., :127], "cpu"), "odd")
+    raises(lambda: P.describe(cc.transpose(1, 2), "cpu"), "dense")
+    raises(lambda: P.describe(cc, "cpu", num_kv_heads=4), "2 KV heads", "expected 4")
+    raises(lambda: P.describe(cc, "cpu", head_dim=128), "head_dim 64")
+    raises(lambda: P.describe(cc, "cpu", "nvfp4"), "needs a tensor")
+    assert P.describe(cc, "cpu") == P.EngineLayout("cpu", "HND", 4, 16, 2, 64, "bf16")
     raises(lambda: P.describe(c.view(torch.int16), "flash_attn"), "kv_cache_dtype")
     raises(lambda: P.describe(c, "flash_attn", "fp8_e5m2"), "E5M2")
     raises(lambda: P.describe(c, "flash_attn", "nvfp4"), "needs a tensor")
@@ -233,8 +245,11 @@ def _scales(caches, kind):
     """Per-layer K and V global scales as a contract would carry: amax / (448 * 6)."""
     ks, vs = [], []
     for c in caches:
-        k = c[0] if kind in ("flash_attn", "cpu") else c[:, 0]
-        v = c[1] if kind in ("flash_attn", "cpu") else c[:, 1]
+        if kind == "cpu":
+            k, v = cpu_sides(c)
+        else:
+            k = c[0] if kind == "flash_attn" else c[:, 0]
+            v = c[1] if kind == "flash_attn" else c[:, 1]
         ks.append(float(k.float().abs().max()) / (448 * 6))
         vs.append(float(v.float().abs().max()) / (448 * 6))
     return ks, vs

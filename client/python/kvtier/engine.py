@@ -35,7 +35,15 @@ log = logging.getLogger("kvtier.engine")
 # FP16 and FP32 have no kvtier format (a block of another dtype would need a conversion
 # that is not lossless), so an engine serving them is refused at start.
 AS_IS_FORMATS = {"bfloat16": "bf16", "fp8_e4m3": "fp8"}
-TIER_FORMATS = ("as-is", "nvfp4")
+TIER_FORMATS = ("as-is", "nvfp4", "fp8")
+# Engine KV dtypes the quantizing tier formats take (BlockMover mode "nvfp4"/"fp8").
+QUANTIZED_FROM = ("bfloat16", "float16")
+# Default static global scale per quantizing tier format (docs/vllm.md, "NVFP4 in the
+# tiers"). NVFP4: a block's E4M3 scale is amax / (6 * kv_scale), so 2^-4 stores block
+# amaxes up to 6 * 448 / 16 = 168 unclipped and keeps block scales normal (full E4M3
+# precision) down to an amax of 6 * 2^-6 / 16 ~= 0.006. FP8: an element is x / kv_scale in
+# E4M3, and 1.0 is vLLM's own default k_scale / v_scale (|x| up to 448).
+DEFAULT_KV_SCALE = {"nvfp4": 2.0 ** -4, "fp8": 1.0}
 
 
 class UnsupportedEngineModel(ValueError):
@@ -119,23 +127,66 @@ def salt_tag(salt: Optional[str]) -> str:
     return "#salt:" + hashlib.sha256(salt.encode("utf-8")).hexdigest()[:32]
 
 
+def tier_scales(tier_format: str, kv_scale, num_layers: int):
+    """Per-layer (k_scales, v_scales) of a tier format from an engine setting: None (the
+    format's DEFAULT_KV_SCALE), one number (every layer, K and V), a list of num_layers
+    numbers (K and V alike) or {"k": [...], "v": [...]}. As-is formats carry 1.0. Raises
+    UnsupportedEngineModel on anything else or a scale that is not a finite positive
+    normal float."""
+    import math
+    if tier_format not in DEFAULT_KV_SCALE:
+        if kv_scale is not None:
+            raise UnsupportedEngineModel(f"kv_scale applies to kv_format 'nvfp4' or 'fp8', not {tier_format!r}")
+        return [1.0] * num_layers, [1.0] * num_layers
+    if kv_scale is None:
+        kv_scale = DEFAULT_KV_SCALE[tier_format]
+    try:
+        if isinstance(kv_scale, dict):
+            if set(kv_scale) != {"k", "v"}:
+                raise ValueError("a kv_scale object has exactly the keys 'k' and 'v'")
+            ks, vs = [float(x) for x in kv_scale["k"]], [float(x) for x in kv_scale["v"]]
+        elif isinstance(kv_scale, (list, tuple)):
+            ks = vs = [float(x) for x in kv_scale]
+        elif isinstance(kv_scale, (int, float, str)) and not isinstance(kv_scale, bool):
+            ks = vs = [float(kv_scale)] * num_layers
+        else:
+            raise ValueError(f"{type(kv_scale).__name__} is not a number, a list or {{'k': [...], 'v': [...]}}")
+    except (TypeError, ValueError) as e:
+        raise UnsupportedEngineModel(f"kv_scale {kv_scale!r}: {e}") from None
+    if len(ks) != num_layers or len(vs) != num_layers:
+        raise UnsupportedEngineModel(f"kv_scale has {len(ks)} K and {len(vs)} V scales for {num_layers} layers")
+    for x in ks + vs:
+        if not (math.isfinite(x) and x >= 1.1754944e-38):
+            raise UnsupportedEngineModel(f"kv_scale {x} is not a finite positive normal float")
+    # As the contract holds them (float32), so every process quantizes with the same value.
+    import ctypes
+    return [ctypes.c_float(x).value for x in ks], [ctypes.c_float(x).value for x in vs]
+
+
 def engine_contract(engine: str, model_name: str, weights: str, shape: EngineShape, block_tokens: int,
                     tp_rank: int = 0, tp_size: int = 1, tier_format: str = "as-is", salt: Optional[str] = None,
-                    layout: str = "") -> kvtier.Contract:
+                    layout: str = "", kv_scale=None) -> kvtier.Contract:
     """The contract of one engine's blocks. `engine` and `layout` name how the engine's
     pages were laid out before they were put into kvtier's block format (part of the
     model id, so two layouts never share); `salt` puts the blocks in a namespace of their
     own (vLLM's cache_salt). tier_format "as-is" keeps the engine's dtype (BF16, FP8);
-    "nvfp4" is refused until the CPU codec path lands."""
+    "nvfp4" and "fp8" quantize BF16/FP16 pages into kvtier NVFP4 / FP8 blocks with the
+    static per-layer global scales of `kv_scale` (see tier_scales), recorded in the
+    contract: the format and the scales are in its id, so blocks of one format or scale
+    never load as another."""
     if tier_format not in TIER_FORMATS:
         raise UnsupportedEngineModel(f"kv_format {tier_format!r} is not one of {TIER_FORMATS}")
-    if tier_format == "nvfp4":
-        raise UnsupportedEngineModel("kv_format 'nvfp4' (NVFP4 blocks in the tiers, dequantized on load) is not "
-                                     "available in this release; use 'as-is'")
-    fmt = AS_IS_FORMATS.get(shape.dtype)
-    if fmt is None:
-        raise UnsupportedEngineModel(f"KV dtype {shape.dtype} has no kvtier block format (kvtier stores bf16 and "
-                                     f"fp8_e4m3 as they are); serve the model with --dtype bfloat16")
+    if tier_format == "as-is":
+        fmt = AS_IS_FORMATS.get(shape.dtype)
+        if fmt is None:
+            raise UnsupportedEngineModel(f"KV dtype {shape.dtype} has no kvtier block format (kvtier stores bf16 and "
+                                         f"fp8_e4m3 as they are); serve the model with --dtype bfloat16")
+    else:
+        if shape.dtype not in QUANTIZED_FROM:
+            raise UnsupportedEngineModel(f"kv_format {tier_format!r} quantizes {' or '.join(QUANTIZED_FROM)} pages; "
+                                         f"these are {shape.dtype}")
+        fmt = tier_format
+    k_scales, v_scales = tier_scales(tier_format, kv_scale, shape.num_layers)
     if not 0 <= tp_rank < tp_size:
         raise UnsupportedEngineModel(f"tensor-parallel rank {tp_rank} is not in [0, {tp_size})")
     if block_tokens < 1:
@@ -147,8 +198,7 @@ def engine_contract(engine: str, model_name: str, weights: str, shape: EngineSha
     return kvtier.Contract(model_id=name[:kvtier_max_string()], model_revision=weights[:kvtier_max_string()],
                            tokenizer_revision="", num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
                            head_dim=shape.head_dim, block_tokens=block_tokens, tp_rank=tp_rank, tp_size=tp_size,
-                           kv_format=fmt, scale_rule="max6",
-                           k_scales=[1.0] * shape.num_layers, v_scales=[1.0] * shape.num_layers)
+                           kv_format=fmt, scale_rule="max6", k_scales=k_scales, v_scales=v_scales)
 
 
 def kvtier_max_string() -> int:

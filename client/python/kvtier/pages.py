@@ -6,7 +6,12 @@ KV connector (docs/pages.md):
     kind          logical shape                         physical order inside a block
     "flash_attn"  (2, num_blocks, T, H, D)              NHD, or HND = permute (0,1,3,2,4)
     "flashinfer"  (num_blocks, 2, T, H, D)              NHD, or HND = permute (0,1,3,2,4)
-    "cpu"         (2, num_blocks, H, T, D)              HND (vLLM's CPU attention backend)
+    "cpu"         (num_blocks, H, T, 2*D)               per head T K rows then T V rows
+                                                        (vLLM CPU, cpu_attn.py, LBHNC)
+
+vLLM's CPU backend allocates (num_blocks, H, block_size, 2 * head_size) and its kernels view
+it as (num_blocks, H, 2 * block_size, head_size) split in two at dim 2, so inside one head a
+block holds its K rows (T x D) and then its V rows (T x D); it is not K|V per token.
 
 and kvtier's block layout (formats/layout.h): per layer one page, K then V, HND inside a
 page; a block is the pages of layers 0..L-1 one after the other. An NVFP4 page is
@@ -95,6 +100,8 @@ def describe(cache: torch.Tensor, kind: str, kv_cache_dtype: str = "auto", num_k
         raise PagesError(f"layout kind {kind!r} is not one of {KINDS}")
     if not isinstance(cache, torch.Tensor):
         raise PagesError(f"a KV cache must be a torch.Tensor, got {type(cache).__name__}")
+    if kind == "cpu":
+        return _describe_cpu(cache, kv_cache_dtype, num_kv_heads, head_dim, v_scale_swizzle)
     if cache.dim() != 5:
         raise PagesError(f"a {kind} KV cache has 5 dims, got shape {tuple(cache.shape)}")
     kvd = _kv_dtype(cache, kv_cache_dtype)
@@ -105,15 +112,10 @@ def describe(cache: torch.Tensor, kind: str, kv_cache_dtype: str = "auto", num_k
         kv_dim, nb, rest, rest_st = 0, sh[1], sh[2:], st[2:]
     elif kind == "flashinfer":
         kv_dim, nb, rest, rest_st = 1, sh[0], sh[2:], st[2:]
-    else:
-        kv_dim, nb = 0, sh[1]
-        rest, rest_st = (sh[3], sh[2], sh[4]), (st[3], st[2], st[4])  # as (T, H, D)
     if sh[kv_dim] != 2:
         raise PagesError(f"{kind} KV cache {tuple(sh)}: dim {kv_dim} must be 2 (K and V)")
     t, h, last = rest
     if kvd == "nvfp4":
-        if kind == "cpu":
-            raise PagesError("NVFP4 pages exist only for the CUDA backends (flash_attn, flashinfer)")
         if last % 9 != 0:
             raise PagesError(f"NVFP4 page rows are D/2 + D/16 bytes; {last} is not that for any D")
         d = last // 9 * 16
@@ -132,11 +134,10 @@ def describe(cache: torch.Tensor, kind: str, kv_cache_dtype: str = "auto", num_k
     # matter (torch may give them any value), and with T or H of 1 both orders agree.
     nhd = _dense(rest, rest_st, (h * last, last, 1))
     hnd = _dense(rest, rest_st, (last, t * last, 1))
-    if not (hnd if kind == "cpu" else nhd or hnd):
-        want = "HND" if kind == "cpu" else "NHD or HND"
-        raise PagesError(f"{kind} KV cache {tuple(sh)} strides {st}: a block must be dense in {want} order "
+    if not (nhd or hnd):
+        raise PagesError(f"{kind} KV cache {tuple(sh)} strides {st}: a block must be dense in NHD or HND order "
                          f"(T, H, D strides {(h * last, last, 1)} or {(last, t * last, 1)}), got {rest_st}")
-    order = "HND" if (hnd and not nhd) or kind == "cpu" else "NHD"
+    order = "HND" if hnd and not nhd else "NHD"
     block_elems = t * h * last
     blk_dim = 1 - kv_dim if kind != "flashinfer" else 0
     for dim_, what in ((kv_dim, "K/V"), (blk_dim, "block")):
@@ -145,6 +146,35 @@ def describe(cache: torch.Tensor, kind: str, kv_cache_dtype: str = "auto", num_k
     if kvd == "nvfp4" and v_scale_swizzle and (t % 4 != 0 or (d // 16) % 4 != 0):
         raise PagesError(f"the V-scale swizzle needs block_tokens and head_dim/16 multiples of 4, got T={t}, D={d}")
     return EngineLayout(kind, order, nb, t, h, d, kvd, bool(v_scale_swizzle))
+
+
+def _describe_cpu(cache, kv_cache_dtype, num_kv_heads, head_dim, v_scale_swizzle) -> EngineLayout:
+    """vLLM CPU's (num_blocks, H, T, 2*D): each block dense (strides (T*2D, 2D, 1) inside)."""
+    sh, st = tuple(cache.shape), cache.stride()
+    if cache.dim() != 4:
+        raise PagesError(f"a cpu KV cache has 4 dims (num_blocks, num_kv_heads, block_size, 2 * head_dim), "
+                         f"got shape {sh}")
+    kvd = _kv_dtype(cache, kv_cache_dtype)
+    if kvd == "nvfp4":
+        raise PagesError("NVFP4 pages exist only for the CUDA backends (flash_attn, flashinfer)")
+    if v_scale_swizzle:
+        raise PagesError("v_scale_swizzle applies to NVFP4 pages only")
+    nb, h, t, d2 = sh
+    if d2 % 2 != 0:
+        raise PagesError(f"cpu KV cache {sh}: the last dim is 2 * head_dim (K rows then V rows), {d2} is odd")
+    d = d2 // 2
+    if min(nb, t, h, d) <= 0:
+        raise PagesError(f"KV cache {sh} has an empty dimension")
+    if num_kv_heads is not None and h != num_kv_heads:
+        raise PagesError(f"KV cache has {h} KV heads, expected {num_kv_heads} ({sh} as cpu)")
+    if head_dim is not None and d != head_dim:
+        raise PagesError(f"KV cache has head_dim {d}, expected {head_dim} ({sh} as cpu)")
+    if not _dense(sh[1:], st[1:], (t * d2, d2, 1)):
+        raise PagesError(f"cpu KV cache {sh} strides {st}: a block must be dense (H, T, 2*D strides "
+                         f"{(t * d2, d2, 1)}), got {st[1:]}")
+    if nb > 1 and abs(st[0]) < h * t * d2:
+        raise PagesError(f"KV cache strides {st}: the block stride {st[0]} overlaps a block of {h * t * d2}")
+    return EngineLayout("cpu", "HND", nb, t, h, d, kvd, False)
 
 
 def _dense(shape, strides, want) -> bool:
@@ -393,16 +423,24 @@ class BlockMover:
     # -- views ---------------------------------------------------------------------------
     def _sides(self, c: torch.Tensor):
         kind = self.layout.kind
-        k, v = (c[0], c[1]) if kind in ("flash_attn", "cpu") else (c[:, 0], c[:, 1])
+        if kind == "cpu":
+            # Per head T*D K elements then T*D V elements: [NB, H, T, D] views of each.
+            lay = self.layout
+            H, T, D = lay.num_kv_heads, lay.block_tokens, lay.head_dim
+            size, st = (lay.num_blocks, H, T, D), (c.stride(0), 2 * T * D, D, 1)
+            k = torch.as_strided(c, size, st, c.storage_offset())
+            v = torch.as_strided(c, size, st, c.storage_offset() + T * D)
+            if c.dtype == torch.float8_e4m3fn:
+                k, v = k.view(torch.uint8), v.view(torch.uint8)
+            return k, v
+        k, v = (c[0], c[1]) if kind == "flash_attn" else (c[:, 0], c[:, 1])
         if c.dtype == torch.float8_e4m3fn:
             k, v = k.view(torch.uint8), v.view(torch.uint8)
         if self.layout.kv_dtype == "nvfp4":
             side = k[0].numel()
             return (torch.as_strided(k, (k.shape[0], side), (k.stride(0), 1)),
                     torch.as_strided(v, (v.shape[0], side), (v.stride(0), 1)))
-        if kind != "cpu":  # [NB, T, H, D] -> [NB, H, T, D]
-            k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
-        return k, v
+        return k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)  # [NB, T, H, D] -> [NB, H, T, D]
 
     def _ids(self, block_ids, unique: bool) -> torch.Tensor:
         ids = torch.as_tensor(block_ids, dtype=torch.int64).reshape(-1).cpu()

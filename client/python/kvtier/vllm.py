@@ -11,8 +11,13 @@ Loaded by vLLM with no change to vLLM::
 
 - ``socket``: kvtierd's control socket. Default: $KVTIER_SOCKET, else
   ./kvtier-data/kvtierd.sock (the daemon's default).
-- ``kv_format``: "as-is" (default: vLLM's pages as they are, BF16). "nvfp4" (NVFP4 blocks
-  in the tiers) is refused with a clear error in this release.
+- ``kv_format``: "as-is" (default: vLLM's BF16 pages as they are). "nvfp4": kvtier NVFP4
+  blocks in the tiers (0.28x the bytes; quantized on save, dequantized to BF16 on load).
+  "fp8": kvtier FP8 (E4M3) blocks (0.5x).
+- ``kv_scale``: the static global scale of "nvfp4"/"fp8": a number (every layer, K and V),
+  a list of one per layer, or ``{"k": [...], "v": [...]}``. Default: 2^-4 for NVFP4 (block
+  amaxes up to 168 stored unclipped, docs/vllm.md says why), 1.0 for FP8. Recorded in the
+  contract.
 - ``model_revision``: names the weights in the contract. Default: a SHA-256 of the model
   folder's config.json and weight files (read once per process at start).
 - ``client_name``: the name kvtierd logs for this engine. Default: "vllm".
@@ -40,7 +45,7 @@ What happens (docs/vllm.md has the whole story):
 
 Refused at start, with the reason: hybrid models (more than one KV cache group: run with
 --disable-hybrid-kv-cache-manager on a full-attention model), MLA, pipeline parallelism,
-KV dtypes other than bf16 (fp16, fp32, fp8), a page layout other than vLLM CPU's
+KV dtypes other than bf16 (fp16, fp32, fp8), a bad kv_format or kv_scale, a page layout other than vLLM CPU's
 (num_blocks, H, block_size, 2 * head_dim), and kv_role other than kv_both.
 """
 from __future__ import annotations
@@ -56,39 +61,28 @@ import torch
 
 import kvtier
 from . import engine as E
+from . import pages as P
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
 
 log = logging.getLogger("vllm.kvtier")
 
-# The page layout the copy helpers below read and write: vLLM CPU's per-layer KV tensor
-# (cpu_attn.py): (num_blocks, num_kv_heads, block_size, 2 * head_dim), viewed by its kernels
-# as (num_blocks, H, 2 * block_size, head_dim): per head the block's K rows, then its V rows.
+# The page layout vLLM CPU hands the connector (cpu_attn.py, kvtier.pages kind "cpu"):
+# (num_blocks, num_kv_heads, block_size, 2 * head_dim), per head the block's K rows, then
+# its V rows. Every copy between these pages and kvtier blocks is kvtier.pages.BlockMover's.
 PAGE_LAYOUT = "cpu-bhnc"
+PAGE_KIND = "cpu"
 _LOAD_CHUNK = 256   # keys per acquire
 _SAVE_CHUNK = 32    # staging slots per alloc (well under tiers.host.staging_slots_per_client)
+# kv_connector_extra_config kv_format -> BlockMover mode.
+MOVER_MODES = {"as-is": "as_is", "nvfp4": "nvfp4", "fp8": "fp8"}
 
 
-# ---- copies between vLLM's pages and kvtier's blocks -------------------------------------
-# kvtier's BF16 block (formats/layout.h): per layer one page | K H*T*D | V H*T*D |, HND, layers
-# one after the other. These two functions are the whole data path; a general mover that
-# also serves CUDA layouts can replace them one for one.
-
-def pages_to_block(kv_layers: Sequence[torch.Tensor], block_id: int, dst: torch.Tensor):
-    """Copies vLLM block `block_id` of every layer into `dst`, one kvtier block viewed as
-    (layers, 2, H, T, D) in the pages' dtype."""
-    for layer, kv in enumerate(kv_layers):
-        n, h, t, d2 = kv.shape
-        dst[layer].copy_(kv[block_id].view(h, 2, t, d2 // 2).transpose(0, 1))
-
-
-def block_to_pages(src: torch.Tensor, kv_layers: Sequence[torch.Tensor], block_id: int):
-    """The inverse of pages_to_block: kvtier block `src` (layers, 2, H, T, D) into vLLM
-    block `block_id` of every layer."""
-    for layer, kv in enumerate(kv_layers):
-        n, h, t, d2 = kv.shape
-        kv[block_id].view(h, 2, t, d2 // 2).copy_(src[layer].transpose(0, 1))
+def block_bytes_view(addr: int, nbytes: int) -> torch.Tensor:
+    """A uint8 tensor over nbytes of kvtierd's shared host arena at addr (a staging slot,
+    or a read-only acquired slot that is only read)."""
+    return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(addr), dtype=torch.uint8)
 
 
 # ---- metadata ---------------------------------------------------------------------------
@@ -173,6 +167,10 @@ class KvtierConnector(KVConnectorBase_V1):
                 "in BF16 only (FP16 and FP32 have no kvtier block format, and vLLM's FP8 pages carry vLLM's own "
                 "scales); serve with --dtype bfloat16 and the default --kv-cache-dtype")
         tier_format = str(extra.get("kv_format", "as-is"))
+        if tier_format not in MOVER_MODES:
+            raise E.UnsupportedEngineModel(f"KvtierConnector: kv_format {tier_format!r} is not one of "
+                                           f"{tuple(MOVER_MODES)}")
+        self.kv_scale = extra.get("kv_scale")
         self.tp_size = int(pc.tensor_parallel_size)
         hf = mc.hf_config.to_dict() if hasattr(mc.hf_config, "to_dict") else dict(mc.hf_config)
         self.shape = E.shape_from_hf_config(hf, self.tp_size, dtype)
@@ -184,6 +182,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self.model_name = str(mc.served_model_name if isinstance(mc.served_model_name, str) else mc.model)
         self.weights = str(extra.get("model_revision") or E.folder_identity(str(mc.model)))
         self.tier_format = tier_format
+        self._mover: Optional[P.BlockMover] = None
         if role == KVConnectorRole.WORKER:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
             self.tp_rank = int(get_tensor_model_parallel_rank())
@@ -206,10 +205,12 @@ class KvtierConnector(KVConnectorBase_V1):
         self._kv_layers: List[torch.Tensor] = []
         self._load_errors: set = set()
         self.loaded_blocks = self.saved_blocks = 0
+        c0 = self._contracts[(None, ranks[0])]
         log.info("KvtierConnector (%s): model %s weights %s, %d layers x %d KV heads x %d, %d-token blocks, "
-                 "rank %d/%d, kvtierd at %s", role.name.lower(), self.model_name, self.weights,
-                 self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim, self.block_tokens,
-                 self.tp_rank, self.tp_size, socket)
+                 "rank %d/%d, tier format %s (%d bytes a block, K scale %g), kvtierd at %s", role.name.lower(),
+                 self.model_name, self.weights, self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim,
+                 self.block_tokens, self.tp_rank, self.tp_size, tier_format, c0.block_bytes(), c0.k_scales[0],
+                 socket)
 
     # ---- contracts --------------------------------------------------------------------
 
@@ -219,7 +220,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if c is None:
             c = E.engine_contract("vllm", self.model_name, self.weights, self.shape, self.block_tokens,
                                   tp_rank=rank, tp_size=self.tp_size, tier_format=self.tier_format, salt=salt,
-                                  layout=PAGE_LAYOUT)
+                                  layout=PAGE_LAYOUT, kv_scale=self.kv_scale)
             self._contracts[key] = c
         return c
 
@@ -330,21 +331,33 @@ class KvtierConnector(KVConnectorBase_V1):
         if len(layers) != s.num_layers:
             raise E.UnsupportedEngineModel(f"KvtierConnector: vLLM hands {len(layers)} KV caches for a model of "
                                            f"{s.num_layers} layers")
-        for n, kv in zip(names, layers):
-            want = (s.num_kv_heads, self.block_tokens, 2 * s.head_dim)
-            if kv.dim() != 4 or tuple(kv.shape[1:]) != want or kv.dtype != torch.bfloat16 or \
-                    kv.device.type != "cpu" or not kv[0].is_contiguous():
-                raise E.UnsupportedEngineModel(
-                    f"KvtierConnector: KV cache {n} is {tuple(kv.shape)} {kv.dtype} on {kv.device}; this release "
-                    f"copies vLLM CPU's bf16 pages (num_blocks, {want[0]}, {want[1]}, {want[2]}) only")
+        self._mover = self._make_mover(names, layers)
         self._kv_layers = layers
         log.info("KvtierConnector: %d KV caches of %s blocks registered", len(layers), layers[0].shape[0])
 
-    def _block_view(self, addr: int, nbytes: int) -> torch.Tensor:
+    def _make_mover(self, names: Sequence[str], layers: Sequence[torch.Tensor]) -> P.BlockMover:
+        """The BlockMover between vLLM CPU's pages and this rank's kvtier blocks; refuses
+        pages of another shape, dtype, device or layout, and a block size that is not the
+        contract's."""
         s = self.shape
-        buf = (ctypes.c_uint8 * nbytes).from_address(addr)
-        return torch.frombuffer(buf, dtype=torch.bfloat16).view(s.num_layers, 2, s.num_kv_heads,
-                                                                 self.block_tokens, s.head_dim)
+        want = f"vLLM CPU's bf16 pages (num_blocks, {s.num_kv_heads}, {self.block_tokens}, {2 * s.head_dim})"
+        for n, kv in zip(names, layers):
+            if kv.dtype != torch.bfloat16 or kv.device.type != "cpu":
+                raise E.UnsupportedEngineModel(f"KvtierConnector: KV cache {n} is {tuple(kv.shape)} {kv.dtype} on "
+                                               f"{kv.device}; this release copies {want} only")
+        try:
+            lay = P.describe(layers[0], PAGE_KIND, "bfloat16", s.num_kv_heads, s.head_dim)
+            if lay.block_tokens != self.block_tokens:
+                raise P.PagesError(f"{lay.block_tokens}-token blocks, the contract's are {self.block_tokens}")
+            c = self._contract(None, self.tp_rank)
+            mover = P.BlockMover(layers, lay, MOVER_MODES[self.tier_format], c.k_scales, c.v_scales, P.MAX6)
+        except P.PagesError as e:
+            raise E.UnsupportedEngineModel(f"KvtierConnector: KV cache {names[0]} {tuple(layers[0].shape)}: {e}; "
+                                           f"this release copies {want} only") from None
+        if mover.block_bytes != c.block_bytes():
+            raise E.UnsupportedEngineModel(f"KvtierConnector: a block is {mover.block_bytes} bytes from the pages, "
+                                           f"{c.block_bytes()} in the contract")
+        return mover
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         meta = self._get_connector_metadata()
@@ -359,7 +372,7 @@ class KvtierConnector(KVConnectorBase_V1):
             return
         done = 0
         client, cid = self._client_and_id(tr.salt, self.tp_rank)
-        if client is not None:
+        if client is not None and self._mover is not None:
             try:
                 keys = E.block_keys(cid, tr.tokens, self.block_tokens)[tr.first:tr.first + n]
                 block_bytes = client._block_bytes[cid]
@@ -367,10 +380,12 @@ class KvtierConnector(KVConnectorBase_V1):
                     chunk = keys[done:min(n, done + _LOAD_CHUNK)]
                     lease = client.acquire(cid, chunk, "host")
                     try:
-                        for i, slot in enumerate(lease.slots):
-                            src = self._block_view(client.host_slot_address(slot, cid), block_bytes)
-                            block_to_pages(src, self._kv_layers, tr.block_ids[done + i])
                         got = len(lease.slots)
+                        rows = [block_bytes_view(client.host_slot_address(slot, cid), block_bytes)
+                                for slot in lease.slots]
+                        # All of the chunk's pages or none: the mover checks every block
+                        # (NVFP4: every scale byte) before the first write.
+                        self._mover.load(rows, tr.block_ids[done:done + got])
                     finally:
                         client.release(lease)
                     done += got
@@ -378,6 +393,9 @@ class KvtierConnector(KVConnectorBase_V1):
                         break
             except kvtier.KvtierError as e:
                 self._failed("load", e, "kvtier: load failed (%s); vLLM recomputes the blocks")
+            except P.PagesError as e:
+                self._once.warn(("load", "corrupt"), "kvtier: a loaded block is refused (%s); vLLM recomputes "
+                                "the blocks", e)
         self.loaded_blocks += done
         if done < n:
             # Every block after the first one missing is recomputed (vLLM recomputes from the
@@ -399,7 +417,7 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def _save(self, tr: _Transfer):
         n = len(tr.block_ids)
-        if n == 0 or not self._kv_layers:
+        if n == 0 or self._mover is None:
             return
         client, cid = self._client_and_id(tr.salt, self.tp_rank)
         if client is None:
@@ -412,9 +430,9 @@ class KvtierConnector(KVConnectorBase_V1):
                 m = min(_SAVE_CHUNK, tr.first + n - at)
                 lease = client.alloc(cid, m, "host", wait_ms=200)
                 try:
-                    for i, slot in enumerate(lease.slots):
-                        dst = self._block_view(client.host_slot_address(slot), block_bytes)
-                        pages_to_block(self._kv_layers, tr.block_ids[at - tr.first + i], dst)
+                    rows = [block_bytes_view(client.host_slot_address(slot), block_bytes) for slot in lease.slots]
+                    first = at - tr.first
+                    self._mover.save(tr.block_ids[first:first + len(rows)], rows)
                     parent = keys[at - 1] if at > 0 else None
                     stored = client.commit_chain(cid, lease, lease.slots, keys[at:at + m], parent)
                 finally:
@@ -424,6 +442,8 @@ class KvtierConnector(KVConnectorBase_V1):
         except kvtier.KvtierError as e:
             # Anything but success (a full tier, a conflict, a dead daemon) means "not stored".
             self._failed("save", e, "kvtier: save failed (%s); those blocks are not cached")
+        except P.PagesError as e:
+            self._once.warn(("save", "pages"), "kvtier: save refused (%s); those blocks are not cached", e)
 
     def get_block_ids_with_load_errors(self) -> set:
         errs, self._load_errors = self._load_errors, set()
