@@ -189,7 +189,8 @@ class TierManagerImpl final : public TierManager, private StagingHost {
     ++indexed_[b->id.contract];
     blocks_.insert(std::move(b));
   }
-  void EraseBlockLocked(const BlockId& id) {
+  // `id` by value: callers pass the block's own id, which the erase below destroys.
+  void EraseBlockLocked(BlockId id) {
     order_.erase(id);
     ++blocks_gen_;
     if (blocks_.erase(id) != 0) {
