@@ -34,6 +34,7 @@ if [ ! -e "$SRC_BUILD" ]; then ln -s "$BUILD" "$SRC_BUILD"; fi
 if [ -f "$DC/cmake/path.txt" ]; then
   M=$(cat "$DC/cmake/path.txt")
   [ -e "$M" ] || { mkdir -p "$(dirname "$M")"; cp "$DC/cmake/GoogleTestAddTests.cmake" "$M"; }
+  [ ! -d "$DC/cmake/GoogleTest" ] || [ -e "$(dirname "$M")/GoogleTest" ] || cp -r "$DC/cmake/GoogleTest" "$(dirname "$M")/"
 fi
 echo "== $(date -u) on $(hostname): build tree $SRC_BUILD -> $BUILD"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
