@@ -9,7 +9,14 @@ here="$(cd "$(dirname "$0")" && pwd)"
 venv_py="${KVTIER_TORCH_VENV:-$HOME/.cache/kvtier/torch-venv}/bin/python"
 py="${KVTIER_TORCH_PYTHON:-}"
 # The gpu group wants the machine's CUDA torch, not the CPU venv.
-if [ "${1:-}" = gpu ]; then py="${KVTIER_GPU_PYTHON:-$(command -v python3)}"; fi
+# Where that python has no torch (a build machine without a GPU), the CPU venv's python
+# runs the group, which then reports Skipped (no CUDA device) rather than a missing torch.
+if [ "${1:-}" = gpu ]; then
+  py="${KVTIER_GPU_PYTHON:-$(command -v python3)}"
+  if ! "$py" -c 'import torch' >/dev/null 2>&1 && [ -n "${KVTIER_TORCH_PYTHON:-}" ]; then
+    py="$KVTIER_TORCH_PYTHON"
+  fi
+fi
 if [ -z "$py" ]; then
   if [ -x "$venv_py" ]; then py="$venv_py"; else py="$(command -v python3)"; fi
 fi

@@ -38,7 +38,9 @@ def main(argv):
     # where this python lacks the modules; with KVTIER_REQUIRE_TORCH=1 (scripts/test.sh) a
     # missing module fails a CPU entry instead of skipping it.
     tp = os.environ.get("KVTIER_TORCH_PYTHON", "")
-    if cpu and tp and os.path.realpath(tp) != os.path.realpath(sys.executable) and \
+    # (No realpath comparison: a venv's python is a link to the interpreter it was made from,
+    # and only the path it is started by selects the venv.)
+    if cpu and tp and os.path.abspath(tp) != sys.executable and \
             os.environ.get("KVTIER_RUN_TESTS_REEXEC") != "1":
         os.environ["KVTIER_RUN_TESTS_REEXEC"] = "1"
         os.execv(tp, [tp, os.path.abspath(__file__), *sys.argv[1:]])
