@@ -12,7 +12,7 @@ Rows (each the median of --reps timed runs, CUDA events on one stream, after a w
   nvfp4/<layout>  BlockMover.load of the same tokens stored as NVFP4 blocks (H2D of 0.28x
                   the bytes + dequantize_pages + scatter)
   save as_is / save nvfp4   BlockMover.save, device -> pinned host
-Targets (issue text): as-is restore >= 0.8x memcpy_h2d; NVFP4 restore >= 2.5x faster than as-is.
+Targets: as-is restore >= 0.8x memcpy_h2d; NVFP4 restore >= 2.5x faster than as-is.
 Every timed load is checked afterwards: as-is pages equal the source, NVFP4 pages equal the
 CPU codec's decode of the saved bytes (checked on a sample of blocks).
 """
