@@ -234,8 +234,11 @@ def main(argv=None):
         need = {(c, B): B * (-(-(c + a.warmup + a.steps + 8) // T)) * slot for c in contexts for B in batches}
         fits = {k: v for k, v in need.items() if v <= budget}
         hbm = max(fits.values()) if fits else slot * 64
+        # The HBM tier is sized for the largest shape's pages, all held by this one client:
+        # it may hold the whole tier (the default share, 0.75, keeps one engine of several
+        # from pinning it all).
         with Daemon(slot_bytes=bb, hbm=f"{(hbm + GiB - 1) // GiB}GiB", host="1GiB", nvme="1GiB",
-                    timeout_s=300) as d:
+                    timeout_s=300, client_share=1.0) as d:
             client = kvtier.Client(d.socket, name=f"bench-{fmt}", has_gpu=True)
             model.set_attn_implementation("kvtier")
             for ctx in contexts:
@@ -375,7 +378,7 @@ def max_batch(model, free, a, ctx=131072):
     contract = kvtier_contract(model, "nvfp4")
     try:
         with Daemon(slot_bytes=contract.block_bytes(), hbm=f"{math.ceil(nb * per_seq['kvtier-nvfp4'] / GiB)}GiB",
-                    host="1GiB", nvme="1GiB", timeout_s=300) as d:
+                    host="1GiB", nvme="1GiB", timeout_s=300, client_share=1.0) as d:
             client = kvtier.Client(d.socket, name="maxbatch", has_gpu=True)
             model.set_attn_implementation("kvtier")
             with torch.no_grad():

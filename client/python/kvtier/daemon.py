@@ -40,12 +40,15 @@ def kvtierd_path():
 class Daemon:
     def __init__(self, slot_bytes, hbm="8GiB", host="16GiB", nvme="32GiB", nvme_dir=None, policy="prefix-lru",
                  log_level=None, timeout_s=120, trace_copies=False, slot_classes="auto",
-                 slab_bytes="auto", host_watermarks=(0.95, 0.85)):
+                 slab_bytes="auto", host_watermarks=(0.95, 0.85), client_share=None):
         """hbm=None starts a daemon without an HBM tier. slot_classes: the slot sizes
         (tiers.slot_classes: "auto", the daemon's default, or a list of bytes whose largest
         is slot_bytes rounded up to 4 KiB; [] or None: one slot size), sharing slabs of
         slab_bytes (tiers.slab_bytes, "auto" or a size). host_watermarks: the host tier's
-        (high, low) watermarks."""
+        (high, low) watermarks. client_share: daemon.max_tier_share_per_client, the share of
+        each tier's bytes one client may hold under its leases (None: the daemon's default,
+        0.75; 1.0 where the one engine under test is the daemon's only client and its pages
+        fill the HBM tier sized for them)."""
         log_level = log_level or os.environ.get("KVTIER_DAEMON_LOG_LEVEL", "warn")
         self.dir = tempfile.mkdtemp(prefix="kvtierd-")
         self.socket = os.path.join(self.dir, "kvtierd.sock")
@@ -59,6 +62,7 @@ log_level = "{log_level}"
 metrics_port = 0
 ring_data_bytes = "16MiB"
 trace_copies = {"true" if trace_copies else "false"}
+{"" if client_share is None else f"max_tier_share_per_client = {float(client_share)!r}"}
 [tiers]
 slot_bytes = {slot}
 slot_classes = {'"auto"' if slot_classes == "auto" else
