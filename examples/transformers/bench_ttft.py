@@ -55,6 +55,9 @@ def main(argv=None):
     ap.add_argument("--nvme-dir", default=None, help="NVMe tier folder (default: a temp folder)")
     ap.add_argument("--formats", default="nvfp4", help="page formats of the kvtier caches (comma separated)")
     ap.add_argument("--json")
+    ap.add_argument("--trace-copies", action="store_true",
+                    help="the daemon logs each acquire's timeline and copy batch (daemon.trace_copies; "
+                         "KVTIER_DAEMON_LOG_LEVEL=info KVTIER_DAEMON_LOG=FILE keeps the log)")
     ap.add_argument("--smoke", action="store_true",
                     help="the smallest run: a 2-layer model, 256 + 16 tokens, one repetition, every page format")
     a = ap.parse_args(argv)
@@ -106,7 +109,7 @@ def kvtier_ttft(model, fmt, conv1, conv2, a, res):
     res[f"{fmt}_block_bytes"] = bb
     nvme_dir = os.path.join(a.nvme_dir, fmt) if a.nvme_dir else tempfile.mkdtemp(prefix="kvtier-ttft-nvme-")
     with Daemon(slot_bytes=bb, hbm=f"{gib}GiB", host=f"{gib}GiB", nvme=f"{gib}GiB", nvme_dir=nvme_dir,
-                timeout_s=300) as d:
+                timeout_s=300, trace_copies=a.trace_copies) as d:
         client = kvtier.Client(d.socket, name="bench-ttft", has_gpu=True)
         with kt.prefix_cache(model, client, conv1, max_new_tokens=1, contract=contract) as c1:
             t0 = time.perf_counter()
