@@ -458,10 +458,12 @@ class BlockMover:
         e["check"](e["fn"](ctypes.byref(p), ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)),
                    "engine_pages")
 
-    def _chunks(self, n: int):
-        """Row ranges for the copy/compute pipeline: chunks of >= 8 MiB, at most 8. The
-        last chunk's scatter is not overlapped, so small calls want several chunks."""
-        k = max(1, min(8, n * self.block_bytes // (8 << 20), n))
+    def _chunks(self, n: int, min_mib: int = 8):
+        """Row ranges for the copy/compute pipeline: chunks of >= min_mib MiB, at most 8.
+        Load uses 8 MiB: the last chunk's scatter is not overlapped, so small loads want
+        several chunks. Save uses 16 MiB: NVFP4 save costs host time per chunk and layer
+        (one quantize_append each), so more chunks make it slower."""
+        k = max(1, min(8, n * self.block_bytes // (min_mib << 20), n))
         size = -(-n // k)
         return [(a, min(n, a + size)) for a in range(0, n, size)]
 
@@ -562,7 +564,7 @@ class BlockMover:
                 else:
                     # Gather chunk c on the compute stream while chunk c-1 goes to host.
                     copy = self._side_stream()
-                    for a, b in self._chunks(n):
+                    for a, b in self._chunks(n, 16):
                         self._gather(ids[a:b], st[a:b])
                         ev = torch.cuda.Event()
                         ev.record(main)
