@@ -459,6 +459,9 @@ int kvt_engine_pages(const kvt_engine_pages_params* p, void* stream) {
     return Fail(KVT_INVALID, "engine_pages: engine, block_ids and rows are required");
   }
   if (p->format == KVT_FORMAT_NVFP4 && p->scales == nullptr) return Fail(KVT_INVALID, "engine_pages: NVFP4 needs scales");
+  if (p->format == KVT_FORMAT_NVFP4 && p->row_errors == nullptr) {
+    return Fail(KVT_INVALID, "engine_pages: NVFP4 needs row_errors (the per-row scale check's result)");
+  }
   detail::EnginePagesLaunch a{};
   a.engine = p->engine;
   a.block_stride = p->block_stride;
@@ -480,6 +483,7 @@ int kvt_engine_pages(const kvt_engine_pages_params* p, void* stream) {
   a.direction = static_cast<int>(p->direction);
   a.scales = p->scales;
   a.error_flag = p->error_flag;
+  a.row_errors = p->row_errors;
   if (cudaError_t e = detail::LaunchEnginePages(a, static_cast<cudaStream_t>(stream)); e != cudaSuccess) {
     return CudaFail(e, "engine_pages launch");
   }

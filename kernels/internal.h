@@ -100,6 +100,7 @@ struct EnginePagesLaunch {
   int num_layers, num_kv_heads, head_dim, block_tokens, elem_bytes, format, direction;
   const float* scales;
   int32_t* error_flag;
+  int32_t* row_errors;  // NVFP4 scatter: [n], written by the scale check, read by the decode
 };
 cudaError_t LaunchEnginePages(const EnginePagesLaunch& a, cudaStream_t stream);
 
@@ -109,5 +110,6 @@ cudaError_t LaunchReadProbe(const void* src, uint64_t bytes, uint32_t* sink, cud
 inline constexpr int32_t kErrSlotRange = 1;   // slot id / position out of range: skipped
 inline constexpr int32_t kErrNonFinite = 2;   // non-finite input value: token skipped
 inline constexpr int32_t kErrSeqLen = 4;      // sequence length out of range
+inline constexpr int32_t kErrBadScale = 8;    // NVFP4 block or global scale not usable: row skipped
 
 }  // namespace kvtier::kernels::detail

@@ -14,6 +14,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "formats/nvfp4_math.h"
@@ -439,6 +440,49 @@ cudaError_t LaunchDequant(const DequantLaunch& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// NVFP4 scatter, before the decode: one CUDA block per row i checks the row's block id,
+// every E4M3 block scale byte of every layer and side, and the global scales, and writes
+// row_errors[i] (0, or kErrSlotRange | kErrBadScale). A scale byte is bad when it is an
+// E4M3 NaN (0x7F, 0xFF) or has its sign bit set (no encoder writes a negative or -0
+// scale), i.e. when it is >= 0x7F unsigned. A global scale is bad when it is not a finite
+// positive normal float. EnginePagesKernel then skips every row with a non-zero entry, so
+// a row with a bad scale leaves the engine's pages as they were.
+__global__ void __launch_bounds__(256) EnginePagesCheckKernel(const EnginePagesLaunch a) {
+  const int64_t i = blockIdx.x;
+  const int L = a.num_layers;
+  const uint64_t region = static_cast<uint64_t>(a.num_kv_heads) * a.block_tokens * (a.head_dim / 16);
+  const uint64_t data_bytes = region * 8;  // H*T*D/2
+  const uint8_t* row = a.rows + i * a.row_stride;
+  bool bad = false;
+  for (int r = threadIdx.x; r < 2 * L; r += blockDim.x) {
+    const float g = a.scales[r];
+    bad |= !(isfinite(g) && g >= 1.17549435e-38f);
+  }
+  // The 2L scale regions of region bytes each, at l * page_bytes + s * side_bytes + data_bytes.
+  const bool vec = (region & 15) == 0 && ((reinterpret_cast<uintptr_t>(row) | a.side_bytes | data_bytes) & 15) == 0;
+  if (vec) {
+    const uint64_t units = region / 16;
+    for (uint64_t e = threadIdx.x; e < 2 * L * units; e += blockDim.x) {
+      const uint64_t r = e / units, u = e % units;
+      const uint4 w = *reinterpret_cast<const uint4*>(row + r * a.side_bytes + data_bytes + u * 16);
+      bad |= (__vcmpgeu4(w.x, 0x7F7F7F7Fu) | __vcmpgeu4(w.y, 0x7F7F7F7Fu) | __vcmpgeu4(w.z, 0x7F7F7F7Fu) |
+              __vcmpgeu4(w.w, 0x7F7F7F7Fu)) != 0;
+    }
+  } else {
+    for (uint64_t e = threadIdx.x; e < 2 * L * region; e += blockDim.x) {
+      const uint64_t r = e / region, u = e % region;
+      bad |= row[r * a.side_bytes + data_bytes + u] >= 0x7F;
+    }
+  }
+  int32_t code = __syncthreads_or(bad) ? kErrBadScale : 0;
+  if (threadIdx.x == 0) {
+    const int64_t b = a.block_ids[i];
+    if (b < 0 || b >= a.num_blocks) code |= kErrSlotRange;
+    a.row_errors[i] = code;
+    if (code != 0 && a.error_flag != nullptr) atomicOr(a.error_flag, code);
+  }
+}
+
 // One CUDA block per (row i, layer l, side s, head h): the T head_dim rows of that head.
 // Rows whose engine and kvtier addresses are both 16-byte aligned move as uint4; others
 // byte by byte (an odd pitch or padding), which is rare and correct.
@@ -459,7 +503,9 @@ __global__ void __launch_bounds__(256) EnginePagesKernel(const EnginePagesLaunch
   uint8_t* eng = reinterpret_cast<uint8_t*>(a.engine[2 * l + s]) + b * a.block_stride + h * a.head_stride;
   uint8_t* side = a.rows + i * a.row_stride + l * a.page_bytes + s * a.side_bytes;
   if (a.format == 0) {
-    // NVFP4 rows -> BF16 engine rows, 16 values (one block scale) per thread step.
+    // NVFP4 rows -> BF16 engine rows, 16 values (one block scale) per thread step. A row
+    // the check refused is not touched.
+    if (a.row_errors[i] != 0) return;
     const int G = D / 16;
     const float scale = a.scales[2 * l + s];
     const uint8_t* data = side + static_cast<size_t>(h) * T * (D / 2);
@@ -530,7 +576,17 @@ cudaError_t LaunchEnginePages(const EnginePagesLaunch& a, cudaStream_t stream) {
   const int64_t blocks = static_cast<int64_t>(a.n) * a.num_layers * 2 * a.num_kv_heads;
   if (blocks == 0) return cudaSuccess;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  EnginePagesKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(a);
+  // Threads per CUDA block: one per work item of a head (T * D/16 scale groups for NVFP4,
+  // T * 16-byte units for an aligned copy), in whole warps, at most 256. Fewer idle
+  // threads per block lets more blocks share an SM.
+  const int64_t items = static_cast<int64_t>(a.block_tokens) *
+                        (a.format == 0 ? a.head_dim / 16 : (a.head_dim * a.elem_bytes + 15) / 16);
+  const unsigned threads = static_cast<unsigned>(std::min<int64_t>(256, std::max<int64_t>(32, (items + 31) / 32 * 32)));
+  if (a.format == 0) {
+    EnginePagesCheckKernel<<<static_cast<unsigned>(a.n), 256, 0, stream>>>(a);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  EnginePagesKernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

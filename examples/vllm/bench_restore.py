@@ -10,9 +10,14 @@ Rows (each the median of --reps timed runs, CUDA events on one stream, after a w
   as_is/<layout>  BlockMover.load of the same BF16 blocks into the cache (H2D + scatter)
   as_is_scattered the same with the host blocks at shuffled slots (one copy per block)
   nvfp4/<layout>  BlockMover.load of the same tokens stored as NVFP4 blocks (H2D of 0.28x
-                  the bytes + dequantize_pages + scatter)
+                  the bytes, then per chunk kvt_engine_pages' scale check + decode + scatter)
+    phase h2d       the H2D copy of those NVFP4 bytes alone
+    phase device    the same load from rows already on the device (check + decode only)
+    nvfp4 with a host-synced check   the earlier design: copy everything, check every scale
+                  byte with torch ops and synchronize, then decode (for comparison)
   save as_is / save nvfp4   BlockMover.save, device -> pinned host
 Targets: as-is restore >= 0.8x memcpy_h2d; NVFP4 restore >= 2.5x faster than as-is.
+Each row also reports host_ms, the time the host spends inside the call (queueing work).
 Every timed load is checked afterwards: as-is pages equal the source, NVFP4 pages equal the
 CPU codec's decode of the saved bytes (checked on a sample of blocks).
 """
@@ -21,6 +26,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "client", "python"))
 
@@ -29,17 +35,34 @@ import torch  # noqa: E402
 from kvtier import pages as P  # noqa: E402
 
 
+HOST_MS = {}  # the last timed() call's median host time (ms) spent inside fn
+
+
 def timed(fn, reps, stream):
-    fn()
+    """Median stream time (ms) from before fn to after it, and (HOST_MS["last"]) the median
+    time the host spends inside fn: the Python that queues the work, during which the
+    stream may idle. A load's PendingLoad is waited on after each rep (it raises on a
+    refused block), outside the timed span: its stream work (the row-error copy) is inside."""
+    def run():
+        r = fn()
+        return r if isinstance(r, P.PendingLoad) else None
+    r = run()
+    if r is not None:
+        r.wait()
     torch.cuda.synchronize()
-    ms = []
+    ms, host = [], []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record(stream)
-        fn()
+        t0 = time.perf_counter()
+        r = run()
+        host.append((time.perf_counter() - t0) * 1e3)
         b.record(stream)
         b.synchronize()
+        if r is not None:
+            r.wait()
         ms.append(a.elapsed_time(b))
+    HOST_MS["last"] = statistics.median(host)
     return statistics.median(ms)
 
 
@@ -78,10 +101,10 @@ def main():
 
     def add(name, ms, nbytes, tokens):
         r = {"name": name, "ms": round(ms, 3), "GBps": round(nbytes / ms / 1e6, 2),
-             "Mtok_per_s": round(tokens / ms / 1e3, 3), "bytes": nbytes}
+             "Mtok_per_s": round(tokens / ms / 1e3, 3), "bytes": nbytes, "host_ms": round(HOST_MS["last"], 3)}
         rows.append(r)
-        print(f"{name:28s} {ms:9.3f} ms  {r['GBps']:8.2f} GB/s of block bytes  {r['Mtok_per_s']:8.3f} M tokens/s",
-              flush=True)
+        print(f"{name:34s} {ms:9.3f} ms  {r['GBps']:8.2f} GB/s of block bytes  {r['Mtok_per_s']:8.3f} M tokens/s"
+              f"  host {r['host_ms']:.3f} ms", flush=True)
         return r
 
     for kind, order in (("flash_attn", "HND"), ("flash_attn", "NHD"), ("flashinfer", "HND"), ("flashinfer", "NHD")):
@@ -137,7 +160,25 @@ def main():
         rq = add(f"nvfp4/{kind}/{order}", timed(lambda: mq.load(qhost, to, wait=False), a.reps, stream),
                  qhost.numel(), tokens)
         rq["speedup_vs_as_is"] = round(asis_ms / rq["ms"], 3)
+        # Phases of the NVFP4 restore: the H2D copy of its bytes alone, and the device work
+        # alone (scale check + decode + scatter, from rows already on the device).
+        qdev = qhost.cuda()
+        add(f"  phase h2d/{kind}/{order}", timed(lambda: qdev.copy_(qhost, non_blocking=True), a.reps, stream),
+            qhost.numel(), tokens)
+        add(f"  phase device/{kind}/{order}", timed(lambda: mq.load(qdev, to, wait=False), a.reps, stream),
+            qhost.numel(), tokens)
         if kind == "flash_attn" and order == "HND":
+            # The previous design for comparison: every chunk copied, then a torch check of
+            # every scale byte that synchronizes the host, then the decode.
+            vals = H * T * D
+            sc = qdev.view(n, L, 2, vals // 2 + vals // 16)[..., vals // 2:]
+
+            def sync_check():
+                qdev.copy_(qhost, non_blocking=True)
+                if bool(((sc & 0x7F) == 0x7F).any()):
+                    raise RuntimeError("NaN scale")
+                return mq.load(qdev, to, wait=False)
+            add("  nvfp4 with a host-synced check", timed(sync_check, a.reps, stream), qhost.numel(), tokens)
             mt = P.BlockMover(caches, lay, "nvfp4", k_scales, v_scales, use_kernels=False)
             add("nvfp4_torch_ops/flash_attn/HND", timed(lambda: mt.load(qhost, to, wait=False), a.reps, stream),
                 qhost.numel(), tokens)
@@ -152,7 +193,7 @@ def main():
                 assert torch.equal(caches[l][:, to[:4]].permute(0, 1, 3, 2, 4).cpu(), cpu_kv), \
                     f"NVFP4 restore differs from the CPU codec at layer {l}"
             out["nvfp4_equals_cpu_codec"] = True
-        del caches, m, mq, host, qhost
+        del caches, m, mq, host, qhost, qdev
         torch.cuda.empty_cache()
     asis = [x["vs_memcpy"] for x in rows if x["name"].startswith("as_is/")]
     nv = [x["speedup_vs_as_is"] for x in rows if x["name"].startswith("nvfp4/")]

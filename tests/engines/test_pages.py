@@ -290,13 +290,53 @@ def _nvfp4_mode(kind, order, dtype, rule):
                 if not bool(((x - y).abs() <= bound).all()):
                     worst = float(((x - y).abs() - bound).max())
                     raise AssertionError(f"NVFP4 error past the bound by {worst}")
-    # A NaN scale byte is refused and the cache stays as it was.
-    bad = dst.clone()
-    bad[0, H * T * D // 2] = 0x7F  # layer 0's first K scale
-    snap = [f.clone() for f in fresh]
-    raises(lambda: m2.load(bad.to(DEV) if DEV != "cpu" else bad, [1, 2]), "NaN")
-    for f, s in zip(fresh, snap):
-        assert_eq(f, s, "cache after a corrupt load")
+    check_corrupt_scales(m2, fresh, dst[:, :m.block_bytes], dec, kind, L, H, T, D, dtype)
+
+
+def corrupt_scale_cases(L, H, T, D):
+    """(row, byte offset in the row, value, what): one bad E4M3 block scale byte per case,
+    in the first and last scale region of a row (layer 0's K, layer L-1's V)."""
+    vals = H * T * D
+    side = vals // 2 + vals // 16
+    first_k = vals // 2                          # layer 0, K, first scale byte
+    last_v = (2 * L - 1) * side + side - 1       # layer L-1, V, last scale byte
+    return [(first_k, 0x7F, "NaN"), (last_v, 0xFF, "-NaN"), (first_k + 1, 0x80, "-0"),
+            (last_v, 0xB8, "negative")]
+
+
+def check_corrupt_scales(m, cache, good_rows, dec, kind, L, H, T, D, dtype):
+    """Loads 2 rows (good_rows [2, bb], decoded values dec) where row 0 has one bad scale
+    byte: row 0's block keeps its pages, row 1's block is loaded, and the error names
+    row 0's block. Without the check the bad row would be decoded (NaN or negated values)
+    into its pages and this fails."""
+    for off, byte, what in corrupt_scale_cases(L, H, T, D):
+        bad = good_rows.clone()
+        assert int(bad[0, off]) < 0x7F, "the case must change a good byte"
+        bad[0, off] = byte
+        to = [1, 2]
+        # Block 1 first holds row 1's values, so that a decode of row 0 into it would show.
+        one = good_rows[1:2].clone()
+        m.load(one.to(DEV) if DEV != "cpu" else one, [1])
+        snap = [c.clone() for c in cache]
+        try:
+            m.load(bad.to(DEV) if DEV != "cpu" else bad, to)
+            raise AssertionError(f"a {what} scale byte was accepted")
+        except P.CorruptBlocksError as e:
+            assert e.block_ids == [1], f"{what}: refused blocks {e.block_ids}, expected [1]"
+            assert "NaN" in str(e) and "negative" in str(e), str(e)
+        for l in range(L):
+            for side in (0, 1):
+                assert_eq(block_hnd(cache[l], kind, 1, side), block_hnd(snap[l], kind, 1, side),
+                          f"{what}: layer {l} side {side}: pages of the refused block")
+                assert_eq(block_hnd(cache[l], kind, 2, side), dec[1, l, side].to(dtype),
+                          f"{what}: layer {l} side {side}: pages of the good block in the same load")
+        # Blocks outside the load are untouched.
+        for l in range(L):
+            for b in range(cache[l].shape[1] if kind == "flash_attn" else cache[l].shape[0]):
+                if b not in to:
+                    for side in (0, 1):
+                        assert_eq(block_hnd(cache[l], kind, b, side), block_hnd(snap[l], kind, b, side),
+                                  f"{what}: block {b} outside the load")
 
 
 def test_nvfp4_mode_every_layout():
@@ -528,7 +568,84 @@ def test_gpu_kernel_and_torch_paths_agree():
                 assert_eq(d[l], a[l], f"{kind}/{order} {mode}: load from device rows")
 
 
-GPU_TESTS = [test_gpu_nvfp4_equals_cpu, test_gpu_kernel_and_torch_paths_agree]
+def test_gpu_kernel_scale_check():
+    """kvt_engine_pages' device scale check over several pipeline chunks: rows with a bad
+    block scale byte in the first, a middle and the last chunk (NaN, -NaN, -0, negative)
+    keep their pages, every other row equals a clean load, and the error (at wait() with
+    wait=False, at once with wait=True) names exactly those blocks. From pinned rows, rows
+    at shuffled slots and device rows. A bad global scale refuses every row, and an NVFP4
+    call without row_errors is refused."""
+    from kvtier import kernels as K
+    g = torch.Generator().manual_seed(11)
+    L, NB, T, H, D, n = 16, 200, 16, 8, 128, 96
+    kind, order = "flashinfer", "HND"
+    base = [make_cache(kind, order, NB, T, H, D, torch.bfloat16, device="cuda", gen=g) for _ in range(L)]
+    ks, vs = _scales(base, kind)
+    lay = P.describe(base[0], kind)
+    m = P.BlockMover(base, lay, "nvfp4", ks, vs)
+    assert m.uses_kernels() and len(m._chunks(n)) > 1, "kernel path with several chunks not taken"
+    perm = torch.randperm(NB, generator=g)
+    src_ids, to = perm[:n].tolist(), perm[n:2 * n].tolist()
+    rows = torch.zeros(n, m.block_bytes, dtype=torch.uint8).pin_memory()
+    m.save(src_ids, rows)
+    ref = [c.clone() for c in base]
+    P.BlockMover(ref, lay, "nvfp4", ks, vs).load(rows, to)
+    cases = corrupt_scale_cases(L, H, T, D)
+    bad_rows = {0: cases[0], 5: cases[2], n // 2 + 1: cases[1], n - 1: cases[3]}
+    bad = rows.clone()
+    for r, (off, byte, _) in bad_rows.items():
+        assert int(bad[r, off]) < 0x7F
+        bad[r, off] = byte
+    bad_blocks = sorted(to[r] for r in bad_rows)
+    good_blocks = torch.tensor(sorted(set(to) - set(bad_blocks)), device="cuda")
+    bad_idx = torch.tensor(bad_blocks, device="cuda")
+    arena = torch.zeros(2 * n, m.block_bytes + 512, dtype=torch.uint8).pin_memory()
+    slots = torch.randperm(2 * n, generator=g)[:n].tolist()
+    for i, sl in enumerate(slots):
+        arena[sl, :m.block_bytes] = bad[i]
+    for source in ("pinned", "slots", "device", "wait"):
+        c = [x.clone() for x in base]
+        mm = P.BlockMover(c, lay, "nvfp4", ks, vs)
+        src = {"pinned": bad, "wait": bad, "device": bad.cuda(), "slots": [arena[sl] for sl in slots]}[source]
+        try:
+            if source == "wait":
+                mm.load(src, to)
+            else:
+                h = mm.load(src, to, wait=False)
+                h.wait()
+            raise AssertionError(f"{source}: bad scales accepted")
+        except P.CorruptBlocksError as e:
+            assert sorted(e.block_ids) == bad_blocks, f"{source}: refused {sorted(e.block_ids)}, expected {bad_blocks}"
+        for l in range(L):
+            assert_eq(c[l][bad_idx], base[l][bad_idx], f"{source}: layer {l}: refused blocks' pages")
+            assert_eq(c[l][good_blocks], ref[l][good_blocks], f"{source}: layer {l}: the other blocks")
+    # A bad global scale (NaN, inf, 0, negative, subnormal) refuses every row; the pages stay.
+    ids_dev = torch.tensor(to, dtype=torch.int64, device="cuda")
+    dev_rows = rows.cuda()
+    for val in (float("nan"), float("inf"), 0.0, -1.0, 1e-40):
+        c = [x.clone() for x in base]
+        mm = P.BlockMover(c, lay, "nvfp4", ks, vs)
+        sc = mm._scales_dev.clone()
+        sc[L - 1, 1] = val
+        p = type(mm._eng["params"]).from_buffer_copy(mm._eng["params"])
+        flags = torch.full((n,), -1, dtype=torch.int32, device="cuda")
+        p.scales, p.block_ids, p.n, p.rows, p.row_stride = sc.data_ptr(), ids_dev.data_ptr(), n, dev_rows.data_ptr(), \
+            dev_rows.stride(0)
+        p.direction, p.row_errors = 1, flags.data_ptr()
+        K.engine_pages(p)
+        torch.cuda.synchronize()
+        assert bool((flags == 8).all()), f"global scale {val}: row errors {flags.unique().tolist()}"
+        for l in range(L):
+            assert_eq(c[l], base[l], f"global scale {val}: layer {l} pages")
+    p.row_errors = None
+    try:
+        K.engine_pages(p)
+        raise AssertionError("NVFP4 engine_pages without row_errors accepted")
+    except K.KernelError as e:
+        assert "row_errors" in str(e), str(e)
+
+
+GPU_TESTS = [test_gpu_nvfp4_equals_cpu, test_gpu_kernel_and_torch_paths_agree, test_gpu_kernel_scale_check]
 
 
 def run(tests):

@@ -78,7 +78,8 @@ class EnginePagesParams(ctypes.Structure):
                 ("n", ctypes.c_int32), ("num_blocks", ctypes.c_int64), ("rows", ctypes.c_void_p),
                 ("row_stride", ctypes.c_uint64), ("num_layers", ctypes.c_uint32), ("num_kv_heads", ctypes.c_uint32),
                 ("head_dim", ctypes.c_uint32), ("block_tokens", ctypes.c_uint32), ("format", ctypes.c_uint32),
-                ("scales", ctypes.c_void_p), ("direction", ctypes.c_uint32), ("error_flag", ctypes.c_void_p)]
+                ("scales", ctypes.c_void_p), ("direction", ctypes.c_uint32), ("error_flag", ctypes.c_void_p),
+                ("row_errors", ctypes.c_void_p)]
 
 
 _lib = None

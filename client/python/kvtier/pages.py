@@ -40,7 +40,10 @@ contiguous run of rows; load is the reverse. Everything is queued on ``stream`` 
 the current stream); with ``wait=False`` the call returns before the copies end, and the
 host bytes must not be read (save) or reused (load) until the stream passes that point.
 
-Bad input raises :class:`PagesError` (a ValueError) before anything is written.
+Bad input raises :class:`PagesError` (a ValueError) before anything is written. An NVFP4
+block with a bad scale byte (an E4M3 NaN or negative) is not decoded: its pages keep their
+bytes, the other blocks load, and :class:`CorruptBlocksError` names it (on CUDA the check
+runs on the device, and ``load(wait=False)``'s :class:`PendingLoad` raises it at ``wait()``).
 """
 from __future__ import annotations
 
@@ -61,6 +64,17 @@ _E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -
 
 class PagesError(ValueError):
     """A layout, shape, dtype or argument the mover refuses; nothing was written."""
+
+
+class CorruptBlocksError(PagesError):
+    """A load found blocks whose bytes cannot be decoded: an NVFP4 block scale byte that is an
+    E4M3 NaN or negative (0x7F and above), or a global scale that is not a finite positive
+    normal float. Those blocks' pages were not written (they keep their bytes); every other
+    block of the call was loaded. block_ids: the engine block ids not loaded, in call order."""
+
+    def __init__(self, msg: str, block_ids: Sequence[int]):
+        super().__init__(msg)
+        self.block_ids = list(block_ids)
 
 
 @dataclass(frozen=True)
@@ -303,8 +317,38 @@ def nvfp4_decode_torch(data: torch.Tensor, scales: torch.Tensor, kv_scale: torch
     return (codes * sf) * kv_scale
 
 
-def _nvfp4_nan_scales(scales: torch.Tensor) -> bool:
-    return bool(((scales & 0x7F) == 0x7F).any())
+def _nvfp4_bad_rows(scales: torch.Tensor) -> torch.Tensor:
+    """bool [n]: rows with a block scale byte that is an E4M3 NaN (0x7F, 0xFF) or negative
+    (sign bit set; no encoder writes one), i.e. a byte >= 0x7F. scales: uint8 [n, ...]."""
+    return (scales >= 0x7F).reshape(scales.shape[0], -1).any(1)
+
+
+class PendingLoad:
+    """What BlockMover.load returns. wait() blocks until the load's stream has passed it and
+    raises CorruptBlocksError when blocks were refused (see there). With load(wait=True) it
+    has already run; with wait=False the caller calls it before trusting the pages."""
+
+    def __init__(self, event, flags_host: Optional[torch.Tensor], bad_rows: Sequence[int], ids: List[int]):
+        self._event, self._flags, self._bad, self._ids = event, flags_host, list(bad_rows), ids
+
+    def done(self) -> bool:
+        """True when the load's work has finished (wait() will not block)."""
+        return self._event is None or self._event.query()
+
+    def wait(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        if self._flags is not None:
+            self._bad = sorted(set(self._bad) | set(self._flags.nonzero().flatten().tolist()))
+            self._flags = None
+        if self._bad:
+            ids = [self._ids[i] for i in self._bad]
+            raise CorruptBlocksError(
+                f"{len(ids)} of {len(self._ids)} blocks have a bad scale (an E4M3 NaN or negative block scale "
+                f"byte, or a global scale that is not a finite positive normal): engine blocks {ids[:16]}"
+                f"{' ...' if len(ids) > 16 else ''} were not loaded and keep their pages; the other blocks were "
+                "loaded", ids)
 
 
 # ---- the mover -------------------------------------------------------------------------
@@ -387,31 +431,42 @@ class BlockMover:
         ptrs = []
         for k, v in zip(self._k, self._v):
             ptrs += [k.data_ptr(), v.data_ptr()]
-        return {"ptrs": torch.tensor(ptrs, dtype=torch.int64, device=self.device), "es": es,
-                "block": st[0] * es, "head": st[1] * es, "token": st[2] * es}
+        ptrs = torch.tensor(ptrs, dtype=torch.int64, device=self.device)
+        # The per-call fields (block_ids, n, rows, row_stride, direction, row_errors) are
+        # set on a copy of this template; the rest is fixed for the mover's life.
+        lay = self.layout
+        p = K.EnginePagesParams()
+        p.engine, p.block_stride, p.head_stride, p.token_stride = ptrs.data_ptr(), st[0] * es, st[1] * es, st[2] * es
+        p.elem_bytes, p.num_blocks = es, lay.num_blocks
+        p.num_layers, p.num_kv_heads, p.head_dim, p.block_tokens = (self.num_layers, lay.num_kv_heads, lay.head_dim,
+                                                                    lay.block_tokens)
+        p.format = {"nvfp4": K.NVFP4, "fp8": K.FP8, "bf16": K.BF16}[self.format]
+        p.scales = self._scales_dev.data_ptr() if self.format == "nvfp4" else None
+        return {"ptrs": ptrs, "params": p, "fn": K.library().kvt_engine_pages, "check": K._check}
 
     def uses_kernels(self) -> bool:
         """True when the CUDA path copies (and decodes) with kvt_engine_pages."""
         return self._eng is not None
 
-    def _kernel_copy(self, rows: torch.Tensor, ids: torch.Tensor, direction: int) -> None:
-        from . import kernels as K
-        e, lay = self._eng, self.layout
-        p = K.EnginePagesParams()
-        p.engine, p.block_stride, p.head_stride, p.token_stride = e["ptrs"].data_ptr(), e["block"], e["head"], e["token"]
-        p.elem_bytes = e["es"]
-        p.block_ids, p.n, p.num_blocks = ids.data_ptr(), ids.numel(), lay.num_blocks
+    def _kernel_copy(self, rows: torch.Tensor, ids: torch.Tensor, direction: int,
+                     row_errors: Optional[torch.Tensor] = None) -> None:
+        """One kvt_engine_pages launch on the current stream. NVFP4 rows need row_errors
+        (int32 [n] on the device): the kernel's scale check writes it, and skips bad rows."""
+        e = self._eng
+        p = type(e["params"]).from_buffer_copy(e["params"])
+        p.block_ids, p.n = ids.data_ptr(), ids.numel()
         p.rows, p.row_stride = rows.data_ptr(), rows.stride(0)
-        p.num_layers, p.num_kv_heads, p.head_dim, p.block_tokens = (self.num_layers, lay.num_kv_heads, lay.head_dim,
-                                                                    lay.block_tokens)
-        p.format = {"nvfp4": K.NVFP4, "fp8": K.FP8, "bf16": K.BF16}[self.format]
-        p.scales = self._scales_dev.data_ptr() if self.format == "nvfp4" else None
         p.direction = direction
-        K.engine_pages(p, stream=torch.cuda.current_stream(self.device).cuda_stream)
+        p.row_errors = row_errors.data_ptr() if row_errors is not None else None
+        e["check"](e["fn"](ctypes.byref(p), ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)),
+                   "engine_pages")
 
-    def _chunks(self, n: int):
-        """Row ranges for the copy/compute pipeline: chunks of >= 16 MiB, at most 8."""
-        k = max(1, min(8, n * self.block_bytes // (16 << 20), n))
+    def _chunks(self, n: int, min_mib: int = 8):
+        """Row ranges for the copy/compute pipeline: chunks of >= min_mib MiB, at most 8.
+        Load uses 8 MiB: the last chunk's scatter is not overlapped, so small loads want
+        several chunks. Save uses 16 MiB: NVFP4 save costs host time per chunk and layer
+        (one quantize_append each), so more chunks make it slower."""
+        k = max(1, min(8, n * self.block_bytes // (min_mib << 20), n))
         size = -(-n // k)
         return [(a, min(n, a + size)) for a in range(0, n, size)]
 
@@ -442,18 +497,30 @@ class BlockMover:
                     torch.as_strided(v, (v.shape[0], side), (v.stride(0), 1)))
         return k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)  # [NB, T, H, D] -> [NB, H, T, D]
 
-    def _ids(self, block_ids, unique: bool) -> torch.Tensor:
-        ids = torch.as_tensor(block_ids, dtype=torch.int64).reshape(-1).cpu()
+    def _ids(self, block_ids, unique: bool) -> List[int]:
+        """The block ids as a list of ints, checked against [0, num_blocks) (and for
+        repeats when unique); PagesError before anything is written."""
+        if isinstance(block_ids, torch.Tensor):
+            lst = block_ids.detach().reshape(-1).to("cpu", torch.int64).tolist()
+        else:
+            lst = [int(x) for x in block_ids]
         nb = self.layout.num_blocks
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= nb):
-            bad = ids[(ids < 0) | (ids >= nb)][0]
-            raise PagesError(f"block id {int(bad)} is outside [0, {nb})")
-        if unique and ids.unique().numel() != ids.numel():
+        if lst and (min(lst) < 0 or max(lst) >= nb):
+            bad = next(x for x in lst if x < 0 or x >= nb)
+            raise PagesError(f"block id {bad} is outside [0, {nb})")
+        if unique and len(set(lst)) != len(lst):
             raise PagesError("a block id appears twice in one load")
-        return ids.to(self.device)
+        return lst
 
-    def _rows(self, rows: Rows, n: int, writable: bool):
-        """(2-D view [n, block_bytes] or None, list of n row views)."""
+    def _ids_on_device(self, ids: List[int]) -> torch.Tensor:
+        """ids as int64 on the cache's device: on CUDA an async copy from pinned memory on
+        the current stream (a pageable copy would wait for the stream's earlier work)."""
+        if self.device.type != "cuda":
+            return torch.tensor(ids, dtype=torch.int64)
+        return torch.tensor(ids, dtype=torch.int64, pin_memory=True).to(self.device, non_blocking=True)
+
+    def _rows(self, rows: Rows, n: int, writable: bool) -> "_RowSet":
+        """The n rows of block bytes, checked (PagesError before anything is written)."""
         bb = self.block_bytes
         if isinstance(rows, torch.Tensor):
             if rows.dtype != torch.uint8 or rows.dim() != 2:
@@ -462,8 +529,7 @@ class BlockMover:
                 raise PagesError(f"block bytes are {tuple(rows.shape)}, need [{n}, >= {bb}]")
             if rows.stride(1) != 1:
                 raise PagesError("block byte rows must be contiguous")
-            v = rows[:, :bb]
-            return v, [v[i] for i in range(n)]
+            return _RowSet(rows[:, :bb], None, bb)
         rows = list(rows)
         if len(rows) != n:
             raise PagesError(f"{len(rows)} block buffers for {n} blocks")
@@ -478,21 +544,22 @@ class BlockMover:
             for i, r in enumerate(out):
                 if r.device != out[0].device:
                     raise PagesError(f"block buffer {i} is on {r.device}, buffer 0 on {out[0].device}")
-        return None, out
+        return _RowSet(None, out, bb)
 
     # -- public --------------------------------------------------------------------------
     def save(self, block_ids, dst: Rows, stream=None, wait: bool = True) -> None:
         """Writes block_ids' pages of every layer into dst (n rows of block_bytes)."""
-        ids = self._ids(block_ids, unique=False)
-        n = ids.numel()
-        mat, rows = self._rows(dst, n, writable=True)
+        ids_l = self._ids(block_ids, unique=False)
+        n = len(ids_l)
+        rows = self._rows(dst, n, writable=True)
         if n == 0:
             return
-        dst_dev = rows[0].device
+        dst_dev = rows.device
         if self.device.type == "cuda":
             main = stream or torch.cuda.current_stream(self.device)
             bb = self.block_bytes
             with torch.cuda.stream(main):
+                ids = self._ids_on_device(ids_l)
                 st = torch.empty(n, self._staging_stride(), dtype=torch.uint8, device=self.device)
                 if dst_dev == self.device:
                     self._gather(ids, st)
@@ -500,13 +567,13 @@ class BlockMover:
                 else:
                     # Gather chunk c on the compute stream while chunk c-1 goes to host.
                     copy = self._side_stream()
-                    for a, b in self._chunks(n):
+                    for a, b in self._chunks(n, 16):
                         self._gather(ids[a:b], st[a:b])
                         ev = torch.cuda.Event()
                         ev.record(main)
                         copy.wait_event(ev)
                         with torch.cuda.stream(copy):
-                            _copy_rows(st[a:b, :bb], rows[a:b], dst_dev)
+                            _copy_rows(st[a:b, :bb], rows.part(a, b), dst_dev)
                     st.record_stream(copy)
                     main.wait_stream(copy)
                 if wait:
@@ -514,61 +581,89 @@ class BlockMover:
             return
         if dst_dev.type != "cpu":
             raise PagesError(f"a CPU cache saves to host buffers, not {dst_dev}")
-        if mat is not None:
-            self._gather(ids, mat)
+        ids = self._ids_on_device(ids_l)
+        if rows.mat is not None:
+            self._gather(ids, rows.mat)
         else:
             st = self._gather(ids, torch.empty(n, self.block_bytes, dtype=torch.uint8))
-            for i, r in enumerate(rows):
+            for i, r in enumerate(rows.list):
                 r.copy_(st[i])
 
-    def load(self, src: Rows, block_ids, stream=None, wait: bool = True) -> None:
-        """Writes n blocks' bytes from src into block_ids' pages of every layer. Nothing is
-        written when an argument is refused or (NVFP4) a scale byte is an E4M3 NaN."""
-        ids = self._ids(block_ids, unique=True)
-        n = ids.numel()
-        mat, rows = self._rows(src, n, writable=False)
+    def load(self, src: Rows, block_ids, stream=None, wait: bool = True) -> PendingLoad:
+        """Writes n blocks' bytes from src into block_ids' pages of every layer.
+
+        PagesError (nothing written) for a refused argument. A block whose NVFP4 scales are
+        bad (CorruptBlocksError) is not written and keeps its pages; the others are loaded.
+        Returns a PendingLoad: with wait=True it has been waited on (and raised); with
+        wait=False the caller calls its wait() before trusting the pages, and must not
+        reuse src until then."""
+        ids_l = self._ids(block_ids, unique=True)
+        n = len(ids_l)
+        rows = self._rows(src, n, writable=False)
         if n == 0:
-            return
-        if self.device.type == "cuda":
-            main = stream or torch.cuda.current_stream(self.device)
-            bb = self.block_bytes
-            with torch.cuda.stream(main):
-                if rows[0].device == self.device:
-                    if mat is not None and mat.stride(0) % 16 == 0 and mat.data_ptr() % 16 == 0:
-                        st = mat
-                    else:
-                        st = torch.empty(n, self._staging_stride(), dtype=torch.uint8, device=self.device)
-                        _copy_rows_in(st[:, :bb], rows)
-                    self._scatter(st[:, :bb], ids)
+            return PendingLoad(None, None, [], [])
+        if self.device.type != "cuda":
+            mat = rows.mat if rows.mat is not None else torch.stack(rows.list)
+            if mat.device.type != "cpu":
+                raise PagesError(f"a CPU cache loads from host buffers, not {mat.device}")
+            res = PendingLoad(None, None, self._scatter(mat, self._ids_on_device(ids_l)), ids_l)
+            if wait:
+                res.wait()
+            return res
+        main = stream or torch.cuda.current_stream(self.device)
+        bb = self.block_bytes
+        # NVFP4 through the kernel: the device checks each row's scales right before its
+        # decode (row_errors), so nothing here waits for the copies.
+        check = self._eng is not None and self.format == "nvfp4"
+        flags = None
+        bad_rows: List[int] = []
+        with torch.cuda.stream(main):
+            if rows.device == self.device:
+                ids = self._ids_on_device(ids_l)
+                if check:
+                    flags = torch.empty(n, dtype=torch.int32, device=self.device)
+                mat = rows.mat
+                if mat is not None and mat.stride(0) % 16 == 0 and mat.data_ptr() % 16 == 0:
+                    st = mat
                 else:
-                    # Copy chunk c to the device on a side stream while chunk c-1 is
-                    # scattered. NVFP4 checks every scale byte before the first write.
                     st = torch.empty(n, self._staging_stride(), dtype=torch.uint8, device=self.device)
-                    copy = self._side_stream()
-                    copy.wait_stream(main)
-                    events = []
-                    with torch.cuda.stream(copy):
-                        for a, b in self._chunks(n):
-                            _copy_rows_in(st[a:b, :bb], rows[a:b])
-                            ev = torch.cuda.Event()
-                            ev.record(copy)
-                            events.append((a, b, ev))
-                    st.record_stream(copy)
-                    if self.format == "nvfp4":
-                        main.wait_stream(copy)
-                        self._scatter(st[:, :bb], ids)
-                    else:
-                        for a, b, ev in events:
-                            main.wait_event(ev)
-                            self._scatter(st[a:b, :bb], ids[a:b])
-                if wait:
-                    main.synchronize()
-            return
-        if mat is None:
-            mat = torch.stack(rows)
-        if mat.device.type != "cpu":
-            raise PagesError(f"a CPU cache loads from host buffers, not {mat.device}")
-        self._scatter(mat, ids)
+                    _copy_rows_in(st[:, :bb], rows)
+                bad_rows = self._scatter(st[:, :bb], ids, flags)
+            else:
+                # Copy chunk c to the device on a side stream while chunk c-1 is checked
+                # and scattered. The copies are queued first (the stream idles until
+                # then). The torch NVFP4 path checks every row on the host first.
+                st = torch.empty(n, self._staging_stride(), dtype=torch.uint8, device=self.device)
+                copy = self._side_stream()
+                copy.wait_stream(main)
+                events = []
+                with torch.cuda.stream(copy):
+                    for a, b in self._chunks(n):
+                        _copy_rows_in(st[a:b, :bb], rows.part(a, b))
+                        ev = torch.cuda.Event()
+                        ev.record(copy)
+                        events.append((a, b, ev))
+                st.record_stream(copy)
+                ids = self._ids_on_device(ids_l)
+                if check:
+                    flags = torch.empty(n, dtype=torch.int32, device=self.device)
+                if self.format == "nvfp4" and flags is None:
+                    main.wait_stream(copy)
+                    bad_rows = self._scatter(st[:, :bb], ids)
+                else:
+                    for a, b, ev in events:
+                        main.wait_event(ev)
+                        self._scatter(st[a:b, :bb], ids[a:b], None if flags is None else flags[a:b])
+            flags_host = None
+            if flags is not None:
+                flags_host = torch.empty(n, dtype=torch.int32, pin_memory=True)
+                flags_host.copy_(flags, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(main)
+        res = PendingLoad(done, flags_host, bad_rows, ids_l)
+        if wait:
+            res.wait()
+        return res
 
     # -- internals -----------------------------------------------------------------------
     def _staging_stride(self) -> int:
@@ -642,9 +737,11 @@ class BlockMover:
                               self.scale_rule, stream=stream)
         return out
 
-    def _scatter(self, src: torch.Tensor, ids: torch.Tensor) -> None:
+    def _scatter(self, src: torch.Tensor, ids: torch.Tensor, row_errors: Optional[torch.Tensor] = None) -> List[int]:
         """src [n, block_bytes] (on the cache's device, or host for a CPU cache) into the
-        pages of blocks ids. Every check runs before the first write."""
+        pages of blocks ids. Returns the rows refused for bad NVFP4 scales (not written),
+        where that is known now; through the kernel the device writes them to row_errors
+        (int32 [n], required there) instead and this returns []."""
         lay, fmt = self.layout, self.format
         n, H, T, D = ids.numel(), lay.num_kv_heads, lay.block_tokens, lay.head_dim
         L = self.num_layers
@@ -659,34 +756,46 @@ class BlockMover:
                     pages = pg
                 self._k[l][ids] = pages[:, :side]
                 self._v[l][ids] = pages[:, side:]
-            return
+            return []
         if fmt in ("bf16", "fp8") and self.mode == "as_is":
             if self._eng is not None:
                 self._kernel_copy(src, ids, 1)
-                return
+                return []
             et = torch.bfloat16 if fmt == "bf16" else torch.uint8
             for l in range(L):
                 pg = self._layer(src, l).view(et).view(n, 2, H, T, D)
                 self._k[l][ids] = pg[:, 0]
                 self._v[l][ids] = pg[:, 1]
-            return
+            return []
         dt = self.caches[0].dtype
         if fmt == "fp8":
             for l in range(L):
                 pg = self._layer(src, l).view(n, 2, H, T, D)
                 for s, side in enumerate((self._k[l], self._v[l])):
                     side[ids] = (pg[:, s].view(torch.float8_e4m3fn).float() * self._scales_dev[l, s]).to(dt)
-            return
+            return []
         # NVFP4 dequantize: all layers' sides are [data | scales] regions of one size.
+        if self._eng is not None:
+            # The kernel checks each row's scales and skips a bad row (row_errors).
+            self._kernel_copy(src, ids, 1, row_errors)
+            return []
         vals = H * T * D
+        scales = src.view(n, L, 2, vals // 2 + vals // 16)[..., vals // 2:]
+        bad = _nvfp4_bad_rows(scales)
+        bad_rows = bad.nonzero().flatten().tolist()  # synchronizes a CUDA stream
+        if bad_rows:
+            good = (~bad).nonzero().flatten()
+            n = good.numel()
+            if n == 0:
+                return bad_rows
+            kept = torch.empty(n, self._staging_stride(), dtype=torch.uint8, device=src.device)
+            kept[:, :self.block_bytes] = src[good]
+            src, ids = kept[:, :self.block_bytes], ids[good.to(ids.device)]
         sides = src.view(n, L, 2, vals // 2 + vals // 16)
         data, scales = sides[..., :vals // 2], sides[..., vals // 2:]
-        if _nvfp4_nan_scales(scales):
-            raise PagesError("a block scale byte is an E4M3 NaN: the block bytes are corrupt")
-        if self._eng is not None:
-            return self._kernel_copy(src, ids, 1)
         if self.device.type == "cuda" and dt == torch.bfloat16:
-            return self._dequantize_cuda(src, ids)
+            self._dequantize_cuda(src, ids)
+            return bad_rows
         if self.device.type == "cuda":
             x = nvfp4_decode_torch(data, scales, self._scales_dev.view(1, L, 2, 1, 1))
             x = x.to(dt).view(n, L, 2, H, T, D)
@@ -705,7 +814,7 @@ class BlockMover:
         for l in range(L):
             self._k[l][ids] = x[:, l, 0]
             self._v[l][ids] = x[:, l, 1]
-
+        return bad_rows
 
     def _dequantize_cuda(self, src: torch.Tensor, ids: torch.Tensor) -> None:
         """NVFP4 pages in device memory src [n, block_bytes] (16-byte aligned rows) -> BF16
@@ -726,34 +835,60 @@ class BlockMover:
                 side[ids] = out[s].view(n, T, H, D).permute(0, 2, 1, 3)
 
 
-def _runs(rows: List[torch.Tensor], bb: int):
-    """Groups consecutive rows that lie back to back in memory: [(first, count)]."""
-    out, i = [], 0
-    while i < len(rows):
-        j = i + 1
-        while j < len(rows) and rows[j].data_ptr() == rows[j - 1].data_ptr() + bb:
-            j += 1
-        out.append((i, j - i))
-        i = j
-    return out
+class _RowSet:
+    """n rows of bb block bytes: a 2-D uint8 view (mat, rows possibly strided) or a list of
+    1-D views (slots anywhere)."""
+
+    def __init__(self, mat: Optional[torch.Tensor], lst: Optional[List[torch.Tensor]], bb: int):
+        self.mat, self.list, self.bb = mat, lst, bb
+        self.device = mat.device if mat is not None else lst[0].device if lst else torch.device("cpu")
+
+    def part(self, a: int, b: int) -> "_RowSet":
+        return _RowSet(self.mat[a:b], None, self.bb) if self.mat is not None else _RowSet(None, self.list[a:b], self.bb)
+
+    def runs(self):
+        """[(first, count, flat uint8 view of count * bb bytes)] of rows that lie back to back."""
+        bb = self.bb
+        if self.mat is not None:
+            m = self.mat
+            if m.shape[0] == 1 or m.stride(0) == bb:
+                return [(0, m.shape[0], _span(m, m.shape[0], bb))]
+            return [(i, 1, m[i]) for i in range(m.shape[0])]
+        out, rows, i = [], self.list, 0
+        while i < len(rows):
+            j = i + 1
+            while j < len(rows) and rows[j].data_ptr() == rows[j - 1].data_ptr() + bb:
+                j += 1
+            out.append((i, j - i, _span(rows[i], j - i, bb)))
+            i = j
+        return out
 
 
 def _span(r: torch.Tensor, count: int, bb: int) -> torch.Tensor:
     return torch.as_strided(r, (count * bb,), (1,))
 
 
-def _copy_rows(st: torch.Tensor, rows: List[torch.Tensor], dst_dev) -> None:
+def _copy_rows(st: torch.Tensor, rows: _RowSet, dst_dev) -> None:
     """Device staging [n, bb] -> destination rows: one async copy per contiguous run."""
     bb = st.shape[1]
     nb = dst_dev.type == "cpu"
-    for first, count in _runs(rows, bb):
-        _span(rows[first], count, bb).copy_(st[first:first + count].reshape(-1), non_blocking=nb)
+    for first, count, span in rows.runs():
+        part = st[first:first + count]
+        if part.is_contiguous():
+            span.copy_(part.reshape(-1), non_blocking=nb)
+        else:  # staging rows padded past bb (NVFP4 16-byte rows)
+            span.view(count, bb).copy_(part, non_blocking=nb)
 
 
-def _copy_rows_in(st: torch.Tensor, rows: List[torch.Tensor]) -> None:
+def _copy_rows_in(st: torch.Tensor, rows: _RowSet) -> None:
+    """Source rows -> device staging [n, bb]: one async copy per contiguous run."""
     bb = st.shape[1]
-    for first, count in _runs(rows, bb):
-        st[first:first + count].reshape(-1).copy_(_span(rows[first], count, bb), non_blocking=True)
+    for first, count, span in rows.runs():
+        part = st[first:first + count]
+        if part.is_contiguous():
+            part.reshape(-1).copy_(span, non_blocking=True)
+        else:
+            part.copy_(span.view(count, bb), non_blocking=True)
 
 
 def pin(t: torch.Tensor, read_only: bool = False) -> torch.Tensor:

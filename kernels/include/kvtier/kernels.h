@@ -147,8 +147,14 @@ typedef struct kvt_dequant_params {
  * either direction. format NVFP4: scatter only; the rows' NVFP4 pages are decoded to BF16
  * as DecodeValue does ((e2m1 * e4m3) * scale, the CPU codec's value bit for bit before the
  * BF16 rounding), with scales[2*l + s] the global scales. A block id outside
- * [0, num_blocks) is skipped and sets *error_flag. NVFP4 scale bytes are not checked for
- * NaN here (a NaN scale decodes to NaN): callers check the bytes first. */
+ * [0, num_blocks) is skipped and sets *error_flag.
+ * NVFP4 rows are checked on the device before they are decoded, in the same stream order
+ * (no host synchronization): row_errors[i] becomes 0 when row i is sound, else the OR of
+ * 1 (block id out of range) and 8 (a bad scale: a block scale byte that is an E4M3 NaN or
+ * negative, 0x7F and above, or a global scale that is not a finite positive normal
+ * float). A row with a non-zero entry is not decoded: its engine pages keep their bytes.
+ * The caller reads row_errors after the stream passes the call and treats those blocks as
+ * not loaded. */
 typedef struct kvt_engine_pages_params {
   const uint64_t* engine;        /* device [2 * L]: address of block 0 of layer l, side s */
   int64_t block_stride;          /* bytes between blocks of the engine tensors */
@@ -165,6 +171,8 @@ typedef struct kvt_engine_pages_params {
   const float* scales;           /* device [2 * L] (NVFP4), else NULL */
   uint32_t direction;            /* 0 = gather (engine -> rows), 1 = scatter (rows -> engine) */
   int32_t* error_flag;           /* optional device int */
+  int32_t* row_errors;           /* device [n], NVFP4 only (required there): 0 = row i decoded,
+                                    else 1 | 8 as above; written by the call, never read first */
 } kvt_engine_pages_params;
 int kvt_engine_pages(const kvt_engine_pages_params* p, void* stream);
 
