@@ -22,6 +22,10 @@
 #include <cmath>
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
+
 #include "formats/nvfp4_math.h"
 
 namespace kvtier::kernels {
@@ -95,17 +99,361 @@ KVT_HD uint32_t LadderLaneMask(uint32_t f) {
 #endif
 }
 KVT_HD uint32_t LadderSelect(uint32_t m, uint32_t a, uint32_t b) { return (m & a) | (~m & b); }
-// Codes of values v = V and V+4 (the lanes of p, 16-bit with the sign in bit 15) as
-// nibbles at bits 4V and 4V+16.
+// Magnitude indices (code & 7) of values v = V and V+4 (the lanes of p, 16-bit with the
+// sign in bit 15) as nibbles at bits 4V and 4V+16; bit 3 of each nibble is left 0.
 template <int V>
-KVT_HD uint32_t LadderPairCodes(uint32_t p, const uint32_t (&hb)[7]) {
+KVT_HD uint32_t LadderPairIdx(uint32_t p, const uint32_t (&hb)[7]) {
   const uint32_t g = p | 0x80008000u;
   const uint32_t m2 = LadderLaneMask(g - hb[3]);                      // code >= 4
   const uint32_t m1 = LadderLaneMask(g - LadderSelect(m2, hb[5], hb[1]));  // >= 6 / >= 2
   const uint32_t b0 = LadderSelect(m2, LadderSelect(m1, hb[6], hb[4]), LadderSelect(m1, hb[2], hb[0]));
   const uint32_t f0 = g - b0;  // code bit 0 in bit 15 (31)
   constexpr uint32_t m = 0x00010001u << (4 * V);
-  return ((p >> (12 - 4 * V)) & (m << 3)) | (m2 & (m << 2)) | (m1 & (m << 1)) | ((f0 >> (15 - 4 * V)) & m);
+  return (m2 & (m << 2)) | (m1 & (m << 1)) | ((f0 >> (15 - 4 * V)) & m);
+}
+// The sign bits of values V and V+4 (bit 15 and 31 of p) at bits 4V+3 and 4V+19.
+template <int V>
+KVT_HD uint32_t LadderPairSigns(uint32_t p) {
+  return (p >> (12 - 4 * V)) & (0x00080008u << (4 * V));
+}
+// Codes of values v = V and V+4 (the lanes of p, 16-bit with the sign in bit 15) as
+// nibbles at bits 4V and 4V+16.
+template <int V>
+KVT_HD uint32_t LadderPairCodes(uint32_t p, const uint32_t (&hb)[7]) {
+  return LadderPairSigns<V>(p) | LadderPairIdx<V>(p, hb);
+}
+
+// The 16-bit bounds hb straight from s, for bf16 inputs (the 4over6 path). Each test of
+// the ladder is |x| > P (strict) or |x| >= P with P = t*s + h or t*s - h (h = s * u/2, as
+// above; t*s +- h is exact in a single FMA's infinitely precise result). For a bf16
+// magnitude that is |x| >= H with H the smallest bf16 above P (strict) or at or above P:
+//   strict:     H = RD_bf16(P) + 1 ulp = (bits(fma_rd(t, s, h)) >> 16) + 1
+//   not strict: H = RU_bf16(P)         = (bits(fma_ru(t, s, -h)) + 0xffff) >> 16
+// (RD_bf16(RD_f32(P)) = RD_bf16(P): bf16 values are floats; the same for RU). One FMA
+// and two integer ops per bound, where MakeLadder + the rounding up took six. Equal to
+// the bounds made from MakeLadder for every s with LadderApplies(s) (kernels_ref_test
+// E2M1Ladder.DirectBf16BoundsEqualLadderBounds).
+KVT_HD float LadderFmaRd(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rd(a, b, c);
+#else
+  // a*b + c is exact in double for the ladder's arguments (t has at most 3 significant
+  // bits, c = +-s * 2^-k with k <= 26: at most 49 bits between the highest and lowest);
+  // round it toward -inf into a float.
+  const double p = static_cast<double>(a) * b + c;
+  float f = static_cast<float>(p);
+  if (static_cast<double>(f) > p) f = std::nextafter(f, -INFINITY);
+  return f;
+#endif
+}
+KVT_HD float LadderFmaRu(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_ru(a, b, c);
+#else
+  const double p = static_cast<double>(a) * b + c;
+  float f = static_cast<float>(p);
+  if (static_cast<double>(f) < p) f = std::nextafter(f, INFINITY);
+  return f;
+#endif
+}
+KVT_HD uint32_t LadderHalfHigh(uint32_t u) {  // the high 16 bits of u in both lanes
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(u), "r"(0u), "r"(0x3232u));
+  return r;
+#else
+  return (u >> 16) | (u & 0xffff0000u);
+#endif
+}
+KVT_HD void LadderPairBoundsBf16(float s, uint32_t (&hb)[7]) {
+  constexpr float t[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  const float h26 = s * 0x1p-26f, h25 = s * 0x1p-25f, h24 = s * 0x1p-24f, h23 = s * 0x1p-23f, h22 = s * 0x1p-22f;
+  const float h[7] = {h26, -h25, h24, -h24, h23, -h23, h22};
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < 7; ++k) {
+    if (k % 2 == 0) {  // strict
+      hb[k] = LadderHalfHigh(nvfp4::kvt_f2u(LadderFmaRd(t[k], s, h[k]))) + 0x00010001u;
+    } else {
+      hb[k] = LadderHalfHigh(nvfp4::kvt_f2u(LadderFmaRu(t[k], s, h[k])) + 0xffffu);
+    }
+  }
+}
+
+// ---- 4over6: a candidate's squared error from its pair codes (kernels/pages.cu) -------
+// The 4over6 rule compares err = sum_i (E2M1ToFloat(q_i) * s - x_i)^2, accumulated in
+// index order in float32 (nvfp4::QuantizeWithScale). q_i carries x_i's sign and RN is
+// symmetric, so each term is RN(RN(|E2M1(q_i)| * s) - |x_i|)^2: the same bits.
+//
+// |E2M1(q)| is an fp16 value whose low byte is 0: high byte {00,38,3C,3E,40,42,44,46}[i]
+// for magnitude index i = q & 7. One PRMT looks the high bytes up for four codes at once
+// (each code's index is a byte selector), one more per two values places them as fp16x2
+// (the other operand, 0, gives the low bytes), and the fp16 -> f32 conversions (HADD2.F32)
+// run on the FMA pipe, beside the integer work.
+
+// PRMT (default mode) on the device; the same on the host, for the CPU tests.
+KVT_HD uint32_t LadderPrmt(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+#else
+  const uint64_t t = a | (static_cast<uint64_t>(b) << 32);
+  uint32_t r = 0;
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t n = (sel >> (4 * j)) & 0xFu;
+    uint32_t byte = static_cast<uint32_t>(t >> (8 * (n & 7u))) & 0xFFu;
+    if ((n & 8u) != 0) byte = (byte & 0x80u) != 0 ? 0xFFu : 0u;
+    r |= byte << (8 * j);
+  }
+  return r;
+#endif
+}
+
+// fp16 (a normal value or +0, as here) to float.
+KVT_HD float LadderHalfToFloat(uint32_t h) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(static_cast<uint16_t>(h)));
+#else
+  h &= 0xffffu;
+  if (h == 0) return 0.0f;
+  return nvfp4::kvt_u2f(((h & 0x8000u) << 16) | ((((h >> 10) & 31u) + 112u) << 23) | ((h & 1023u) << 13));
+#endif
+}
+
+// |E2M1ToFloat| of the four codes in the low 16 bits of c (nibble j = code j; bit 3 of
+// each nibble must be 0).
+KVT_HD void E2M1Magnitudes4(uint32_t c, float (&m)[4]) {
+  const uint32_t hi = LadderPrmt(0x3E3C3800u, 0x46444240u, c);
+  const uint32_t h01 = LadderPrmt(hi, 0u, 0x1404u);
+  const uint32_t h23 = LadderPrmt(hi, 0u, 0x3424u);
+  m[0] = LadderHalfToFloat(h01);
+  m[1] = LadderHalfToFloat(h01 >> 16);
+  m[2] = LadderHalfToFloat(h23);
+  m[3] = LadderHalfToFloat(h23 >> 16);
+}
+
+KVT_HD float LadderFabs(float x) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(x);  // an operand modifier of the FADD that uses it
+#else
+  return std::fabs(x);
+#endif
+}
+
+// == the error nvfp4::QuantizeWithScale returns for magnitude indices pk0 (values 0..7,
+// nibble i = value i, bit 3 of each nibble 0) and pk1 (values 8..15), scale s (> 0) and
+// the group's values x.
+KVT_HD float PairCodesSquaredError(uint32_t pk0, uint32_t pk1, float s, const float (&x)[16]) {
+  using namespace nvfp4;
+  float err = 0.0f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int q = 0; q < 4; ++q) {
+    float m[4];
+    E2M1Magnitudes4((q < 2 ? pk0 : pk1) >> (16 * (q & 1)), m);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < 4; ++j) {
+      const float d = kvt_sub(kvt_mul(m[j], s), LadderFabs(x[4 * q + j]));
+      // 0 + d^2 is d^2 (d^2 >= +0), so the first term needs no add.
+      err = (q == 0 && j == 0) ? kvt_mul(d, d) : kvt_add(err, kvt_mul(d, d));
+    }
+  }
+  return err;
+}
+
+// ---- 4over6: deciding by FMA sums, with a bound ---------------------------------------
+// PairCodesSquaredErrorFma computes the same sum as fma(d~, d~, acc) with
+// d~ = fma(|E2M1(q_i)|, s, -|x_i|): no rounding of the product and of each square. Per
+// candidate (u = 2^-24, p_i = |E2M1(q_i)| * s <= 6s, E = the exact real sum of d_i^2):
+//   each term: |d^2 - d~^2| <= (u p + 2u|d|)(2|d| + 2u p) <= u p^2 + 5u d^2 (+ O(u^2)),
+//              so over 16 terms <= 576u s^2 + 5u E;
+//   the sums:  the codec's 16 squares and 15 adds <= 31u E, the FMA chain's 16 <= 16u E.
+// So each candidate's FMA sum is within 576u s^2 + 52u E of the codec's, and a margin of
+// 2^-13 (s6^2 + s4^2 + e6 + e4) (2048u: over 3x the sum of both bounds, which also covers
+// the rounding of the margin and of the comparisons) separates the cases where the FMA sums
+// decide the comparison from those the exact sums must. Squares must neither underflow
+// nor overflow for these relative bounds, hence 2^-40 <= s <= 2^40 (a subnormal d^2 is off
+// by less than 2^-149, far below u s^2); a sum that overflows is never decided by the
+// margin (inf + m < x is false), so the exact sums decide it.
+KVT_HD bool FastDecisionApplies(float s) { return s >= 0x1p-40f && s <= 0x1p40f; }
+KVT_HD float FastDecisionMargin(float s6, float s4, float e6, float e4) {
+  using namespace nvfp4;
+  return kvt_mul(0x1p-13f, kvt_add(kvt_add(kvt_mul(s6, s6), kvt_mul(s4, s4)), kvt_add(e6, e4)));
+}
+KVT_HD float PairCodesSquaredErrorFma(uint32_t pk0, uint32_t pk1, float s, const float (&x)[16]) {
+  float err = 0.0f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int q = 0; q < 4; ++q) {
+    float m[4];
+    E2M1Magnitudes4((q < 2 ? pk0 : pk1) >> (16 * (q & 1)), m);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < 4; ++j) {
+      const float d = LadderFma(m[j], s, -LadderFabs(x[4 * q + j]));
+      err = LadderFma(d, d, err);
+    }
+  }
+  return err;
+}
+
+// ---- 4over6 on pairs of 16-bit inputs (quantize_append, kernels/pages.cu) --------------
+// Per group: sf6 = E4M3(amax / 6 / gs) and sf4 = E4M3(amax / 4 / gs) (amax / 4 is exact,
+// so amax * 0.25 is the codec's amax / 4.0 bit for bit), both candidates' magnitude
+// indices by the pair ladder (bounds by LadderPairBounds), both errors by FMA sums with a
+// bound, the codec's exact sums where the bound does not decide (see above), the smaller
+// error winning and sf6 on a tie, then x's signs. When both scales round to the same byte
+// (both saturate at 448, or both are 0) the errors are equal and max6's codes are the
+// answer: one ladder. The host build (bf16 only) is the CPU tests' copy of the kernel's.
+
+// E4M3 round trip. Device: cvt.rn.satfinite.e4m3x2.f32 and cvt.rn.f16x2.e4m3x2, equal to
+// the codec's FloatToE4M3 / E4M3ToFloat for every argument that is not NaN (and amax / 6
+// / gs, amax finite, gs > 0, never is). Host: the codec's.
+KVT_HD uint8_t LadderE4M3(float x) {
+#if defined(__CUDA_ARCH__)
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(0.0f), "f"(x));
+  return static_cast<uint8_t>(r & 0xffu);
+#else
+  return nvfp4::FloatToE4M3(x);
+#endif
+}
+KVT_HD float LadderE4M3ToFloat(uint8_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(static_cast<uint16_t>(b)));
+  return __half2float(__ushort_as_half(static_cast<uint16_t>(r & 0xffffu)));
+#else
+  return nvfp4::E4M3ToFloat(b);
+#endif
+}
+
+// The 16-bit ladder bounds (both lanes) of scale s; requires LadderApplies(s). bf16:
+// LadderPairBoundsBf16; fp16 (device only) the same with the hardware's directed
+// float -> half conversions: strict H = RD_half(P) + 1 ulp (RD of a value above 65504 is
+// 65504, so H is then inf, which no finite value reaches), not strict H = RU_half(P).
+template <bool kFp16>
+KVT_HD void LadderPairBounds(float s, uint32_t (&hb)[7]) {
+  if constexpr (kFp16) {
+#if defined(__CUDA_ARCH__)
+    constexpr float t[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    const float h26 = s * 0x1p-26f, h25 = s * 0x1p-25f, h24 = s * 0x1p-24f, h23 = s * 0x1p-23f, h22 = s * 0x1p-22f;
+    const float h[7] = {h26, -h25, h24, -h24, h23, -h23, h22};
+#pragma unroll
+    for (int k = 0; k < 7; ++k) {
+      const uint32_t b16 = k % 2 == 0 ? __half_as_ushort(__float2half_rd(__fmaf_rd(t[k], s, h[k]))) + 1u
+                                      : __half_as_ushort(__float2half_ru(__fmaf_ru(t[k], s, h[k])));
+      hb[k] = b16 | (b16 << 16);
+    }
+#endif
+  } else {
+    LadderPairBoundsBf16(s, hb);
+  }
+}
+
+template <bool kFp16>
+KVT_HD float LadderToFloat(uint32_t h16) {
+  if constexpr (kFp16) {
+#if defined(__CUDA_ARCH__)
+    return __half2float(__ushort_as_half(static_cast<uint16_t>(h16)));
+#else
+    return 0.0f;  // not built on the host
+#endif
+  } else {
+    return nvfp4::kvt_u2f(h16 << 16);
+  }
+}
+
+// The 16 values of a group as floats (value 2i is the low half of w[i]).
+template <bool kFp16>
+KVT_HD void LadderGroupFloats(const uint32_t (&w)[8], float (&x)[16]) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < 8; ++i) {
+    x[2 * i] = LadderToFloat<kFp16>(w[i] & 0xffffu);
+    x[2 * i + 1] = LadderToFloat<kFp16>(w[i] >> 16);
+  }
+}
+
+// The pair words of a group: value V in the low lane, V+4 in the high lane (values 0..7
+// from w[0..3], 8..15 from w[4..7]).
+KVT_HD void LadderPairWords(const uint32_t (&w)[8], uint32_t (&p)[8]) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int h = 0; h < 2; ++h) {
+    p[4 * h + 0] = LadderPrmt(w[4 * h + 0], w[4 * h + 2], 0x5410);
+    p[4 * h + 1] = LadderPrmt(w[4 * h + 0], w[4 * h + 2], 0x7632);
+    p[4 * h + 2] = LadderPrmt(w[4 * h + 1], w[4 * h + 3], 0x5410);
+    p[4 * h + 3] = LadderPrmt(w[4 * h + 1], w[4 * h + 3], 0x7632);
+  }
+}
+
+// Magnitude indices of values 0..7 (c0) and 8..15 (c1), one nibble per value.
+KVT_HD void LadderGroupIdx(const uint32_t (&p)[8], const uint32_t (&hb)[7], uint32_t& c0, uint32_t& c1) {
+  c0 = LadderPairIdx<0>(p[0], hb) | LadderPairIdx<1>(p[1], hb) | LadderPairIdx<2>(p[2], hb) | LadderPairIdx<3>(p[3], hb);
+  c1 = LadderPairIdx<0>(p[4], hb) | LadderPairIdx<1>(p[5], hb) | LadderPairIdx<2>(p[6], hb) | LadderPairIdx<3>(p[7], hb);
+}
+
+// One group of 16-bit inputs (w: value 2i in the low half of w[i]; amax16: the largest
+// magnitude's bits, finite) under 4over6: the scale byte and the data words (codes of
+// values 0..7 in pk0, 8..15 in pk1, nibble i = value i), equal to nvfp4::QuantizeGroup.
+// Returns false, writing nothing, when a candidate scale is outside the ladder's range
+// (zero included): the caller then runs QuantizeGroup itself.
+template <bool kFp16>
+KVT_HD bool Quantize4over6Pair(const uint32_t (&w)[8], uint32_t amax16, float gs, uint8_t& sf_out, uint32_t& pk0,
+                               uint32_t& pk1) {
+  using namespace nvfp4;
+  const float amax = LadderToFloat<kFp16>(amax16);
+  const uint8_t sf6 = LadderE4M3(kvt_div(kvt_div(amax, 6.0f), gs));
+  const uint8_t sf4 = LadderE4M3(kvt_div(kvt_mul(amax, 0.25f), gs));
+  const float s6 = kvt_mul(LadderE4M3ToFloat(sf6), gs);
+  const float s4 = kvt_mul(LadderE4M3ToFloat(sf4), gs);
+  if (!LadderApplies(s6) || !LadderApplies(s4)) return false;
+  uint32_t p[8];
+  LadderPairWords(w, p);
+  uint32_t hb[7];
+  LadderPairBounds<kFp16>(s6, hb);
+  uint32_t c0, c1;
+  LadderGroupIdx(p, hb, c0, c1);
+  uint8_t sf = sf6;
+  if (sf4 != sf6) {  // equal bytes: equal errors, and a tie keeps max6
+    uint32_t q0, q1;
+    LadderPairBounds<kFp16>(s4, hb);
+    LadderGroupIdx(p, hb, q0, q1);
+    float x[16];
+    LadderGroupFloats<kFp16>(w, x);
+    int four = -1;  // 1: sf4 wins, 0: sf6 wins, -1: the FMA sums do not decide
+    if (FastDecisionApplies(s6) && FastDecisionApplies(s4)) {
+      const float e6 = PairCodesSquaredErrorFma(c0, c1, s6, x);
+      const float e4 = PairCodesSquaredErrorFma(q0, q1, s4, x);
+      const float margin = FastDecisionMargin(s6, s4, e6, e4);
+      if (kvt_add(e4, margin) < e6) {
+        four = 1;
+      } else if (kvt_add(e6, margin) < e4) {
+        four = 0;
+      }
+    }
+    if (four < 0) four = PairCodesSquaredError(q0, q1, s4, x) < PairCodesSquaredError(c0, c1, s6, x) ? 1 : 0;
+    if (four == 1) {
+      c0 = q0;
+      c1 = q1;
+      sf = sf4;
+    }
+  }
+  // The codes carry x's sign (-0 included), whichever scale won.
+  pk0 = c0 | LadderPairSigns<0>(p[0]) | LadderPairSigns<1>(p[1]) | LadderPairSigns<2>(p[2]) | LadderPairSigns<3>(p[3]);
+  pk1 = c1 | LadderPairSigns<0>(p[4]) | LadderPairSigns<1>(p[5]) | LadderPairSigns<2>(p[6]) | LadderPairSigns<3>(p[7]);
+  sf_out = sf;
+  return true;
 }
 
 }  // namespace kvtier::kernels

@@ -5,7 +5,10 @@
 // source the CPU codec compiles, with __fmul_rn/__fdiv_rn on the device) with the
 // per-value division replaced by an exact threshold test (QuantizeWithScaleNoDiv), and
 // writes 8 data bytes and 1 scale byte. Consecutive threads take consecutive groups of one token's
-// row, so loads and stores coalesce.
+// row, so loads and stores coalesce. That is the general kernel (QuantizeKernel); the
+// usual shapes take QuantizePairKernel (one thread per group of K and of V, the ladder on
+// pairs of 16-bit values), with max6 (QuantizeMax6Group) or 4over6 (Quantize4over6Pair,
+// kernels/e2m1_ladder.h).
 //
 // The same launcher writes FP8 and BF16 pages (StoreKernel): one thread per 16 values, the
 // same bounds and finiteness checks, 16 (FP8) or 32 (BF16) bytes stored per thread.
@@ -224,13 +227,50 @@ __device__ __forceinline__ uint8_t QuantizeMax6Group(const uint32_t (&w)[8], uin
   return sf;
 }
 
+// ---- 4over6, fast path: Quantize4over6Pair (kernels/e2m1_ladder.h), the codec's
+// QuantizeGroup out of line for scales outside the ladder's range ---------------------
+
+template <bool kFp16>
+__device__ __forceinline__ void GroupFloatsDev(const uint32_t (&w)[8], float (&x)[16]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    x[2 * i] = to_float(static_cast<uint16_t>(w[i] & 0xffffu), kFp16);
+    x[2 * i + 1] = to_float(static_cast<uint16_t>(w[i] >> 16), kFp16);
+  }
+}
+
+// Arguments and result by value (x: the group's words; result: the scale byte, then the
+// two data words), so that nothing goes through local memory.
+template <bool kFp16>
+__device__ __noinline__ uint4 Quantize4over6Slow(uint4 r0, uint4 r1, float gs) {
+  const uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+  float x[16];
+  GroupFloatsDev<kFp16>(w, x);
+  uint8_t packed[8];
+  const uint8_t sf = nvfp4::QuantizeGroup(x, gs, nvfp4::ScaleRule::k4over6, packed);
+  return make_uint4(sf, packed[0] | (packed[1] << 8) | (packed[2] << 16) | (static_cast<uint32_t>(packed[3]) << 24),
+                    packed[4] | (packed[5] << 8) | (packed[6] << 16) | (static_cast<uint32_t>(packed[7]) << 24), 0u);
+}
+
+template <bool kFp16>
+__device__ __forceinline__ uint8_t Quantize4over6Group(const uint32_t (&w)[8], uint32_t mx, float gs,
+                                                       uint32_t& pk0, uint32_t& pk1) {
+  const uint32_t amax16 = max(mx & 0xffffu, mx >> 16);  // finite: checked by the caller
+  uint8_t sf;
+  if (Quantize4over6Pair<kFp16>(w, amax16, gs, sf, pk0, pk1)) return sf;
+  const uint4 r = Quantize4over6Slow<kFp16>(make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7]), gs);
+  pk0 = r.y;
+  pk1 = r.z;
+  return static_cast<uint8_t>(r.x);
+}
+
 // One thread per (token, head, group): the group of K and the same group of V (one slot
 // lookup, two independent chains). The inputs are loaded before the slot check, so the
 // two global round trips overlap.
 // kFp16: the inputs' type (a.fp16) as a template constant, so that the bf16 and fp16
-// paths carry no per-value selects.
-template <bool kFp16>
-__global__ void __launch_bounds__(256) QuantizeMax6Kernel(const QuantizeLaunch a, uint32_t per_side,
+// paths carry no per-value selects. RULE: 0 max6, 1 4over6.
+template <bool kFp16, int RULE>
+__global__ void __launch_bounds__(256) QuantizePairKernel(const QuantizeLaunch a, uint32_t per_side,
                                                           int log2_gpr) {
   const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= per_side) return;
@@ -262,7 +302,9 @@ __global__ void __launch_bounds__(256) QuantizeMax6Kernel(const QuantizeLaunch a
       continue;
     }
     uint32_t pk0, pk1;
-    const uint8_t sf = QuantizeMax6Group<kFp16>(w, mx, side == 0 ? a.k_scale_f : a.v_scale_f, pk0, pk1);
+    const float gs = side == 0 ? a.k_scale_f : a.v_scale_f;
+    const uint8_t sf = RULE == 0 ? QuantizeMax6Group<kFp16>(w, mx, gs, pk0, pk1)
+                                 : Quantize4over6Group<kFp16>(w, mx, gs, pk0, pk1);
     uint8_t* data = page + (side == 0 ? a.k_data : a.v_data) + static_cast<size_t>(row) * (a.head_dim / 2) + g * 8;
     uint8_t* sc = page + (side == 0 ? a.k_scale : a.v_scale) + static_cast<size_t>(row) * groups_per_row + g;
     *reinterpret_cast<uint2*>(data) = make_uint2(pk0, pk1);
@@ -416,14 +458,21 @@ cudaError_t LaunchQuantize(const QuantizeLaunch& a, cudaStream_t stream) {
   const int gpr = a.head_dim / 16;
   if (a.format != 0) {
     StoreKernel<<<grid, 256, 0, stream>>>(a, a.format);
-  } else if (a.rule == 0 && per_side <= 0xffffffffLL && (gpr & (gpr - 1)) == 0) {
+  } else if (per_side <= 0xffffffffLL && (gpr & (gpr - 1)) == 0) {
     int log2_gpr = 0;
     while ((1 << log2_gpr) < gpr) ++log2_gpr;
     const unsigned blocks = static_cast<unsigned>((per_side + 255) / 256);
-    if (a.fp16) {
-      QuantizeMax6Kernel<true><<<blocks, 256, 0, stream>>>(a, static_cast<uint32_t>(per_side), log2_gpr);
+    const uint32_t n = static_cast<uint32_t>(per_side);
+    if (a.rule == 0) {
+      if (a.fp16) {
+        QuantizePairKernel<true, 0><<<blocks, 256, 0, stream>>>(a, n, log2_gpr);
+      } else {
+        QuantizePairKernel<false, 0><<<blocks, 256, 0, stream>>>(a, n, log2_gpr);
+      }
+    } else if (a.fp16) {
+      QuantizePairKernel<true, 1><<<blocks, 256, 0, stream>>>(a, n, log2_gpr);
     } else {
-      QuantizeMax6Kernel<false><<<blocks, 256, 0, stream>>>(a, static_cast<uint32_t>(per_side), log2_gpr);
+      QuantizePairKernel<false, 1><<<blocks, 256, 0, stream>>>(a, n, log2_gpr);
     }
   } else if (a.rule == 0) {
     QuantizeKernel<0><<<grid, 256, 0, stream>>>(a);

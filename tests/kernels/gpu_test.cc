@@ -136,7 +136,8 @@ void PrintTo(const QuantCase& c, std::ostream* os) {
 class QuantizeAppend : public ::testing::TestWithParam<QuantCase> {};
 
 // Values that hit every rounding path: normal data at many magnitudes, exact E2M1 ties,
-// all-zero groups, groups far below the global scale, negative values rounding to -0.
+// all-zero groups, equal magnitudes, groups far below the global scale, negative values
+// rounding to -0.
 float DrawValue(std::mt19937_64& rng, int group_kind, float mag) {
   std::normal_distribution<float> nd(0.f, 1.f);
   switch (group_kind) {
@@ -146,6 +147,7 @@ float DrawValue(std::mt19937_64& rng, int group_kind, float mag) {
       return static_cast<float>(k) * mag / 8.0f;
     }
     case 2: return (rng() % 16 == 0) ? nd(rng) * mag : 0.0f;  // mostly zeros, some values
+    case 3: return static_cast<float>(static_cast<int>(rng() % 3) - 1) * 0.75f * mag;  // equal magnitudes
     default: return nd(rng) * mag * 1e-3f;                      // tiny against the scale
   }
 }
@@ -176,7 +178,7 @@ TEST_P(QuantizeAppend, BitIdenticalToCodec) {
     auto& f = side ? vf : kf;
     auto& b = side ? v16 : k16;
     for (size_t gi = 0; gi < f.size() / 16; ++gi) {
-      const int kind = static_cast<int>(rng() % 4);
+      const int kind = static_cast<int>(rng() % 5);
       const float mag = std::ldexp(1.0f, static_cast<int>(rng() % 12) - 6);
       for (int i = 0; i < 16; ++i) {
         const float x = DrawValue(rng, kind, mag);
@@ -235,7 +237,9 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantCase{256, 32, false, nvfp4::ScaleRule::kMax6},
                       QuantCase{128, 16, false, nvfp4::ScaleRule::k4over6},
                       QuantCase{64, 32, true, nvfp4::ScaleRule::k4over6},
-                      QuantCase{128, 64, true, nvfp4::ScaleRule::k4over6}),
+                      QuantCase{128, 64, true, nvfp4::ScaleRule::k4over6},
+                      QuantCase{256, 16, false, nvfp4::ScaleRule::k4over6},
+                      QuantCase{64, 64, false, nvfp4::ScaleRule::k4over6}),
     [](const auto& info) {
       const QuantCase& c = info.param;
       return "D" + std::to_string(c.D) + "_T" + std::to_string(c.T) + (c.fp16 ? "_fp16" : "_bf16") +

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -241,6 +242,177 @@ TEST(E2M1Ladder, PairCodesEqualPerValueCodesForBf16) {
     }
   }
   EXPECT_GT(checked, 1000000);
+}
+
+// quantize_append's 4over6 path, first its parts: the 16-bit bounds made straight from
+// directed-rounding FMAs equal those made from MakeLadder (rounded up to bf16), for
+// scales over the whole ladder range, E4M3 steps times random global scales.
+TEST(E2M1Ladder, DirectBf16BoundsEqualLadderBounds) {
+  std::mt19937_64 rng(std::random_device{}());
+  int64_t checked = 0;
+  for (int it = 0; it < 300000; ++it) {
+    const uint8_t sf = static_cast<uint8_t>(1 + rng() % 0x7E);
+    float kv = std::ldexp(1.0f + static_cast<float>(rng() % 1000000) / 1e6f, static_cast<int>(rng() % 160) - 80);
+    if (rng() % 4 == 0) kv = std::ldexp(1.0f, static_cast<int>(rng() % 160) - 80);
+    const float s = nvfp4::E4M3ToFloat(sf) * kv;
+    if (!LadderApplies(s)) continue;
+    const E2M1Ladder l = MakeLadder(s);
+    uint32_t hb[7];
+    LadderPairBoundsBf16(s, hb);
+    for (int k = 0; k < 7; ++k) {
+      const uint32_t b16 = (l.b[k] + 0xffffu) >> 16;
+      ASSERT_EQ(hb[k], b16 | (b16 << 16)) << "bound " << k << " s=" << s;
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 200000);
+}
+
+// The E2M1 magnitudes looked up by PRMT for every magnitude index at every position.
+TEST(E2M1Ladder, MagnitudeLookupEqualsCodec) {
+  for (uint32_t pos = 0; pos < 4; ++pos) {
+    for (uint32_t idx = 0; idx < 8; ++idx) {
+      const uint32_t c = (idx << (4 * pos)) | (((idx + 3) & 7u) << (4 * ((pos + 1) % 4)));
+      float m[4];
+      E2M1Magnitudes4(c, m);
+      EXPECT_EQ(m[pos], nvfp4::E2M1ToFloat(static_cast<uint8_t>(idx))) << "index " << idx << " position " << pos;
+    }
+  }
+}
+
+// Random bf16 groups of the kinds that reach every branch of the 4over6 choice: exact ties
+// between the candidates (kind 5), multiples of a power of two, equal values,
+// zeros, Gaussian data, values at and next to the ladder bounds, amax at and around
+// E4M3's subnormal range and its saturation, scales outside the FMA decision's range.
+std::vector<uint16_t> FourOverSixGroup(std::mt19937_64& rng, float gs, int kind) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<uint16_t> v(16);
+  const float mag = std::ldexp(gs, static_cast<int>(rng() % 24) - 14);  // amax / gs from 2^-14 to 2^9
+  for (int i = 0; i < 16; ++i) {
+    float x = 0.0f;
+    switch (kind) {
+      case 0: x = nd(rng) * mag; break;
+      case 1: x = static_cast<float>(static_cast<int>(rng() % 49) - 24) * mag / 8.0f; break;  // exact ties
+      case 2: x = (rng() % 8 == 0) ? nd(rng) * mag : 0.0f; break;
+      case 3: x = (i == 0 || rng() % 2) ? mag * (rng() % 2 ? 1.0f : -1.0f) : 0.0f; break;  // equal values
+      case 4: x = static_cast<float>(static_cast<int>(rng() % 13) - 6) * mag; break;
+      case 5:  // +-v or 0 with v / 6 / gs and v / 4 / gs exact in E4M3: both errors 0, a tie
+        x = (i == 0 ? 1.0f : static_cast<float>(static_cast<int>(rng() % 3) - 1)) * 0.75f * mag;
+        break;
+      default: {  // next to a bound of either candidate: t * amax / 6 or t * amax / 4
+        const float ts[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+        x = ts[rng() % 7] * mag / (rng() % 2 ? 6.0f : 4.0f) * 6.0f;
+        uint32_t u;
+        std::memcpy(&u, &x, 4);
+        u = (u & 0xffff0000u) + static_cast<uint32_t>((static_cast<int>(rng() % 5) - 2) * 0x10000);
+        std::memcpy(&x, &u, 4);
+        if (rng() % 2) x = -x;
+      }
+    }
+    v[i] = FloatToBf16(x);
+  }
+  return v;
+}
+
+TEST(FourOverSixPair, EqualsCodecQuantizeGroup) {
+  std::mt19937_64 rng(std::random_device{}());
+  int64_t groups = 0, fast = 0, four_won = 0, six_won_diff_bytes = 0;
+  for (int it = 0; it < 400000; ++it) {
+    float gs = std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f, static_cast<int>(rng() % 120) - 60);
+    if (rng() % 8 == 0) gs = std::ldexp(1.0f, static_cast<int>(rng() % 200) - 100);  // beyond the FMA decision's range
+    const int kind = static_cast<int>(rng() % 7);
+    const std::vector<uint16_t> v = FourOverSixGroup(rng, gs, kind);
+    uint32_t w[8];
+    float x[16];
+    uint32_t amax16 = 0;
+    for (int i = 0; i < 8; ++i) w[i] = v[2 * i] | (static_cast<uint32_t>(v[2 * i + 1]) << 16);
+    bool finite = true;
+    for (int i = 0; i < 16; ++i) {
+      x[i] = Bf16ToFloat(v[i]);
+      amax16 = std::max<uint32_t>(amax16, v[i] & 0x7fffu);
+      finite &= std::isfinite(x[i]);
+    }
+    if (!finite) continue;
+    uint8_t want_packed[8];
+    const uint8_t want_sf = nvfp4::QuantizeGroup(x, gs, nvfp4::ScaleRule::k4over6, want_packed);
+    uint8_t sf = 0;
+    uint32_t pk0 = 0, pk1 = 0;
+    if (!Quantize4over6Pair<false>(w, amax16, gs, sf, pk0, pk1)) continue;  // the codec's own path
+    ++groups;
+    uint32_t want0 = 0, want1 = 0;
+    for (int j = 0; j < 4; ++j) {
+      want0 |= static_cast<uint32_t>(want_packed[j]) << (8 * j);
+      want1 |= static_cast<uint32_t>(want_packed[4 + j]) << (8 * j);
+    }
+    ASSERT_EQ(sf, want_sf) << "gs=" << gs << " kind " << kind;
+    ASSERT_EQ(pk0, want0) << "gs=" << gs << " kind " << kind;
+    ASSERT_EQ(pk1, want1) << "gs=" << gs << " kind " << kind;
+    const uint8_t sf6 = nvfp4::FloatToE4M3(Bf16ToFloat(static_cast<uint16_t>(amax16)) / 6.0f / gs);
+    four_won += sf != sf6;
+    six_won_diff_bytes += sf == sf6 && sf6 != nvfp4::FloatToE4M3(Bf16ToFloat(static_cast<uint16_t>(amax16)) / 4.0f / gs);
+    const float s6 = nvfp4::E4M3ToFloat(sf6) * gs;
+    fast += FastDecisionApplies(s6);
+  }
+  // Each branch is taken often: both winners, and scales on both sides of the FMA range.
+  std::printf("groups %lld, sf4 won %lld, sf6 won over a different sf4 %lld, FMA decision range %lld\n",
+              static_cast<long long>(groups), static_cast<long long>(four_won), static_cast<long long>(six_won_diff_bytes),
+              static_cast<long long>(fast));
+  EXPECT_GT(groups, 200000);
+  EXPECT_GT(four_won, 10000);
+  EXPECT_GT(six_won_diff_bytes, 10000);
+  EXPECT_GT(fast, 100000);
+  EXPECT_GT(groups - fast, 5000);
+}
+
+// The FMA sums' decision against the exact sums, on the candidates' own codes: whenever
+// the margin decides, it decides as the exact sums do; and exact ties (equal exact sums,
+// different scales) are never decided by the margin.
+TEST(FourOverSixPair, FmaDecisionAgreesWithExactSums) {
+  std::mt19937_64 rng(std::random_device{}());
+  int64_t decided = 0, undecided = 0, ties = 0;
+  for (int it = 0; it < 300000; ++it) {
+    const float gs = std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f, static_cast<int>(rng() % 60) - 30);
+    const std::vector<uint16_t> v = FourOverSixGroup(rng, gs, static_cast<int>(rng() % 7));
+    uint32_t w[8], p[8];
+    float x[16];
+    float amax = 0.0f;
+    for (int i = 0; i < 8; ++i) w[i] = v[2 * i] | (static_cast<uint32_t>(v[2 * i + 1]) << 16);
+    for (int i = 0; i < 16; ++i) {
+      x[i] = Bf16ToFloat(v[i]);
+      amax = std::max(amax, std::fabs(x[i]));
+    }
+    const float s6 = nvfp4::E4M3ToFloat(nvfp4::FloatToE4M3(amax / 6.0f / gs)) * gs;
+    const float s4 = nvfp4::E4M3ToFloat(nvfp4::FloatToE4M3(amax / 4.0f / gs)) * gs;
+    if (!LadderApplies(s6) || !LadderApplies(s4) || !FastDecisionApplies(s6) || !FastDecisionApplies(s4)) continue;
+    LadderPairWords(w, p);
+    uint32_t hb[7], c0, c1, q0, q1;
+    LadderPairBoundsBf16(s6, hb);
+    LadderGroupIdx(p, hb, c0, c1);
+    LadderPairBoundsBf16(s4, hb);
+    LadderGroupIdx(p, hb, q0, q1);
+    const float x6 = PairCodesSquaredError(c0, c1, s6, x), x4 = PairCodesSquaredError(q0, q1, s4, x);
+    // The exact sums are the codec's (QuantizeWithScale on the same codes).
+    uint8_t codes[16];
+    ASSERT_EQ(x6, nvfp4::QuantizeWithScale(x, nvfp4::FloatToE4M3(amax / 6.0f / gs), gs, codes));
+    ASSERT_EQ(x4, nvfp4::QuantizeWithScale(x, nvfp4::FloatToE4M3(amax / 4.0f / gs), gs, codes));
+    const float e6 = PairCodesSquaredErrorFma(c0, c1, s6, x), e4 = PairCodesSquaredErrorFma(q0, q1, s4, x);
+    const float m = FastDecisionMargin(s6, s4, e6, e4);
+    if (e4 + m < e6) {
+      ASSERT_LT(x4, x6);
+      ++decided;
+    } else if (e6 + m < e4) {
+      ASSERT_GT(x4, x6);
+      ++decided;
+    } else {
+      ++undecided;
+    }
+    if (x4 == x6 && s4 != s6) ++ties;
+  }
+  std::printf("decided by the FMA sums %lld, by the exact sums %lld, exact ties %lld\n", static_cast<long long>(decided),
+              static_cast<long long>(undecided), static_cast<long long>(ties));
+  EXPECT_GT(decided, 100000);
+  EXPECT_GT(undecided, 100);  // ties (and near ties) are there, and go to the exact sums
+  EXPECT_GT(ties, 100);
 }
 
 }  // namespace

@@ -100,7 +100,7 @@ struct Row {
 int RunDecodeBench(const std::vector<std::string>& argv) {
   auto args = cli::Args::Parse(argv, {"quick"});
   if (!args.ok()) return cli::Fail(args.status().message(), 2);
-  if (Status s = args->CheckKnown({"quick", "iters", "json", "results", "formats", "shapes", "block-tokens", "splits", "sustain-ms"});
+  if (Status s = args->CheckKnown({"quick", "iters", "json", "results", "formats", "shapes", "block-tokens", "splits", "sustain-ms", "kernels"});
       !s.ok()) {
     return cli::Fail(s.message(), 2);
   }
@@ -110,6 +110,10 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
   auto list_has = [](const std::string& list, const std::string& item) {
     return ("," + list + ",").find("," + item + ",") != std::string::npos;
   };
+  // --kernels decode,quantize: which tables after the roofline (default both)
+  const std::string kernel_list = args->Get("kernels").value_or("decode,quantize");
+  const bool run_decode = list_has(kernel_list, "decode"), run_quantize = list_has(kernel_list, "quantize");
+  if (!run_decode && !run_quantize) return cli::Fail("--kernels wants decode, quantize or both", 2);
   const bool quick = args->Has("quick");
   auto iters_or = args->GetInt("iters", quick ? 5 : 30);
   if (!iters_or.ok()) return cli::Fail(iters_or.status().message(), 2);
@@ -205,7 +209,7 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
   const size_t l2 = static_cast<size_t>(prop.l2CacheSize);
   std::vector<double> nvfp4_vs_fp8;
   for (int T : {16, 64}) {
-    if (!list_has(tlist, std::to_string(T))) continue;
+    if (!run_decode || !list_has(tlist, std::to_string(T))) continue;
     for (const Shape& sh : shapes) {
       double t_fmt[3] = {0, 0, 0};
       for (KvFormat f : {KvFormat::kBf16, KvFormat::kFp8, KvFormat::kNvfp4}) {
@@ -327,7 +331,7 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
   }
 
   // ---- quantize_append ----------------------------------------------------------------
-  if (list_has(formats, "nvfp4")) {
+  if (run_quantize && list_has(formats, "nvfp4")) {
     const int N = quick ? 8192 : 65536, H = 8, T = 16;
     Geometry g;
     g.num_layers = 1;
@@ -396,7 +400,8 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
 
   Report rep("decode: kvtier paged decode (BF16 / FP8 / NVFP4) and quantize_append vs pure read",
              "kvtier-bench decode" + std::string(quick ? " --quick" : "") + " --iters " + std::to_string(iters) +
-                 (sustain_ms > 0 ? " --sustain-ms " + std::to_string(sustain_ms) : std::string()));
+                 (sustain_ms > 0 ? " --sustain-ms " + std::to_string(sustain_ms) : std::string()) +
+                 (run_decode && run_quantize ? std::string() : " --kernels " + kernel_list));
   rep.SetDevice(prop.name);
   rep.SetColumns({"kernel", "batch", "context", "T", "time us", "GB/s (bytes it must move)", "of pure read", "SM clock"});
   for (const Row& r : rows) {
@@ -443,7 +448,7 @@ int RunDecodeBench(const std::vector<std::string>&) {
 const cli::CommandRegistrar kReg(
     "decode", "GPU decode (bf16/fp8/nvfp4 pages) and quantize_append vs pure-read bandwidth", RunDecodeBench,
     "[--quick] [--iters N] [--formats F,...] [--shapes BxL,...] [--block-tokens T,...] [--splits N] "
-    "[--sustain-ms N] [--json FILE] [--results FILE]\n"
+    "[--sustain-ms N] [--kernels K,...] [--json FILE] [--results FILE]\n"
     "  --quick          two small shapes, 5 launches per timing\n"
     "  --iters N        back-to-back launches per timing; the median of 5 means is reported (default 30)\n"
     "  --formats F,...  of bf16, fp8, nvfp4 (default all three)\n"
@@ -452,6 +457,7 @@ const cli::CommandRegistrar kReg(
     "  --splits N       KV splits per sequence, 0-65536 (default 0: the library's choice)\n"
     "  --sustain-ms N   run each kernel back to back for N ms before timing it, 0-600000 (default 0);\n"
     "                   the time a GPU held at that load gets (an H200 then hits its power cap)\n"
+    "  --kernels K,...  of decode, quantize (default both); the roofline row is always measured\n"
     "  --json FILE      also write the rows as JSON\n"
     "  --results FILE   append the table to FILE (default: bench/history/results.md)\n"
     "Each row also gives the mean SM clock over its timed launches and the share of them\n"
