@@ -16,7 +16,9 @@ Checks (docs/vllm.md):
   (f) with kvtierd stopped, requests complete by recompute with the same output; one log
       line says the daemon is gone
   (i) a vLLM serving another model (other weights, same shapes) loads nothing of the first
-      model's blocks, and its own repeat does load
+      model's blocks, and its own repeat does load; it runs an FP8 KV cache (where the CPU
+      has AVX-512 or AMX), whose blocks are stored as they are (half a BF16 block) and
+      loaded with the recompute's output
   (h) NVFP4 blocks in the tiers (kv_format "nvfp4"): a vLLM in NVFP4 mode does not load the
       BF16 blocks of the same prompt (the format is in the contract) and stores its own; the
       NVFP4 blocks it stored decode (libkvtier's codec) to within NVFP4's error bound of the
@@ -170,12 +172,15 @@ admission = "always"
 
 class Vllm:
     def __init__(self, name, model, folder, daemon_socket, extra=None, port=None, max_model_len=1024,
-                 connector=True, kv_cache_blocks=None):
+                 connector=True, kv_cache_blocks=None, kv_cache_dtype=None):
         self.name, self.model, self.port = name, model, port or free_port()
         self.max_model_len, self.connector = max_model_len, connector
-        # A KV cache of exactly this many blocks (BLOCK tokens of the test model each), to
-        # make vLLM preempt; default: room for several requests of max_model_len.
-        self.kv_bytes = kv_cache_blocks * BLOCK_BYTES if kv_cache_blocks else max(64 << 20, max_model_len * 8192)
+        self.kv_cache_dtype = kv_cache_dtype
+        # A KV cache of exactly this many usable blocks (BLOCK tokens of the test model each;
+        # vLLM keeps one more aside, its null block), to make vLLM preempt; default: room for
+        # several requests of max_model_len.
+        self.kv_bytes = ((kv_cache_blocks + 1) * BLOCK_BYTES if kv_cache_blocks
+                         else max(64 << 20, max_model_len * 8192))
         self.log = os.path.join(folder, f"vllm-{name}.log")
         self.extra = extra or {}
         self.socket = daemon_socket
@@ -190,6 +195,8 @@ class Vllm:
                "--max-model-len", str(self.max_model_len), "--max-num-seqs", "2",
                "--max-num-batched-tokens", str(self.max_model_len),
                "--kv-cache-memory-bytes", str(self.kv_bytes), "--seed", "0"]
+        if self.kv_cache_dtype:
+            cmd += ["--kv-cache-dtype", self.kv_cache_dtype]
         if self.connector:
             cmd += ["--kv-transfer-config", json.dumps(cfg)]
         print(f"[{self.name}] " + " ".join(cmd[:3]) + " ... (log " + self.log + ")", flush=True)
@@ -370,6 +377,16 @@ def first_token_logprobs(text):
     return {k: float(v) for k, v in top.items()}
 
 
+def cpu_runs_fp8_kv():
+    """vLLM CPU runs an FP8 KV cache on x86 with AVX-512 or AMX (cpu_attn.py _get_attn_isa)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return " avx512f" in flags or " amx_tile" in flags
+
+
 def prompt(seed, n=PROMPT_TOKENS):
     rng = random.Random(seed)
     return [rng.randrange(2, 512) for _ in range(n)]
@@ -478,7 +495,9 @@ def run(a, work, procs):
     # a3 has a KV cache of PREEMPT_BLOCKS blocks: room for (g)'s prompt alone, not for two of
     # (k)'s requests at their full length, so vLLM preempts one of them.
     v3 = Vllm("a3", model_a, work, d.socket, kv_cache_blocks=PREEMPT_BLOCKS, max_model_len=PREEMPT_BLOCKS * BLOCK)
-    v4 = Vllm("b1", model_b, work, d.socket)
+    # b1 serves the other model with an FP8 KV cache where this CPU runs one: (i) also checks
+    # that FP8 pages are stored as they are and load back.
+    v4 = Vllm("b1", model_b, work, d.socket, kv_cache_dtype="fp8" if cpu_runs_fp8_kv() else None)
     for v in (v2, v3, v4):
         procs.append(v)
         v.launch()
@@ -572,7 +591,7 @@ def run(a, work, procs):
     # (i) another model never loads the first model's blocks
     v2.stop()
     i0 = d.counters()
-    v4.complete(A)
+    out_i1 = v4.complete(A)
     d.stored(i0["host"].blocks + full_blocks)
     i1 = d.counters()
     hits0 = sum(s.hits for s in i0.values())
@@ -580,14 +599,24 @@ def run(a, work, procs):
     stored = i1["host"].blocks - i0["host"].blocks
     check("(i) another model loads none of the first model's blocks (and stores its own)",
           hits1 == hits0 and stored == full_blocks, f"hits {hits0} -> {hits1}, host blocks +{stored}")
-    v4.complete(A)
+    out_i2 = v4.complete(A)
     i2 = d.counters()
     check("(i) the other model loads its own blocks", sum(s.hits for s in i2.values()) - hits1 >= usable,
           f"hits {hits1} -> {sum(s.hits for s in i2.values())}")
+    from kvtier import engine as E
+    if v4.kv_cache_dtype:
+        fp8 = E.engine_contract("vllm", "tiny", E.folder_identity(model_b), E.EngineShape(2, 2, 64, "fp8_e4m3"), BLOCK,
+                                layout="cpu-bhnc-fp8e4m3")
+        rows = stored_blocks(d, fp8, A[:full_blocks * BLOCK])
+        check("(i) FP8 KV cache: FP8 blocks (half a BF16 block) stored, loaded with the recompute's output",
+              rows is not None and rows.shape[1] * 2 == BLOCK_BYTES and out_i2 == out_i1,
+              f"blocks {'found' if rows is not None else 'missing'}{'' if rows is None else f' of {rows.shape[1]} bytes'}"
+              f"; outputs {out_i1!r} {out_i2!r}")
+    else:
+        skip("(i) FP8 KV cache", "this CPU has neither AVX-512 nor AMX, which vLLM CPU's FP8 KV cache needs")
     v4.stop()
 
     # (h) NVFP4 blocks in the tiers.
-    from kvtier import engine as E
     v5.wait_ready()
     shape = E.EngineShape(2, 2, 64, "bfloat16")
     as_is = E.engine_contract("vllm", "tiny", E.folder_identity(model_a), shape, BLOCK, layout="cpu-bhnc")
