@@ -95,7 +95,6 @@ log = logging.getLogger("vllm.kvtier")
 PAGE_LAYOUTS = {"cpu": "cpu-bhnc", "cuda": "cuda"}
 PAGE_LAYOUT = PAGE_LAYOUTS["cpu"]
 PAGE_KIND = "cpu"
-CUDA_KINDS = ("flash_attn", "flashinfer")
 # vLLM's FP8 KV cache dtypes kvtier stores as they are (E4M3; vLLM's "fp8" is E4M3). E5M2
 # has no kvtier block format.
 FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3")
