@@ -16,13 +16,18 @@ Checks (docs/vllm.md):
   (f) with kvtierd stopped, requests complete by recompute with the same output; one log
       line says the daemon is gone
   (i) a vLLM serving another model (other weights, same shapes) loads nothing of the first
-      model's blocks, and its own repeat does load
+      model's blocks, and its own repeat does load; it runs an FP8 KV cache (where the CPU
+      has AVX-512 or AMX), whose blocks are stored as they are (half a BF16 block) and
+      loaded with the recompute's output
   (h) NVFP4 blocks in the tiers (kv_format "nvfp4"): a vLLM in NVFP4 mode does not load the
       BF16 blocks of the same prompt (the format is in the contract) and stores its own; the
       NVFP4 blocks it stored decode (libkvtier's codec) to within NVFP4's error bound of the
       BF16 blocks the as-is engine stored for the same prompt (the same K and V); its repeat
       loads them; and the first token generated after the NVFP4 load is the recompute's (see
       the check for why only the first)
+  (k) forced preemption: a vLLM whose KV cache holds 24 blocks gets two requests that need
+      26 before they end; it preempts one, which loads its saved prompt blocks when it
+      resumes (host hits), and both outputs equal the recompute's
 
 A check that fails is reported and the run goes on where it can; the last line is
 "N passed, N failed, N skipped" and the exit code is 1 on any failure. Every wait is
@@ -39,6 +44,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -49,7 +55,10 @@ sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 import kvtier  # noqa: E402
 
 BLOCK = 32
+BLOCK_BYTES = 2 * 2 * 2 * BLOCK * 64 * 2  # the test model: 2 layers x (K, V) x 2 KV heads x 32 tokens x 64 x bf16
 PROMPT_TOKENS = 600
+PREEMPT_BLOCKS = 24   # (k): a3's KV cache, in blocks
+PREEMPT_PROMPT = 370  # (k): 12 blocks at prefill, 13 after MAX_TOKENS
 MAX_TOKENS = 16
 START_TIMEOUT_S = float(os.environ.get("KVTIER_VLLM_START_TIMEOUT", "420"))
 REQUEST_TIMEOUT_S = 180.0
@@ -147,14 +156,31 @@ admission = "always"
         with self.client() as c:
             return {s.tier: s for s in c.stats() if s.present}
 
+    def stored(self, blocks, timeout_s=30.0):
+        """The host tier's counters once it holds at least `blocks` blocks (vLLM's saves run
+        in the background and may commit after the response), or as they are at the
+        timeout (the caller's check then fails and prints them)."""
+        deadline = time.time() + timeout_s
+        while True:
+            h = self.counters()["host"]
+            if h.blocks >= blocks or time.time() > deadline:
+                return h
+            time.sleep(0.1)
+
 
 # ---- vLLM --------------------------------------------------------------------------------
 
 class Vllm:
     def __init__(self, name, model, folder, daemon_socket, extra=None, port=None, max_model_len=1024,
-                 connector=True):
+                 connector=True, kv_cache_blocks=None, kv_cache_dtype=None):
         self.name, self.model, self.port = name, model, port or free_port()
         self.max_model_len, self.connector = max_model_len, connector
+        self.kv_cache_dtype = kv_cache_dtype
+        # A KV cache of exactly this many usable blocks (BLOCK tokens of the test model each;
+        # vLLM keeps one more aside, its null block), to make vLLM preempt; default: room for
+        # several requests of max_model_len.
+        self.kv_bytes = ((kv_cache_blocks + 1) * BLOCK_BYTES if kv_cache_blocks
+                         else max(64 << 20, max_model_len * 8192))
         self.log = os.path.join(folder, f"vllm-{name}.log")
         self.extra = extra or {}
         self.socket = daemon_socket
@@ -168,7 +194,9 @@ class Vllm:
                "--no-enable-prefix-caching", "--disable-hybrid-kv-cache-manager", "--block-size", str(BLOCK),
                "--max-model-len", str(self.max_model_len), "--max-num-seqs", "2",
                "--max-num-batched-tokens", str(self.max_model_len),
-               "--kv-cache-memory-bytes", str(max(64 << 20, self.max_model_len * 8192)), "--seed", "0"]
+               "--kv-cache-memory-bytes", str(self.kv_bytes), "--seed", "0"]
+        if self.kv_cache_dtype:
+            cmd += ["--kv-cache-dtype", self.kv_cache_dtype]
         if self.connector:
             cmd += ["--kv-transfer-config", json.dumps(cfg)]
         print(f"[{self.name}] " + " ".join(cmd[:3]) + " ... (log " + self.log + ")", flush=True)
@@ -215,6 +243,16 @@ class Vllm:
         t = Text(out["choices"][0]["text"])
         t.logprobs = out["choices"][0].get("logprobs")
         return t
+
+    def metric(self, name):
+        """The sum of a Prometheus counter's samples on vLLM's /metrics (0 when absent)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
+            text = r.read().decode("utf-8", "replace")
+        total = 0.0
+        for ln in text.splitlines():
+            if ln.startswith(name + "{") or ln.startswith(name + " "):
+                total += float(ln.rsplit(" ", 1)[1])
+        return total
 
     def tail(self, n=40):
         try:
@@ -339,6 +377,16 @@ def first_token_logprobs(text):
     return {k: float(v) for k, v in top.items()}
 
 
+def cpu_runs_fp8_kv():
+    """vLLM CPU runs an FP8 KV cache on x86 with AVX-512 or AMX (cpu_attn.py _get_attn_isa)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return " avx512f" in flags or " amx_tile" in flags
+
+
 def prompt(seed, n=PROMPT_TOKENS):
     rng = random.Random(seed)
     return [rng.randrange(2, 512) for _ in range(n)]
@@ -391,7 +439,7 @@ def run(a, work, procs):
     # (a) stores
     c0 = d.counters()["host"]
     out_a = v1.complete(A)
-    c1 = d.counters()["host"]
+    c1 = d.stored(c0.blocks + full_blocks)
     check("(a) first request stores its full blocks", c1.blocks - c0.blocks == full_blocks,
           f"host blocks {c0.blocks} -> {c1.blocks}, want +{full_blocks}")
 
@@ -407,7 +455,9 @@ def run(a, work, procs):
     # same inputs) are loaded and change the output; the same prompt under a salt (no
     # planted blocks there) is computed and gives the true output.
     D = prompt(4)
+    c_pre = d.counters()["host"]
     out_true = v1.complete(D, salt="control")
+    d.stored(c_pre.blocks + full_blocks)
     planted = plant_blocks(d, model_a, D)
     p0 = d.counters()["host"]
     out_planted = v1.complete(D)
@@ -419,14 +469,14 @@ def run(a, work, procs):
     # (e) unrelated prompt: no hit
     c3 = d.counters()["host"]
     v1.complete(B)
-    c4 = d.counters()["host"]
+    c4 = d.stored(c3.blocks + full_blocks)
     check("(e) unrelated prompt loads nothing", c4.hits == c3.hits and c4.blocks - c3.blocks == full_blocks,
           f"host hits {c3.hits} -> {c4.hits}, blocks {c3.blocks} -> {c4.blocks}")
 
     # (j) salts never share
     c5 = d.counters()["host"]
     out_s1 = v1.complete(A, salt="s1")
-    c6 = d.counters()["host"]
+    c6 = d.stored(c5.blocks + full_blocks)
     check("(j) salt s1 does not load the unsalted blocks", c6.hits == c5.hits and c6.blocks - c5.blocks == full_blocks,
           f"host hits {c5.hits} -> {c6.hits}, blocks {c5.blocks} -> {c6.blocks}")
     out_s1b = v1.complete(A, salt="s1")
@@ -434,7 +484,7 @@ def run(a, work, procs):
     check("(j) salt s1 loads its own blocks", c7.hits - c6.hits >= usable and out_s1b == out_s1 == out_a,
           f"host hits {c6.hits} -> {c7.hits}; outputs {out_s1!r} {out_s1b!r}")
     v1.complete(A, salt="s2")
-    c8 = d.counters()["host"]
+    c8 = d.stored(c7.blocks + full_blocks)
     check("(j) salt s2 does not load s1's blocks", c8.hits == c7.hits, f"host hits {c7.hits} -> {c8.hits}")
 
     # (c) vLLM restart. The engines of (c), (g) and (i) start side by side (an engine's
@@ -442,8 +492,12 @@ def run(a, work, procs):
     # time of one on 2 cores).
     v1.stop()
     v2 = Vllm("a2", model_a, work, d.socket)
-    v3 = Vllm("a3", model_a, work, d.socket)
-    v4 = Vllm("b1", model_b, work, d.socket)
+    # a3 has a KV cache of PREEMPT_BLOCKS blocks: room for (g)'s prompt alone, not for two of
+    # (k)'s requests at their full length, so vLLM preempts one of them.
+    v3 = Vllm("a3", model_a, work, d.socket, kv_cache_blocks=PREEMPT_BLOCKS, max_model_len=PREEMPT_BLOCKS * BLOCK)
+    # b1 serves the other model with an FP8 KV cache where this CPU runs one: (i) also checks
+    # that FP8 pages are stored as they are and load back.
+    v4 = Vllm("b1", model_b, work, d.socket, kv_cache_dtype="fp8" if cpu_runs_fp8_kv() else None)
     for v in (v2, v3, v4):
         procs.append(v)
         v.launch()
@@ -458,12 +512,41 @@ def run(a, work, procs):
 
     # (g) a second vLLM beside the first shares the prefix through the daemon
     out_g1 = v2.complete(C)
-    c11 = d.counters()["host"]
+    c11 = d.stored(c10.blocks + full_blocks)
     out_g2 = v3.complete(C)
     c12 = d.counters()["host"]
     check("(g) a second vLLM process loads the blocks the first stored", c12.hits - c11.hits >= usable,
           f"host hits {c11.hits} -> {c12.hits}")
     check("(g) same output in both processes", out_g1 == out_g2, f"{out_g1!r} vs {out_g2!r}")
+
+    # (k) forced preemption: two requests of PREEMPT_PROMPT tokens sent together to a3 fill its
+    # 24 blocks at prefill (12 each) and need 13 each before they end, so vLLM preempts one
+    # (frees its blocks at once) and resumes it when the other has finished; on resume the
+    # connector loads the prompt blocks it saved before the preemption. Their own salt keeps
+    # the first prefill from loading anything. The outputs must be the recompute's: the
+    # same prompts computed alone, from nothing, on a2.
+    K1, K2 = prompt(6, PREEMPT_PROMPT), prompt(7, PREEMPT_PROMPT)
+    refs = [v2.complete(K) for K in (K1, K2)]
+    k0, pre0 = d.counters()["host"], v3.metric("vllm:num_preemptions_total")
+    outs, errs = [None, None], []
+
+    def send(i, K):
+        try:
+            outs[i] = v3.complete(K, salt="preempt")
+        except Exception as e:
+            errs.append(f"{type(e).__name__}: {e}")
+    threads = [threading.Thread(target=send, args=(i, K), daemon=True) for i, K in enumerate((K1, K2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(REQUEST_TIMEOUT_S + 30)
+    k1, pre1 = d.counters()["host"], v3.metric("vllm:num_preemptions_total")
+    usable_k = (PREEMPT_PROMPT - 1) // BLOCK
+    check("(k) vLLM preempted a request mid-run", pre1 > pre0 and not errs,
+          f"preemptions {pre0:.0f} -> {pre1:.0f}; errors {errs}")
+    check("(k) the preempted request loaded its saved blocks when it resumed", k1.hits - k0.hits >= usable_k,
+          f"host hits {k0.hits} -> {k1.hits}, want >= +{usable_k}")
+    check("(k) outputs under preemption equal the recompute's", outs == refs, f"{outs!r} vs {refs!r}")
     v3.stop()
     # (h)'s engine starts now, while (d), (f) and (i) run.
     v5 = Vllm("a-nvfp4", model_a, work, d.socket, extra={"kv_format": "nvfp4"})
@@ -508,21 +591,32 @@ def run(a, work, procs):
     # (i) another model never loads the first model's blocks
     v2.stop()
     i0 = d.counters()
-    v4.complete(A)
+    out_i1 = v4.complete(A)
+    d.stored(i0["host"].blocks + full_blocks)
     i1 = d.counters()
     hits0 = sum(s.hits for s in i0.values())
     hits1 = sum(s.hits for s in i1.values())
     stored = i1["host"].blocks - i0["host"].blocks
     check("(i) another model loads none of the first model's blocks (and stores its own)",
           hits1 == hits0 and stored == full_blocks, f"hits {hits0} -> {hits1}, host blocks +{stored}")
-    v4.complete(A)
+    out_i2 = v4.complete(A)
     i2 = d.counters()
     check("(i) the other model loads its own blocks", sum(s.hits for s in i2.values()) - hits1 >= usable,
           f"hits {hits1} -> {sum(s.hits for s in i2.values())}")
+    from kvtier import engine as E
+    if v4.kv_cache_dtype:
+        fp8 = E.engine_contract("vllm", "tiny", E.folder_identity(model_b), E.EngineShape(2, 2, 64, "fp8_e4m3"), BLOCK,
+                                layout="cpu-bhnc-fp8e4m3")
+        rows = stored_blocks(d, fp8, A[:full_blocks * BLOCK])
+        check("(i) FP8 KV cache: FP8 blocks (half a BF16 block) stored, loaded with the recompute's output",
+              rows is not None and rows.shape[1] * 2 == BLOCK_BYTES and out_i2 == out_i1,
+              f"blocks {'found' if rows is not None else 'missing'}{'' if rows is None else f' of {rows.shape[1]} bytes'}"
+              f"; outputs {out_i1!r} {out_i2!r}")
+    else:
+        skip("(i) FP8 KV cache", "this CPU has neither AVX-512 nor AMX, which vLLM CPU's FP8 KV cache needs")
     v4.stop()
 
     # (h) NVFP4 blocks in the tiers.
-    from kvtier import engine as E
     v5.wait_ready()
     shape = E.EngineShape(2, 2, 64, "bfloat16")
     as_is = E.engine_contract("vllm", "tiny", E.folder_identity(model_a), shape, BLOCK, layout="cpu-bhnc")
@@ -530,6 +624,7 @@ def run(a, work, procs):
                               tier_format="nvfp4")
     h0 = d.counters()
     out_h1 = v5.complete(A, logprobs=5)
+    d.stored(h0["host"].blocks + full_blocks)
     h1 = d.counters()
     hits0, hits1 = sum(s.hits for s in h0.values()), sum(s.hits for s in h1.values())
     check("(h) an NVFP4 engine loads none of the BF16 blocks of the same prompt, and stores its own",

@@ -17,6 +17,8 @@ import logging
 import os
 import sys
 import tempfile
+import threading
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
@@ -150,7 +152,7 @@ def test_copies():
     check("blocks not named are not written", untouched)
     ok, msg = raises(lambda: _worker(None, shape, 16, src), ["32-token blocks", "16"])
     check("pages of another block size refused", ok, msg)
-    ok, msg = raises(lambda: _worker(None, shape, T, [p.float() for p in src]), ["float32", "bf16 pages"])
+    ok, msg = raises(lambda: _worker(None, shape, T, [p.float() for p in src]), ["float32", "bfloat16 pages"])
     check("fp32 pages refused", ok, msg)
 
     # NVFP4 mode: the block bytes are libkvtier's codec's over vLLM's K and V, with the
@@ -256,18 +258,27 @@ def test_link_and_daemon():
     link.close()
 
 
-def _worker(link, shape, T, layers, tier_format="as-is", kv_scale=None):
+def _worker(link, shape, T, layers, tier_format="as-is", kv_scale=None, layout="cpu-bhnc", engine_scales=None):
     """A worker-side KvtierConnector without vLLM's config objects: the attributes its
     __init__ sets from them, its real register_kv_caches (which builds the BlockMover), and
-    its real _save/_load/get_block_ids_with_load_errors."""
+    its real _save/_load/get_block_ids_with_load_errors. engine_scales: the (k_scale,
+    v_scale) per layer that vLLM's attention layers hold (an FP8 engine's), handed to the
+    connector where vLLM does: the attention layers of the forward context."""
+    from types import SimpleNamespace as NS
     from kvtier.vllm import KvtierConnector, _Once
     c = KvtierConnector.__new__(KvtierConnector)
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(len(layers))]
+    if engine_scales is not None:
+        ctx = {n: NS(_k_scale_float=k, _v_scale_float=v) for n, (k, v) in zip(names, engine_scales)}
+        c._vllm_config = NS(compilation_config=NS(static_forward_context=ctx))
+    c.page_layout = layout
     c.shape, c.block_tokens, c.tp_rank, c.tp_size, c._ranks = shape, T, 0, 1, [0]
     c.model_name, c.weights, c.tier_format, c._contracts = "unit", "sha256:unit-load", tier_format, {}
     c.kv_scale = kv_scale
     c.link, c._once, c._load_errors = link, _Once(), set()
     c.loaded_blocks = c.saved_blocks = 0
-    c.register_kv_caches({f"model.layers.{i}.self_attn.attn": x for i, x in enumerate(layers)})
+    c._init_saver()
+    c.register_kv_caches(dict(zip(names, layers)))
     return c
 
 
@@ -349,8 +360,329 @@ def test_load_errors():
     r.link.close()
 
 
+class _GatedMover:
+    """The worker's real BlockMover behind a gate (fault injection): save() waits until the
+    test opens the gate, or raises `fail` when set."""
+
+    def __init__(self, mover, fail=None):
+        self.mover, self.fail = mover, fail
+        self.block_bytes = mover.block_bytes
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def save(self, block_ids, rows):
+        self.entered.set()
+        if self.fail is not None:
+            raise self.fail
+        if not self.gate.wait(60):
+            raise RuntimeError("the test never opened the gate")
+        self.mover.save(block_ids, rows)
+
+    def load(self, rows, block_ids):
+        self.mover.load(rows, block_ids)
+
+
+def _in_thread(fn, *args):
+    t = threading.Thread(target=fn, args=args, daemon=True)
+    t.start()
+    return t
+
+
+def _poll(fn, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = fn()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)
+
+
+def test_async_saves():
+    """Saves run on the save thread: wait_for_save returns while a save still copies, a
+    finished request is reported in finished_sending only once its saves copied out of the
+    pages (and exactly once), a preemption waits for the copies, the bytes are the pages',
+    and a failing save is one log line and a reported request, never an exception."""
+    from kvtier.vllm import KvtierConnectorMetadata, _Transfer
+    L, H, T, D, NB = 2, 2, 32, 64, 8
+    shape = E.EngineShape(L, H, D, "bfloat16")
+    probe = E.engine_contract("vllm", "unit", "sha256:unit-load", shape, T, layout="cpu-bhnc")
+    lines = _Lines()
+    vlog = logging.getLogger("vllm.kvtier")
+    vlog.addHandler(lines)
+    d = kvtier.daemon.Daemon(slot_bytes=probe.block_bytes(), hbm=None, host="64MiB", nvme="128MiB")
+    try:
+        src = cpu_pages(NB, H, T, D, L, 11)
+        w = _worker(E.DaemonLink(d.socket, "unit-async"), shape, T, src)
+        gated = _GatedMover(w._mover)
+        w._mover = gated
+        tokens = list(range(50, 50 + 3 * T + 9))
+        w.bind_connector_metadata(KvtierConnectorMetadata(saves=[_Transfer("r1", None, tokens[:3 * T], 0, [5, 1, 6])]))
+        t = _in_thread(w.wait_for_save)
+        t.join(10)
+        check("wait_for_save returns while the save is still copying", not t.is_alive() and gated.entered.wait(10))
+        check("a finished request whose save is copying is not reported", w.get_finished({"r1", "r9"}) == (None, None))
+        t = _in_thread(w.handle_preemptions, KvtierConnectorMetadata(preempted={"r1"}))
+        t.join(0.5)
+        waited = t.is_alive()
+        gated.gate.set()
+        t.join(20)
+        check("a preemption waits for the request's copies, then goes on", waited and not t.is_alive())
+        got = _poll(lambda: w.get_finished(set())[0])
+        check("the finished request is reported in finished_sending once its save copied", got == {"r1"}, got)
+        check("reported once", w.get_finished({"r1"}) == (None, None))
+        check("the save ends (commit included)", w.drain_saves(20) and w.saved_blocks == 3, w.saved_blocks)
+        dst = [torch.full_like(p, 7.0) for p in src]
+        r = _worker(E.DaemonLink(d.socket, "unit-async-r"), shape, T, dst)
+        r._load(_Transfer("r", None, tokens[:3 * T], 0, [0, 2, 3]))
+        ok = all(torch.equal(dst[l][a].view(torch.int16), src[l][b].view(torch.int16))
+                 for l in range(L) for a, b in ((0, 5), (2, 1), (3, 6)))
+        check("the blocks saved in the background load bit-exact", r.loaded_blocks == 3 and ok, r.loaded_blocks)
+
+        # A request reported before it finished is not reported; a request with saves that
+        # finishes after they ended is reported at once.
+        gated.gate.set()
+        w.bind_connector_metadata(KvtierConnectorMetadata(saves=[_Transfer("r2", None, tokens[:T], 0, [2])]))
+        w.wait_for_save()
+        w.drain_saves(20)
+        check("a request still running is not reported", w.get_finished(set()) == (None, None))
+        check("a request whose saves ended is reported when it finishes", w.get_finished({"r2"})[0] == {"r2"})
+
+        # Failing saves: an injected exception, a refused block id: one line each, reported.
+        n0 = len(lines.lines)
+        w._mover = _GatedMover(gated.mover, fail=RuntimeError("injected"))
+        for rid in ("e1", "e2"):
+            w.bind_connector_metadata(KvtierConnectorMetadata(saves=[_Transfer(rid, None, tokens[:T], 0, [3])]))
+            w.wait_for_save()
+        w.drain_saves(20)  # the save thread reads the mover when a save runs
+        w._mover = gated.mover
+        w.bind_connector_metadata(KvtierConnectorMetadata(saves=[_Transfer("e3", None, tokens[:T], 0, [NB + 5])]))
+        w.wait_for_save()
+        w.drain_saves(20)
+        got = w.get_finished({"e1", "e2", "e3"})[0]
+        new = lines.lines[n0:]
+        check("failed saves: reported finished, one log line per kind of failure",
+              got == {"e1", "e2", "e3"} and len(new) == 2 and "injected" in new[0] and "outside" in new[1],
+              (got, new))
+        # The daemon gone: the save thread's error drops the connection, nothing raised.
+        d.stop()
+        w.bind_connector_metadata(KvtierConnectorMetadata(saves=[_Transfer("e4", None, tokens[:2 * T], 0, [3, 4])]))
+        w.wait_for_save()
+        check("with the daemon gone a save ends and its request is reported",
+              w.drain_saves(30) and w.get_finished({"e4"})[0] == {"e4"})
+    finally:
+        d.stop()
+        vlog.removeHandler(lines)
+    w.shutdown()
+    r.link.close()
+
+
+def _scheduler(T):
+    """A scheduler-side KvtierConnector without vLLM's config objects (the attributes its
+    __init__ sets), to drive its real build_connector_meta and request_finished."""
+    from kvtier.vllm import KvtierConnector, _Once
+    c = KvtierConnector.__new__(KvtierConnector)
+    c.block_tokens, c.tp_rank, c.tp_size, c._ranks = T, 0, 1, [0]
+    c._reqs, c._loads, c._saving, c._once = {}, [], set(), _Once()
+    return c
+
+
+def test_scheduler_delays_frees():
+    """request_finished keeps a request's blocks (True) exactly when a save of it was put in
+    some step's metadata, the rule the workers report finished_sending by; the metadata
+    carries vLLM's preempted requests to the workers."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+    from vllm.v1.request import Request
+    from kvtier.vllm import _ReqState
+    T = 32
+    s = _scheduler(T)
+    tok = list(range(1, 3 * T + 6))
+    for rid, n in (("saves", len(tok)), ("short", T - 2)):
+        s._reqs[rid] = _ReqState(tokens=tok[:n], salt=None)
+    out = SchedulerOutput.make_empty()
+    for rid, blocks in (("saves", [10, 11, 12, 13]), ("short", [20])):
+        out.scheduled_new_reqs.append(NewRequestData(
+            req_id=rid, prompt_token_ids=s._reqs[rid].tokens, mm_features=[], sampling_params=None,
+            pooling_params=None, block_ids=(blocks,), num_computed_tokens=0, lora_request=None))
+        out.num_scheduled_tokens[rid] = len(s._reqs[rid].tokens)
+    out.preempted_req_ids = {"gone"}
+    meta = s.build_connector_meta(out)
+    saves = [(t.req_id, t.first, t.block_ids) for t in meta.saves]
+    check("the step's full blocks are saved, the preempted requests passed on",
+          saves == [("saves", 0, [10, 11, 12])] and meta.preempted == {"gone"}, (saves, meta.preempted))
+
+    def req(rid):
+        return Request(request_id=rid, prompt_token_ids=tok, sampling_params=SamplingParams(max_tokens=1),
+                       pooling_params=None)
+    check("request_finished delays the free of a request with a save", s.request_finished(req("saves"), []) == (True, None))
+    check("request_finished frees a request without a save at once", s.request_finished(req("short"), []) == (False, None))
+    check("a request is delayed once", s.request_finished(req("saves"), []) == (False, None))
+
+
+def test_fp8_pages():
+    """vLLM's FP8 (E4M3) pages stored as they are: byte-exact both ways, vLLM's per-layer
+    k/v scales in the contract (checked against the model's at register time), and an FP8
+    block never loads into a BF16 engine, an engine of other scales, or a BF16 engine that
+    quantizes to FP8 itself."""
+    from kvtier.vllm import _Transfer, FP8_PAGES_TAG
+    L, H, T, D, NB = 2, 2, 32, 64, 6
+    shape = E.EngineShape(L, H, D, "fp8_e4m3")
+    bshape = E.EngineShape(L, H, D, "bfloat16")
+    lay8 = "cpu-bhnc" + FP8_PAGES_TAG
+    g = torch.Generator().manual_seed(21)
+    # E4M3 bytes of random values (vLLM CPU's FP8 cache is a uint8 tensor).
+    src = [(torch.randn(NB, H, T, 2 * D, generator=g) * 4).to(torch.float8_e4m3fn).view(torch.uint8)
+           for _ in range(L)]
+    ones = [(1.0, 1.0)] * L
+    w = _worker(None, shape, T, src, layout=lay8, engine_scales=ones)
+    c = w._contract(None, 0)
+    check("FP8 pages: an fp8 contract with vLLM's scales (1.0)", c.kv_format == "fp8" and list(c.k_scales) == [1.0] * L
+          and w._mover.block_bytes == c.block_bytes() == L * 2 * H * T * D, (c.kv_format, c.k_scales))
+    ids = [4, 0, 2]
+    rows = torch.empty(len(ids), w._mover.block_bytes, dtype=torch.uint8)
+    w._mover.save(ids, rows)
+    blk = rows.view(len(ids), L, 2, H, T, D)
+    ok = all(torch.equal(blk[i, l, s], src[l].view(NB, H, 2 * T, D)[b, :, s * T:(s + 1) * T])
+             for i, b in enumerate(ids) for l in range(L) for s in (0, 1))
+    check("FP8 blocks hold vLLM's K then V bytes, HND", ok)
+    dst = [torch.full_like(p, 0x55) for p in src]
+    _worker(None, shape, T, dst, layout=lay8, engine_scales=ones)._mover.load(rows, ids)
+    check("FP8 pages -> block -> pages is byte-exact",
+          all(torch.equal(dst[l][b], src[l][b]) for l in range(L) for b in ids)
+          and all(bool((dst[l][b] == 0x55).all()) for l in range(L) for b in (1, 3, 5)))
+    ok, msg = raises(lambda: _worker(None, shape, T, src, layout=lay8, engine_scales=[(1.0, 1.0), (0.5, 1.0)]),
+                     ["k_scale 0.5", "kv_scale"])
+    check("FP8 pages whose vLLM scales are not the contract's are refused", ok, msg)
+    ok, msg = raises(lambda: _worker(None, shape, T, src, layout=lay8), ["k_scale"])
+    check("FP8 pages whose scales cannot be read are refused", ok, msg)
+    w5 = _worker(None, shape, T, src, layout=lay8, kv_scale=0.5, engine_scales=[(0.5, 0.5)] * L)
+    check("kv_scale names an FP8 engine's scales (accepted when they are the model's)",
+          list(w5._contract(None, 0).k_scales) == [0.5] * L)
+    ids_ = {"fp8": c.id(), "fp8-0.5": w5._contract(None, 0).id(),
+            "bf16": E.engine_contract("vllm", "unit", "sha256:unit-load", bshape, T, layout="cpu-bhnc").id(),
+            "bf16->fp8": E.engine_contract("vllm", "unit", "sha256:unit-load", bshape, T, layout="cpu-bhnc",
+                                           tier_format="fp8").id()}
+    check("FP8 pages, other scales, BF16 pages and BF16 quantized to FP8 are four contracts",
+          len(set(ids_.values())) == 4, ids_)
+
+    probe = E.engine_contract("vllm", "unit", "sha256:unit-load", bshape, T, layout="cpu-bhnc")
+    d = kvtier.daemon.Daemon(slot_bytes=probe.block_bytes(), hbm=None, host="64MiB", nvme="128MiB")
+    try:
+        tokens = list(range(900, 900 + 2 * T + 3))
+        s8 = _worker(E.DaemonLink(d.socket, "unit-fp8"), shape, T, src, layout=lay8, engine_scales=ones)
+        s8._save(_Transfer("r", None, tokens[:2 * T], 0, [4, 2]))
+        r8 = _worker(E.DaemonLink(d.socket, "unit-fp8-r"), shape, T, dst, layout=lay8, engine_scales=ones)
+        r8._load(_Transfer("r", None, tokens[:2 * T], 0, [1, 3]))
+        check("FP8 blocks through kvtierd load byte-exact into an FP8 engine of the same scales",
+              s8.saved_blocks == 2 and r8.get_block_ids_with_load_errors() == set()
+              and all(torch.equal(dst[l][1], src[l][4]) and torch.equal(dst[l][3], src[l][2]) for l in range(L)))
+        bd = cpu_pages(NB, H, T, D, L, 22)
+        others = (_worker(E.DaemonLink(d.socket, "unit-bf16"), bshape, T, bd),
+                  _worker(E.DaemonLink(d.socket, "unit-bf16-fp8"), bshape, T, bd, tier_format="fp8"),
+                  _worker(E.DaemonLink(d.socket, "unit-fp8-half"), shape, T, [p.clone() for p in src], layout=lay8,
+                          kv_scale=0.5, engine_scales=[(0.5, 0.5)] * L))
+        errs = []
+        for o in others:
+            o._load(_Transfer("r", None, tokens[:2 * T], 0, [1, 3]))
+            errs.append(o.get_block_ids_with_load_errors())
+        check("a BF16 engine, a BF16 engine quantizing to FP8 and an FP8 engine of other scales load none",
+              errs == [{1, 3}] * 3, errs)
+    finally:
+        d.stop()
+
+
+def _cuda_layout(kind, order, NB, H, T, D, seed):
+    """A tensor shaped and strided as a vLLM CUDA backend's KV cache (on the CPU)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(NB * 2 * H * T * D, generator=g).to(torch.bfloat16)
+    if kind == "flash_attn":
+        if order == "NHD":
+            return x.view(2, NB, T, H, D)
+        return x.view(2, NB, H, T, D).permute(0, 1, 3, 2, 4)
+    if order == "NHD":
+        return x.view(NB, 2, T, H, D)
+    return x.view(NB, 2, H, T, D).permute(0, 1, 3, 2, 4)
+
+
+def _kv_of(kind, cache, b):
+    """(K, V) of block b as [H, T, D] (kvtier's HND page order)."""
+    k, v = (cache[0][b], cache[1][b]) if kind == "flash_attn" else (cache[b][0], cache[b][1])
+    return k.permute(1, 0, 2), v.permute(1, 0, 2)
+
+
+def test_cuda_layouts():
+    """The layouts vLLM's CUDA backends hand a connector before vLLM 0.32 (FlashAttention
+    (2, NB, T, H, D), FlashInfer (NB, 2, T, H, D), NHD or HND by stride order), taken by the
+    connector when its platform is CUDA; exercised here on CPU tensors in those shapes and
+    strides through BlockMover's CPU path (the device copies are kvtier.pages' own, tested on
+    a GPU by its tests). vLLM 0.32's own CUDA layout is refused by name."""
+    from kvtier.vllm import _Transfer
+    L, H, T, D, NB = 2, 2, 16, 64, 5
+    shape = E.EngineShape(L, H, D, "bfloat16")
+    ids = [3, 0, 4]
+    variants = [(k, o) for k in ("flash_attn", "flashinfer") for o in ("NHD", "HND")]
+    blocks = {}
+    for n, (kind, order) in enumerate(variants):
+        src = [_cuda_layout(kind, order, NB, H, T, D, 30 + l) for l in range(L)]
+        w = _worker(None, shape, T, src, layout="cuda")
+        lay = w._mover.layout
+        rows = torch.empty(len(ids), w._mover.block_bytes, dtype=torch.uint8)
+        w._mover.save(ids, rows)
+        blk = rows.view(torch.bfloat16).view(len(ids), L, 2, H, T, D)
+        ok = all(torch.equal(blk[i, l, s], _kv_of(kind, src[l], b)[s])
+                 for i, b in enumerate(ids) for l in range(L) for s in (0, 1))
+        check(f"{kind} {order}: detected, blocks hold K then V, HND", (lay.kind, lay.order) == (kind, order) and ok,
+              (lay.kind, lay.order))
+        blocks[(kind, order)] = (rows, src)
+    # The block is the same bytes whatever the layout: saved from one, loaded into another.
+    rows, src = blocks[("flash_attn", "NHD")]
+    dst = [_cuda_layout("flashinfer", "HND", NB, H, T, D, 99) for _ in range(L)]
+    _worker(None, shape, T, dst, layout="cuda")._mover.load(rows, [1, 2, 4])
+    ok = all(torch.equal(_kv_of("flashinfer", dst[l], a)[s].view(torch.int16),
+                         _kv_of("flash_attn", src[l], b)[s].view(torch.int16))
+             for l in range(L) for a, b in ((1, 3), (2, 0), (4, 4)) for s in (0, 1))
+    check("flash_attn NHD pages -> block -> flashinfer HND pages is bit-exact", ok)
+
+    w = _worker(None, shape, T, [_cuda_layout("flash_attn", "NHD", NB, H, T, D, 1) for _ in range(L)], layout="cuda")
+    two = _cuda_layout("flash_attn", "NHD", 2, H, T, D, 2)
+    try:
+        w._page_kind(two, None)
+        ok, msg = False, "no error"
+    except P.PagesError as e:
+        ok, msg = "cannot tell" in str(e), str(e)
+    check("(2, 2, ...) is refused without the backend's name", ok and w._page_kind(two, "flashinfer") == "flashinfer",
+          msg)
+    ok, msg = raises(lambda: _worker(None, shape, T, cpu_pages(NB, H, T, D, L, 3), layout="cuda"),
+                     ["2 * head_dim", "not a kvtier.pages layout kind"])
+    check("vLLM 0.32's CUDA layout (num_blocks, H, block_size, 2 * head_dim) is refused by name", ok, msg)
+    ok, msg = raises(lambda: _worker(None, shape, T, [_cuda_layout("flash_attn", "NHD", NB, H, T, D, 1)] * L),
+                     ["4 dims"])
+    check("CUDA-shaped pages on the CPU platform are refused", ok, msg)
+
+    probe = E.engine_contract("vllm", "unit", "sha256:unit-load", shape, T, layout="cuda")
+    d = kvtier.daemon.Daemon(slot_bytes=probe.block_bytes(), hbm=None, host="64MiB", nvme="128MiB")
+    try:
+        tokens = list(range(300, 300 + 3 * T))
+        src = [_cuda_layout("flashinfer", "NHD", NB, H, T, D, 40 + l) for l in range(L)]
+        s = _worker(E.DaemonLink(d.socket, "unit-cuda"), shape, T, src, layout="cuda")
+        s._save(_Transfer("r", None, tokens, 0, [2, 0, 1]))
+        dst = [_cuda_layout("flash_attn", "HND", NB, H, T, D, 50 + l) for l in range(L)]
+        r = _worker(E.DaemonLink(d.socket, "unit-cuda-r"), shape, T, dst, layout="cuda")
+        r._load(_Transfer("r", None, tokens, 0, [4, 3, 0]))
+        ok = all(torch.equal(_kv_of("flash_attn", dst[l], a)[si].view(torch.int16),
+                             _kv_of("flashinfer", src[l], b)[si].view(torch.int16))
+                 for l in range(L) for a, b in ((4, 2), (3, 0), (0, 1)) for si in (0, 1))
+        check("through kvtierd: FlashInfer NHD pages saved, FlashAttention HND pages loaded, bit-exact",
+              s.saved_blocks == 3 and r.loaded_blocks == 3 and ok, (s.saved_blocks, r.loaded_blocks))
+        c = _worker(E.DaemonLink(d.socket, "unit-cuda-cpu"), shape, T, cpu_pages(NB, H, T, D, L, 5))
+        c._load(_Transfer("r", None, tokens, 0, [1, 2, 3]))
+        check("a CPU engine does not load a CUDA engine's blocks", c.get_block_ids_with_load_errors() == {1, 2, 3})
+    finally:
+        d.stop()
+
+
 def main():
-    for t in (test_shapes_and_contracts, test_copies, test_link_and_daemon, test_load_errors):
+    for t in (test_shapes_and_contracts, test_copies, test_link_and_daemon, test_load_errors, test_async_saves,
+              test_scheduler_delays_frees, test_fp8_pages, test_cuda_layouts):
         try:
             t()
         except Exception as e:  # reported as a failure, and the other groups still run

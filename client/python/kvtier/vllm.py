@@ -17,7 +17,8 @@ Loaded by vLLM with no change to vLLM::
 - ``kv_scale``: the static global scale of "nvfp4"/"fp8": a number (every layer, K and V),
   a list of one per layer, or ``{"k": [...], "v": [...]}``. Default: 2^-4 for NVFP4 (block
   amaxes up to 168 stored unclipped, docs/vllm.md says why), 1.0 for FP8. Recorded in the
-  contract.
+  contract. With vLLM's FP8 KV cache (--kv-cache-dtype fp8), the model's k_scale / v_scale
+  (default 1.0), checked against the model's at start.
 - ``model_revision``: names the weights in the contract. Default: a SHA-256 of the model
   folder's config.json and weight files (read once per process at start).
 - ``client_name``: the name kvtierd logs for this engine. Default: "vllm".
@@ -34,8 +35,11 @@ What happens (docs/vllm.md has the whole story):
   promotes from NVMe) and copies them from the shared read-only host arena straight into
   vLLM's paged KV tensors; blocks it could not get are reported by
   :meth:`get_block_ids_with_load_errors` so vLLM recomputes them, never decodes them.
-  :meth:`wait_for_save` copies each new full block from vLLM's pages into kvtier's block
-  format in this engine's staging slots and commits it.
+  :meth:`wait_for_save` hands the step's new full blocks to a save thread, which copies
+  them from vLLM's pages into kvtier's block format in this engine's staging slots and
+  commits them while the next step runs; a finished request keeps its blocks until its
+  saves have copied (:meth:`request_finished`, :meth:`get_finished`), a preempted one until
+  then too (:meth:`handle_preemptions`).
 - The contract (engine.py) holds the model name and weights identity, layers, KV heads per
   rank, head_dim, block tokens, dtype, the page layout, TP rank and size, and the request's
   ``cache_salt`` (as a digest): another model, dtype, layout, rank or salt never loads a
@@ -45,17 +49,22 @@ What happens (docs/vllm.md has the whole story):
 
 Refused at start, with the reason: hybrid models (more than one KV cache group: run with
 --disable-hybrid-kv-cache-manager on a full-attention model), MLA, pipeline parallelism,
-KV dtypes other than bf16 (fp16, fp32, fp8), a bad kv_format or kv_scale, a page layout other than vLLM CPU's
-(num_blocks, H, block_size, 2 * head_dim), and kv_role other than kv_both.
+KV dtypes other than bf16 and fp8 (e4m3) (fp16, fp32, fp8_e5m2), FP8 scales that are not
+the contract's, a bad kv_format or kv_scale, page layouts other than vLLM CPU's and the
+CUDA backends' 5-D ones (vLLM 0.32's CUDA layout among them, docs/vllm.md), and kv_role
+other than kv_both.
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -68,11 +77,30 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
 
 log = logging.getLogger("vllm.kvtier")
 
-# The page layout vLLM CPU hands the connector (cpu_attn.py, kvtier.pages kind "cpu"):
-# (num_blocks, num_kv_heads, block_size, 2 * head_dim), per head the block's K rows, then
-# its V rows. Every copy between these pages and kvtier blocks is kvtier.pages.BlockMover's.
-PAGE_LAYOUT = "cpu-bhnc"
+# The page layouts vLLM hands a connector, by platform (kvtier.pages kinds, docs/pages.md).
+# Every copy between these pages and kvtier blocks is kvtier.pages.BlockMover's.
+#  - vLLM CPU (cpu_attn.py, kind "cpu"): (num_blocks, num_kv_heads, block_size,
+#    2 * head_dim), per head the block's K rows, then its V rows.
+#  - vLLM CUDA before the 5-D logical KV layout (vLLM RFC #42082): FlashAttention and most
+#    backends (get_kv_cache_shape) hand (2, num_blocks, block_size, H, D) (kind
+#    "flash_attn"), FlashInfer (num_blocks, 2, block_size, H, D) (kind "flashinfer");
+#    either NHD, or HND through the stride order (get_kv_cache_stride_order), which the
+#    mover reads from the strides. vLLM 0.32's CUDA backends hand (num_blocks, H,
+#    block_size, 2 * D) with K and V as the halves of each row: refused until
+#    kvtier.pages has that kind (docs/vllm.md).
+# The tag names the platform in the contract's model id: kvtier's block bytes are the same
+# for every layout, but a CPU and a GPU engine do not compute bit-equal KV, so they do not
+# share blocks. The scheduler knows the platform, not the tensors, so the tag is the
+# platform's, and every CUDA backend of a platform shares one tag.
+PAGE_LAYOUTS = {"cpu": "cpu-bhnc", "cuda": "cuda"}
+PAGE_LAYOUT = PAGE_LAYOUTS["cpu"]
 PAGE_KIND = "cpu"
+# vLLM's FP8 KV cache dtypes kvtier stores as they are (E4M3; vLLM's "fp8" is E4M3). E5M2
+# has no kvtier block format.
+FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3")
+# Suffix of the layout tag for an FP8 engine's pages: its blocks never meet those a BF16
+# engine quantizes to FP8 (kv_format "fp8"), whose K and V were computed from BF16 pages.
+FP8_PAGES_TAG = "-fp8e4m3"
 _LOAD_CHUNK = 256   # keys per acquire
 _SAVE_CHUNK = 32    # staging slots per alloc (well under tiers.host.staging_slots_per_client)
 # kv_connector_extra_config kv_format -> BlockMover mode.
@@ -103,6 +131,9 @@ class _Transfer:
 class KvtierConnectorMetadata(KVConnectorMetadata):
     loads: List[_Transfer] = field(default_factory=list)
     saves: List[_Transfer] = field(default_factory=list)
+    # Requests vLLM preempted in this step: their blocks went back to vLLM's pool, so a
+    # save still copying out of them must end before this step's forward or loads.
+    preempted: Set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -160,12 +191,29 @@ class KvtierConnector(KVConnectorBase_V1):
                 "hybrid KV cache manager) are not supported; serve a full-attention model with "
                 "--disable-hybrid-kv-cache-manager")
         cache_dtype = str(cc.cache_dtype)
-        dtype = str(mc.dtype).replace("torch.", "") if cache_dtype == "auto" else cache_dtype
-        if dtype != "bfloat16":
+        if cache_dtype == "fp8_e5m2":
+            raise E.UnsupportedEngineModel(
+                "KvtierConnector: KV cache dtype fp8_e5m2 is not supported: kvtier's FP8 blocks are E4M3; serve "
+                "with --kv-cache-dtype fp8_e4m3 (or fp8), or the default (bfloat16 pages)")
+        if cache_dtype in FP8_CACHE_DTYPES:
+            dtype = "fp8_e4m3"
+            if getattr(cc, "calculate_kv_scales", False):
+                raise E.UnsupportedEngineModel(
+                    "KvtierConnector: an FP8 KV cache with scales calculated at run time (calculate_kv_scales) is "
+                    "not supported: a stored block's scales must be known when the engine starts")
+        else:
+            dtype = str(mc.dtype).replace("torch.", "") if cache_dtype == "auto" else cache_dtype
+        if dtype not in ("bfloat16", "fp8_e4m3"):
             raise E.UnsupportedEngineModel(
                 f"KvtierConnector: KV cache dtype {dtype} is not supported: kvtier stores vLLM's pages as they are "
-                "in BF16 only (FP16 and FP32 have no kvtier block format, and vLLM's FP8 pages carry vLLM's own "
-                "scales); serve with --dtype bfloat16 and the default --kv-cache-dtype")
+                "in BF16 or FP8 E4M3 (FP16 and FP32 have no kvtier block format); serve with --dtype bfloat16 "
+                "and the default --kv-cache-dtype, or --kv-cache-dtype fp8")
+        from vllm.platforms import current_platform
+        platform = "cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda() else None
+        if platform is None:
+            raise E.UnsupportedEngineModel(f"KvtierConnector: platform {current_platform.device_type!r} is not "
+                                           "supported (vLLM CPU and CUDA are)")
+        self.page_layout = PAGE_LAYOUTS[platform] + (FP8_PAGES_TAG if dtype == "fp8_e4m3" else "")
         tier_format = str(extra.get("kv_format", "as-is"))
         if tier_format not in MOVER_MODES:
             raise E.UnsupportedEngineModel(f"KvtierConnector: kv_format {tier_format!r} is not one of "
@@ -201,10 +249,12 @@ class KvtierConnector(KVConnectorBase_V1):
         # scheduler side
         self._reqs: Dict[str, _ReqState] = {}
         self._loads: List[_Transfer] = []
+        self._saving: Set[str] = set()   # requests with a save in some step's metadata
         # worker side
         self._kv_layers: List[torch.Tensor] = []
         self._load_errors: set = set()
         self.loaded_blocks = self.saved_blocks = 0
+        self._init_saver()
         c0 = self._contracts[(None, ranks[0])]
         log.info("KvtierConnector (%s): model %s weights %s, %d layers x %d KV heads x %d, %d-token blocks, "
                  "rank %d/%d, tier format %s (%d bytes a block, K scale %g), kvtierd at %s", role.name.lower(),
@@ -218,9 +268,16 @@ class KvtierConnector(KVConnectorBase_V1):
         key = (salt, rank)
         c = self._contracts.get(key)
         if c is None:
+            fp8_pages = self.shape.dtype == "fp8_e4m3"
             c = E.engine_contract("vllm", self.model_name, self.weights, self.shape, self.block_tokens,
                                   tp_rank=rank, tp_size=self.tp_size, tier_format=self.tier_format, salt=salt,
-                                  layout=PAGE_LAYOUT, kv_scale=self.kv_scale)
+                                  layout=self.page_layout, kv_scale=None if fp8_pages else self.kv_scale)
+            if fp8_pages:
+                # FP8 pages as they are: the values are the E4M3 bytes times vLLM's per-layer
+                # k_scale / v_scale, so those scales are the contract's (kv_scale, default
+                # 1.0, vLLM's own default; register_kv_caches checks them against the model's).
+                ks, vs = E.tier_scales("fp8", self.kv_scale, self.shape.num_layers)
+                c = dataclasses.replace(c, k_scales=ks, v_scales=vs)
             self._contracts[key] = c
         return c
 
@@ -292,7 +349,8 @@ class KvtierConnector(KVConnectorBase_V1):
                                          st.block_ids[first:last]))
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
-        meta = KvtierConnectorMetadata(loads=self._loads)
+        meta = KvtierConnectorMetadata(loads=self._loads,
+                                       preempted=set(getattr(scheduler_output, "preempted_req_ids", None) or ()))
         self._loads = []
         bt = self.block_tokens
         steps = [(r.req_id, r.block_ids[0], r.num_computed_tokens, True) for r in scheduler_output.scheduled_new_reqs]
@@ -314,12 +372,18 @@ class KvtierConnector(KVConnectorBase_V1):
                 meta.saves.append(_Transfer(rid, st.salt, st.tokens[:full * bt], st.saved_upto,
                                             st.block_ids[st.saved_upto:full]))
                 st.saved_upto = full
+                self._saving.add(rid)
         return meta
 
     def request_finished(self, request, block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
-        # Saves run inside the step that computed the blocks (wait_for_save), so the blocks
-        # are free to go when vLLM finishes the request.
+        # A request that had a save in any step keeps its blocks until every worker says
+        # (get_finished, finished_sending) that its saves have copied out of them. The rule
+        # is the metadata's, so the scheduler and every worker agree on it without asking:
+        # a worker reports exactly the finished requests it was handed saves for.
         self._reqs.pop(request.request_id, None)
+        if request.request_id in self._saving:
+            self._saving.discard(request.request_id)
+            return True, None
         return False, None
 
     # ==== worker side ====================================================================
@@ -331,40 +395,187 @@ class KvtierConnector(KVConnectorBase_V1):
         if len(layers) != s.num_layers:
             raise E.UnsupportedEngineModel(f"KvtierConnector: vLLM hands {len(layers)} KV caches for a model of "
                                            f"{s.num_layers} layers")
-        self._mover = self._make_mover(names, layers)
+        if s.dtype == "fp8_e4m3":
+            self._check_scales(names, self._layer_scales(names))
+        self._mover = self._make_mover(names, layers, self._backend_kind(names))
         self._kv_layers = layers
-        log.info("KvtierConnector: %d KV caches of %s blocks registered", len(layers), layers[0].shape[0])
+        log.info("KvtierConnector: %d KV caches of %s blocks registered (%s, %s)", len(layers), self._mover.layout.num_blocks,
+                 self._mover.layout.kind, self._mover.layout.order)
 
-    def _make_mover(self, names: Sequence[str], layers: Sequence[torch.Tensor]) -> P.BlockMover:
-        """The BlockMover between vLLM CPU's pages and this rank's kvtier blocks; refuses
-        pages of another shape, dtype, device or layout, and a block size that is not the
-        contract's."""
+    def _layer_scales(self, names: Sequence[str]) -> Optional[List[Tuple[float, float]]]:
+        """vLLM's (k_scale, v_scale) of each attention layer (the model's, loaded with its
+        weights), or None where vLLM does not show them."""
+        ctx = getattr(getattr(getattr(self, "_vllm_config", None), "compilation_config", None),
+                      "static_forward_context", None) or {}
+        out = []
+        for n in names:
+            layer = ctx.get(n)
+            if layer is None or not hasattr(layer, "_k_scale_float"):
+                return None
+            out.append((float(layer._k_scale_float), float(layer._v_scale_float)))
+        return out
+
+    def _check_scales(self, names: Sequence[str], scales: Optional[Sequence[Tuple[float, float]]]):
+        """Refuses FP8 pages whose vLLM scales are not the contract's (kv_scale)."""
+        if scales is None:
+            raise E.UnsupportedEngineModel("KvtierConnector: cannot read vLLM's k_scale / v_scale of the FP8 KV "
+                                           "cache's layers, so its blocks' meaning is unknown")
+        c = self._contract(None, self.tp_rank)
+        for l, (n, (k, v)) in enumerate(zip(names, scales)):
+            want = (c.k_scales[l], c.v_scales[l])
+            if (ctypes.c_float(k).value, ctypes.c_float(v).value) != want:
+                raise E.UnsupportedEngineModel(
+                    f"KvtierConnector: FP8 KV cache {n} has vLLM k_scale {k} / v_scale {v}, the contract says "
+                    f"{want[0]} / {want[1]}: set kv_connector_extra_config kv_scale to the model's scales "
+                    "(a number, one per layer, or {\"k\": [...], \"v\": [...]})")
+
+    def _backend_kind(self, names: Sequence[str]) -> Optional[str]:
+        """The kvtier.pages kind vLLM's attention backend names (None: tell it by the shape)."""
+        ctx = getattr(getattr(getattr(self, "_vllm_config", None), "compilation_config", None),
+                      "static_forward_context", None) or {}
+        layer = ctx.get(names[0]) if names else None
+        backend = getattr(layer, "attn_backend", None)
+        name = str(backend.get_name()) if backend is not None and hasattr(backend, "get_name") else ""
+        if name.startswith("FLASHINFER"):
+            return "flashinfer"
+        return None
+
+    def _page_kind(self, kv: torch.Tensor, hint: Optional[str]) -> str:
+        """Which layout a layer's KV tensor is in: vLLM CPU's (4 dims) on the CPU platform,
+        flash_attn (2, NB, ...) or flashinfer (NB, 2, ...) on CUDA."""
+        if not self.page_layout.startswith("cuda"):
+            return PAGE_KIND
+        if kv.dim() == 4:
+            # vLLM 0.32's CUDA backends (flash_attn.py forward: "(B, H, N, 2*D) -> ((B, N, H,
+            # D), (B, N, H, D))") split each (block, head, token) row into its K half and its
+            # V half, in any stride order (vllm/v1/kv_cache_layout.py); that is not the CPU
+            # backend's reading of the same shape, and not a kvtier.pages kind yet.
+            raise P.PagesError("vLLM's (num_blocks, H, block_size, 2 * head_dim) CUDA layout (K and V halves of "
+                               "each row) is not a kvtier.pages layout kind yet")
+        if kv.dim() != 5:
+            raise P.PagesError(f"a CUDA backend's KV cache has 5 dims, got {tuple(kv.shape)}")
+        if hint is not None:
+            return hint
+        first, second = kv.shape[0] == 2, kv.shape[1] == 2
+        if first and not second:
+            return "flash_attn"
+        if second and not first:
+            return "flashinfer"
+        raise P.PagesError(f"cannot tell (2, num_blocks, ...) from (num_blocks, 2, ...) in {tuple(kv.shape)}")
+
+    def _make_mover(self, names: Sequence[str], layers: Sequence[torch.Tensor], hint: Optional[str] = None
+                    ) -> P.BlockMover:
+        """The BlockMover between vLLM's pages and this rank's kvtier blocks; refuses pages
+        of another shape, dtype or layout, and a block size that is not the contract's."""
         s = self.shape
-        want = f"vLLM CPU's bf16 pages (num_blocks, {s.num_kv_heads}, {self.block_tokens}, {2 * s.head_dim})"
+        fp8 = s.dtype == "fp8_e4m3"
+        kv_name = "fp8" if fp8 else "bfloat16"
+        ok_dtypes = (torch.uint8, torch.float8_e4m3fn) if fp8 else (torch.bfloat16,)
+        if self.page_layout.startswith("cuda"):
+            want = (f"vLLM CUDA's {kv_name} pages (2, num_blocks, {self.block_tokens}, {s.num_kv_heads}, "
+                    f"{s.head_dim}) or (num_blocks, 2, ...), NHD or HND")
+        else:
+            want = (f"vLLM CPU's {kv_name} pages (num_blocks, {s.num_kv_heads}, {self.block_tokens}, "
+                    f"{2 * s.head_dim})")
         for n, kv in zip(names, layers):
-            if kv.dtype != torch.bfloat16 or kv.device.type != "cpu":
+            if kv.dtype not in ok_dtypes:
                 raise E.UnsupportedEngineModel(f"KvtierConnector: KV cache {n} is {tuple(kv.shape)} {kv.dtype} on "
-                                               f"{kv.device}; this release copies {want} only")
+                                               f"{kv.device}; this engine's contract takes {want}")
         try:
-            lay = P.describe(layers[0], PAGE_KIND, "bfloat16", s.num_kv_heads, s.head_dim)
+            kind = self._page_kind(layers[0], hint)
+            lay = P.describe(layers[0], kind, kv_name, s.num_kv_heads, s.head_dim)
             if lay.block_tokens != self.block_tokens:
                 raise P.PagesError(f"{lay.block_tokens}-token blocks, the contract's are {self.block_tokens}")
             c = self._contract(None, self.tp_rank)
             mover = P.BlockMover(layers, lay, MOVER_MODES[self.tier_format], c.k_scales, c.v_scales, P.MAX6)
         except P.PagesError as e:
             raise E.UnsupportedEngineModel(f"KvtierConnector: KV cache {names[0]} {tuple(layers[0].shape)}: {e}; "
-                                           f"this release copies {want} only") from None
+                                           f"this engine's contract takes {want}") from None
         if mover.block_bytes != c.block_bytes():
             raise E.UnsupportedEngineModel(f"KvtierConnector: a block is {mover.block_bytes} bytes from the pages, "
                                            f"{c.block_bytes()} in the contract")
         return mover
+
+    # ---- background saves --------------------------------------------------------------
+    #
+    # wait_for_save hands each request's new full blocks to one save thread and returns, so
+    # the next step's forward runs while they are copied out of vLLM's pages and committed.
+    # What makes that safe: a block a save reads is a full block of a live request, which
+    # vLLM never writes again, and its pages go back to vLLM's pool only
+    #  - when the request finishes: request_finished delays the free (True) for a request
+    #    with any save, and get_finished reports it in finished_sending only once every
+    #    save of it has copied its blocks out (the commit to kvtierd may still be running;
+    #    it reads the staging slot, not vLLM's pages);
+    #  - when vLLM preempts it: the blocks are freed at once, so handle_preemptions (before
+    #    the step's forward and loads) waits until that request's saves have copied.
+    # One thread keeps a request's saves (and their chain's parents) in order.
+
+    def _init_saver(self):
+        self._io = threading.Lock()          # every call on the worker's kvtierd client
+        self._state = threading.Condition()  # guards the three below
+        self._copying: Dict[str, int] = {}   # request -> saves not yet copied out of the pages
+        self._saving_reqs: Set[str] = set()  # requests handed a save, not yet finished
+        self._finishing: Set[str] = set()    # finished requests whose saves are still copying
+        self._pool: Optional[ThreadPoolExecutor] = None
+
+    def _submit_save(self, tr: _Transfer):
+        with self._state:
+            self._copying[tr.req_id] = self._copying.get(tr.req_id, 0) + 1
+            self._saving_reqs.add(tr.req_id)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-save")
+        self._pool.submit(self._save_job, tr)
+
+    def _save_job(self, tr: _Transfer):
+        copied = []
+
+        def done_copying():
+            if not copied:
+                copied.append(True)
+                with self._state:
+                    left = self._copying.get(tr.req_id, 0) - 1
+                    if left > 0:
+                        self._copying[tr.req_id] = left
+                    else:
+                        self._copying.pop(tr.req_id, None)
+                    self._state.notify_all()
+        try:
+            self._save(tr, done_copying)
+        except Exception as e:  # never let a save take the engine down
+            self._once.warn(("save", type(e).__name__), "kvtier: save failed (%s: %s); those blocks are not "
+                            "cached", type(e).__name__, e)
+        finally:
+            done_copying()
+
+    def _wait_copied(self, req_ids) -> None:
+        with self._state:
+            self._state.wait_for(lambda: not any(r in self._copying for r in req_ids))
+
+    def drain_saves(self, timeout_s: Optional[float] = None) -> bool:
+        """Waits until every save handed to the save thread so far has ended (copied and
+        committed, or failed); False when timeout_s passed first."""
+        if self._pool is None:
+            return True
+        fut = self._pool.submit(lambda: None)
+        try:
+            fut.result(timeout_s)
+            return True
+        except Exception:
+            return False
+
+    # ---- worker hooks --------------------------------------------------------------------
+
+    def handle_preemptions(self, kv_connector_metadata) -> None:
+        if isinstance(kv_connector_metadata, KvtierConnectorMetadata) and kv_connector_metadata.preempted:
+            self._wait_copied(kv_connector_metadata.preempted)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         meta = self._get_connector_metadata()
         if not isinstance(meta, KvtierConnectorMetadata):
             return
         for tr in meta.loads:
-            self._load(tr)
+            with self._io:
+                self._load(tr)
 
     def _load(self, tr: _Transfer):
         n = len(tr.block_ids)
@@ -406,42 +617,61 @@ class KvtierConnector(KVConnectorBase_V1):
         return  # start_load_kv loads every layer before the forward
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs) -> None:
-        return  # saved whole in wait_for_save, after every layer ran
+        return  # saved whole after the step, on the save thread (wait_for_save)
 
     def wait_for_save(self):
         meta = self._get_connector_metadata()
         if not isinstance(meta, KvtierConnectorMetadata):
             return
         for tr in meta.saves:
-            self._save(tr)
+            self._submit_save(tr)
 
-    def _save(self, tr: _Transfer):
+    def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        with self._state:
+            for rid in finished_req_ids:
+                if rid in self._saving_reqs:
+                    self._saving_reqs.discard(rid)
+                    self._finishing.add(rid)
+            done = {rid for rid in self._finishing if rid not in self._copying}
+            self._finishing -= done
+        return (done or None), None
+
+    def _save(self, tr: _Transfer, copied=lambda: None):
+        """Copies tr's blocks out of vLLM's pages into staging slots and commits them, a
+        chunk at a time under the client lock; calls copied() once the last page was read
+        (before the last commit)."""
         n = len(tr.block_ids)
         if n == 0 or self._mover is None:
             return
-        client, cid = self._client_and_id(tr.salt, self.tp_rank)
-        if client is None:
-            return
         try:
-            keys = E.block_keys(cid, tr.tokens, self.block_tokens)
-            block_bytes = client._block_bytes[cid]
             at = tr.first
+            keys = None
             while at < tr.first + n:
                 m = min(_SAVE_CHUNK, tr.first + n - at)
-                lease = client.alloc(cid, m, "host", wait_ms=200)
-                try:
-                    rows = [block_bytes_view(client.host_slot_address(slot), block_bytes) for slot in lease.slots]
-                    first = at - tr.first
-                    self._mover.save(tr.block_ids[first:first + len(rows)], rows)
-                    parent = keys[at - 1] if at > 0 else None
-                    stored = client.commit_chain(cid, lease, lease.slots, keys[at:at + m], parent)
-                finally:
-                    client.release(lease)
+                with self._io:
+                    client, cid = self._client_and_id(tr.salt, self.tp_rank)
+                    if client is None:
+                        return
+                    if keys is None:
+                        keys = E.block_keys(cid, tr.tokens, self.block_tokens)
+                    block_bytes = client._block_bytes[cid]
+                    lease = client.alloc(cid, m, "host", wait_ms=200)
+                    try:
+                        rows = [block_bytes_view(client.host_slot_address(slot), block_bytes) for slot in lease.slots]
+                        first = at - tr.first
+                        self._mover.save(tr.block_ids[first:first + len(rows)], rows)
+                        if at + m >= tr.first + n:
+                            copied()
+                        parent = keys[at - 1] if at > 0 else None
+                        stored = client.commit_chain(cid, lease, lease.slots, keys[at:at + m], parent)
+                    finally:
+                        client.release(lease)
                 self.saved_blocks += stored
                 at += m
         except kvtier.KvtierError as e:
             # Anything but success (a full tier, a conflict, a dead daemon) means "not stored".
-            self._failed("save", e, "kvtier: save failed (%s); those blocks are not cached")
+            with self._io:
+                self._failed("save", e, "kvtier: save failed (%s); those blocks are not cached")
         except P.PagesError as e:
             self._once.warn(("save", "pages"), "kvtier: save refused (%s); those blocks are not cached", e)
 
@@ -450,4 +680,8 @@ class KvtierConnector(KVConnectorBase_V1):
         return errs
 
     def shutdown(self):
-        self.link.close()
+        if self._pool is not None:
+            self.drain_saves(10.0)
+            self._pool.shutdown(wait=False)
+        with self._io:
+            self.link.close()
