@@ -59,6 +59,42 @@ def make_cache(kind, order, nb, t, h, d, dtype, device=None, fill=True, gen=None
     return x
 
 
+# vLLM 0.32's KVCacheLayout (vllm/v1/kv_cache_layout.py): the physical order of the logical
+# axes [L, B, H, N, C] of one KV cache group's buffer; each layer is the [B, H, N, C] view
+# of one L index (vllm/v1/worker/utils.py, create_kv_cache_views). "BLHNC+pad": BLHNC with
+# a block stride past the block's pages, as vLLM pads pages in block-outer layouts.
+VLLM_CUDA_ORDERS = {"LBHNC": (0, 1, 2, 3, 4), "LBNHC": (0, 1, 3, 2, 4), "LHBNC": (0, 2, 1, 3, 4),
+                    "BLHNC": (1, 0, 2, 3, 4), "BLNHC": (1, 0, 3, 2, 4), "BHLNC": (1, 2, 0, 3, 4),
+                    "BLHNC+pad": (1, 0, 2, 3, 4)}
+
+
+def vllm_cuda_caches(order, L, nb, t, h, d, dtype, device=None, fill=True, gen=None):
+    """L layers of a vLLM 0.32 CUDA KV cache group: one buffer allocated in the physical order
+    `order` of [L, B, H, N, C=2*D], each layer the logical (B, H, N, 2*D) view of it."""
+    device = device or DEV
+    perm = VLLM_CUDA_ORDERS[order]
+    logical = (L, nb, h, t, 2 * d)
+    phys = tuple(logical[i] for i in perm)
+    pad = 24 if order.endswith("+pad") else 0
+    per_block = L * h * t * 2 * d + pad  # BLHNC: a block holds every layer's page, then pad
+    n_el = nb * per_block if pad else L * nb * h * t * 2 * d
+    if dtype in (torch.uint8, torch.float8_e4m3fn):
+        raw = torch.randint(0, 256, (n_el,), dtype=torch.uint8, generator=gen)
+        raw[(raw & 0x7F) == 0x7F] = 0  # no E4M3 NaN bytes
+        raw = raw.view(dtype) if dtype != torch.uint8 else raw
+    else:
+        raw = (torch.randn(n_el, generator=gen) * 0.5).to(dtype) if fill else torch.zeros(n_el, dtype=dtype)
+    raw = raw.to(device)
+    if pad:
+        st = (h * t * 2 * d, per_block, t * 2 * d, 2 * d, 1)
+        view = torch.as_strided(raw, logical, st)
+    else:
+        inv = [perm.index(i) for i in range(5)]
+        view = raw.view(phys).permute(*inv)
+    assert tuple(view.shape) == logical
+    return [view[l] for l in range(L)], raw
+
+
 def cpu_sides(cache):
     """(K, V) of a vLLM CPU cache, each [NB, H, T, D], the way vLLM's CPU attention reads
     it (cpu_attn.py forward): view (num_blocks, H, 2 * block_size, head_size), chunk(2, dim=2)."""
@@ -72,6 +108,10 @@ def block_hnd(cache, kind, b, side):
         return cache[side, b].permute(1, 0, 2)
     if kind == "flashinfer":
         return cache[b, side].permute(1, 0, 2)
+    if kind == "vllm_cuda":
+        # The layout's definition: K = t[..., :D], V = t[..., D:] of each (head, token) row.
+        d = cache.shape[-1] // 2
+        return cache[b, :, :, :d] if side == 0 else cache[b, :, :, d:]
     return cpu_sides(cache)[side][b]
 
 
@@ -247,6 +287,8 @@ def _scales(caches, kind):
     for c in caches:
         if kind == "cpu":
             k, v = cpu_sides(c)
+        elif kind == "vllm_cuda":
+            k, v = c[..., :c.shape[-1] // 2], c[..., c.shape[-1] // 2:]
         else:
             k = c[0] if kind == "flash_attn" else c[:, 0]
             v = c[1] if kind == "flash_attn" else c[:, 1]
@@ -451,6 +493,164 @@ def test_vllm_nvfp4_pages_convert_bit_exact():
     raises(lambda: P.describe(make_cache("cpu", "HND", 2, 8, 1, 36, torch.uint8), "cpu", "nvfp4"), "CUDA")
 
 
+# ---- vLLM 0.32's CUDA layout ("vllm_cuda") ------------------------------------------------
+
+def _vllm_cuda_as_is(order, dtype, kv_name="auto"):
+    g = torch.Generator().manual_seed(hash((order, str(dtype))) & 0xFFFF)
+    L, NB, T, H, D = 3, 6, 16, 2, 64
+    caches, raw = vllm_cuda_caches(order, L, NB, T, H, D, dtype, gen=g)
+    lay = P.describe(caches[0], "vllm_cuda", kv_name)
+    want_order = "NHD" if order in ("LBNHC", "BLNHC") else "HND"
+    assert lay == P.EngineLayout("vllm_cuda", want_order, NB, T, H, D, lay.kv_dtype), (order, lay)
+    m = P.BlockMover(caches, lay)
+    ids = [5, 0, 3]
+    dst = strided_rows(len(ids), m.block_bytes, device=DEV)
+    before = dst.clone()
+    m.save(ids, dst)
+    assert_eq(dst[:, :m.block_bytes], ref_as_is(caches, "vllm_cuda", ids), f"vllm_cuda/{order} {dtype} saved bytes")
+    assert_eq(dst[:, m.block_bytes:], before[:, m.block_bytes:], "bytes past the block")
+    # Into other blocks of layers 0 and 2 of a fresh group: layer 1 (which shares each block
+    # in block-outer orders), the padding and every other block keep their bytes.
+    fresh, fraw = vllm_cuda_caches(order, L, NB, T, H, D, dtype, gen=g)
+    keep = fraw.clone()
+    m2 = P.BlockMover([fresh[0], fresh[2]], lay)
+    to = [1, 4, 2]
+    sub = torch.stack([torch.cat([r[:m.page_bytes], r[2 * m.page_bytes:3 * m.page_bytes]])
+                       for r in dst[:, :m.block_bytes]])
+    m2.load(sub, to)
+    for li, l in ((0, 0), (1, 2)):
+        for side in (0, 1):
+            for b_src, b_dst in zip(ids, to):
+                assert_eq(block_hnd(fresh[l], "vllm_cuda", b_dst, side), block_hnd(caches[l], "vllm_cuda", b_src, side),
+                          f"{order}: layer {l} side {side} block {b_dst}")
+    # Every element of the buffer outside the loaded (layer, block) pages is unchanged.
+    idx = torch.arange(fraw.numel(), device=fraw.device)
+    written = torch.zeros(fraw.numel(), dtype=torch.bool, device=fraw.device)
+    for l in (0, 2):
+        where = torch.as_strided(idx, fresh[l].shape, fresh[l].stride(), fresh[l].storage_offset())
+        written[where[to].reshape(-1)] = True
+    bits = torch.uint8 if fraw.element_size() == 1 else torch.int16
+    assert_eq(fraw.view(bits)[~written], keep.view(bits)[~written], f"{order}: elements outside the loaded pages")
+
+
+def test_vllm_cuda_as_is_every_order():
+    for order in VLLM_CUDA_ORDERS:
+        _vllm_cuda_as_is(order, torch.bfloat16)
+        _vllm_cuda_as_is(order, torch.uint8, "fp8")
+        _vllm_cuda_as_is(order, torch.float8_e4m3fn, "fp8_e4m3")
+
+
+def _vllm_cuda_nvfp4(order, dtype, rule):
+    g = torch.Generator().manual_seed(13)
+    L, NB, T, H, D = 2, 5, 16, 2, 64
+    caches, _ = vllm_cuda_caches(order, L, NB, T, H, D, dtype, gen=g)
+    ks, vs = _scales(caches, "vllm_cuda")
+    lay = P.describe(caches[0], "vllm_cuda")
+    m = P.BlockMover(caches, lay, mode="nvfp4", k_scales=ks, v_scales=vs, scale_rule=rule)
+    ids = [4, 1]
+    dst = strided_rows(len(ids), m.block_bytes)
+    m.save(ids, dst)
+    want = ref_nvfp4(caches, "vllm_cuda", ids, ks, vs, rule)
+    assert_eq(dst[:, :m.block_bytes], want, f"vllm_cuda/{order} {dtype} rule {rule}: NVFP4 bytes vs the codec")
+    fresh, _ = vllm_cuda_caches(order, L, NB, T, H, D, dtype, fill=False)
+    m2 = P.BlockMover(fresh, lay, mode="nvfp4", k_scales=ks, v_scales=vs, scale_rule=rule)
+    to = [0, 3]
+    m2.load(dst.to(DEV) if DEV != "cpu" else dst, to)
+    dec = decode_ref(want, L, H, T, D, ks, vs)
+    for l in range(L):
+        for side in (0, 1):
+            for i, b_dst in enumerate(to):
+                assert_eq(block_hnd(fresh[l], "vllm_cuda", b_dst, side), dec[i, l, side].to(dtype),
+                          f"vllm_cuda/{order} layer {l} side {side}: loaded values vs the codec's decode")
+    check_corrupt_scales(m2, fresh, dst[:, :m.block_bytes], dec, "vllm_cuda", L, H, T, D, dtype)
+
+
+def test_vllm_cuda_nvfp4_every_order():
+    for order in VLLM_CUDA_ORDERS:
+        _vllm_cuda_nvfp4(order, torch.bfloat16, P.MAX6)
+    _vllm_cuda_nvfp4("LBNHC", torch.float16, P.FOUR_OVER_SIX)
+    _vllm_cuda_nvfp4("BHLNC", torch.bfloat16, P.FOUR_OVER_SIX)
+
+
+def test_vllm_cuda_fp8_mode():
+    g = torch.Generator().manual_seed(17)
+    L, NB, T, H, D = 2, 4, 16, 2, 32
+    for order in ("LBHNC", "BLNHC"):
+        caches, _ = vllm_cuda_caches(order, L, NB, T, H, D, torch.bfloat16, gen=g)
+        ks, vs = [float(c.float().abs().max()) / 448 for c in caches], [0.01, 0.02]
+        lay = P.describe(caches[0], "vllm_cuda")
+        m = P.BlockMover(caches, lay, mode="fp8", k_scales=ks, v_scales=vs)
+        dst = torch.zeros(2, m.block_bytes, dtype=torch.uint8)
+        m.save([2, 3], dst)
+        fresh, _ = vllm_cuda_caches(order, L, NB, T, H, D, torch.bfloat16, fill=False)
+        P.BlockMover(fresh, lay, mode="fp8", k_scales=ks, v_scales=vs).load(dst.to(DEV) if DEV != "cpu" else dst, [0, 1])
+        for l in range(L):
+            for side, sc in ((0, ks[l]), (1, vs[l])):
+                for b_src, b_dst in ((2, 0), (3, 1)):
+                    x = block_hnd(caches[l], "vllm_cuda", b_src, side).float()
+                    q = (x / torch.tensor(sc, device=x.device)).clamp(-448, 448).to(torch.float8_e4m3fn)
+                    assert_eq(block_hnd(fresh[l], "vllm_cuda", b_dst, side), (q.float() * sc).to(torch.bfloat16),
+                              f"vllm_cuda/{order}: fp8 mode values")
+
+
+def test_vllm_cuda_and_cpu_kinds_differ():
+    """The same (num_blocks, H, T, 2*D) bytes read as vLLM CPU's layout and as vLLM CUDA's give
+    different blocks, each equal to its own layout's definition: the kind is the caller's to
+    name, and naming the wrong one would store other values."""
+    g = torch.Generator().manual_seed(19)
+    NB, T, H, D = 4, 16, 2, 64
+    c = (torch.randn(NB, H, T, 2 * D, generator=g) * 0.5).to(torch.bfloat16).to(DEV)
+    lc, lv = P.describe(c, "cpu"), P.describe(c, "vllm_cuda")
+    assert (lc.num_blocks, lc.block_tokens, lc.num_kv_heads, lc.head_dim) == \
+        (lv.num_blocks, lv.block_tokens, lv.num_kv_heads, lv.head_dim), (lc, lv)
+    ids = [3, 1]
+    rc = torch.zeros(2, P.BlockMover([c], lc).block_bytes, dtype=torch.uint8, device=DEV)
+    rv = torch.zeros_like(rc)
+    P.BlockMover([c], lc).save(ids, rc)
+    P.BlockMover([c], lv).save(ids, rv)
+    for i, b in enumerate(ids):
+        # vLLM CPU (cpu_attn.py): per head the block's T K rows, then its T V rows.
+        k_cpu = c[b].reshape(H, 2 * T, D)[:, :T].contiguous()
+        # vLLM CUDA (flash_attn.py): each token's row is K then V.
+        k_cuda = c[b, :, :, :D].contiguous()
+        assert_eq(rc[i, :H * T * D * 2], k_cpu.view(torch.uint8).reshape(-1), "cpu kind: K page")
+        assert_eq(rv[i, :H * T * D * 2], k_cuda.view(torch.uint8).reshape(-1), "vllm_cuda kind: K page")
+        assert not torch.equal(rc[i].cpu(), rv[i].cpu()), f"block {b}: both kinds gave the same bytes"
+    # A block saved from one kind and loaded as the other lands as other values.
+    other = torch.zeros_like(c)
+    P.BlockMover([other], lv).load(rc, [0, 2])
+    assert not torch.equal(other[0].cpu(), c[3].cpu()), "a cpu block loaded as vllm_cuda kept the values"
+
+
+def test_vllm_cuda_refusals():
+    caches, _ = vllm_cuda_caches("LBHNC", 1, 4, 16, 2, 64, torch.bfloat16)
+    c = caches[0]
+    raises(lambda: P.describe(c[0], "vllm_cuda"), "4 dims")
+    raises(lambda: P.describe(c.unsqueeze(0), "vllm_cuda"), "4 dims")
+    raises(lambda: P.describe(c[..., :127], "vllm_cuda"), "odd")
+    raises(lambda: P.describe(c.transpose(2, 3).contiguous().transpose(2, 3), "vllm_cuda"), "contiguous")
+    raises(lambda: P.describe(c, "vllm_cuda", num_kv_heads=4), "2 KV heads", "expected 4")
+    raises(lambda: P.describe(c, "vllm_cuda", head_dim=128), "head_dim 64")
+    raises(lambda: P.describe(c, "vllm_cuda", v_scale_swizzle=True), "NVFP4 pages only")
+    raises(lambda: P.describe(c.view(torch.int16), "vllm_cuda"), "kv_cache_dtype")
+    raises(lambda: P.describe(c, "vllm_cuda", "fp8_e5m2"), "E5M2")
+    u = torch.zeros(4, 4, 16, 36, dtype=torch.uint8, device=DEV)
+    raises(lambda: P.describe(u, "vllm_cuda", "nvfp4"), "K heads then V heads")
+    # Strides that overlap: blocks on top of each other, heads inside a token's row.
+    raw = torch.zeros(16384, dtype=torch.bfloat16, device=DEV)
+    raises(lambda: P.describe(torch.as_strided(raw, (4, 2, 16, 128), (1024, 2048, 128, 1)), "vllm_cuda"),
+           "block stride 1024 overlaps")
+    raises(lambda: P.describe(torch.as_strided(raw, (2, 2, 16, 128), (4096 // 2, 64, 128, 1)), "vllm_cuda"),
+           "head stride 64 overlaps")
+    raises(lambda: P.describe(c.expand(4, 2, 16, 128)[:, :1].expand(4, 2, 16, 128), "vllm_cuda"), "overlaps")
+    # A layer whose strides differ from layer 0's.
+    other, _ = vllm_cuda_caches("LBNHC", 1, 4, 16, 2, 64, torch.bfloat16)
+    raises(lambda: P.BlockMover([c, other[0]], P.describe(c, "vllm_cuda")), "layer 1")
+    # Size-1 dims may carry any stride (vLLM canonicalizes them; torch gives any value).
+    one = torch.as_strided(raw, (4, 1, 16, 128), (2048, 7, 128, 1))
+    assert P.describe(one, "vllm_cuda").num_kv_heads == 1
+
+
 def test_codec_abi_refusals():
     x = torch.randn(20)
     data = torch.full((10,), 0x55, dtype=torch.uint8)
@@ -497,7 +697,9 @@ def test_torch_decode_equals_codec():
 
 CPU_TESTS = [test_torch_decode_equals_codec, test_as_is_bf16_every_layout, test_as_is_fp8_every_layout, test_fp16_and_fp32_as_is_refused,
              test_bad_shapes_refused, test_nvfp4_mode_every_layout, test_fp8_mode,
-             test_vllm_nvfp4_pages_convert_bit_exact, test_codec_abi_refusals]
+             test_vllm_nvfp4_pages_convert_bit_exact, test_codec_abi_refusals, test_vllm_cuda_as_is_every_order,
+             test_vllm_cuda_nvfp4_every_order, test_vllm_cuda_fp8_mode, test_vllm_cuda_and_cpu_kinds_differ,
+             test_vllm_cuda_refusals]
 
 
 # ---- GPU --------------------------------------------------------------------------------
