@@ -847,7 +847,94 @@ def test_gpu_kernel_scale_check():
         assert "row_errors" in str(e), str(e)
 
 
-GPU_TESTS = [test_gpu_nvfp4_equals_cpu, test_gpu_kernel_and_torch_paths_agree, test_gpu_kernel_scale_check]
+def test_gpu_vllm_cuda_kernel():
+    """vllm_cuda on CUDA through kvt_engine_pages (K and V are two base addresses of one tensor
+    with its strides), in every KVCacheLayout order: as-is BF16 and FP8 saved bytes equal the
+    layout's definition and the torch path; loads over several pipeline chunks, from pinned
+    rows, shuffled slots and device rows, equal the torch path and leave every other byte of
+    the group's buffer (other layers, blocks, padding) as it was. NVFP4: CUDA bytes equal the
+    CPU codec's, CUDA loads equal CPU loads, and the device scale check refuses a bad row."""
+    g = torch.Generator().manual_seed(23)
+    L, NB, T, H, D, n = 8, 128, 16, 8, 128, 48
+    for order in VLLM_CUDA_ORDERS:
+        for dtype, kvn in ((torch.bfloat16, "auto"), (torch.uint8, "fp8")):
+            cpu, cpu_raw = vllm_cuda_caches(order, L, NB, T, H, D, dtype, device="cpu", gen=g)
+            raw = cpu_raw.cuda()
+            base = [torch.as_strided(raw, c.shape, c.stride(), c.storage_offset()) for c in cpu]
+            lay = P.describe(base[0], "vllm_cuda", kvn)
+            perm = torch.randperm(NB, generator=g)
+            src_ids, to = perm[:n].tolist(), perm[n:2 * n].tolist()
+            modes = ("as_is", "nvfp4") if dtype == torch.bfloat16 else ("as_is",)
+            ks, vs = _scales(cpu, "vllm_cuda") if dtype == torch.bfloat16 else (None, None)
+            for mode in modes:
+                what = f"vllm_cuda/{order} {dtype} {mode}"
+                mk = P.BlockMover(base, lay, mode, ks, vs)
+                mt = P.BlockMover(base, lay, mode, ks, vs, use_kernels=False)
+                assert mk.uses_kernels() and not mt.uses_kernels(), f"{what}: kernel path not taken"
+                assert len(mk._chunks(n)) > 1, f"{what}: one chunk only"
+                ra = torch.zeros(n, mk.block_bytes, dtype=torch.uint8).pin_memory()
+                rb = torch.zeros(n, mt.block_bytes, dtype=torch.uint8).pin_memory()
+                mk.save(src_ids, ra)
+                mt.save(src_ids, rb)
+                assert_eq(ra, rb, f"{what}: saved bytes, kernel vs torch")
+                if mode == "as_is":
+                    assert_eq(ra, ref_as_is(cpu, "vllm_cuda", src_ids), f"{what}: saved bytes vs the definition")
+                else:
+                    rc = torch.zeros(n, mk.block_bytes, dtype=torch.uint8)
+                    P.BlockMover(cpu, P.describe(cpu[0], "vllm_cuda"), mode, ks, vs).save(src_ids, rc)
+                    assert_eq(ra, rc, f"{what}: CUDA NVFP4 bytes vs the CPU codec")
+                # Loads into a fresh copy of the buffer: kernel, torch, shuffled slots, device rows.
+                outs = []
+                arena = torch.zeros(2 * n, mk.block_bytes + 512, dtype=torch.uint8).pin_memory()
+                slots = torch.randperm(2 * n, generator=g)[:n].tolist()
+                for i, sl in enumerate(slots):
+                    arena[sl, :mk.block_bytes] = ra[i]
+                for src, kern in ((ra, True), (ra, False), ([arena[sl] for sl in slots], True), (ra.cuda(), True)):
+                    r2 = raw.clone()
+                    c2 = [torch.as_strided(r2, c.shape, c.stride(), c.storage_offset()) for c in cpu]
+                    P.BlockMover(c2, lay, mode, ks, vs, use_kernels=kern).load(src, to)
+                    outs.append(r2)
+                for i, o in enumerate(outs[1:]):
+                    assert_eq(o, outs[0], f"{what}: loaded buffer, source {i + 1} vs the kernel from pinned rows")
+                # Elements outside the loaded pages are unchanged; inside, as-is equals the source.
+                idx = torch.arange(raw.numel(), device="cuda")
+                written = torch.zeros(raw.numel(), dtype=torch.bool, device="cuda")
+                for c in cpu:
+                    written[torch.as_strided(idx, c.shape, c.stride(), c.storage_offset())[to].reshape(-1)] = True
+                bits = torch.uint8 if raw.element_size() == 1 else torch.int16
+                assert_eq(outs[0].view(bits)[~written], raw.view(bits)[~written], f"{what}: elements outside the load")
+                if mode == "as_is":
+                    for l, c in enumerate(cpu):
+                        got = torch.as_strided(outs[0], c.shape, c.stride(), c.storage_offset())[to]
+                        assert_eq(got, base[l][src_ids], f"{what}: layer {l} loaded pages")
+                else:
+                    # CPU load of the same rows into a CPU copy of the group gives the same values.
+                    cr = cpu_raw.clone()
+                    cc = [torch.as_strided(cr, c.shape, c.stride(), c.storage_offset()) for c in cpu]
+                    P.BlockMover(cc, P.describe(cc[0], "vllm_cuda"), mode, ks, vs).load(ra, to)
+                    assert_eq(outs[0].view(torch.int16), cr.view(torch.int16), f"{what}: CUDA load vs CPU load")
+                    # One bad scale byte in row 1: that block keeps its pages, the error names it.
+                    bad = ra.clone()
+                    off = corrupt_scale_cases(L, H, T, D)[1][0]
+                    assert int(bad[1, off]) < 0x7F
+                    bad[1, off] = 0xFF
+                    r3 = raw.clone()
+                    c3 = [torch.as_strided(r3, c.shape, c.stride(), c.storage_offset()) for c in cpu]
+                    try:
+                        P.BlockMover(c3, lay, mode, ks, vs).load(bad, to)
+                        raise AssertionError(f"{what}: a bad scale byte was accepted")
+                    except P.CorruptBlocksError as e:
+                        assert e.block_ids == [to[1]], f"{what}: refused {e.block_ids}, expected [{to[1]}]"
+                    for l, c in enumerate(cpu):
+                        v3 = torch.as_strided(r3, c.shape, c.stride(), c.storage_offset())
+                        assert_eq(v3[to[1]], base[l][to[1]], f"{what}: layer {l}: the refused block's pages")
+                        keep = [b for i, b in enumerate(to) if i != 1]
+                        assert_eq(v3[keep], torch.as_strided(outs[0], c.shape, c.stride(), c.storage_offset())[keep],
+                                  f"{what}: layer {l}: the other blocks of the load")
+
+
+GPU_TESTS = [test_gpu_nvfp4_equals_cpu, test_gpu_kernel_and_torch_paths_agree, test_gpu_kernel_scale_check,
+             test_gpu_vllm_cuda_kernel]
 
 
 def run(tests):
@@ -880,7 +967,9 @@ def main():
         DEV = "cuda"
         # The CPU checks again with CUDA caches (saves to pinned host, loads from device).
         return run([test_as_is_bf16_every_layout, test_as_is_fp8_every_layout, test_nvfp4_mode_every_layout,
-                    test_fp8_mode, test_vllm_nvfp4_pages_convert_bit_exact, test_torch_decode_equals_codec] + GPU_TESTS)
+                    test_fp8_mode, test_vllm_nvfp4_pages_convert_bit_exact, test_torch_decode_equals_codec,
+                    test_vllm_cuda_as_is_every_order, test_vllm_cuda_nvfp4_every_order, test_vllm_cuda_fp8_mode,
+                    test_vllm_cuda_and_cpu_kinds_differ, test_vllm_cuda_refusals] + GPU_TESTS)
     print(f"unknown group {group!r}: cpu or gpu")
     return 2
 
