@@ -62,7 +62,9 @@ def make_cache(kind, order, nb, t, h, d, dtype, device=None, fill=True, gen=None
 # vLLM 0.32's KVCacheLayout (vllm/v1/kv_cache_layout.py): the physical order of the logical
 # axes [L, B, H, N, C] of one KV cache group's buffer; each layer is the [B, H, N, C] view
 # of one L index (vllm/v1/worker/utils.py, create_kv_cache_views). "BLHNC+pad": BLHNC with
-# a block stride past the block's pages, as vLLM pads pages in block-outer layouts.
+# a block stride past the block's pages, as vLLM pads pages in block-outer layouts. For
+# the six orders the views' shapes, strides and offsets equal those of vLLM 0.32.0's
+# create_kv_cache_views for a FullAttentionSpec of the same geometry.
 VLLM_CUDA_ORDERS = {"LBHNC": (0, 1, 2, 3, 4), "LBNHC": (0, 1, 3, 2, 4), "LHBNC": (0, 2, 1, 3, 4),
                     "BLHNC": (1, 0, 2, 3, 4), "BLNHC": (1, 0, 3, 2, 4), "BHLNC": (1, 2, 0, 3, 4),
                     "BLHNC+pad": (1, 0, 2, 3, 4)}
