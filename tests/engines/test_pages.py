@@ -59,6 +59,44 @@ def make_cache(kind, order, nb, t, h, d, dtype, device=None, fill=True, gen=None
     return x
 
 
+# vLLM 0.32's KVCacheLayout (vllm/v1/kv_cache_layout.py): the physical order of the logical
+# axes [L, B, H, N, C] of one KV cache group's buffer; each layer is the [B, H, N, C] view
+# of one L index (vllm/v1/worker/utils.py, create_kv_cache_views). "BLHNC+pad": BLHNC with
+# a block stride past the block's pages, as vLLM pads pages in block-outer layouts. For
+# the six orders the views' shapes, strides and offsets equal those of vLLM 0.32.0's
+# create_kv_cache_views for a FullAttentionSpec of the same geometry.
+VLLM_CUDA_ORDERS = {"LBHNC": (0, 1, 2, 3, 4), "LBNHC": (0, 1, 3, 2, 4), "LHBNC": (0, 2, 1, 3, 4),
+                    "BLHNC": (1, 0, 2, 3, 4), "BLNHC": (1, 0, 3, 2, 4), "BHLNC": (1, 2, 0, 3, 4),
+                    "BLHNC+pad": (1, 0, 2, 3, 4)}
+
+
+def vllm_cuda_caches(order, L, nb, t, h, d, dtype, device=None, fill=True, gen=None):
+    """L layers of a vLLM 0.32 CUDA KV cache group: one buffer allocated in the physical order
+    `order` of [L, B, H, N, C=2*D], each layer the logical (B, H, N, 2*D) view of it."""
+    device = device or DEV
+    perm = VLLM_CUDA_ORDERS[order]
+    logical = (L, nb, h, t, 2 * d)
+    phys = tuple(logical[i] for i in perm)
+    pad = 24 if order.endswith("+pad") else 0
+    per_block = L * h * t * 2 * d + pad  # BLHNC: a block holds every layer's page, then pad
+    n_el = nb * per_block if pad else L * nb * h * t * 2 * d
+    if dtype in (torch.uint8, torch.float8_e4m3fn):
+        raw = torch.randint(0, 256, (n_el,), dtype=torch.uint8, generator=gen)
+        raw[(raw & 0x7F) == 0x7F] = 0  # no E4M3 NaN bytes
+        raw = raw.view(dtype) if dtype != torch.uint8 else raw
+    else:
+        raw = (torch.randn(n_el, generator=gen) * 0.5).to(dtype) if fill else torch.zeros(n_el, dtype=dtype)
+    raw = raw.to(device)
+    if pad:
+        st = (h * t * 2 * d, per_block, t * 2 * d, 2 * d, 1)
+        view = torch.as_strided(raw, logical, st)
+    else:
+        inv = [perm.index(i) for i in range(5)]
+        view = raw.view(phys).permute(*inv)
+    assert tuple(view.shape) == logical
+    return [view[l] for l in range(L)], raw
+
+
 def cpu_sides(cache):
     """(K, V) of a vLLM CPU cache, each [NB, H, T, D], the way vLLM's CPU attention reads
     it (cpu_attn.py forward): view (num_blocks, H, 2 * block_size, head_size), chunk(2, dim=2)."""
@@ -72,6 +110,10 @@ def block_hnd(cache, kind, b, side):
         return cache[side, b].permute(1, 0, 2)
     if kind == "flashinfer":
         return cache[b, side].permute(1, 0, 2)
+    if kind == "vllm_cuda":
+        # The layout's definition: K = t[..., :D], V = t[..., D:] of each (head, token) row.
+        d = cache.shape[-1] // 2
+        return cache[b, :, :, :d] if side == 0 else cache[b, :, :, d:]
     return cpu_sides(cache)[side][b]
 
 
@@ -247,6 +289,8 @@ def _scales(caches, kind):
     for c in caches:
         if kind == "cpu":
             k, v = cpu_sides(c)
+        elif kind == "vllm_cuda":
+            k, v = c[..., :c.shape[-1] // 2], c[..., c.shape[-1] // 2:]
         else:
             k = c[0] if kind == "flash_attn" else c[:, 0]
             v = c[1] if kind == "flash_attn" else c[:, 1]
@@ -451,6 +495,164 @@ def test_vllm_nvfp4_pages_convert_bit_exact():
     raises(lambda: P.describe(make_cache("cpu", "HND", 2, 8, 1, 36, torch.uint8), "cpu", "nvfp4"), "CUDA")
 
 
+# ---- vLLM 0.32's CUDA layout ("vllm_cuda") ------------------------------------------------
+
+def _vllm_cuda_as_is(order, dtype, kv_name="auto"):
+    g = torch.Generator().manual_seed(hash((order, str(dtype))) & 0xFFFF)
+    L, NB, T, H, D = 3, 6, 16, 2, 64
+    caches, raw = vllm_cuda_caches(order, L, NB, T, H, D, dtype, gen=g)
+    lay = P.describe(caches[0], "vllm_cuda", kv_name)
+    want_order = "NHD" if order in ("LBNHC", "BLNHC") else "HND"
+    assert lay == P.EngineLayout("vllm_cuda", want_order, NB, T, H, D, lay.kv_dtype), (order, lay)
+    m = P.BlockMover(caches, lay)
+    ids = [5, 0, 3]
+    dst = strided_rows(len(ids), m.block_bytes, device=DEV)
+    before = dst.clone()
+    m.save(ids, dst)
+    assert_eq(dst[:, :m.block_bytes], ref_as_is(caches, "vllm_cuda", ids), f"vllm_cuda/{order} {dtype} saved bytes")
+    assert_eq(dst[:, m.block_bytes:], before[:, m.block_bytes:], "bytes past the block")
+    # Into other blocks of layers 0 and 2 of a fresh group: layer 1 (which shares each block
+    # in block-outer orders), the padding and every other block keep their bytes.
+    fresh, fraw = vllm_cuda_caches(order, L, NB, T, H, D, dtype, gen=g)
+    keep = fraw.clone()
+    m2 = P.BlockMover([fresh[0], fresh[2]], lay)
+    to = [1, 4, 2]
+    sub = torch.stack([torch.cat([r[:m.page_bytes], r[2 * m.page_bytes:3 * m.page_bytes]])
+                       for r in dst[:, :m.block_bytes]])
+    m2.load(sub, to)
+    for li, l in ((0, 0), (1, 2)):
+        for side in (0, 1):
+            for b_src, b_dst in zip(ids, to):
+                assert_eq(block_hnd(fresh[l], "vllm_cuda", b_dst, side), block_hnd(caches[l], "vllm_cuda", b_src, side),
+                          f"{order}: layer {l} side {side} block {b_dst}")
+    # Every element of the buffer outside the loaded (layer, block) pages is unchanged.
+    idx = torch.arange(fraw.numel(), device=fraw.device)
+    written = torch.zeros(fraw.numel(), dtype=torch.bool, device=fraw.device)
+    for l in (0, 2):
+        where = torch.as_strided(idx, fresh[l].shape, fresh[l].stride(), fresh[l].storage_offset())
+        written[where[to].reshape(-1)] = True
+    bits = torch.uint8 if fraw.element_size() == 1 else torch.int16
+    assert_eq(fraw.view(bits)[~written], keep.view(bits)[~written], f"{order}: elements outside the loaded pages")
+
+
+def test_vllm_cuda_as_is_every_order():
+    for order in VLLM_CUDA_ORDERS:
+        _vllm_cuda_as_is(order, torch.bfloat16)
+        _vllm_cuda_as_is(order, torch.uint8, "fp8")
+        _vllm_cuda_as_is(order, torch.float8_e4m3fn, "fp8_e4m3")
+
+
+def _vllm_cuda_nvfp4(order, dtype, rule):
+    g = torch.Generator().manual_seed(13)
+    L, NB, T, H, D = 2, 5, 16, 2, 64
+    caches, _ = vllm_cuda_caches(order, L, NB, T, H, D, dtype, gen=g)
+    ks, vs = _scales(caches, "vllm_cuda")
+    lay = P.describe(caches[0], "vllm_cuda")
+    m = P.BlockMover(caches, lay, mode="nvfp4", k_scales=ks, v_scales=vs, scale_rule=rule)
+    ids = [4, 1]
+    dst = strided_rows(len(ids), m.block_bytes)
+    m.save(ids, dst)
+    want = ref_nvfp4(caches, "vllm_cuda", ids, ks, vs, rule)
+    assert_eq(dst[:, :m.block_bytes], want, f"vllm_cuda/{order} {dtype} rule {rule}: NVFP4 bytes vs the codec")
+    fresh, _ = vllm_cuda_caches(order, L, NB, T, H, D, dtype, fill=False)
+    m2 = P.BlockMover(fresh, lay, mode="nvfp4", k_scales=ks, v_scales=vs, scale_rule=rule)
+    to = [0, 3]
+    m2.load(dst.to(DEV) if DEV != "cpu" else dst, to)
+    dec = decode_ref(want, L, H, T, D, ks, vs)
+    for l in range(L):
+        for side in (0, 1):
+            for i, b_dst in enumerate(to):
+                assert_eq(block_hnd(fresh[l], "vllm_cuda", b_dst, side), dec[i, l, side].to(dtype),
+                          f"vllm_cuda/{order} layer {l} side {side}: loaded values vs the codec's decode")
+    check_corrupt_scales(m2, fresh, dst[:, :m.block_bytes], dec, "vllm_cuda", L, H, T, D, dtype)
+
+
+def test_vllm_cuda_nvfp4_every_order():
+    for order in VLLM_CUDA_ORDERS:
+        _vllm_cuda_nvfp4(order, torch.bfloat16, P.MAX6)
+    _vllm_cuda_nvfp4("LBNHC", torch.float16, P.FOUR_OVER_SIX)
+    _vllm_cuda_nvfp4("BHLNC", torch.bfloat16, P.FOUR_OVER_SIX)
+
+
+def test_vllm_cuda_fp8_mode():
+    g = torch.Generator().manual_seed(17)
+    L, NB, T, H, D = 2, 4, 16, 2, 32
+    for order in ("LBHNC", "BLNHC"):
+        caches, _ = vllm_cuda_caches(order, L, NB, T, H, D, torch.bfloat16, gen=g)
+        ks, vs = [float(c.float().abs().max()) / 448 for c in caches], [0.01, 0.02]
+        lay = P.describe(caches[0], "vllm_cuda")
+        m = P.BlockMover(caches, lay, mode="fp8", k_scales=ks, v_scales=vs)
+        dst = torch.zeros(2, m.block_bytes, dtype=torch.uint8)
+        m.save([2, 3], dst)
+        fresh, _ = vllm_cuda_caches(order, L, NB, T, H, D, torch.bfloat16, fill=False)
+        P.BlockMover(fresh, lay, mode="fp8", k_scales=ks, v_scales=vs).load(dst.to(DEV) if DEV != "cpu" else dst, [0, 1])
+        for l in range(L):
+            for side, sc in ((0, ks[l]), (1, vs[l])):
+                for b_src, b_dst in ((2, 0), (3, 1)):
+                    x = block_hnd(caches[l], "vllm_cuda", b_src, side).float()
+                    q = (x / torch.tensor(sc, device=x.device)).clamp(-448, 448).to(torch.float8_e4m3fn)
+                    assert_eq(block_hnd(fresh[l], "vllm_cuda", b_dst, side), (q.float() * sc).to(torch.bfloat16),
+                              f"vllm_cuda/{order}: fp8 mode values")
+
+
+def test_vllm_cuda_and_cpu_kinds_differ():
+    """The same (num_blocks, H, T, 2*D) bytes read as vLLM CPU's layout and as vLLM CUDA's give
+    different blocks, each equal to its own layout's definition: the kind is the caller's to
+    name, and naming the wrong one would store other values."""
+    g = torch.Generator().manual_seed(19)
+    NB, T, H, D = 4, 16, 2, 64
+    c = (torch.randn(NB, H, T, 2 * D, generator=g) * 0.5).to(torch.bfloat16).to(DEV)
+    lc, lv = P.describe(c, "cpu"), P.describe(c, "vllm_cuda")
+    assert (lc.num_blocks, lc.block_tokens, lc.num_kv_heads, lc.head_dim) == \
+        (lv.num_blocks, lv.block_tokens, lv.num_kv_heads, lv.head_dim), (lc, lv)
+    ids = [3, 1]
+    rc = torch.zeros(2, P.BlockMover([c], lc).block_bytes, dtype=torch.uint8, device=DEV)
+    rv = torch.zeros_like(rc)
+    P.BlockMover([c], lc).save(ids, rc)
+    P.BlockMover([c], lv).save(ids, rv)
+    for i, b in enumerate(ids):
+        # vLLM CPU (cpu_attn.py): per head the block's T K rows, then its T V rows.
+        k_cpu = c[b].reshape(H, 2 * T, D)[:, :T].contiguous()
+        # vLLM CUDA (flash_attn.py): each token's row is K then V.
+        k_cuda = c[b, :, :, :D].contiguous()
+        assert_eq(rc[i, :H * T * D * 2], k_cpu.view(torch.uint8).reshape(-1), "cpu kind: K page")
+        assert_eq(rv[i, :H * T * D * 2], k_cuda.view(torch.uint8).reshape(-1), "vllm_cuda kind: K page")
+        assert not torch.equal(rc[i].cpu(), rv[i].cpu()), f"block {b}: both kinds gave the same bytes"
+    # A block saved from one kind and loaded as the other lands as other values.
+    other = torch.zeros_like(c)
+    P.BlockMover([other], lv).load(rc, [0, 2])
+    assert not torch.equal(other[0].cpu(), c[3].cpu()), "a cpu block loaded as vllm_cuda kept the values"
+
+
+def test_vllm_cuda_refusals():
+    caches, _ = vllm_cuda_caches("LBHNC", 1, 4, 16, 2, 64, torch.bfloat16)
+    c = caches[0]
+    raises(lambda: P.describe(c[0], "vllm_cuda"), "4 dims")
+    raises(lambda: P.describe(c.unsqueeze(0), "vllm_cuda"), "4 dims")
+    raises(lambda: P.describe(c[..., :127], "vllm_cuda"), "odd")
+    raises(lambda: P.describe(c.transpose(2, 3).contiguous().transpose(2, 3), "vllm_cuda"), "contiguous")
+    raises(lambda: P.describe(c, "vllm_cuda", num_kv_heads=4), "2 KV heads", "expected 4")
+    raises(lambda: P.describe(c, "vllm_cuda", head_dim=128), "head_dim 64")
+    raises(lambda: P.describe(c, "vllm_cuda", v_scale_swizzle=True), "NVFP4 pages only")
+    raises(lambda: P.describe(c.view(torch.int16), "vllm_cuda"), "kv_cache_dtype")
+    raises(lambda: P.describe(c, "vllm_cuda", "fp8_e5m2"), "E5M2")
+    u = torch.zeros(4, 4, 16, 36, dtype=torch.uint8, device=DEV)
+    raises(lambda: P.describe(u, "vllm_cuda", "nvfp4"), "K heads then V heads")
+    # Strides that overlap: blocks on top of each other, heads inside a token's row.
+    raw = torch.zeros(16384, dtype=torch.bfloat16, device=DEV)
+    raises(lambda: P.describe(torch.as_strided(raw, (4, 2, 16, 128), (1024, 2048, 128, 1)), "vllm_cuda"),
+           "block stride 1024 overlaps")
+    raises(lambda: P.describe(torch.as_strided(raw, (2, 2, 16, 128), (4096 // 2, 64, 128, 1)), "vllm_cuda"),
+           "head stride 64 overlaps")
+    raises(lambda: P.describe(c.expand(4, 2, 16, 128)[:, :1].expand(4, 2, 16, 128), "vllm_cuda"), "overlaps")
+    # A layer whose strides differ from layer 0's.
+    other, _ = vllm_cuda_caches("LBNHC", 1, 4, 16, 2, 64, torch.bfloat16)
+    raises(lambda: P.BlockMover([c, other[0]], P.describe(c, "vllm_cuda")), "layer 1")
+    # Size-1 dims may carry any stride (vLLM canonicalizes them; torch gives any value).
+    one = torch.as_strided(raw, (4, 1, 16, 128), (2048, 7, 128, 1))
+    assert P.describe(one, "vllm_cuda").num_kv_heads == 1
+
+
 def test_codec_abi_refusals():
     x = torch.randn(20)
     data = torch.full((10,), 0x55, dtype=torch.uint8)
@@ -497,7 +699,9 @@ def test_torch_decode_equals_codec():
 
 CPU_TESTS = [test_torch_decode_equals_codec, test_as_is_bf16_every_layout, test_as_is_fp8_every_layout, test_fp16_and_fp32_as_is_refused,
              test_bad_shapes_refused, test_nvfp4_mode_every_layout, test_fp8_mode,
-             test_vllm_nvfp4_pages_convert_bit_exact, test_codec_abi_refusals]
+             test_vllm_nvfp4_pages_convert_bit_exact, test_codec_abi_refusals, test_vllm_cuda_as_is_every_order,
+             test_vllm_cuda_nvfp4_every_order, test_vllm_cuda_fp8_mode, test_vllm_cuda_and_cpu_kinds_differ,
+             test_vllm_cuda_refusals]
 
 
 # ---- GPU --------------------------------------------------------------------------------
@@ -645,7 +849,94 @@ def test_gpu_kernel_scale_check():
         assert "row_errors" in str(e), str(e)
 
 
-GPU_TESTS = [test_gpu_nvfp4_equals_cpu, test_gpu_kernel_and_torch_paths_agree, test_gpu_kernel_scale_check]
+def test_gpu_vllm_cuda_kernel():
+    """vllm_cuda on CUDA through kvt_engine_pages (K and V are two base addresses of one tensor
+    with its strides), in every KVCacheLayout order: as-is BF16 and FP8 saved bytes equal the
+    layout's definition and the torch path; loads over several pipeline chunks, from pinned
+    rows, shuffled slots and device rows, equal the torch path and leave every other byte of
+    the group's buffer (other layers, blocks, padding) as it was. NVFP4: CUDA bytes equal the
+    CPU codec's, CUDA loads equal CPU loads, and the device scale check refuses a bad row."""
+    g = torch.Generator().manual_seed(23)
+    L, NB, T, H, D, n = 8, 128, 16, 8, 128, 48
+    for order in VLLM_CUDA_ORDERS:
+        for dtype, kvn in ((torch.bfloat16, "auto"), (torch.uint8, "fp8")):
+            cpu, cpu_raw = vllm_cuda_caches(order, L, NB, T, H, D, dtype, device="cpu", gen=g)
+            raw = cpu_raw.cuda()
+            base = [torch.as_strided(raw, c.shape, c.stride(), c.storage_offset()) for c in cpu]
+            lay = P.describe(base[0], "vllm_cuda", kvn)
+            perm = torch.randperm(NB, generator=g)
+            src_ids, to = perm[:n].tolist(), perm[n:2 * n].tolist()
+            modes = ("as_is", "nvfp4") if dtype == torch.bfloat16 else ("as_is",)
+            ks, vs = _scales(cpu, "vllm_cuda") if dtype == torch.bfloat16 else (None, None)
+            for mode in modes:
+                what = f"vllm_cuda/{order} {dtype} {mode}"
+                mk = P.BlockMover(base, lay, mode, ks, vs)
+                mt = P.BlockMover(base, lay, mode, ks, vs, use_kernels=False)
+                assert mk.uses_kernels() and not mt.uses_kernels(), f"{what}: kernel path not taken"
+                assert len(mk._chunks(n)) > 1, f"{what}: one chunk only"
+                ra = torch.zeros(n, mk.block_bytes, dtype=torch.uint8).pin_memory()
+                rb = torch.zeros(n, mt.block_bytes, dtype=torch.uint8).pin_memory()
+                mk.save(src_ids, ra)
+                mt.save(src_ids, rb)
+                assert_eq(ra, rb, f"{what}: saved bytes, kernel vs torch")
+                if mode == "as_is":
+                    assert_eq(ra, ref_as_is(cpu, "vllm_cuda", src_ids), f"{what}: saved bytes vs the definition")
+                else:
+                    rc = torch.zeros(n, mk.block_bytes, dtype=torch.uint8)
+                    P.BlockMover(cpu, P.describe(cpu[0], "vllm_cuda"), mode, ks, vs).save(src_ids, rc)
+                    assert_eq(ra, rc, f"{what}: CUDA NVFP4 bytes vs the CPU codec")
+                # Loads into a fresh copy of the buffer: kernel, torch, shuffled slots, device rows.
+                outs = []
+                arena = torch.zeros(2 * n, mk.block_bytes + 512, dtype=torch.uint8).pin_memory()
+                slots = torch.randperm(2 * n, generator=g)[:n].tolist()
+                for i, sl in enumerate(slots):
+                    arena[sl, :mk.block_bytes] = ra[i]
+                for src, kern in ((ra, True), (ra, False), ([arena[sl] for sl in slots], True), (ra.cuda(), True)):
+                    r2 = raw.clone()
+                    c2 = [torch.as_strided(r2, c.shape, c.stride(), c.storage_offset()) for c in cpu]
+                    P.BlockMover(c2, lay, mode, ks, vs, use_kernels=kern).load(src, to)
+                    outs.append(r2)
+                for i, o in enumerate(outs[1:]):
+                    assert_eq(o, outs[0], f"{what}: loaded buffer, source {i + 1} vs the kernel from pinned rows")
+                # Elements outside the loaded pages are unchanged; inside, as-is equals the source.
+                idx = torch.arange(raw.numel(), device="cuda")
+                written = torch.zeros(raw.numel(), dtype=torch.bool, device="cuda")
+                for c in cpu:
+                    written[torch.as_strided(idx, c.shape, c.stride(), c.storage_offset())[to].reshape(-1)] = True
+                bits = torch.uint8 if raw.element_size() == 1 else torch.int16
+                assert_eq(outs[0].view(bits)[~written], raw.view(bits)[~written], f"{what}: elements outside the load")
+                if mode == "as_is":
+                    for l, c in enumerate(cpu):
+                        got = torch.as_strided(outs[0], c.shape, c.stride(), c.storage_offset())[to]
+                        assert_eq(got, base[l][src_ids], f"{what}: layer {l} loaded pages")
+                else:
+                    # CPU load of the same rows into a CPU copy of the group gives the same values.
+                    cr = cpu_raw.clone()
+                    cc = [torch.as_strided(cr, c.shape, c.stride(), c.storage_offset()) for c in cpu]
+                    P.BlockMover(cc, P.describe(cc[0], "vllm_cuda"), mode, ks, vs).load(ra, to)
+                    assert_eq(outs[0].view(torch.int16), cr.view(torch.int16), f"{what}: CUDA load vs CPU load")
+                    # One bad scale byte in row 1: that block keeps its pages, the error names it.
+                    bad = ra.clone()
+                    off = corrupt_scale_cases(L, H, T, D)[1][0]
+                    assert int(bad[1, off]) < 0x7F
+                    bad[1, off] = 0xFF
+                    r3 = raw.clone()
+                    c3 = [torch.as_strided(r3, c.shape, c.stride(), c.storage_offset()) for c in cpu]
+                    try:
+                        P.BlockMover(c3, lay, mode, ks, vs).load(bad, to)
+                        raise AssertionError(f"{what}: a bad scale byte was accepted")
+                    except P.CorruptBlocksError as e:
+                        assert e.block_ids == [to[1]], f"{what}: refused {e.block_ids}, expected [{to[1]}]"
+                    for l, c in enumerate(cpu):
+                        v3 = torch.as_strided(r3, c.shape, c.stride(), c.storage_offset())
+                        assert_eq(v3[to[1]], base[l][to[1]], f"{what}: layer {l}: the refused block's pages")
+                        keep = [b for i, b in enumerate(to) if i != 1]
+                        assert_eq(v3[keep], torch.as_strided(outs[0], c.shape, c.stride(), c.storage_offset())[keep],
+                                  f"{what}: layer {l}: the other blocks of the load")
+
+
+GPU_TESTS = [test_gpu_nvfp4_equals_cpu, test_gpu_kernel_and_torch_paths_agree, test_gpu_kernel_scale_check,
+             test_gpu_vllm_cuda_kernel]
 
 
 def run(tests):
@@ -678,7 +969,9 @@ def main():
         DEV = "cuda"
         # The CPU checks again with CUDA caches (saves to pinned host, loads from device).
         return run([test_as_is_bf16_every_layout, test_as_is_fp8_every_layout, test_nvfp4_mode_every_layout,
-                    test_fp8_mode, test_vllm_nvfp4_pages_convert_bit_exact, test_torch_decode_equals_codec] + GPU_TESTS)
+                    test_fp8_mode, test_vllm_nvfp4_pages_convert_bit_exact, test_torch_decode_equals_codec,
+                    test_vllm_cuda_as_is_every_order, test_vllm_cuda_nvfp4_every_order, test_vllm_cuda_fp8_mode,
+                    test_vllm_cuda_and_cpu_kinds_differ, test_vllm_cuda_refusals] + GPU_TESTS)
     print(f"unknown group {group!r}: cpu or gpu")
     return 2
 

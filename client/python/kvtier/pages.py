@@ -8,10 +8,20 @@ KV connector (docs/pages.md):
     "flashinfer"  (num_blocks, 2, T, H, D)              NHD, or HND = permute (0,1,3,2,4)
     "cpu"         (num_blocks, H, T, 2*D)               per head T K rows then T V rows
                                                         (vLLM CPU, cpu_attn.py, LBHNC)
+    "vllm_cuda"   (num_blocks, H, T, 2*D)               K = [..., :D], V = [..., D:] of each
+                                                        token's row; B, H, T in any stride
+                                                        order (vLLM 0.32 CUDA backends)
 
 vLLM's CPU backend allocates (num_blocks, H, block_size, 2 * head_size) and its kernels view
 it as (num_blocks, H, 2 * block_size, head_size) split in two at dim 2, so inside one head a
 block holds its K rows (T x D) and then its V rows (T x D); it is not K|V per token.
+
+vLLM 0.32's CUDA backends (FlashAttention, FlashInfer, Triton) hand the same logical shape
+with the other meaning: each (block, head, token) row of 2*D holds that token's K then its V
+(flash_attn.py: "(B, H, N, 2*D) -> ((B, N, H, D), (B, N, H, D))"), and the physical order
+of B, H and N is the engine's KVCacheLayout (LBHNC, LBNHC, LHBNC, BLHNC, BLNHC, BHLNC;
+vllm/v1/kv_cache_layout.py), so block and head strides may include other layers' pages.
+The shape cannot tell "cpu" from "vllm_cuda": the caller names the kind from the platform.
 
 and kvtier's block layout (formats/layout.h): per layer one page, K then V, HND inside a
 page; a block is the pages of layers 0..L-1 one after the other. An NVFP4 page is
@@ -53,7 +63,7 @@ from typing import List, Optional, Sequence, Union
 
 import torch
 
-KINDS = ("flash_attn", "flashinfer", "cpu")
+KINDS = ("flash_attn", "flashinfer", "cpu", "vllm_cuda")
 MODES = ("as_is", "nvfp4", "fp8")
 MAX6, FOUR_OVER_SIX = 0, 1
 E4M3_MAX = 448.0
@@ -81,8 +91,10 @@ class CorruptBlocksError(PagesError):
 class EngineLayout:
     """How one layer's paged KV tensor is laid out.
 
-    kind: "flash_attn" | "flashinfer" | "cpu" (shapes in the module docstring).
-    order: "NHD" or "HND", the physical order of tokens and heads inside a block.
+    kind: "flash_attn" | "flashinfer" | "cpu" | "vllm_cuda" (shapes in the module docstring).
+    order: "NHD" or "HND", the physical order of tokens and heads inside a block (for
+        "vllm_cuda": which of the head and token strides is larger; the block stride may
+        lie between them, or anywhere, in that kind).
     num_blocks, block_tokens (T), num_kv_heads (H), head_dim (D): D is the logical head
         size, also for NVFP4 pages whose last dim is D/2 + D/16 bytes.
     kv_dtype: what the elements are: "bf16", "fp16", "fp32", "fp8" (E4M3 bytes) or
@@ -116,6 +128,8 @@ def describe(cache: torch.Tensor, kind: str, kv_cache_dtype: str = "auto", num_k
         raise PagesError(f"a KV cache must be a torch.Tensor, got {type(cache).__name__}")
     if kind == "cpu":
         return _describe_cpu(cache, kv_cache_dtype, num_kv_heads, head_dim, v_scale_swizzle)
+    if kind == "vllm_cuda":
+        return _describe_vllm_cuda(cache, kv_cache_dtype, num_kv_heads, head_dim, v_scale_swizzle)
     if cache.dim() != 5:
         raise PagesError(f"a {kind} KV cache has 5 dims, got shape {tuple(cache.shape)}")
     kvd = _kv_dtype(cache, kv_cache_dtype)
@@ -189,6 +203,47 @@ def _describe_cpu(cache, kv_cache_dtype, num_kv_heads, head_dim, v_scale_swizzle
     if nb > 1 and abs(st[0]) < h * t * d2:
         raise PagesError(f"KV cache strides {st}: the block stride {st[0]} overlaps a block of {h * t * d2}")
     return EngineLayout("cpu", "HND", nb, t, h, d, kvd, False)
+
+
+def _describe_vllm_cuda(cache, kv_cache_dtype, num_kv_heads, head_dim, v_scale_swizzle) -> EngineLayout:
+    """vLLM 0.32 CUDA's (num_blocks, H, T, 2*D), K|V per token row, any order of B, H, T.
+
+    The last dim must be contiguous; the other three may have any positive strides that
+    nest without overlap (sorted by stride, each at least the span of the dims inside it),
+    which covers every KVCacheLayout vLLM allocates, padded block strides included."""
+    sh, st = tuple(cache.shape), cache.stride()
+    if cache.dim() != 4:
+        raise PagesError(f"a vllm_cuda KV cache has 4 dims (num_blocks, num_kv_heads, block_size, 2 * head_dim), "
+                         f"got shape {sh}")
+    kvd = _kv_dtype(cache, kv_cache_dtype)
+    if kvd == "nvfp4":
+        raise PagesError("vLLM 0.32's NVFP4 pages are (num_blocks, 2 * num_kv_heads, block_size, D/2 + D/16), "
+                         "K heads then V heads, not K|V per token row: kind vllm_cuda does not read them")
+    if v_scale_swizzle:
+        raise PagesError("v_scale_swizzle applies to NVFP4 pages only")
+    nb, h, t, d2 = sh
+    if d2 % 2 != 0:
+        raise PagesError(f"vllm_cuda KV cache {sh}: the last dim is 2 * head_dim (K then V per token), {d2} is odd")
+    d = d2 // 2
+    if min(nb, t, h, d) <= 0:
+        raise PagesError(f"KV cache {sh} has an empty dimension")
+    if num_kv_heads is not None and h != num_kv_heads:
+        raise PagesError(f"KV cache has {h} KV heads, expected {num_kv_heads} ({sh} as vllm_cuda)")
+    if head_dim is not None and d != head_dim:
+        raise PagesError(f"KV cache has head_dim {d}, expected {head_dim} ({sh} as vllm_cuda)")
+    if st[3] != 1:
+        raise PagesError(f"vllm_cuda KV cache {sh} strides {st}: the last dim (K|V of a token) must be contiguous")
+    # Nesting without overlap: sorted by stride, each dim starts past the span of those inside.
+    span = d2
+    for n, s_, what in sorted(((n, s_, w) for n, s_, w in zip(sh[:3], st[:3], ("block", "head", "token")) if n > 1),
+                              key=lambda x: x[1]):
+        if s_ < span:
+            raise PagesError(f"vllm_cuda KV cache {sh} strides {st}: the {what} stride {s_} overlaps the {span} "
+                             "elements inside it")
+        span += (n - 1) * s_
+    hnd = h == 1 or t == 1 or st[1] > st[2]
+    nhd = h == 1 or t == 1 or st[2] > st[1]
+    return EngineLayout("vllm_cuda", "HND" if hnd and not nhd else "NHD", nb, t, h, d, kvd, False)
 
 
 def _dense(shape, strides, want) -> bool:
@@ -485,6 +540,14 @@ class BlockMover:
             size, st = (lay.num_blocks, H, T, D), (c.stride(0), 2 * T * D, D, 1)
             k = torch.as_strided(c, size, st, c.storage_offset())
             v = torch.as_strided(c, size, st, c.storage_offset() + T * D)
+            if c.dtype == torch.float8_e4m3fn:
+                k, v = k.view(torch.uint8), v.view(torch.uint8)
+            return k, v
+        if kind == "vllm_cuda":
+            # K and V are the halves of each token's row: [NB, H, T, D] views with the
+            # tensor's own strides (the kernel gets two base addresses, one set of strides).
+            D = self.layout.head_dim
+            k, v = c[..., :D], c[..., D:]
             if c.dtype == torch.float8_e4m3fn:
                 k, v = k.view(torch.uint8), v.view(torch.uint8)
             return k, v
