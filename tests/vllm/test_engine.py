@@ -614,7 +614,7 @@ def test_cuda_layouts():
     (2, NB, T, H, D), FlashInfer (NB, 2, T, H, D), NHD or HND by stride order), taken by the
     connector when its platform is CUDA; exercised here on CPU tensors in those shapes and
     strides through BlockMover's CPU path (the device copies are kvtier.pages' own, tested on
-    a GPU by its tests). vLLM 0.32's own CUDA layout is refused by name."""
+    a GPU by its tests). vLLM 0.32's own CUDA layout is kvtier.pages' kind vllm_cuda."""
     from kvtier.vllm import _Transfer
     L, H, T, D, NB = 2, 2, 16, 64, 5
     shape = E.EngineShape(L, H, D, "bfloat16")
@@ -651,9 +651,20 @@ def test_cuda_layouts():
         ok, msg = "cannot tell" in str(e), str(e)
     check("(2, 2, ...) is refused without the backend's name", ok and w._page_kind(two, "flashinfer") == "flashinfer",
           msg)
-    ok, msg = raises(lambda: _worker(None, shape, T, cpu_pages(NB, H, T, D, L, 3), layout="cuda"),
-                     ["2 * head_dim", "not a kvtier.pages layout kind"])
-    check("vLLM 0.32's CUDA layout (num_blocks, H, block_size, 2 * head_dim) is refused by name", ok, msg)
+    # vLLM 0.32's CUDA layout: (NB, H, T, 2D), K and V the halves of each row. The same
+    # bytes are another block on the CPU platform (a head's K rows, then its V rows).
+    same = cpu_pages(NB, H, T, D, L, 3)
+    wc = _worker(None, shape, T, same, layout="cuda")
+    rows = torch.empty(len(ids), wc._mover.block_bytes, dtype=torch.uint8)
+    wc._mover.save(ids, rows)
+    blk = rows.view(torch.bfloat16).view(len(ids), L, 2, H, T, D)
+    ok = all(torch.equal(blk[i, l, 0], same[l][b][..., :D]) and torch.equal(blk[i, l, 1], same[l][b][..., D:])
+             for i, b in enumerate(ids) for l in range(L))
+    rows_cpu = torch.empty_like(rows)
+    _worker(None, shape, T, same)._mover.save(ids, rows_cpu)
+    check("vLLM 0.32's CUDA layout (num_blocks, H, block_size, 2 * head_dim): kind vllm_cuda, K and V the halves "
+          "of each row, and not the CPU platform's block of the same bytes",
+          wc._mover.layout.kind == "vllm_cuda" and ok and not torch.equal(rows, rows_cpu), wc._mover.layout.kind)
     ok, msg = raises(lambda: _worker(None, shape, T, [_cuda_layout("flash_attn", "NHD", NB, H, T, D, 1)] * L),
                      ["4 dims"])
     check("CUDA-shaped pages on the CPU platform are refused", ok, msg)

@@ -51,7 +51,7 @@ Refused at start, with the reason: hybrid models (more than one KV cache group: 
 --disable-hybrid-kv-cache-manager on a full-attention model), MLA, pipeline parallelism,
 KV dtypes other than bf16 and fp8 (e4m3) (fp16, fp32, fp8_e5m2), FP8 scales that are not
 the contract's, a bad kv_format or kv_scale, page layouts other than vLLM CPU's and the
-CUDA backends' 5-D ones (vLLM 0.32's CUDA layout among them, docs/vllm.md), and kv_role
+CUDA backends' (vLLM 0.32's 4-D one, the earlier 5-D ones; docs/vllm.md), and kv_role
 other than kv_both.
 """
 from __future__ import annotations
@@ -85,9 +85,11 @@ log = logging.getLogger("vllm.kvtier")
 #    backends (get_kv_cache_shape) hand (2, num_blocks, block_size, H, D) (kind
 #    "flash_attn"), FlashInfer (num_blocks, 2, block_size, H, D) (kind "flashinfer");
 #    either NHD, or HND through the stride order (get_kv_cache_stride_order), which the
-#    mover reads from the strides. vLLM 0.32's CUDA backends hand (num_blocks, H,
-#    block_size, 2 * D) with K and V as the halves of each row: refused until
-#    kvtier.pages has that kind (docs/vllm.md).
+#    mover reads from the strides.
+#  - vLLM 0.32's CUDA backends (kind "vllm_cuda"): (num_blocks, H, block_size, 2 * D) in
+#    any stride order (vllm/v1/kv_cache_layout.py), K and V the halves of each row. The
+#    same shape as vLLM CPU's with another meaning: the platform picks the kind, never
+#    the shape.
 # The tag names the platform in the contract's model id: kvtier's block bytes are the same
 # for every layout, but a CPU and a GPU engine do not compute bit-equal KV, so they do not
 # share blocks. The scheduler knows the platform, not the tensors, so the tag is the
@@ -441,19 +443,19 @@ class KvtierConnector(KVConnectorBase_V1):
         return None
 
     def _page_kind(self, kv: torch.Tensor, hint: Optional[str]) -> str:
-        """Which layout a layer's KV tensor is in: vLLM CPU's (4 dims) on the CPU platform,
-        flash_attn (2, NB, ...) or flashinfer (NB, 2, ...) on CUDA."""
+        """Which layout a layer's KV tensor is in: vLLM CPU's (4 dims) on the CPU platform;
+        on CUDA vLLM 0.32's (4 dims, kind vllm_cuda), or the earlier flash_attn (2, NB, ...)
+        or flashinfer (NB, 2, ...)."""
         if not self.page_layout.startswith("cuda"):
             return PAGE_KIND
         if kv.dim() == 4:
             # vLLM 0.32's CUDA backends (flash_attn.py forward: "(B, H, N, 2*D) -> ((B, N, H,
             # D), (B, N, H, D))") split each (block, head, token) row into its K half and its
-            # V half, in any stride order (vllm/v1/kv_cache_layout.py); that is not the CPU
-            # backend's reading of the same shape, and not a kvtier.pages kind yet.
-            raise P.PagesError("vLLM's (num_blocks, H, block_size, 2 * head_dim) CUDA layout (K and V halves of "
-                               "each row) is not a kvtier.pages layout kind yet")
+            # V half, in any stride order (vllm/v1/kv_cache_layout.py): not the CPU backend's
+            # reading of the same shape, so the platform decides, not the shape.
+            return "vllm_cuda"
         if kv.dim() != 5:
-            raise P.PagesError(f"a CUDA backend's KV cache has 5 dims, got {tuple(kv.shape)}")
+            raise P.PagesError(f"a CUDA backend's KV cache has 4 or 5 dims, got {tuple(kv.shape)}")
         if hint is not None:
             return hint
         first, second = kv.shape[0] == 2, kv.shape[1] == 2
@@ -472,8 +474,9 @@ class KvtierConnector(KVConnectorBase_V1):
         kv_name = "fp8" if fp8 else "bfloat16"
         ok_dtypes = (torch.uint8, torch.float8_e4m3fn) if fp8 else (torch.bfloat16,)
         if self.page_layout.startswith("cuda"):
-            want = (f"vLLM CUDA's {kv_name} pages (2, num_blocks, {self.block_tokens}, {s.num_kv_heads}, "
-                    f"{s.head_dim}) or (num_blocks, 2, ...), NHD or HND")
+            want = (f"vLLM CUDA's {kv_name} pages (num_blocks, {s.num_kv_heads}, {self.block_tokens}, "
+                    f"{2 * s.head_dim}) in any stride order (vLLM 0.32), or (2, num_blocks, {self.block_tokens}, "
+                    f"{s.num_kv_heads}, {s.head_dim}) or (num_blocks, 2, ...), NHD or HND")
         else:
             want = (f"vLLM CPU's {kv_name} pages (num_blocks, {s.num_kv_heads}, {self.block_tokens}, "
                     f"{2 * s.head_dim})")
@@ -594,8 +597,9 @@ class KvtierConnector(KVConnectorBase_V1):
                         got = len(lease.slots)
                         rows = [block_bytes_view(client.host_slot_address(slot, cid), block_bytes)
                                 for slot in lease.slots]
-                        # All of the chunk's pages or none: the mover checks every block
-                        # (NVFP4: every scale byte) before the first write.
+                        # The mover checks every NVFP4 block's scales before decoding it;
+                        # on a refused block (CorruptBlocksError) the whole chunk and what
+                        # follows count as load errors, so vLLM recomputes them all.
                         self._mover.load(rows, tr.block_ids[done:done + got])
                     finally:
                         client.release(lease)
