@@ -334,9 +334,21 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
             const size_t slab = kDefaultSlab;
             const size_t per_slab = slab / cls;
             for (int major = 0; major < 2 && per_slab > 0; ++major) {
-              // Block-major: one slot per block; layer-major: whole slabs.
+              // Block-major: one slot per block; layer-major: whole slabs, the slot-id
+              // stride the daemon's granule (gcd of the slab and the class).
               const size_t nslabs = (blocks + per_slab - 1) / per_slab;
               const size_t arena_bytes = major == 0 ? blocks * cls : nslabs * slab;
+              const size_t stride = major == 0 ? cls : std::gcd(slab, cls);
+              kvt_pool pa = pd;
+              pa.num_layers = L;
+              pa.slot_bytes = stride;
+              pa.num_slots = arena_bytes / stride;
+              if (major == 1) {
+                pa.slab_bytes = slab;
+                pa.class_bytes = cls;
+              }
+              pa.base = reinterpret_cast<void*>(uintptr_t{256});  // checked before the arena is taken
+              if (kvt_check_pool(&pa) != KVT_OK) return cli::Fail(std::string("decode (arena): ") + kvt_last_error());
               uint8_t* ar = nullptr;
               if (cudaMalloc(reinterpret_cast<void**>(&ar), arena_bytes) != cudaSuccess) {
                 cudaGetLastError();
@@ -361,21 +373,13 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
                 for (size_t k = 0; k < blocks; ++k) ids.push_back(static_cast<int32_t>(k));
               } else {
                 for (size_t k = 0; k < nslabs * per_slab; ++k) {
-                  ids.push_back(static_cast<int32_t>((k / per_slab * slab + k % per_slab * cls) / cls));
+                  ids.push_back(static_cast<int32_t>((k / per_slab * slab + k % per_slab * cls) / stride));
                 }
               }
               std::shuffle(ids.begin(), ids.end(), rng);
               ids.resize(blocks);
               BENCH_CUDA(cudaMemcpy(dbt, ids.data(), blocks * 4, cudaMemcpyHostToDevice));
-              kvt_pool pa = pd;
               pa.base = ar;
-              pa.num_layers = L;
-              pa.slot_bytes = cls;
-              pa.num_slots = arena_bytes / cls;
-              if (major == 1) {
-                pa.slab_bytes = slab;
-                pa.class_bytes = cls;
-              }
               kvt_decode_params pl = p;
               pl.layer = L / 2;
               pl.block_table = dbt;
