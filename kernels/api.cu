@@ -73,12 +73,12 @@ detail::PoolMap MapOf(const kvt_pool& p, uint32_t layer) {
   return m;
 }
 
-// Whether slot id s names a slot of the pool (the host copies' check; the kernels make the
-// same one).
-bool SlotIdValid(const kvt_pool& p, int64_t s) {
-  if (s < 0 || static_cast<uint64_t>(s) >= UsableSlots(p)) return false;
+// Whether slot id s names a slot of the pool, given its usable ids and a map of it (the
+// host copies' check; the kernels make the same one).
+bool SlotIdValid(uint64_t usable, const detail::PoolMap& m, int64_t s) {
+  if (s < 0 || static_cast<uint64_t>(s) >= usable) return false;
   bool ok = true;
-  (void)MapOf(p, 0).Page(static_cast<uint32_t>(s), ok);
+  (void)m.Page(static_cast<uint32_t>(s), ok);
   return ok;
 }
 
@@ -118,8 +118,9 @@ int CheckMappingHost(const kvt_pool& pool, int n, const int32_t* slots, const in
   if (slots == nullptr) return KVT_OK;
   if (pos == nullptr) return Fail(KVT_INVALID, "slot_ids_host given without positions_host");
   const uint64_t usable = UsableSlots(pool);
+  const detail::PoolMap map = MapOf(pool, 0);
   for (int i = 0; i < n; ++i) {
-    if (!SlotIdValid(pool, slots[i])) {
+    if (!SlotIdValid(usable, map, slots[i])) {
       return Fail(KVT_INVALID, "token " + std::to_string(i) + ": slot id " + std::to_string(slots[i]) +
                                    " out of range [0, " + std::to_string(usable) + ") or in a slab's tail");
     }
@@ -346,6 +347,7 @@ int DecodeImpl(const kvt_pool* pool, const kvt_decode_params* p, void* stream, b
   const int T = static_cast<int>(pool->block_tokens);
   if (p->block_table_host != nullptr) {
     const uint64_t usable = UsableSlots(*pool);
+    const detail::PoolMap map = MapOf(*pool, 0);
     if (p->seq_lens_host == nullptr) return Fail(KVT_INVALID, "decode: block_table_host given without seq_lens_host");
     for (int b = 0; b < p->batch; ++b) {
       const int len = p->seq_lens_host[b];
@@ -355,7 +357,7 @@ int DecodeImpl(const kvt_pool* pool, const kvt_decode_params* p, void* stream, b
       }
       for (int blk = 0; blk < (len + T - 1) / T; ++blk) {
         const int32_t s = p->block_table_host[static_cast<size_t>(b) * p->max_blocks + blk];
-        if (!SlotIdValid(*pool, s)) {
+        if (!SlotIdValid(usable, map, s)) {
           return Fail(KVT_INVALID, "decode: block_table[" + std::to_string(b) + "][" + std::to_string(blk) +
                                        "] = " + std::to_string(s) + " out of range [0, " +
                                        std::to_string(usable) + ") or in a slab's tail");
