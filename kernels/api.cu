@@ -43,11 +43,43 @@ Geometry GeometryOf(const kvt_pool& p) {
 // Slot ids whose whole block lies in [base, base + num_slots * slot_bytes): every id when
 // slot_bytes holds a block; with a stride below the block size (the slot classes of the
 // HBM tier, whose stride is the granule) the ids from which the block would pass the end
-// are refused. CheckPool has ensured num_slots * slot_bytes >= the block's bytes.
+// are refused. A layer-major pool: the ids of its whole slabs (a slab's tail past its N
+// slots is refused by SlotIdValid / PoolMap::Page). CheckPool has ensured the pool holds a
+// block (a slab).
 uint64_t UsableSlots(const kvt_pool& p) {
+  if (p.slab_bytes != 0) return (p.num_slots * p.slot_bytes / p.slab_bytes) * (p.slab_bytes / p.slot_bytes);
   const uint64_t block = BlockBytes(static_cast<KvFormat>(p.format), GeometryOf(p));
   if (p.slot_bytes >= block) return p.num_slots;
   return (p.num_slots * p.slot_bytes - block) / p.slot_bytes + 1;
+}
+
+// The address map of the pages of `layer` (internal.h PoolMap), for a checked pool.
+detail::PoolMap MapOf(const kvt_pool& p, uint32_t layer) {
+  const KvFormat f = static_cast<KvFormat>(p.format);
+  const uint64_t page = PageBytes(f, GeometryOf(p));
+  detail::PoolMap m;
+  m.page_bytes = page;
+  if (p.slab_bytes == 0) {
+    m.slab_bytes = p.slot_bytes;
+    m.per_slab = 1;
+    m.layer_offset = PageOffset(f, GeometryOf(p), layer);
+    return m;
+  }
+  m.slab_bytes = p.slab_bytes;
+  m.per_slab = static_cast<uint32_t>(p.slab_bytes / p.class_bytes);
+  m.layer_offset = uint64_t{layer} * m.per_slab * page;
+  m.ids_per_slab = detail::FastDiv::Make(static_cast<uint32_t>(p.slab_bytes / p.slot_bytes));
+  m.ids_per_slot = detail::FastDiv::Make(static_cast<uint32_t>(p.class_bytes / p.slot_bytes));
+  return m;
+}
+
+// Whether slot id s names a slot of the pool, given its usable ids and a map of it (the
+// host copies' check; the kernels make the same one).
+bool SlotIdValid(uint64_t usable, const detail::PoolMap& m, int64_t s) {
+  if (s < 0 || static_cast<uint64_t>(s) >= usable) return false;
+  bool ok = true;
+  (void)m.Page(static_cast<uint32_t>(s), ok);
+  return ok;
 }
 
 int CheckPool(const kvt_pool* p) {
@@ -66,6 +98,19 @@ int CheckPool(const kvt_pool* p) {
     return Fail(KVT_INVALID, "pool of " + std::to_string(p->num_slots) + " x " + std::to_string(p->slot_bytes) +
                                  " bytes holds no block of " + std::to_string(block) + " bytes");
   }
+  if (p->slab_bytes == 0 && p->class_bytes == 0) return KVT_OK;
+  // Layer-major: every slot's pages inside its slab (L * P <= class_bytes and
+  // N * class_bytes <= slab_bytes), slabs and classes on slot-id boundaries.
+  const std::string geo = "layer-major pool (slab_bytes " + std::to_string(p->slab_bytes) + ", class_bytes " +
+                          std::to_string(p->class_bytes) + ", slot_bytes " + std::to_string(p->slot_bytes) + "): ";
+  if (p->slab_bytes == 0 || p->class_bytes == 0) return Fail(KVT_INVALID, geo + "slab_bytes and class_bytes go together");
+  if (p->slab_bytes % p->slot_bytes != 0 || p->class_bytes % p->slot_bytes != 0) {
+    return Fail(KVT_INVALID, geo + "slab and class bytes must be multiples of slot_bytes");
+  }
+  if (p->class_bytes < block) return Fail(KVT_INVALID, geo + "a class slot holds no block of " + std::to_string(block) + " bytes");
+  if (p->class_bytes > p->slab_bytes) return Fail(KVT_INVALID, geo + "class larger than a slab");
+  if (p->slab_bytes / p->slot_bytes > (uint64_t{1} << 31)) return Fail(KVT_INVALID, geo + "more than 2^31 slot ids per slab");
+  if (p->num_slots * p->slot_bytes < p->slab_bytes) return Fail(KVT_INVALID, geo + "the pool holds no slab");
   return KVT_OK;
 }
 
@@ -73,10 +118,11 @@ int CheckMappingHost(const kvt_pool& pool, int n, const int32_t* slots, const in
   if (slots == nullptr) return KVT_OK;
   if (pos == nullptr) return Fail(KVT_INVALID, "slot_ids_host given without positions_host");
   const uint64_t usable = UsableSlots(pool);
+  const detail::PoolMap map = MapOf(pool, 0);
   for (int i = 0; i < n; ++i) {
-    if (slots[i] < 0 || static_cast<uint64_t>(slots[i]) >= usable) {
+    if (!SlotIdValid(usable, map, slots[i])) {
       return Fail(KVT_INVALID, "token " + std::to_string(i) + ": slot id " + std::to_string(slots[i]) +
-                                   " out of range [0, " + std::to_string(usable) + ")");
+                                   " out of range [0, " + std::to_string(usable) + ") or in a slab's tail");
     }
     if (pos[i] < 0 || static_cast<uint32_t>(pos[i]) >= pool.block_tokens) {
       return Fail(KVT_INVALID, "token " + std::to_string(i) + ": position " + std::to_string(pos[i]) +
@@ -257,9 +303,8 @@ int kvt_quantize_append(const kvt_pool* pool, const kvt_quantize_params* p, void
   a.slot_ids = p->slot_ids;
   a.positions = p->positions;
   a.pool = static_cast<uint8_t*>(pool->base);
-  a.slot_bytes = pool->slot_bytes;
+  a.map = MapOf(*pool, p->layer);
   a.num_slots = UsableSlots(*pool);
-  a.page_offset = PageOffset(f, g, p->layer);
   a.k_data = static_cast<uint32_t>(pl.k_data);
   a.k_scale = static_cast<uint32_t>(pl.k_scale);
   a.v_data = static_cast<uint32_t>(pl.v_data);
@@ -302,6 +347,7 @@ int DecodeImpl(const kvt_pool* pool, const kvt_decode_params* p, void* stream, b
   const int T = static_cast<int>(pool->block_tokens);
   if (p->block_table_host != nullptr) {
     const uint64_t usable = UsableSlots(*pool);
+    const detail::PoolMap map = MapOf(*pool, 0);
     if (p->seq_lens_host == nullptr) return Fail(KVT_INVALID, "decode: block_table_host given without seq_lens_host");
     for (int b = 0; b < p->batch; ++b) {
       const int len = p->seq_lens_host[b];
@@ -311,10 +357,10 @@ int DecodeImpl(const kvt_pool* pool, const kvt_decode_params* p, void* stream, b
       }
       for (int blk = 0; blk < (len + T - 1) / T; ++blk) {
         const int32_t s = p->block_table_host[static_cast<size_t>(b) * p->max_blocks + blk];
-        if (s < 0 || static_cast<uint64_t>(s) >= usable) {
+        if (!SlotIdValid(usable, map, s)) {
           return Fail(KVT_INVALID, "decode: block_table[" + std::to_string(b) + "][" + std::to_string(blk) +
                                        "] = " + std::to_string(s) + " out of range [0, " +
-                                       std::to_string(usable) + ")");
+                                       std::to_string(usable) + ") or in a slab's tail");
         }
       }
     }
@@ -334,10 +380,9 @@ int DecodeImpl(const kvt_pool* pool, const kvt_decode_params* p, void* stream, b
   a.out = static_cast<uint16_t*>(p->out);
   a.lse = p->lse;
   a.pool = static_cast<const uint8_t*>(pool->base);
-  a.slot_bytes = pool->slot_bytes;
+  a.map = MapOf(*pool, p->layer);
   a.num_slots = UsableSlots(*pool);
   a.num_slots32 = static_cast<uint32_t>(std::min<uint64_t>(UsableSlots(*pool), uint64_t{1} << 31));
-  a.page_offset = PageOffset(f, g, p->layer);
   a.k_data = static_cast<uint32_t>(pl.k_data);
   a.k_scale = static_cast<uint32_t>(pl.k_scale);
   a.v_data = static_cast<uint32_t>(pl.v_data);
@@ -415,9 +460,8 @@ int kvt_dequantize_pages(const kvt_pool* pool, const kvt_dequant_params* p, void
   a.slot_ids = p->slot_ids;
   a.positions = p->positions;
   a.pool = static_cast<const uint8_t*>(pool->base);
-  a.slot_bytes = pool->slot_bytes;
+  a.map = MapOf(*pool, p->layer);
   a.num_slots = UsableSlots(*pool);
-  a.page_offset = PageOffset(f, g, p->layer);
   a.data = static_cast<uint32_t>(p->side == 0 ? pl.k_data : pl.v_data);
   a.scale = static_cast<uint32_t>(p->side == 0 ? pl.k_scale : pl.v_scale);
   a.format = static_cast<int>(pool->format);

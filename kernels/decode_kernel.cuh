@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
   const int32_t* bt = a.block_table + static_cast<size_t>(b) * a.max_blocks;
   // Per-lane constant parts of the copy addresses: the warp's head inside a page, this
   // lane's chunk offsets (V chunks swizzled), and which side's scales it copies.
-  const uint8_t* pool_l = a.pool + a.page_offset;
+  const uint8_t* pool = a.pool;
   const uint32_t head_rows = static_cast<uint32_t>(h * a.block_tokens);
   // The subtile path's issue (FP8, BF16: no scales).
   auto issue_subtile = [&](int j) {
@@ -98,9 +98,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     const int t0 = t_begin + 16 * j;
     // One uniform load per subtile (cached); checked before any byte of the page is read.
     const int32_t slot = __ldg(bt + (t0 >> a.log2_block_tokens));
-    if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots) bad |= kErrSlotRange;
+    bool in_slab = true;
+    const uint64_t page_off = a.map.Page(static_cast<uint32_t>(slot), in_slab);
+    if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || !in_slab) bad |= kErrSlotRange;
     if (bad) return;  // never touch memory through a refused entry
-    const uint8_t* page = pool_l + static_cast<uint64_t>(static_cast<uint32_t>(slot)) * a.slot_bytes;
+    const uint8_t* page = pool + page_off;
     const uint32_t row0 = head_rows + static_cast<uint32_t>(t0 & (a.block_tokens - 1));
     const uint8_t* kd = page + a.k_data + row0 * C::kRow;
     const uint8_t* vd = page + a.v_data + row0 * C::kRow;
@@ -168,10 +170,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D >= 256 ? 2 : 4)
     const int32_t slot = pf0;
     pf0 = pf1;
     pf1 = bt_entry(j + 2);
-    const bool ok = static_cast<uint32_t>(slot) < a.num_slots32;
+    bool ok = static_cast<uint32_t>(slot) < a.num_slots32;
+    const uint64_t page_off = a.map.Page(static_cast<uint32_t>(slot), ok);
     if (!ok) bad |= kErrSlotRange;
     const bool go = want && !bad;  // never touch memory through a refused entry
-    const uint8_t* page = pool_l + static_cast<uint64_t>(static_cast<uint32_t>(slot)) * a.slot_bytes;
+    const uint8_t* page = pool + page_off;
     const uint32_t row0 = head_rows + static_cast<uint32_t>(t0 & (a.block_tokens - 1));
     const uint8_t* kd = page + (o_gk + row0 * C::kRow);
     const uint8_t* vd = page + (o_gv + row0 * C::kRow);

@@ -9,17 +9,71 @@
 
 namespace kvtier::kernels::detail {
 
+// Unsigned division by a divisor fixed at launch, in a multiply-high and a shift (the
+// round-up method of Granlund and Montgomery): exact for every n < 2^31 and every d >= 1
+// (m = floor(2^32 (2^s - d) / d) + 1 with s = ceil(log2 d); then umulhi(n, m) <= n, so the
+// sum does not wrap). Slot ids are below 2^31 (kvt_pool ids are int32).
+struct FastDiv {
+  uint32_t d = 1, m = 1, s = 0;
+  static FastDiv Make(uint32_t divisor) {
+    FastDiv f;
+    f.d = divisor == 0 ? 1 : divisor;
+    while ((uint64_t{1} << f.s) < f.d) ++f.s;
+    f.m = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << f.s) - f.d)) / f.d + 1);
+    return f;
+  }
+#ifdef __CUDACC__
+  __host__ __device__
+#endif
+  uint32_t Div(uint32_t n) const {
+#ifdef __CUDA_ARCH__
+    const uint32_t hi = __umulhi(n, m);
+#else
+    const uint32_t hi = static_cast<uint32_t>((uint64_t{n} * m) >> 32);
+#endif
+    return (hi + n) >> s;
+  }
+};
+
+// Where the page of one layer of a slot lies: the ONE address function of the kernels
+// (kvt_pool, kernels.h). The pool is cut into slabs of slab_bytes; a slab holds N slots of
+// class_bytes, stored layer-major: page l of the slot j of the slab at
+//   slab start + l * N * P + j * P
+// Slot id s is at offset s * slot_bytes (the granule), so its slab is s / ids_per_slab and
+// j = (s % ids_per_slab) / ids_per_slot. Block-major pools (the slot's L pages side by
+// side) are the case N = 1 with a slab of one granule: page l of slot s at
+// s * slot_bytes + l * P; a granule below the block's bytes is fine there.
+struct PoolMap {
+  uint64_t slab_bytes = 0;    // bytes per slab (block-major: slot_bytes)
+  uint64_t layer_offset = 0;  // l * N * P for the launch's layer
+  uint64_t page_bytes = 0;    // P
+  uint32_t per_slab = 1;      // N: slots per slab (block-major: 1)
+  FastDiv ids_per_slab;       // slab_bytes / slot_bytes (block-major: 1)
+  FastDiv ids_per_slot;       // class_bytes / slot_bytes (block-major: 1)
+  // The offset of slot `slot`'s page from the pool's base. `ok` is cleared when the id
+  // falls in a slab's tail past its last slot (no slot lives there); the caller has
+  // checked slot < the usable ids.
+#ifdef __CUDACC__
+  __host__ __device__
+#endif
+  uint64_t Page(uint32_t slot, bool& ok) const {
+    const uint32_t slab = ids_per_slab.Div(slot);
+    const uint32_t j = ids_per_slot.Div(slot - slab * ids_per_slab.d);
+    ok = ok && j < per_slab;
+    return static_cast<uint64_t>(slab) * slab_bytes + layer_offset + static_cast<uint64_t>(j) * page_bytes;
+  }
+};
+
 struct DecodeLaunch {
   const uint16_t* q;        // [B, Hq, D] bf16
   uint16_t* out;            // [B, Hq, D] bf16
   float* lse;               // [B, Hq] or null
-  const uint8_t* pool;      // slot s at pool + s * slot_bytes
-  uint64_t slot_bytes;
+  const uint8_t* pool;      // the page of slot s at pool + map.Page(s)
+  PoolMap map;
   uint64_t num_slots;
   // min(num_slots, 2^31): a block-table entry e is valid iff uint32(e) < num_slots32 (a
   // negative entry is >= 2^31 as uint32): one 32-bit compare instead of two 64-bit ones.
   uint32_t num_slots32;
-  uint64_t page_offset;     // layer * page bytes
   uint32_t k_data, k_scale, v_data, v_scale;  // region offsets inside a page
   const int32_t* block_table;  // [B, max_blocks]
   const int32_t* seq_lens;     // [B]
@@ -65,7 +119,8 @@ struct QuantizeLaunch {
   const int32_t* slot_ids;
   const int32_t* positions;
   uint8_t* pool;
-  uint64_t slot_bytes, num_slots, page_offset;
+  PoolMap map;
+  uint64_t num_slots;
   uint32_t k_data, k_scale, v_data, v_scale;
   int num_kv_heads, head_dim, block_tokens;
   float k_scale_f, v_scale_f;
@@ -80,7 +135,8 @@ struct DequantLaunch {
   const int32_t* slot_ids;
   const int32_t* positions;
   const uint8_t* pool;
-  uint64_t slot_bytes, num_slots, page_offset;
+  PoolMap map;
+  uint64_t num_slots;
   uint32_t data, scale;     // region offsets of the side
   int format, num_kv_heads, head_dim, block_tokens;
   float scale_f;

@@ -102,7 +102,10 @@ __global__ void __launch_bounds__(256) QuantizeKernel(const QuantizeLaunch a) {
   const int tok = static_cast<int>(th / a.num_kv_heads);
   const int32_t slot = a.slot_ids[tok];
   const int32_t pos = a.positions[tok];
-  if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || pos < 0 || pos >= a.block_tokens) {
+  bool in_slab = true;
+  const uint64_t page_off =
+      slot < 0 ? 0 : a.map.Page(static_cast<uint32_t>(slot), in_slab);
+  if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || !in_slab || pos < 0 || pos >= a.block_tokens) {
     if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrSlotRange);
     return;
   }
@@ -125,7 +128,7 @@ __global__ void __launch_bounds__(256) QuantizeKernel(const QuantizeLaunch a) {
   const float gs = side == 0 ? a.k_scale_f : a.v_scale_f;
   uint8_t packed[8];
   const uint8_t sf = QuantizeGroupNoDiv<RULE>(x, gs, packed);
-  uint8_t* page = a.pool + static_cast<uint64_t>(slot) * a.slot_bytes + a.page_offset;
+  uint8_t* page = a.pool + page_off;
   const size_t row = static_cast<size_t>(h) * a.block_tokens + pos;
   uint8_t* data = page + (side == 0 ? a.k_data : a.v_data) + row * (a.head_dim / 2) + g * 8;
   uint8_t* sc = page + (side == 0 ? a.k_scale : a.v_scale) + row * groups_per_row + g;
@@ -285,11 +288,14 @@ __global__ void __launch_bounds__(256) QuantizePairKernel(const QuantizeLaunch a
   const uint32_t h = th - tok * H;
   const int32_t slot = a.slot_ids[tok];
   const int32_t pos = a.positions[tok];
-  if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || pos < 0 || pos >= a.block_tokens) {
+  bool in_slab = true;
+  const uint64_t page_off =
+      slot < 0 ? 0 : a.map.Page(static_cast<uint32_t>(slot), in_slab);
+  if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || !in_slab || pos < 0 || pos >= a.block_tokens) {
     if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrSlotRange);
     return;
   }
-  uint8_t* page = a.pool + static_cast<uint64_t>(slot) * a.slot_bytes + a.page_offset;
+  uint8_t* page = a.pool + page_off;
   const uint32_t row = h * static_cast<uint32_t>(a.block_tokens) + static_cast<uint32_t>(pos);
   const uint32_t lim = kFp16 ? 0x7c00u : 0x7f80u;  // |x| bits at or above: inf or NaN
 #pragma unroll
@@ -330,7 +336,10 @@ __global__ void __launch_bounds__(256) StoreKernel(const QuantizeLaunch a, int f
   const int tok = static_cast<int>(th / a.num_kv_heads);
   const int32_t slot = a.slot_ids[tok];
   const int32_t pos = a.positions[tok];
-  if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || pos < 0 || pos >= a.block_tokens) {
+  bool in_slab = true;
+  const uint64_t page_off =
+      slot < 0 ? 0 : a.map.Page(static_cast<uint32_t>(slot), in_slab);
+  if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || !in_slab || pos < 0 || pos >= a.block_tokens) {
     if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrSlotRange);
     return;
   }
@@ -350,7 +359,7 @@ __global__ void __launch_bounds__(256) StoreKernel(const QuantizeLaunch a, int f
     if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrNonFinite);
     return;
   }
-  uint8_t* page = a.pool + static_cast<uint64_t>(slot) * a.slot_bytes + a.page_offset;
+  uint8_t* page = a.pool + page_off;
   const size_t row = static_cast<size_t>(h) * a.block_tokens + pos;
   const uint32_t region = side == 0 ? a.k_data : a.v_data;
   if (format == 1) {
@@ -389,11 +398,14 @@ __global__ void __launch_bounds__(256) DequantKernel(const DequantLaunch a) {
   const int32_t slot = a.slot_ids[tok];
   const int32_t pos = a.positions[tok];
   uint16_t* dst = a.out + idx * 16;
-  if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || pos < 0 || pos >= a.block_tokens) {
+  bool in_slab = true;
+  const uint64_t page_off =
+      slot < 0 ? 0 : a.map.Page(static_cast<uint32_t>(slot), in_slab);
+  if (slot < 0 || static_cast<uint64_t>(slot) >= a.num_slots || !in_slab || pos < 0 || pos >= a.block_tokens) {
     if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrSlotRange);
     return;
   }
-  const uint8_t* page = a.pool + static_cast<uint64_t>(slot) * a.slot_bytes + a.page_offset;
+  const uint8_t* page = a.pool + page_off;
   const size_t row = static_cast<size_t>(h) * a.block_tokens + pos;
   float v[16];
   if (a.format == 0) {

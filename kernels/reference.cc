@@ -20,16 +20,32 @@ Status HostPool::Validate() const {
     return Status::Invalid("pool of " + std::to_string(num_slots) + " x " + std::to_string(slot_bytes) +
                            " bytes holds no block of " + std::to_string(BlockBytes(format, geometry)) + " bytes");
   }
+  if (slab_bytes != 0 || class_bytes != 0) {
+    if (slab_bytes == 0 || class_bytes == 0 || slab_bytes % slot_bytes != 0 || class_bytes % slot_bytes != 0 ||
+        class_bytes < BlockBytes(format, geometry) || class_bytes > slab_bytes || num_slots * slot_bytes < slab_bytes) {
+      return Status::Invalid("layer-major pool: slab and class bytes must be multiples of slot_bytes, a class "
+                             "must hold a block and a slab a class, the image a slab");
+    }
+  }
   return Status::Ok();
 }
 
 size_t HostPool::usable_slots() const {
+  if (slab_bytes != 0) return (num_slots * slot_bytes / slab_bytes) * (slab_bytes / slot_bytes);
   const size_t block = BlockBytes(format, geometry);
   return slot_bytes >= block ? num_slots : (num_slots * slot_bytes - block) / slot_bytes + 1;
 }
 
+bool HostPool::SlotValid(int64_t s) const {
+  if (s < 0 || static_cast<size_t>(s) >= usable_slots()) return false;
+  if (slab_bytes == 0) return true;
+  return (static_cast<size_t>(s) * slot_bytes % slab_bytes) / class_bytes < slab_bytes / class_bytes;
+}
+
 uint8_t* HostPool::Page(size_t slot, uint32_t layer) const {
-  return base + slot * slot_bytes + PageOffset(format, geometry, layer);
+  if (slab_bytes == 0) return base + slot * slot_bytes + PageOffset(format, geometry, layer);
+  const size_t off = slot * slot_bytes, n = slab_bytes / class_bytes, page = PageBytes(format, geometry);
+  return base + (off - off % slab_bytes) + layer * n * page + (off % slab_bytes) / class_bytes * page;
 }
 
 uint16_t FloatToBf16(float f) {
@@ -57,7 +73,7 @@ Status CheckMapping(const HostPool& pool, std::span<const int32_t> slot_ids,
   if (slot_ids.size() != positions.size()) return Status::Invalid("slot_ids/positions size");
   if (layer >= pool.geometry.num_layers) return Status::Invalid("layer out of range");
   for (size_t i = 0; i < slot_ids.size(); ++i) {
-    if (slot_ids[i] < 0 || static_cast<size_t>(slot_ids[i]) >= pool.usable_slots()) {
+    if (!pool.SlotValid(slot_ids[i])) {
       return Status::Invalid("token " + std::to_string(i) + ": slot id " +
                              std::to_string(slot_ids[i]) + " out of range");
     }
@@ -178,7 +194,7 @@ Status DecodeRef(const HostPool& pool, const DecodeRefArgs& a, std::vector<doubl
     if (len < 0 || len > a.max_blocks * T) return Status::Invalid("sequence length out of range");
     for (int blk = 0; blk < (len + T - 1) / T; ++blk) {
       const int32_t slot = a.block_table[static_cast<size_t>(b) * a.max_blocks + blk];
-      if (slot < 0 || static_cast<size_t>(slot) >= pool.usable_slots()) {
+      if (!pool.SlotValid(slot)) {
         return Status::Invalid("block table entry out of range");
       }
     }

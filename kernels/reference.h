@@ -31,11 +31,18 @@ struct HostPool {
   size_t num_slots = 0;        // slots in the image. Default: 0 (refused)
   Geometry geometry;           // L, H, D, T. Default: all zero (refused)
   KvFormat format = KvFormat::kNvfp4;  // page format. Default: nvfp4
+  // Layer-major slabs (kvt_pool.slab_bytes / class_bytes): page l of slot j of a slab at
+  // slab start + l * N * P + j * P. Default: 0, 0 (block-major)
+  size_t slab_bytes = 0;
+  size_t class_bytes = 0;
 
   // Invalid unless the geometry is valid for the format and the image holds a block.
   Status Validate() const;
-  // Slot ids whose whole block lies in the image (all of them when a stride holds a block).
+  // Slot ids whose whole block lies in the image (all of them when a stride holds a block;
+  // layer-major: those of whole slabs, less the ids of a slab's tail, see SlotValid).
   size_t usable_slots() const;
+  // Whether slot id s names a slot (below usable_slots, not in a slab's tail).
+  bool SlotValid(int64_t s) const;
   // Start of the page of (slot, layer).
   uint8_t* Page(size_t slot, uint32_t layer) const;
 };

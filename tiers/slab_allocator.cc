@@ -46,13 +46,48 @@ StatusOr<SlabAllocator> SlabAllocator::Make(const std::string& what, uint64_t ar
     c.per_slab = static_cast<uint32_t>(slab_bytes / sz);
     a.classes_.push_back(std::move(c));
   }
+  a.made_ = a.classes_.size();
+  a.classes_.reserve(kMaxArenaClasses);  // AddClass never moves a class (readers of the geometry hold no lock)
   a.slabs_.resize(n);
   for (uint32_t s = 0; s < n; ++s) a.pool_.insert(s);
   return a;
 }
 
+StatusOr<int> SlabAllocator::AddClass(uint64_t bytes, uint64_t page_bytes) {
+  int made = -1;
+  for (size_t c = 0; c < made_; ++c) {
+    if (classes_[c].bytes == bytes) made = static_cast<int>(c);
+  }
+  if (made < 0) return Status::Invalid("slot class of " + std::to_string(bytes) + " bytes is not one of the arena's");
+  if (page_bytes == 0 || page_bytes % 16 != 0 || page_bytes > bytes) {
+    return Status::Invalid("page of " + std::to_string(page_bytes) + " bytes for a slot of " + std::to_string(bytes) +
+                           ": want a positive multiple of 16 no larger than the slot");
+  }
+  for (size_t c = made_; c < classes_.size(); ++c) {
+    if (classes_[c].bytes == bytes && classes_[c].page_bytes == page_bytes) return static_cast<int>(c);
+  }
+  if (classes_.size() >= kMaxArenaClasses) {
+    return Status::Invalid("the arena holds " + std::to_string(kMaxArenaClasses) +
+                           " slot classes already (one per size and page geometry of the contracts it holds); "
+                           "a contract with pages of " + std::to_string(page_bytes) + " bytes in slots of " +
+                           std::to_string(bytes) + " cannot take one");
+  }
+  Class k;
+  k.bytes = bytes;
+  k.page_bytes = page_bytes;
+  k.per_slab = classes_[static_cast<size_t>(made)].per_slab;
+  classes_.push_back(std::move(k));
+  return static_cast<int>(classes_.size() - 1);
+}
+
+uint64_t SlabAllocator::PageOffset(uint32_t id, int c, uint32_t layer) const {
+  const Class& k = classes_[static_cast<size_t>(c)];
+  const uint64_t off = Offset(id), in = off % slab_bytes_;
+  return off - in + (uint64_t{layer} * k.per_slab + in / k.bytes) * k.page_bytes;
+}
+
 int SlabAllocator::ClassFor(uint64_t bytes) const {
-  for (size_t c = 0; c < classes_.size(); ++c) {
+  for (size_t c = 0; c < made_; ++c) {
     if (classes_[c].bytes >= bytes) return static_cast<int>(c);
   }
   return -1;

@@ -50,6 +50,9 @@
 namespace kvtier::tiers {
 
 inline constexpr size_t kMaxSlotClasses = 4;
+// Classes of an arena at most, those added by AddClass included (the HBM tier's
+// (size, page bytes) classes, one per geometry of the contracts it holds).
+inline constexpr size_t kMaxArenaClasses = 16;
 inline constexpr uint64_t kDefaultSlabBytes = 64ull << 20;
 
 class SlabAllocator {
@@ -69,12 +72,25 @@ class SlabAllocator {
   uint64_t arena_bytes() const { return uint64_t{num_slabs()} * slab_bytes_; }  // bytes in slabs
   uint32_t id_space() const { return static_cast<uint32_t>(arena_bytes() / granule_); }
   size_t num_classes() const { return classes_.size(); }
-  // Classes are ordered smallest first: class 0 is the smallest.
+  // Make's classes are ordered smallest first: class 0 is the smallest. AddClass appends.
   uint64_t class_bytes(int c) const { return classes_[static_cast<size_t>(c)].bytes; }
-  uint64_t largest() const { return classes_.empty() ? 0 : classes_.back().bytes; }
+  uint64_t largest() const { return made_ == 0 ? 0 : classes_[made_ - 1].bytes; }
   uint32_t slots_per_slab(int c) const { return classes_[static_cast<size_t>(c)].per_slab; }
-  // The smallest class whose slots hold `bytes`; -1 when none does.
+  // The smallest class made by Make whose slots hold `bytes`; -1 when none does.
   int ClassFor(uint64_t bytes) const;
+  // Layer-major classes (the HBM tier, docs/tiers.md "Layer-major HBM"): a class of slots of
+  // `bytes` whose slabs store their slots' pages of `page_bytes` layer after layer (page l
+  // of slot j of a slab at l * per_slab * page_bytes + j * page_bytes). Two geometries
+  // never share a slab, since their pages would overlap, so a class is a (bytes,
+  // page_bytes) pair: the existing one is returned, or one is appended (class indexes
+  // never change). bytes must be one of Make's sizes (so the granule stays), page_bytes a
+  // positive multiple of 16 no larger than bytes. Invalid past kMaxArenaClasses.
+  StatusOr<int> AddClass(uint64_t bytes, uint64_t page_bytes);
+  // The page bytes of class c's layer-major slabs; 0 for Make's (block-major) classes.
+  uint64_t page_bytes(int c) const { return classes_[static_cast<size_t>(c)].page_bytes; }
+  // The offset of the page `layer` of slot `id` (taken or not, of class c's geometry),
+  // for a class with page bytes: slab start + layer * per_slab * page_bytes + j * page_bytes.
+  uint64_t PageOffset(uint32_t id, int c, uint32_t layer) const;
   // The one place that says where slot `id` is.
   uint64_t Offset(uint32_t id) const { return uint64_t{id} * granule_; }
   uint32_t SlabOf(uint32_t id) const { return static_cast<uint32_t>(Offset(id) / slab_bytes_); }
@@ -126,6 +142,7 @@ class SlabAllocator {
   static constexpr int kNoMove = -2;
   struct Class {
     uint64_t bytes = 0;
+    uint64_t page_bytes = 0;  // layer-major (AddClass); 0: block-major
     uint32_t per_slab = 0;
     uint32_t slabs = 0;       // slabs of the class, draining ones included
     uint32_t used = 0;        // taken slots
@@ -146,7 +163,8 @@ class SlabAllocator {
 
   uint64_t granule_ = 0;
   uint64_t slab_bytes_ = 0;
-  std::vector<Class> classes_;  // smallest first
+  std::vector<Class> classes_;  // Make's smallest first, then AddClass's
+  size_t made_ = 0;             // classes made by Make
   std::vector<Slab> slabs_;
   std::set<uint32_t> pool_;     // free slabs
 };

@@ -249,16 +249,16 @@ class TierState {
   TierStats c;
   // Free slots a Retry'd AllocSlots is waiting for (0: none); MaintainLocked demotes until
   // they exist, watermarks or not.
-  uint32_t want_free[kMaxSlotClasses] = {};  // per slot class
+  uint32_t want_free[kMaxArenaClasses] = {};  // per slot class (HBM: AddClass's too)
   // With host parts: the quota group of that alloc (its part, if it has one, and the
   // common pool must have the room); -1: without host parts.
-  int64_t want_group[kMaxSlotClasses] = {-1, -1, -1, -1};
+  int64_t want_group[kMaxArenaClasses] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
   uint32_t demoting = 0;             // demotions in flight out of this tier (HBM, host)
   uint64_t slab_moves = 0;           // slabs moved from one slot class to another
   // Slabs draining for another class (slab, class), and per class the run of the
   // starvation rule (TierManagerImpl::TakeSlabLocked).
   std::vector<std::pair<uint32_t, int>> moving;
-  uint32_t starved_run[kMaxSlotClasses] = {};
+  uint32_t starved_run[kMaxArenaClasses] = {};
   std::vector<Block*> space_wait;    // promotions waiting for a demotion to free a slot
 
  private:

@@ -91,26 +91,52 @@ void FillRandom(std::vector<uint8_t>& v, std::mt19937_64& rng) {
   for (; i < v.size(); ++i) v[i] = static_cast<uint8_t>(rng());
 }
 
-// A pool of random bytes, on the host (reference) and on the device.
+// A pool of random bytes, on the host (reference) and on the device. per_slab = 0: block-
+// major, slot k at k * SlotBytes. per_slab = N: layer-major slabs of N slots (kvt_pool
+// slab_bytes / class_bytes) whose slot-id stride is the class / granule_div, with
+// tail_granules of unused bytes after a slab's N slots (as kvtierd's HBM arena); the k-th
+// slot's id is Id(k) (k itself when granule_div is 1 and there is no tail).
 struct TestPool {
-  TestPool(KvFormat f, Geometry g, size_t slots, std::mt19937_64& rng) {
+  TestPool(KvFormat f, Geometry g, size_t slots, std::mt19937_64& rng, uint32_t per_slab = 0,
+           uint32_t granule_div = 1, uint32_t tail_granules = 0) {
     hp.format = f;
     hp.geometry = g;
-    hp.num_slots = slots;
-    hp.slot_bytes = SlotBytes(f, g);
-    host.resize(hp.slot_bytes * slots);
+    size_t bytes = 0;
+    if (per_slab == 0) {
+      hp.num_slots = slots;
+      hp.slot_bytes = SlotBytes(f, g);
+      bytes = hp.slot_bytes * slots;
+    } else {
+      const size_t unit = 16 * granule_div;
+      hp.class_bytes = (SlotBytes(f, g) + unit - 1) / unit * unit;
+      hp.slot_bytes = hp.class_bytes / granule_div;
+      hp.slab_bytes = per_slab * hp.class_bytes + tail_granules * hp.slot_bytes;
+      per_slab_ = per_slab;
+      const size_t slabs = (slots + per_slab - 1) / per_slab;
+      bytes = slabs * hp.slab_bytes;
+      hp.num_slots = bytes / hp.slot_bytes;
+    }
+    host.resize(bytes);
     FillRandom(host, rng);
     hp.base = host.data();
     dev = std::make_unique<Dev>(host.size());
     desc.base = dev->p;
     desc.slot_bytes = hp.slot_bytes;
-    desc.num_slots = slots;
+    desc.num_slots = hp.num_slots;
     desc.num_layers = g.num_layers;
     desc.num_kv_heads = g.num_kv_heads;
     desc.head_dim = g.head_dim;
     desc.block_tokens = g.block_tokens;
     desc.format = static_cast<uint32_t>(f);
+    desc.slab_bytes = hp.slab_bytes;
+    desc.class_bytes = hp.class_bytes;
   }
+  // The slot id of the k-th slot.
+  int32_t Id(size_t k) const {
+    if (per_slab_ == 0) return static_cast<int32_t>(k);
+    return static_cast<int32_t>((k / per_slab_ * hp.slab_bytes + k % per_slab_ * hp.class_bytes) / hp.slot_bytes);
+  }
+  uint32_t per_slab_ = 0;
   void Upload() { dev->Put(host.data()); }
   HostPool hp;
   std::vector<uint8_t> host;
@@ -378,7 +404,10 @@ struct DecodeSetup {
 };
 
 // `nvfp4_scale` > 0 fixes the NVFP4 global scales (otherwise one of three regimes).
-void MakeSetup(const DecodeCase& c, std::mt19937_64& rng, DecodeSetup* s, float nvfp4_scale = 0.f) {
+// per_slab > 0: a layer-major pool of per_slab slots per slab, the slot-id stride half a
+// class, a granule of tail per slab (TestPool).
+void MakeSetup(const DecodeCase& c, std::mt19937_64& rng, DecodeSetup* s, float nvfp4_scale = 0.f,
+               uint32_t per_slab = 0) {
   s->batch = c.batch > 0 ? c.batch : 1 + static_cast<int>(rng() % 6);
   s->hq = c.H * c.group;
   s->lens.resize(s->batch);
@@ -392,7 +421,8 @@ void MakeSetup(const DecodeCase& c, std::mt19937_64& rng, DecodeSetup* s, float 
   for (int l : s->lens) used += (l + static_cast<int>(c.T) - 1) / static_cast<int>(c.T);
   const size_t slots = static_cast<size_t>(used) + 3;
   const Geometry g = G(2, static_cast<uint32_t>(c.H), c.D, c.T);
-  s->pool = std::make_unique<TestPool>(c.fmt, g, slots, rng);
+  s->pool = per_slab == 0 ? std::make_unique<TestPool>(c.fmt, g, slots, rng)
+                          : std::make_unique<TestPool>(c.fmt, g, slots, rng, per_slab, 2, 1);
   // Slots in random order; unused table entries hold random (possibly invalid) values.
   std::vector<int32_t> perm(slots);
   std::iota(perm.begin(), perm.end(), 0);
@@ -416,7 +446,7 @@ void MakeSetup(const DecodeCase& c, std::mt19937_64& rng, DecodeSetup* s, float 
   for (int b = 0; b < s->batch; ++b) {
     const int nblk = (s->lens[b] + static_cast<int>(c.T) - 1) / static_cast<int>(c.T);
     for (int blk = 0; blk < nblk; ++blk) {
-      const int32_t slot = perm[next++];
+      const int32_t slot = s->pool->Id(static_cast<size_t>(perm[next++]));
       s->bt[static_cast<size_t>(b) * s->max_blocks + blk] = slot;
       const int toks = std::min<int>(static_cast<int>(c.T), s->lens[b] - blk * static_cast<int>(c.T));
       for (int t = 0; t < toks; ++t) {
@@ -934,6 +964,181 @@ TEST(DequantizePages, MatchesPageValues) {
       }
     }
   }
+}
+
+// ---- layer-major pools (kvt_pool.slab_bytes) -------------------------------------------
+
+// The decode over a layer-major pool (slot-id stride half a class, a granule of tail per
+// slab, 1 to 7 slots per slab) against the float64 reference, which reads the same image
+// through HostPool::Page.
+struct LayerMajorCase {
+  DecodeCase c;
+  uint32_t per_slab;
+};
+class DecodeLayerMajor : public ::testing::TestWithParam<LayerMajorCase> {};
+
+TEST_P(DecodeLayerMajor, MatchesFloat64Reference) {
+  SKIP_WITHOUT_GPU();
+  const LayerMajorCase lc = GetParam();
+  std::mt19937_64 rng(std::random_device{}());
+  DecodeSetup s;
+  MakeSetup(lc.c, rng, &s, 0.f, lc.per_slab);
+  ASSERT_NE(s.pool->desc.slab_bytes, 0u);
+  CheckDecodeAgainstReference(s, lc.c.splits < 0 ? static_cast<int>(rng() % 6) : lc.c.splits);
+}
+
+std::vector<LayerMajorCase> LayerMajorCases() {
+  std::vector<LayerMajorCase> v;
+  uint32_t n = 0;
+  const uint32_t per_slab[] = {1, 3, 7, 2};
+  for (KvFormat f : {KvFormat::kNvfp4, KvFormat::kFp8, KvFormat::kBf16}) {
+    for (uint32_t T : {16u, 32u, 64u}) {
+      v.push_back({{f, 128, T, 4, 2, 0, 900, -1}, per_slab[n++ % 4]});
+    }
+  }
+  v.push_back({{KvFormat::kNvfp4, 64, 16, 8, 2, 3, 5000, 0}, 5});
+  v.push_back({{KvFormat::kNvfp4, 128, 16, 4, 2, 2, 20000, 0}, 64});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, DecodeLayerMajor, ::testing::ValuesIn(LayerMajorCases()),
+                         [](const auto& info) {
+                           return CaseName(info.param.c) + "_N" + std::to_string(info.param.per_slab);
+                         });
+
+// quantize_append into a layer-major pool writes exactly the bytes the CPU reference
+// writes through HostPool::Page, and nothing else; dequantize reads them back.
+TEST(LayerMajor, QuantizeAppendAndDequantizeMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  const Geometry g = G(4, 2, 128, 16);
+  const size_t slots = 10;
+  TestPool pool(KvFormat::kNvfp4, g, slots, rng, 3, 4, 3);
+  pool.Upload();
+  const int n = 60;
+  std::vector<int32_t> sl(n), ps(n), all(slots * 16);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  for (int i = 0; i < n; ++i) {
+    sl[i] = pool.Id(static_cast<size_t>(all[i] / 16));
+    ps[i] = all[i] % 16;
+  }
+  const size_t row = 2 * 128;
+  std::vector<float> kf(n * row), vf(n * row);
+  std::vector<uint16_t> k16(n * row), v16(n * row);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (size_t i = 0; i < kf.size(); ++i) {
+    k16[i] = FloatToBf16(nd(rng));
+    v16[i] = FloatToBf16(nd(rng) * 2.f);
+    kf[i] = Bf16ToFloat(k16[i]);
+    vf[i] = Bf16ToFloat(v16[i]);
+  }
+  const uint32_t layer = 1 + static_cast<uint32_t>(rng() % 3);
+  Dev dk(k16.size() * 2), dv(v16.size() * 2), ds(n * 4), dp(n * 4), flag(4);
+  dk.Put(k16.data());
+  dv.Put(v16.data());
+  ds.Put(sl.data());
+  dp.Put(ps.data());
+  CUDA_OK(cudaMemset(flag.p, 0, 4));
+  kvt_quantize_params q{};
+  q.k = dk.p;
+  q.v = dv.p;
+  q.num_tokens = n;
+  q.slot_ids = ds.as<int32_t>();
+  q.positions = dp.as<int32_t>();
+  q.slot_ids_host = sl.data();
+  q.positions_host = ps.data();
+  q.layer = layer;
+  q.k_scale = 0.02f;
+  q.v_scale = 0.03f;
+  q.error_flag = flag.as<int32_t>();
+  ASSERT_EQ(kvt_quantize_append(&pool.desc, &q, nullptr), KVT_OK) << kvt_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_TRUE(QuantizeAppendRef(pool.hp, kf, vf, sl, ps, layer, q.k_scale, q.v_scale, nvfp4::ScaleRule::kMax6).ok());
+  std::vector<uint8_t> got(pool.host.size());
+  pool.dev->Get(got.data());
+  size_t first_diff = got.size();
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != pool.host[i]) {
+      first_diff = i;
+      break;
+    }
+  }
+  ASSERT_EQ(first_diff, got.size()) << "first differing pool byte at offset " << first_diff;
+  int32_t f = -1;
+  flag.Get(&f);
+  EXPECT_EQ(f, 0);
+  // The pages of `layer` of the written slots lie dense: slot j of a slab at j * P from
+  // the layer's start (a spot check of the layout itself, not only of the agreement).
+  const size_t P = PageBytes(KvFormat::kNvfp4, g);
+  EXPECT_EQ(pool.hp.Page(static_cast<size_t>(pool.Id(4)), layer) - pool.hp.Page(static_cast<size_t>(pool.Id(3)), layer),
+            static_cast<std::ptrdiff_t>(P));
+  Dev out(static_cast<size_t>(n) * row * 2);
+  kvt_dequant_params p{};
+  p.out = out.p;
+  p.num_tokens = n;
+  p.slot_ids = ds.as<int32_t>();
+  p.positions = dp.as<int32_t>();
+  p.slot_ids_host = sl.data();
+  p.positions_host = ps.data();
+  p.layer = layer;
+  p.side = 1;
+  p.scale = q.v_scale;
+  ASSERT_EQ(kvt_dequantize_pages(&pool.desc, &p, nullptr), KVT_OK) << kvt_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> dq(out.n / 2);
+  out.Get(dq.data());
+  const std::vector<double> ref = DequantizeRef(pool.hp, sl, ps, layer, 1, p.scale);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_LE(std::fabs(Bf16ToFloat(dq[i]) - ref[i]), std::fabs(ref[i]) * (1.0 / 128) + 1e-30) << "element " << i;
+  }
+}
+
+// Ids in a slab's tail (past its N slots) name no slot: refused with host copies, skipped
+// and flagged without; layer-major fields that would put a page outside the pool are
+// refused by kvt_check_pool.
+TEST(LayerMajor, TailIdsAndBadGeometryAreRefused) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  DecodeSetup s;
+  MakeSetup({KvFormat::kNvfp4, 128, 16, 4, 2, 3, 500, 0}, rng, &s, 0.f, 3);
+  const kvt_pool good = s.pool->desc;
+  // Slab 0's tail: ids 6 (3 slots of 2 ids each) is the tail granule.
+  int bad_b = 0;
+  for (int b = 0; b < s.batch; ++b) {
+    if (s.lens[b] > 16) bad_b = b;
+  }
+  s.bt[static_cast<size_t>(bad_b) * s.max_blocks + 1] = 6;
+  DecodeRun r;
+  std::string err;
+  EXPECT_EQ(RunDecode(s, 0, true, &r, &err), KVT_INVALID);
+  EXPECT_NE(err.find("tail"), std::string::npos) << err;
+  for (uint16_t x : r.out) ASSERT_EQ(x, 0xFFFF);
+  ASSERT_EQ(RunDecode(s, 0, false, &r, &err), KVT_OK) << err;
+  EXPECT_NE(r.flag & 1, 0);
+  const size_t per_b = static_cast<size_t>(s.hq) * good.head_dim;
+  for (int b = 0; b < s.batch; ++b) {
+    for (size_t i = 0; i < per_b; ++i) {
+      ASSERT_EQ(std::isnan(Bf16ToFloat(r.out[b * per_b + i])), b == bad_b) << "b=" << b;
+    }
+  }
+  EXPECT_EQ(kvt_check_pool(&good), KVT_OK) << kvt_last_error();
+  kvt_pool bad = good;
+  bad.class_bytes = 0;  // one without the other
+  EXPECT_EQ(kvt_check_pool(&bad), KVT_INVALID);
+  bad = good;
+  bad.class_bytes = good.slot_bytes;  // a class below the block's bytes
+  EXPECT_EQ(kvt_check_pool(&bad), KVT_INVALID);
+  bad = good;
+  bad.slab_bytes = good.slab_bytes + 16;  // not on a slot-id boundary
+  EXPECT_EQ(kvt_check_pool(&bad), KVT_INVALID);
+  bad = good;
+  bad.class_bytes = good.slab_bytes + good.slot_bytes;  // larger than the slab
+  EXPECT_EQ(kvt_check_pool(&bad), KVT_INVALID);
+  bad = good;
+  bad.num_slots = good.slab_bytes / good.slot_bytes - 1;  // less than a slab
+  EXPECT_EQ(kvt_check_pool(&bad), KVT_INVALID);
+  EXPECT_NE(std::string(kvt_last_error()).find("layer-major"), std::string::npos) << kvt_last_error();
 }
 
 }  // namespace

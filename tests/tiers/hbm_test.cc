@@ -354,6 +354,124 @@ TEST(HbmPool, SlotClassesShareTheArenaAtTheGranule) {
   EXPECT_TRUE(pool.CopyToDeviceSync(pool.id_space(), (*host)->slot_ptr(0), 4096).IsInvalid());
 }
 
+// Layer-major classes (HbmPool::AddClass): a block's pages go layer after layer into its
+// slab, page l of slot j at slab + l * N * P + j * P, through every copy path (the gather
+// kernel, cudaMemcpy2DAsync from the loop and the batch paths, the synchronous copies),
+// come back block-major, and hash as the CPU hashes the block-major bytes.
+class HbmLayerMajor : public ::testing::TestWithParam<HbmCopy> {};
+
+TEST_P(HbmLayerMajor, PagesLieLayerAfterLayerAndRoundTripExactly) {
+  SKIP_WITHOUT_GPU();
+#if KVTIER_HAVE_CUDA
+  HostPoolOptions ho;
+  ho.slot_bytes = 36864;
+  ho.slots = 48;
+  auto host = HostPool::Create(ho);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  HbmPoolOptions o;
+  o.classes = {12288, 36864};
+  o.slab_bytes = 12 * 12288;  // 12 slots of 12 KiB or 4 of 36 KiB
+  o.arena_bytes = 10 * o.slab_bytes;
+  o.copy = GetParam();
+  auto p = HbmPool::Create(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HbmPool& pool = **p;
+  // Three geometries: two share a slot size but not a page size, so never a slab.
+  auto big = pool.AddClass(36864, 3072);      // up to 12 pages
+  auto small_a = pool.AddClass(12288, 1024);  // up to 12 pages
+  auto small_b = pool.AddClass(12288, 2048);  // up to 6 pages
+  ASSERT_TRUE(big.ok() && small_a.ok() && small_b.ok()) << big.status().ToString();
+  EXPECT_EQ(*pool.AddClass(12288, 1024), *small_a) << "the same geometry is the same class";
+  EXPECT_EQ(pool.num_classes(), 5);
+  EXPECT_TRUE(pool.AddClass(20480, 1024).status().IsInvalid()) << "not one of the arena's sizes";
+  EXPECT_TRUE(pool.AddClass(12288, 0).status().IsInvalid());
+  EXPECT_TRUE(pool.AddClass(12288, 24).status().IsInvalid()) << "not a multiple of 16";
+  EXPECT_TRUE(pool.AddClass(12288, 16384).status().IsInvalid()) << "larger than the slot";
+  struct Want {
+    int cls;
+    uint64_t bytes;
+  };
+  // Whole pages, and a last page cut short.
+  const Want wants[] = {{*big, 12 * 3072}, {*big, 7 * 3072 + 48}, {*small_a, 12 * 1024}, {*small_a, 5 * 1024},
+                        {*small_b, 6 * 2048}, {*small_b, 3 * 2048 + 16}};
+  const uint64_t fresh = std::random_device{}();
+  std::vector<HbmPool::CopyItem> up;
+  std::vector<int> cls_of;
+  for (uint32_t i = 0; i < 24; ++i) {
+    const Want& w = wants[i % 6];
+    auto s = pool.Alloc(w.cls);
+    ASSERT_TRUE(s.has_value()) << i;
+    testing::Fill((*host)->slot_ptr(i), w.bytes, fresh + i);
+    up.push_back({*s, (*host)->slot_ptr(i), w.bytes});
+    cls_of.push_back(w.cls);
+  }
+  for (size_t a = 0; a < up.size(); ++a) {
+    for (size_t b = 0; b < up.size(); ++b) {
+      if (cls_of[a] != cls_of[b]) {
+        EXPECT_NE(pool.SlabOf(up[a].slot), pool.SlabOf(up[b].slot)) << a << " " << b;
+      }
+    }
+  }
+  std::promise<Status> in;
+  ASSERT_TRUE(pool.CopyBatch(up, true, [&](Status st) { in.set_value(st); }).ok());
+  ASSERT_TRUE(in.get_future().get().ok());
+  // The arena as the kernels see it.
+  std::vector<uint8_t> arena(pool.arena_bytes());
+  ASSERT_EQ(cudaMemcpy(arena.data(), pool.base(), arena.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t i = 0; i < up.size(); ++i) {
+    const uint64_t P = pool.page_bytes(cls_of[i]), S = pool.class_bytes(cls_of[i]);
+    const uint64_t N = o.slab_bytes / S, off = pool.slot_offset(up[i].slot);
+    const uint64_t slab = off - off % o.slab_bytes, j = off % o.slab_bytes / S;
+    for (uint64_t k = 0; k < up[i].bytes; k += P) {
+      const uint64_t n = std::min(P, up[i].bytes - k);
+      ASSERT_EQ(0, std::memcmp(arena.data() + slab + (k / P) * N * P + j * P, static_cast<uint8_t*>(up[i].host) + k, n))
+          << "item " << i << " page " << k / P;
+    }
+  }
+  // Hashed after the copies: the hash of the block-major bytes.
+  ASSERT_TRUE(pool.CopyToHostSync(up[0].slot, (*host)->slot_ptr(47), up[0].bytes).ok());
+  for (size_t i = 0; i < up.size(); ++i) {
+    const auto h = pool.SlotHash(up[i].slot);
+    ASSERT_TRUE(h.has_value()) << i;
+    EXPECT_EQ(*h, BlockHash(up[i].host, up[i].bytes, pool.hash_seed())) << "item " << i;
+  }
+  // Back to the host, block-major.
+  std::vector<HbmPool::CopyItem> down;
+  for (size_t i = 0; i < up.size(); ++i) down.push_back({up[i].slot, (*host)->slot_ptr(24 + static_cast<uint32_t>(i)), up[i].bytes});
+  std::promise<Status> out;
+  ASSERT_TRUE(pool.CopyBatch(down, false, [&](Status st) { out.set_value(st); }).ok());
+  ASSERT_TRUE(out.get_future().get().ok());
+  for (size_t i = 0; i < down.size(); ++i) {
+    EXPECT_TRUE(testing::Matches(static_cast<uint8_t*>(down[i].host), down[i].bytes, fresh + i)) << "item " << i;
+  }
+  // The single-slot copies, both ways.
+  testing::Fill((*host)->slot_ptr(46), up[1].bytes, fresh + 99);
+  ASSERT_TRUE(pool.CopyToDeviceSync(up[1].slot, (*host)->slot_ptr(46), up[1].bytes).ok());
+  ASSERT_TRUE(pool.CopyToHostSync(up[1].slot, (*host)->slot_ptr(47), up[1].bytes).ok());
+  EXPECT_TRUE(testing::Matches((*host)->slot_ptr(47), up[1].bytes, fresh + 99));
+  std::promise<Status> one_in, one_out;
+  ASSERT_TRUE(pool.CopyToDevice(up[2].slot, (*host)->slot_ptr(46), up[2].bytes, [&](Status st) { one_in.set_value(st); }).ok());
+  ASSERT_TRUE(one_in.get_future().get().ok());
+  ASSERT_TRUE(pool.CopyToHost(up[2].slot, (*host)->slot_ptr(45), up[2].bytes, [&](Status st) { one_out.set_value(st); }).ok());
+  ASSERT_TRUE(one_out.get_future().get().ok());
+  EXPECT_TRUE(testing::Matches((*host)->slot_ptr(45), up[2].bytes, fresh + 99));
+  EXPECT_EQ(*pool.SlotHash(up[1].slot), BlockHash((*host)->slot_ptr(46), up[1].bytes, pool.hash_seed()));
+  // More bytes than the slot: refused, nothing copied.
+  EXPECT_TRUE(pool.CopyToDeviceSync(up[0].slot, (*host)->slot_ptr(0), 36864 + 16).IsInvalid());
+  // Classes up to kMaxArenaClasses, then a clear refusal.
+  for (uint64_t page = 16; pool.num_classes() < static_cast<int>(kMaxArenaClasses); page += 16) {
+    ASSERT_TRUE(pool.AddClass(12288, page).ok());
+  }
+  auto over = pool.AddClass(12288, 4096);
+  ASSERT_TRUE(over.status().IsInvalid());
+  EXPECT_NE(over.status().message().find("slot classes already"), std::string::npos) << over.status().ToString();
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Methods, HbmLayerMajor,
+                         ::testing::Values(HbmCopy::kAuto, HbmCopy::kKernel, HbmCopy::kLoop, HbmCopy::kBatch),
+                         [](const auto& info) { return std::string(HbmCopyName(info.param)); });
+
 class HbmTierManager : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -195,6 +195,46 @@ TEST(SlabAllocator, RestoreRebuildsTakenSlotsAndRefusesWhatDoesNotFit) {
   EXPECT_EQ(b.free_slabs(), pool - 1);
 }
 
+// Layer-major classes (AddClass): one per (size, page bytes), appended, never sharing a
+// slab with another geometry; ClassFor and largest() see only Make's sizes; PageOffset
+// puts page l of slot j of a slab at l * N * P + j * P from the slab's start.
+TEST(SlabAllocator, LayerMajorClassesAreKeyedBySizeAndPage) {
+  SlabAllocator a = MakeOrDie(4 * 64 * MiB, 64 * MiB, {576 * KiB, 1440 * KiB});
+  auto x = a.AddClass(576 * KiB, 18 * KiB);
+  auto y = a.AddClass(576 * KiB, 9 * KiB);
+  auto z = a.AddClass(1440 * KiB, 18 * KiB);
+  ASSERT_TRUE(x.ok() && y.ok() && z.ok()) << x.status().ToString();
+  EXPECT_EQ(*x, 2);
+  EXPECT_EQ(*y, 3);
+  EXPECT_EQ(*z, 4);
+  EXPECT_EQ(*a.AddClass(576 * KiB, 18 * KiB), 2);
+  EXPECT_EQ(a.num_classes(), 5u);
+  EXPECT_EQ(a.page_bytes(0), 0u);
+  EXPECT_EQ(a.page_bytes(*y), 9 * KiB);
+  EXPECT_EQ(a.slots_per_slab(*x), 113u);
+  EXPECT_EQ(a.slots_per_slab(*z), 45u);
+  EXPECT_EQ(a.ClassFor(500 * KiB), 0);
+  EXPECT_EQ(a.ClassFor(1000 * KiB), 1);
+  EXPECT_EQ(a.largest(), 1440 * KiB);
+  EXPECT_EQ(a.granule(), 32 * KiB);
+  EXPECT_TRUE(a.AddClass(720 * KiB, 18 * KiB).status().IsInvalid());
+  EXPECT_TRUE(a.AddClass(576 * KiB, 0).status().IsInvalid());
+  EXPECT_TRUE(a.AddClass(576 * KiB, 8).status().IsInvalid());
+  EXPECT_TRUE(a.AddClass(576 * KiB, 577 * KiB).status().IsInvalid());
+  auto sx = a.Alloc(*x), sy = a.Alloc(*y), sx2 = a.Alloc(*x);
+  ASSERT_TRUE(sx && sy && sx2);
+  EXPECT_NE(a.SlabOf(*sx), a.SlabOf(*sy));
+  EXPECT_EQ(a.SlabOf(*sx), a.SlabOf(*sx2));
+  const uint64_t slab = uint64_t{a.SlabOf(*sx2)} * 64 * MiB, j = (a.Offset(*sx2) - slab) / (576 * KiB);
+  EXPECT_EQ(j, 1u);
+  EXPECT_EQ(a.PageOffset(*sx2, *x, 0), slab + 18 * KiB);
+  EXPECT_EQ(a.PageOffset(*sx2, *x, 31), slab + 31 * 113 * 18 * KiB + 18 * KiB);
+  EXPECT_LE(a.PageOffset(*sx2, *x, 31) + 18 * KiB, slab + 64 * MiB);
+  for (uint64_t page = 1024; a.num_classes() < kMaxArenaClasses; page += 1024) ASSERT_TRUE(a.AddClass(576 * KiB, page).ok());
+  auto over = a.AddClass(1440 * KiB, 4096);
+  EXPECT_TRUE(over.status().IsInvalid());
+}
+
 TEST(SlabAllocator, MakeRefusesBadGeometry) {
   EXPECT_FALSE(SlabAllocator::Make("t", 64 * MiB, 64 * MiB, {}).ok());
   EXPECT_FALSE(SlabAllocator::Make("t", 64 * MiB, 64 * MiB, {4 * KiB, 8 * KiB, 12 * KiB, 16 * KiB, 20 * KiB}).ok());

@@ -22,11 +22,18 @@ __global__ void __launch_bounds__(kThreads) GatherKernel(const __grid_constant__
   const uint32_t chunk = blockIdx.x % a.chunks_per_item;
   if (item >= a.n) return;
   const GatherItem it = a.items[item];
+  const uint32_t bytes = it.span.bytes;
   const uint64_t begin = uint64_t{chunk} * kChunk;
-  if (begin >= it.bytes) return;
-  const uint64_t end = begin + kChunk < it.bytes ? begin + kChunk : it.bytes;
+  if (begin >= bytes) return;
+  const uint64_t end = begin + kChunk < bytes ? begin + kChunk : bytes;
   const uint8_t* src = it.src;
-  uint8_t* dst = a.dst_base + uint64_t{it.dst_slot} * a.stride;
+  uint8_t* dst = a.dst_base + it.span.dst_off;
+  // Byte off of the block lands at dst + (off / page) * pitch + off % page: a 16-byte
+  // chunk never straddles two pages (pages are multiples of 16).
+  auto at = [&](uint64_t off) -> uint8_t* {
+    const uint32_t l = static_cast<uint32_t>(off) / it.span.page;
+    return dst + uint64_t{l} * it.span.pitch + (off - uint64_t{l} * it.span.page);
+  };
   const uint64_t vec_end = begin + ((end - begin) & ~uint64_t{15});
   uint4 v[kUnroll];
 #pragma unroll
@@ -37,9 +44,9 @@ __global__ void __launch_bounds__(kThreads) GatherKernel(const __grid_constant__
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const uint64_t off = begin + (static_cast<uint64_t>(u) * kThreads + threadIdx.x) * 16;
-    if (off < vec_end) *reinterpret_cast<uint4*>(dst + off) = v[u];
+    if (off < vec_end) *reinterpret_cast<uint4*>(at(off)) = v[u];
   }
-  for (uint64_t off = vec_end + threadIdx.x; off < end; off += kThreads) dst[off] = src[off];
+  for (uint64_t off = vec_end + threadIdx.x; off < end; off += kThreads) *at(off) = src[off];
 }
 
 }  // namespace

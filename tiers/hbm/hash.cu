@@ -21,22 +21,31 @@ __global__ void __launch_bounds__(kThreads) HashKernel(const __grid_constant__ H
   const uint32_t chunk = blockIdx.x % a.chunks_per_item;
   if (item >= a.n) return;
   const HashItem it = a.items[item];
-  const uint32_t chunks = it.bytes == 0 ? 1 : (it.bytes + kChunk - 1) / kChunk;
+  const uint32_t bytes = it.span.bytes;
+  const uint32_t chunks = bytes == 0 ? 1 : (bytes + kChunk - 1) / kChunk;
   if (chunk >= chunks) return;  // not counted: the slot waits for `chunks` CTAs
-  const uint8_t* src = a.base + uint64_t{it.slot} * a.stride;
+  const uint8_t* src = a.base + it.span.dst_off;
+  // Byte off of the block-major bytes is at src + (off / page) * pitch + off % page (a
+  // layer-major slot, gather.h): the terms are those of the block-major bytes, so the hash
+  // equals the CPU's of the same block. Lanes never straddle pages (multiples of 16).
+  auto at = [&](uint64_t off) -> const uint8_t* {
+    const uint32_t l = static_cast<uint32_t>(off) / it.span.page;
+    return src + uint64_t{l} * it.span.pitch + (off - uint64_t{l} * it.span.page);
+  };
   const uint64_t lane0 = uint64_t{chunk} * (kChunk / blockhash::kLaneBytes);
   uint64_t acc = 0;
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const uint64_t j = lane0 + static_cast<uint64_t>(u) * kThreads + threadIdx.x;
     const uint64_t off = j * blockhash::kLaneBytes;
-    if (off + blockhash::kLaneBytes <= it.bytes) {
-      const uint4 v = *reinterpret_cast<const uint4*>(src + off);
+    if (off + blockhash::kLaneBytes <= bytes) {
+      const uint4 v = *reinterpret_cast<const uint4*>(at(off));
       const uint64_t lo = (uint64_t{v.y} << 32) | v.x, hi = (uint64_t{v.w} << 32) | v.z;
       acc += blockhash::Term(lo, hi, j, a.seed);
-    } else if (off < it.bytes) {  // the last, partial lane: zero-padded
+    } else if (off < bytes) {  // the last, partial lane: zero-padded
       uint64_t w[2] = {0, 0};
-      for (uint64_t k = off; k < it.bytes; ++k) w[(k - off) / 8] |= uint64_t{src[k]} << (8 * ((k - off) % 8));
+      const uint8_t* p = at(off);
+      for (uint64_t k = off; k < bytes; ++k) w[(k - off) / 8] |= uint64_t{p[k - off]} << (8 * ((k - off) % 8));
       acc += blockhash::Term(w[0], w[1], j, a.seed);
     }
   }
@@ -52,7 +61,7 @@ __global__ void __launch_bounds__(kThreads) HashKernel(const __grid_constant__ H
   if (atomicAdd(&a.counts[it.slot], 1u) + 1 == chunks) {
     const uint64_t sum = atomicExch(&a.sums[it.slot], 0ull);
     atomicExch(&a.counts[it.slot], 0u);
-    a.out[it.slot] = blockhash::Finish(sum, it.bytes, a.seed);
+    a.out[it.slot] = blockhash::Finish(sum, bytes, a.seed);
     __threadfence_system();
   }
 }

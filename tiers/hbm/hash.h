@@ -7,20 +7,22 @@
 
 #include <cuda_runtime_api.h>
 
+#include "tiers/hbm/gather.h"
+
 namespace kvtier::tiers::detail {
 
 struct HashItem {
-  uint32_t slot;   // HBM slot
-  uint32_t bytes;  // bytes of the block in it (<= slot_bytes)
+  uint32_t slot;  // HBM slot (indexes the scratch and the output)
+  uint32_t pad;
+  SlotSpan span;  // where its bytes lie (gather.h): hashed in block-major order
 };
 
 // Items per launch: the arguments travel as kernel parameters (up to 32 KB since CUDA
 // 12.1 on Volta and later), like GatherArgs.
-inline constexpr uint32_t kMaxHashItems = 2048;
+inline constexpr uint32_t kMaxHashItems = 960;
 
 struct HashArgs {
-  const uint8_t* base = nullptr;        // HBM slot 0
-  uint64_t stride = 0;                  // slot s at base + s * stride (the pool's granule)
+  const uint8_t* base = nullptr;        // the arena's base
   uint64_t seed = 0;                    // block_hash.h
   unsigned long long* sums = nullptr;   // [slot ids] device scratch: 0 before and after a launch
   unsigned int* counts = nullptr;       // [slot ids] device scratch: 0 before and after a launch

@@ -54,6 +54,36 @@ Status HbmPoolOptions::Validate() const {
   return Status::Ok();
 }
 
+StatusOr<int> HbmPool::AddClass(uint64_t bytes, uint64_t page_bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto c = alloc_.AddClass(bytes, page_bytes);
+  if (c.ok()) num_classes_.store(static_cast<int>(alloc_.num_classes()), std::memory_order_release);
+  return c;
+}
+
+StatusOr<HbmPool::SlotSpan> HbmPool::SpanOf(uint32_t slot, uint64_t bytes) const {
+  if (!InArena(slot, bytes)) return Status::Invalid("hbm copy: slot or size out of range");
+  SlotSpan sp;
+  sp.off = slot_offset(slot);
+  std::lock_guard<std::mutex> l(mu_);
+  const int cls = alloc_.SlabClass(alloc_.SlabOf(slot));
+  if (cls < 0 || alloc_.page_bytes(cls) == 0) return sp;
+  const uint64_t page = alloc_.page_bytes(cls), size = alloc_.class_bytes(cls);
+  const uint64_t in = sp.off % slab_bytes(), j = in / size;
+  const uint64_t pitch = uint64_t{alloc_.slots_per_slab(cls)} * page;
+  const uint64_t pages = (bytes + page - 1) / page;
+  // The slot's last page must end inside its slab: (pages - 1) * pitch + (j + 1) * page.
+  if (in % size != 0 || bytes > size || j >= alloc_.slots_per_slab(cls) ||
+      (pages > 0 && (pages - 1) * pitch + (j + 1) * page > slab_bytes())) {
+    return Status::Invalid("hbm copy: slot " + std::to_string(slot) + " is no slot of its layer-major slab, or " +
+                           std::to_string(bytes) + " bytes pass it");
+  }
+  sp.off = sp.off - in + j * page;
+  sp.pitch = pitch;
+  sp.page = page;
+  return sp;
+}
+
 std::optional<uint32_t> HbmPool::Alloc(int cls) {
   std::lock_guard<std::mutex> l(mu_);
   return alloc_.Alloc(cls);
@@ -183,7 +213,52 @@ Status CopyThenDone(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind k
   }
   return Status::Ok();
 }
+
+detail::SlotSpan KernelSpan(const HbmPool::SlotSpan& sp, uint64_t bytes) {
+  detail::SlotSpan k;
+  k.dst_off = sp.off;
+  k.pitch = sp.pitch;
+  k.page = sp.page == 0 ? UINT32_MAX : static_cast<uint32_t>(sp.page);
+  k.bytes = static_cast<uint32_t>(bytes);
+  return k;
+}
+
 }  // namespace
+
+Status HbmPool::CopySpan(const SlotSpan& sp, void* host, uint64_t bytes, bool to_device, void* stream) const {
+  auto s = static_cast<cudaStream_t>(stream);
+  uint8_t* dev = base_ + sp.off;
+  const cudaMemcpyKind kind = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  const char* what = to_device ? "cudaMemcpyAsync H2D" : "cudaMemcpyAsync D2H";
+  if (sp.page == 0) {
+    return CudaErr(to_device ? cudaMemcpyAsync(dev, host, bytes, kind, s) : cudaMemcpyAsync(host, dev, bytes, kind, s),
+                   what);
+  }
+  const uint64_t full = bytes / sp.page, rest = bytes % sp.page;
+  auto* h = static_cast<uint8_t*>(host);
+  if (full > 0 && static_cast<int64_t>(sp.pitch) <= max_pitch_) {
+    // One 2D copy: a row per page, the host's rows back to back, the slab's a layer apart.
+    const cudaError_t e = to_device ? cudaMemcpy2DAsync(dev, sp.pitch, h, sp.page, sp.page, full, kind, s)
+                                    : cudaMemcpy2DAsync(h, sp.page, dev, sp.pitch, sp.page, full, kind, s);
+    KVTIER_RETURN_IF_ERROR(CudaErr(e, to_device ? "cudaMemcpy2DAsync H2D" : "cudaMemcpy2DAsync D2H"));
+  } else {
+    // A layer stride past the copy engines' pitch limit (one slab of a huge arena): a copy
+    // per page.
+    for (uint64_t l = 0; l < full; ++l) {
+      uint8_t* d = dev + l * sp.pitch;
+      uint8_t* x = h + l * sp.page;
+      KVTIER_RETURN_IF_ERROR(CudaErr(
+          to_device ? cudaMemcpyAsync(d, x, sp.page, kind, s) : cudaMemcpyAsync(x, d, sp.page, kind, s), what));
+    }
+  }
+  if (rest > 0) {
+    uint8_t* d = dev + full * sp.pitch;
+    uint8_t* x = h + full * sp.page;
+    KVTIER_RETURN_IF_ERROR(
+        CudaErr(to_device ? cudaMemcpyAsync(d, x, rest, kind, s) : cudaMemcpyAsync(x, d, rest, kind, s), what));
+  }
+  return Status::Ok();
+}
 
 StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
   KVTIER_RETURN_IF_ERROR(opts.Validate());
@@ -202,8 +277,12 @@ StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
                                     : SlabAllocator::Make("hbm tier", opts.arena_bytes, opts.slab_bytes, opts.classes);
   if (!alloc.ok()) return alloc.status();
   p->alloc_ = std::move(*alloc);
+  p->num_classes_.store(static_cast<int>(p->alloc_.num_classes()));
   const uint32_t ids = p->alloc_.id_space();
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaSetDevice(opts.device), "cudaSetDevice"));
+  int max_pitch = 0;
+  if (cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, opts.device) != cudaSuccess) cudaGetLastError();
+  p->max_pitch_ = max_pitch;
   void* m = nullptr;
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaMalloc(&m, p->arena_bytes()), "cudaMalloc HBM arena"));
   p->base_ = static_cast<uint8_t*>(m);
@@ -317,8 +396,12 @@ HbmPool::~HbmPool() {
 
 Status HbmPool::QueueHashLocked(const std::vector<HashItem>& items, void* after_stream) {
   if (items.empty()) return Status::Ok();
+  std::vector<detail::SlotSpan> spans;
+  spans.reserve(items.size());
   for (const auto& it : items) {
-    if (!InArena(it.slot, it.bytes)) return Status::Invalid("hbm hash: slot or size out of range");
+    auto sp = SpanOf(it.slot, it.bytes);
+    if (!sp.ok() || it.bytes > UINT32_MAX) return Status::Invalid("hbm hash: slot or size out of range");
+    spans.push_back(KernelSpan(*sp, it.bytes));
   }
   auto hs = static_cast<cudaStream_t>(hash_stream_);
   if (after_stream != nullptr) {  // after the copies queued on that stream so far
@@ -328,7 +411,6 @@ Status HbmPool::QueueHashLocked(const std::vector<HashItem>& items, void* after_
   }
   auto args = std::make_unique<detail::HashArgs>();
   args->base = base_;
-  args->stride = granule();
   args->seed = hash_seed_;
   args->sums = hash_sums_;
   args->counts = hash_counts_;
@@ -338,7 +420,7 @@ Status HbmPool::QueueHashLocked(const std::vector<HashItem>& items, void* after_
     const size_t n = std::min<size_t>(items.size() - i, detail::kMaxHashItems);
     uint64_t max_bytes = 0;
     for (size_t j = 0; j < n; ++j) {
-      args->items[j] = {items[i + j].slot, static_cast<uint32_t>(items[i + j].bytes)};
+      args->items[j] = {items[i + j].slot, 0, spans[i + j]};
       max_bytes = std::max<uint64_t>(max_bytes, items[i + j].bytes);
     }
     args->n = static_cast<uint32_t>(n);
@@ -372,10 +454,11 @@ Status HbmPool::IpcHandle(uint8_t out[64]) const {
 }
 
 Status HbmPool::CopyToDevice(uint32_t slot, const void* src, uint64_t bytes, CopyDone done) {
-  if (!InArena(slot, bytes)) return Status::Invalid("hbm copy: slot or size out of range");
+  auto sp = SpanOf(slot, bytes);
+  if (!sp.ok()) return sp.status();
   cudaSetDevice(opts_.device);
   auto s = static_cast<cudaStream_t>(h2d_);
-  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(slot_ptr(slot), src, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync H2D"));
+  KVTIER_RETURN_IF_ERROR(CopySpan(*sp, const_cast<void*>(src), bytes, true, s));
   {
     std::lock_guard<std::mutex> l(hash_mu_);
     KVTIER_RETURN_IF_ERROR(QueueHashLocked({{slot, bytes}}, h2d_));
@@ -384,27 +467,47 @@ Status HbmPool::CopyToDevice(uint32_t slot, const void* src, uint64_t bytes, Cop
 }
 
 Status HbmPool::CopyToHost(uint32_t slot, void* dst, uint64_t bytes, CopyDone done) {
-  if (!InArena(slot, bytes)) return Status::Invalid("hbm copy: slot or size out of range");
+  auto sp = SpanOf(slot, bytes);
+  if (!sp.ok()) return sp.status();
   cudaSetDevice(opts_.device);
   KVTIER_RETURN_IF_ERROR(WaitHashes(d2h_));
-  return CopyThenDone(dst, slot_ptr(slot), bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(d2h_),
+  KVTIER_RETURN_IF_ERROR(CopySpan(*sp, dst, bytes, false, d2h_));
+  return CopyThenDone(nullptr, nullptr, 0, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(d2h_),
                       std::move(done), "cudaMemcpyAsync D2H");
 }
 
 Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, CopyDone done) {
   const auto t0 = std::chrono::steady_clock::now();
-  for (const auto& it : items) {
-    if (!InArena(it.slot, it.bytes)) {
-      return Status::Invalid("hbm copy: slot or size out of range");
+  // Where each item's bytes lie: contiguous, or page after page in a layer-major slab.
+  std::vector<SlotSpan> spans;
+  spans.reserve(items.size());
+  std::vector<CopyItem> flat;  // the contiguous ones (coalesced below)
+  std::vector<size_t> paged;   // indexes of the layer-major ones
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& it = items[i];
+    auto sp = SpanOf(it.slot, it.bytes);
+    if (!sp.ok() || it.bytes > UINT32_MAX) return Status::Invalid("hbm copy: slot or size out of range");
+    spans.push_back(*sp);
+    if (sp->page == 0) {
+      flat.push_back(it);
+    } else {
+      paged.push_back(i);
     }
   }
   cudaSetDevice(opts_.device);
   auto s = static_cast<cudaStream_t>(to_device ? h2d_ : d2h_);
-  const char* what = to_device ? "cudaMemcpyAsync H2D" : "cudaMemcpyAsync D2H";
   bool queued = false;
   // The copy-engine paths move coalesced runs (CoalesceCopies): neighbouring slots whose
-  // host buffers are neighbours too go as one copy.
-  std::vector<CopyRun> runs = CoalesceCopies(items, granule(), host_breaks_);
+  // host buffers are neighbours too go as one copy. A layer-major slot is a run of its own
+  // (one cudaMemcpy2DAsync), after the contiguous runs; run_span[k] says where run k lies.
+  std::vector<CopyRun> runs = CoalesceCopies(flat, granule(), host_breaks_);
+  std::vector<SlotSpan> run_span(runs.size());
+  for (size_t k = 0; k < runs.size(); ++k) run_span[k].off = slot_offset(runs[k].slot);
+  const size_t flat_runs = runs.size();
+  for (size_t i : paged) {
+    runs.push_back({items[i].slot, items[i].host, items[i].bytes});
+    run_span.push_back(spans[i]);
+  }
   uint64_t total = 0;
   for (const auto& r : runs) total += r.bytes;
   const bool short_runs = !runs.empty() && total / runs.size() < (uint64_t{1} << 20);
@@ -413,7 +516,6 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
     // SM loads straight from the (mapped) host slots: no per-block DMA setup.
     auto args = std::make_unique<detail::GatherArgs>();
     args->dst_base = base_;
-    args->stride = granule();
     const uint32_t chunk = detail::GatherChunkBytes();
     cudaError_t e = cudaSuccess;
     for (size_t i = 0; i < items.size() && e == cudaSuccess; i += detail::kMaxGatherItems) {
@@ -421,7 +523,7 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
       uint64_t max_bytes = 0;
       for (size_t j = 0; j < n; ++j) {
         const auto& it = items[i + j];
-        args->items[j] = {static_cast<const uint8_t*>(it.host), it.slot, static_cast<uint32_t>(it.bytes)};
+        args->items[j] = {static_cast<const uint8_t*>(it.host), KernelSpan(spans[i + j], it.bytes)};
         max_bytes = std::max<uint64_t>(max_bytes, it.bytes);
       }
       args->n = static_cast<uint32_t>(n);
@@ -441,7 +543,10 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
       return CudaErr(e, "hbm gather kernel");
     }
   }
-  if (queued) runs.clear();
+  if (queued) {
+    runs.clear();
+    run_span.clear();
+  }
   // The copy engines: runs [b, e) on stream `cs`, as one cudaMemcpyBatchAsync or a loop of
   // cudaMemcpyAsync. A few long runs: the loop keeps the engines busiest (H200, 1.4 MiB
   // blocks: 0.895 of one cudaMemcpy against 0.87 for the batch call); many: one call (the
@@ -451,7 +556,8 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
   auto issue_runs = [&](cudaStream_t cs, size_t b, size_t e) -> Status {
     const size_t n = e - b;
     if (!to_device) KVTIER_RETURN_IF_ERROR(WaitHashes(cs));  // SlotHash ready in the completion
-    const bool use_batch = !loop_only_.load(std::memory_order_relaxed) &&
+    // cudaMemcpyBatchAsync moves contiguous runs only.
+    const bool use_batch = !loop_only_.load(std::memory_order_relaxed) && e <= flat_runs &&
                            (n > 64 || batch_always_.load(std::memory_order_relaxed));
     if (n > 1 && use_batch && batch_api_.load(std::memory_order_relaxed)) {
       std::vector<void*> dst(n);
@@ -474,13 +580,9 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
       cudaGetLastError();
       batch_api_.store(false, std::memory_order_relaxed);
     }
-    method = "cudaMemcpyAsync loop";
+    method = e > flat_runs ? "cudaMemcpyAsync / cudaMemcpy2DAsync loop" : "cudaMemcpyAsync loop";
     for (size_t i = b; i < e; ++i) {
-      const auto& it = runs[i];
-      const cudaError_t ce = to_device
-          ? cudaMemcpyAsync(slot_ptr(it.slot), it.host, it.bytes, cudaMemcpyHostToDevice, cs)
-          : cudaMemcpyAsync(it.host, slot_ptr(it.slot), it.bytes, cudaMemcpyDeviceToHost, cs);
-      if (ce != cudaSuccess) return CudaErr(ce, what);
+      KVTIER_RETURN_IF_ERROR(CopySpan(run_span[i], runs[i].host, runs[i].bytes, to_device, cs));
     }
     return Status::Ok();
   };
@@ -558,19 +660,21 @@ Status HbmPool::CopyBatch(const std::vector<CopyItem>& items, bool to_device, Co
 }
 
 Status HbmPool::CopyToHostSync(uint32_t slot, void* dst, uint64_t bytes) {
-  if (!InArena(slot, bytes)) return Status::Invalid("hbm copy: slot or size out of range");
+  auto sp = SpanOf(slot, bytes);
+  if (!sp.ok()) return sp.status();
   cudaSetDevice(opts_.device);
   auto s = static_cast<cudaStream_t>(d2h_);
   KVTIER_RETURN_IF_ERROR(WaitHashes(d2h_));
-  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(dst, slot_ptr(slot), bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync D2H"));
+  KVTIER_RETURN_IF_ERROR(CopySpan(*sp, dst, bytes, false, s));
   return CudaErr(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 
 Status HbmPool::CopyToDeviceSync(uint32_t slot, const void* src, uint64_t bytes) {
-  if (!InArena(slot, bytes)) return Status::Invalid("hbm copy: slot or size out of range");
+  auto sp = SpanOf(slot, bytes);
+  if (!sp.ok()) return sp.status();
   cudaSetDevice(opts_.device);
   auto s = static_cast<cudaStream_t>(h2d_);
-  KVTIER_RETURN_IF_ERROR(CudaErr(cudaMemcpyAsync(slot_ptr(slot), src, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync H2D"));
+  KVTIER_RETURN_IF_ERROR(CopySpan(*sp, const_cast<void*>(src), bytes, true, s));
   KVTIER_RETURN_IF_ERROR(CudaErr(cudaStreamSynchronize(s), "cudaStreamSynchronize"));
   std::lock_guard<std::mutex> l(hash_mu_);
   return QueueHashLocked({{slot, bytes}}, nullptr);

@@ -85,7 +85,7 @@ class HbmPool {
   uint32_t id_space() const { return alloc_.id_space(); }
   uint64_t slab_bytes() const { return alloc_.slab_bytes(); }
   uint32_t num_slabs() const { return alloc_.num_slabs(); }
-  int num_classes() const { return static_cast<int>(alloc_.num_classes()); }
+  int num_classes() const { return num_classes_.load(std::memory_order_acquire); }
   uint64_t class_bytes(int cls) const { return alloc_.class_bytes(cls); }
   uint32_t slots_per_slab(int cls) const { return alloc_.slots_per_slab(cls); }
   int ClassFor(uint64_t bytes) const { return alloc_.ClassFor(bytes); }
@@ -100,6 +100,25 @@ class HbmPool {
   bool InArena(uint32_t slot, uint64_t bytes) const {
     return slot < id_space() && bytes <= arena_bytes() - slot_offset(slot);
   }
+
+  // ---- Layer-major classes (docs/tiers.md "Layer-major HBM").
+  // The class of slots of `bytes` (one of the arena's sizes) whose slabs store pages of
+  // `page_bytes` layer after layer: page l of slot j of a slab at
+  //   slab start + l * slots_per_slab * page_bytes + j * page_bytes
+  // (SlabAllocator::AddClass: an existing one or a new one; Invalid past
+  // kMaxArenaClasses). Every copy in or out of such a slot, and its hash, moves between
+  // the block-major bytes of the host (page after page) and these pages.
+  StatusOr<int> AddClass(uint64_t bytes, uint64_t page_bytes);
+  uint64_t page_bytes(int cls) const { return alloc_.page_bytes(cls); }
+  // Where slot `slot`'s `bytes` lie: at `off` from base() contiguous (page == 0), or page
+  // after page (byte k at off + (k / page) * pitch + k % page). Invalid when they would
+  // pass the arena's end or the slot's slab.
+  struct SlotSpan {
+    uint64_t off = 0;
+    uint64_t pitch = 0;
+    uint64_t page = 0;
+  };
+  StatusOr<SlotSpan> SpanOf(uint32_t slot, uint64_t bytes) const;
 
   // 64-byte cudaIpcMemHandle_t of the arena.
   Status IpcHandle(uint8_t out[64]) const;
@@ -205,6 +224,11 @@ class HbmPool {
   mutable std::mutex mu_;  // guards alloc_'s state (its geometry is fixed at Create)
   std::vector<uintptr_t> host_breaks_;  // SetHostBreaks, sorted
   SlabAllocator alloc_;
+  std::atomic<int> num_classes_{0};  // alloc_.num_classes(), read without mu_
+  int64_t max_pitch_ = 0;             // cudaDevAttrMaxPitch: a 2D copy's pitch at most
+  // The copy of `bytes` between host memory and the span, on stream `s` (a cudaStream_t):
+  // one cudaMemcpyAsync (contiguous) or one cudaMemcpy2DAsync per block (a page per row).
+  Status CopySpan(const SlotSpan& sp, void* host, uint64_t bytes, bool to_device, void* s) const;
   // HbmPoolOptions::copy, as the copy paths test it.
   std::atomic<bool> gather_kernel_{true};   // the kernel may be used (host pointers usable)
   std::atomic<bool> gather_always_{false};  // HbmCopy::kKernel

@@ -6,7 +6,11 @@
 // quantize_append (both scale rules). Bandwidths count the bytes a kernel must move (KV
 // pages read; for quantize, activations read plus pages written). Each configuration
 // rotates over enough distinct slots that its data is several times the L2, and block
-// tables are random permutations (pages scattered as in a real pool). Median of --iters.
+// tables are random permutations (pages scattered as in a real pool). Each decode is also
+// run on a daemon-shaped HBM arena (the block's L layers per slot, L up to 32, random slot
+// ids over the arena, one layer decoded) in both layouts: block-major (one layer's pages a
+// block apart) and layer-major (kvtierd's: 64 MiB slabs whose slots store layer after
+// layer), with the time against the one-layer pool's. Median of --iters.
 // torch SDPA's baseline is measured by tools/gpu/decode_baseline.py (needs torch).
 // Each timing also reports the mean SM clock over its launches (NVML, when the driver has
 // it) and how often the board's power cap throttled it; --sustain-ms N first runs each
@@ -98,9 +102,9 @@ struct Row {
 };
 
 int RunDecodeBench(const std::vector<std::string>& argv) {
-  auto args = cli::Args::Parse(argv, {"quick"});
+  auto args = cli::Args::Parse(argv, {"quick", "no-arena"});
   if (!args.ok()) return cli::Fail(args.status().message(), 2);
-  if (Status s = args->CheckKnown({"quick", "iters", "json", "results", "formats", "shapes", "block-tokens", "splits", "sustain-ms", "kernels"});
+  if (Status s = args->CheckKnown({"quick", "no-arena", "iters", "json", "results", "formats", "shapes", "block-tokens", "splits", "sustain-ms", "kernels"});
       !s.ok()) {
     return cli::Fail(s.message(), 2);
   }
@@ -115,6 +119,9 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
   const bool run_decode = list_has(kernel_list, "decode"), run_quantize = list_has(kernel_list, "quantize");
   if (!run_decode && !run_quantize) return cli::Fail("--kernels wants decode, quantize or both", 2);
   const bool quick = args->Has("quick");
+  const bool arena = !args->Has("no-arena");
+  constexpr size_t kArenaCap = size_t{64} << 30;       // bytes of a daemon-shaped arena at most
+  constexpr size_t kDefaultSlab = size_t{64} << 20;    // kvtierd's default slab
   auto iters_or = args->GetInt("iters", quick ? 5 : 30);
   if (!iters_or.ok()) return cli::Fail(iters_or.status().message(), 2);
   const int iters = static_cast<int>(*iters_or);
@@ -316,12 +323,86 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
           rows.push_back({"  pure read of the same bytes (one contiguous run)", sh.B, sh.L, T, pus, pgbps,
                           pgbps / roof, last_clock});
         }
+        cudaFree(pool);
+        pool = nullptr;
+        // The same decode on a daemon-shaped HBM arena: the model's L layers per block, the
+        // blocks at random slot ids over the whole arena, decoding one layer (the middle
+        // one), block-major (a slot's L pages side by side, one layer's pages a block apart)
+        // and layer-major (64 MiB slabs of N slots, one layer's pages of a slab dense;
+        // kvt_pool.slab_bytes). Up to 32 layers, as many as fit kArenaCap.
+        if (arena) {
+          const size_t layer_bytes = blocks * page;
+          const uint32_t L = static_cast<uint32_t>(std::min<size_t>(32, kArenaCap / layer_bytes));
+          if (L >= 2) {
+            const size_t cls = (L * page + 4095) / 4096 * 4096;  // a slot of the block, 4 KiB multiple
+            const size_t slab = kDefaultSlab;
+            const size_t per_slab = slab / cls;
+            for (int major = 0; major < 2 && per_slab > 0; ++major) {
+              // Block-major: one slot per block; layer-major: whole slabs, the slot-id
+              // stride the daemon's granule (gcd of the slab and the class).
+              const size_t nslabs = (blocks + per_slab - 1) / per_slab;
+              const size_t arena_bytes = major == 0 ? blocks * cls : nslabs * slab;
+              const size_t stride = major == 0 ? cls : std::gcd(slab, cls);
+              kvt_pool pa = pd;
+              pa.num_layers = L;
+              pa.slot_bytes = stride;
+              pa.num_slots = arena_bytes / stride;
+              if (major == 1) {
+                pa.slab_bytes = slab;
+                pa.class_bytes = cls;
+              }
+              pa.base = reinterpret_cast<void*>(uintptr_t{256});  // checked before the arena is taken
+              if (kvt_check_pool(&pa) != KVT_OK) return cli::Fail(std::string("decode (arena): ") + kvt_last_error());
+              uint8_t* ar = nullptr;
+              if (cudaMalloc(reinterpret_cast<void**>(&ar), arena_bytes) != cudaSuccess) {
+                cudaGetLastError();
+                std::fprintf(stderr, "decode: an arena of %zu MiB does not fit the GPU: not measured\n",
+                             arena_bytes >> 20);
+                continue;
+              }
+              // Every page-sized piece of the arena holds a valid page: a pattern of 64 pages,
+              // then doubling device copies.
+              const std::vector<uint8_t> pp = PatternSlots(f, g, page, 64, rng);
+              const size_t pbytes = std::min(pp.size(), arena_bytes / page * page);
+              BENCH_CUDA(cudaMemcpy(ar, pp.data(), pbytes, cudaMemcpyHostToDevice));
+              for (size_t done = pbytes; done < arena_bytes;) {
+                const size_t n = std::min(done, arena_bytes - done) / page * page;
+                if (n == 0) break;
+                BENCH_CUDA(cudaMemcpy(ar + done, ar, n, cudaMemcpyDeviceToDevice));
+                done += n;
+              }
+              // Slot ids: the arena's slots in random order.
+              std::vector<int32_t> ids;
+              if (major == 0) {
+                for (size_t k = 0; k < blocks; ++k) ids.push_back(static_cast<int32_t>(k));
+              } else {
+                for (size_t k = 0; k < nslabs * per_slab; ++k) {
+                  ids.push_back(static_cast<int32_t>((k / per_slab * slab + k % per_slab * cls) / stride));
+                }
+              }
+              std::shuffle(ids.begin(), ids.end(), rng);
+              ids.resize(blocks);
+              BENCH_CUDA(cudaMemcpy(dbt, ids.data(), blocks * 4, cudaMemcpyHostToDevice));
+              pa.base = ar;
+              kvt_decode_params pl = p;
+              pl.layer = L / 2;
+              pl.block_table = dbt;
+              const double aus = time_it([&](int) { drc |= kvt_decode(&pa, &pl, nullptr); });
+              if (drc != KVT_OK) return cli::Fail(std::string("decode (arena): ") + kvt_last_error());
+              const double agbps = static_cast<double>(iter_bytes) / aus / 1e3;
+              rows.push_back({Fmt("  on a %u-layer arena of %zu MiB, %s: %.2fx the one-layer pool's time", L,
+                                  arena_bytes >> 20,
+                                  major == 0 ? "block-major" : "layer-major 64 MiB slabs", aus / us),
+                              sh.B, sh.L, T, aus, agbps, agbps / roof, last_clock});
+              cudaFree(ar);
+            }
+          }
+        }
         cudaFree(dws);
         cudaFree(dbt);
         cudaFree(dlen);
         cudaFree(dq);
         cudaFree(dout);
-        cudaFree(pool);
       }
       if (t_fmt[0] > 0 && t_fmt[1] > 0 && t_fmt[2] > 0) {
         rows.push_back({"  nvfp4/fp8 time, nvfp4/bf16 time", sh.B, sh.L, T, 0, t_fmt[0] / t_fmt[1],
@@ -447,9 +528,11 @@ int RunDecodeBench(const std::vector<std::string>&) {
 
 const cli::CommandRegistrar kReg(
     "decode", "GPU decode (bf16/fp8/nvfp4 pages) and quantize_append vs pure-read bandwidth", RunDecodeBench,
-    "[--quick] [--iters N] [--formats F,...] [--shapes BxL,...] [--block-tokens T,...] [--splits N] "
+    "[--quick] [--no-arena] [--iters N] [--formats F,...] [--shapes BxL,...] [--block-tokens T,...] [--splits N] "
     "[--sustain-ms N] [--kernels K,...] [--json FILE] [--results FILE]\n"
     "  --quick          two small shapes, 5 launches per timing\n"
+    "  --no-arena       skip the decode on daemon-shaped arenas (up to 32 layers per block at random\n"
+    "                   slot ids, block-major and layer-major), measured by default after each pool\n"
     "  --iters N        back-to-back launches per timing; the median of 5 means is reported (default 30)\n"
     "  --formats F,...  of bf16, fp8, nvfp4 (default all three)\n"
     "  --shapes BxL,... batch x context, L a multiple of 64 (default 1x32768,1x131072,16x65536,64x8192)\n"

@@ -289,12 +289,16 @@ int Run(const std::vector<std::string>& argv) {
     if (cudaMallocHost(&pinned, total) != cudaSuccess || cudaMalloc(&dev, total) != cudaSuccess) {
       return cli::Fail("bench tiers: cudaMallocHost/cudaMalloc failed");
     }
-    std::vector<double> one;
+    std::vector<double> one, one_d2h;
     for (int r = 0; r < reps + 1; ++r) {
       auto a = Clock::now();
       cudaMemcpy(dev, pinned, total, cudaMemcpyHostToDevice);
       one.push_back(Secs(a));
+      a = Clock::now();
+      cudaMemcpy(pinned, dev, total, cudaMemcpyDeviceToHost);
+      one_d2h.push_back(Secs(a));
     }
+    const double base_d2h = gb / Median(one_d2h);
     cudaFree(dev);
     cudaFreeHost(pinned);
     const double base_h2d = gb / Median(one);
@@ -320,7 +324,7 @@ int Run(const std::vector<std::string>& argv) {
     // kernel does not coalesce), HbmPool::CopyBatch of the same bytes from a registered host
     // arena: blocks in neighbouring slots (coalesced into one copy) and in every other
     // slot (nothing coalesces: one cudaMemcpyAsync per block).
-    std::vector<double> cb_run, cb_apart, cb_conf;
+    std::vector<double> cb_run, cb_apart, cb_conf, cb_d2h, lm_h2d, lm_d2h, lm_kernel;
     {
       HostPoolOptions hpo;
       hpo.slot_bytes = slot;
@@ -352,6 +356,63 @@ int Run(const std::vector<std::string>& argv) {
           return cli::Fail("bench tiers: CopyBatch: " + st.ToString());
         }
       }
+      // Layer-major slots (the layout the decode reads dense, HbmPool::AddClass): 64 MiB
+      // slabs of the block's slot, its pages of one layer side by side; every copy a
+      // scatter (host -> HBM) or gather (HBM -> host) of the block's pages, in both
+      // directions, by the copy engines (one cudaMemcpy2DAsync per block) and, host ->
+      // HBM, by the gather kernel.
+      (*dp).reset();
+      const uint64_t lm_slab = uint64_t{64} << 20;
+      const uint64_t page = PageBytes(c.format, c.geometry);
+      if (slot <= lm_slab && page % 16 == 0) {
+        const uint64_t per_slab = lm_slab / slot;
+        for (HbmCopy m : {HbmCopy::kLoop, HbmCopy::kKernel}) {
+          HbmPoolOptions lo;
+          lo.classes = {slot};
+          lo.slab_bytes = lm_slab;
+          lo.arena_bytes = (nblocks + per_slab - 1) / per_slab * lm_slab;
+          lo.copy = m;
+          lo.streams = hbm_streams;
+          auto lp = HbmPool::Create(lo);
+          if (!lp.ok()) return cli::Fail("bench tiers: layer-major pool: " + lp.status().ToString());
+          auto cls = (*lp)->AddClass(slot, page);
+          if (!cls.ok()) return cli::Fail("bench tiers: layer-major class: " + cls.status().ToString());
+          std::vector<HbmPool::CopyItem> items;
+          for (uint32_t i = 0; i < nblocks; ++i) {
+            auto sl = (*lp)->Alloc(*cls);
+            if (!sl) return cli::Fail("bench tiers: layer-major pool full");
+            items.push_back({*sl, (*hp)->slot_ptr(i), block});
+          }
+          for (bool to_device : {true, false}) {
+            if (m == HbmCopy::kKernel && !to_device) continue;  // the kernel moves host -> HBM only
+            std::vector<double>& out = m == HbmCopy::kKernel ? lm_kernel : (to_device ? lm_h2d : lm_d2h);
+            for (int r = 0; r < reps + 1; ++r) {
+              std::promise<Status> done;
+              auto a = Clock::now();
+              Status st = (*lp)->CopyBatch(items, to_device, [&](Status x) { done.set_value(x); });
+              if (st.ok()) st = done.get_future().get();
+              if (!st.ok()) return cli::Fail("bench tiers: layer-major CopyBatch: " + st.ToString());
+              if (r > 0) out.push_back(Secs(a));
+            }
+          }
+        }
+      }
+      // The contiguous D2H of the same blocks (neighbouring block-major slots, coalesced).
+      {
+        auto bp = HbmPool::Create(dpo);
+        if (!bp.ok()) return cli::Fail("bench tiers: pool for the D2H row failed");
+        std::vector<HbmPool::CopyItem> items;
+        for (uint32_t i = 0; i < nblocks; ++i) items.push_back({i, (*hp)->slot_ptr(i), block});
+        for (int r = 0; r < reps + 1; ++r) {
+          std::promise<Status> done;
+          auto a = Clock::now();
+          Status st = (*bp)->CopyBatch(items, false, [&](Status x) { done.set_value(x); });
+          if (st.ok()) st = done.get_future().get();
+          if (!st.ok()) return cli::Fail("bench tiers: D2H CopyBatch: " + st.ToString());
+          if (r > 0) cb_d2h.push_back(Secs(a));
+        }
+      }
+
       // The same scattered blocks through a pool made as the daemon makes it (--hbm-copy,
       // --hbm-streams): the copy method alone, without the TierManager around it.
       (*dp).reset();  // one arena at a time
@@ -372,6 +433,19 @@ int Run(const std::vector<std::string>& argv) {
     row(Fmt("HbmPool::CopyBatch as the daemon runs it (--hbm-copy %s --hbm-streams %d), every other slot",
             HbmCopyName(*hbm_copy), hbm_streams),
         gb / Median(cb_conf), gb / Median(cb_conf) / base_h2d, "");
+    row("one cudaMemcpy to pinned memory (D2H baseline)", base_d2h, 1.0, "");
+    row("HbmPool::CopyBatch HBM -> host, neighbouring block-major slots (coalesced: contiguous)", gb / Median(cb_d2h),
+        gb / Median(cb_d2h) / base_d2h, "");
+    if (!lm_h2d.empty()) {
+      row("HbmPool::CopyBatch host -> HBM, layer-major slots (a cudaMemcpy2DAsync per block; ratio to coalesced)",
+          gb / Median(lm_h2d), Median(cb_run) / Median(lm_h2d), ">= 0.90");
+      row("HbmPool::CopyBatch HBM -> host, layer-major slots (a cudaMemcpy2DAsync per block; ratio to coalesced)",
+          gb / Median(lm_d2h), Median(cb_d2h) / Median(lm_d2h), ">= 0.90");
+    }
+    if (!lm_kernel.empty()) {
+      row("HbmPool::CopyBatch host -> HBM, layer-major slots, gather kernel (ratio to coalesced)", gb / Median(lm_kernel),
+          Median(cb_run) / Median(lm_kernel), "");
+    }
     row("TierManager Acquire, host -> HBM (batch)", h2d_gbps, h2d_gbps / base_h2d, ">= 0.90");
     row("TierManager Acquire, NVMe -> host -> HBM (pipelined; ratio to the slower stage)", gb / Median(n2d),
         gb / Median(n2d) / slower, ">= 0.85");

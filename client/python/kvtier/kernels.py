@@ -38,7 +38,9 @@ class KernelError(RuntimeError):
 class Pool(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("slot_bytes", ctypes.c_uint64), ("num_slots", ctypes.c_uint64),
                 ("num_layers", ctypes.c_uint32), ("num_kv_heads", ctypes.c_uint32),
-                ("head_dim", ctypes.c_uint32), ("block_tokens", ctypes.c_uint32), ("format", ctypes.c_uint32)]
+                ("head_dim", ctypes.c_uint32), ("block_tokens", ctypes.c_uint32), ("format", ctypes.c_uint32),
+                # Layer-major slabs (kernels.h): 0, 0 = block-major.
+                ("slab_bytes", ctypes.c_uint64), ("class_bytes", ctypes.c_uint64)]
 
 
 class _QuantizeParams(ctypes.Structure):

@@ -8,7 +8,9 @@ live in the daemon's HBM arena, which the ops take as a uint8 tensor (:func:`are
 the compiler sees the write-before-read order between them.
 
 Geometry is one int list, ``[slot_bytes, num_slots, num_layers, num_kv_heads, head_dim,
-block_tokens, format]`` (:func:`geometry`), the fields of ``kvt_pool`` (kernels.h).
+block_tokens, format, slab_bytes, class_bytes]`` (:func:`geometry`), the fields of ``kvt_pool``
+(kernels.h; the last two 0 for block-major pages, else the layer-major slabs' bytes and the
+contract's slot class).
 
     torch.ops.kvtier.quantize_append(arena, k, v, slot_ids, positions, geom, layer, ks, vs, rule)
     torch.ops.kvtier.decode(arena, q, out, block_table, seq_lens, workspace, geom, layer,
@@ -18,7 +20,8 @@ block_tokens, format]`` (:func:`geometry`), the fields of ``kvt_pool`` (kernels.
 ``quantize_append`` writes the pages of every format with the CUDA kernel: NVFP4
 bit-identical to the CPU codec, FP8 as ``x / scale`` rounded to E4M3 (round to nearest
 even, saturating at +-448), BF16 as the values. The kernel addresses one block at a time
-(slot ``s`` at ``base + s * slot_bytes``, its layers' pages side by side, formats/layout.h),
+(slot ``s`` at ``base + s * slot_bytes``, its layers' pages side by side, formats/layout.h,
+or layer-major in slabs),
 so no view over the arena is ever built and nothing reaches past it, whatever the stride
 (a block may span several granules of an arena of slot classes). Every launcher checks
 its arguments first and raises :class:`kvtier.kernels.KernelError` without launching
@@ -35,7 +38,8 @@ import torch
 
 from . import kernels as K
 
-GEOMETRY_FIELDS = ("slot_bytes", "num_slots", "num_layers", "num_kv_heads", "head_dim", "block_tokens", "format")
+GEOMETRY_FIELDS = ("slot_bytes", "num_slots", "num_layers", "num_kv_heads", "head_dim", "block_tokens", "format",
+                   "slab_bytes", "class_bytes")
 
 
 class _CudaBytes:
@@ -53,7 +57,8 @@ def arena_tensor(base: int, nbytes: int) -> torch.Tensor:
 
 def geometry(pool: K.Pool) -> List[int]:
     return [int(pool.slot_bytes), int(pool.num_slots), int(pool.num_layers), int(pool.num_kv_heads),
-            int(pool.head_dim), int(pool.block_tokens), int(pool.format)]
+            int(pool.head_dim), int(pool.block_tokens), int(pool.format), int(pool.slab_bytes),
+            int(pool.class_bytes)]
 
 
 _pools = {}
@@ -63,7 +68,8 @@ def _pool(arena: torch.Tensor, geom: List[int]) -> K.Pool:
     key = (arena.data_ptr(), *geom)
     p = _pools.get(key)
     if p is None:
-        if len(geom) != len(GEOMETRY_FIELDS):
+        # The first seven fields alone: block-major pages.
+        if len(geom) not in (len(GEOMETRY_FIELDS) - 2, len(GEOMETRY_FIELDS)):
             raise ValueError(f"geometry has {len(geom)} fields, expected {len(GEOMETRY_FIELDS)}: {GEOMETRY_FIELDS}")
         p = K.Pool(arena.data_ptr(), *geom)
         if geom[0] * geom[1] > arena.numel():

@@ -12,7 +12,9 @@
  *     (kvtier.pages), decoding NVFP4 rows to BF16 on the way in.
  *
  * The pool: slot s starts at pool + s * slot_bytes; inside a slot the pages of layers
- * 0..L-1 follow each other (formats/layout.h gives the bytes of a page). Block tables hold
+ * 0..L-1 follow each other (formats/layout.h gives the bytes of a page), unless the pool
+ * is layer-major (kvt_pool.slab_bytes, kvtierd's HBM arena): then one layer's pages of
+ * the slots of a slab lie side by side (kvt_pool says where). Block tables hold
  * slot ids (int32). Every pointer named "device" must be device memory (or managed).
  * slot_bytes is the stride between slot ids: a slot size of at least a block, or, for an
  * arena of slots of several sizes (kvtierd's HBM tier with slot classes), its granule
@@ -82,6 +84,17 @@ typedef struct kvt_pool {
   uint32_t head_dim;     /* D */
   uint32_t block_tokens; /* T */
   uint32_t format;       /* kvt_format */
+  /* Layer-major slabs (appended; 0 = block-major, the layout above). The pool is cut into
+   * slabs of slab_bytes, each holding N = slab_bytes / class_bytes slots of class_bytes
+   * stored layer-major: page l of the slot j of a slab at
+   *   slab start + l * N * P + j * P          (P = the page bytes, formats/layout.h)
+   * and slot id s is slot j = (s * slot_bytes % slab_bytes) / class_bytes of slab
+   * s * slot_bytes / slab_bytes. One layer's pages of the slots of a slab lie dense, so a
+   * decode of one layer over many blocks reads a compact region. Both multiples of
+   * slot_bytes, L * P <= class_bytes <= slab_bytes, slab_bytes / slot_bytes <= 2^31, and
+   * the pool holds a slab. An id in a slab's tail past its N slots is out of range. */
+  uint64_t slab_bytes;
+  uint64_t class_bytes;
 } kvt_pool;
 
 typedef struct kvt_quantize_params {
