@@ -857,7 +857,7 @@ def test_gpu_vllm_cuda_kernel():
     the group's buffer (other layers, blocks, padding) as it was. NVFP4: CUDA bytes equal the
     CPU codec's, CUDA loads equal CPU loads, and the device scale check refuses a bad row."""
     g = torch.Generator().manual_seed(23)
-    L, NB, T, H, D, n = 8, 128, 16, 8, 128, 48
+    L, NB, T, H, D, n = 16, 128, 16, 8, 128, 64
     for order in VLLM_CUDA_ORDERS:
         for dtype, kvn in ((torch.bfloat16, "auto"), (torch.uint8, "fp8")):
             cpu, cpu_raw = vllm_cuda_caches(order, L, NB, T, H, D, dtype, device="cpu", gen=g)
