@@ -819,7 +819,9 @@ class _Window:
             libc.munmap.restype = ctypes.c_int
             libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
             _Window._libc = libc
-        libc = _Window._libc
+        # Held by the instance too: at interpreter exit the module's globals (the class
+        # among them) may be gone before the last window's __del__ runs.
+        libc = self._libc = _Window._libc
         self.base, self.bytes, self.arena_bytes = 0, arena_bytes + staging_bytes, arena_bytes
         failed = ctypes.c_void_p(-1).value
         fixed = 0x10  # MAP_FIXED
@@ -840,8 +842,9 @@ class _Window:
             raise KvtierError(4, "mmap of the host arena and staging area: " + os.strerror(err))
 
     def close(self):
-        if self.base and _Window._libc is not None:
-            _Window._libc.munmap(self.base, self.bytes)
+        libc = self.__dict__.get("_libc")
+        if self.base and libc is not None:
+            libc.munmap(self.base, self.bytes)
             self.base = 0
 
     def __del__(self):
