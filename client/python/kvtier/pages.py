@@ -176,27 +176,39 @@ def describe(cache: torch.Tensor, kind: str, kv_cache_dtype: str = "auto", num_k
     return EngineLayout(kind, order, nb, t, h, d, kvd, bool(v_scale_swizzle))
 
 
-def _describe_cpu(cache, kv_cache_dtype, num_kv_heads, head_dim, v_scale_swizzle) -> EngineLayout:
-    """vLLM CPU's (num_blocks, H, T, 2*D): each block dense (strides (T*2D, 2D, 1) inside)."""
-    sh, st = tuple(cache.shape), cache.stride()
+def _rows_of_2d(cache, kind, kv_cache_dtype, num_kv_heads, head_dim, v_scale_swizzle, no_nvfp4, halves):
+    """The checks the two (num_blocks, H, T, 2*D) kinds share: the shape, the dtype (NVFP4
+    refused with `no_nvfp4`), the expected heads and head_dim. `halves` says what the two
+    halves of the last dim hold. Returns (num_blocks, H, T, D, kv dtype)."""
+    sh = tuple(cache.shape)
     if cache.dim() != 4:
-        raise PagesError(f"a cpu KV cache has 4 dims (num_blocks, num_kv_heads, block_size, 2 * head_dim), "
+        raise PagesError(f"a {kind} KV cache has 4 dims (num_blocks, num_kv_heads, block_size, 2 * head_dim), "
                          f"got shape {sh}")
     kvd = _kv_dtype(cache, kv_cache_dtype)
     if kvd == "nvfp4":
-        raise PagesError("NVFP4 pages exist only for the CUDA backends (flash_attn, flashinfer)")
+        raise PagesError(no_nvfp4)
     if v_scale_swizzle:
         raise PagesError("v_scale_swizzle applies to NVFP4 pages only")
     nb, h, t, d2 = sh
     if d2 % 2 != 0:
-        raise PagesError(f"cpu KV cache {sh}: the last dim is 2 * head_dim (K rows then V rows), {d2} is odd")
+        raise PagesError(f"{kind} KV cache {sh}: the last dim is 2 * head_dim ({halves}), {d2} is odd")
     d = d2 // 2
     if min(nb, t, h, d) <= 0:
         raise PagesError(f"KV cache {sh} has an empty dimension")
     if num_kv_heads is not None and h != num_kv_heads:
-        raise PagesError(f"KV cache has {h} KV heads, expected {num_kv_heads} ({sh} as cpu)")
+        raise PagesError(f"KV cache has {h} KV heads, expected {num_kv_heads} ({sh} as {kind})")
     if head_dim is not None and d != head_dim:
-        raise PagesError(f"KV cache has head_dim {d}, expected {head_dim} ({sh} as cpu)")
+        raise PagesError(f"KV cache has head_dim {d}, expected {head_dim} ({sh} as {kind})")
+    return nb, h, t, d, kvd
+
+
+def _describe_cpu(cache, kv_cache_dtype, num_kv_heads, head_dim, v_scale_swizzle) -> EngineLayout:
+    """vLLM CPU's (num_blocks, H, T, 2*D): each block dense (strides (T*2D, 2D, 1) inside)."""
+    sh, st = tuple(cache.shape), cache.stride()
+    nb, h, t, d, kvd = _rows_of_2d(cache, "cpu", kv_cache_dtype, num_kv_heads, head_dim, v_scale_swizzle,
+                                   "NVFP4 pages exist only for the CUDA backends (flash_attn, flashinfer)",
+                                   "K rows then V rows")
+    d2 = 2 * d
     if not _dense(sh[1:], st[1:], (t * d2, d2, 1)):
         raise PagesError(f"cpu KV cache {sh} strides {st}: a block must be dense (H, T, 2*D strides "
                          f"{(t * d2, d2, 1)}), got {st[1:]}")
@@ -212,25 +224,11 @@ def _describe_vllm_cuda(cache, kv_cache_dtype, num_kv_heads, head_dim, v_scale_s
     nest without overlap (sorted by stride, each at least the span of the dims inside it),
     which covers every KVCacheLayout vLLM allocates, padded block strides included."""
     sh, st = tuple(cache.shape), cache.stride()
-    if cache.dim() != 4:
-        raise PagesError(f"a vllm_cuda KV cache has 4 dims (num_blocks, num_kv_heads, block_size, 2 * head_dim), "
-                         f"got shape {sh}")
-    kvd = _kv_dtype(cache, kv_cache_dtype)
-    if kvd == "nvfp4":
-        raise PagesError("vLLM 0.32's NVFP4 pages are (num_blocks, 2 * num_kv_heads, block_size, D/2 + D/16), "
-                         "K heads then V heads, not K|V per token row: kind vllm_cuda does not read them")
-    if v_scale_swizzle:
-        raise PagesError("v_scale_swizzle applies to NVFP4 pages only")
-    nb, h, t, d2 = sh
-    if d2 % 2 != 0:
-        raise PagesError(f"vllm_cuda KV cache {sh}: the last dim is 2 * head_dim (K then V per token), {d2} is odd")
-    d = d2 // 2
-    if min(nb, t, h, d) <= 0:
-        raise PagesError(f"KV cache {sh} has an empty dimension")
-    if num_kv_heads is not None and h != num_kv_heads:
-        raise PagesError(f"KV cache has {h} KV heads, expected {num_kv_heads} ({sh} as vllm_cuda)")
-    if head_dim is not None and d != head_dim:
-        raise PagesError(f"KV cache has head_dim {d}, expected {head_dim} ({sh} as vllm_cuda)")
+    nb, h, t, d, kvd = _rows_of_2d(cache, "vllm_cuda", kv_cache_dtype, num_kv_heads, head_dim, v_scale_swizzle,
+                                   "vLLM 0.32's NVFP4 pages are (num_blocks, 2 * num_kv_heads, block_size, "
+                                   "D/2 + D/16), K heads then V heads, not K|V per token row: kind vllm_cuda "
+                                   "does not read them", "K then V per token")
+    d2 = 2 * d
     if st[3] != 1:
         raise PagesError(f"vllm_cuda KV cache {sh} strides {st}: the last dim (K|V of a token) must be contiguous")
     # Nesting without overlap: sorted by stride, each dim starts past the span of those inside.

@@ -404,11 +404,15 @@ class KvtierConnector(KVConnectorBase_V1):
         log.info("KvtierConnector: %d KV caches of %s blocks registered (%s, %s)", len(layers), self._mover.layout.num_blocks,
                  self._mover.layout.kind, self._mover.layout.order)
 
+    def _attention_layers(self) -> Dict[str, Any]:
+        """vLLM's attention layers by KV cache name (its static forward context), or {}."""
+        return getattr(getattr(getattr(self, "_vllm_config", None), "compilation_config", None),
+                       "static_forward_context", None) or {}
+
     def _layer_scales(self, names: Sequence[str]) -> Optional[List[Tuple[float, float]]]:
         """vLLM's (k_scale, v_scale) of each attention layer (the model's, loaded with its
         weights), or None where vLLM does not show them."""
-        ctx = getattr(getattr(getattr(self, "_vllm_config", None), "compilation_config", None),
-                      "static_forward_context", None) or {}
+        ctx = self._attention_layers()
         out = []
         for n in names:
             layer = ctx.get(n)
@@ -433,8 +437,7 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def _backend_kind(self, names: Sequence[str]) -> Optional[str]:
         """The kvtier.pages kind vLLM's attention backend names (None: tell it by the shape)."""
-        ctx = getattr(getattr(getattr(self, "_vllm_config", None), "compilation_config", None),
-                      "static_forward_context", None) or {}
+        ctx = self._attention_layers()
         layer = ctx.get(names[0]) if names else None
         backend = getattr(layer, "attn_backend", None)
         name = str(backend.get_name()) if backend is not None and hasattr(backend, "get_name") else ""
