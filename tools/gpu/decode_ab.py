@@ -8,7 +8,6 @@ arena, in one run. Median of --reps steps, CUDA events.
   python3 tools/gpu/decode_ab.py [--context 131072] [--batch 8] [--format nvfp4]"""
 import argparse
 import os
-import statistics
 import sys
 
 import torch
@@ -21,17 +20,10 @@ from kvtier import torch_ops  # noqa: E402
 from kvtier.daemon import Daemon  # noqa: E402
 
 
-def timed(fn, reps):
-    fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+def read_gbs(arena, reps, limit=8 << 30):
+    """GB/s of a sequential read (an int32 sum) of the first `limit` bytes of `arena`."""
+    n = min(arena.numel(), limit) // 4 * 4
+    return n / bd.median_step_ms(lambda: arena[:n].view(torch.int32).sum(dtype=torch.int64), 1, reps) / 1e6
 
 
 def main():
@@ -52,8 +44,6 @@ def main():
         client = kvtier.Client(d.socket, name="decode-ab", has_gpu=True)
         with torch.no_grad():
             step, c = bd.kvtier_runner(model, client, contract, a.context, a.batch, 2, 4, False)
-            del model
-            torch.cuda.empty_cache()
             print(f"geometry {c.geom}, table {tuple(c.block_table.shape)}, lens {c.lens.tolist()}, "
                   f"max_seq_len {c.max_seq_len}, arena at {c.arena.data_ptr():#x} ({c.arena.numel()} bytes, base % 2 MiB = {c.arena.data_ptr() % (2 << 20)}), scales k {c.k_scales[0]} v {c.v_scales[0]}", flush=True)
             B, HQ, D = a.batch, 32, 128
@@ -69,24 +59,20 @@ def main():
                     for layer in range(c.layers_count):
                         torch_ops.decode_impl(arena, q, out, table, seq, ws, geom, layer, c.k_scales[layer],
                                               c.v_scales[layer], D ** -0.5, msl, 0)
-                return timed(one, a.reps)
+                return bd.median_step_ms(one, 1, a.reps)
 
             rows = []
             rows.append(("daemon arena, cache's table", run(c.arena, c.geom, c.block_table, c.max_seq_len)))
             rows.append(("daemon arena, max_seq_len = context", run(c.arena, c.geom, c.block_table, a.context)))
-            n8 = min(c.arena.numel(), 8 << 30) // 4 * 4
-            ms = timed(lambda: c.arena[:n8].view(torch.int32).sum(dtype=torch.int64), a.reps)
-            print(f"sequential read of {n8 >> 20} MiB of the daemon arena (mapped by libkvtier): "
-                  f"{n8 / ms / 1e6:.0f} GB/s", flush=True)
+            print(f"sequential read of the daemon arena (mapped by libkvtier): {read_gbs(c.arena, a.reps):.0f} GB/s",
+                  flush=True)
             used = int(c.block_table.max().item()) + 1
             nbytes = min(c.arena.numel(), (used + 64) * c.geom[0])
             local = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
             geom_l = list(c.geom)
             geom_l[1] = nbytes // geom_l[0]
             local.copy_(c.arena[:nbytes])
-            ms = timed(lambda: local[:n8 if n8 <= nbytes else nbytes // 4 * 4].view(torch.int32).sum(dtype=torch.int64),
-                       a.reps)
-            print(f"sequential read of the local arena: {min(n8, nbytes // 4 * 4) / ms / 1e6:.0f} GB/s", flush=True)
+            print(f"sequential read of the local arena: {read_gbs(local, a.reps):.0f} GB/s", flush=True)
             rows.append(("local copy of the arena", run(local, geom_l, c.block_table, c.max_seq_len)))
             local.zero_()
             rows.append(("local arena, zeros", run(local, geom_l, c.block_table, c.max_seq_len)))
@@ -97,7 +83,7 @@ def main():
             c.arena[:nbytes].zero_()
             rows.append(("daemon arena, zeros", run(c.arena, c.geom, c.block_table, c.max_seq_len)))
             kvb = bd.kv_bytes_per_token(a.format) * a.context * a.batch
-            print(f"| {a.format} {a.batch} x {a.context}: 32 layers | ms | vs first |")
+            print(f"| {a.format} {a.batch} x {a.context}: {c.layers_count} layers | ms | vs first |")
             print("|---|---|---|")
             for name, ms in rows:
                 print(f"| {name} | {ms:.2f} | {ms / rows[0][1]:.2f} |")

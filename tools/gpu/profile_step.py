@@ -10,7 +10,9 @@ Each (format, context) gets its own daemon; the model is built once. With --trac
 profile is also written there as a Chrome trace (gzip).
 (PYTHONPATH=client/python, KVTIER_LIB / KVTIER_BIN_DIR as for kvtier.)"""
 import argparse
+import gzip
 import os
+import shutil
 import sys
 import time
 
@@ -52,15 +54,7 @@ def profile_one(model, fmt, ctx, a, t0):
         with torch.no_grad():
             step, cache = bd.kvtier_runner(model, client, contract, ctx, a.batch, 2, 4, False)
             print(f"model and pages ready in {time.time() - t0:.0f} s; geometry {cache.geom}", flush=True)
-            for _ in range(2):
-                step()
-            torch.cuda.synchronize()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            step()
-            e1.record()
-            torch.cuda.synchronize()
-            print(f"eager step: {e0.elapsed_time(e1):.2f} ms", flush=True)
+            print(f"eager step: {bd.median_step_ms(step, 2, 1):.2f} ms", flush=True)
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 step()
                 torch.cuda.synchronize()
@@ -69,7 +63,9 @@ def profile_one(model, fmt, ctx, a, t0):
                 os.makedirs(a.trace_dir, exist_ok=True)
                 path = os.path.join(a.trace_dir, f"step-{fmt}-{ctx}x{a.batch}.json")
                 prof.export_chrome_trace(path)
-                os.system(f"gzip -f {path}")
+                with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as z:
+                    shutil.copyfileobj(f, z)
+                os.remove(path)
             cache.release()
         client.close()
 
