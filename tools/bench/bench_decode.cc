@@ -10,11 +10,19 @@
 // run on a daemon-shaped HBM arena (the block's L layers per slot, L up to 32, random slot
 // ids over the arena, one layer decoded) in both layouts: block-major (one layer's pages a
 // block apart) and layer-major (kvtierd's: 64 MiB slabs whose slots store layer after
-// layer), with the time against the one-layer pool's. Median of --iters.
+// layer), with the time against the one-layer pool's, and block-major on kvtierd's own HBM
+// arena: a tiers::HbmPool made by another process (this program, re-run with
+// --export-hbm-arena) and imported over CUDA IPC, as an engine maps the daemon's arena.
+// Median of --iters.
 // torch SDPA's baseline is measured by tools/gpu/decode_baseline.py (needs torch).
 // Each timing also reports the mean SM clock over its launches (NVML, when the driver has
 // it) and how often the board's power cap throttled it; --sustain-ms N first runs each
 // kernel back to back for N ms, so the time is the one a GPU held at that load reaches.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -37,7 +45,10 @@
 
 #include "kernels/include/kvtier/kernels.h"
 #include "kernels/reference.h"
+#include "tiers/hbm/hbm_pool.h"
 #endif
+
+extern char** environ;
 
 namespace kvtier::bench {
 namespace {
@@ -94,6 +105,102 @@ std::vector<uint8_t> PatternSlots(KvFormat f, const Geometry& g, size_t slot_byt
   return p;
 }
 
+// ---- kvtierd's HBM arena, as an engine maps it -----------------------------------------
+// The arena rows' third layout: the pages in a tiers::HbmPool (the daemon's own allocation
+// code) made by a child process, which prints the arena's CUDA IPC handle and holds the
+// arena until its stdin closes; this process imports it (cudaIpcOpenMemHandle, as
+// libkvtier does) and decodes from it.
+
+// The child: `kvtier-bench decode --export-hbm-arena SLOT_BYTES,SLOTS`.
+int ExportHbmArena(const std::string& spec) {
+  unsigned long long slot_bytes = 0, slots = 0;
+  int used = 0;
+  if (std::sscanf(spec.c_str(), "%llu,%llu%n", &slot_bytes, &slots, &used) != 2 ||
+      used != static_cast<int>(spec.size()) || slots == 0 || slots > UINT32_MAX) {
+    return cli::Fail("--export-hbm-arena wants SLOT_BYTES,SLOTS", 2);
+  }
+  tiers::HbmPoolOptions o;
+  o.slot_bytes = slot_bytes;
+  o.slots = static_cast<uint32_t>(slots);
+  auto pool = tiers::HbmPool::Create(o);
+  if (!pool.ok()) return cli::Fail("export hbm arena: " + pool.status().message());
+  uint8_t h[64];
+  if (Status st = (*pool)->IpcHandle(h); !st.ok()) return cli::Fail("export hbm arena: " + st.message());
+  for (uint8_t b : h) std::printf("%02x", b);
+  std::printf(" %llu\n", static_cast<unsigned long long>((*pool)->arena_bytes()));
+  std::fflush(stdout);
+  char c;
+  while (read(STDIN_FILENO, &c, 1) > 0) {
+  }
+  return 0;
+}
+
+// The parent's side: the child, its pipe, the imported mapping. Closing it unmaps, closes
+// the child's stdin and reaps it.
+struct ImportedArena {
+  pid_t pid = -1;
+  int to_child = -1;
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  ImportedArena() = default;
+  ImportedArena(const ImportedArena&) = delete;
+  ImportedArena& operator=(const ImportedArena&) = delete;
+  ~ImportedArena() {
+    if (base != nullptr) cudaIpcCloseMemHandle(base);
+    if (to_child >= 0) close(to_child);
+    if (pid > 0) waitpid(pid, nullptr, 0);
+  }
+};
+
+// Starts the child with an HbmPool of `slots` slots of `slot_bytes` and maps its arena.
+Status ImportHbmArena(uint64_t slot_bytes, uint64_t slots, ImportedArena* a) {
+  int in[2], out[2];
+  if (pipe(in) != 0) return Status::IoError("pipe");
+  if (pipe(out) != 0) {
+    close(in[0]);
+    close(in[1]);
+    return Status::IoError("pipe");
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+  for (int fd : {in[0], in[1], out[0], out[1]}) posix_spawn_file_actions_addclose(&fa, fd);
+  const std::string spec = std::to_string(slot_bytes) + "," + std::to_string(slots);
+  std::string exe = "/proc/self/exe", cmd = "decode", flag = "--export-hbm-arena";
+  char* argv[] = {exe.data(), cmd.data(), flag.data(), const_cast<char*>(spec.c_str()), nullptr};
+  const int rc = posix_spawn(&a->pid, exe.c_str(), &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  close(out[1]);
+  a->to_child = in[1];
+  if (rc != 0) {
+    a->pid = -1;
+    close(out[0]);
+    return Status::IoError(std::string("posix_spawn: ") + std::strerror(rc));
+  }
+  std::string line;
+  char c;
+  while (read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+  close(out[0]);
+  cudaIpcMemHandle_t h;
+  unsigned long long bytes = 0;
+  if (line.size() < 130 || std::sscanf(line.c_str() + 129, "%llu", &bytes) != 1) {
+    return Status::IoError("the arena's process gave no handle (it says why above)");
+  }
+  for (int i = 0; i < 64; ++i) {
+    unsigned v = 0;
+    std::sscanf(line.c_str() + 2 * i, "%2x", &v);
+    reinterpret_cast<uint8_t*>(&h)[i] = static_cast<uint8_t>(v);
+  }
+  void* p = nullptr;
+  const cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  if (e != cudaSuccess) return Status::IoError(std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(e));
+  a->base = static_cast<uint8_t*>(p);
+  a->bytes = bytes;
+  return Status::Ok();
+}
+
 struct Row {
   std::string what;
   int batch = 0, ctx = 0, T = 0;
@@ -104,6 +211,7 @@ struct Row {
 int RunDecodeBench(const std::vector<std::string>& argv) {
   auto args = cli::Args::Parse(argv, {"quick", "no-arena"});
   if (!args.ok()) return cli::Fail(args.status().message(), 2);
+  if (auto spec = args->Get("export-hbm-arena")) return ExportHbmArena(*spec);
   if (Status s = args->CheckKnown({"quick", "no-arena", "iters", "json", "results", "formats", "shapes", "block-tokens", "splits", "sustain-ms", "kernels"});
       !s.ok()) {
     return cli::Fail(s.message(), 2);
@@ -329,7 +437,9 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
         // blocks at random slot ids over the whole arena, decoding one layer (the middle
         // one), block-major (a slot's L pages side by side, one layer's pages a block apart)
         // and layer-major (64 MiB slabs of N slots, one layer's pages of a slab dense;
-        // kvt_pool.slab_bytes). Up to 32 layers, as many as fit kArenaCap.
+        // kvt_pool.slab_bytes). Up to 32 layers, as many as fit kArenaCap. Then block-major
+        // again on kvtierd's own arena (an HbmPool of one slot more than the blocks, in another
+        // process, imported over CUDA IPC): the pages as an engine reads them.
         if (arena) {
           const size_t layer_bytes = blocks * page;
           const uint32_t L = static_cast<uint32_t>(std::min<size_t>(32, kArenaCap / layer_bytes));
@@ -337,12 +447,13 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
             const size_t cls = (L * page + 4095) / 4096 * 4096;  // a slot of the block, 4 KiB multiple
             const size_t slab = kDefaultSlab;
             const size_t per_slab = slab / cls;
-            for (int major = 0; major < 2 && per_slab > 0; ++major) {
+            for (int major = 0; major < 3 && per_slab > 0; ++major) {
+              const bool daemon = major == 2;  // block-major, kvtierd's arena
               // Block-major: one slot per block; layer-major: whole slabs, the slot-id
               // stride the daemon's granule (gcd of the slab and the class).
               const size_t nslabs = (blocks + per_slab - 1) / per_slab;
-              const size_t arena_bytes = major == 0 ? blocks * cls : nslabs * slab;
-              const size_t stride = major == 0 ? cls : std::gcd(slab, cls);
+              const size_t arena_bytes = major == 0 ? blocks * cls : daemon ? (blocks + 1) * cls : nslabs * slab;
+              const size_t stride = major == 1 ? std::gcd(slab, cls) : cls;
               kvt_pool pa = pd;
               pa.num_layers = L;
               pa.slot_bytes = stride;
@@ -354,7 +465,15 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
               pa.base = reinterpret_cast<void*>(uintptr_t{256});  // checked before the arena is taken
               if (kvt_check_pool(&pa) != KVT_OK) return cli::Fail(std::string("decode (arena): ") + kvt_last_error());
               uint8_t* ar = nullptr;
-              if (cudaMalloc(reinterpret_cast<void**>(&ar), arena_bytes) != cudaSuccess) {
+              ImportedArena imported;
+              if (daemon) {
+                if (Status st = ImportHbmArena(cls, blocks + 1, &imported); !st.ok()) {
+                  std::fprintf(stderr, "decode: kvtierd's arena of %zu MiB: %s: not measured\n", arena_bytes >> 20,
+                               st.message().c_str());
+                  continue;
+                }
+                ar = imported.base;
+              } else if (cudaMalloc(reinterpret_cast<void**>(&ar), arena_bytes) != cudaSuccess) {
                 cudaGetLastError();
                 std::fprintf(stderr, "decode: an arena of %zu MiB does not fit the GPU: not measured\n",
                              arena_bytes >> 20);
@@ -373,7 +492,7 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
               }
               // Slot ids: the arena's slots in random order.
               std::vector<int32_t> ids;
-              if (major == 0) {
+              if (major != 1) {
                 for (size_t k = 0; k < blocks; ++k) ids.push_back(static_cast<int32_t>(k));
               } else {
                 for (size_t k = 0; k < nslabs * per_slab; ++k) {
@@ -392,9 +511,12 @@ int RunDecodeBench(const std::vector<std::string>& argv) {
               const double agbps = static_cast<double>(iter_bytes) / aus / 1e3;
               rows.push_back({Fmt("  on a %u-layer arena of %zu MiB, %s: %.2fx the one-layer pool's time", L,
                                   arena_bytes >> 20,
-                                  major == 0 ? "block-major" : "layer-major 64 MiB slabs", aus / us),
+                                  major == 0 ? "block-major"
+                                  : daemon   ? "block-major, kvtierd's (HbmPool in another process, CUDA IPC)"
+                                             : "layer-major 64 MiB slabs",
+                                  aus / us),
                               sh.B, sh.L, T, aus, agbps, agbps / roof, last_clock});
-              cudaFree(ar);
+              if (!daemon) cudaFree(ar);
             }
           }
         }
@@ -532,7 +654,8 @@ const cli::CommandRegistrar kReg(
     "[--sustain-ms N] [--kernels K,...] [--json FILE] [--results FILE]\n"
     "  --quick          two small shapes, 5 launches per timing\n"
     "  --no-arena       skip the decode on daemon-shaped arenas (up to 32 layers per block at random\n"
-    "                   slot ids, block-major and layer-major), measured by default after each pool\n"
+    "                   slot ids, block-major and layer-major, and block-major on kvtierd's own\n"
+    "                   arena imported over CUDA IPC), measured by default after each pool\n"
     "  --iters N        back-to-back launches per timing; the median of 5 means is reported (default 30)\n"
     "  --formats F,...  of bf16, fp8, nvfp4 (default all three)\n"
     "  --shapes BxL,... batch x context, L a multiple of 64 (default 1x32768,1x131072,16x65536,64x8192)\n"

@@ -5,6 +5,9 @@ and removes the folder.
     with kvtier.daemon.Daemon(slot_bytes=contract.block_bytes(), hbm="8GiB") as d:
         client = kvtier.Client(d.socket, has_gpu=True)
 
+    # the shipped config/kvtier.toml as a user runs it, with only the keys below set
+    with kvtier.daemon.Daemon.shipped({"tiers.hbm.capacity": "8GiB"}) as d: ...
+
 The binary comes from $KVTIER_BIN_DIR, else the repo's build/bin or build-gpu/bin, else
 kvtierd on $PATH. $KVTIER_DAEMON_LOG_LEVEL overrides the daemon's log level (default
 warn), and $KVTIER_DAEMON_LOG names a file that stop() appends the daemon's log to
@@ -38,6 +41,28 @@ def kvtierd_path():
 
 
 class Daemon:
+    @classmethod
+    def shipped(cls, sets=None, log_level=None, timeout_s=120):
+        """kvtierd on the repo's config/kvtier.toml, changed only by `sets` ({"section.key":
+        value}, each passed as --set) and by what a private daemon must own: its socket,
+        NVMe folder and log in a temp folder, and no metrics port."""
+        d = cls.__new__(cls)
+        d._prepare()
+        shipped = os.path.join(ROOT, "config", "kvtier.toml")
+        sets = dict(sets or {})
+        sets.setdefault("daemon.log_level", log_level or os.environ.get("KVTIER_DAEMON_LOG_LEVEL", "warn"))
+        own = {"daemon.socket": d.socket, "daemon.metrics_port": 0, "tiers.nvme.dir": os.path.join(d.dir, "nvme")}
+        args = ["--config", shipped]
+        for k, v in {**sets, **own}.items():
+            args += ["--set", f"{k}={v}"]
+        d._start(args, timeout_s)
+        return d
+
+    def _prepare(self):
+        self.dir = tempfile.mkdtemp(prefix="kvtierd-")
+        self.socket = os.path.join(self.dir, "kvtierd.sock")
+        self.log = os.path.join(self.dir, "kvtierd.log")
+
     def __init__(self, slot_bytes, hbm="8GiB", host="16GiB", nvme="32GiB", nvme_dir=None, policy="prefix-lru",
                  log_level=None, timeout_s=120, trace_copies=False, slot_classes="auto",
                  slab_bytes="auto", host_watermarks=(0.95, 0.85), client_share=None):
@@ -50,9 +75,7 @@ class Daemon:
         0.75; 1.0 where the one engine under test is the daemon's only client and its pages
         fill the HBM tier sized for them)."""
         log_level = log_level or os.environ.get("KVTIER_DAEMON_LOG_LEVEL", "warn")
-        self.dir = tempfile.mkdtemp(prefix="kvtierd-")
-        self.socket = os.path.join(self.dir, "kvtierd.sock")
-        self.log = os.path.join(self.dir, "kvtierd.log")
+        self._prepare()
         slot = (int(slot_bytes) + 4095) // 4096 * 4096
         nvme_dir = nvme_dir or os.path.join(self.dir, "nvme")
         os.makedirs(nvme_dir, exist_ok=True)
@@ -85,8 +108,10 @@ admission = "always"
                           f'[tiers.hbm]\ncapacity = "{hbm}"\npolicy = "{policy}"\non_evict = "demote"\n')
         with open(self.config, "w") as f:
             f.write(cfg)
-        self.proc = subprocess.Popen([kvtierd_path(), "--config", self.config], stdout=open(self.log, "w"),
-                                     stderr=subprocess.STDOUT)
+        self._start(["--config", self.config], timeout_s)
+
+    def _start(self, args, timeout_s):
+        self.proc = subprocess.Popen([kvtierd_path()] + args, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         deadline = time.time() + timeout_s  # a large host tier takes a while to pin
         while time.time() < deadline:
             if self.proc.poll() is not None:
