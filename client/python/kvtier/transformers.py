@@ -67,12 +67,10 @@ except ImportError as e:  # pragma: no cover - reported to the caller
 
 ATTN_IMPLEMENTATION = "kvtier"
 FORMATS = ("nvfp4", "fp8", "bf16")
-# 64-token blocks: the decode reads each layer's page of a block as one run per head, and
-# the daemon's slots put a block's layers side by side, so one layer's pages sit a slot
-# apart. At (32K, batch 8) on an H200 the NVFP4 decode's long-context share is 1.29x its
-# bytes with 64-token blocks and 4.5x with 16 (bench/README.md, "transformers"); the cost
-# is coarser prefix reuse (a prompt is reused in whole 64-token blocks).
-DEFAULT_BLOCK_TOKENS = 64
+# 16-token blocks, vLLM's size: a prompt is reused in 16-token steps, and at (32K, batch 8)
+# on an H200 the NVFP4 decode's long-context share is 1.29x its bytes (bench/README.md,
+# "transformers"). 32 and 64 are served too (block_tokens=).
+DEFAULT_BLOCK_TOKENS = 16
 
 
 class UnsupportedModel(ValueError):
