@@ -101,6 +101,32 @@ TEST(HbmPool, CopiesRoundTripAndExportsAnIpcHandle) {
   EXPECT_TRUE(pool.CopyToDevice(99, (*host)->slot_ptr(0), slot, [](Status) {}).IsInvalid());
 }
 
+// The arena's allocation is whole 2 MiB pages whatever the slots add up to: a process that
+// imports an allocation of another size over CUDA IPC maps it with small pages, and the
+// decode's reads of pages spread over the arena then run several times slower
+// (docs/tiers.md "Layer-major HBM"). 8 slots of 1440 KiB are 11.25 MiB.
+TEST(HbmPool, ArenaIsAllocatedInWhole2MiBPages) {
+  SKIP_WITHOUT_GPU();
+  HbmPoolOptions o;
+  o.slot_bytes = 1474560;
+  o.slots = 8;
+  auto p = HbmPool::Create(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_NE((*p)->arena_bytes() % (2u << 20), 0u) << "the case needs an arena that is not a 2 MiB multiple";
+  using GetRange = int (*)(unsigned long long*, size_t*, unsigned long long);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  ASSERT_EQ(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q), cudaSuccess);
+  ASSERT_NE(fn, nullptr);
+  unsigned long long base = 0;
+  size_t size = 0;
+  ASSERT_EQ(reinterpret_cast<GetRange>(fn)(&base, &size, reinterpret_cast<uintptr_t>((*p)->base())), 0);
+  EXPECT_EQ(base, reinterpret_cast<uintptr_t>((*p)->base()));
+  EXPECT_EQ(size % (2u << 20), 0u) << size;
+  EXPECT_GE(size, (*p)->arena_bytes());
+  EXPECT_LT(size, (*p)->arena_bytes() + (2u << 20));
+}
+
 // The block hash taken on the GPU (at commit: HashSlots; after a promotion: CopyBatch and
 // CopyToDevice) equals the CPU's BlockHash of the same bytes, for one-chunk, many-chunk and
 // ragged sizes on fresh random bytes; a slot never hashed, or freed since, has none.
