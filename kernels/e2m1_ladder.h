@@ -181,6 +181,50 @@ KVT_HD void LadderPairBoundsBf16(float s, uint32_t (&hb)[7]) {
   }
 }
 
+// ---- 4over6: the pair ladder on packed 16-bit compares (kernels/pages.cu) ------------
+// The same binary search as LadderPairIdx with each flag made by one packed compare of
+// |x| against the bound: set.ge.u32.{bf16x2,f16x2} writes 0xFFFF or 0 per lane, the lane
+// mask itself (the subtraction and the sign-replicating PRMT took two instructions), and
+// code bit 0 is then placed by the same LOP3 as bits 2 and 1 (no shift). The lanes hold
+// magnitudes (sign bit cleared: finite, >= +0) and bounds (> 0, fp16's may be inf), for
+// which the float order is the order of the bits; the host copy compares the bits. No
+// denormal flush: the compares carry no .ftz. Per pair of values: 3 compares, 4 selects,
+// 3 placements (LadderPairIdx: 3 subtractions, 2 PRMT, 4 selects, 6 placement ops).
+template <bool kFp16>
+KVT_HD uint32_t LadderGeMask(uint32_t a, uint32_t h) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  if constexpr (kFp16) {
+    asm("set.ge.u32.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(h));
+  } else {
+    asm("set.ge.u32.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(h));
+  }
+  return r;
+#else
+  return ((a & 0xffffu) >= (h & 0xffffu) ? 0x0000FFFFu : 0u) | ((a >> 16) >= (h >> 16) ? 0xFFFF0000u : 0u);
+#endif
+}
+// Magnitude indices of values V and V+4 (the lanes of pa: magnitudes, sign bits clear) as
+// nibbles at bits 4V and 4V+16, equal to LadderPairIdx<V> of the signed word.
+template <int V, bool kFp16>
+KVT_HD uint32_t LadderPairIdxGe(uint32_t pa, const uint32_t (&hb)[7]) {
+  const uint32_t m2 = LadderGeMask<kFp16>(pa, hb[3]);                             // code >= 4
+  const uint32_t m1 = LadderGeMask<kFp16>(pa, LadderSelect(m2, hb[5], hb[1]));  // >= 6 / >= 2
+  const uint32_t m0 = LadderGeMask<kFp16>(
+      pa, LadderSelect(m2, LadderSelect(m1, hb[6], hb[4]), LadderSelect(m1, hb[2], hb[0])));
+  constexpr uint32_t m = 0x00010001u << (4 * V);
+  return (m2 & (m << 2)) | (m1 & (m << 1)) | (m0 & m);
+}
+// Magnitude indices of a group's values 0..7 (c0) and 8..15 (c1) from its pair words with
+// the sign bits cleared (pa[i] = p[i] & 0x7fff7fff, p from LadderPairWords).
+template <bool kFp16>
+KVT_HD void LadderGroupIdxGe(const uint32_t (&pa)[8], const uint32_t (&hb)[7], uint32_t& c0, uint32_t& c1) {
+  c0 = LadderPairIdxGe<0, kFp16>(pa[0], hb) | LadderPairIdxGe<1, kFp16>(pa[1], hb) |
+       LadderPairIdxGe<2, kFp16>(pa[2], hb) | LadderPairIdxGe<3, kFp16>(pa[3], hb);
+  c1 = LadderPairIdxGe<0, kFp16>(pa[4], hb) | LadderPairIdxGe<1, kFp16>(pa[5], hb) |
+       LadderPairIdxGe<2, kFp16>(pa[6], hb) | LadderPairIdxGe<3, kFp16>(pa[7], hb);
+}
+
 // ---- 4over6: a candidate's squared error from its pair codes (kernels/pages.cu) -------
 // The 4over6 rule compares err = sum_i (E2M1ToFloat(q_i) * s - x_i)^2, accumulated in
 // index order in float32 (nvfp4::QuantizeWithScale). q_i carries x_i's sign and RN is
@@ -306,32 +350,86 @@ KVT_HD float PairCodesSquaredErrorFma(uint32_t pk0, uint32_t pk1, float s, const
 
 // ---- 4over6 on pairs of 16-bit inputs (quantize_append, kernels/pages.cu) --------------
 // Per group: sf6 = E4M3(amax / 6 / gs) and sf4 = E4M3(amax / 4 / gs) (amax / 4 is exact,
-// so amax * 0.25 is the codec's amax / 4.0 bit for bit), both candidates' magnitude
-// indices by the pair ladder (bounds by LadderPairBounds), both errors by FMA sums with a
-// bound, the codec's exact sums where the bound does not decide (see above), the smaller
-// error winning and sf6 on a tie, then x's signs. When both scales round to the same byte
+// so amax * 0.25 is the codec's amax / 4.0 bit for bit), the quotients without a division
+// where gs allows (LadderScaleQuotients) and both bytes in one conversion each way, both
+// candidates' magnitude indices by the pair ladder on packed compares (LadderGroupIdxGe;
+// bounds by LadderPairBounds), both errors by FMA sums with a bound, the codec's exact sums
+// where the bound does not decide (see above), the smaller error winning and sf6 on a tie,
+// then x's signs. When both scales round to the same byte
 // (both saturate at 448, or both are 0) the errors are equal and max6's codes are the
 // answer: one ladder. The host build (bf16 only) is the CPU tests' copy of the kernel's.
 
-// E4M3 round trip. Device: cvt.rn.satfinite.e4m3x2.f32 and cvt.rn.f16x2.e4m3x2, equal to
-// the codec's FloatToE4M3 / E4M3ToFloat for every argument that is not NaN (and amax / 6
-// / gs, amax finite, gs > 0, never is). Host: the codec's.
-KVT_HD uint8_t LadderE4M3(float x) {
+// The candidates' scale quotients without a division (the codec's kvt_div, bit for bit).
+// amax / 6: q0 = amax * RN(1/6), then one correction through the exact residual
+// fma(-q0, 6, amax). Equal to RN(amax / 6) for every amax with at most 11 significant bits
+// (every bf16 and fp16 value) from 2^-126 up (kernels_ref_test
+// FourOverSixPair.DivisionsWithoutDivideAreExact checks all of them); a smaller amax only
+// ever leads to the codec's own path (its scales are far below LadderApplies' range).
+KVT_HD float LadderDiv6(float amax) {
+  constexpr float c = 1.0f / 6.0f;
+  const float q0 = nvfp4::kvt_mul(amax, c);
+  return LadderFma(LadderFma(-q0, 6.0f, amax), c, q0);
+}
+// RN(y / gs) from rcp = RN(1 / gs): q0 = y * rcp and two corrections q += (y - q*gs) * rcp,
+// each residual exact in an FMA (Markstein: from a reciprocal within half an ulp and a
+// quotient within one ulp, one correction rounds correctly; the first brings q0, up to 1.5
+// ulps off, within one). Needs y and gs with no underflow in the residuals: y in
+// [2^-60, 2^60] and gs in [2^-30, 2^30] (LadderScaleHasRcp) are far inside that.
+KVT_HD bool LadderScaleHasRcp(float gs) { return gs >= 0x1p-30f && gs <= 0x1p30f; }
+KVT_HD float LadderDivRcp(float y, float gs, float rcp) {
+  const float q0 = nvfp4::kvt_mul(y, rcp);
+  const float q1 = LadderFma(LadderFma(-q0, gs, y), rcp, q0);
+  return LadderFma(LadderFma(-q1, gs, y), rcp, q1);
+}
+KVT_HD float LadderClamp(float x, float lo, float hi) {
 #if defined(__CUDA_ARCH__)
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(0.0f), "f"(x));
-  return static_cast<uint8_t>(r & 0xffu);
+  return fminf(fmaxf(x, lo), hi);
 #else
-  return nvfp4::FloatToE4M3(x);
+  return x < lo ? lo : (x > hi ? hi : x);
 #endif
 }
-KVT_HD float LadderE4M3ToFloat(uint8_t b) {
+// The candidates' quotients amax / 6 / gs and amax / 4 / gs, whose E4M3 bytes are the
+// codec's. rcp: RN(1 / gs) where LadderScaleHasRcp(gs), else 0 (the codec's divisions).
+// With rcp, amax is first clamped to [2^-57, 2^57]: then both quotients are RN of the exact
+// ones for amax in that range, and outside it both scale bytes are the same either way (0
+// below: the quotients are < 2^-29, far under E4M3's smallest half step 2^-10; 448 above:
+// they are > 2^25).
+KVT_HD void LadderScaleQuotients(float amax, float gs, float rcp, float& q6, float& q4) {
+  using namespace nvfp4;
+  if (rcp != 0.0f) {
+    const float a = LadderClamp(amax, 0x1p-57f, 0x1p57f);
+    q6 = LadderDivRcp(LadderDiv6(a), gs, rcp);
+    q4 = LadderDivRcp(kvt_mul(a, 0.25f), gs, rcp);
+  } else {
+    q6 = kvt_div(kvt_div(amax, 6.0f), gs);
+    q4 = kvt_div(kvt_mul(amax, 0.25f), gs);
+  }
+}
+
+// Both candidates' E4M3 round trips, one conversion each way on the device
+// (cvt.rn.satfinite.e4m3x2.f32 takes two floats, cvt.rn.f16x2.e4m3x2 returns two
+// halves), equal to the codec's FloatToE4M3 / E4M3ToFloat for every argument that is not
+// NaN (and amax / 6 / gs, amax finite, gs > 0, never is). Host: the codec's.
+KVT_HD void LadderE4M3Pair(float q6, float q4, uint8_t& sf6, uint8_t& sf4) {
+#if defined(__CUDA_ARCH__)
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(q4), "f"(q6));
+  sf6 = static_cast<uint8_t>(r & 0xffu);
+  sf4 = static_cast<uint8_t>(r >> 8);
+#else
+  sf6 = nvfp4::FloatToE4M3(q6);
+  sf4 = nvfp4::FloatToE4M3(q4);
+#endif
+}
+KVT_HD void LadderE4M3PairToFloat(uint8_t sf6, uint8_t sf4, float& f6, float& f4) {
 #if defined(__CUDA_ARCH__)
   uint32_t r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(static_cast<uint16_t>(b)));
-  return __half2float(__ushort_as_half(static_cast<uint16_t>(r & 0xffffu)));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(static_cast<uint16_t>(sf6 | (sf4 << 8))));
+  f6 = __half2float(__ushort_as_half(static_cast<uint16_t>(r & 0xffffu)));
+  f4 = __half2float(__ushort_as_half(static_cast<uint16_t>(r >> 16)));
 #else
-  return nvfp4::E4M3ToFloat(b);
+  f6 = nvfp4::E4M3ToFloat(sf6);
+  f4 = nvfp4::E4M3ToFloat(sf4);
 #endif
 }
 
@@ -406,29 +504,38 @@ KVT_HD void LadderGroupIdx(const uint32_t (&p)[8], const uint32_t (&hb)[7], uint
 // One group of 16-bit inputs (w: value 2i in the low half of w[i]; amax16: the largest
 // magnitude's bits, finite) under 4over6: the scale byte and the data words (codes of
 // values 0..7 in pk0, 8..15 in pk1, nibble i = value i), equal to nvfp4::QuantizeGroup.
-// Returns false, writing nothing, when a candidate scale is outside the ladder's range
-// (zero included): the caller then runs QuantizeGroup itself.
+// rcp: RN(1 / gs) where LadderScaleHasRcp(gs), else 0. Returns false, writing nothing,
+// when a candidate scale is outside the ladder's range (zero included): the caller then
+// runs QuantizeGroup itself.
 template <bool kFp16>
-KVT_HD bool Quantize4over6Pair(const uint32_t (&w)[8], uint32_t amax16, float gs, uint8_t& sf_out, uint32_t& pk0,
-                               uint32_t& pk1) {
+KVT_HD bool Quantize4over6Pair(const uint32_t (&w)[8], uint32_t amax16, float gs, float rcp, uint8_t& sf_out,
+                               uint32_t& pk0, uint32_t& pk1) {
   using namespace nvfp4;
   const float amax = LadderToFloat<kFp16>(amax16);
-  const uint8_t sf6 = LadderE4M3(kvt_div(kvt_div(amax, 6.0f), gs));
-  const uint8_t sf4 = LadderE4M3(kvt_div(kvt_mul(amax, 0.25f), gs));
-  const float s6 = kvt_mul(LadderE4M3ToFloat(sf6), gs);
-  const float s4 = kvt_mul(LadderE4M3ToFloat(sf4), gs);
+  float q6, q4;
+  LadderScaleQuotients(amax, gs, rcp, q6, q4);
+  uint8_t sf6, sf4;
+  LadderE4M3Pair(q6, q4, sf6, sf4);
+  float f6, f4;
+  LadderE4M3PairToFloat(sf6, sf4, f6, f4);
+  const float s6 = kvt_mul(f6, gs);
+  const float s4 = kvt_mul(f4, gs);
   if (!LadderApplies(s6) || !LadderApplies(s4)) return false;
-  uint32_t p[8];
+  uint32_t p[8], pa[8];
   LadderPairWords(w, p);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < 8; ++i) pa[i] = p[i] & 0x7fff7fffu;
   uint32_t hb[7];
   LadderPairBounds<kFp16>(s6, hb);
   uint32_t c0, c1;
-  LadderGroupIdx(p, hb, c0, c1);
+  LadderGroupIdxGe<kFp16>(pa, hb, c0, c1);
   uint8_t sf = sf6;
   if (sf4 != sf6) {  // equal bytes: equal errors, and a tie keeps max6
     uint32_t q0, q1;
     LadderPairBounds<kFp16>(s4, hb);
-    LadderGroupIdx(p, hb, q0, q1);
+    LadderGroupIdxGe<kFp16>(pa, hb, q0, q1);
     float x[16];
     LadderGroupFloats<kFp16>(w, x);
     int four = -1;  // 1: sf4 wins, 0: sf6 wins, -1: the FMA sums do not decide

@@ -124,6 +124,9 @@ struct QuantizeLaunch {
   uint32_t k_data, k_scale, v_data, v_scale;
   int num_kv_heads, head_dim, block_tokens;
   float k_scale_f, v_scale_f;
+  // RN(1 / scale) where LadderScaleHasRcp(scale) (kernels/e2m1_ladder.h), else 0: the
+  // 4over6 pair path's division-free scale quotients. Set by LaunchQuantize.
+  float k_rcp_f, v_rcp_f;
   int rule;                 // 0 max6, 1 4over6
   int32_t* error_flag;
 };

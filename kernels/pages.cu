@@ -256,11 +256,11 @@ __device__ __noinline__ uint4 Quantize4over6Slow(uint4 r0, uint4 r1, float gs) {
 }
 
 template <bool kFp16>
-__device__ __forceinline__ uint8_t Quantize4over6Group(const uint32_t (&w)[8], uint32_t mx, float gs,
+__device__ __forceinline__ uint8_t Quantize4over6Group(const uint32_t (&w)[8], uint32_t mx, float gs, float rcp,
                                                        uint32_t& pk0, uint32_t& pk1) {
   const uint32_t amax16 = max(mx & 0xffffu, mx >> 16);  // finite: checked by the caller
   uint8_t sf;
-  if (Quantize4over6Pair<kFp16>(w, amax16, gs, sf, pk0, pk1)) return sf;
+  if (Quantize4over6Pair<kFp16>(w, amax16, gs, rcp, sf, pk0, pk1)) return sf;
   const uint4 r = Quantize4over6Slow<kFp16>(make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7]), gs);
   pk0 = r.y;
   pk1 = r.z;
@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(256) QuantizePairKernel(const QuantizeLaunch a
     uint32_t pk0, pk1;
     const float gs = side == 0 ? a.k_scale_f : a.v_scale_f;
     const uint8_t sf = RULE == 0 ? QuantizeMax6Group<kFp16>(w, mx, gs, pk0, pk1)
-                                 : Quantize4over6Group<kFp16>(w, mx, gs, pk0, pk1);
+                                 : Quantize4over6Group<kFp16>(w, mx, gs, side == 0 ? a.k_rcp_f : a.v_rcp_f, pk0, pk1);
     uint8_t* data = page + (side == 0 ? a.k_data : a.v_data) + static_cast<size_t>(row) * (a.head_dim / 2) + g * 8;
     uint8_t* sc = page + (side == 0 ? a.k_scale : a.v_scale) + static_cast<size_t>(row) * groups_per_row + g;
     *reinterpret_cast<uint2*>(data) = make_uint2(pk0, pk1);
@@ -463,7 +463,10 @@ __global__ void __launch_bounds__(512) ReadProbeKernel(const uint4* src, uint64_
 
 }  // namespace
 
-cudaError_t LaunchQuantize(const QuantizeLaunch& a, cudaStream_t stream) {
+cudaError_t LaunchQuantize(const QuantizeLaunch& launch, cudaStream_t stream) {
+  QuantizeLaunch a = launch;
+  a.k_rcp_f = LadderScaleHasRcp(a.k_scale_f) ? 1.0f / a.k_scale_f : 0.0f;
+  a.v_rcp_f = LadderScaleHasRcp(a.v_scale_f) ? 1.0f / a.v_scale_f : 0.0f;
   const int64_t per_side = static_cast<int64_t>(a.num_tokens) * a.num_kv_heads * (a.head_dim / 16);
   if (per_side == 0) return cudaSuccess;
   dim3 grid(static_cast<unsigned>((per_side + 255) / 256), 2);

@@ -2,6 +2,7 @@
 // are checked here against the codec and against hand-computed cases.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -268,6 +269,102 @@ TEST(E2M1Ladder, DirectBf16BoundsEqualLadderBounds) {
   EXPECT_GT(checked, 200000);
 }
 
+// The 4over6 path's pair ladder on packed compares (LadderPairIdxGe, the host copy of
+// set.ge.u32.bf16x2: per-lane compares of the magnitude bits) against LadderPairIdx on the
+// signed words, for the bounds of scales over the whole ladder range: magnitudes at and
+// next to every bound, +0 and -0, bf16 subnormals and the largest finite value, every lane
+// position V.
+TEST(E2M1Ladder, PackedComparePairIdxEqualsPairIdx) {
+  std::mt19937_64 rng(std::random_device{}());
+  int64_t checked = 0;
+  for (int it = 0; it < 200000; ++it) {
+    const uint8_t sf = static_cast<uint8_t>(1 + rng() % 0x7E);
+    const float kv = std::ldexp(1.0f + static_cast<float>(rng() % 1000000) / 1e6f, static_cast<int>(rng() % 140) - 70);
+    const float s = nvfp4::E4M3ToFloat(sf) * kv;
+    if (!LadderApplies(s)) continue;
+    uint32_t hb[7];
+    LadderPairBoundsBf16(s, hb);
+    uint16_t v[8];
+    for (auto& x : v) {
+      uint32_t mag;
+      switch (rng() % 6) {
+        case 0: mag = rng() % 0x80u; break;  // +0 and subnormals
+        case 1: mag = 0x7f7fu - rng() % 2; break;
+        case 2: mag = rng() % 0x7f80u; break;
+        default: mag = (hb[rng() % 7] & 0xffffu) + static_cast<uint32_t>(static_cast<int>(rng() % 5) - 2);
+      }
+      mag = std::min<uint32_t>(mag & 0x7fffu, 0x7f7fu);
+      x = static_cast<uint16_t>(mag | (rng() % 2 ? 0x8000u : 0u));
+    }
+    uint32_t p[4], got = 0, want = 0;
+    for (int V = 0; V < 4; ++V) p[V] = v[V] | (uint32_t{v[V + 4]} << 16);
+    got = LadderPairIdxGe<0, false>(p[0] & 0x7fff7fffu, hb) | LadderPairIdxGe<1, false>(p[1] & 0x7fff7fffu, hb) |
+          LadderPairIdxGe<2, false>(p[2] & 0x7fff7fffu, hb) | LadderPairIdxGe<3, false>(p[3] & 0x7fff7fffu, hb);
+    want = LadderPairIdx<0>(p[0], hb) | LadderPairIdx<1>(p[1], hb) | LadderPairIdx<2>(p[2], hb) |
+           LadderPairIdx<3>(p[3], hb);
+    ASSERT_EQ(got, want) << "s=" << s;
+    checked += 8;
+  }
+  EXPECT_GT(checked, 1000000);
+}
+
+// The 4over6 path's scale quotients without a division. amax / 6 for every bf16 and fp16
+// value from 2^-126 up; y / gs from RN(1 / gs) for random y and gs over the fast range, two
+// thirds of them with y / gs within a few ulps of a float or of a midpoint between two
+// floats; and the scale bytes of LadderScaleQuotients against the codec's divisions for
+// amax over every binade of bf16 (the clamp included) and global scales on both sides of
+// LadderScaleHasRcp's range.
+TEST(FourOverSixPair, DivisionsWithoutDivideAreExact) {
+  int64_t checked = 0;
+  for (uint32_t h = 0x0080u; h < 0x7f80u; ++h) {  // bf16 normals
+    const float a = Bf16ToFloat(static_cast<uint16_t>(h));
+    ASSERT_EQ(LadderDiv6(a), a / 6.0f) << "bf16 " << a;
+    ++checked;
+  }
+  for (uint32_t h = 0x0001u; h < 0x7c00u; ++h) {  // fp16, subnormals included (floats >= 2^-24)
+    const float a = Fp16ToFloat(static_cast<uint16_t>(h));
+    ASSERT_EQ(LadderDiv6(a), a / 6.0f) << "fp16 " << a;
+    ++checked;
+  }
+  std::mt19937_64 rng(std::random_device{}());
+  auto bits = [](float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; };
+  auto from = [](uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; };
+  auto mant = [&rng]() { return 1.0f + static_cast<float>(rng() % (1u << 23)) / 0x1p23f; };
+  for (int it = 0; it < 3000000; ++it) {
+    const float gs = std::ldexp(mant(), static_cast<int>(rng() % 61) - 30);
+    ASSERT_TRUE(LadderScaleHasRcp(gs) || gs >= 0x1p30f);
+    if (!LadderScaleHasRcp(gs)) continue;
+    float y;
+    const int mode = static_cast<int>(rng() % 3);
+    if (mode == 0) {
+      y = std::ldexp(mant(), static_cast<int>(rng() % 121) - 60);
+    } else {  // y / gs next to a float q (mode 1) or to the midpoint above q (mode 2)
+      const float q = std::ldexp(mant(), static_cast<int>(rng() % 20) - 10);
+      double t = static_cast<double>(q);
+      if (mode == 2) t += std::ldexp(1.0, std::ilogb(q) - 24);
+      y = from(bits(static_cast<float>(t * gs)) + static_cast<uint32_t>(static_cast<int>(rng() % 5) - 2));
+      if (!(y >= 0x1p-60f && y <= 0x1p60f)) continue;
+    }
+    ASSERT_EQ(LadderDivRcp(y, gs, 1.0f / gs), y / gs) << "y=" << y << " gs=" << gs;
+    ++checked;
+  }
+  int64_t with_rcp = 0, clamped = 0;
+  for (int it = 0; it < 2000000; ++it) {
+    const float gs = std::ldexp(mant(), static_cast<int>(rng() % 100) - 50);
+    const float rcp = LadderScaleHasRcp(gs) ? 1.0f / gs : 0.0f;
+    const float amax = Bf16ToFloat(static_cast<uint16_t>(1 + rng() % 0x7f7fu));
+    float q6, q4;
+    LadderScaleQuotients(amax, gs, rcp, q6, q4);
+    ASSERT_EQ(nvfp4::FloatToE4M3(q6), nvfp4::FloatToE4M3(amax / 6.0f / gs)) << "amax=" << amax << " gs=" << gs;
+    ASSERT_EQ(nvfp4::FloatToE4M3(q4), nvfp4::FloatToE4M3(amax / 4.0f / gs)) << "amax=" << amax << " gs=" << gs;
+    with_rcp += rcp != 0.0f;
+    clamped += rcp != 0.0f && (amax < 0x1p-57f || amax > 0x1p57f);
+  }
+  EXPECT_GT(with_rcp, 1000000);
+  EXPECT_GT(clamped, 500000);
+  EXPECT_GT(checked, 2000000);
+}
+
 // The E2M1 magnitudes looked up by PRMT for every magnitude index at every position.
 TEST(E2M1Ladder, MagnitudeLookupEqualsCodec) {
   for (uint32_t pos = 0; pos < 4; ++pos) {
@@ -337,7 +434,9 @@ TEST(FourOverSixPair, EqualsCodecQuantizeGroup) {
     const uint8_t want_sf = nvfp4::QuantizeGroup(x, gs, nvfp4::ScaleRule::k4over6, want_packed);
     uint8_t sf = 0;
     uint32_t pk0 = 0, pk1 = 0;
-    if (!Quantize4over6Pair<false>(w, amax16, gs, sf, pk0, pk1)) continue;  // the codec's own path
+    // The kernel's reciprocal of the global scale, or 0 (divide) for some groups
+    const float rcp = LadderScaleHasRcp(gs) && rng() % 8 != 0 ? 1.0f / gs : 0.0f;
+    if (!Quantize4over6Pair<false>(w, amax16, gs, rcp, sf, pk0, pk1)) continue;  // the codec's own path
     ++groups;
     uint32_t want0 = 0, want1 = 0;
     for (int j = 0; j < 4; ++j) {
