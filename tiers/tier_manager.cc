@@ -223,8 +223,12 @@ SlotFit TierManagerImpl::FitOf(uint64_t contract_id) const {
 Status TierManagerImpl::CheckRegistrable(const ScaleContract& c) const {
   KVTIER_RETURN_IF_ERROR(c.Validate());
   if (Fit(c).cls < 0) {
+    const uint64_t want = (uint64_t{c.slot_bytes()} + 4095) / 4096 * 4096;
     return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
-                               " bytes does not fit a slot of " + std::to_string(slot_bytes_));
+                               " bytes does not fit a slot of " + std::to_string(slot_bytes_) +
+                               " (tiers.slot_bytes); a daemon with tiers.slot_bytes of at least " +
+                               std::to_string(want) + " (" + std::to_string(want / 1024) +
+                               "KiB) holds it");
   }
   return Status::Ok();
 }
