@@ -46,6 +46,15 @@ Status TierManagerImpl::Init() {
   ho.classes = opts_.slot_classes;
   ho.slab_bytes = opts_.slab_bytes;
   ho.arena_bytes = opts_.host.capacity_bytes;
+  if (opts_.classes_at_registration) {
+    // No class yet; the granule from the arena's size alone, slabs that hold the largest
+    // block (an arena smaller than that is one slab, and blocks are limited to it).
+    const uint64_t g = AutoGranule(opts_.host.capacity_bytes);
+    ho.classes.clear();
+    ho.classes_at_registration = true;
+    ho.slab_bytes = AutoSlabBytes(opts_.host.capacity_bytes, opts_.slot_bytes, g);
+    ho.slot_bytes = std::min(opts_.slot_bytes, ho.slab_bytes);
+  }
   if (opts_.host_parts && quotas()) {
     // One part per group with a host share, in group order; the rest is the common pool.
     part_of_group_.assign(opts_.groups.size(), -1);
@@ -62,6 +71,10 @@ Status TierManagerImpl::Init() {
   host_geometry_.slab_bytes = host_->slab_bytes();
   host_geometry_.arena_bytes = host_->arena_bytes();
   host_geometry_.num_slabs = host_->num_slabs();
+  // Classes made at registration are appended (MakeHostClassLocked): never a reallocation.
+  host_geometry_.classes.reserve(kMaxArenaClasses);
+  host_geometry_.per_slab.reserve(kMaxArenaClasses);
+  host_geometry_.most.reserve(kMaxArenaClasses);
   for (int c = 0; c < host_->num_classes(); ++c) {
     host_geometry_.classes.push_back(host_->class_bytes(c));
     host_geometry_.per_slab.push_back(host_->slots_per_slab(c));
@@ -113,7 +126,10 @@ Status TierManagerImpl::Init() {
     no.slot_bytes = opts_.slot_bytes;
     // The host tier's classes, one record class each, when the tier holds a slab of them;
     // else one class of slot_bytes.
-    if (host_->num_classes() > 1 && opts_.nvme.tier.capacity_bytes >= opts_.nvme.slab_bytes) {
+    if (opts_.classes_at_registration) {
+      no.records_by_size = true;  // slabs: AutoSlabBytes(capacity, slot_bytes + 4096)
+      no.slab_bytes = 0;
+    } else if (host_->num_classes() > 1 && opts_.nvme.tier.capacity_bytes >= opts_.nvme.slab_bytes) {
       for (int c = 0; c < host_->num_classes(); ++c) no.classes.push_back(host_->class_bytes(c));
       no.slab_bytes = opts_.nvme.slab_bytes;
     }
@@ -157,7 +173,10 @@ Status TierManagerImpl::Init() {
   for (int c = 0; c < host_->num_classes(); ++c) {
     host_classes += fmt::format("{}{} B", host_classes.empty() ? "" : ", ", host_->class_bytes(c));
   }
-  host_classes = host_->num_classes() == 1
+  host_classes = opts_.classes_at_registration
+                     ? fmt::format("classes made at registration on a {} B granule in {} slabs of {} B",
+                                   host_->granule(), host_->num_slabs(), host_->slab_bytes())
+                 : host_->num_classes() == 1
                      ? fmt::format("{} each", host_classes)
                      : fmt::format("classes {} in {} slabs of {} B", host_classes, host_->num_slabs(), host_->slab_bytes());
   spdlog::info("kvtier tiers: hbm {} | host {} slots ({}; {}) | nvme {}",
@@ -201,6 +220,17 @@ TierManagerImpl::~TierManagerImpl() {
 SlotFit TierManagerImpl::Fit(const ScaleContract& c) const {
   SlotFit f;
   if (c.slot_bytes() > slot_bytes_) return f;  // HBM and NVMe slots are slot_bytes
+  if (opts_.classes_at_registration) {
+    // The class of its block rounded up to the granule: made when it registers (-1 until
+    // then, with the size it will have).
+    const uint64_t g = host_->granule(), slot = (c.slot_bytes() + g - 1) / g * g;
+    if (slot > host_->slab_bytes()) return f;
+    const int cls = host_->ClassFor(slot);
+    f.cls = cls >= 0 && host_->class_bytes(cls) == slot ? cls : -1;
+    f.slot_bytes = slot;
+    f.fill = static_cast<double>(c.block_bytes()) / static_cast<double>(slot);
+    return f;
+  }
   f.cls = host_->ClassFor(c.slot_bytes());
   if (f.cls < 0) return f;
   f.slot_bytes = host_->class_bytes(f.cls);
@@ -222,6 +252,16 @@ SlotFit TierManagerImpl::FitOf(uint64_t contract_id) const {
 // A contract kvtier can hold: valid, and its block fits a slot.
 Status TierManagerImpl::CheckRegistrable(const ScaleContract& c) const {
   KVTIER_RETURN_IF_ERROR(c.Validate());
+  if (opts_.classes_at_registration) {
+    if (Fit(c).slot_bytes == 0) {
+      const uint64_t limit = std::min<uint64_t>(slot_bytes_, host_->slab_bytes());
+      return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
+                                 " bytes is larger than the largest block this daemon holds (" +
+                                 std::to_string(limit) + " bytes: tiers.slot_bytes" +
+                                 (limit < slot_bytes_ ? ", and the host tier's slab" : "") + ")");
+    }
+    return Status::Ok();
+  }
   if (Fit(c).cls < 0) {
     const uint64_t want = (uint64_t{c.slot_bytes()} + 4095) / 4096 * 4096;
     return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
@@ -233,9 +273,26 @@ Status TierManagerImpl::CheckRegistrable(const ScaleContract& c) const {
   return Status::Ok();
 }
 
+Status TierManagerImpl::MakeClassesLocked(const ScaleContract& c) {
+  if (!opts_.classes_at_registration) return Status::Ok();
+  auto h = host_->AddClass(c.slot_bytes());
+  if (!h.ok()) return Status::Unsupported(h.status().message());
+  if (static_cast<size_t>(*h) == host_geometry_.classes.size()) {  // a new one
+    host_geometry_.classes.push_back(host_->class_bytes(*h));
+    host_geometry_.per_slab.push_back(host_->slots_per_slab(*h));
+    host_geometry_.most.push_back(host_->most(*h));
+  }
+  if (nvme_) {
+    auto n = nvme_->AddClassFor(c.block_bytes());
+    if (!n.ok()) return Status::Unsupported(n.status().message());
+  }
+  return Status::Ok();
+}
+
 Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
   KVTIER_RETURN_IF_ERROR(CheckRegistrable(c));
   std::lock_guard<IndexMutex> l(mu_);
+  KVTIER_RETURN_IF_ERROR(MakeClassesLocked(c));
   if (contracts_.emplace(c.Id(), std::make_shared<const ScaleContract>(c)).second) {
     contracts_gen_.fetch_add(1, std::memory_order_release);
   }
@@ -267,6 +324,7 @@ Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, 
   KVTIER_RETURN_IF_ERROR(CheckRegistrable(c));
   std::lock_guard<IndexMutex> l(mu_);
   auto found = contracts_.find(id);
+  if (found == contracts_.end() || *found->second == c) KVTIER_RETURN_IF_ERROR(MakeClassesLocked(c));
   if (found != contracts_.end() && !(*found->second == c)) {
     return Status::Invalid("RegisterContractAs: id " + ContractIdHex(id) + " is another contract's");
   }
