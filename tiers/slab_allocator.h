@@ -26,6 +26,9 @@
 //   offset(id) = id * granule
 // The granule is the greatest common divisor of slab_bytes and every class size, so every
 // slot starts on one; it is a 4 KiB multiple, since sizes are (O_DIRECT and DMA alignment).
+// An arena whose classes are made later (MakeOnGranule, AddClass(bytes)) takes its granule
+// at start instead (AutoGranule: from the arena's size alone), and every class is a
+// multiple of it.
 // 64 MiB slabs of 576 KiB and 1440 KiB slots have a 32 KiB granule. The mapping never
 // changes at run time: a client needs the granule (attach reply) and its contract's class
 // size, never the slab table. Tables indexed by slot id have id_space() = arena / granule

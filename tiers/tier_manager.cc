@@ -640,6 +640,7 @@ Status TierManagerImpl::FreeSlot(SlotRef ref) {
 Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
   KVTIER_RETURN_IF_ERROR(o.Validate());
   if (o.slot_bytes != slot_bytes_ || o.slot_classes != opts_.slot_classes ||
+      o.classes_at_registration != opts_.classes_at_registration ||
       o.slab_bytes != opts_.slab_bytes || o.hbm.capacity_bytes != opts_.hbm.capacity_bytes ||
       o.host.capacity_bytes != opts_.host.capacity_bytes ||
       o.nvme.tier.capacity_bytes != opts_.nvme.tier.capacity_bytes || o.nvme.dir != opts_.nvme.dir ||

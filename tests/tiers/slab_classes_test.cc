@@ -588,6 +588,9 @@ TEST_F(AutoClassesTest, ABlockUpToTheLimitRegistersAndALargerOneIsRefusedByName)
       << st.ToString();
   EXPECT_FALSE(tm_->HasContract(over.Id()));
   EXPECT_EQ(tm_->host_geometry().classes.size(), 1u);
+  TierManagerOptions fixed = opts_;
+  fixed.classes_at_registration = false;
+  EXPECT_TRUE(tm_->Reconfigure(fixed).IsInvalid()) << "a restart changes how classes are made, not a reload";
 }
 
 TEST_F(AutoClassesTest, ListedClassesOrAnHbmTierAreRefusedWithIt) {
