@@ -89,8 +89,14 @@ Status TierManagerImpl::Init() {
     hb.device = opts_.cuda_device;
     hb.slot_bytes = opts_.slot_bytes;
     hb.slots = static_cast<uint32_t>(opts_.hbm.capacity_bytes / opts_.slot_bytes);
-    // The host tier's classes and slabs, when the HBM arena holds a slab of them.
-    if (!opts_.slot_classes.empty() && opts_.hbm.capacity_bytes >= opts_.slab_bytes) {
+    // The host tier's classes and slabs, when the HBM arena holds a slab of them; with
+    // classes made at registration, the HBM arena's own granule and slabs.
+    if (opts_.classes_at_registration) {
+      hb.classes_at_registration = true;
+      hb.arena_bytes = opts_.hbm.capacity_bytes;
+      hb.slab_bytes = AutoSlabBytes(hb.arena_bytes, opts_.slot_bytes, AutoGranule(hb.arena_bytes));
+      hb.slot_bytes = std::min(opts_.slot_bytes, hb.slab_bytes);
+    } else if (!opts_.slot_classes.empty() && opts_.hbm.capacity_bytes >= opts_.slab_bytes) {
       hb.classes = opts_.slot_classes;
       hb.slab_bytes = opts_.slab_bytes;
       hb.arena_bytes = opts_.hbm.capacity_bytes;
@@ -112,6 +118,9 @@ Status TierManagerImpl::Init() {
     hbm_geometry_.slab_bytes = hbm_->slab_bytes();
     hbm_geometry_.arena_bytes = hbm_->arena_bytes();
     hbm_geometry_.num_slabs = hbm_->num_slabs();
+    hbm_geometry_.classes.reserve(kMaxArenaClasses);  // MakeClassesLocked appends
+    hbm_geometry_.per_slab.reserve(kMaxArenaClasses);
+    hbm_geometry_.most.reserve(kMaxArenaClasses);
     for (int c = 0; c < hbm_->num_classes(); ++c) {
       hbm_geometry_.classes.push_back(hbm_->class_bytes(c));
       hbm_geometry_.per_slab.push_back(hbm_->slots_per_slab(c));
@@ -224,7 +233,7 @@ SlotFit TierManagerImpl::Fit(const ScaleContract& c) const {
     // The class of its block rounded up to the granule: made when it registers (-1 until
     // then, with the size it will have).
     const uint64_t g = host_->granule(), slot = (c.slot_bytes() + g - 1) / g * g;
-    if (slot > host_->slab_bytes()) return f;
+    if (slot > host_->slab_bytes() || (hbm_ && c.slot_bytes() > hbm_->slab_bytes())) return f;
     const int cls = host_->ClassFor(slot);
     f.cls = cls >= 0 && host_->class_bytes(cls) == slot ? cls : -1;
     f.slot_bytes = slot;
@@ -254,11 +263,11 @@ Status TierManagerImpl::CheckRegistrable(const ScaleContract& c) const {
   KVTIER_RETURN_IF_ERROR(c.Validate());
   if (opts_.classes_at_registration) {
     if (Fit(c).slot_bytes == 0) {
-      const uint64_t limit = std::min<uint64_t>(slot_bytes_, host_->slab_bytes());
+      const uint64_t limit = std::min<uint64_t>({slot_bytes_, host_->slab_bytes(), hbm_ ? hbm_->slab_bytes() : slot_bytes_});
       return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
                                  " bytes is larger than the largest block this daemon holds (" +
                                  std::to_string(limit) + " bytes: tiers.slot_bytes" +
-                                 (limit < slot_bytes_ ? ", and the host tier's slab" : "") + ")");
+                                 (limit < slot_bytes_ ? ", and a tier's slab" : "") + ")");
     }
     return Status::Ok();
   }
@@ -281,6 +290,15 @@ Status TierManagerImpl::MakeClassesLocked(const ScaleContract& c) {
     host_geometry_.classes.push_back(host_->class_bytes(*h));
     host_geometry_.per_slab.push_back(host_->slots_per_slab(*h));
     host_geometry_.most.push_back(host_->most(*h));
+  }
+  if (hbm_) {
+    auto b = hbm_->AddClass(c.slot_bytes());
+    if (!b.ok()) return Status::Unsupported(b.status().message());
+    if (static_cast<size_t>(*b) == hbm_geometry_.classes.size()) {
+      hbm_geometry_.classes.push_back(hbm_->class_bytes(*b));
+      hbm_geometry_.per_slab.push_back(hbm_->slots_per_slab(*b));
+      hbm_geometry_.most.push_back(hbm_->most(*b));
+    }
   }
   if (nvme_) {
     auto n = nvme_->AddClassFor(c.block_bytes());

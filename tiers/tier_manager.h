@@ -129,9 +129,10 @@ struct TierManagerOptions {
   // the usual limit); a registration makes the host class of its block rounded up to the
   // host granule (AutoGranule of the host capacity) in slabs of AutoSlabBytes, and the
   // NVMe record class of its block (records sized by their blocks, in slabs of
-  // AutoSlabBytes(nvme capacity, slot_bytes + 4096)). slot_classes must be empty and
-  // slab_bytes / nvme.slab_bytes are not used. The HBM tier keeps slots of listed sizes
-  // only: no HBM tier with it (Validate refuses one). Default: false
+  // AutoSlabBytes(nvme capacity, slot_bytes + 4096)), and the HBM class of its block
+  // rounded up to the HBM granule (AutoGranule of the HBM capacity, in slabs of
+  // AutoSlabBytes of it). slot_classes must be empty and slab_bytes / nvme.slab_bytes are
+  // not used. Default: false
   bool classes_at_registration = false;
   TierOptions hbm;                // needs CUDA and a GPU; ignored (tier absent) otherwise
   int cuda_device = 0;            // Default: 0

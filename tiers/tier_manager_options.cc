@@ -51,10 +51,6 @@ Status TierManagerOptions::Validate() const {
     if (!slot_classes.empty()) {
       return Status::Invalid("slot classes are listed and made at registration: one or the other");
     }
-    if (hbm.capacity_bytes > 0) {
-      return Status::Invalid("slot classes made at registration: the HBM tier takes listed slot classes only "
-                             "(set tiers.hbm.capacity to 0, or list the classes)");
-    }
   }
   if (!slot_classes.empty()) {
     if (*std::max_element(slot_classes.begin(), slot_classes.end()) != slot_bytes) {
@@ -71,7 +67,7 @@ Status TierManagerOptions::Validate() const {
   if (host.capacity_bytes / slot_bytes > UINT32_MAX || hbm.capacity_bytes / slot_bytes > UINT32_MAX) {
     return Status::Invalid("more than 2^32 slots in a tier");
   }
-  if (hbm.capacity_bytes > 0 && hbm.capacity_bytes < slot_bytes) {
+  if (hbm.capacity_bytes > 0 && hbm.capacity_bytes < slot_bytes && !classes_at_registration) {
     return Status::Invalid("hbm tier: capacity holds no slot");
   }
   if (cuda_device < 0) return Status::Invalid("cuda_device is negative");

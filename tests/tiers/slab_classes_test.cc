@@ -593,15 +593,13 @@ TEST_F(AutoClassesTest, ABlockUpToTheLimitRegistersAndALargerOneIsRefusedByName)
   EXPECT_TRUE(tm_->Reconfigure(fixed).IsInvalid()) << "a restart changes how classes are made, not a reload";
 }
 
-TEST_F(AutoClassesTest, ListedClassesOrAnHbmTierAreRefusedWithIt) {
+TEST_F(AutoClassesTest, ListedClassesAreRefusedWithIt) {
   TierManagerOptions o = opts_;
   o.slot_classes = {576 * KiB, 24 * MiB};
-  EXPECT_TRUE(TierManager::Open(o).status().IsInvalid());
-  o = opts_;
-  o.hbm.capacity_bytes = 1024 * MiB;
-  auto hbm = TierManager::Open(o);
-  ASSERT_TRUE(hbm.status().IsInvalid());
-  EXPECT_NE(hbm.status().message().find("HBM tier"), std::string::npos) << hbm.status().ToString();
+  auto both = TierManager::Open(o);
+  ASSERT_TRUE(both.status().IsInvalid());
+  EXPECT_NE(both.status().message().find("listed and made at registration"), std::string::npos)
+      << both.status().ToString();
 }
 
 }  // namespace
