@@ -59,9 +59,9 @@ inline constexpr size_t kMaxSlotClasses = 4;
 inline constexpr size_t kMaxArenaClasses = 64;
 inline constexpr uint64_t kDefaultSlabBytes = 64ull << 20;
 
-// Classes made at registration (tiers.slot_classes = "auto"): the granule is fixed when the
-// arena is made, from its size alone, so that it never depends on which contracts come
-// later, and every class is a block's bytes rounded up to it.
+// Classes made at registration (TierManagerOptions::classes_at_registration): the
+// granule is fixed when the arena is made, from its size alone, so that it never depends
+// on which contracts come later, and every class is a block's bytes rounded up to it.
 //
 // The granule is 4 KiB x 2^k, the smallest such that the arena has at most
 // kMaxGranuleIds slot ids (tables indexed by slot id cost ~24 B an id in every tier, ~29 B

@@ -50,7 +50,7 @@ struct HostPoolOptions {
   // slot_bytes / slots are ignored. Empty: one class, `slots` slots of `slot_bytes` in one
   // slab (slot s at s * slot_bytes). Default: empty
   std::vector<uint64_t> classes;
-  // Classes made at registration (TierManager: tiers.slot_classes = "auto"): the arena is
+  // Classes made at registration (TierManagerOptions::classes_at_registration): the arena is
   // `arena_bytes` in slabs of `slab_bytes` on the granule AutoGranule(arena_bytes), with no
   // class until AddClass makes one; `classes` must be empty, and slot_bytes is the largest
   // block (a class may be up to a slab). Default: false

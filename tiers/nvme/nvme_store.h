@@ -93,7 +93,7 @@ struct NvmeStoreOptions {
   // at most kMaxSlotClasses, the largest slot_bytes); a record of a class is 4096 + its
   // bytes. Default: empty (one class of slot_bytes)
   std::vector<uint64_t> classes;
-  // Records sized by their blocks (TierManager: tiers.slot_classes = "auto"): a payload
+  // Records sized by their blocks (TierManagerOptions::classes_at_registration): a payload
   // of n bytes (1..slot_bytes) takes a record of 4096 + n rounded up to 4 KiB, its class
   // made the first time a payload of that size comes (AddClassFor, or a write or the
   // index at open), at most kMaxArenaClasses; `classes` must be empty. The index's meta
