@@ -5,6 +5,21 @@
 
 namespace kvtier::tiers {
 
+uint64_t AutoGranule(uint64_t arena_bytes) {
+  uint64_t g = kMinGranule;
+  while (g < kMaxGranule && arena_bytes / g > kMaxGranuleIds) g *= 2;
+  return g;
+}
+
+uint64_t AutoSlabBytes(uint64_t arena_bytes, uint64_t max_block, uint64_t granule) {
+  if (granule == 0) return 0;
+  const uint64_t block = (std::max<uint64_t>(max_block, 1) + granule - 1) / granule * granule;
+  if (arena_bytes / (4 * block) >= 16) return 4 * block;
+  if (arena_bytes / (2 * block) >= 4) return 2 * block;
+  if (arena_bytes >= block) return block;
+  return arena_bytes / granule * granule;
+}
+
 StatusOr<SlabAllocator> SlabAllocator::Make(const std::string& what, uint64_t arena_bytes, uint64_t slab_bytes,
                                             std::vector<uint64_t> class_bytes) {
   if (class_bytes.empty() || class_bytes.size() > kMaxSlotClasses) {
@@ -46,7 +61,6 @@ StatusOr<SlabAllocator> SlabAllocator::Make(const std::string& what, uint64_t ar
     c.per_slab = static_cast<uint32_t>(slab_bytes / sz);
     a.classes_.push_back(std::move(c));
   }
-  a.made_ = a.classes_.size();
   a.classes_.reserve(kMaxArenaClasses);  // AddClass never moves a class (readers of the geometry hold no lock)
   a.slabs_.resize(n);
   for (uint32_t s = 0; s < n; ++s) a.pool_.insert(s);
@@ -54,17 +68,16 @@ StatusOr<SlabAllocator> SlabAllocator::Make(const std::string& what, uint64_t ar
 }
 
 StatusOr<int> SlabAllocator::AddClass(uint64_t bytes, uint64_t page_bytes) {
-  int made = -1;
-  for (size_t c = 0; c < made_; ++c) {
-    if (classes_[c].bytes == bytes) made = static_cast<int>(c);
-  }
+  const int made = ClassOfBytes(bytes);
   if (made < 0) return Status::Invalid("slot class of " + std::to_string(bytes) + " bytes is not one of the arena's");
   if (page_bytes == 0 || page_bytes % 16 != 0 || page_bytes > bytes) {
     return Status::Invalid("page of " + std::to_string(page_bytes) + " bytes for a slot of " + std::to_string(bytes) +
                            ": want a positive multiple of 16 no larger than the slot");
   }
-  for (size_t c = made_; c < classes_.size(); ++c) {
-    if (classes_[c].bytes == bytes && classes_[c].page_bytes == page_bytes) return static_cast<int>(c);
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    if (classes_[c].page_bytes != 0 && classes_[c].bytes == bytes && classes_[c].page_bytes == page_bytes) {
+      return static_cast<int>(c);
+    }
   }
   if (classes_.size() >= kMaxArenaClasses) {
     return Status::Invalid("the arena holds " + std::to_string(kMaxArenaClasses) +
@@ -87,10 +100,83 @@ uint64_t SlabAllocator::PageOffset(uint32_t id, int c, uint32_t layer) const {
 }
 
 int SlabAllocator::ClassFor(uint64_t bytes) const {
-  for (size_t c = 0; c < made_; ++c) {
-    if (classes_[c].bytes >= bytes) return static_cast<int>(c);
+  int best = -1;
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    const Class& k = classes_[c];
+    if (k.page_bytes == 0 && k.bytes >= bytes && (best < 0 || k.bytes < class_bytes(best))) best = static_cast<int>(c);
+  }
+  return best;
+}
+
+int SlabAllocator::ClassOfBytes(uint64_t bytes) const {
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    if (classes_[c].page_bytes == 0 && classes_[c].bytes == bytes) return static_cast<int>(c);
   }
   return -1;
+}
+
+uint64_t SlabAllocator::largest() const {
+  uint64_t m = 0;
+  for (const Class& k : classes_) {
+    if (k.page_bytes == 0) m = std::max(m, k.bytes);
+  }
+  return m;
+}
+
+StatusOr<int> SlabAllocator::AddClass(uint64_t bytes) {
+  if (bytes == 0 || bytes % granule_ != 0 || bytes > slab_bytes_) {
+    return Status::Invalid("slot class of " + std::to_string(bytes) + " bytes: want a positive multiple of the granule (" +
+                           std::to_string(granule_) + " bytes) no larger than a slab (" + std::to_string(slab_bytes_) +
+                           " bytes)");
+  }
+  const int have = ClassOfBytes(bytes);
+  if (have >= 0) return have;
+  if (classes_.size() >= kMaxArenaClasses) {
+    return Status::Invalid("the arena holds " + std::to_string(kMaxArenaClasses) +
+                           " slot classes already (one per slot size and HBM page geometry of the contracts it "
+                           "holds); a contract whose blocks take slots of " + std::to_string(bytes) +
+                           " bytes cannot take one: forget contracts of other sizes first, or restart the daemon");
+  }
+  Class k;
+  k.bytes = bytes;
+  k.per_slab = static_cast<uint32_t>(slab_bytes_ / bytes);
+  classes_.push_back(std::move(k));
+  return static_cast<int>(classes_.size() - 1);
+}
+
+StatusOr<SlabAllocator> SlabAllocator::MakeOnGranule(const std::string& what, uint64_t arena_bytes,
+                                                     uint64_t slab_bytes, uint64_t granule,
+                                                     std::vector<uint64_t> class_bytes) {
+  if (granule < kMinGranule || granule % kMinGranule != 0 || ((granule / kMinGranule) & (granule / kMinGranule - 1)) != 0) {
+    return Status::Invalid(what + ": granule " + std::to_string(granule) + " is not 4096 x a power of two");
+  }
+  if (slab_bytes == 0 || slab_bytes % granule != 0) {
+    return Status::Invalid(what + ": slab size " + std::to_string(slab_bytes) + " is not a positive multiple of the granule (" +
+                           std::to_string(granule) + ")");
+  }
+  if (class_bytes.size() > kMaxArenaClasses) {
+    return Status::Invalid(what + ": " + std::to_string(class_bytes.size()) + " slot classes; at most " +
+                           std::to_string(kMaxArenaClasses));
+  }
+  const uint64_t n = arena_bytes / slab_bytes;
+  if (n == 0) {
+    return Status::Invalid(what + ": " + std::to_string(arena_bytes) + " bytes hold no slab of " +
+                           std::to_string(slab_bytes) + " bytes");
+  }
+  if (n * slab_bytes / granule > UINT32_MAX) return Status::Invalid(what + ": more than 2^32 slot ids");
+  SlabAllocator a;
+  a.granule_ = granule;
+  a.slab_bytes_ = slab_bytes;
+  a.classes_.reserve(kMaxArenaClasses);  // AddClass never moves a class (readers of the geometry hold no lock)
+  a.slabs_.resize(n);
+  for (uint32_t s = 0; s < n; ++s) a.pool_.insert(s);
+  std::sort(class_bytes.begin(), class_bytes.end());
+  for (uint64_t sz : class_bytes) {
+    if (a.ClassOfBytes(sz) >= 0) return Status::Invalid(what + ": slot class " + std::to_string(sz) + " is listed twice");
+    auto c = a.AddClass(sz);
+    if (!c.ok()) return Status::Invalid(what + ": " + c.status().message());
+  }
+  return a;
 }
 
 uint32_t SlabAllocator::SlotId(uint32_t slab, uint32_t i) const {

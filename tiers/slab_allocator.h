@@ -26,6 +26,9 @@
 //   offset(id) = id * granule
 // The granule is the greatest common divisor of slab_bytes and every class size, so every
 // slot starts on one; it is a 4 KiB multiple, since sizes are (O_DIRECT and DMA alignment).
+// An arena whose classes are made later (MakeOnGranule, AddClass(bytes)) takes its granule
+// at start instead (AutoGranule: from the arena's size alone), and every class is a
+// multiple of it.
 // 64 MiB slabs of 576 KiB and 1440 KiB slots have a 32 KiB granule. The mapping never
 // changes at run time: a client needs the granule (attach reply) and its contract's class
 // size, never the slab table. Tables indexed by slot id have id_space() = arena / granule
@@ -50,10 +53,41 @@
 namespace kvtier::tiers {
 
 inline constexpr size_t kMaxSlotClasses = 4;
-// Classes of an arena at most, those added by AddClass included (the HBM tier's
-// (size, page bytes) classes, one per geometry of the contracts it holds).
-inline constexpr size_t kMaxArenaClasses = 16;
+// Classes of an arena at most, those added by AddClass included (block-major classes made
+// as contracts register, and the HBM tier's (size, page bytes) classes, one per geometry
+// of the contracts it holds).
+inline constexpr size_t kMaxArenaClasses = 64;
 inline constexpr uint64_t kDefaultSlabBytes = 64ull << 20;
+
+// Classes made at registration (TierManagerOptions::classes_at_registration): the
+// granule is fixed when the arena is made, from its size alone, so that it never depends
+// on which contracts come later, and every class is a block's bytes rounded up to it.
+//
+// The granule is 4 KiB x 2^k, the smallest such that the arena has at most
+// kMaxGranuleIds slot ids (tables indexed by slot id cost ~24 B an id in every tier, ~29 B
+// more in HBM), and at most kMaxGranule: 4 KiB up to a 16 GiB arena, 32 KiB for 100 GiB,
+// 64 KiB above 128 GiB. A block pays at most a granule less 1 byte of rounding: 648 KiB
+// (36 layers of 16-token NVFP4 blocks) takes 704 KiB at 64 KiB, 8.6%.
+inline constexpr uint64_t kMinGranule = 4096;
+inline constexpr uint64_t kMaxGranule = 64ull << 10;
+inline constexpr uint64_t kMaxGranuleIds = 4ull << 20;
+uint64_t AutoGranule(uint64_t arena_bytes);
+// The largest block a contract may have by default (tiers.slot_bytes in "auto" mode names
+// this limit): every slab holds one.
+inline constexpr uint64_t kDefaultMaxBlockBytes = 64ull << 20;
+// The slab size of an arena whose classes are made at registration, for slots of at most
+// `max_block` bytes (NVMe: the largest record, 4 KiB more): a slab must hold the largest
+// slot, and the tail a slab leaves (less than one slot) is a smaller share of a larger
+// slab. So: 4 x max_block when the arena holds 16 such slabs (256 MiB slabs from a 4 GiB
+// arena at the default 64 MiB limit), else 2 x max_block when it holds 4 of those, else
+// max_block; an arena smaller than max_block is one slab of itself (and its blocks are
+// limited to it). Always a multiple of `granule` (max_block is rounded up to it, the arena
+// down). At 2 x max_block or more, every block of 576 KiB to 20 MiB loses at most 6.7% to
+// its slab's tail (3 slots of 20 MiB in 64 MiB), with the 64 KiB granule's rounding at most
+// 8.8%, and NVMe records (4 KiB more than the block) at most 6.7% (docs/tiers.md "Slot
+// arenas"). At max_block itself an NVMe slab of 64 MiB + 4 KiB holds 7 records of 8 MiB +
+// 4 KiB (14% over), so a small NVMe tier pays more.
+uint64_t AutoSlabBytes(uint64_t arena_bytes, uint64_t max_block, uint64_t granule);
 
 class SlabAllocator {
  public:
@@ -64,6 +98,12 @@ class SlabAllocator {
   // `what`, otherwise, or when the arena holds no slab.
   static StatusOr<SlabAllocator> Make(const std::string& what, uint64_t arena_bytes, uint64_t slab_bytes,
                                       std::vector<uint64_t> class_bytes);
+  // An arena whose classes are made later (AddClass(bytes)), on a granule fixed now:
+  // `granule` a power-of-two multiple of 4 KiB dividing `slab_bytes`; `class_bytes` (may be
+  // empty) are made at once, each a multiple of the granule no larger than a slab, at most
+  // kMaxArenaClasses. Invalid, naming `what`, otherwise.
+  static StatusOr<SlabAllocator> MakeOnGranule(const std::string& what, uint64_t arena_bytes, uint64_t slab_bytes,
+                                               uint64_t granule, std::vector<uint64_t> class_bytes = {});
 
   // Geometry (fixed at Make).
   uint64_t granule() const { return granule_; }
@@ -74,17 +114,27 @@ class SlabAllocator {
   size_t num_classes() const { return classes_.size(); }
   // Make's classes are ordered smallest first: class 0 is the smallest. AddClass appends.
   uint64_t class_bytes(int c) const { return classes_[static_cast<size_t>(c)].bytes; }
-  uint64_t largest() const { return made_ == 0 ? 0 : classes_[made_ - 1].bytes; }
+  // The largest block-major class (Make's or AddClass(bytes)'s); 0 when there is none.
+  uint64_t largest() const;
   uint32_t slots_per_slab(int c) const { return classes_[static_cast<size_t>(c)].per_slab; }
-  // The smallest class made by Make whose slots hold `bytes`; -1 when none does.
+  // The smallest block-major class (Make's or AddClass(bytes)'s) whose slots hold `bytes`;
+  // -1 when none does.
   int ClassFor(uint64_t bytes) const;
+  // The block-major class of exactly `bytes`; -1 when there is none.
+  int ClassOfBytes(uint64_t bytes) const;
+  // Block-major classes made at registration: the class of `bytes` (a positive multiple of
+  // the granule, at most slab_bytes), the existing one or one appended (class indexes never
+  // change, the granule never changes). Invalid, and nothing changes, for other sizes or
+  // when the arena holds kMaxArenaClasses classes already (the message says so).
+  StatusOr<int> AddClass(uint64_t bytes);
   // Layer-major classes (the HBM tier, docs/tiers.md "Layer-major HBM"): a class of slots of
   // `bytes` whose slabs store their slots' pages of `page_bytes` layer after layer (page l
   // of slot j of a slab at l * per_slab * page_bytes + j * page_bytes). Two geometries
   // never share a slab, since their pages would overlap, so a class is a (bytes,
   // page_bytes) pair: the existing one is returned, or one is appended (class indexes
-  // never change). bytes must be one of Make's sizes (so the granule stays), page_bytes a
-  // positive multiple of 16 no larger than bytes. Invalid past kMaxArenaClasses.
+  // never change). bytes must be the size of a block-major class (so the granule stays),
+  // page_bytes a positive multiple of 16 no larger than bytes. Invalid past
+  // kMaxArenaClasses.
   StatusOr<int> AddClass(uint64_t bytes, uint64_t page_bytes);
   // The page bytes of class c's layer-major slabs; 0 for Make's (block-major) classes.
   uint64_t page_bytes(int c) const { return classes_[static_cast<size_t>(c)].page_bytes; }
@@ -164,7 +214,6 @@ class SlabAllocator {
   uint64_t granule_ = 0;
   uint64_t slab_bytes_ = 0;
   std::vector<Class> classes_;  // Make's smallest first, then AddClass's
-  size_t made_ = 0;             // classes made by Make
   std::vector<Slab> slabs_;
   std::set<uint32_t> pool_;     // free slabs
 };

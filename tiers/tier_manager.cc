@@ -46,6 +46,15 @@ Status TierManagerImpl::Init() {
   ho.classes = opts_.slot_classes;
   ho.slab_bytes = opts_.slab_bytes;
   ho.arena_bytes = opts_.host.capacity_bytes;
+  if (opts_.classes_at_registration) {
+    // No class yet; the granule from the arena's size alone, slabs that hold the largest
+    // block (an arena smaller than that is one slab, and blocks are limited to it).
+    const uint64_t g = AutoGranule(opts_.host.capacity_bytes);
+    ho.classes.clear();
+    ho.classes_at_registration = true;
+    ho.slab_bytes = AutoSlabBytes(opts_.host.capacity_bytes, opts_.slot_bytes, g);
+    ho.slot_bytes = std::min(opts_.slot_bytes, ho.slab_bytes);
+  }
   if (opts_.host_parts && quotas()) {
     // One part per group with a host share, in group order; the rest is the common pool.
     part_of_group_.assign(opts_.groups.size(), -1);
@@ -62,6 +71,10 @@ Status TierManagerImpl::Init() {
   host_geometry_.slab_bytes = host_->slab_bytes();
   host_geometry_.arena_bytes = host_->arena_bytes();
   host_geometry_.num_slabs = host_->num_slabs();
+  // Classes made at registration are appended (MakeHostClassLocked): never a reallocation.
+  host_geometry_.classes.reserve(kMaxArenaClasses);
+  host_geometry_.per_slab.reserve(kMaxArenaClasses);
+  host_geometry_.most.reserve(kMaxArenaClasses);
   for (int c = 0; c < host_->num_classes(); ++c) {
     host_geometry_.classes.push_back(host_->class_bytes(c));
     host_geometry_.per_slab.push_back(host_->slots_per_slab(c));
@@ -76,8 +89,14 @@ Status TierManagerImpl::Init() {
     hb.device = opts_.cuda_device;
     hb.slot_bytes = opts_.slot_bytes;
     hb.slots = static_cast<uint32_t>(opts_.hbm.capacity_bytes / opts_.slot_bytes);
-    // The host tier's classes and slabs, when the HBM arena holds a slab of them.
-    if (!opts_.slot_classes.empty() && opts_.hbm.capacity_bytes >= opts_.slab_bytes) {
+    // The host tier's classes and slabs, when the HBM arena holds a slab of them; with
+    // classes made at registration, the HBM arena's own granule and slabs.
+    if (opts_.classes_at_registration) {
+      hb.classes_at_registration = true;
+      hb.arena_bytes = opts_.hbm.capacity_bytes;
+      hb.slab_bytes = AutoSlabBytes(hb.arena_bytes, opts_.slot_bytes, AutoGranule(hb.arena_bytes));
+      hb.slot_bytes = std::min(opts_.slot_bytes, hb.slab_bytes);
+    } else if (!opts_.slot_classes.empty() && opts_.hbm.capacity_bytes >= opts_.slab_bytes) {
       hb.classes = opts_.slot_classes;
       hb.slab_bytes = opts_.slab_bytes;
       hb.arena_bytes = opts_.hbm.capacity_bytes;
@@ -99,6 +118,9 @@ Status TierManagerImpl::Init() {
     hbm_geometry_.slab_bytes = hbm_->slab_bytes();
     hbm_geometry_.arena_bytes = hbm_->arena_bytes();
     hbm_geometry_.num_slabs = hbm_->num_slabs();
+    hbm_geometry_.classes.reserve(kMaxArenaClasses);  // MakeClassesLocked appends
+    hbm_geometry_.per_slab.reserve(kMaxArenaClasses);
+    hbm_geometry_.most.reserve(kMaxArenaClasses);
     for (int c = 0; c < hbm_->num_classes(); ++c) {
       hbm_geometry_.classes.push_back(hbm_->class_bytes(c));
       hbm_geometry_.per_slab.push_back(hbm_->slots_per_slab(c));
@@ -113,7 +135,10 @@ Status TierManagerImpl::Init() {
     no.slot_bytes = opts_.slot_bytes;
     // The host tier's classes, one record class each, when the tier holds a slab of them;
     // else one class of slot_bytes.
-    if (host_->num_classes() > 1 && opts_.nvme.tier.capacity_bytes >= opts_.nvme.slab_bytes) {
+    if (opts_.classes_at_registration) {
+      no.records_by_size = true;  // slabs: AutoSlabBytes(capacity, slot_bytes + 4096)
+      no.slab_bytes = 0;
+    } else if (host_->num_classes() > 1 && opts_.nvme.tier.capacity_bytes >= opts_.nvme.slab_bytes) {
       for (int c = 0; c < host_->num_classes(); ++c) no.classes.push_back(host_->class_bytes(c));
       no.slab_bytes = opts_.nvme.slab_bytes;
     }
@@ -157,7 +182,10 @@ Status TierManagerImpl::Init() {
   for (int c = 0; c < host_->num_classes(); ++c) {
     host_classes += fmt::format("{}{} B", host_classes.empty() ? "" : ", ", host_->class_bytes(c));
   }
-  host_classes = host_->num_classes() == 1
+  host_classes = opts_.classes_at_registration
+                     ? fmt::format("classes made at registration on a {} B granule in {} slabs of {} B",
+                                   host_->granule(), host_->num_slabs(), host_->slab_bytes())
+                 : host_->num_classes() == 1
                      ? fmt::format("{} each", host_classes)
                      : fmt::format("classes {} in {} slabs of {} B", host_classes, host_->num_slabs(), host_->slab_bytes());
   spdlog::info("kvtier tiers: hbm {} | host {} slots ({}; {}) | nvme {}",
@@ -201,6 +229,17 @@ TierManagerImpl::~TierManagerImpl() {
 SlotFit TierManagerImpl::Fit(const ScaleContract& c) const {
   SlotFit f;
   if (c.slot_bytes() > slot_bytes_) return f;  // HBM and NVMe slots are slot_bytes
+  if (opts_.classes_at_registration) {
+    // The class of its block rounded up to the granule: made when it registers (-1 until
+    // then, with the size it will have).
+    const uint64_t g = host_->granule(), slot = (c.slot_bytes() + g - 1) / g * g;
+    if (slot > host_->slab_bytes() || (hbm_ && c.slot_bytes() > hbm_->slab_bytes())) return f;
+    const int cls = host_->ClassFor(slot);
+    f.cls = cls >= 0 && host_->class_bytes(cls) == slot ? cls : -1;
+    f.slot_bytes = slot;
+    f.fill = static_cast<double>(c.block_bytes()) / static_cast<double>(slot);
+    return f;
+  }
   f.cls = host_->ClassFor(c.slot_bytes());
   if (f.cls < 0) return f;
   f.slot_bytes = host_->class_bytes(f.cls);
@@ -222,9 +261,48 @@ SlotFit TierManagerImpl::FitOf(uint64_t contract_id) const {
 // A contract kvtier can hold: valid, and its block fits a slot.
 Status TierManagerImpl::CheckRegistrable(const ScaleContract& c) const {
   KVTIER_RETURN_IF_ERROR(c.Validate());
+  if (opts_.classes_at_registration) {
+    if (Fit(c).slot_bytes == 0) {
+      const uint64_t limit = std::min<uint64_t>({slot_bytes_, host_->slab_bytes(), hbm_ ? hbm_->slab_bytes() : slot_bytes_});
+      return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
+                                 " bytes is larger than the largest block this daemon holds (" +
+                                 std::to_string(limit) + " bytes: tiers.slot_bytes" +
+                                 (limit < slot_bytes_ ? ", and a tier's slab" : "") + ")");
+    }
+    return Status::Ok();
+  }
   if (Fit(c).cls < 0) {
+    const uint64_t want = (uint64_t{c.slot_bytes()} + 4095) / 4096 * 4096;
     return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
-                               " bytes does not fit a slot of " + std::to_string(slot_bytes_));
+                               " bytes does not fit a slot of " + std::to_string(slot_bytes_) +
+                               " (tiers.slot_bytes); a daemon with tiers.slot_bytes of at least " +
+                               std::to_string(want) + " (" + std::to_string(want / 1024) +
+                               "KiB) holds it");
+  }
+  return Status::Ok();
+}
+
+Status TierManagerImpl::MakeClassesLocked(const ScaleContract& c) {
+  if (!opts_.classes_at_registration) return Status::Ok();
+  auto h = host_->AddClass(c.slot_bytes());
+  if (!h.ok()) return Status::Unsupported(h.status().message());
+  if (static_cast<size_t>(*h) == host_geometry_.classes.size()) {  // a new one
+    host_geometry_.classes.push_back(host_->class_bytes(*h));
+    host_geometry_.per_slab.push_back(host_->slots_per_slab(*h));
+    host_geometry_.most.push_back(host_->most(*h));
+  }
+  if (hbm_) {
+    auto b = hbm_->AddClass(c.slot_bytes());
+    if (!b.ok()) return Status::Unsupported(b.status().message());
+    if (static_cast<size_t>(*b) == hbm_geometry_.classes.size()) {
+      hbm_geometry_.classes.push_back(hbm_->class_bytes(*b));
+      hbm_geometry_.per_slab.push_back(hbm_->slots_per_slab(*b));
+      hbm_geometry_.most.push_back(hbm_->most(*b));
+    }
+  }
+  if (nvme_) {
+    auto n = nvme_->AddClassFor(c.block_bytes());
+    if (!n.ok()) return Status::Unsupported(n.status().message());
   }
   return Status::Ok();
 }
@@ -232,6 +310,7 @@ Status TierManagerImpl::CheckRegistrable(const ScaleContract& c) const {
 Status TierManagerImpl::RegisterContract(const ScaleContract& c) {
   KVTIER_RETURN_IF_ERROR(CheckRegistrable(c));
   std::lock_guard<IndexMutex> l(mu_);
+  KVTIER_RETURN_IF_ERROR(MakeClassesLocked(c));
   if (contracts_.emplace(c.Id(), std::make_shared<const ScaleContract>(c)).second) {
     contracts_gen_.fetch_add(1, std::memory_order_release);
   }
@@ -263,6 +342,7 @@ Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, 
   KVTIER_RETURN_IF_ERROR(CheckRegistrable(c));
   std::lock_guard<IndexMutex> l(mu_);
   auto found = contracts_.find(id);
+  if (found == contracts_.end() || *found->second == c) KVTIER_RETURN_IF_ERROR(MakeClassesLocked(c));
   if (found != contracts_.end() && !(*found->second == c)) {
     return Status::Invalid("RegisterContractAs: id " + ContractIdHex(id) + " is another contract's");
   }
@@ -578,6 +658,7 @@ Status TierManagerImpl::FreeSlot(SlotRef ref) {
 Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
   KVTIER_RETURN_IF_ERROR(o.Validate());
   if (o.slot_bytes != slot_bytes_ || o.slot_classes != opts_.slot_classes ||
+      o.classes_at_registration != opts_.classes_at_registration ||
       o.slab_bytes != opts_.slab_bytes || o.hbm.capacity_bytes != opts_.hbm.capacity_bytes ||
       o.host.capacity_bytes != opts_.host.capacity_bytes ||
       o.nvme.tier.capacity_bytes != opts_.nvme.tier.capacity_bytes || o.nvme.dir != opts_.nvme.dir ||

@@ -124,6 +124,16 @@ struct TierManagerOptions {
   // Default: empty
   std::vector<uint64_t> slot_classes;
   uint64_t slab_bytes = kDefaultSlabBytes;  // with slot_classes: a 4 KiB multiple >= slot_bytes. Default: 64 MiB
+  // Slot classes made at registration (docs/tiers.md "Classes made at registration"):
+  // slot_bytes is the largest block a contract may have (kDefaultMaxBlockBytes, 64 MiB, is
+  // the usual limit); a registration makes the host class of its block rounded up to the
+  // host granule (AutoGranule of the host capacity) in slabs of AutoSlabBytes, and the
+  // NVMe record class of its block (records sized by their blocks, in slabs of
+  // AutoSlabBytes(nvme capacity, slot_bytes + 4096)), and the HBM class of its block
+  // rounded up to the HBM granule (AutoGranule of the HBM capacity, in slabs of
+  // AutoSlabBytes of it). slot_classes must be empty and slab_bytes / nvme.slab_bytes are
+  // not used. Default: false
+  bool classes_at_registration = false;
   TierOptions hbm;                // needs CUDA and a GPU; ignored (tier absent) otherwise
   int cuda_device = 0;            // Default: 0
   // How the HBM tier copies host -> HBM and over how many streams (HbmPoolOptions::copy,

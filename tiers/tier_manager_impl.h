@@ -121,6 +121,9 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   SlotFit Fit(const ScaleContract& c) const override;
   SlotFit FitOf(uint64_t contract_id) const override;
   Status CheckRegistrable(const ScaleContract& c) const;
+  // Classes made at registration: the host class and the NVMe record class of c's block
+  // (existing ones, or new ones); Unsupported past kMaxArenaClasses. Nothing otherwise.
+  Status MakeClassesLocked(const ScaleContract& c);
   uint8_t* hbm_base() const override { return hbm_ ? hbm_->base() : nullptr; }
   Status hbm_ipc_handle(uint8_t out[64]) const override {
     if (!hbm_) return Status::Unsupported("no HBM tier");

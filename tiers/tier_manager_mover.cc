@@ -113,10 +113,11 @@ void TierManagerImpl::RunWrites(std::vector<std::pair<Block*, bool>> batch) {
     // starved one (the host tier's rule, TakeSlabLocked), else the class's coldest
     // unpinned records go.
     TierState& n = T(kN);
-    uint32_t need[kMaxSlotClasses] = {};
-    const Block* first[kMaxSlotClasses] = {};
+    uint32_t need[kMaxArenaClasses] = {};
+    const Block* first[kMaxArenaClasses] = {};
     for (const auto& w : batch) {
       const int c = n.ClassOf(w.first->bytes);
+      if (c < 0) continue;  // no record class holds it: its write is refused
       if (need[c]++ == 0) first[c] = w.first;
     }
     for (int c = 0; c < n.num_classes(); ++c) {

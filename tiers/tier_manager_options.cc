@@ -47,6 +47,11 @@ Status TierManagerOptions::Validate() const {
     return Status::Invalid("hbm copy streams " + std::to_string(hbm_copy_streams) + " not in [1, " +
                            std::to_string(HbmPoolOptions::kMaxStreams) + "]");
   }
+  if (classes_at_registration) {
+    if (!slot_classes.empty()) {
+      return Status::Invalid("slot classes are listed and made at registration: one or the other");
+    }
+  }
   if (!slot_classes.empty()) {
     if (*std::max_element(slot_classes.begin(), slot_classes.end()) != slot_bytes) {
       return Status::Invalid("slot classes: the largest must be slot_bytes (" + std::to_string(slot_bytes) +
@@ -55,14 +60,14 @@ Status TierManagerOptions::Validate() const {
     auto a = SlabAllocator::Make("host tier", host.capacity_bytes, slab_bytes, slot_classes);
     if (!a.ok()) return a.status();
   }
-  if (host.capacity_bytes < slot_bytes) {
+  if (host.capacity_bytes < slot_bytes && !classes_at_registration) {
     return Status::Invalid("host tier: capacity " + std::to_string(host.capacity_bytes) +
                            " bytes holds no slot of " + std::to_string(slot_bytes));
   }
   if (host.capacity_bytes / slot_bytes > UINT32_MAX || hbm.capacity_bytes / slot_bytes > UINT32_MAX) {
     return Status::Invalid("more than 2^32 slots in a tier");
   }
-  if (hbm.capacity_bytes > 0 && hbm.capacity_bytes < slot_bytes) {
+  if (hbm.capacity_bytes > 0 && hbm.capacity_bytes < slot_bytes && !classes_at_registration) {
     return Status::Invalid("hbm tier: capacity holds no slot");
   }
   if (cuda_device < 0) return Status::Invalid("cuda_device is negative");
@@ -91,7 +96,8 @@ Status TierManagerOptions::Validate() const {
     if (nvme.queue_depth == 0 || nvme.queue_depth > 4096) {
       return Status::Invalid("nvme tier: queue_depth not in [1, 4096]");
     }
-    if (nvme.slab_bytes == 0 || nvme.slab_bytes % 4096 != 0 || nvme.slab_bytes < slot_bytes + 4096) {
+    if (!classes_at_registration &&
+        (nvme.slab_bytes == 0 || nvme.slab_bytes % 4096 != 0 || nvme.slab_bytes < slot_bytes + 4096)) {
       return Status::Invalid("nvme tier: slab_bytes " + std::to_string(nvme.slab_bytes) +
                              " is not a 4096 multiple that holds a record of slot_bytes + 4096 (" +
                              std::to_string(slot_bytes + 4096) + ")");

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -252,7 +253,11 @@ class TierState {
   uint32_t want_free[kMaxArenaClasses] = {};  // per slot class (HBM: AddClass's too)
   // With host parts: the quota group of that alloc (its part, if it has one, and the
   // common pool must have the room); -1: without host parts.
-  int64_t want_group[kMaxArenaClasses] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+  std::array<int64_t, kMaxArenaClasses> want_group = [] {
+    std::array<int64_t, kMaxArenaClasses> a{};
+    a.fill(-1);
+    return a;
+  }();
   uint32_t demoting = 0;             // demotions in flight out of this tier (HBM, host)
   uint64_t slab_moves = 0;           // slabs moved from one slot class to another
   // Slabs draining for another class (slab, class), and per class the run of the

@@ -808,6 +808,75 @@ TEST_F(HbmTierManager, SlotClassesHoldEachContractInItsClass) {
   }
 }
 
+// Classes made at registration (TierManagerOptions::classes_at_registration) in HBM: each
+// contract's block rounded up to the HBM granule (4 KiB for a 256 MiB arena) is its class,
+// made when it registers; blocks of three geometries share the arena, each where
+// hbm_base + slot * granule says, byte for byte, out to host and back.
+TEST_F(HbmTierManager, ClassesMadeAtRegistrationHoldThreeGeometries) {
+  SKIP_WITHOUT_GPU();
+  ScaleContract mid = c_, fp8 = c_;
+  mid.model_id = "test/model-40";
+  mid.geometry.num_layers = 40;  // 720 KiB
+  mid.SetUnitScales();
+  fp8.model_id = "test/model-36-fp8";
+  fp8.format = KvFormat::kFp8;
+  fp8.geometry = Geometry{36, 8, 128, 64};  // 4.5 MiB
+  fp8.SetUnitScales();
+  o_.classes_at_registration = true;
+  o_.slot_bytes = 64ull << 20;
+  o_.hbm.capacity_bytes = 256ull << 20;
+  o_.hbm.high_watermark = 1.0;
+  o_.hbm.low_watermark = 0.99;
+  o_.host.capacity_bytes = 256ull << 20;
+  o_.nvme.tier.capacity_bytes = 0;
+  OpenTm();
+  ASSERT_TRUE(tm_->RegisterContract(mid).ok());
+  ASSERT_TRUE(tm_->RegisterContract(fp8).ok());
+  const HostGeometry& g = tm_->hbm_geometry();
+  ASSERT_EQ(g.classes.size(), 3u);
+  EXPECT_EQ(g.granule, 4096u);
+  EXPECT_EQ(g.slab_bytes, 64ull << 20);
+  auto hbm = [&](SlotRef r) { return tm_->hbm_base() + uint64_t{r.slot} * g.granule; };
+  const std::vector<const ScaleContract*> cs{&c_, &mid, &fp8};
+  uint64_t slot_bytes = 0;
+  for (uint64_t i = 0; i < 6; ++i) {
+    const ScaleContract& c = *cs[i % 3];
+    std::vector<SlotRef> s;
+    ASSERT_TRUE(tm_->AllocSlots(c.Id(), 1, Tier::kHbm, &s).ok()) << i;
+    ASSERT_TRUE(DeviceFill(hbm(s[0]), c.block_bytes(), 900 + i));
+    ASSERT_TRUE(tm_->Commit(c.Id(), s[0], K(900 + i), Key128{}).ok());
+    ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+    slot_bytes += (c.slot_bytes() + 4095) / 4096 * 4096;
+  }
+  EXPECT_EQ(tm_->Stats()[0].used_bytes, slot_bytes);
+  auto check = [&](Tier t) {
+    for (uint64_t i = 0; i < 6; ++i) {
+      const ScaleContract& c = *cs[i % 3];
+      const std::vector<Key128> keys{K(900 + i)};
+      std::promise<std::vector<SlotRef>> p;
+      tm_->Acquire(c.Id(), keys, t, [&](Status st, std::vector<SlotRef> v) {
+        EXPECT_TRUE(st.ok()) << st.ToString();
+        p.set_value(std::move(v));
+      });
+      auto s = p.get_future().get();
+      ASSERT_EQ(s.size(), 1u) << i;
+      if (t == Tier::kHbm) {
+        EXPECT_TRUE(DeviceMatches(hbm(s[0]), c.block_bytes(), 900 + i)) << i;
+      } else {
+        EXPECT_TRUE(testing::Matches(arena_ + uint64_t{s[0].slot} * tm_->host_geometry().granule, c.block_bytes(),
+                                     900 + i))
+            << i;
+      }
+      ASSERT_TRUE(tm_->Unpin(s[0]).ok());
+    }
+  };
+  check(Tier::kHbm);
+  ASSERT_TRUE(tm_->Flush(Tier::kHost).ok());
+  EXPECT_EQ(tm_->Stats()[0].blocks, 0u);
+  check(Tier::kHost);
+  check(Tier::kHbm);  // promoted back
+}
+
 class HbmChanged : public HbmTierManager, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(HbmChanged, ChangedBlockIsDroppedOnTheWayDown) {

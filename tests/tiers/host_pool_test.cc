@@ -199,5 +199,62 @@ TEST(HostPool, PartsOfSlabsNumberSlabsOverTheParts) {
   EXPECT_EQ(pool.SlabClass(2), 1);  // moved, in the common pool still
 }
 
+// Classes made at registration: none at start, the granule from the arena's size alone
+// (4 KiB up to 16 GiB), a class per block size rounded up to it, the same index in every
+// part, refusals that change nothing.
+TEST(HostPool, ClassesMadeAtRegistrationAreTheSameInEveryPart) {
+  constexpr uint64_t MiB = 1024 * 1024;
+  HostPoolOptions o;
+  o.classes_at_registration = true;
+  o.slot_bytes = 8 * MiB;   // the largest block
+  o.slab_bytes = 16 * MiB;
+  o.arena_bytes = 8 * 16 * MiB;
+  o.part_shares = {0.25};   // 2 slabs; the common pool 6
+  o.populate = false;
+  o.cuda_register = false;
+  auto p = HostPool::Create(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HostPool& pool = **p;
+  EXPECT_EQ(pool.num_classes(), 0);
+  EXPECT_EQ(pool.granule(), 4096u);
+  EXPECT_EQ(pool.slab_bytes(), 16 * MiB);
+  EXPECT_EQ(pool.slots(), 8u * 2) << "none made yet: slots of the largest block";
+  auto a = pool.AddClass(576 * 1024 + 1);  // rounded up to the granule
+  auto b = pool.AddClass(5 * MiB);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString();
+  EXPECT_EQ(*a, 0);
+  EXPECT_EQ(*b, 1);
+  EXPECT_EQ(pool.class_bytes(0), 580u * 1024);
+  EXPECT_EQ(*pool.AddClass(580 * 1024), 0) << "the existing class of that size";
+  EXPECT_EQ(pool.num_classes(), 2);
+  EXPECT_EQ(pool.slots(), pool.most(0));
+  EXPECT_TRUE(pool.AddClass(16 * MiB + 1).status().IsInvalid()) << "larger than a slab";
+  EXPECT_TRUE(pool.AddClass(0).status().IsInvalid());
+  EXPECT_EQ(pool.num_classes(), 2);
+  // Slots of either class in the part and in the common pool; granule-aligned, inside
+  // their slab, of the class's size.
+  auto s0 = pool.Alloc(*b, 0), s1 = pool.Alloc(*a, -1), s2 = pool.Alloc(*b, -1);
+  ASSERT_TRUE(s0 && s1 && s2);
+  EXPECT_EQ(pool.PartOfSlot(*s0), 0);
+  EXPECT_EQ(pool.PartOfSlot(*s1), 1);
+  EXPECT_EQ(pool.slot_size(*s0), 5 * MiB);
+  EXPECT_EQ(pool.slot_size(*s1), 580u * 1024);
+  EXPECT_EQ(pool.slot_size(*s2), 5 * MiB);
+  std::memset(pool.slot_ptr(*s2), 0x5a, 5 * MiB);
+  EXPECT_EQ(pool.used_bytes(), 2 * 5 * MiB + 580 * 1024);
+  // Up to kMaxArenaClasses, then a refusal that says so.
+  for (uint64_t k = 1; pool.num_classes() < static_cast<int>(kMaxArenaClasses); ++k) ASSERT_TRUE(pool.AddClass(k * 4096).ok());
+  auto over = pool.AddClass(7 * MiB);
+  ASSERT_TRUE(over.status().IsInvalid());
+  EXPECT_NE(over.status().message().find("slot classes already"), std::string::npos) << over.status().ToString();
+  EXPECT_EQ(pool.num_classes(), static_cast<int>(kMaxArenaClasses));
+  HostPoolOptions both = o;
+  both.classes = {4096};
+  EXPECT_TRUE(HostPool::Create(both).status().IsInvalid());
+  HostPoolOptions big = o;
+  big.slot_bytes = 32 * MiB;
+  EXPECT_TRUE(HostPool::Create(big).status().IsInvalid()) << "the largest block does not fit a slab";
+}
+
 }  // namespace
 }  // namespace kvtier::tiers

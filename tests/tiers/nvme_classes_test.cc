@@ -449,3 +449,85 @@ TEST(NvmeIndexFormat, RefusesAnEntryOfAnotherVersion) {
 
 }  // namespace
 }  // namespace kvtier::tiers
+
+namespace kvtier::tiers {
+namespace {
+
+NvmeStoreOptions BySize(const std::string& dir) {
+  NvmeStoreOptions o = Opts(dir, {});
+  o.records_by_size = true;
+  return o;
+}
+
+// Records sized by their blocks (records_by_size): a class is made the first time a size
+// comes, a record is 4096 + the payload rounded to 4 KiB, and after a restart every slab's
+// class comes from the records on disk: the classes were made big first before it, small
+// first (the index's key order) after it, and every block is read back byte-exact.
+TEST(NvmeClasses, RecordsSizedByTheirBlocksSurviveARestartInAnyClassOrder) {
+  testing::TempDir d;
+  std::map<uint64_t, uint32_t> records;
+  {
+    auto s = NvmeStore::Open(BySize(d.path()));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ((*s)->num_classes(), 0);
+    EXPECT_EQ((*s)->ClassFor(LenOf(1)), -1);
+    EXPECT_NE((*s)->geometry().ToString().find("records of the sizes of their blocks"), std::string::npos)
+        << (*s)->geometry().ToString();
+    for (uint64_t i = 1; i < 40; i += 2) ASSERT_TRUE(Write(**s, i, i + 1).ok());  // big ones first
+    for (uint64_t i = 0; i < 40; i += 2) ASSERT_TRUE(Write(**s, i, i + 1).ok());
+    ASSERT_EQ((*s)->num_classes(), 2);
+    EXPECT_EQ((*s)->class_bytes(0), 4 * KiB + 64 * KiB);
+    EXPECT_EQ((*s)->class_bytes(1), 4 * KiB + 16 * KiB);
+    for (uint64_t i = 0; i < 40; ++i) {
+      EXPECT_EQ(RecordBytesOf(**s, i), 4 * KiB + RoundUp4K(LenOf(i))) << i;
+      records[i] = (*s)->Find(Id(i))->record;
+    }
+    const NvmeStoreStats st = (*s)->Stats();
+    EXPECT_EQ(st.used_bytes, 20 * (68 + 20) * KiB);
+    EXPECT_EQ(st.record_bytes, 20 * KiB);
+    // A payload larger than a record may hold is refused, and no class is made for it.
+    auto big = Aligned(2 * kBig);
+    NvmeWrite w;
+    w.id = Id(999);
+    w.payload = big.get();
+    w.len = kBig + 4096;
+    (void)(*s)->WriteBatch(std::span<NvmeWrite>(&w, 1));
+    EXPECT_TRUE(w.result.IsInvalid()) << w.result.ToString();
+    EXPECT_EQ((*s)->num_classes(), 2);
+  }
+  auto s = NvmeStore::Open(BySize(d.path()));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ((*s)->Stats().index_entries_dropped, 0u);
+  EXPECT_EQ((*s)->Stats().loaded_at_open, records.size());
+  ASSERT_EQ((*s)->num_classes(), 2);
+  EXPECT_EQ((*s)->class_bytes(0), 4 * KiB + 16 * KiB) << "the index's first entry is block 0, a small one";
+  for (uint64_t i = 0; i < 40; ++i) {
+    EXPECT_TRUE(Read(**s, i).ok()) << i;
+    EXPECT_EQ((*s)->Find(Id(i))->record, records[i]) << i;
+    EXPECT_EQ(RecordBytesOf(**s, i), 4 * KiB + RoundUp4K(LenOf(i))) << i;
+  }
+  // A third size makes a third class; new blocks never take a taken record.
+  ASSERT_TRUE(Write(**s, 100, 104, [](uint64_t) -> uint64_t { return 40 * KiB; }).ok());
+  EXPECT_EQ((*s)->num_classes(), 3);
+  for (uint64_t i = 100; i < 104; ++i) {
+    EXPECT_EQ(RecordBytesOf(**s, i), 44 * KiB);
+    for (const auto& [j, r] : records) EXPECT_NE((*s)->Find(Id(i))->record, r);
+  }
+}
+
+TEST(NvmeClasses, AFolderOfRecordsBySizeAndOneOfListedClassesRefuseEachOther) {
+  testing::TempDir a, b;
+  ASSERT_TRUE(NvmeStore::Open(BySize(a.path())).ok());
+  auto listed = NvmeStore::Open(Opts(a.path()));
+  ASSERT_FALSE(listed.ok());
+  EXPECT_NE(listed.status().message().find("the sizes of their blocks"), std::string::npos)
+      << listed.status().ToString();
+  ASSERT_TRUE(NvmeStore::Open(Opts(b.path())).ok());
+  EXPECT_FALSE(NvmeStore::Open(BySize(b.path())).ok());
+  NvmeStoreOptions both = BySize(a.path());
+  both.classes = {kSmall, kBig};
+  EXPECT_TRUE(NvmeStore::Open(both).status().IsInvalid());
+}
+
+}  // namespace
+}  // namespace kvtier::tiers

@@ -3,6 +3,8 @@
 // checked against a model of which bytes each slot covers.
 #include "tiers/slab_allocator.h"
 
+#include "formats/contract.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -356,6 +358,218 @@ TEST(SlabAllocator, RandomRunKeepsSlotsApart) {
     uint32_t owned = a.free_slabs();
     for (int c = 0; c < 3; ++c) owned += a.slabs(c);
     ASSERT_EQ(owned, a.num_slabs());
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::tiers
+
+namespace kvtier::tiers {
+namespace {
+
+// The granule of an arena whose classes are made at registration: 4 KiB x 2^k, the
+// smallest with at most 4 Mi slot ids, at most 64 KiB; from the arena's size alone.
+TEST(SlabAllocatorAuto, GranuleFollowsTheArenaSize) {
+  constexpr uint64_t GiB = 1024 * MiB;
+  EXPECT_EQ(AutoGranule(64 * MiB), 4 * KiB);
+  EXPECT_EQ(AutoGranule(2 * GiB), 4 * KiB);
+  EXPECT_EQ(AutoGranule(16 * GiB), 4 * KiB);   // exactly 4 Mi ids
+  EXPECT_EQ(AutoGranule(17 * GiB), 8 * KiB);
+  EXPECT_EQ(AutoGranule(100 * GiB), 32 * KiB);
+  EXPECT_EQ(AutoGranule(128 * GiB), 32 * KiB);  // exactly 4 Mi ids
+  EXPECT_EQ(AutoGranule(256 * GiB), 64 * KiB);
+  EXPECT_EQ(AutoGranule(4096 * GiB), 64 * KiB);  // capped: more ids rather than more rounding
+  for (uint64_t a = 64 * MiB; a <= 256 * GiB; a = a * 3 / 2) {
+    const uint64_t g = AutoGranule(a);
+    EXPECT_LE(a / g, kMaxGranuleIds) << a;
+    EXPECT_TRUE(g == 4 * KiB || a / (g / 2) > kMaxGranuleIds) << "not the smallest for " << a;
+  }
+}
+
+TEST(SlabAllocatorAuto, SlabHoldsTheLargestBlock) {
+  constexpr uint64_t GiB = 1024 * MiB;
+  EXPECT_EQ(AutoSlabBytes(256 * MiB, 64 * MiB, 4 * KiB), 64 * MiB);
+  EXPECT_EQ(AutoSlabBytes(512 * MiB, 64 * MiB, 4 * KiB), 128 * MiB);
+  EXPECT_EQ(AutoSlabBytes(2 * GiB, 64 * MiB, 4 * KiB), 128 * MiB);
+  EXPECT_EQ(AutoSlabBytes(4 * GiB, 64 * MiB, 4 * KiB), 256 * MiB);
+  EXPECT_EQ(AutoSlabBytes(4 * GiB, 64 * MiB + 4 * KiB, 4 * KiB), 128 * MiB + 8 * KiB) << "an NVMe record's";
+  EXPECT_EQ(AutoSlabBytes(100 * GiB, 64 * MiB, 32 * KiB), 256 * MiB);
+  EXPECT_EQ(AutoSlabBytes(32 * MiB, 64 * MiB, 4 * KiB), 32 * MiB) << "a small arena is one slab";
+  EXPECT_EQ(AutoSlabBytes(2 * GiB, 10 * MiB + 1, 64 * KiB), 4 * (10 * MiB + 64 * KiB)) << "rounded up to the granule";
+  for (uint64_t a : {64 * MiB, 1 * GiB, 3 * GiB, 4 * GiB, 64 * GiB}) {
+    const uint64_t g = AutoGranule(a), s = AutoSlabBytes(a, 64 * MiB, g);
+    EXPECT_EQ(s % g, 0u) << a;
+    EXPECT_GE(s, 64 * MiB) << a;
+    EXPECT_GE(a / s, 1u) << a;
+  }
+}
+
+// Classes made at registration: any granule multiple up to a slab, the same size reused,
+// indexes stable, the granule never changes, refusals that change nothing.
+TEST(SlabAllocatorAuto, ClassesAreMadeAsContractsRegister) {
+  auto made = SlabAllocator::MakeOnGranule("host tier", 8 * 64 * MiB, 64 * MiB, 64 * KiB);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  SlabAllocator a = std::move(*made);
+  EXPECT_EQ(a.num_classes(), 0u);
+  EXPECT_EQ(a.ClassFor(4096), -1);
+  EXPECT_EQ(a.largest(), 0u);
+  EXPECT_EQ(a.id_space(), 8u * 1024);
+  auto x = a.AddClass(2304 * KiB), y = a.AddClass(704 * KiB), z = a.AddClass(20 * MiB);
+  ASSERT_TRUE(x.ok() && y.ok() && z.ok()) << x.status().ToString();
+  EXPECT_EQ(*x, 0);
+  EXPECT_EQ(*y, 1);
+  EXPECT_EQ(*z, 2);
+  EXPECT_EQ(*a.AddClass(704 * KiB), 1) << "an existing class of that size is reused";
+  EXPECT_EQ(a.granule(), 64 * KiB);
+  EXPECT_EQ(a.slots_per_slab(*y), 93u);
+  EXPECT_EQ(a.slots_per_slab(*z), 3u);
+  EXPECT_EQ(a.ClassFor(600 * KiB), 1);
+  EXPECT_EQ(a.ClassOfBytes(2304 * KiB), 0);
+  EXPECT_EQ(a.ClassOfBytes(2240 * KiB), -1);
+  EXPECT_EQ(a.largest(), 20 * MiB);
+  EXPECT_TRUE(a.AddClass(700 * KiB).status().IsInvalid()) << "not a granule multiple";
+  EXPECT_TRUE(a.AddClass(0).status().IsInvalid());
+  EXPECT_TRUE(a.AddClass(64 * MiB + 64 * KiB).status().IsInvalid()) << "larger than a slab";
+  EXPECT_TRUE(a.AddClass(64 * MiB).ok()) << "a block of a whole slab";
+  EXPECT_EQ(a.num_classes(), 4u);
+  // Slots of the new classes are granule-aligned slots inside their slabs.
+  auto s1 = a.Alloc(*y), s2 = a.Alloc(*z), s3 = a.Alloc(*z);
+  ASSERT_TRUE(s1 && s2 && s3);
+  EXPECT_NE(a.SlabOf(*s1), a.SlabOf(*s2));
+  EXPECT_EQ(a.Offset(*s3) - a.Offset(*s2), 20 * MiB);
+  // Layer-major classes take a size of a class made here as well.
+  EXPECT_TRUE(a.AddClass(704 * KiB, 18 * KiB).ok());
+  EXPECT_TRUE(a.AddClass(768 * KiB, 18 * KiB).status().IsInvalid());
+  // Up to kMaxArenaClasses, then a refusal that says so.
+  for (uint64_t b = 64 * KiB; a.num_classes() < kMaxArenaClasses; b += 64 * KiB) ASSERT_TRUE(a.AddClass(b).ok()) << b;
+  const size_t n = a.num_classes();
+  auto over = a.AddClass(63 * MiB);
+  ASSERT_TRUE(over.status().IsInvalid());
+  EXPECT_NE(over.status().message().find(std::to_string(kMaxArenaClasses) + " slot classes already"), std::string::npos)
+      << over.status().ToString();
+  EXPECT_EQ(a.num_classes(), n);
+  EXPECT_TRUE(a.AddClass(704 * KiB).ok()) << "an existing size is still served past the limit";
+}
+
+TEST(SlabAllocatorAuto, MakeOnGranuleRefusesBadGeometry) {
+  EXPECT_FALSE(SlabAllocator::MakeOnGranule("t", 64 * MiB, 64 * MiB, 12 * KiB).ok()) << "not 4 KiB x 2^k";
+  EXPECT_FALSE(SlabAllocator::MakeOnGranule("t", 64 * MiB, 64 * MiB, 2 * KiB).ok());
+  EXPECT_FALSE(SlabAllocator::MakeOnGranule("t", 64 * MiB, 64 * MiB + 4 * KiB, 64 * KiB).ok()) << "slab not granules";
+  EXPECT_FALSE(SlabAllocator::MakeOnGranule("t", 32 * MiB, 64 * MiB, 64 * KiB).ok()) << "no slab";
+  EXPECT_FALSE(SlabAllocator::MakeOnGranule("t", 64 * MiB, 64 * MiB, 64 * KiB, {100 * KiB}).ok());
+  EXPECT_FALSE(SlabAllocator::MakeOnGranule("t", 64 * MiB, 64 * MiB, 64 * KiB, {128 * KiB, 128 * KiB}).ok());
+  auto ok = SlabAllocator::MakeOnGranule("t", 64 * MiB, 64 * MiB, 64 * KiB, {1 * MiB, 128 * KiB});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->class_bytes(0), 128 * KiB);
+}
+
+// A restart re-makes the classes of the known contracts in whatever order they come; the
+// slots on disk are restored by the class of their size, not by a class index.
+TEST(SlabAllocatorAuto, RestoreAfterClassesAreMadeInAnotherOrder) {
+  auto before = SlabAllocator::MakeOnGranule("t", 4 * 64 * MiB, 64 * MiB, 64 * KiB);
+  ASSERT_TRUE(before.ok());
+  const int a1 = *before->AddClass(704 * KiB), b1 = *before->AddClass(5 * MiB);
+  std::vector<std::pair<uint32_t, uint64_t>> taken;  // slot id, its class bytes
+  for (int i = 0; i < 100; ++i) taken.emplace_back(*before->Alloc(a1), 704 * KiB);
+  for (int i = 0; i < 15; ++i) taken.emplace_back(*before->Alloc(b1), 5 * MiB);
+  auto after = SlabAllocator::MakeOnGranule("t", 4 * 64 * MiB, 64 * MiB, 64 * KiB);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(*after->AddClass(5 * MiB), 0);
+  EXPECT_EQ(*after->AddClass(704 * KiB), 1);
+  for (const auto& [id, bytes] : taken) {
+    ASSERT_TRUE(after->Restore(id, after->ClassOfBytes(bytes)).ok()) << id;
+    EXPECT_EQ(after->ClassOfSlot(id), after->ClassOfBytes(bytes));
+  }
+  EXPECT_EQ(after->used_bytes(), before->used_bytes());
+  EXPECT_TRUE(after->Restore(taken[0].first, after->ClassOfBytes(5 * MiB)).IsInvalid()) << "a slab of another class";
+}
+
+// The model shapes kvtier is used with (Llama-3-8B: 32 layers, Llama-3-70B: 80, Qwen3-8B:
+// 36; 8 KV heads of 128) in NVFP4, FP8 and BF16 at 16- and 64-token blocks, all in one
+// arena whose classes are made as they register: the bytes of the slabs they take against
+// the blocks' own bytes stay within 10% for each shape and for all, at the granule and slab
+// size of an arena of each size (host and HBM), and for NVMe records (a 4 KiB header + the
+// block rounded to 4 KiB, in slabs that hold the largest record).
+std::vector<uint64_t> ListedBlockBytes() {
+  std::vector<uint64_t> out;
+  for (uint32_t layers : {32u, 80u, 36u}) {
+    for (KvFormat f : {KvFormat::kNvfp4, KvFormat::kFp8, KvFormat::kBf16}) {
+      for (uint32_t tokens : {16u, 64u}) {
+        ScaleContract c;
+        c.model_id = "kvtier/shape";
+        c.format = f;
+        c.geometry = Geometry{layers, 8, 128, tokens};
+        c.SetUnitScales();
+        EXPECT_TRUE(c.Validate().ok());
+        out.push_back(c.block_bytes());
+      }
+    }
+  }
+  return out;
+}
+
+TEST(SlabAllocatorAuto, ListedModelShapesWasteAtMostTenPercent) {
+  constexpr uint64_t GiB = 1024 * MiB;
+  const std::vector<uint64_t> blocks = ListedBlockBytes();
+  ASSERT_EQ(blocks.size(), 18u);
+  EXPECT_EQ(*std::min_element(blocks.begin(), blocks.end()), 576 * KiB);
+  EXPECT_EQ(*std::max_element(blocks.begin(), blocks.end()), 20 * MiB);
+  struct Arena {
+    const char* what;
+    uint64_t bytes, granule, slab, header;
+  };
+  std::vector<Arena> arenas;
+  for (uint64_t bytes : {256 * MiB, 2 * GiB, 8 * GiB, 100 * GiB, 512 * GiB}) {
+    const uint64_t g = AutoGranule(bytes);
+    arenas.push_back({"host/hbm", bytes, g, AutoSlabBytes(bytes, kDefaultMaxBlockBytes, g), 0});
+  }
+  for (uint64_t bytes : {1 * GiB, 64 * GiB, 2048 * GiB}) {
+    arenas.push_back({"nvme", bytes, 4 * KiB, AutoSlabBytes(bytes, kDefaultMaxBlockBytes + 4 * KiB, 4 * KiB), 4 * KiB});
+  }
+  for (const Arena& ar : arenas) {
+    SCOPED_TRACE(std::string(ar.what) + " arena of " + std::to_string(ar.bytes >> 20) + " MiB, granule " +
+                 std::to_string(ar.granule) + ", slab " + std::to_string(ar.slab));
+    // The granule and slab are the arena's; the allocator gets slabs enough for two of
+    // each shape (the slab count changes no slab's waste).
+    auto made = SlabAllocator::MakeOnGranule(ar.what, 2 * blocks.size() * ar.slab, ar.slab, ar.granule);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    SlabAllocator a = std::move(*made);
+    std::vector<int> cls;
+    for (uint64_t b : blocks) {
+      const uint64_t slot = (ar.header + b + ar.granule - 1) / ar.granule * ar.granule;
+      auto c = a.AddClass(slot);
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      cls.push_back(*c);
+    }
+    // Each shape alone: its slots in a slab against the slab.
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      EXPECT_LE(static_cast<double>(a.slab_bytes()),
+                1.10 * static_cast<double>(uint64_t{a.slots_per_slab(cls[i])} * blocks[i]))
+          << "block of " << blocks[i] << " B";
+    }
+    // All mixed: blocks of every shape, interleaved, until each class (two shapes may
+    // share one: 2304 KiB is 32 layers of 64-token NVFP4 and 36 of 16-token BF16) fills
+    // two slabs; the slabs taken against the blocks stored.
+    std::map<int, uint64_t> want;  // class -> slots to take
+    for (size_t i = 0; i < blocks.size(); ++i) want[cls[i]] = 2 * uint64_t{a.slots_per_slab(cls[i])};
+    uint64_t all_blocks = 0;
+    for (bool more = true; more;) {
+      more = false;
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        if (want[cls[i]] == 0) continue;
+        ASSERT_TRUE(a.Alloc(cls[i]).has_value());
+        --want[cls[i]];
+        all_blocks += blocks[i];
+        more = true;
+      }
+    }
+    uint64_t all_slabs = 0;
+    for (const auto& [c, left] : want) {
+      EXPECT_EQ(a.slabs(c), 2u) << a.class_bytes(c);
+      all_slabs += uint64_t{a.slabs(c)} * a.slab_bytes();
+    }
+    EXPECT_EQ(a.free_slabs(), a.num_slabs() - 2 * want.size());
+    EXPECT_LE(static_cast<double>(all_slabs), 1.10 * static_cast<double>(all_blocks));
   }
 }
 

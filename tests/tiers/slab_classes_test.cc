@@ -426,5 +426,181 @@ TEST_F(NvmeClassesTest, AStarvedClassTakesASlabOnNvme) {
   EXPECT_EQ(Served(big_, 1).size(), 1u);
 }
 
+// ---- Classes made at registration (TierManagerOptions::classes_at_registration) --------
+
+// The model shapes kvtier is used with: Llama-3-8B (32 layers), Llama-3-70B (80), Qwen3-8B
+// (36), 8 KV heads of 128, in NVFP4, FP8 and BF16 at 16- and 64-token blocks: 576 KiB to
+// 20 MiB a block.
+std::vector<ScaleContract> ListedShapes() {
+  std::vector<ScaleContract> out;
+  for (uint32_t layers : {32u, 80u, 36u}) {
+    for (KvFormat f : {KvFormat::kNvfp4, KvFormat::kFp8, KvFormat::kBf16}) {
+      for (uint32_t tokens : {16u, 64u}) {
+        ScaleContract c;
+        c.model_id = "kvtier/shape";
+        c.format = f;
+        c.geometry = Geometry{layers, 8, 128, tokens};
+        c.SetUnitScales();
+        out.push_back(c);
+      }
+    }
+  }
+  return out;
+}
+
+class AutoClassesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    opts_.classes_at_registration = true;
+    opts_.slot_bytes = 24 * MiB;             // the largest block: 21 slabs of 48 MiB in 1 GiB
+    opts_.host.capacity_bytes = 1024 * MiB;
+    opts_.host.high_watermark = 1.0;
+    opts_.host.low_watermark = 1.0;
+    opts_.nvme.dir = dir_.path() + "/nvme";
+    opts_.nvme.tier.capacity_bytes = 1024 * MiB;
+    opts_.nvme.queue_depth = 32;
+    opts_.nvme.tier.high_watermark = 1.0;
+    opts_.nvme.tier.low_watermark = 1.0;
+  }
+  void Open() {
+    auto tm = TierManager::Open(opts_);
+    ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+    tm_ = std::move(*tm);
+  }
+  static uint64_t Seed(size_t shape, uint64_t i) { return shape * 1000 + i; }
+  static Key128 Key(size_t shape, uint64_t i) { return Key128{0xC1A55 + shape, i + 1}; }
+  Status Store(const ScaleContract& c, size_t shape, uint64_t i) {
+    std::vector<SlotRef> s;
+    Status st;
+    for (int tries = 0; tries < 200; ++tries) {
+      s.clear();
+      st = tm_->AllocSlots(c.Id(), 1, Tier::kHost, &s);
+      if (st.code() != StatusCode::kRetry) break;
+      tm_->Drain();
+    }
+    if (!st.ok()) return st;
+    EXPECT_EQ(tm_->host_slot_ptr(s[0].slot), tm_->host_slot_ptr(0) + uint64_t{s[0].slot} * tm_->host_geometry().granule);
+    testing::Fill(tm_->host_slot_ptr(s[0].slot), c.block_bytes(), Seed(shape, i));
+    st = tm_->Commit(c.Id(), s[0], Key(shape, i), Key128{});
+    return st.ok() ? tm_->Unpin(s[0]) : st;
+  }
+  // Acquires block i of a shape into host (from wherever it is); false when not served.
+  bool Served(const ScaleContract& c, size_t shape, uint64_t i) {
+    const Key128 k = Key(shape, i);
+    std::promise<std::pair<Status, std::vector<SlotRef>>> p;
+    auto f = p.get_future();
+    tm_->Acquire(c.Id(), std::span<const Key128>(&k, 1), Tier::kHost,
+                 [&p](Status s, std::vector<SlotRef> v) { p.set_value({s, std::move(v)}); });
+    auto [st, slots] = f.get();
+    if (!st.ok() || slots.size() != 1) return false;
+    const bool same = testing::Matches(tm_->host_slot_ptr(slots[0].slot), c.block_bytes(), Seed(shape, i));
+    EXPECT_TRUE(same) << "shape " << shape << " block " << i << " bytes differ";
+    EXPECT_TRUE(tm_->Unpin(slots[0]).ok());
+    return same;
+  }
+  TierStats Stat(Tier t) {
+    for (const auto& s : tm_->Stats()) {
+      if (s.tier == t) return s;
+    }
+    return {};
+  }
+  testing::TempDir dir_;
+  TierManagerOptions opts_;
+  std::unique_ptr<TierManager> tm_;
+};
+
+// Every listed shape registers on one daemon (a class each, made at registration), their
+// blocks are stored mixed, and each tier's slot bytes in use stay within 10% of the blocks'
+// own bytes (host: the block rounded to the granule; NVMe: plus the 4 KiB header). After a
+// restart (the NVMe classes come from the records on disk, the host's are made again as
+// the contracts register, in another order) every block is read back byte-exact.
+TEST_F(AutoClassesTest, EveryListedShapeSharesOneDaemonWithinTenPercentAndSurvivesARestart) {
+  const std::vector<ScaleContract> shapes = ListedShapes();
+  constexpr uint64_t kEach = 2;
+  Open();
+  EXPECT_EQ(tm_->host_geometry().classes.size(), 0u);
+  EXPECT_EQ(tm_->host_geometry().granule, 4096u);
+  EXPECT_EQ(tm_->host_geometry().slab_bytes, 48 * MiB);
+  uint64_t block_bytes = 0;
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    ASSERT_TRUE(tm_->RegisterContract(shapes[j]).ok()) << j;
+    const SlotFit f = tm_->FitOf(shapes[j].Id());
+    ASSERT_GE(f.cls, 0) << j;
+    EXPECT_EQ(f.slot_bytes, (shapes[j].slot_bytes() + 4095) / 4096 * 4096) << j;
+    EXPECT_EQ(tm_->host_geometry().classes[static_cast<size_t>(f.cls)], f.slot_bytes) << j;
+  }
+  EXPECT_EQ(tm_->host_geometry().classes.size(), 17u) << "2304 KiB is two shapes' block";
+  for (uint64_t i = 0; i < kEach; ++i) {
+    for (size_t j = 0; j < shapes.size(); ++j) {
+      ASSERT_TRUE(Store(shapes[j], j, i).ok()) << j << " " << i;
+      block_bytes += shapes[j].block_bytes();
+    }
+  }
+  const TierStats host = Stat(Tier::kHost);
+  ASSERT_EQ(host.blocks, kEach * shapes.size()) << "every block is in host (a slab per class fits)";
+  EXPECT_GE(host.used_bytes, block_bytes);
+  EXPECT_LE(static_cast<double>(host.used_bytes), 1.10 * static_cast<double>(block_bytes));
+  ASSERT_TRUE(tm_->Flush(Tier::kNvme).ok());
+  const TierStats nvme = Stat(Tier::kNvme);
+  ASSERT_EQ(nvme.blocks, kEach * shapes.size());
+  EXPECT_EQ(nvme.used_bytes, block_bytes + kEach * shapes.size() * 4096);
+  EXPECT_LE(static_cast<double>(nvme.used_bytes), 1.10 * static_cast<double>(block_bytes));
+  std::printf("%zu shapes x %llu blocks: %.1f MiB of blocks, host slots %.1f MiB, NVMe records %.1f MiB\n",
+              shapes.size(), static_cast<unsigned long long>(kEach), static_cast<double>(block_bytes) / MiB,
+              static_cast<double>(host.used_bytes) / MiB, static_cast<double>(nvme.used_bytes) / MiB);
+  tm_.reset();
+
+  Open();
+  EXPECT_EQ(Stat(Tier::kNvme).blocks, kEach * shapes.size());
+  EXPECT_EQ(Stat(Tier::kNvme).used_bytes, nvme.used_bytes);
+  for (size_t j = shapes.size(); j-- > 0;) ASSERT_TRUE(tm_->RegisterContract(shapes[j]).ok()) << j;  // reversed
+  EXPECT_EQ(tm_->host_geometry().classes[0], (shapes.back().slot_bytes() + 4095) / 4096 * 4096);
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    for (uint64_t i = 0; i < kEach; ++i) EXPECT_TRUE(Served(shapes[j], j, i)) << j << " " << i;
+  }
+}
+
+// A block up to the limit (tiers.slot_bytes: 64 MiB by default) registers and is stored;
+// one byte-of-a-page more is refused with an error that names the limit, and nothing
+// changes.
+TEST_F(AutoClassesTest, ABlockUpToTheLimitRegistersAndALargerOneIsRefusedByName) {
+  opts_.slot_bytes = kDefaultMaxBlockBytes;
+  opts_.nvme.tier.capacity_bytes = 0;
+  opts_.host.capacity_bytes = 256 * MiB;  // 4 slabs of 64 MiB (too few for 128 MiB ones)
+  Open();
+  EXPECT_EQ(tm_->host_geometry().slab_bytes, 64 * MiB);
+  ScaleContract top;
+  top.model_id = "kvtier/limit";
+  top.format = KvFormat::kBf16;
+  top.geometry = Geometry{256, 8, 128, 64};  // 256 layers of 256 KiB: 64 MiB
+  top.SetUnitScales();
+  ASSERT_EQ(top.block_bytes(), 64 * MiB);
+  ASSERT_TRUE(tm_->RegisterContract(top).ok());
+  ASSERT_TRUE(Store(top, 0, 0).ok());
+  EXPECT_TRUE(Served(top, 0, 0));
+  ScaleContract over = top;
+  over.geometry.num_layers = 257;
+  over.SetUnitScales();
+  const Status st = tm_->RegisterContract(over);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_NE(st.message().find("larger than the largest block this daemon holds (67108864 bytes: tiers.slot_bytes)"),
+            std::string::npos)
+      << st.ToString();
+  EXPECT_FALSE(tm_->HasContract(over.Id()));
+  EXPECT_EQ(tm_->host_geometry().classes.size(), 1u);
+  TierManagerOptions fixed = opts_;
+  fixed.classes_at_registration = false;
+  EXPECT_TRUE(tm_->Reconfigure(fixed).IsInvalid()) << "a restart changes how classes are made, not a reload";
+}
+
+TEST_F(AutoClassesTest, ListedClassesAreRefusedWithIt) {
+  TierManagerOptions o = opts_;
+  o.slot_classes = {576 * KiB, 24 * MiB};
+  auto both = TierManager::Open(o);
+  ASSERT_TRUE(both.status().IsInvalid());
+  EXPECT_NE(both.status().message().find("listed and made at registration"), std::string::npos)
+      << both.status().ToString();
+}
+
 }  // namespace
 }  // namespace kvtier::tiers

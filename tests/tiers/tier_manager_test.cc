@@ -547,7 +547,14 @@ TEST_P(TierManagerInputs, BadInputsAreRefusedAndChangeNothing) {
   ScaleContract big = contract_;
   big.geometry.num_layers = 80;
   big.SetUnitScales();
-  EXPECT_EQ(tm_->RegisterContract(big).code(), StatusCode::kUnsupported);
+  const Status refused = tm_->RegisterContract(big);
+  EXPECT_EQ(refused.code(), StatusCode::kUnsupported);
+  // The refusal names the slot_bytes that would hold the block (its slot rounded to 4 KiB).
+  const uint64_t want = (uint64_t{big.slot_bytes()} + 4095) / 4096 * 4096;
+  EXPECT_NE(refused.message().find("tiers.slot_bytes of at least " + std::to_string(want) + " (" +
+                                   std::to_string(want / 1024) + "KiB)"),
+            std::string::npos)
+      << refused.ToString();
   EXPECT_FALSE(tm_->HasContract(big.Id()));
 
   TierManagerOptions o = opts_;

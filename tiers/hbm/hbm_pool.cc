@@ -36,13 +36,19 @@ StatusOr<HbmCopy> ParseHbmCopy(std::string_view name) {
 }
 
 Status HbmPoolOptions::Validate() const {
-  if (!classes.empty()) {
+  if (classes_at_registration) {
+    if (!classes.empty()) return Status::Invalid("hbm pool: slot classes are listed and made at registration");
+    if (slot_bytes == 0 || slot_bytes > slab_bytes) {
+      return Status::Invalid("hbm pool: the largest block (" + std::to_string(slot_bytes) +
+                             " bytes) does not fit a slab of " + std::to_string(slab_bytes));
+    }
+  } else if (!classes.empty()) {
     if (device < 0) return Status::Invalid("hbm pool: negative device ordinal");
   } else if (slot_bytes == 0 || slot_bytes % 4096) {
     return Status::Invalid("hbm pool: slot_bytes " + std::to_string(slot_bytes) +
                            " is not a positive multiple of 4096");
   }
-  if (classes.empty() && slots == 0) return Status::Invalid("hbm pool: zero slots");
+  if (classes.empty() && !classes_at_registration && slots == 0) return Status::Invalid("hbm pool: zero slots");
   if (device < 0) return Status::Invalid("hbm pool: negative device ordinal");
   if (streams < 1 || streams > kMaxStreams) {
     return Status::Invalid("hbm pool: streams " + std::to_string(streams) + " not in [1, " +
@@ -58,6 +64,20 @@ StatusOr<int> HbmPool::AddClass(uint64_t bytes, uint64_t page_bytes) {
   std::lock_guard<std::mutex> l(mu_);
   auto c = alloc_.AddClass(bytes, page_bytes);
   if (c.ok()) num_classes_.store(static_cast<int>(alloc_.num_classes()), std::memory_order_release);
+  return c;
+}
+
+StatusOr<int> HbmPool::AddClass(uint64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!opts_.classes_at_registration) {
+    const int c = alloc_.ClassOfBytes(bytes);
+    if (c < 0) return Status::Invalid("hbm tier: no slot class of " + std::to_string(bytes) + " bytes");
+    return c;
+  }
+  const uint64_t g = alloc_.granule();
+  auto c = alloc_.AddClass(bytes == 0 ? 0 : (bytes + g - 1) / g * g);
+  if (!c.ok()) return Status::Invalid("hbm tier: " + c.status().message());
+  num_classes_.store(static_cast<int>(alloc_.num_classes()), std::memory_order_release);
   return c;
 }
 
@@ -273,8 +293,11 @@ StatusOr<std::unique_ptr<HbmPool>> HbmPool::Create(const HbmPoolOptions& opts) {
   std::unique_ptr<HbmPool> p(new HbmPool());
   p->opts_ = opts;
   const uint64_t uniform = uint64_t{opts.slots} * opts.slot_bytes;
-  auto alloc = opts.classes.empty() ? SlabAllocator::Make("hbm tier", uniform, uniform, {opts.slot_bytes})
-                                    : SlabAllocator::Make("hbm tier", opts.arena_bytes, opts.slab_bytes, opts.classes);
+  auto alloc = opts.classes_at_registration
+                   ? SlabAllocator::MakeOnGranule("hbm tier", opts.arena_bytes, opts.slab_bytes,
+                                                  AutoGranule(opts.arena_bytes))
+               : opts.classes.empty() ? SlabAllocator::Make("hbm tier", uniform, uniform, {opts.slot_bytes})
+                                      : SlabAllocator::Make("hbm tier", opts.arena_bytes, opts.slab_bytes, opts.classes);
   if (!alloc.ok()) return alloc.status();
   p->alloc_ = std::move(*alloc);
   p->num_classes_.store(static_cast<int>(p->alloc_.num_classes()));

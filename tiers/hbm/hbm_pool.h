@@ -54,6 +54,10 @@ struct HbmPoolOptions {
   // ignored. Empty: one class, `slots` slots of `slot_bytes` (slot s at s * slot_bytes).
   // Default: empty
   std::vector<uint64_t> classes;
+  // Classes made at registration (HostPoolOptions::classes_at_registration): the arena is
+  // `arena_bytes` in slabs of `slab_bytes` on the granule AutoGranule(arena_bytes), with no
+  // class until AddClass(bytes) makes one; `classes` must be empty. Default: false
+  bool classes_at_registration = false;
   uint64_t slab_bytes = kDefaultSlabBytes;  // with classes. Default: 64 MiB
   uint64_t arena_bytes = 0;                 // with classes. Default: 0 (refused)
   HbmCopy copy = HbmCopy::kAuto;  // host -> HBM copy method. Default: kAuto
@@ -91,7 +95,20 @@ class HbmPool {
   int ClassFor(uint64_t bytes) const { return alloc_.ClassFor(bytes); }
   // The most slots of class `cls` the arena holds (every slab of it), and of the smallest.
   uint32_t most(int cls) const { return alloc_.num_slabs() * alloc_.slots_per_slab(cls); }
-  uint32_t slots() const { return most(0); }
+  // Classes made at registration, none yet: the slots of slot_bytes (the largest block).
+  uint32_t slots() const {
+    if (!opts_.classes_at_registration) return most(0);
+    int smallest = -1;
+    for (int c = 0; c < num_classes(); ++c) {
+      if (page_bytes(c) == 0 && (smallest < 0 || class_bytes(c) < class_bytes(smallest))) smallest = c;
+    }
+    return smallest >= 0 ? most(smallest)
+                         : alloc_.num_slabs() * static_cast<uint32_t>(alloc_.slab_bytes() / opts_.slot_bytes);
+  }
+  // Classes made at registration: the block-major class of slots of `bytes` rounded up to
+  // the granule (SlabAllocator::AddClass(bytes)), the existing one or a new one; Invalid,
+  // and nothing changes, for 0 or more than a slab, or past kMaxArenaClasses.
+  StatusOr<int> AddClass(uint64_t bytes);
   uint64_t arena_bytes() const { return alloc_.arena_bytes(); }
   // The one place that says where HBM slot `slot` is (SlabAllocator::Offset).
   uint64_t slot_offset(uint32_t slot) const { return alloc_.Offset(slot); }

@@ -25,7 +25,17 @@ Status HostPoolOptions::Validate() const {
     sum += sh;
   }
   if (sum > 1.0 + 1e-9) return Status::Invalid("host pool: the parts' shares sum to more than 1");
+  if (classes_at_registration && !classes.empty()) {
+    return Status::Invalid("host pool: slot classes are listed and made at registration: one or the other");
+  }
   if (!classes.empty()) return Status::Ok();  // SlabAllocator::Make checks them
+  if (classes_at_registration) {
+    if (slot_bytes == 0 || slot_bytes > slab_bytes) {
+      return Status::Invalid("host pool: the largest block (" + std::to_string(slot_bytes) +
+                             " bytes) does not fit a slab of " + std::to_string(slab_bytes));
+    }
+    return Status::Ok();  // SlabAllocator::MakeOnGranule checks the rest
+  }
   if (slot_bytes == 0 || slot_bytes % 4096 != 0) {
     return Status::Invalid("host pool: slot_bytes " + std::to_string(slot_bytes) +
                            " is not a positive multiple of 4096");
@@ -38,11 +48,17 @@ StatusOr<std::unique_ptr<HostPool>> HostPool::Create(const HostPoolOptions& opts
   KVTIER_RETURN_IF_ERROR(opts.Validate());
   std::unique_ptr<HostPool> p(new HostPool());
   p->opts_ = opts;
-  const bool uniform = opts.classes.empty();
+  const bool uniform = p->uniform(), later = opts.classes_at_registration;
   const uint64_t all = uint64_t{opts.slots} * opts.slot_bytes;
-  // The whole arena's allocator: the one region without parts, the geometry's check with.
-  auto whole = uniform ? SlabAllocator::Make("host tier", all, all, {opts.slot_bytes})
-                       : SlabAllocator::Make("host tier", opts.arena_bytes, opts.slab_bytes, opts.classes);
+  const uint64_t granule = later ? AutoGranule(opts.arena_bytes) : 0;
+  // A region's allocator (the whole arena's: the one region without parts, the geometry's
+  // check with).
+  auto make = [&](const char* what, uint64_t bytes) {
+    return uniform ? SlabAllocator::Make(what, bytes, bytes, {opts.slot_bytes})
+           : later ? SlabAllocator::MakeOnGranule(what, bytes, opts.slab_bytes, granule)
+                   : SlabAllocator::Make(what, bytes, opts.slab_bytes, opts.classes);
+  };
+  auto whole = make("host tier", uniform ? all : opts.arena_bytes);
   if (!whole.ok()) return whole.status();
   p->granule_ = whole->granule();
   p->arena_bytes_ = whole->arena_bytes();
@@ -69,8 +85,7 @@ StatusOr<std::unique_ptr<HostPool>> HostPool::Create(const HostPoolOptions& opts
     if (sizes.size() == 1) {
       r.alloc = std::move(*whole);
     } else if (r.bytes > 0) {
-      auto a = uniform ? SlabAllocator::Make("host tier part", r.bytes, r.bytes, {opts.slot_bytes})
-                       : SlabAllocator::Make("host tier part", r.bytes, opts.slab_bytes, opts.classes);
+      auto a = make("host tier part", r.bytes);
       if (!a.ok()) return a.status();
       r.alloc = std::move(*a);
     }
@@ -82,6 +97,7 @@ StatusOr<std::unique_ptr<HostPool>> HostPool::Create(const HostPoolOptions& opts
     p->regions_.push_back(std::move(r));
   }
   p->num_slabs_ = slab;
+  p->classes_.store(static_cast<int>(p->any().num_classes()), std::memory_order_release);
   const int flags = MAP_SHARED | (opts.populate ? MAP_POPULATE : 0);
   if (p->regions_.size() > 1) {
     // One reservation: the parts are mapped into it at their offsets (MAP_FIXED), so the
@@ -161,6 +177,50 @@ int HostPool::RegionOfSlab(uint32_t slab) const {
 }
 
 int HostPool::PartOfSlab(uint32_t slab) const { return slab < num_slabs_ ? RegionOfSlab(slab) : -1; }
+
+StatusOr<int> HostPool::AddClass(uint64_t bytes) {
+  if (!opts_.classes_at_registration) {
+    const int c = any().ClassOfBytes(bytes);
+    if (c < 0) return Status::Invalid("host tier: no slot class of " + std::to_string(bytes) + " bytes");
+    return c;
+  }
+  const uint64_t slot = bytes == 0 ? 0 : (bytes + granule_ - 1) / granule_ * granule_;
+  std::lock_guard<std::mutex> l(mu_);
+  const int have = any().ClassOfBytes(slot);
+  if (have >= 0) return have;
+  // Every part's allocator has the same classes in the same order: check that all can
+  // take it before any does, so that a refusal changes nothing.
+  for (const Region& r : regions_) {
+    if (!r.alloc) continue;
+    if (slot == 0 || slot > r.alloc->slab_bytes() || r.alloc->num_classes() >= kMaxArenaClasses) {
+      auto probe = SlabAllocator(*r.alloc).AddClass(slot);
+      return Status::Invalid("host tier: " + probe.status().message());
+    }
+  }
+  int made = -1;
+  for (Region& r : regions_) {
+    if (!r.alloc) continue;
+    auto c = r.alloc->AddClass(slot);
+    if (!c.ok()) return Status::Invalid("host tier: " + c.status().message());  // checked above
+    made = *c;
+  }
+  classes_.store(static_cast<int>(any().num_classes()), std::memory_order_release);
+  return made;
+}
+
+uint32_t HostPool::slots() const {
+  const int n = num_classes();
+  if (n == 0) {
+    uint32_t all = 0;
+    for (const Region& r : regions_) {
+      if (r.alloc) all += r.alloc->num_slabs() * static_cast<uint32_t>(r.alloc->slab_bytes() / opts_.slot_bytes);
+    }
+    return all;
+  }
+  int smallest = 0;
+  for (int c = 1; c < n; ++c) smallest = class_bytes(c) < class_bytes(smallest) ? c : smallest;
+  return most(smallest);
+}
 
 uint32_t HostPool::most(int cls) const {
   uint32_t n = 0;

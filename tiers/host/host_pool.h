@@ -30,6 +30,7 @@
 // slab moves take a small lock; slot_ptr() is lock-free (the mapping never moves).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -49,6 +50,11 @@ struct HostPoolOptions {
   // slot_bytes / slots are ignored. Empty: one class, `slots` slots of `slot_bytes` in one
   // slab (slot s at s * slot_bytes). Default: empty
   std::vector<uint64_t> classes;
+  // Classes made at registration (TierManagerOptions::classes_at_registration): the arena is
+  // `arena_bytes` in slabs of `slab_bytes` on the granule AutoGranule(arena_bytes), with no
+  // class until AddClass makes one; `classes` must be empty, and slot_bytes is the largest
+  // block (a class may be up to a slab). Default: false
+  bool classes_at_registration = false;
   uint64_t slab_bytes = kDefaultSlabBytes;  // with classes. Default: 64 MiB
   uint64_t arena_bytes = 0;                 // with classes. Default: 0 (refused)
   bool cuda_register = true;  // cudaHostRegister when a GPU exists. Default: true
@@ -79,16 +85,23 @@ class HostPool {
   uint64_t granule() const { return granule_; }
   uint32_t id_space() const { return static_cast<uint32_t>(arena_bytes_ / granule_); }
   // Slabs are numbered over the parts in order (a part of one class is one slab).
-  uint64_t slab_bytes() const { return opts_.classes.empty() ? arena_bytes_ : opts_.slab_bytes; }
+  uint64_t slab_bytes() const { return uniform() ? arena_bytes_ : opts_.slab_bytes; }
   uint32_t num_slabs() const { return num_slabs_; }
-  int num_classes() const { return static_cast<int>(any().num_classes()); }
+  int num_classes() const { return classes_.load(std::memory_order_acquire); }
+  // Classes made at registration: the class of slots of `bytes` rounded up to the granule
+  // (SlabAllocator::AddClass(bytes) in every part: the same index in each), the existing
+  // one or a new one. Invalid, and nothing changes, for 0 or more than a slab, or past
+  // kMaxArenaClasses. Without classes_at_registration: the class of exactly those bytes,
+  // Invalid when there is none.
+  StatusOr<int> AddClass(uint64_t bytes);
   uint64_t class_bytes(int cls) const { return any().class_bytes(cls); }
   uint32_t slots_per_slab(int cls) const { return any().slots_per_slab(cls); }
   int ClassFor(uint64_t bytes) const { return any().ClassFor(bytes); }
   // The most slots of class `cls` the arena holds (every slab of it).
   uint32_t most(int cls) const;
-  // The most slots the arena holds: all of the smallest class.
-  uint32_t slots() const { return most(0); }
+  // The most slots the arena holds: all of the smallest class (classes made at
+  // registration, none yet: of slot_bytes, the largest block).
+  uint32_t slots() const;
   bool cuda_registered() const { return cuda_registered_; }
 
   // Parts (HostPoolOptions::part_shares): owned parts 0..num_parts()-1, then the common
@@ -146,6 +159,7 @@ class HostPool {
   };
   HostPool() = default;
   const SlabAllocator& any() const { return *regions_[live_].alloc; }
+  bool uniform() const { return opts_.classes.empty() && !opts_.classes_at_registration; }
   int RegionOf(uint32_t id) const;
   int RegionOfSlab(uint32_t slab) const;
   HostPoolOptions opts_;
@@ -153,6 +167,9 @@ class HostPool {
   uint64_t arena_bytes_ = 0, granule_ = 0;
   uint32_t num_slabs_ = 0;
   size_t live_ = 0;  // a region with an allocator (they share granule and classes)
+  // The allocators' classes, published after AddClass made one in every part (readers of
+  // the geometry hold no lock; an allocator never moves a class).
+  std::atomic<int> classes_{0};
   bool cuda_registered_ = false;
   mutable std::mutex mu_;  // guards the allocators' state (the geometry is fixed at Create)
   std::vector<Region> regions_;  // owned parts, then the common pool

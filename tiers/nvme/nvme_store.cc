@@ -115,6 +115,7 @@ std::string Size(uint64_t b) {
 std::string NvmeGeometry::ToString() const {
   std::string classes;
   for (uint64_t b : record_bytes) classes += (classes.empty() ? "" : ", ") + Size(b);
+  if (record_bytes.empty()) classes = "the sizes of their blocks";
   return fmt::format("{} slabs of {} ({} a file), records of {}", num_slabs, Size(slab_bytes), slabs_per_file,
                      classes);
 }
@@ -150,6 +151,9 @@ Status NvmeStoreOptions::Validate() const {
   if (slot_bytes == 0 || slot_bytes % kIoAlign) {
     return Status::Invalid("nvme: slot_bytes " + std::to_string(slot_bytes) +
                            " is not a positive multiple of 4096");
+  }
+  if (records_by_size && !classes.empty()) {
+    return Status::Invalid("nvme: record classes are listed and records are sized by their blocks: one or the other");
   }
   if (!classes.empty() && *std::max_element(classes.begin(), classes.end()) != slot_bytes) {
     return Status::Invalid("nvme: the largest record class is not slot_bytes (" + std::to_string(slot_bytes) + ")");
@@ -205,8 +209,11 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
   std::vector<uint64_t> classes = opts.classes.empty() ? std::vector<uint64_t>{opts.slot_bytes} : opts.classes;
   for (uint64_t& c : classes) c += kIoAlign;  // a record: its header's 4 KiB + the payload
   std::sort(classes.begin(), classes.end());
+  if (opts.records_by_size) classes.clear();  // made as payload sizes come
   uint64_t slab = opts.slab_bytes;
-  if (slab == 0 && classes.size() == 1) {  // one class: a data file's worth of records
+  if (slab == 0 && opts.records_by_size) {
+    slab = AutoSlabBytes(opts.capacity_bytes, opts.slot_bytes + kIoAlign, kIoAlign);
+  } else if (slab == 0 && classes.size() == 1) {  // one class: a data file's worth of records
     const uint64_t rec = classes[0];
     slab = std::max<uint64_t>(1, std::min(opts.capacity_bytes, opts.file_bytes) / rec) * rec;
   } else if (slab == 0) {
@@ -221,9 +228,11 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
     return Status::Invalid("nvme: " + Size(slabs * slab) +
                            " of slabs is more than record ids (u32, 4 KiB units) reach: at most 16 TiB a store");
   }
-  auto alloc = SlabAllocator::Make("nvme tier", slabs * slab, slab, classes);
+  auto alloc = opts.records_by_size ? SlabAllocator::MakeOnGranule("nvme tier", slabs * slab, slab, kIoAlign)
+                                    : SlabAllocator::Make("nvme tier", slabs * slab, slab, classes);
   if (!alloc.ok()) return alloc.status();
   s->alloc_ = std::move(*alloc);
+  s->classes_.store(static_cast<int>(s->alloc_.num_classes()), std::memory_order_release);
   s->ids_per_granule_ = static_cast<uint32_t>(s->alloc_.granule() / kIoAlign);
   s->geo_.slab_bytes = slab;
   s->geo_.num_slabs = static_cast<uint32_t>(slabs);
@@ -350,7 +359,9 @@ Status NvmeStore::LoadIndex() {
     const bool own_parent = ok && e.parent == e.id.key;  // a block cannot be its own parent: never committed so
     // The record must be a record start of the class the payload takes, in a slab of it.
     const auto id = ok && !own_parent ? IdOf(e.record) : std::nullopt;
-    ok = id && alloc_.Restore(*id, ClassFor(e.payload_len)).ok();
+    // Records sized by their blocks: the class of this size, made if it is new.
+    const auto cls = ok && !own_parent ? AddClassForLocked(e.payload_len) : StatusOr<int>(-1);
+    ok = id && cls.ok() && alloc_.Restore(*id, *cls).ok();
     if (!ok) {
       drops.Delete(it->key());
       ++dropped;
@@ -386,9 +397,44 @@ void NvmeStore::RecordLocation(uint32_t record, uint32_t* file, uint64_t* offset
   *offset = at % file_bytes;
 }
 
-int NvmeStore::ClassFor(uint64_t payload_len) const { return alloc_.ClassFor(RoundUp4K(payload_len) + kIoAlign); }
+int NvmeStore::ClassFor(uint64_t payload_len) const {
+  const uint64_t rec = RoundUp4K(payload_len) + kIoAlign;
+  if (!opts_.records_by_size) return alloc_.ClassFor(rec);
+  for (int c = 0, n = num_classes(); c < n; ++c) {
+    if (alloc_.class_bytes(c) == rec) return c;
+  }
+  return -1;
+}
+
+StatusOr<int> NvmeStore::AddClassFor(uint64_t payload_len) {
+  std::lock_guard<std::mutex> l(mu_);
+  return AddClassForLocked(payload_len);
+}
+
+StatusOr<int> NvmeStore::AddClassForLocked(uint64_t payload_len) {
+  if (payload_len == 0 || payload_len > opts_.slot_bytes) {
+    return Status::Invalid("nvme: a payload of " + std::to_string(payload_len) + " bytes (records hold 1 to " +
+                           std::to_string(opts_.slot_bytes) + ")");
+  }
+  const int have = ClassFor(payload_len);
+  if (have >= 0 || !opts_.records_by_size) {
+    if (have < 0) return Status::Invalid("nvme: no record class holds " + std::to_string(payload_len) + " bytes");
+    return have;
+  }
+  auto c = alloc_.AddClass(RoundUp4K(payload_len) + kIoAlign);
+  if (!c.ok()) return Status::Invalid("nvme tier: " + c.status().message());
+  classes_.store(static_cast<int>(alloc_.num_classes()), std::memory_order_release);
+  return *c;
+}
 uint32_t NvmeStore::slots_per_slab(int cls) const { return alloc_.slots_per_slab(cls); }
-uint32_t NvmeStore::records_total() const { return most(0); }
+uint32_t NvmeStore::records_total() const {
+  if (num_classes() > 0) {
+    int smallest = 0;
+    for (int c = 1; c < num_classes(); ++c) smallest = class_bytes(c) < class_bytes(smallest) ? c : smallest;
+    return most(smallest);
+  }
+  return num_slabs() * static_cast<uint32_t>(geo_.slab_bytes / (opts_.slot_bytes + kIoAlign));  // none made yet
+}
 uint32_t NvmeStore::SlabOf(uint32_t record) const {
   return static_cast<uint32_t>(uint64_t{record} * kIoAlign / geo_.slab_bytes);
 }
@@ -451,7 +497,12 @@ Status NvmeStore::WriteBatch(std::span<NvmeWrite> writes) {
           continue;
         }
         if (map_.count(w.id)) continue;  // already stored: keep the old record
-        const int cls = ClassFor(w.len);
+        const auto made = AddClassForLocked(w.len);
+        if (!made.ok()) {
+          w.result = made.status();
+          continue;
+        }
+        const int cls = *made;
         auto rec = alloc_.Alloc(cls);
         if (!rec) {
           w.result = Status::Rejected("nvme store full: no free record of " + Size(class_bytes(cls)));
@@ -697,7 +748,9 @@ std::vector<NvmeEntry> NvmeStore::Entries() const {
 NvmeStoreStats NvmeStore::Stats() const {
   NvmeStoreStats s;
   s.records_total = records_total();
-  s.record_bytes = class_bytes(0);
+  uint64_t smallest = 0;
+  for (int c = 0; c < num_classes(); ++c) smallest = smallest == 0 ? class_bytes(c) : std::min(smallest, class_bytes(c));
+  s.record_bytes = smallest != 0 ? smallest : opts_.slot_bytes + kIoAlign;
   s.capacity_bytes = arena_bytes();
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -93,9 +93,18 @@ struct NvmeStoreOptions {
   // at most kMaxSlotClasses, the largest slot_bytes); a record of a class is 4096 + its
   // bytes. Default: empty (one class of slot_bytes)
   std::vector<uint64_t> classes;
+  // Records sized by their blocks (TierManagerOptions::classes_at_registration): a payload
+  // of n bytes (1..slot_bytes) takes a record of 4096 + n rounded up to 4 KiB, its class
+  // made the first time a payload of that size comes (AddClassFor, or a write or the
+  // index at open), at most kMaxArenaClasses; `classes` must be empty. The index's meta
+  // lists no record size then, and an entry's class is the one its payload_len takes:
+  // after a restart a slab's class comes from the records on disk, whatever order the
+  // classes were made in before. Default: false
+  bool records_by_size = false;
   // Bytes of a slab, a kIoAlign multiple that holds a record of the largest class; 0: with
   // one class, one data file's worth of records (file_bytes rounded down to records, at
-  // most the capacity's), with several kDefaultSlabBytes. Default: 0
+  // most the capacity's), with several kDefaultSlabBytes, with records_by_size
+  // AutoSlabBytes(capacity, slot_bytes + 4096) (tiers/slab_allocator.h). Default: 0
   uint64_t slab_bytes = 0;
   uint32_t queue_depth = 64;    // io_uring depth. Default: 64
   uint64_t file_bytes = uint64_t{1} << 30;  // target size of one data file, rounded down to
@@ -200,11 +209,17 @@ class NvmeStore {
   Device* device() { return dev_.get(); }
 
   // The record classes and slabs (SlabAllocator's names, as HostPool's, for TierState):
-  // classes are indexed smallest first; class_bytes is a record's size (4096 + payload).
-  int num_classes() const { return static_cast<int>(geo_.record_bytes.size()); }
-  uint64_t class_bytes(int cls) const { return geo_.record_bytes[static_cast<size_t>(cls)]; }
-  // The class of the record a payload of `payload_len` bytes takes; -1 when none holds it.
+  // classes are indexed smallest first (records_by_size: in the order they were made);
+  // class_bytes is a record's size (4096 + payload).
+  int num_classes() const { return classes_.load(std::memory_order_acquire); }
+  uint64_t class_bytes(int cls) const { return alloc_.class_bytes(cls); }
+  // The class of the record a payload of `payload_len` bytes takes; -1 when none holds it
+  // (records_by_size: none of that size was made yet).
   int ClassFor(uint64_t payload_len) const;
+  // The class a payload of `payload_len` bytes takes, made now if it is new
+  // (records_by_size); Invalid for a payload of 0 or more than slot_bytes, or past
+  // kMaxArenaClasses. Without records_by_size: ClassFor, Invalid when -1.
+  StatusOr<int> AddClassFor(uint64_t payload_len);
   uint64_t arena_bytes() const { return uint64_t{geo_.num_slabs} * geo_.slab_bytes; }
   uint32_t num_slabs() const { return geo_.num_slabs; }
   uint32_t slots_per_slab(int cls) const;
@@ -232,6 +247,7 @@ class NvmeStore {
   Status LoadIndex();
   // Empties an index of version 1 (one record size; see the header comment).
   Status DropVersion1Index();
+  StatusOr<int> AddClassForLocked(uint64_t payload_len);
   // Allocator ids (granule units) <-> record ids (4 KiB units).
   uint32_t RecordOf(uint32_t id) const { return id * ids_per_granule_; }
   std::optional<uint32_t> IdOf(uint32_t record) const;
@@ -248,6 +264,9 @@ class NvmeStore {
   std::unordered_map<BlockId, NvmeEntry, BlockIdHash> map_;
   std::unordered_map<uint32_t, BlockId> at_;  // record -> block, of map_'s entries
   SlabAllocator alloc_;
+  // alloc_'s classes, published after each is made (readers of the geometry hold no lock;
+  // alloc_ never moves a class).
+  std::atomic<int> classes_{0};
   uint64_t next_seq_ = 1;
 
   std::atomic<uint64_t> blocks_written_{0}, blocks_read_{0}, bytes_written_{0}, bytes_read_{0};
