@@ -204,6 +204,23 @@ KVT_HD uint32_t LadderGeMask(uint32_t a, uint32_t h) {
   return ((a & 0xffffu) >= (h & 0xffffu) ? 0x0000FFFFu : 0u) | ((a >> 16) >= (h >> 16) ? 0xFFFF0000u : 0u);
 #endif
 }
+// Both lanes' magnitudes (sign bits cleared). On the device abs.{bf16x2,f16x2} (no .ftz:
+// subnormals kept), which ptxas folds into the compares that read it as an operand
+// modifier, where the AND was one more ALU instruction a pair word.
+template <bool kFp16>
+KVT_HD uint32_t LadderAbs2(uint32_t p) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  if constexpr (kFp16) {
+    asm("abs.f16x2 %0, %1;\n" : "=r"(r) : "r"(p));
+  } else {
+    asm("abs.bf16x2 %0, %1;\n" : "=r"(r) : "r"(p));
+  }
+  return r;
+#else
+  return p & 0x7fff7fffu;
+#endif
+}
 // Magnitude indices of values V and V+4 (the lanes of pa: magnitudes, sign bits clear) as
 // nibbles at bits 4V and 4V+16, equal to LadderPairIdx<V> of the signed word.
 template <int V, bool kFp16>
@@ -544,7 +561,7 @@ KVT_HD bool Quantize4over6Pair(const uint32_t (&w)[8], uint32_t amax16, float gs
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int i = 0; i < 8; ++i) pa[i] = p[i] & 0x7fff7fffu;
+  for (int i = 0; i < 8; ++i) pa[i] = LadderAbs2<kFp16>(p[i]);
   uint32_t hb[7];
   LadderPairBounds<kFp16>(s6, hb);
   uint32_t c0, c1;

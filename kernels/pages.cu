@@ -273,7 +273,7 @@ __device__ __forceinline__ uint8_t Quantize4over6Group(const uint32_t (&w)[8], u
 // kFp16: the inputs' type (a.fp16) as a template constant, so that the bf16 and fp16
 // paths carry no per-value selects. RULE: 0 max6, 1 4over6.
 template <bool kFp16, int RULE>
-__global__ void __launch_bounds__(256, RULE == 1 ? 3 : 1) QuantizePairKernel(const QuantizeLaunch a, uint32_t per_side,
+__global__ void __launch_bounds__(256, RULE == 1 ? 3 : 0) QuantizePairKernel(const QuantizeLaunch a, uint32_t per_side,
                                                           int log2_gpr) {
   const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= per_side) return;
