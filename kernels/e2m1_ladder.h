@@ -584,7 +584,9 @@ KVT_HD bool Quantize4over6Pair(const uint32_t (&w)[8], uint32_t amax16, float gs
         four = 0;
       }
     }
-    if (four < 0) four = LadderExactFourWins<kFp16>(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], c0, c1, q0, q1, s6, s4);
+    if (four < 0) {
+      four = LadderExactFourWins<kFp16>(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], c0, c1, q0, q1, s6, s4);
+    }
     if (four == 1) {
       c0 = q0;
       c1 = q1;
