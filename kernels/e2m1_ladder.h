@@ -204,6 +204,23 @@ KVT_HD uint32_t LadderGeMask(uint32_t a, uint32_t h) {
   return ((a & 0xffffu) >= (h & 0xffffu) ? 0x0000FFFFu : 0u) | ((a >> 16) >= (h >> 16) ? 0xFFFF0000u : 0u);
 #endif
 }
+// Both lanes' magnitudes (sign bits cleared). On the device abs.{bf16x2,f16x2} (no .ftz:
+// subnormals kept), which ptxas folds into the compares that read it as an operand
+// modifier, where the AND was one more ALU instruction a pair word.
+template <bool kFp16>
+KVT_HD uint32_t LadderAbs2(uint32_t p) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  if constexpr (kFp16) {
+    asm("abs.f16x2 %0, %1;\n" : "=r"(r) : "r"(p));
+  } else {
+    asm("abs.bf16x2 %0, %1;\n" : "=r"(r) : "r"(p));
+  }
+  return r;
+#else
+  return p & 0x7fff7fffu;
+#endif
+}
 // Magnitude indices of values V and V+4 (the lanes of pa: magnitudes, sign bits clear) as
 // nibbles at bits 4V and 4V+16, equal to LadderPairIdx<V> of the signed word.
 template <int V, bool kFp16>
@@ -501,6 +518,24 @@ KVT_HD void LadderGroupIdx(const uint32_t (&p)[8], const uint32_t (&hb)[7], uint
   c1 = LadderPairIdx<0>(p[4], hb) | LadderPairIdx<1>(p[5], hb) | LadderPairIdx<2>(p[6], hb) | LadderPairIdx<3>(p[7], hb);
 }
 
+#if defined(__CUDACC__)
+#define KVT_HD_NOINLINE __host__ __device__ __noinline__
+#else
+#define KVT_HD_NOINLINE inline
+#endif
+// The exact decision (the codec's sums, term for term): 1 when candidate 4 (q0, q1, s4)
+// has the smaller error. Out of line and with arguments by value: it is rare, and inline
+// its registers would count against the main path's.
+template <bool kFp16>
+KVT_HD_NOINLINE int LadderExactFourWins(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, uint32_t w4, uint32_t w5,
+                                        uint32_t w6, uint32_t w7, uint32_t c0, uint32_t c1, uint32_t q0, uint32_t q1,
+                                        float s6, float s4) {
+  const uint32_t w[8] = {w0, w1, w2, w3, w4, w5, w6, w7};
+  float x[16];
+  LadderGroupFloats<kFp16>(w, x);
+  return PairCodesSquaredError(q0, q1, s4, x) < PairCodesSquaredError(c0, c1, s6, x) ? 1 : 0;
+}
+
 // One group of 16-bit inputs (w: value 2i in the low half of w[i]; amax16: the largest
 // magnitude's bits, finite) under 4over6: the scale byte and the data words (codes of
 // values 0..7 in pk0, 8..15 in pk1, nibble i = value i), equal to nvfp4::QuantizeGroup.
@@ -526,7 +561,7 @@ KVT_HD bool Quantize4over6Pair(const uint32_t (&w)[8], uint32_t amax16, float gs
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int i = 0; i < 8; ++i) pa[i] = p[i] & 0x7fff7fffu;
+  for (int i = 0; i < 8; ++i) pa[i] = LadderAbs2<kFp16>(p[i]);
   uint32_t hb[7];
   LadderPairBounds<kFp16>(s6, hb);
   uint32_t c0, c1;
@@ -549,7 +584,9 @@ KVT_HD bool Quantize4over6Pair(const uint32_t (&w)[8], uint32_t amax16, float gs
         four = 0;
       }
     }
-    if (four < 0) four = PairCodesSquaredError(q0, q1, s4, x) < PairCodesSquaredError(c0, c1, s6, x) ? 1 : 0;
+    if (four < 0) {
+      four = LadderExactFourWins<kFp16>(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], c0, c1, q0, q1, s6, s4);
+    }
     if (four == 1) {
       c0 = q0;
       c1 = q1;

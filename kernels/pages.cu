@@ -271,9 +271,11 @@ __device__ __forceinline__ uint8_t Quantize4over6Group(const uint32_t (&w)[8], u
 // lookup, two independent chains). The inputs are loaded before the slot check, so the
 // two global round trips overlap.
 // kFp16: the inputs' type (a.fp16) as a template constant, so that the bf16 and fp16
-// paths carry no per-value selects. RULE: 0 max6, 1 4over6.
+// paths carry no per-value selects. RULE: 0 max6, 1 4over6. 4over6 is held to 3 blocks
+// per SM (80 registers, no spill; 4 blocks would spill); max6's bounds stay without a
+// minimum (0), since a minimum of 1 changes its register allocation (46 -> 59) and slows it.
 template <bool kFp16, int RULE>
-__global__ void __launch_bounds__(256) QuantizePairKernel(const QuantizeLaunch a, uint32_t per_side,
+__global__ void __launch_bounds__(256, RULE == 1 ? 3 : 0) QuantizePairKernel(const QuantizeLaunch a, uint32_t per_side,
                                                           int log2_gpr) {
   const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= per_side) return;
