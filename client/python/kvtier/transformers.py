@@ -68,7 +68,7 @@ except ImportError as e:  # pragma: no cover - reported to the caller
 ATTN_IMPLEMENTATION = "kvtier"
 FORMATS = ("nvfp4", "fp8", "bf16")
 # 16-token blocks, vLLM's size: a prompt is reused in 16-token steps, and at (32K, batch 8)
-# on an H200 the NVFP4 decode's long-context share is 1.29x its bytes (bench/README.md,
+# on an H200 the NVFP4 decode's long-context share is 1.29-1.31x its bytes (bench/README.md,
 # "transformers"). 32 and 64 are served too (block_tokens=).
 DEFAULT_BLOCK_TOKENS = 16
 
