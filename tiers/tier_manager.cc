@@ -29,7 +29,10 @@ std::atomic<bool> g_trace_copies{false};
 bool TraceCopies() { return g_trace_copies.load(std::memory_order_relaxed); }
 
 TierManagerImpl::TierManagerImpl(const TierManagerOptions& o)
-    : opts_(o), slot_bytes_(o.slot_bytes), blocks_(0, BlockIndexHash{o.index_seed != 0 ? o.index_seed : RandomSeed()}) {}
+    : opts_(o),
+      slot_bytes_(o.slot_bytes),
+      classes_at_registration_(o.classes_at_registration),
+      blocks_(0, BlockIndexHash{o.index_seed != 0 ? o.index_seed : RandomSeed()}) {}
 
 StatusOr<std::unique_ptr<TierManager>> TierManager::Open(const TierManagerOptions& opts) {
   KVTIER_RETURN_IF_ERROR(opts.Validate());
@@ -46,7 +49,7 @@ Status TierManagerImpl::Init() {
   ho.classes = opts_.slot_classes;
   ho.slab_bytes = opts_.slab_bytes;
   ho.arena_bytes = opts_.host.capacity_bytes;
-  if (opts_.classes_at_registration) {
+  if (classes_at_registration_) {
     // No class yet; the granule from the arena's size alone, slabs that hold the largest
     // block (an arena smaller than that is one slab, and blocks are limited to it).
     const uint64_t g = AutoGranule(opts_.host.capacity_bytes);
@@ -91,7 +94,7 @@ Status TierManagerImpl::Init() {
     hb.slots = static_cast<uint32_t>(opts_.hbm.capacity_bytes / opts_.slot_bytes);
     // The host tier's classes and slabs, when the HBM arena holds a slab of them; with
     // classes made at registration, the HBM arena's own granule and slabs.
-    if (opts_.classes_at_registration) {
+    if (classes_at_registration_) {
       hb.classes_at_registration = true;
       hb.arena_bytes = opts_.hbm.capacity_bytes;
       hb.slab_bytes = AutoSlabBytes(hb.arena_bytes, opts_.slot_bytes, AutoGranule(hb.arena_bytes));
@@ -135,7 +138,7 @@ Status TierManagerImpl::Init() {
     no.slot_bytes = opts_.slot_bytes;
     // The host tier's classes, one record class each, when the tier holds a slab of them;
     // else one class of slot_bytes.
-    if (opts_.classes_at_registration) {
+    if (classes_at_registration_) {
       no.records_by_size = true;  // slabs: AutoSlabBytes(capacity, slot_bytes + 4096)
       no.slab_bytes = 0;
     } else if (host_->num_classes() > 1 && opts_.nvme.tier.capacity_bytes >= opts_.nvme.slab_bytes) {
@@ -182,7 +185,7 @@ Status TierManagerImpl::Init() {
   for (int c = 0; c < host_->num_classes(); ++c) {
     host_classes += fmt::format("{}{} B", host_classes.empty() ? "" : ", ", host_->class_bytes(c));
   }
-  host_classes = opts_.classes_at_registration
+  host_classes = classes_at_registration_
                      ? fmt::format("classes made at registration on a {} B granule in {} slabs of {} B",
                                    host_->granule(), host_->num_slabs(), host_->slab_bytes())
                  : host_->num_classes() == 1
@@ -229,7 +232,7 @@ TierManagerImpl::~TierManagerImpl() {
 SlotFit TierManagerImpl::Fit(const ScaleContract& c) const {
   SlotFit f;
   if (c.slot_bytes() > slot_bytes_) return f;  // HBM and NVMe slots are slot_bytes
-  if (opts_.classes_at_registration) {
+  if (classes_at_registration_) {
     // The class of its block rounded up to the granule: made when it registers (-1 until
     // then, with the size it will have).
     const uint64_t g = host_->granule(), slot = (c.slot_bytes() + g - 1) / g * g;
@@ -261,7 +264,7 @@ SlotFit TierManagerImpl::FitOf(uint64_t contract_id) const {
 // A contract kvtier can hold: valid, and its block fits a slot.
 Status TierManagerImpl::CheckRegistrable(const ScaleContract& c) const {
   KVTIER_RETURN_IF_ERROR(c.Validate());
-  if (opts_.classes_at_registration) {
+  if (classes_at_registration_) {
     if (Fit(c).slot_bytes == 0) {
       const uint64_t limit = std::min<uint64_t>({slot_bytes_, host_->slab_bytes(), hbm_ ? hbm_->slab_bytes() : slot_bytes_});
       return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
@@ -283,7 +286,7 @@ Status TierManagerImpl::CheckRegistrable(const ScaleContract& c) const {
 }
 
 Status TierManagerImpl::MakeClassesLocked(const ScaleContract& c) {
-  if (!opts_.classes_at_registration) return Status::Ok();
+  if (!classes_at_registration_) return Status::Ok();
   auto h = host_->AddClass(c.slot_bytes());
   if (!h.ok()) return Status::Unsupported(h.status().message());
   if (static_cast<size_t>(*h) == host_geometry_.classes.size()) {  // a new one
@@ -658,7 +661,7 @@ Status TierManagerImpl::FreeSlot(SlotRef ref) {
 Status TierManagerImpl::Reconfigure(const TierManagerOptions& o) {
   KVTIER_RETURN_IF_ERROR(o.Validate());
   if (o.slot_bytes != slot_bytes_ || o.slot_classes != opts_.slot_classes ||
-      o.classes_at_registration != opts_.classes_at_registration ||
+      o.classes_at_registration != classes_at_registration_ ||
       o.slab_bytes != opts_.slab_bytes || o.hbm.capacity_bytes != opts_.hbm.capacity_bytes ||
       o.host.capacity_bytes != opts_.host.capacity_bytes ||
       o.nvme.tier.capacity_bytes != opts_.nvme.tier.capacity_bytes || o.nvme.dir != opts_.nvme.dir ||

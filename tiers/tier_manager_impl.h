@@ -363,6 +363,9 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   // opts_.slot_bytes, which never changes: read without the lock (attach, registrations,
   // verify) while Reconfigure writes opts_ on another thread.
   const uint64_t slot_bytes_;
+  // opts_.classes_at_registration, fixed at start (Reconfigure refuses a change): read
+  // here, never through opts_, which a reload rewrites while registrations run.
+  const bool classes_at_registration_;
   HostGeometry host_geometry_;  // set by Init, then fixed
   HostGeometry hbm_geometry_;   // set by Init, then fixed
   std::unique_ptr<HbmPool> hbm_;
