@@ -118,6 +118,7 @@ tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
   o.slot_bytes = c.tiers.slot_bytes;
   o.slot_classes = c.tiers.SlotClasses();  // "auto" resolved
   o.slab_bytes = c.tiers.SlabBytes();
+  o.classes_at_registration = c.tiers.slot_classes_per_contract;  // slot_bytes: the largest block
   o.hbm = TierOf(c.tiers.hbm, c.tiers.policy);
   o.cuda_device = c.tiers.cuda_device;
   // Config::Validate checked the name: ParseHbmCopy cannot fail here.
@@ -1439,7 +1440,10 @@ Status Daemon::Impl::Reload(std::string* summary) {
     notes += std::string(notes.empty() ? "" : "; ") + key + " changed: needs a restart, ignored";
   };
   if (n.tiers.slot_bytes != o.tiers.slot_bytes) ignored("tiers.slot_bytes");
-  if (n.tiers.SlotClasses() != o.tiers.SlotClasses()) ignored("tiers.slot_classes");
+  if (n.tiers.SlotClasses() != o.tiers.SlotClasses() ||
+      n.tiers.slot_classes_per_contract != o.tiers.slot_classes_per_contract) {
+    ignored("tiers.slot_classes");
+  }
   if (n.tiers.SlabBytes() != o.tiers.SlabBytes()) ignored("tiers.slab_bytes");
   if (n.tiers.hbm.capacity_bytes != o.tiers.hbm.capacity_bytes) ignored("tiers.hbm.capacity");
   if (n.tiers.host.capacity_bytes != o.tiers.host.capacity_bytes) ignored("tiers.host.capacity");
