@@ -221,8 +221,14 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
       t.granule = r.slot_bytes;
       t.class_bytes[0] = r.slot_bytes;
     }
-    bool ok = t.count >= 1 && t.count <= w::kMaxWireSlotClasses && t.granule > 0 && t.granule % 4096 == 0 &&
-              t.class_bytes[t.count - 1] == r.slot_bytes && c->hbm.arena_bytes % t.granule == 0;
+    // Protocol 9, per contract: no classes, the granule alone (the register completion
+    // gives each contract's slot).
+    const bool hbm_per_contract = with_hbm && r.protocol_version >= 9 && t.flags == w::kSlotClassesPerContract;
+    bool ok = hbm_per_contract
+                  ? t.count == 0 && t.granule > 0 && t.granule % 4096 == 0 && c->hbm.arena_bytes % t.granule == 0
+                  : t.count >= 1 && t.count <= w::kMaxWireSlotClasses && t.granule > 0 && t.granule % 4096 == 0 &&
+                        t.flags == 0 && t.class_bytes[t.count - 1] == r.slot_bytes &&
+                        c->hbm.arena_bytes % t.granule == 0;
     for (uint32_t i = 0; ok && i < t.count; ++i) {
       const uint64_t k = t.class_bytes[i];
       ok = k > 0 && k % t.granule == 0 && (i == 0 || k > t.class_bytes[i - 1]) &&
@@ -250,8 +256,14 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
       t.slab_bytes = r.host_arena_bytes;
       t.class_bytes[0] = r.slot_bytes;
     }
-    bool table_ok = t.count >= 1 && t.count <= w::kMaxWireSlotClasses && t.granule > 0 && t.granule % 4096 == 0 &&
-                    t.class_bytes[t.count - 1] == r.slot_bytes && r.host_arena_bytes % t.granule == 0;
+    // Protocol 9, per contract: no classes, the granule alone.
+    const bool per_contract = with_table && r.protocol_version >= 9 && t.flags == w::kSlotClassesPerContract;
+    bool table_ok = per_contract ? t.count == 0 && t.granule > 0 && t.granule % 4096 == 0 &&
+                                       r.host_arena_bytes % t.granule == 0
+                                 : t.count >= 1 && t.count <= w::kMaxWireSlotClasses && t.granule > 0 &&
+                                       t.granule % 4096 == 0 && t.flags == 0 &&
+                                       t.class_bytes[t.count - 1] == r.slot_bytes &&
+                                       r.host_arena_bytes % t.granule == 0;
     for (uint32_t i = 0; table_ok && i < t.count; ++i) {
       const uint64_t k = t.class_bytes[i];
       table_ok = k > 0 && k % t.granule == 0 && (i == 0 || k > t.class_bytes[i - 1]) && k <= r.host_arena_bytes;
@@ -272,11 +284,12 @@ kvtier_status Attach(const char* socket_path, const kvtier_connect_options* opts
     // One window: the arena read-only (sealed: a writable mapping is refused), then this
     // client's staging area writable right after it, so that host slot s of either kind
     // is at window + s * granule (HostSlot) and staging ids follow arena ids. A staging
-    // slot holds the largest class (slot_bytes). Without the arena fd (private) the arena's
-    // part of the window stays unmapped.
+    // slot holds the largest class (slot_bytes); per contract, the area is staging_slots
+    // granules, a staging slot as long as its contract's. Without the arena fd (private)
+    // the arena's part of the window stays unmapped.
     const int arena_fd = host_private ? -1 : fds[1];
     const int staging_fd = host_private ? fds[1 + n_parts] : fds[2];
-    const uint64_t staging_bytes = uint64_t{r.staging_slots} * r.slot_bytes;
+    const uint64_t staging_bytes = uint64_t{r.staging_slots} * (per_contract ? t.granule : r.slot_bytes);
     struct stat sst;
     if ((arena_fd >= 0 && (::fstat(arena_fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < r.host_arena_bytes)) ||
         r.slot_bytes == 0 || r.staging_slots == 0 ||

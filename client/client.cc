@@ -45,13 +45,23 @@ kvtier_status FromStatus(const kvtier::Status& s) {
   return Fail(static_cast<kvtier_status>(s.code()), s.ToString());
 }
 
-// Where a registered contract's blocks go in the host tier, from its register completion:
-// protocol 5 names the slot class; older daemons have one slot size.
+// Where a registered contract's blocks go in the host and HBM tiers, from its register
+// completion: protocol 9 gives each tier's slot in granules, protocol 5 names the host
+// slot class (HBM's the same one, or one class); older daemons have one slot size.
 void SetSlotFit(const kvtier_client* c, const w::CompletionEntry& cmp, RegisteredContract* rc) {
   const auto& t = c->host_classes;
-  rc->host_slot_bytes = c->reply.protocol_version >= 5 && cmp.count < t.count && cmp.count < w::kMaxWireSlotClasses
-                            ? t.class_bytes[cmp.count]
-                            : c->reply.slot_bytes;
+  const auto& h = c->hbm.classes;
+  if (c->reply.protocol_version >= 9) {
+    rc->host_slot_bytes = uint64_t{cmp.cached_same} * t.granule;
+    rc->hbm_slot_bytes = uint64_t{cmp.cached_different} * h.granule;
+  } else {
+    rc->host_slot_bytes = c->reply.protocol_version >= 5 && cmp.count < t.count && cmp.count < w::kMaxWireSlotClasses
+                              ? t.class_bytes[cmp.count]
+                              : c->reply.slot_bytes;
+    rc->hbm_slot_bytes = h.count > 1 && cmp.count < h.count && cmp.count < w::kMaxWireSlotClasses
+                             ? h.class_bytes[cmp.count]
+                             : h.count == 1 ? h.class_bytes[0] : 0;
+  }
   rc->fill = rc->host_slot_bytes ? static_cast<double>(rc->block_bytes) / static_cast<double>(rc->host_slot_bytes) : 0.0;
 }
 
@@ -271,6 +281,20 @@ kvtier_status kvtier_contract_slot(kvtier_client* c, uint64_t contract_id, uint6
   }
   if (slot_bytes) *slot_bytes = it->second.host_slot_bytes;
   if (fill) *fill = it->second.fill;
+  return Ok();
+  KVTIER_GUARD_END
+}
+
+kvtier_status kvtier_contract_hbm_slot(kvtier_client* c, uint64_t contract_id, uint64_t* slot_bytes) {
+  KVTIER_GUARD_BEGIN
+  if (CheckClient(c)) return KVTIER_INVALID;
+  std::lock_guard<std::mutex> l(c->mu);
+  auto it = c->contracts.find(contract_id);
+  if (it == c->contracts.end()) {
+    return Fail(KVTIER_NOT_FOUND, "contract " + kvtier::ContractIdHex(contract_id) +
+                                      " was not registered by this client (kvtier_register_contract)");
+  }
+  if (slot_bytes) *slot_bytes = it->second.hbm_slot_bytes;
   return Ok();
   KVTIER_GUARD_END
 }

@@ -26,6 +26,7 @@ struct RegisteredContract {
   std::vector<uint8_t> bytes;
   bool shared = false;  // registered in the shared namespace (the id is its shared handle)
   uint64_t host_slot_bytes = 0;  // its host slot class's slot size (kvtier_contract_slot)
+  uint64_t hbm_slot_bytes = 0;   // its HBM slot class's (0: no HBM tier, or unknown)
   double fill = 0.0;             // block_bytes / host_slot_bytes
 };
 
@@ -108,19 +109,21 @@ namespace kvtier::lib {
 
 // Where host slot s is in the client's window (arena, then staging area): s * granule,
 // the one place that says so. False for a slot whose smallest class would pass the end of
-// the window, and for an arena slot where the arena is not mapped (a daemon with tenants;
-// but for the parts of it this client mapped).
+// the window (classes made per contract: the granule is the smallest slot), and for an
+// arena slot where the arena is not mapped (a daemon with tenants; but for the parts of it
+// this client mapped).
 inline bool HostSlot(const kvtier_client* c, uint32_t s, uint64_t* offset) {
   const uint64_t g = c->host_classes.granule;
   if (g == 0 || c->host == nullptr) return false;
+  const uint64_t least = c->host_classes.count > 0 ? c->host_classes.class_bytes[0] : g;
   const uint64_t off = uint64_t{s} * g;
-  if (off >= c->host_bytes || c->host_classes.class_bytes[0] > c->host_bytes - off) return false;
+  if (off >= c->host_bytes || least > c->host_bytes - off) return false;
   if (c->host_private && off < c->host_arena_bytes) {
     // An arena slot: readable only inside a part this client mapped.
     bool in = false;
     for (uint32_t i = 0; i < c->host_parts.count && !in; ++i) {
       const auto& p = c->host_parts.parts[i];
-      in = off >= p.offset && off - p.offset < p.bytes && c->host_classes.class_bytes[0] <= p.offset + p.bytes - off;
+      in = off >= p.offset && off - p.offset < p.bytes && least <= p.offset + p.bytes - off;
     }
     if (!in) return false;
   }

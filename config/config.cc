@@ -340,8 +340,10 @@ const std::vector<Entry>& Schema() {
     s.push_back({"tiers.on_conflict", StringField([](Config& c) { return &c.tiers.on_conflict; })});
     // "auto" or a list of sizes; "auto" or a size.
     s.push_back({"tiers.slot_classes", [](const toml::node& n, const std::string& key, Config& c) -> Status {
+                   const bool per_contract = n.is_string() && *n.value<std::string>() == "per-contract";
+                   c.tiers.slot_classes_per_contract = per_contract;
                    c.tiers.slot_classes_auto = n.is_string() && *n.value<std::string>() == "auto";
-                   if (c.tiers.slot_classes_auto) {
+                   if (c.tiers.slot_classes_auto || per_contract) {
                      c.tiers.slot_classes.clear();
                      return Status::Ok();
                    }
@@ -493,6 +495,47 @@ Status ValidateTier(const std::string& p, const TierConfig& t, uint64_t slot_byt
   return Status::Ok();
 }
 
+// tiers.slot_classes as a list or "auto" (classes fixed at start): the list, its slabs and
+// the NVMe slabs that hold a record of slot_bytes.
+Status ValidateListedClasses(const TiersConfig& t) {
+  if (t.slot_classes.size() > 4) {
+    return Status::Invalid("tiers.slot_classes: " + std::to_string(t.slot_classes.size()) +
+                           " classes; at most 4 are supported");
+  }
+  for (size_t i = 0; i < t.slot_classes.size(); ++i) {
+    const uint64_t v = t.slot_classes[i];
+    if (v == 0 || v % 4096 != 0) {
+      return Status::Invalid("tiers.slot_classes: " + std::to_string(v) + " is not a positive multiple of 4096");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (t.slot_classes[j] == v) return Status::Invalid("tiers.slot_classes: " + FormatSize(v) + " is listed twice");
+    }
+  }
+  if (!t.slot_classes_auto && !t.slot_classes.empty() &&
+      *std::max_element(t.slot_classes.begin(), t.slot_classes.end()) != t.slot_bytes) {
+    return Status::Invalid("tiers.slot_classes: the largest class must be tiers.slot_bytes (" +
+                           FormatSize(t.slot_bytes) + "), the slot of the HBM and NVMe tiers");
+  }
+  if (t.SlotClasses().size() > 1) {
+    const uint64_t slab = t.SlabBytes();
+    if (slab % 4096 != 0 || slab < t.slot_bytes || slab > (uint64_t{1} << 30)) {
+      return Status::Invalid("tiers.slab_bytes: " + FormatSize(slab) +
+                             " is not a multiple of 4KiB in [tiers.slot_bytes (" + FormatSize(t.slot_bytes) + "), 1GiB]");
+    }
+    if (t.host.capacity_bytes != 0 && t.host.capacity_bytes < slab) {
+      return Status::Invalid("tiers.host.capacity: " + FormatSize(t.host.capacity_bytes) +
+                             " holds no slab of tiers.slab_bytes (" + FormatSize(slab) + ")");
+    }
+  }
+  if (t.nvme.slab_bytes % 4096 != 0 || t.nvme.slab_bytes < t.slot_bytes + 4096 ||
+      t.nvme.slab_bytes > (uint64_t{1} << 30)) {
+    return Status::Invalid("tiers.nvme.slab_bytes: " + FormatSize(t.nvme.slab_bytes) +
+                           " is not a multiple of 4KiB in [tiers.slot_bytes + 4KiB (" + FormatSize(t.slot_bytes + 4096) +
+                           "), 1GiB]");
+  }
+  return Status::Ok();
+}
+
 // A folder that exists must be a writable, searchable directory; one that does not must
 // have an existing writable ancestor (it is created at start).
 Status CheckFolder(const std::string& key, const std::string& dir) {
@@ -532,6 +575,7 @@ Config::Config() {
 }
 
 std::vector<uint64_t> TiersConfig::SlotClasses() const {
+  if (slot_classes_per_contract) return {};  // made at registration, none at start
   if (!slot_classes_auto) return slot_classes.size() == 1 && slot_classes[0] == slot_bytes ? std::vector<uint64_t>{}
                                                                                             : slot_classes;
   std::vector<uint64_t> c;
@@ -596,61 +640,31 @@ Status Config::Validate() const {
     return Status::Invalid("tiers.slot_bytes: " + std::to_string(t.slot_bytes) +
                            " is not a positive multiple of 4096 up to 4GiB");
   }
-  if (t.slot_classes.size() > 4) {
-    return Status::Invalid("tiers.slot_classes: " + std::to_string(t.slot_classes.size()) +
-                           " classes; at most 4 are supported");
-  }
-  for (size_t i = 0; i < t.slot_classes.size(); ++i) {
-    const uint64_t v = t.slot_classes[i];
-    if (v == 0 || v % 4096 != 0) {
-      return Status::Invalid("tiers.slot_classes: " + std::to_string(v) + " is not a positive multiple of 4096");
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (t.slot_classes[j] == v) return Status::Invalid("tiers.slot_classes: " + FormatSize(v) + " is listed twice");
-    }
-  }
-  if (!t.slot_classes_auto && !t.slot_classes.empty() &&
-      *std::max_element(t.slot_classes.begin(), t.slot_classes.end()) != t.slot_bytes) {
-    return Status::Invalid("tiers.slot_classes: the largest class must be tiers.slot_bytes (" +
-                           FormatSize(t.slot_bytes) + "), the slot of the HBM and NVMe tiers");
-  }
-  if (t.SlotClasses().size() > 1) {
-    const uint64_t slab = t.SlabBytes();
-    if (slab % 4096 != 0 || slab < t.slot_bytes || slab > (uint64_t{1} << 30)) {
-      return Status::Invalid("tiers.slab_bytes: " + FormatSize(slab) +
-                             " is not a multiple of 4KiB in [tiers.slot_bytes (" + FormatSize(t.slot_bytes) + "), 1GiB]");
-    }
-    if (t.host.capacity_bytes != 0 && t.host.capacity_bytes < slab) {
-      return Status::Invalid("tiers.host.capacity: " + FormatSize(t.host.capacity_bytes) +
-                             " holds no slab of tiers.slab_bytes (" + FormatSize(slab) + ")");
-    }
-  }
-  if (t.nvme.slab_bytes % 4096 != 0 || t.nvme.slab_bytes < t.slot_bytes + 4096 ||
-      t.nvme.slab_bytes > (uint64_t{1} << 30)) {
-    return Status::Invalid("tiers.nvme.slab_bytes: " + FormatSize(t.nvme.slab_bytes) +
-                           " is not a multiple of 4KiB in [tiers.slot_bytes + 4KiB (" + FormatSize(t.slot_bytes + 4096) +
-                           "), 1GiB]");
-  }
-  KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.hbm", t.hbm, t.slot_bytes));
+  // Per-contract: slot_bytes is the largest block; each tier's slabs and granule follow
+  // its capacity (a tier smaller than the largest block is one slab and limits blocks to
+  // it), so a tier needs no more than one 4 KiB slot.
+  if (!t.slot_classes_per_contract) KVTIER_RETURN_IF_ERROR(ValidateListedClasses(t));
+  const uint64_t least_slot = t.slot_classes_per_contract ? 4096 : t.slot_bytes;
+  KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.hbm", t.hbm, least_slot));
   if (!InSet(t.hbm_copy, {"auto", "kernel", "batch", "loop"})) {
     return Status::Invalid("tiers.hbm.copy: \"" + t.hbm_copy + "\" is not auto, kernel, batch or loop");
   }
   if (t.hbm_copy_streams < 1 || t.hbm_copy_streams > 8) {
     return Status::Invalid("tiers.hbm.copy_streams: " + std::to_string(t.hbm_copy_streams) + " not in [1, 8]");
   }
-  KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.host", t.host, t.slot_bytes));
+  KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.host", t.host, least_slot));
   if (!InSet(t.on_conflict, {"keep-first", "replace", "drop-disputed"})) {
     return Status::Invalid("tiers.on_conflict: \"" + t.on_conflict + "\" is not keep-first, replace or drop-disputed");
   }
   // The most host slots a client's alloc leases can hold: those of the smallest class.
   const std::vector<uint64_t> classes = t.SlotClasses();
-  const uint64_t smallest = classes.empty() ? t.slot_bytes : *std::min_element(classes.begin(), classes.end());
+  const uint64_t smallest = classes.empty() ? least_slot : *std::min_element(classes.begin(), classes.end());
   if (smallest > 0 && t.host_staging_slots_per_client > t.host.capacity_bytes / smallest) {
     return Status::Invalid("tiers.host.staging_slots_per_client: " + std::to_string(t.host_staging_slots_per_client) +
                            " is more than the host tier's " + std::to_string(t.host.capacity_bytes / smallest) +
                            " slots");
   }
-  KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.nvme", t.nvme.tier, t.slot_bytes));
+  KVTIER_RETURN_IF_ERROR(ValidateTier("tiers.nvme", t.nvme.tier, least_slot));
   if (std::string why = t.policy.Check(); !why.empty()) {
     return Status::Invalid("tiers.policy." + why);
   }

@@ -94,6 +94,12 @@ struct TiersConfig {
   // one class of slot_bytes. Default: "auto" (slot_classes_auto; SlotClasses() resolves it)
   std::vector<uint64_t> slot_classes;
   bool slot_classes_auto = true;  // tiers.slot_classes = "auto". Default: true
+  // tiers.slot_classes = "per-contract": each tier makes a contract's slot size when it
+  // registers (its block rounded up to the tier's granule, which the tier's capacity alone
+  // fixes at start; docs/tiers.md "Classes made at registration"), and slot_bytes is the
+  // largest block a contract may have (a 4 KiB multiple up to 4GiB). slab_bytes and
+  // tiers.nvme.slab_bytes are not used: the slabs follow the capacities. Default: false
+  bool slot_classes_per_contract = false;
   // tiers.slab_bytes: with several classes, the tiers are cut into slabs of this size, each
   // holding slots of one class; a 4 KiB multiple in [slot_bytes, 1GiB]; 0 ("auto"): the
   // least common multiple of the classes, or 64 MiB when that is larger (SlabBytes()).

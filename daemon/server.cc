@@ -118,6 +118,7 @@ tiers::TierManagerOptions ToTierManagerOptions(const config::Config& c) {
   o.slot_bytes = c.tiers.slot_bytes;
   o.slot_classes = c.tiers.SlotClasses();  // "auto" resolved
   o.slab_bytes = c.tiers.SlabBytes();
+  o.classes_at_registration = c.tiers.slot_classes_per_contract;  // slot_bytes: the largest block
   o.hbm = TierOf(c.tiers.hbm, c.tiers.policy);
   o.cuda_device = c.tiers.cuda_device;
   // Config::Validate checked the name: ParseHbmCopy cannot fail here.
@@ -523,17 +524,36 @@ class Connection : public std::enable_shared_from_this<Connection> {
     lim.spin_us = dc.spin_us;
     lim.max_spinning = dc.max_spinning_rings;
     lim.protocol_version = protocol_;
+    // Slot classes made per contract: a client of protocol 8 or older would address
+    // slots by a table of classes fixed at attach.
+    if (d_->tm_->classes_at_registration() && protocol_ < 9) {
+      // (The reply's message holds 127 bytes.)
+      return RefuseAttach(&r, Status::Unsupported("tiers.slot_classes = \"per-contract\": slot sizes per contract "
+                                                  "need libkvtier of protocol 9 (this one speaks " +
+                                                  std::to_string(protocol_) + ")"));
+    }
     if (protocol_ >= 5 && d_->tm_->has_tier(tiers::Tier::kHost)) {
       // The most host slots its leases could hold: all of the smallest slot class. What its
       // staging slots hold in memory is bounded by its leases (each counted in bytes against
       // daemon.max_tier_share_per_client) and, for freed slots, by the daemon's total.
-      const tiers::HostGeometry& g = d_->tm_->host_geometry();
-      const auto host_slots = g.most[0];
+      const tiers::HostGeometry g = d_->tm_->host_geometry();
       const uint32_t cap = d_->opts_.config.tiers.host_staging_slots_per_client;
-      // 0: the client's share of the host tier (daemon.max_tier_share_per_client), which
-      // bounds what its leases hold anyway.
-      const auto share = static_cast<uint32_t>(dc.max_tier_share_per_client * static_cast<double>(host_slots));
-      lim.staging_slots = std::min(host_slots, cap != 0 ? cap : std::max<uint32_t>(1, share));
+      if (d_->tm_->classes_at_registration()) {
+        // Slots of each contract's own size: the area is the client's share of the host
+        // tier's bytes (what its leases may hold) and one largest slot, in granules;
+        // staging_slots_per_client (0: no cap of its own) caps the slots taken at once.
+        const uint64_t largest = std::min(d_->tm_->slot_bytes(), g.slab_bytes);
+        const auto share = static_cast<uint64_t>(dc.max_tier_share_per_client * static_cast<double>(g.arena_bytes));
+        lim.staging_bytes = (std::min(share, g.arena_bytes) + largest + g.granule - 1) / g.granule * g.granule;
+        lim.staging_slots = cap != 0 ? cap : static_cast<uint32_t>(std::min<uint64_t>(lim.staging_bytes / g.granule,
+                                                                                      UINT32_MAX));
+      } else {
+        const auto host_slots = g.most[0];
+        // 0: the client's share of the host tier (daemon.max_tier_share_per_client), which
+        // bounds what its leases hold anyway.
+        const auto share = static_cast<uint32_t>(dc.max_tier_share_per_client * static_cast<double>(host_slots));
+        lim.staging_slots = std::min(host_slots, cap != 0 ? cap : std::max<uint32_t>(1, share));
+      }
       lim.staging_budget = d_->staging_budget_;
       // With tenants, no client maps the arena: it holds every tenant's blocks.
       lim.private_reads = d_->tenants_->access().tenants_configured();
@@ -577,7 +597,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (tm->has_tier(tiers::Tier::kHost) && (*sess)->staging() != nullptr) {
       r.flags |= wire::kReplyHasHost | wire::kReplyHasStaging;
       r.host_arena_bytes = tm->host_arena_bytes();
-      r.staging_slots = (*sess)->staging()->slots();
+      // Per contract (protocol 9): the area's granules; else its slots of slot_bytes.
+      r.staging_slots = tm->classes_at_registration() ? (*sess)->staging()->units() : (*sess)->staging()->slots();
       if ((*sess)->private_reads()) {
         r.flags |= wire::kReplyHostPrivate;
         // Its tenant's part of the arena (tiers.host.tenant_parts), which holds that
@@ -648,9 +669,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const bool table = protocol_ >= 5 && r.status == 0;
     const bool hbm_table = protocol_ >= 7 && r.status == 0;
     wire::HbmGeometry hg;
+    // Per contract (protocol 9): no classes listed, the register completion gives each.
+    const bool per_contract = d_->tm_->classes_at_registration();
     if (hbm_table && (r.flags & wire::kReplyHasHbm)) {
-      const tiers::HostGeometry& g = d_->tm_->hbm_geometry();
-      hg.classes.count = static_cast<uint32_t>(std::min<size_t>(g.classes.size(), wire::kMaxWireSlotClasses));
+      const tiers::HostGeometry g = d_->tm_->hbm_geometry();
+      hg.classes.flags = per_contract ? wire::kSlotClassesPerContract : 0;
+      hg.classes.count =
+          per_contract ? 0 : static_cast<uint32_t>(std::min<size_t>(g.classes.size(), wire::kMaxWireSlotClasses));
       hg.classes.granule = g.granule;
       hg.classes.slab_bytes = g.slab_bytes;
       for (uint32_t i = 0; i < hg.classes.count; ++i) hg.classes.class_bytes[i] = g.classes[i];
@@ -658,8 +683,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     wire::SlotClassTable t;
     if (table && (r.flags & wire::kReplyHasHost)) {
-      const tiers::HostGeometry& g = d_->tm_->host_geometry();
-      t.count = static_cast<uint32_t>(std::min<size_t>(g.classes.size(), wire::kMaxWireSlotClasses));
+      const tiers::HostGeometry g = d_->tm_->host_geometry();
+      t.flags = per_contract ? wire::kSlotClassesPerContract : 0;
+      t.count = per_contract ? 0 : static_cast<uint32_t>(std::min<size_t>(g.classes.size(), wire::kMaxWireSlotClasses));
       t.granule = g.granule;
       t.slab_bytes = g.slab_bytes;
       for (uint32_t i = 0; i < t.count; ++i) t.class_bytes[i] = g.classes[i];
@@ -1439,7 +1465,10 @@ Status Daemon::Impl::Reload(std::string* summary) {
     notes += std::string(notes.empty() ? "" : "; ") + key + " changed: needs a restart, ignored";
   };
   if (n.tiers.slot_bytes != o.tiers.slot_bytes) ignored("tiers.slot_bytes");
-  if (n.tiers.SlotClasses() != o.tiers.SlotClasses()) ignored("tiers.slot_classes");
+  if (n.tiers.SlotClasses() != o.tiers.SlotClasses() ||
+      n.tiers.slot_classes_per_contract != o.tiers.slot_classes_per_contract) {
+    ignored("tiers.slot_classes");
+  }
   if (n.tiers.SlabBytes() != o.tiers.SlabBytes()) ignored("tiers.slab_bytes");
   if (n.tiers.hbm.capacity_bytes != o.tiers.hbm.capacity_bytes) ignored("tiers.hbm.capacity");
   if (n.tiers.host.capacity_bytes != o.tiers.host.capacity_bytes) ignored("tiers.host.capacity");

@@ -127,11 +127,15 @@ StatusOr<std::shared_ptr<Session>> Session::Create(uint64_t client_id, const std
   }
   if (limits.staging_slots > 0 && tm->has_tier(tiers::Tier::kHost)) {
     // Staging slot ids follow the arena's: the client maps both in one window, host slot
-    // s at s * granule.
+    // s at s * granule. Slots fixed at start: staging_slots slots of slot_bytes; made per
+    // contract: staging_bytes, each slot its contract's host slot (daemon/staging.h).
     const uint64_t granule = tm->host_geometry().granule;
-    auto st = StagingArea::Create("kvtier-staging-" + std::to_string(client_id), limits.staging_slots,
-                                  tm->slot_bytes(), static_cast<uint32_t>(tm->host_arena_bytes() / granule),
-                                  static_cast<uint32_t>(tm->slot_bytes() / granule), limits.staging_budget);
+    const uint64_t area = tm->classes_at_registration() ? limits.staging_bytes / granule * granule
+                                                        : uint64_t{limits.staging_slots} * tm->slot_bytes();
+    if (area / granule > UINT32_MAX) return Status::Invalid("staging area of " + std::to_string(area) + " bytes");
+    auto st = StagingArea::Create("kvtier-staging-" + std::to_string(client_id),
+                                  static_cast<uint32_t>(area / granule), granule, limits.staging_slots,
+                                  static_cast<uint32_t>(tm->host_arena_bytes() / granule), limits.staging_budget);
     if (!st.ok()) return st.status();
     s->staging_ = std::move(st.value());
   }
@@ -447,11 +451,13 @@ StatusOr<uint64_t> Session::AddLease(Lease lease) {
 }
 
 uint64_t Session::SlotBytes(uint64_t contract, tiers::Tier tier) const {
-  const tiers::HostGeometry& g = tier == tiers::Tier::kHbm ? tm_->hbm_geometry() : tm_->host_geometry();
-  if (g.classes.size() <= 1) return g.classes.empty() ? tm_->slot_bytes() : g.classes[0];
-  const int cls = tm_->FitOf(contract).cls;  // HBM's classes, when it has several, are the host's
-  return cls >= 0 && static_cast<size_t>(cls) < g.classes.size() ? g.classes[static_cast<size_t>(cls)]
-                                                                  : tm_->slot_bytes();
+  const uint64_t b = tm_->ContractSlotBytes(contract, tier);  // the tier's own class of it
+  return b != 0 ? b : tm_->slot_bytes();
+}
+
+uint64_t Session::StagingSlotBytes(uint64_t contract) const {
+  // Classes fixed at start: every staging slot holds the largest (slot_bytes).
+  return tm_->classes_at_registration() ? SlotBytes(contract, tiers::Tier::kHost) : tm_->slot_bytes();
 }
 
 Status Session::CheckShareLocked(tiers::Tier tier, uint64_t n, uint64_t slot_bytes) const {
@@ -543,7 +549,8 @@ uint32_t Session::FindCopy(const Copies& copies, uint32_t slot) {
   return it != copies.end() && it->first == slot ? it->second : kNoStaging;
 }
 
-Status Session::CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t block_bytes, Copies* copies) {
+Status Session::CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t block_bytes, uint64_t slot_bytes,
+                              Copies* copies) {
   std::vector<uint32_t> need;  // arena slots without a copy yet, each once
   need.reserve(slots.size());
   for (const auto& r : slots) {
@@ -554,7 +561,7 @@ Status Session::CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t bl
   need.erase(std::unique(need.begin(), need.end()), need.end());
   std::vector<uint32_t> got;
   got.reserve(need.size());
-  Status st = staging_->Alloc(static_cast<uint32_t>(need.size()), block_bytes, &got);
+  Status st = staging_->Alloc(static_cast<uint32_t>(need.size()), block_bytes, slot_bytes, &got);
   for (size_t i = 0; st.ok() && i < need.size(); ++i) {
     if (tm_->host_slot_ptr(need[i]) == nullptr) st = Status::Invalid("host slot " + std::to_string(need[i]));
   }
@@ -785,6 +792,13 @@ Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<
     c->count = static_cast<uint32_t>(f.cls);
     c->est_seconds = f.fill;
   }
+  if (limits_.protocol_version >= 9) {
+    // Its slot in each tier, in granules of the tier (each tier's own class of it).
+    const uint64_t hg = tm_->has_tier(tiers::Tier::kHost) ? tm_->host_geometry().granule : 0;
+    const uint64_t bg = tm_->has_tier(tiers::Tier::kHbm) ? tm_->hbm_geometry().granule : 0;
+    c->cached_same = hg ? static_cast<uint32_t>(tm_->ContractSlotBytes(internal, tiers::Tier::kHost) / hg) : 0;
+    c->cached_different = bg ? static_cast<uint32_t>(tm_->ContractSlotBytes(internal, tiers::Tier::kHbm) / bg) : 0;
+  }
   static LogLimit register_log;  // a client may register (the same contract) at any rate
   uint64_t held = 0;
   if (register_log.Allow(&held)) {
@@ -852,8 +866,9 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
   const uint64_t contract_id = *cid;
   // Private reads: the block size each copy takes (looked up once, here).
   const uint64_t copy_bytes = private_reads() && req.tier == wire::kTierHost ? tm_->block_bytes(contract_id) : 0;
+  const uint64_t copy_slot = copy_bytes > 0 ? StagingSlotBytes(contract_id) : 0;
   tm_->Acquire(contract_id, *keys, static_cast<tiers::Tier>(req.tier),
-               [self, keys, c, out, max_out, contract_id, copy_bytes, out_len = req.out_len,
+               [self, keys, c, out, max_out, contract_id, copy_bytes, copy_slot, out_len = req.out_len,
                 done = std::move(done)](Status st, std::vector<tiers::SlotRef> slots) mutable {
                  if (slots.size() > max_out) {  // never more than asked; return extras
                    for (size_t i = max_out; i < slots.size(); ++i) (void)self->tm_->Unpin(slots[i]);
@@ -869,7 +884,7 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
                    Copies copy;  // arena slot -> staging slot of its copy
                    auto id = [&]() -> StatusOr<uint64_t> {
                      if (copy_bytes > 0) {
-                       if (Status cs = self->CopyToStaging(lease.slots, copy_bytes, &copy); !cs.ok()) {
+                       if (Status cs = self->CopyToStaging(lease.slots, copy_bytes, copy_slot, &copy); !cs.ok()) {
                          const size_t n_slots = lease.slots.size();
                          self->ReleaseSlots(lease);
                          return self->StagingFull(n_slots, cs);
@@ -954,6 +969,7 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
     std::vector<tiers::SlotRef> prefix;
     Status first_error;
     uint64_t copy_bytes = 0;                       // private reads: bytes of each copy (0: none)
+    uint64_t copy_slot = 0;                        // and of its staging slot
     Copies copy;                                   // arena slot -> staging slot of its copy
   };
   auto st = std::make_shared<Steps>();
@@ -965,6 +981,7 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
   st->status.resize(chunks);
   st->remaining = chunks;
   st->copy_bytes = private_reads() && req.tier == wire::kTierHost ? tm_->block_bytes(contract_id) : 0;
+  st->copy_slot = st->copy_bytes > 0 ? StagingSlotBytes(contract_id) : 0;
   auto self = shared_from_this();
   auto* progress = async ? reinterpret_cast<wire::AcquireProgress*>(out) : nullptr;
   uint8_t* slots_out = out + head;
@@ -997,7 +1014,7 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
               // Private reads: a chunk whose copies find no room in the staging area ends
               // the prefix before it.
               if (!st->ended && st->copy_bytes > 0 && !g.empty()) {
-                if (Status cs = self->CopyToStaging(g, st->copy_bytes, &st->copy); !cs.ok()) {
+                if (Status cs = self->CopyToStaging(g, st->copy_bytes, st->copy_slot, &st->copy); !cs.ok()) {
                   if (st->prefix.empty()) st->first_error = self->StagingFull(g.size(), cs);
                   st->ended = true;
                 }
@@ -1079,13 +1096,17 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
   // Host slots: first this client's staging slots (its cap), then the arena's.
   std::vector<uint32_t> staged;
   const bool host = req.tier == wire::kTierHost;
-  Status staged_st = host ? staging_->Alloc(req.count, tm_->block_bytes(*cid), &staged) : Status::Ok();
+  Status staged_st =
+      host ? staging_->Alloc(req.count, tm_->block_bytes(*cid), StagingSlotBytes(*cid), &staged) : Status::Ok();
   if (staged_st.code() == StatusCode::kRetry) return AllocRefusal(req, staged_st);  // the daemon's total
   if (!staged_st.ok()) {
     uint64_t total = 0;
     for (const auto& t : tm_->Stats()) total = t.tier == tiers::Tier::kHost ? t.slots_total : total;
     // Past the whole tier, not only the cap: the tier's numbers say more.
     if (staging_->used() + uint64_t{req.count} > total) return AllocRefusal(req, Status::Retry("host tier full"));
+    if (tm_->classes_at_registration()) {  // an area of bytes: its own numbers say more
+      return Status::Rejected("this client's " + staged_st.message() + ": commit or release leases first");
+    }
     return Status::Rejected("this client holds " + std::to_string(staging_->used()) + " of its " +
                             std::to_string(staging_->slots()) +
                             " host slots under alloc leases (tiers.host.staging_slots_per_client) and asks for " +
@@ -1131,8 +1152,9 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
 Status Session::AllocRefusal(const wire::RequestEntry& req, const Status& retry) const {
   const auto tier = static_cast<tiers::Tier>(req.tier);
   // A host tier of several slot classes: the numbers of the request's class.
-  const tiers::HostGeometry& geo = tm_->host_geometry();
-  const int cls = tier == tiers::Tier::kHost && geo.classes.size() > 1 ? tm_->FitOf(req.contract_id).cls : -1;
+  const tiers::HostGeometry geo = tm_->host_geometry();  // a class made after it is not the request's
+  int cls = tier == tiers::Tier::kHost && geo.classes.size() > 1 ? tm_->FitOf(req.contract_id).cls : -1;
+  if (cls >= 0 && static_cast<size_t>(cls) >= geo.most.size()) cls = -1;
   uint64_t own = 0, own_leases = 0;
   {
     std::lock_guard<std::mutex> l(mu_);

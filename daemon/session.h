@@ -54,10 +54,15 @@ struct SessionLimits {
   uint32_t max_async_acquires = 8;        // asynchronous acquires in flight
   uint32_t protocol_version = wire::kProtocolVersion;  // negotiated at attach (ring header)
   // Host slots the client may hold under alloc leases at once: the slots of its staging
-  // area (daemon/staging.h). 0: no staging area, and the host tier takes no alloc or
+  // area (daemon/staging.h; with classes made per contract, a cap on the slots of an area
+  // of staging_bytes). 0: no staging area, and the host tier takes no alloc or
   // acquire from this client (a client of protocol < 5 maps the arena writable, which
   // the sealed arena refuses).
   uint32_t staging_slots = 0;
+  // With classes made per contract (TierManager::classes_at_registration): the staging
+  // area's bytes (its slots each as long as their contract's host slot), and staging_slots
+  // the most it holds at once. Default: 0
+  uint64_t staging_bytes = 0;
   // The daemon's total of staging memory every client's area charges (null: none).
   std::shared_ptr<StagingBudget> staging_budget;
   // The client maps no host arena ([[tenants]] are configured: the arena holds every
@@ -229,6 +234,9 @@ class Session : public std::enable_shared_from_this<Session> {
   Status CheckShareLocked(tiers::Tier tier, uint64_t n, uint64_t slot_bytes) const;
   // The bytes a slot of `contract` takes in `tier` (HBM or host): its slot class's size.
   uint64_t SlotBytes(uint64_t contract, tiers::Tier tier) const;
+  // The bytes of a staging slot for a block of `contract`: its host slot when classes are
+  // made per contract, else slot_bytes (a staging slot of any class).
+  uint64_t StagingSlotBytes(uint64_t contract) const;
   void ReleaseSlots(const Lease& lease);
   // The slot of an alloc lease as the client sees it: a staging slot id for the host tier.
   wire::WireSlot ClientSlot(const Lease& lease, size_t i) const;
@@ -238,7 +246,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // Copies the host blocks of `slots` (block_bytes each) that *copies lacks into staging
   // slots and adds them. Not Ok, with nothing more taken, when the staging area has no
   // room (Rejected) or the daemon's staging total is spent (Retry).
-  Status CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t block_bytes, Copies* copies);
+  Status CopyToStaging(std::span<const tiers::SlotRef> slots, uint64_t block_bytes, uint64_t slot_bytes,
+                       Copies* copies);
   // The staging slot of arena slot `slot` in `copies`, or kNoStaging.
   static uint32_t FindCopy(const Copies& copies, uint32_t slot);
   // The refusal of an acquire of n blocks whose copies find no room (`why`: the area's

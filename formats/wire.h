@@ -102,7 +102,14 @@ namespace kvtier::wire {
 //    keys that were disputed and not yet gone (cached_disputed, drop-disputed: nothing
 //    stored, nothing served). Both are in cached_different too, so that a client of
 //    protocol 7 or older is told its bytes were not the ones stored.
-inline constexpr uint32_t kProtocolVersion = 8;
+// 9: slot sizes made per contract (tiers.slot_classes = "per-contract"): the attach
+//    reply's SlotClassTable and HbmGeometry say so (kSlotClassesPerContract, no classes
+//    listed: the tiers make them as contracts register), staging_slots then counts the
+//    staging area's granules, and the register completion gives the contract's slot in
+//    each tier (CompletionEntry.cached_same / cached_different, in granules). Such a
+//    daemon refuses the attach of a client of protocol 8 or older (Unsupported, naming
+//    the protocol), which would address slots by a table of classes fixed at attach.
+inline constexpr uint32_t kProtocolVersion = 9;
 // The oldest client protocol this daemon still serves: a newer daemon serves older
 // clients within one major version. 3, since a version-2 client would misread the
 // version-3 stats record. Version 4 adds Op::kAcquireAsync; a version-3 client never
@@ -177,7 +184,8 @@ struct AttachReply {
   uint32_t num_fds = 0;               // fds passed with this message (SCM_RIGHTS)
   uint32_t max_keys_per_request = 0;  // daemon limit on count for key operations
   // Protocol 5 (kReplyHasStaging): slots of this client's staging area, fd [2], of
-  // staging_slots * slot_bytes bytes. The client maps the arena read-only and the staging
+  // staging_slots * slot_bytes bytes (protocol 9 with kSlotClassesPerContract: of
+  // staging_slots * the host granule bytes, a staging slot as long as its contract's). The client maps the arena read-only and the staging
   // area writable right after it: staging slot i is host slot id host_arena_bytes /
   // slot_bytes + i. Host alloc leases hand out staging ids; acquire leases arena ids (with
   // kReplyHostPrivate: staging ids too, each slot a copy of the block).
@@ -192,10 +200,15 @@ static_assert(sizeof(AttachReply) == 248);
 // sizeof both). Host slot s is at arena offset s * granule whatever its class; its size is
 // the class of the contract whose block it holds (the register completion names it).
 // Classes are listed smallest first (tiers/slab_allocator.h).
+// Protocol 9, flags kSlotClassesPerContract: the tier makes a class per contract as it
+// registers (its block rounded up to the granule); count is 0 and class_bytes empty, and
+// the register completion gives each contract's slot bytes. The granule is then the
+// smallest slot.
 inline constexpr uint32_t kMaxWireSlotClasses = 4;
+inline constexpr uint32_t kSlotClassesPerContract = 1u << 0;
 struct SlotClassTable {
-  uint32_t count = 0;       // classes, 1..kMaxWireSlotClasses (0: no host tier)
-  uint32_t reserved = 0;
+  uint32_t count = 0;       // classes, 1..kMaxWireSlotClasses (0: no host tier, or per contract)
+  uint32_t flags = 0;       // protocol 9: kSlotClassesPerContract; 0 before (reserved)
   uint64_t granule = 0;     // host slot s at s * granule; a 4 KiB multiple
   uint64_t slab_bytes = 0;  // the arena's slabs (informational)
   uint64_t class_bytes[kMaxWireSlotClasses] = {};  // slot bytes of each class
@@ -263,7 +276,9 @@ enum class Op : uint16_t {
   kPrefetch = 6,          // in: count keys; tier = target
   kStats = 7,             // out: up to count WireTierStats -> count = tiers written
   kRegisterContract = 8,  // in: in_len bytes of canonical contract -> value = contract id;
-                          // protocol 5: count = its host slot class, est_seconds = its fill
+                          // protocol 5: count = its host slot class, est_seconds = its fill;
+                          // protocol 9: cached_same = its host slot, cached_different its
+                          // HBM slot (0: no HBM tier), each in granules of its tier
   kNop = 9,               // nothing; for round-trip measurements
   kAdmin = 10,            // in: one AdminRequest (count 0). out: by action (see AdminAction)
   // in: AcquireAsyncHeader, then count keys; tier = target. out: AcquireProgress, then

@@ -250,6 +250,24 @@ SlotFit TierManagerImpl::Fit(const ScaleContract& c) const {
   return f;
 }
 
+uint64_t TierManagerImpl::ContractSlotBytes(uint64_t contract_id, Tier t) const {
+  std::lock_guard<IndexMutex> l(mu_);
+  auto it = contracts_.find(contract_id);
+  if (it == contracts_.end()) return 0;
+  // The class each tier gives the contract's blocks (TierState::ClassOf: the smallest
+  // that holds them, its own when classes are made at registration).
+  const uint64_t bytes = it->second->block_bytes();
+  if (t == Tier::kHost) {
+    const int c = host_->ClassFor(bytes);
+    return c < 0 ? 0 : host_->class_bytes(c);
+  }
+  if (t == Tier::kHbm && hbm_) {
+    const int c = hbm_->ClassFor(bytes);
+    return c < 0 ? 0 : hbm_->class_bytes(c);
+  }
+  return 0;
+}
+
 int TierManagerImpl::HostSlotClass(uint32_t slot) const {
   const uint64_t size = host_->slot_size(slot);
   return size == 0 ? -1 : host_->ClassFor(size);
@@ -289,6 +307,7 @@ Status TierManagerImpl::MakeClassesLocked(const ScaleContract& c) {
   if (!classes_at_registration_) return Status::Ok();
   auto h = host_->AddClass(c.slot_bytes());
   if (!h.ok()) return Status::Unsupported(h.status().message());
+  std::lock_guard<std::mutex> g(geometry_mu_);
   if (static_cast<size_t>(*h) == host_geometry_.classes.size()) {  // a new one
     host_geometry_.classes.push_back(host_->class_bytes(*h));
     host_geometry_.per_slab.push_back(host_->slots_per_slab(*h));

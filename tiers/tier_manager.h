@@ -301,11 +301,23 @@ class TierManager {
   virtual uint8_t* host_slot_ptr(uint32_t slot) const { (void)slot; return nullptr; }
   // Bytes of one block of a registered contract; 0 for a contract not registered.
   virtual uint64_t block_bytes(uint64_t contract_id) const { (void)contract_id; return 0; }
-  // Where the host arena's slots are (granule and slot classes; fixed at open).
-  virtual const HostGeometry& host_geometry() const = 0;
+  // Where the host arena's slots are (granule and slot classes): a copy, taken under a
+  // lock, since registrations add classes (TierManagerOptions::classes_at_registration);
+  // the granule, slabs and arena are fixed at open, classes only ever appended.
+  virtual HostGeometry host_geometry() const = 0;
   // The HBM tier's (empty without one): the host's classes when its arena holds a slab of
-  // them, else one class of slot_bytes.
-  virtual const HostGeometry& hbm_geometry() const = 0;
+  // them, else one class of slot_bytes; its own classes when they are made at registration.
+  virtual HostGeometry hbm_geometry() const = 0;
+  // Whether the tiers make a slot class per contract as it registers
+  // (TierManagerOptions::classes_at_registration).
+  virtual bool classes_at_registration() const { return false; }
+  // The bytes of the slot a registered contract's blocks take in tier `t` (kHbm or kHost:
+  // its class there, which may have another index in each tier); 0 for a contract not
+  // registered, or a tier absent.
+  virtual uint64_t ContractSlotBytes(uint64_t contract_id, Tier t) const {
+    (void)contract_id, (void)t;
+    return 0;
+  }
   // The slot class of a taken host slot; -1 for an id that is not one.
   virtual int HostSlotClass(uint32_t slot) const = 0;
   // The host slot class a contract's blocks take and how full its slots are (cls -1:

@@ -115,8 +115,16 @@ class TierManagerImpl final : public TierManager, private StagingHost {
     return host_ && slot < host_->id_space() ? host_->slot_ptr(slot) : nullptr;
   }
   uint64_t block_bytes(uint64_t contract_id) const override;
-  const HostGeometry& host_geometry() const override { return host_geometry_; }
-  const HostGeometry& hbm_geometry() const override { return hbm_geometry_; }
+  HostGeometry host_geometry() const override {
+    std::lock_guard<std::mutex> l(geometry_mu_);
+    return host_geometry_;
+  }
+  HostGeometry hbm_geometry() const override {
+    std::lock_guard<std::mutex> l(geometry_mu_);
+    return hbm_geometry_;
+  }
+  bool classes_at_registration() const override { return opts_.classes_at_registration; }
+  uint64_t ContractSlotBytes(uint64_t contract_id, Tier t) const override;
   int HostSlotClass(uint32_t slot) const override;
   SlotFit Fit(const ScaleContract& c) const override;
   SlotFit FitOf(uint64_t contract_id) const override;
@@ -366,8 +374,11 @@ class TierManagerImpl final : public TierManager, private StagingHost {
   // opts_.classes_at_registration, fixed at start (Reconfigure refuses a change): read
   // here, never through opts_, which a reload rewrites while registrations run.
   const bool classes_at_registration_;
-  HostGeometry host_geometry_;  // set by Init, then fixed
-  HostGeometry hbm_geometry_;   // set by Init, then fixed
+  // Set by Init; classes made at registration are appended (MakeClassesLocked) under
+  // geometry_mu_ too, which readers outside mu_ take (host_geometry(), hbm_geometry()).
+  mutable std::mutex geometry_mu_;
+  HostGeometry host_geometry_;
+  HostGeometry hbm_geometry_;
   std::unique_ptr<HbmPool> hbm_;
   std::unique_ptr<HostPool> host_;
   std::unique_ptr<NvmeStore> nvme_;

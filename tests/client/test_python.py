@@ -527,6 +527,50 @@ print("views ok")
                 with self.assertRaises(kvtier.KvtierError):
                     c.host_slot(10 ** 6, cs)  # past the window
 
+    def test_slot_sizes_per_contract(self):
+        """tiers.slot_classes = "per-contract": no class list at attach, each contract's
+        slot (its block rounded up to the 4 KiB granule) from its registration, staging
+        slots of two sizes held at once in one area, views as long as the contract's slot,
+        and a view without the contract refused. 256 MiB: 4 slabs of 64 MiB (a slab holds
+        the largest block), one for each size."""
+        from kvtier.daemon import Daemon
+        with Daemon(slot_bytes=64 << 20, hbm=None, host="256MiB", nvme="256MiB", slot_classes="per-contract") as d:
+            with kvtier.Client(d.socket) as c:
+                self.assertEqual(c.slot_bytes, 64 << 20)  # the largest block
+                small = kvtier.Contract(model_id="py/pc-small", num_layers=14, num_kv_heads=1, head_dim=16,
+                                        block_tokens=16)
+                large = kvtier.Contract(model_id="py/pc-large", num_layers=40, num_kv_heads=8, head_dim=128,
+                                        block_tokens=16)
+                cs, cl = c.register_contract(small), c.register_contract(large)
+                self.assertEqual(c.contract_slot(cs), (4096, 4032 / 4096))
+                self.assertEqual(c.contract_slot(cl), (large.block_bytes(), 1.0))  # 720 KiB: whole pages
+                self.assertEqual(c.contract_hbm_slot(cs), 0)  # no HBM tier
+                ls, ll = c.alloc(cs, 3), c.alloc(cl, 2)
+                views = []
+                for cid, lease, size, fill in ((cs, ls, 4096, 7), (cl, ll, large.block_bytes(), 9)):
+                    for i, s in enumerate(lease.slots):
+                        v = c.host_slot(s, cid)
+                        self.assertEqual(len(v), size)
+                        v[:] = bytes([fill + i]) * size
+                        views.append((c.host_slot_address(s, cid), size))
+                        with self.assertRaises(kvtier.KvtierError):
+                            c.host_slot(s)  # the size needs the contract
+                views.sort()
+                for (a, n), (b, _) in zip(views, views[1:]):
+                    self.assertLessEqual(a + n, b)  # staging slots never overlap
+                keys_s = [kvtier.Key(0x51, i + 1) for i in range(3)]
+                keys_l = [kvtier.Key(0x52, i + 1) for i in range(2)]
+                self.assertEqual(c.commit(cs, ls, [(s, k, None) for s, k in zip(ls.slots, keys_s)]), 3)
+                self.assertEqual(c.commit(cl, ll, [(s, k, None) for s, k in zip(ll.slots, keys_l)]), 2)
+                c.release(ls)
+                c.release(ll)
+                for cid, keys, size, fill in ((cs, keys_s, 4032, 7), (cl, keys_l, large.block_bytes(), 9)):
+                    lease = c.acquire(cid, keys)
+                    self.assertEqual(len(lease.slots), len(keys))
+                    for i, s in enumerate(lease.slots):
+                        self.assertEqual(bytes(c.host_slot(s, cid)[:size]), bytes([fill + i]) * size)
+                    c.release(lease)
+
     def test_reconnect_keeps_contracts_and_arena(self):
         with kvtier.Client(self.sock) as c:
             cid = c.register_contract(self.contract("py/reconnect"))

@@ -31,6 +31,41 @@ TEST(Config, ShippedExampleLoads) {
   EXPECT_DOUBLE_EQ(c->tiers.nvme.daily_write_budget_per_client, 0.5);
 }
 
+// The shipped file makes slot sizes per contract: slot_bytes names the largest block
+// (64 MiB), no class is fixed at start, and the listed-class checks (slabs, NVMe slabs,
+// capacities of one slot_bytes) do not apply: a host tier smaller than the limit starts.
+TEST(Config, ShippedExampleMakesSlotsPerContract) {
+  auto c = LoadFile(std::string(KVTIER_SOURCE_DIR) + "/config/kvtier.toml", {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->tiers.slot_classes_per_contract);
+  EXPECT_FALSE(c->tiers.slot_classes_auto);
+  EXPECT_EQ(c->tiers.slot_bytes, uint64_t{64} << 20);
+  EXPECT_TRUE(c->tiers.SlotClasses().empty());
+  auto small = LoadFile(std::string(KVTIER_SOURCE_DIR) + "/config/kvtier.toml",
+                        {{"tiers.host.capacity", "16MiB"}, {"tiers.nvme.capacity", "32MiB"}});
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  // --set selects it too, and another value gives the listed classes back.
+  auto set = LoadString("", {{"tiers.slot_classes", "per-contract"}, {"tiers.slot_bytes", "8MiB"}});
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_TRUE(set->tiers.slot_classes_per_contract);
+  auto back = LoadString("[tiers]\nslot_classes = \"per-contract\"\n", {{"tiers.slot_classes", "auto"}});
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_FALSE(back->tiers.slot_classes_per_contract);
+  EXPECT_TRUE(back->tiers.slot_classes_auto);
+  // Refusals name the key and change nothing: a misspelt mode, a limit that is no 4 KiB
+  // multiple or past 4 GiB, a tier of less than 4 KiB.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"tiers.slot_classes", "per contract"},
+           {"tiers.slot_classes", "\"percontract\""},
+           {"tiers.slot_bytes", "5000"},
+           {"tiers.slot_bytes", "8GiB"},
+           {"tiers.host.capacity", "2KiB"}}) {
+    auto bad = LoadFile(std::string(KVTIER_SOURCE_DIR) + "/config/kvtier.toml", {{key, value}});
+    ASSERT_FALSE(bad.ok()) << key << "=" << value;
+    EXPECT_NE(bad.status().message().find(key), std::string::npos) << bad.status().ToString();
+  }
+}
+
 TEST(Config, ValuesAndOverrides) {
   auto c = LoadString(
       "[daemon]\nlog_level = \"debug\"\n[tiers.host]\ncapacity = \"512MiB\"\nlow_watermark = 0.5\n",

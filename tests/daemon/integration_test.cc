@@ -458,10 +458,11 @@ TEST_F(DaemonTest, CorruptRingIndicesDisconnectOnlyThatClient) {
 // at attach. Protocols 3 (before Op::kAcquireAsync) and 4 (a writable host arena) are
 // still served, at their version, without the host arena (they would map it writable).
 // Protocols 5 (before host parts), 6 (before WireTierStats.slab_moves and the HBM
-// table) and 7 (before CompletionEntry.cached_replaced and cached_disputed) are served as
-// the current one.
+// table), 7 (before CompletionEntry.cached_replaced and cached_disputed) and 8 (before
+// slot sizes per contract; this daemon's classes are fixed at start) are served as the
+// current one.
 TEST_F(DaemonTest, OlderProtocolVersionIsRefused) {
-  static_assert(wire::kProtocolVersion == 8, "update this test with the next protocol change");
+  static_assert(wire::kProtocolVersion == 9, "update this test with the next protocol change");
   for (uint32_t version : {3u, 4u}) {
     RawClient old;
     wire::AttachReply reply;
@@ -472,7 +473,7 @@ TEST_F(DaemonTest, OlderProtocolVersionIsRefused) {
     EXPECT_EQ(reply.num_fds, 1u) << version;
     EXPECT_EQ(old.host_classes().count, 0u);  // no table: the reply of its version
   }
-  for (uint32_t version : {5u, 6u, 7u, wire::kProtocolVersion}) {
+  for (uint32_t version : {5u, 6u, 7u, 8u, wire::kProtocolVersion}) {
     RawClient v5;
     wire::AttachReply reply;
     ASSERT_TRUE(v5.Attach(d_.socket(), &reply, version));

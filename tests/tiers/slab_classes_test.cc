@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <future>
 #include <map>
+#include <thread>
 
 #include "tests/tiers/test_util.h"
 #include "tiers/tier_manager.h"
@@ -558,6 +560,49 @@ TEST_F(AutoClassesTest, EveryListedShapeSharesOneDaemonWithinTenPercentAndSurviv
   for (size_t j = 0; j < shapes.size(); ++j) {
     for (uint64_t i = 0; i < kEach; ++i) EXPECT_TRUE(Served(shapes[j], j, i)) << j << " " << i;
   }
+}
+
+// The geometry sessions read (host_geometry(), hbm_geometry()) while registrations add
+// classes: every copy is whole (as many sizes as per-slab counts and maxima, each class
+// as the tier has it) and grows only, and the final copy has every class, with each
+// contract's slot (ContractSlotBytes) among them.
+TEST_F(AutoClassesTest, GeometryCopiesStayWholeWhileRegistrationsAddClasses) {
+  const std::vector<ScaleContract> shapes = ListedShapes();
+  opts_.nvme.tier.capacity_bytes = 0;
+  Open();
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> copies{0}, bad{0};
+  std::thread reader([&] {
+    size_t seen = 0;
+    while (!done.load()) {
+      const HostGeometry g = tm_->host_geometry();
+      const bool whole = g.classes.size() == g.per_slab.size() && g.classes.size() == g.most.size() &&
+                         g.classes.size() >= seen && g.granule == 4096;
+      bool sizes = true;
+      for (size_t c = 0; c < g.classes.size(); ++c) {
+        sizes = sizes && g.classes[c] % g.granule == 0 && g.per_slab[c] == g.slab_bytes / g.classes[c];
+      }
+      bad.fetch_add(whole && sizes ? 0 : 1);
+      seen = g.classes.size();
+      copies.fetch_add(1);
+    }
+  });
+  for (const ScaleContract& c : shapes) ASSERT_TRUE(tm_->RegisterContract(c).ok());
+  while (copies.load() < 100) std::this_thread::yield();
+  done = true;
+  reader.join();
+  EXPECT_EQ(bad.load(), 0u) << "of " << copies.load() << " copies";
+  const HostGeometry g = tm_->host_geometry();
+  EXPECT_EQ(g.classes.size(), 17u);
+  for (const ScaleContract& c : shapes) {
+    const uint64_t slot = tm_->ContractSlotBytes(c.Id(), Tier::kHost);
+    EXPECT_EQ(slot, (c.block_bytes() + 4095) / 4096 * 4096);
+    EXPECT_NE(std::find(g.classes.begin(), g.classes.end(), slot), g.classes.end());
+    EXPECT_EQ(tm_->ContractSlotBytes(c.Id(), Tier::kHbm), 0u);  // no HBM tier here
+  }
+  ScaleContract unknown = shapes[0];
+  unknown.model_id = "kvtier/unregistered";
+  EXPECT_EQ(tm_->ContractSlotBytes(unknown.Id(), Tier::kHost), 0u);
 }
 
 // A block up to the limit (tiers.slot_bytes: 64 MiB by default) registers and is stored;

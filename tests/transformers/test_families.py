@@ -71,7 +71,7 @@ def shipped_tiers():
     with open(os.path.join(ROOT, "config", "kvtier.toml"), "rb") as f:
         t = tomllib.load(f)["tiers"]
     classes = t.get("slot_classes", "auto")
-    if classes != "auto":
+    if not isinstance(classes, str):  # "auto", "per-contract", or a list of sizes
         classes = [_bytes(x) for x in classes]
     return _bytes(t["slot_bytes"]), classes
 

@@ -21,7 +21,8 @@
  *    against writes), so an acquired or committed host slot cannot be changed by any
  *    client. A host alloc lease's slots are this client's private staging slots, mapped
  *    writable right after the arena (ids from the arena's bytes / granule up, each slot
- *    kvtier_slot_bytes long); commit copies each block (the contract's block size) into a
+ *    kvtier_slot_bytes long, or its contract's host slot where the daemon makes slot sizes
+ *    per contract, tiers.slot_classes = "per-contract"); commit copies each block (the contract's block size) into a
  *    fresh arena slot, and only that copy is served, checksummed and persisted. Writing a
  *    staging slot after its commit changes nothing cached.
  *
@@ -229,7 +230,8 @@ KVTIER_API void* kvtier_host_arena(const kvtier_client* c, uint64_t* bytes);
 /* Host slot `slot` of any lease, read-only: kvtier_host_arena() + slot * granule (NULL for
  * a slot past the window, and for an arena slot where the arena is not mapped: a daemon
  * with tenants, outside the client's tenant's part). It is as long as its contract's slot class (kvtier_contract_slot; a
- * staging slot: kvtier_slot_bytes). */
+ * staging slot: kvtier_slot_bytes, or its contract's slot where slot sizes are made per
+ * contract). */
 KVTIER_API const void* kvtier_host_slot(const kvtier_client* c, uint32_t slot);
 /* Writable host slot of an alloc lease (a staging slot); NULL for an arena slot (acquired
  * or committed blocks are read-only) and for a slot past the window. */
@@ -257,7 +259,9 @@ KVTIER_API uint64_t kvtier_host_granule(const kvtier_client* c);
 /* The host tier's slot classes, smallest first: up to cap slot sizes into bytes (may be
  * NULL with cap 0); returns how many there are (0 without a host tier). The largest is
  * kvtier_slot_bytes; a contract's blocks take the smallest that holds them
- * (kvtier_contract_slot). */
+ * (kvtier_contract_slot). 0 too where the daemon makes a slot size per contract as it
+ * registers (tiers.slot_classes = "per-contract"): kvtier_slot_bytes is then the largest
+ * block a contract may have, and kvtier_contract_slot a contract's slot. */
 KVTIER_API uint32_t kvtier_host_slot_classes(const kvtier_client* c, uint64_t* bytes, uint32_t cap);
 /* Counts the client's successful attaches (1 after kvtier_connect, one more per reconnect,
  * automatic ones included): a binding that caches the arena's address maps it again when
@@ -302,6 +306,11 @@ KVTIER_API kvtier_status kvtier_register_contract_shared(kvtier_client* c, const
  * slot bytes. NOT_FOUND for a contract this client did not register. */
 KVTIER_API kvtier_status kvtier_contract_slot(kvtier_client* c, uint64_t contract_id, uint64_t* slot_bytes,
                                               double* fill);
+/* The HBM slot size a contract this client registered takes (the HBM tier's class of its
+ * block, which may differ from its host slot: each tier rounds to its own granule where
+ * slot sizes are made per contract); 0 without an HBM tier. NOT_FOUND for a contract
+ * this client did not register. */
+KVTIER_API kvtier_status kvtier_contract_hbm_slot(kvtier_client* c, uint64_t contract_id, uint64_t* slot_bytes);
 /* Keys of every full block of tokens: n_tokens / block_tokens keys into out (capacity
  * out_cap). *n_keys gets the count. Pure computation, no daemon needed. */
 KVTIER_API kvtier_status kvtier_key_chain(uint64_t contract_id, const uint32_t* tokens,

@@ -140,6 +140,10 @@ class Client {
   Error ContractSlot(uint64_t contract, uint64_t* slot_bytes, double* fill) {
     return LastError(kvtier_contract_slot(c_, contract, slot_bytes, fill));
   }
+  // The HBM slot size of a registered contract (kvtier_contract_hbm_slot; 0 without HBM).
+  Error ContractHbmSlot(uint64_t contract, uint64_t* slot_bytes) {
+    return LastError(kvtier_contract_hbm_slot(c_, contract, slot_bytes));
+  }
   // Host slot s is at the window's base + s * host_granule() whatever its slot class.
   uint64_t host_granule() const { return kvtier_host_granule(c_); }
   // HBM slot s at the arena (kvtier_hbm_open) + s * hbm_granule(); hbm_arena_bytes() / it

@@ -296,6 +296,7 @@ def _declare(lib):
         "kvtier_hbm_arena_bytes": (u64, [P]),
         "kvtier_host_slot_classes": (u32, [P, ctypes.POINTER(u64), u32]),
         "kvtier_contract_slot": (S, [P, u64, ctypes.POINTER(u64), ctypes.POINTER(ctypes.c_double)]),
+        "kvtier_contract_hbm_slot": (S, [P, u64, ctypes.POINTER(u64)]),
         "kvtier_attach_generation": (u64, [P]),
         "kvtier_hbm_ipc_handle": (S, [P, ctypes.POINTER(ctypes.c_uint8)]),
         "kvtier_hbm_open": (S, [P, ctypes.POINTER(P)]),
@@ -981,6 +982,11 @@ class Client:
                                  f"{self._mm.arena_bytes // self._granule} and up)")
         if contract is not None:
             n = self.contract_slot(contract)[0]
+        elif self._classes == 0:
+            # Slot sizes made per contract (tiers.slot_classes = "per-contract"): a slot,
+            # staging or arena, is as long as its contract's.
+            raise KvtierError(6, f"host slot {s}: the daemon makes a slot size per contract; "
+                                 "name the contract (host_slot(slot, contract)) for its size")
         elif staging or self._classes == 1:
             n = self._slot_bytes
         else:
@@ -1037,6 +1043,13 @@ class Client:
         n, fill = ctypes.c_uint64(), ctypes.c_double()
         _check(self._lib.kvtier_contract_slot(self._handle(), contract_id, ctypes.byref(n), ctypes.byref(fill)))
         return n.value, fill.value
+
+    def contract_hbm_slot(self, contract_id: int) -> int:
+        """HBM slot bytes of a contract this client registered (the HBM tier's class of its
+        block; 0 without an HBM tier)."""
+        n = ctypes.c_uint64()
+        _check(self._lib.kvtier_contract_hbm_slot(self._handle(), contract_id, ctypes.byref(n)))
+        return n.value
 
     def lookup(self, contract_id: int, keys: Sequence[Key]) -> LookupResult:
         arr = _keys_array(keys)

@@ -67,8 +67,10 @@ class Daemon:
                  log_level=None, timeout_s=120, trace_copies=False, slot_classes="auto",
                  slab_bytes="auto", host_watermarks=(0.95, 0.85), client_share=None):
         """hbm=None starts a daemon without an HBM tier. slot_classes: the slot sizes
-        (tiers.slot_classes: "auto", the daemon's default, or a list of bytes whose largest
-        is slot_bytes rounded up to 4 KiB; [] or None: one slot size), sharing slabs of
+        (tiers.slot_classes: "auto", the daemon's default; "per-contract", a slot size made
+        for each contract as it registers, slot_bytes then the largest block; or a list of
+        bytes whose largest is slot_bytes rounded up to 4 KiB; [] or None: one slot size),
+        sharing slabs of
         slab_bytes (tiers.slab_bytes, "auto" or a size). host_watermarks: the host tier's
         (high, low) watermarks. client_share: daemon.max_tier_share_per_client, the share of
         each tier's bytes one client may hold under its leases (None: the daemon's default,
@@ -88,7 +90,7 @@ trace_copies = {"true" if trace_copies else "false"}
 {"" if client_share is None else f"max_tier_share_per_client = {float(client_share)!r}"}
 [tiers]
 slot_bytes = {slot}
-slot_classes = {'"auto"' if slot_classes == "auto" else
+slot_classes = {f'"{slot_classes}"' if isinstance(slot_classes, str) else
                  "[" + ", ".join(str((int(x) + 4095) // 4096 * 4096) for x in (slot_classes or [])) + "]"}
 slab_bytes = "{slab_bytes}"
 {{hbm_section}}[tiers.host]
