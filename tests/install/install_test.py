@@ -100,7 +100,9 @@ class Daemon:
         cmd = [kvtierd, "--config", config,
                "--set", f"daemon.socket={self.socket}",
                "--set", f"tiers.nvme.dir={os.path.join(self.dir, 'nvme')}",
-               "--set", "tiers.host.capacity=64MiB", "--set", "tiers.nvme.capacity=64MiB",
+               # NVMe holds one record of the largest block the shipped config allows
+               # (tiers.slot_bytes 64 MiB + a 4 KiB header), twice over.
+               "--set", "tiers.host.capacity=64MiB", "--set", "tiers.nvme.capacity=160MiB",
                "--set", f"daemon.metrics_port={self.port}"]
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env or clean_env(),
@@ -113,7 +115,8 @@ class Daemon:
             time.sleep(0.05)
 
     def output(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log_path) as f:
             return f.read()
 
