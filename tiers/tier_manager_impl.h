@@ -123,7 +123,7 @@ class TierManagerImpl final : public TierManager, private StagingHost {
     std::lock_guard<std::mutex> l(geometry_mu_);
     return hbm_geometry_;
   }
-  bool classes_at_registration() const override { return opts_.classes_at_registration; }
+  bool classes_at_registration() const override { return classes_at_registration_; }
   uint64_t ContractSlotBytes(uint64_t contract_id, Tier t) const override;
   int HostSlotClass(uint32_t slot) const override;
   SlotFit Fit(const ScaleContract& c) const override;
