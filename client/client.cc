@@ -270,17 +270,26 @@ void* kvtier_host_slot_write(const kvtier_client* c, uint32_t slot) {
   return c->host + off;
 }
 
+// The contract this client registered under `contract_id` (call under c->mu), or null with
+// the last error set to NOT_FOUND.
+static const RegisteredContract* FindContract(kvtier_client* c, uint64_t contract_id) {
+  auto it = c->contracts.find(contract_id);
+  if (it == c->contracts.end()) {
+    Fail(KVTIER_NOT_FOUND, "contract " + kvtier::ContractIdHex(contract_id) +
+                               " was not registered by this client (kvtier_register_contract)");
+    return nullptr;
+  }
+  return &it->second;
+}
+
 kvtier_status kvtier_contract_slot(kvtier_client* c, uint64_t contract_id, uint64_t* slot_bytes, double* fill) {
   KVTIER_GUARD_BEGIN
   if (CheckClient(c)) return KVTIER_INVALID;
   std::lock_guard<std::mutex> l(c->mu);
-  auto it = c->contracts.find(contract_id);
-  if (it == c->contracts.end()) {
-    return Fail(KVTIER_NOT_FOUND, "contract " + kvtier::ContractIdHex(contract_id) +
-                                      " was not registered by this client (kvtier_register_contract)");
-  }
-  if (slot_bytes) *slot_bytes = it->second.host_slot_bytes;
-  if (fill) *fill = it->second.fill;
+  const RegisteredContract* rc = FindContract(c, contract_id);
+  if (rc == nullptr) return KVTIER_NOT_FOUND;
+  if (slot_bytes) *slot_bytes = rc->host_slot_bytes;
+  if (fill) *fill = rc->fill;
   return Ok();
   KVTIER_GUARD_END
 }
@@ -289,12 +298,9 @@ kvtier_status kvtier_contract_hbm_slot(kvtier_client* c, uint64_t contract_id, u
   KVTIER_GUARD_BEGIN
   if (CheckClient(c)) return KVTIER_INVALID;
   std::lock_guard<std::mutex> l(c->mu);
-  auto it = c->contracts.find(contract_id);
-  if (it == c->contracts.end()) {
-    return Fail(KVTIER_NOT_FOUND, "contract " + kvtier::ContractIdHex(contract_id) +
-                                      " was not registered by this client (kvtier_register_contract)");
-  }
-  if (slot_bytes) *slot_bytes = it->second.hbm_slot_bytes;
+  const RegisteredContract* rc = FindContract(c, contract_id);
+  if (rc == nullptr) return KVTIER_NOT_FOUND;
+  if (slot_bytes) *slot_bytes = rc->hbm_slot_bytes;
   return Ok();
   KVTIER_GUARD_END
 }
@@ -424,12 +430,9 @@ kvtier_status kvtier_contract_block_tokens(kvtier_client* c, uint64_t contract_i
   if (CheckClient(c)) return KVTIER_INVALID;
   if (block_tokens == nullptr) return Fail(KVTIER_INVALID, "block_tokens is NULL");
   std::lock_guard<std::mutex> l(c->mu);
-  auto it = c->contracts.find(contract_id);
-  if (it == c->contracts.end()) {
-    return Fail(KVTIER_NOT_FOUND, "contract " + kvtier::ContractIdHex(contract_id) +
-                                      " was not registered by this client (kvtier_register_contract)");
-  }
-  *block_tokens = it->second.block_tokens;
+  const RegisteredContract* rc = FindContract(c, contract_id);
+  if (rc == nullptr) return KVTIER_NOT_FOUND;
+  *block_tokens = rc->block_tokens;
   return Ok();
   KVTIER_GUARD_END
 }

@@ -678,6 +678,15 @@ Status Config::Validate() const {
   if (t.nvme.tier.capacity_bytes != 0 && t.nvme.dir.empty()) {
     return Status::Invalid("tiers.nvme.dir: empty path with an NVMe capacity");
   }
+  if (!t.slot_classes_per_contract && t.nvme.tier.capacity_bytes != 0 &&
+      t.nvme.tier.capacity_bytes < t.slot_bytes + 4096) {
+    // A record is a slot plus a 4 KiB header; the NVMe tier must hold one. (Per contract,
+    // the tier's capacity caps the blocks it takes instead: TierManager.)
+    return Status::Invalid("tiers.nvme.capacity: " + FormatSize(t.nvme.tier.capacity_bytes) +
+                           " holds no record of a slot (tiers.slot_bytes " + FormatSize(t.slot_bytes) +
+                           " plus a 4KiB header): give it at least " + std::to_string(t.slot_bytes + 4096) + " bytes" +
+                           ", lower tiers.slot_bytes, or set it to 0 for no NVMe tier");
+  }
   if (!InSet(t.nvme.admission, {"always", "second-hit", "reuse"})) {
     return Status::Invalid("tiers.nvme.admission: \"" + t.nvme.admission +
                            "\" is not always, second-hit or reuse");

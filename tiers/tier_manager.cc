@@ -141,6 +141,11 @@ Status TierManagerImpl::Init() {
     if (classes_at_registration_) {
       no.records_by_size = true;  // slabs: AutoSlabBytes(capacity, slot_bytes + 4096)
       no.slab_bytes = 0;
+      // The largest record the tier holds caps the blocks it takes, as a slab caps the host's
+      // and HBM's: a tier smaller than slot_bytes + 4 KiB starts, and a contract whose block
+      // it cannot hold is refused at registration (CheckRegistrable), by name.
+      const uint64_t whole = no.capacity_bytes / 4096 * 4096;
+      if (whole >= 2 * 4096 && whole - 4096 < no.slot_bytes) no.slot_bytes = whole - 4096;
     } else if (host_->num_classes() > 1 && opts_.nvme.tier.capacity_bytes >= opts_.nvme.slab_bytes) {
       for (int c = 0; c < host_->num_classes(); ++c) no.classes.push_back(host_->class_bytes(c));
       no.slab_bytes = opts_.nvme.slab_bytes;
@@ -236,7 +241,10 @@ SlotFit TierManagerImpl::Fit(const ScaleContract& c) const {
     // The class of its block rounded up to the granule: made when it registers (-1 until
     // then, with the size it will have).
     const uint64_t g = host_->granule(), slot = (c.slot_bytes() + g - 1) / g * g;
-    if (slot > host_->slab_bytes() || (hbm_ && c.slot_bytes() > hbm_->slab_bytes())) return f;
+    if (slot > host_->slab_bytes() || (hbm_ && c.slot_bytes() > hbm_->slab_bytes()) ||
+        (nvme_ && c.block_bytes() > nvme_->slot_bytes())) {
+      return f;
+    }
     const int cls = host_->ClassFor(slot);
     f.cls = cls >= 0 && host_->class_bytes(cls) == slot ? cls : -1;
     f.slot_bytes = slot;
@@ -284,11 +292,17 @@ Status TierManagerImpl::CheckRegistrable(const ScaleContract& c) const {
   KVTIER_RETURN_IF_ERROR(c.Validate());
   if (classes_at_registration_) {
     if (Fit(c).slot_bytes == 0) {
-      const uint64_t limit = std::min<uint64_t>({slot_bytes_, host_->slab_bytes(), hbm_ ? hbm_->slab_bytes() : slot_bytes_});
+      const uint64_t slabs = std::min<uint64_t>(host_->slab_bytes(), hbm_ ? hbm_->slab_bytes() : slot_bytes_);
+      const uint64_t nvme = nvme_ ? nvme_->slot_bytes() : slot_bytes_;
+      const uint64_t limit = std::min<uint64_t>({slot_bytes_, slabs, nvme});
       return Status::Unsupported("contract block of " + std::to_string(c.block_bytes()) +
                                  " bytes is larger than the largest block this daemon holds (" +
                                  std::to_string(limit) + " bytes: tiers.slot_bytes" +
-                                 (limit < slot_bytes_ ? ", and a tier's slab" : "") + ")");
+                                 (slabs < slot_bytes_ && slabs == limit ? ", and a tier's slab" : "") +
+                                 (nvme < slot_bytes_ && nvme == limit ? ", and the NVMe tier's capacity, less a 4KiB "
+                                                                        "record header"
+                                                                      : "") +
+                                 ")");
     }
     return Status::Ok();
   }

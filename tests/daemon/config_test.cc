@@ -311,6 +311,16 @@ TEST(Config, SlotClassKeys) {
     ASSERT_FALSE(bad.ok()) << v;
     EXPECT_NE(bad.status().message().find("tiers.nvme.slab_bytes"), std::string::npos) << bad.status().ToString();
   }
+  // With listed classes, tiers.nvme.capacity must hold a record of a slot (slot_bytes +
+  // 4 KiB); 0 turns the tier off. (Per contract it caps the blocks instead.)
+  auto small = LoadString("", {{"tiers.slot_bytes", "1MiB"}, {"tiers.nvme.capacity", "1MiB"}});
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("tiers.nvme.capacity"), std::string::npos) << small.status().ToString();
+  EXPECT_NE(small.status().message().find("1052672 bytes"), std::string::npos) << small.status().ToString();
+  auto fits = LoadString("", {{"tiers.slot_bytes", "1MiB"}, {"tiers.nvme.capacity", "1028KiB"}});
+  EXPECT_TRUE(fits.ok()) << fits.status().ToString();
+  auto off = LoadString("", {{"tiers.slot_bytes", "1MiB"}, {"tiers.nvme.capacity", "0"}});
+  EXPECT_TRUE(off.ok()) << off.status().ToString();
 }
 
 // [tiers.remote] authentication, TLS and key prefix: defaults (today's keys, no AUTH, no

@@ -638,6 +638,35 @@ TEST_F(AutoClassesTest, ABlockUpToTheLimitRegistersAndALargerOneIsRefusedByName)
   EXPECT_TRUE(tm_->Reconfigure(fixed).IsInvalid()) << "a restart changes how classes are made, not a reload";
 }
 
+// An NVMe tier smaller than the limit's record (slot_bytes + 4 KiB) starts: its capacity
+// caps the blocks the daemon takes, like a slab does, and the refusal names it. A block
+// that fits is stored, flushed to NVMe and read back byte-exact.
+TEST_F(AutoClassesTest, AnNvmeTierSmallerThanTheLimitCapsTheBlocksItTakes) {
+  opts_.slot_bytes = kDefaultMaxBlockBytes;  // 64 MiB
+  opts_.host.capacity_bytes = 256 * MiB;
+  opts_.nvme.tier.capacity_bytes = 32 * MiB;
+  Open();
+  ScaleContract fits;
+  fits.model_id = "kvtier/nvme-cap";
+  fits.format = KvFormat::kBf16;
+  fits.geometry = Geometry{64, 8, 128, 64};  // 64 layers of 256 KiB: 16 MiB
+  fits.SetUnitScales();
+  ASSERT_EQ(fits.block_bytes(), 16 * MiB);
+  ASSERT_TRUE(tm_->RegisterContract(fits).ok());
+  ASSERT_TRUE(Store(fits, 0, 0).ok());
+  ASSERT_TRUE(tm_->Flush(Tier::kNvme).ok());
+  EXPECT_EQ(Stat(Tier::kNvme).blocks, 1u);
+  EXPECT_TRUE(Served(fits, 0, 0));
+  ScaleContract big = fits;
+  big.geometry.num_layers = 160;  // 40 MiB: under tiers.slot_bytes, over the NVMe tier
+  big.SetUnitScales();
+  const Status st = tm_->RegisterContract(big);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_NE(st.message().find("(33550336 bytes: tiers.slot_bytes, and the NVMe tier's capacity"), std::string::npos)
+      << st.ToString();
+  EXPECT_FALSE(tm_->HasContract(big.Id()));
+}
+
 TEST_F(AutoClassesTest, ListedClassesAreRefusedWithIt) {
   TierManagerOptions o = opts_;
   o.slot_classes = {576 * KiB, 24 * MiB};
