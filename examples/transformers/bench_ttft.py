@@ -9,7 +9,13 @@ acquire per row: the daemon promotes the prefix into HBM) + the forward of the u
 tail with logits_to_keep=1; the baseline is the forward of the whole prompt. Before each
 kvtier repetition the prefix is flushed back down to the tier being measured.
 
+--prefill-rules max6,4over6 also times turn 1's prefill into NVFP4 pages once per scale
+rule (median of --reps after one warm-up, nothing committed), in the same daemon and run,
+with transformers' own prefill (DynamicCache, sdpa) as the baseline: what each rule's
+quantize_append costs a whole prefill.
+
     python3 examples/transformers/bench_ttft.py --context 32768 --json ttft.json
+    python3 examples/transformers/bench_ttft.py --context 32768 --prefill-rules max6,4over6
 """
 import argparse
 import json
@@ -58,12 +64,20 @@ def main(argv=None):
     ap.add_argument("--trace-copies", action="store_true",
                     help="the daemon logs each acquire's timeline and copy batch (daemon.trace_copies; "
                          "KVTIER_DAEMON_LOG_LEVEL=info KVTIER_DAEMON_LOG=FILE keeps the log)")
+    ap.add_argument("--prefill-rules", default="",
+                    help="NVFP4 scale rules (max6, 4over6; comma separated) whose turn-1 prefill is timed")
     ap.add_argument("--smoke", action="store_true",
-                    help="the smallest run: a 2-layer model, 256 + 16 tokens, one repetition, every page format")
+                    help="the smallest run: a 2-layer model, 256 + 16 tokens, one repetition, every page format, "
+                         "both prefill rules")
     a = ap.parse_args(argv)
     if a.smoke:
         a.context, a.new_tokens, a.reps, a.formats = 256, 16, 1, ",".join(kt.FORMATS)
+        a.prefill_rules = "max6,4over6"
     formats = [f for f in a.formats.split(",") if f]
+    rules = [r for r in a.prefill_rules.split(",") if r]
+    for r in rules:
+        if r not in ("max6", "4over6"):
+            ap.error(f"--prefill-rules: {r!r} is not max6 or 4over6")
     with torch.no_grad():
         model = models.build(models.config("llama", small=a.smoke), seed=0)
         kt.use_kvtier(model)
@@ -74,10 +88,17 @@ def main(argv=None):
         res = {"gpu": torch.cuda.get_device_name(), "context": a.context, "new_tokens": a.new_tokens}
         for fmt in formats:
             kvtier_ttft(model, fmt, conv1, conv2, a, res)
+        if rules:
+            prefill_by_rule(model, rules, conv1, a, res)
         model.set_attn_implementation("sdpa")
         ms, _ = timed(lambda: model(input_ids=conv2, use_cache=False, logits_to_keep=1), a.reps)
         res["recompute_ms"] = round(ms, 1)
         log(f"turn 2 recomputed by transformers (sdpa, {S} tokens): TTFT {ms:.1f} ms")
+        if rules:
+            # transformers' own turn-1 prefill (DynamicCache, sdpa), the rules' baseline
+            timed(lambda: model(input_ids=conv1, use_cache=True, logits_to_keep=1), 1)
+            ms, _ = timed(lambda: model(input_ids=conv1, use_cache=True, logits_to_keep=1), a.reps)
+            res["prefill_dynamic_ms"] = round(ms, 1)
     log("| turn-2 prefix from | TTFT ms | speedup vs recompute |")
     log("|---|---|---|")
     log(f"| recompute (transformers, sdpa) | {res['recompute_ms']} | 1.00x |")
@@ -87,6 +108,15 @@ def main(argv=None):
             v = res[f"{key}_ms"]
             res[f"speedup_{key[len('kvtier_'):]}"] = round(res["recompute_ms"] / v, 2)
             log(f"| kvtier {fmt} {tier} | {v} | {res['recompute_ms'] / v:.2f}x |")
+    if rules:
+        base = res["prefill_dynamic_ms"]
+        log(f"| turn-1 prefill of {a.context} tokens into | ms | vs DynamicCache (sdpa) | vs kvtier max6 |")
+        log("|---|---|---|---|")
+        log(f"| DynamicCache (transformers, sdpa) | {base} | 1.00x | |")
+        for r in rules:
+            v = res[f"prefill_{r}_ms"]
+            vs6 = f"{v / res['prefill_max6_ms']:.3f}x" if "prefill_max6_ms" in res else ""
+            log(f"| kvtier nvfp4 {r} | {v} | {v / base:.3f}x | {vs6} |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
@@ -96,6 +126,28 @@ def _key(fmt, tier):
     """Result key of a tier's TTFT: kvtier_<tier> for NVFP4 pages (the default), else
     kvtier_<fmt>_<tier>."""
     return f"kvtier_{tier}" if fmt == "nvfp4" else f"kvtier_{fmt}_{tier}"
+
+
+def prefill_by_rule(model, rules, conv1, a, res):
+    """Turn 1's prefill into NVFP4 pages under each scale rule, one daemon, nothing
+    committed: prefill_<rule>_ms in res (median of a.reps after one warm-up)."""
+    contracts = {r: kt.contract_for(model, "nvfp4", a.block_tokens, scale_rule=r) for r in rules}
+    bb = max(c.block_bytes() for c in contracts.values())
+    blocks = a.context // a.block_tokens + 8
+    gib = -(-blocks * ((bb + 4095) // 4096 * 4096) // (1 << 30)) + 1
+    with Daemon(slot_bytes=bb, hbm=f"{gib}GiB", host="1GiB", nvme="1GiB", timeout_s=300) as d:
+        client = kvtier.Client(d.socket, name="bench-ttft-rules", has_gpu=True)
+
+        def prefill(contract):
+            with kt.prefix_cache(model, client, conv1, max_new_tokens=1, contract=contract) as c:
+                model(input_ids=conv1, past_key_values=c, use_cache=True, logits_to_keep=1)
+
+        for r in rules:
+            timed(lambda: prefill(contracts[r]), 1)
+            ms, _ = timed(lambda: prefill(contracts[r]), a.reps)
+            res[f"prefill_{r}_ms"] = round(ms, 1)
+            log(f"turn 1 prefill of {conv1.shape[1]} tokens into nvfp4 pages, {r}: {res[f'prefill_{r}_ms']} ms")
+        client.close()
 
 
 def kvtier_ttft(model, fmt, conv1, conv2, a, res):
