@@ -355,7 +355,7 @@ _tls = threading.local()  # the cache whose layer ran `update` last (read by the
 
 class _Plan:
     """What one forward writes and reads, made at layer 0's update and used by every layer."""
-    __slots__ = ("decode", "slots", "offs", "seq", "src_b", "src_j", "rows")
+    __slots__ = ("decode", "slots", "offs", "seq", "src_b", "src_j", "rows", "prefix")
 
 
 class KvtierLayer(CacheLayerMixin):
@@ -555,6 +555,7 @@ class KvtierCache(Cache):
             self._columns += 1
             return plan
         plan.decode = False
+        plan.prefix = None  # per row: the cached prefix's (slots, offsets), made by the first layer
         src_b, src_j, slots, offs, rows = [], [], [], [], []
         for b in range(B):
             pad = int(self.pads[b])
@@ -633,34 +634,40 @@ class KvtierCache(Cache):
                       self.v_scales[layer], float(scaling), self.max_seq_len, 0)
             return out.view(B, 1, Hq, D)
         from torch.nn.attention.bias import causal_lower_right
-        group = Hq // self.kv_heads
         out = torch.zeros(B, S, Hq, D, dtype=query.dtype, device=query.device)
+        if plan.prefix is None:
+            plan.prefix = {}
         for b, (j0, p0, n_q) in enumerate(plan.rows):
             if n_q == 0:
                 continue
             kn = key[b, :, j0:, :]
             vn = value[b, :, j0:, :]
             if p0 > 0:
-                pos = torch.arange(p0, device=self.device)
-                slots = self.block_table[b][pos // self.T].contiguous()
-                offs = (pos % self.T).to(torch.int32)
-                kp = torch.empty(p0, self.kv_heads, D, dtype=torch.bfloat16, device=self.device)
-                vp = torch.empty_like(kp)
+                # The cached prefix, dequantized into the head of one [p0 + n_q, H, D] buffer per
+                # side and the new tokens' exact K/V after it: SDPA reads it as a strided
+                # [1, H, L, D] view, and GQA (enable_gqa) reads each KV head for its whole group,
+                # so nothing is concatenated or repeated per query head.
+                if b not in plan.prefix:
+                    pos = torch.arange(p0, device=self.device)
+                    plan.prefix[b] = (self.block_table[b][pos // self.T].contiguous(), (pos % self.T).to(torch.int32))
+                slots, offs = plan.prefix[b]
                 deq = _ops()[2]
-                deq(self.arena, kp, slots, offs, self.geom, layer, 0, self.k_scales[layer])
-                deq(self.arena, vp, slots, offs, self.geom, layer, 1, self.v_scales[layer])
-                kn = torch.cat([kp.transpose(0, 1).to(kn.dtype), kn], dim=1)
-                vn = torch.cat([vp.transpose(0, 1).to(vn.dtype), vn], dim=1)
-            if group > 1:
-                kn = kn.repeat_interleave(group, dim=0)
-                vn = vn.repeat_interleave(group, dim=0)
-            q = query[b:b + 1, :, j0:, :]
-            if p0 > 0:
+                sides = []
+                for side, new, scales in ((0, kn, self.k_scales), (1, vn, self.v_scales)):
+                    buf = torch.empty(p0 + n_q, self.kv_heads, D, dtype=torch.bfloat16, device=self.device)
+                    deq(self.arena, buf[:p0], slots, offs, self.geom, layer, side, scales[layer])
+                    if new.dtype != torch.bfloat16:
+                        buf = buf.to(new.dtype)
+                    buf[p0:] = new.transpose(0, 1)
+                    sides.append(buf.transpose(0, 1)[None])
+                q = query[b:b + 1, :, j0:, :]
                 o = torch.nn.functional.scaled_dot_product_attention(
-                    q, kn[None], vn[None], attn_mask=causal_lower_right(n_q, p0 + n_q), scale=scaling)
+                    q, sides[0], sides[1], attn_mask=causal_lower_right(n_q, p0 + n_q), scale=scaling,
+                    enable_gqa=True)
             else:
+                q = query[b:b + 1, :, j0:, :]
                 o = torch.nn.functional.scaled_dot_product_attention(q, kn[None], vn[None], is_causal=True,
-                                                                     scale=scaling)
+                                                                     scale=scaling, enable_gqa=True)
             out[b, j0:] = o[0].transpose(0, 1)
         return out
 
