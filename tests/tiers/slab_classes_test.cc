@@ -450,6 +450,16 @@ std::vector<ScaleContract> ListedShapes() {
   return out;
 }
 
+// A BF16 contract of 64-token blocks, 8 KV heads of head_dim 128: 256 KiB a layer.
+ScaleContract Bf16Block(const char* model_id, uint32_t layers) {
+  ScaleContract c;
+  c.model_id = model_id;
+  c.format = KvFormat::kBf16;
+  c.geometry = Geometry{layers, 8, 128, 64};
+  c.SetUnitScales();
+  return c;
+}
+
 class AutoClassesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -614,11 +624,7 @@ TEST_F(AutoClassesTest, ABlockUpToTheLimitRegistersAndALargerOneIsRefusedByName)
   opts_.host.capacity_bytes = 256 * MiB;  // 4 slabs of 64 MiB (too few for 128 MiB ones)
   Open();
   EXPECT_EQ(tm_->host_geometry().slab_bytes, 64 * MiB);
-  ScaleContract top;
-  top.model_id = "kvtier/limit";
-  top.format = KvFormat::kBf16;
-  top.geometry = Geometry{256, 8, 128, 64};  // 256 layers of 256 KiB: 64 MiB
-  top.SetUnitScales();
+  const ScaleContract top = Bf16Block("kvtier/limit", 256);  // 256 layers of 256 KiB: 64 MiB
   ASSERT_EQ(top.block_bytes(), 64 * MiB);
   ASSERT_TRUE(tm_->RegisterContract(top).ok());
   ASSERT_TRUE(Store(top, 0, 0).ok());
@@ -646,11 +652,7 @@ TEST_F(AutoClassesTest, AnNvmeTierSmallerThanTheLimitCapsTheBlocksItTakes) {
   opts_.host.capacity_bytes = 256 * MiB;
   opts_.nvme.tier.capacity_bytes = 32 * MiB;
   Open();
-  ScaleContract fits;
-  fits.model_id = "kvtier/nvme-cap";
-  fits.format = KvFormat::kBf16;
-  fits.geometry = Geometry{64, 8, 128, 64};  // 64 layers of 256 KiB: 16 MiB
-  fits.SetUnitScales();
+  const ScaleContract fits = Bf16Block("kvtier/nvme-cap", 64);  // 64 layers of 256 KiB: 16 MiB
   ASSERT_EQ(fits.block_bytes(), 16 * MiB);
   ASSERT_TRUE(tm_->RegisterContract(fits).ok());
   ASSERT_TRUE(Store(fits, 0, 0).ok());
