@@ -234,11 +234,11 @@ def main(argv=None):
         need = {(c, B): B * (-(-(c + a.warmup + a.steps + 8) // T)) * slot for c in contexts for B in batches}
         fits = {k: v for k, v in need.items() if v <= budget}
         hbm = max(fits.values()) if fits else slot * 64
-        # The HBM tier is sized for the largest shape's pages, all held by this one client:
-        # it may hold the whole tier (the default share, 0.75, keeps one engine of several
-        # from pinning it all).
-        with Daemon(slot_bytes=bb, hbm=f"{(hbm + GiB - 1) // GiB}GiB", host="1GiB", nvme="1GiB",
-                    timeout_s=300, client_share=1.0) as d:
+        # The shipped config/kvtier.toml, with the HBM tier sized for the largest shape's pages,
+        # all held by this one client: it may hold the whole tier (the default share, 0.75,
+        # keeps one engine of several from pinning it all).
+        with Daemon.shipped({"tiers.hbm.capacity": f"{(hbm + GiB - 1) // GiB}GiB", "tiers.nvme.capacity": "1GiB",
+                             "daemon.max_tier_share_per_client": 1.0}, timeout_s=300) as d:
             client = kvtier.Client(d.socket, name=f"bench-{fmt}", has_gpu=True)
             model.set_attn_implementation("kvtier")
             for ctx in contexts:
@@ -326,7 +326,7 @@ def eager_ab(model, ctx, batches, a):
     rounds at `ctx`: medians per cache and kvtier's ratio to each."""
     res = {}
     contract = kvtier_contract(model, "nvfp4")
-    with Daemon(slot_bytes=contract.block_bytes(), hbm="8GiB", host="1GiB", nvme="1GiB") as d:
+    with Daemon.shipped({"tiers.hbm.capacity": "8GiB", "tiers.nvme.capacity": "1GiB"}) as d:
         client = kvtier.Client(d.socket, name="eager-ab", has_gpu=True)
         for B in batches:
             t = {"dynamic": [], "static": [], "kvtier-nvfp4": []}
@@ -377,8 +377,9 @@ def max_batch(model, free, a, ctx=131072):
     nb = res["kvtier-nvfp4"]["batch"]
     contract = kvtier_contract(model, "nvfp4")
     try:
-        with Daemon(slot_bytes=contract.block_bytes(), hbm=f"{math.ceil(nb * per_seq['kvtier-nvfp4'] / GiB)}GiB",
-                    host="1GiB", nvme="1GiB", timeout_s=300, client_share=1.0) as d:
+        with Daemon.shipped({"tiers.hbm.capacity": f"{math.ceil(nb * per_seq['kvtier-nvfp4'] / GiB)}GiB",
+                             "tiers.nvme.capacity": "1GiB", "daemon.max_tier_share_per_client": 1.0},
+                            timeout_s=300) as d:
             client = kvtier.Client(d.socket, name="maxbatch", has_gpu=True)
             model.set_attn_implementation("kvtier")
             with torch.no_grad():

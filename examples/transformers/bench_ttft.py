@@ -3,7 +3,9 @@
 bf16 weights) when the conversation's prefix is restored by kvtier from HBM, host memory
 or NVMe, against transformers recomputing the whole prompt (DynamicCache, sdpa), in one run.
 
-Turn 1 prefills --context tokens through an NVFP4 KvtierCache and commits its blocks.
+Each daemon runs the shipped config/kvtier.toml, with only its tiers' capacities (and
+trace_copies) set. Turn 1 prefills --context tokens through an NVFP4 KvtierCache and
+commits its blocks.
 Turn 2 is the same conversation plus --new-tokens: kvtier's TTFT is prefix_cache (one
 acquire per row: the daemon promotes the prefix into HBM) + the forward of the uncached
 tail with logits_to_keep=1; the baseline is the forward of the whole prompt. Before each
@@ -128,14 +130,18 @@ def _key(fmt, tier):
     return f"kvtier_{tier}" if fmt == "nvfp4" else f"kvtier_{fmt}_{tier}"
 
 
+def _tier_gib(block_bytes, a):
+    """GiB of a tier that holds the conversation's blocks (each rounded to 4 KiB), plus one."""
+    blocks = a.context // a.block_tokens + 8
+    return -(-blocks * ((block_bytes + 4095) // 4096 * 4096) // (1 << 30)) + 1
+
+
 def prefill_by_rule(model, rules, conv1, a, res):
     """Turn 1's prefill into NVFP4 pages under each scale rule, one daemon, nothing
     committed: prefill_<rule>_ms in res (median of a.reps after one warm-up)."""
     contracts = {r: kt.contract_for(model, "nvfp4", a.block_tokens, scale_rule=r) for r in rules}
-    bb = max(c.block_bytes() for c in contracts.values())
-    blocks = a.context // a.block_tokens + 8
-    gib = -(-blocks * ((bb + 4095) // 4096 * 4096) // (1 << 30)) + 1
-    with Daemon(slot_bytes=bb, hbm=f"{gib}GiB", host="1GiB", nvme="1GiB", timeout_s=300) as d:
+    gib = _tier_gib(max(c.block_bytes() for c in contracts.values()), a)
+    with Daemon.shipped({"tiers.hbm.capacity": f"{gib}GiB", "tiers.nvme.capacity": "1GiB"}, timeout_s=300) as d:
         client = kvtier.Client(d.socket, name="bench-ttft-rules", has_gpu=True)
 
         def prefill(contract):
@@ -156,12 +162,12 @@ def kvtier_ttft(model, fmt, conv1, conv2, a, res):
     S = conv2.shape[1]
     contract = kt.contract_for(model, fmt, a.block_tokens)
     bb = contract.block_bytes()
-    blocks = a.context // a.block_tokens + 8
-    gib = -(-blocks * ((bb + 4095) // 4096 * 4096) // (1 << 30)) + 1
+    gib = _tier_gib(bb, a)
     res[f"{fmt}_block_bytes"] = bb
     nvme_dir = os.path.join(a.nvme_dir, fmt) if a.nvme_dir else tempfile.mkdtemp(prefix="kvtier-ttft-nvme-")
-    with Daemon(slot_bytes=bb, hbm=f"{gib}GiB", host=f"{gib}GiB", nvme=f"{gib}GiB", nvme_dir=nvme_dir,
-                timeout_s=300, trace_copies=a.trace_copies) as d:
+    sets = {f"tiers.{t}.capacity": f"{gib}GiB" for t in ("hbm", "host", "nvme")}
+    sets.update({"tiers.nvme.dir": nvme_dir, "daemon.trace_copies": "true" if a.trace_copies else "false"})
+    with Daemon.shipped(sets, timeout_s=300) as d:
         client = kvtier.Client(d.socket, name="bench-ttft", has_gpu=True)
         with kt.prefix_cache(model, client, conv1, max_new_tokens=1, contract=contract) as c1:
             t0 = time.perf_counter()

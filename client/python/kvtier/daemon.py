@@ -44,14 +44,16 @@ class Daemon:
     @classmethod
     def shipped(cls, sets=None, log_level=None, timeout_s=120):
         """kvtierd on the repo's config/kvtier.toml, changed only by `sets` ({"section.key":
-        value}, each passed as --set) and by what a private daemon must own: its socket,
-        NVMe folder and log in a temp folder, and no metrics port."""
+        value}, each passed as --set) and by what a private daemon must own: its socket and
+        log in a temp folder, no metrics port, and its NVMe folder (a temp folder unless
+        `sets` names tiers.nvme.dir)."""
         d = cls.__new__(cls)
         d._prepare()
         shipped = os.path.join(ROOT, "config", "kvtier.toml")
         sets = dict(sets or {})
         sets.setdefault("daemon.log_level", log_level or os.environ.get("KVTIER_DAEMON_LOG_LEVEL", "warn"))
-        own = {"daemon.socket": d.socket, "daemon.metrics_port": 0, "tiers.nvme.dir": os.path.join(d.dir, "nvme")}
+        sets.setdefault("tiers.nvme.dir", os.path.join(d.dir, "nvme"))
+        own = {"daemon.socket": d.socket, "daemon.metrics_port": 0}
         args = ["--config", shipped]
         for k, v in {**sets, **own}.items():
             args += ["--set", f"{k}={v}"]
