@@ -555,7 +555,7 @@ class KvtierCache(Cache):
             self._columns += 1
             return plan
         plan.decode = False
-        plan.prefix = None  # per row: the cached prefix's (slots, offsets), made by the first layer
+        plan.prefix = {}  # per row: the cached prefix's (slots, offsets), made by the first layer
         src_b, src_j, slots, offs, rows = [], [], [], [], []
         for b in range(B):
             pad = int(self.pads[b])
@@ -635,8 +635,6 @@ class KvtierCache(Cache):
             return out.view(B, 1, Hq, D)
         from torch.nn.attention.bias import causal_lower_right
         out = torch.zeros(B, S, Hq, D, dtype=query.dtype, device=query.device)
-        if plan.prefix is None:
-            plan.prefix = {}
         for b, (j0, p0, n_q) in enumerate(plan.rows):
             if n_q == 0:
                 continue
