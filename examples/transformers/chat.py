@@ -31,7 +31,7 @@ import models  # noqa: E402
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--socket", help="a running kvtierd's socket (its HBM tier must fit the model's blocks)")
+    ap.add_argument("--socket", help="a running kvtierd's socket (default: $KVTIER_SOCKET, else the shipped config's); its HBM tier must fit the model's blocks")
     ap.add_argument("--spawn", action="store_true", help="start a kvtierd in a temp folder for this run")
     ap.add_argument("--model", help="a checkpoint folder (save_pretrained layout)")
     ap.add_argument("--demo", action="store_true", help="a small random Llama written to a temp folder")
@@ -75,9 +75,10 @@ def conversation(model, fmt, evict, a) -> bool:
     if a.spawn:
         from kvtier.daemon import Daemon
         hbm, host, nvme = ("1GiB", "1GiB", "2GiB") if a.smoke else ("4GiB", "4GiB", "8GiB")
-        daemon = Daemon(slot_bytes=contract.block_bytes(), hbm=hbm, host=host, nvme=nvme)
+        daemon = Daemon.shipped({"tiers.hbm.capacity": hbm, "tiers.host.capacity": host, "tiers.nvme.capacity": nvme})
     try:
-        client = kvtier.Client(a.socket or daemon.socket, name="chat", has_gpu=True)
+        from kvtier.engine import socket_path
+        client = kvtier.Client(daemon.socket if daemon else socket_path(a.socket), name="chat", has_gpu=True)
         g = torch.Generator().manual_seed(0)
         vocab = model.config.vocab_size
         conv = torch.randint(1, vocab, (1, a.prompt_tokens), generator=g).cuda()

@@ -34,6 +34,12 @@ import kvtier.daemon  # noqa: E402
 L, T, H, D = 2, 32, 2, 64
 
 
+def daemon(folder=None):
+    """kvtierd on the shipped config/kvtier.toml with only its capacities (and folder) set."""
+    return kvtier.daemon.Daemon.shipped({"tiers.host.capacity": "64MiB", "tiers.nvme.capacity": "256MiB"},
+                                        folder=folder)
+
+
 def setup(sock, model="test-org/tiny", worker=0, world=1, dtype=torch.bfloat16):
     config = LMCacheEngineConfig(chunk_size=T, local_cpu=True, max_local_cpu_size=0.1, remote_url=f"kvtier://{sock}",
                                  remote_serde="naive", remote_storage_plugins=["kvtier"],
@@ -59,9 +65,9 @@ def obj(cpu, seed, tokens=T):
 
 def t_roundtrip_restart_other_model():
     import tempfile
-    nvme = tempfile.mkdtemp(prefix="kvtier-lmcache-")
+    folder = tempfile.mkdtemp(prefix="kvtier-lmcache-")
     bb = L * 2 * H * T * D * 2
-    with kvtier.daemon.Daemon(slot_bytes=bb, hbm=None, host="64MiB", nvme="256MiB", nvme_dir=nvme, slot_classes=None) as d:
+    with daemon(folder) as d:
         loop, cpu, conn = setup(d.socket)
         run = loop.run_until_complete
         a = obj(cpu, 1)
@@ -91,10 +97,73 @@ def t_roundtrip_restart_other_model():
         c.flush("nvme")
         c.close()
         run(conn.close())
-    with kvtier.daemon.Daemon(slot_bytes=bb, hbm=None, host="64MiB", nvme="256MiB", nvme_dir=nvme, slot_classes=None) as d:
+    with daemon(folder) as d:
         loop, cpu, conn = setup(d.socket)
         got = loop.run_until_complete(conn.get(key(11)))
         assert got is not None and torch.equal(got.tensor.view(torch.int16), want.view(torch.int16)), "after restart"
+
+
+def _until(fn, timeout_s=30.0):
+    import time
+    deadline = time.time() + timeout_s
+    while True:
+        r = fn()
+        if r or time.time() > deadline:
+            return r
+        time.sleep(0.2)
+
+
+def t_outage_kill9_misses_then_caches_again():
+    """kvtierd killed -9 under the connector: exists is False, get None, put stores nothing,
+    and no exception reaches LMCache; one log line for the outage. kvtierd started again on
+    the same folder: the connector reattaches by itself and puts and gets again. A connector
+    made while no daemon listens is made, misses, and attaches once one does."""
+    import logging
+    import tempfile
+    lines = []
+
+    class Lines(logging.Handler):
+        def emit(self, r):
+            lines.append(r.getMessage())
+    logging.getLogger("kvtier.lmcache").addHandler(Lines())
+    folder = tempfile.mkdtemp(prefix="kvtier-lmcache-outage-")
+    d = daemon(folder)
+    try:
+        loop, cpu, conn = setup(d.socket)
+        run = loop.run_until_complete
+        a, b = obj(cpu, 3), obj(cpu, 4)
+        run(conn.put(key(21), a))
+        assert run(conn.exists(key(21)))
+        d.kill()
+        assert not run(conn.exists(key(21)))
+        assert run(conn.get(key(21))) is None
+        run(conn.put(key(22), b))
+        for _ in range(5):
+            assert not run(conn.exists(key(22)))
+        assert len([ln for ln in lines if "recomputes" in ln]) == 1, lines
+        d.start()
+
+        def put_and_find():
+            run(conn.put(key(22), b))
+            return run(conn.exists(key(22)))
+        assert _until(put_and_find), "the connector did not reattach"
+        assert any("is back" in ln for ln in lines), lines
+        got = run(conn.get(key(22)))
+        assert got is not None and torch.equal(got.tensor.view(torch.int16), b.tensor.view(torch.int16))
+        run(conn.close())
+    finally:
+        d.stop()
+    folder2 = tempfile.mkdtemp(prefix="kvtier-lmcache-late-")
+    loop, cpu, conn = setup(os.path.join(folder2, "kvtierd.sock"))
+    run = loop.run_until_complete
+    c = obj(cpu, 5)
+    run(conn.put(key(23), c))
+    assert not run(conn.exists(key(23)))
+    with daemon(folder2):
+        def put_and_find2():
+            run(conn.put(key(23), c))
+            return run(conn.exists(key(23)))
+        assert _until(put_and_find2), "the connector did not attach"
 
 
 def main():

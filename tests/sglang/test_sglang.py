@@ -11,6 +11,9 @@ layer_first; host_indices are token indices of whole pages) and like its FP4 hos
 classes cannot be built without a GPU. Expected block bytes are built one page, layer and side
 at a time by slicing, independently of the backend's batched permutes.
 
+Every daemon here is kvtierd on the shipped config/kvtier.toml with only its capacities (and
+folder) set (kvtier.daemon.Daemon.shipped), as a user runs it.
+
 Prints "N passed, N failed". Without the sglang package it fails, or prints "SKIPPED: reason"
 when KVTIER_SGLANG_OPTIONAL=1.
 """
@@ -137,9 +140,10 @@ def keys(tag, n):
     return out
 
 
-def daemon(nvme_dir=None):
-    return kvtier.daemon.Daemon(slot_bytes=block_bytes(), hbm=None, host="64MiB", nvme="256MiB",
-                                nvme_dir=nvme_dir, slot_classes=None)
+def daemon(folder=None):
+    """kvtierd on the shipped config; `folder` keeps its socket, log and NVMe tier for a restart."""
+    return kvtier.daemon.Daemon.shipped({"tiers.host.capacity": "64MiB", "tiers.nvme.capacity": "256MiB"},
+                                        folder=folder)
 
 
 def stored_blocks(sock, b, ks):
@@ -291,17 +295,17 @@ def t_leading_hits():
 
 def t_restart_hits_from_nvme():
     """kvtierd restarted on the same NVMe folder: a new backend (another process) hits."""
-    nvme = tempfile.mkdtemp(prefix="kvtier-sglang-nvme-")
+    folder = tempfile.mkdtemp(prefix="kvtier-sglang-")
     pool = Pool("layer_first", torch.bfloat16, seed=4)
     ks = keys("restart", 4)
-    with daemon(nvme) as d:
+    with daemon(folder) as d:
         b = backend(d.socket, pool)
         assert b.batch_set_v1(ks, pool.indices([2, 3, 4, 5])) == [True] * 4
         c = kvtier.Client(d.socket, name="flush")
         c.flush("nvme")
         c.close()
         b.close()
-    with daemon(nvme) as d:
+    with daemon(folder) as d:
         child = subprocess.run([sys.executable, __file__, "--child-get", d.socket, ",".join(ks)],
                                capture_output=True, text=True, timeout=300, env=os.environ)
         assert child.returncode == 0, child.stdout + child.stderr
@@ -327,17 +331,19 @@ def t_other_model_never_hits():
         ks = keys("m", 3)
         assert b.batch_set_v1(ks, pool.indices([0, 1, 2])) == [True] * 3
         for kw in ({"model": "test-org/other-model"}, {"tp_rank": 1, "tp_size": 2},
-                   {"extra": {"model_revision": "v2"}}, {"extra": {"k_scales": 0.5}}):
+                   {"extra": {"model_revision": "v2"}}):
             dst = Pool("page_first", torch.bfloat16, fill=False)
             o = backend(d.socket, dst, **kw)
             assert o.cid != b.cid, kw
             assert o.batch_exists(ks) == 0, kw
             assert o.batch_get_v1(ks, dst.indices([0, 1, 2])) == [False] * 3, kw
             assert int(dst.kv_buffer.view(torch.uint8).count_nonzero()) == 0, kw
-        # The same model in FP8 is another contract too.
+        # The same model in FP8 is another contract too, and FP8 pages of other scales another.
         f8 = Pool("page_first", torch.float8_e4m3fn, fill=False)
         o = backend(d.socket, f8)
         assert o.batch_exists(ks) == 0
+        o2 = backend(d.socket, Pool("page_first", torch.float8_e4m3fn, fill=False), extra={"k_scales": 0.5})
+        assert o2.cid != o.cid
 
 
 def t_clear():
@@ -359,9 +365,8 @@ def raises(fn, what, exc=KS.KvtierHiCacheError):
     raise AssertionError(f"{what}: returned {r!r} instead of raising {exc.__name__}")
 
 
-def t_failures_raise():
-    d = daemon()
-    try:
+def t_bad_input_raises_and_changes_nothing():
+    with daemon() as d:
         pool = Pool("page_first", torch.bfloat16, seed=8)
         b = backend(d.socket, pool)
         ks = keys("f", 2)
@@ -376,17 +381,7 @@ def t_failures_raise():
         assert b.batch_exists(ks) == 0
         eq(pool.snapshot()[0], before[0], "pool after refused calls")
         assert b.batch_set_v1(ks, pool.indices([0, 1])) == [True, True]
-    finally:
-        d.stop()
-    # The daemon is gone: every call raises (never None, never a silent success).
-    dst = Pool("page_first", torch.bfloat16, fill=False)
-    raises(lambda: b.batch_exists(ks), "batch_exists without a daemon")
-    raises(lambda: b.batch_get_v1(ks, dst.indices([0, 1])), "batch_get_v1 without a daemon")
-    raises(lambda: b.batch_set_v1(ks, pool.indices([0, 1])), "batch_set_v1 without a daemon")
-    assert int(dst.kv_buffer.view(torch.uint8).count_nonzero()) == 0
-    assert b.get_stats()["errors"] >= 3
-    # Start-up refusals, by name.
-    with daemon() as d:
+        # Start-up refusals, by name.
         msg = raises(lambda: backend(d.socket, Pool("page_first", torch.float16)), "fp16 pool")
         assert "float16" in msg, msg
         msg = raises(lambda: backend(d.socket, Pool("page_first", torch.bfloat16), extra={"interface_v1": 0}),
@@ -404,10 +399,72 @@ def t_failures_raise():
         raises(lambda: backend(d.socket, p), "page_head layout")
         f4 = Pool("layer_first", None, fp4=True)
         raises(lambda: backend(d.socket, f4), "layer_first FP4 pool")
-        raises(lambda: backend(d.socket, Pool("page_first", torch.bfloat16), extra={"k_scales": [1.0]}),
+        raises(lambda: backend(d.socket, Pool("page_first", torch.float8_e4m3fn), extra={"k_scales": [1.0]}),
                "k_scales of the wrong length", ValueError)
-    # No daemon at start: register_mem_pool_host raises.
-    raises(lambda: backend("/nonexistent/kvtierd.sock", Pool("page_first", torch.bfloat16)), "no daemon")
+        raises(lambda: backend(d.socket, Pool("page_first", torch.float8_e4m3fn), extra={"k_scales": float("nan")}),
+               "a NaN scale", ValueError)
+        raises(lambda: backend(d.socket, Pool("page_first", torch.bfloat16), extra={"k_scales": 0.5}),
+               "scales for BF16 pages", ValueError)
+
+
+def _until(fn, timeout_s=30.0):
+    import time
+    deadline = time.time() + timeout_s
+    while True:
+        r = fn()
+        if r or time.time() > deadline:
+            return r
+        time.sleep(0.2)
+
+
+def t_outage_kill9_misses_then_caches_again():
+    """kvtierd killed -9 under the backend: no exception reaches SGLang (exists 0, get and
+    set all False, the pool untouched), one log line for the outage; kvtierd started again on
+    the same folder: the backend reattaches by itself and stores and loads again. A backend
+    made while no daemon listens starts, misses, and attaches once one does."""
+    import logging
+    lines = []
+
+    class H(logging.Handler):
+        def emit(self, r):
+            lines.append(r.getMessage())
+    logging.getLogger("kvtier.sglang").addHandler(H())
+    folder = tempfile.mkdtemp(prefix="kvtier-sglang-outage-")
+    d = daemon(folder)
+    try:
+        pool = Pool("page_first", torch.bfloat16, seed=9)
+        b = backend(d.socket, pool)
+        ka, kb = keys("out-a", 3), keys("out-b", 3)
+        assert b.batch_set_v1(ka, pool.indices([0, 1, 2])) == [True] * 3
+        d.kill()
+        dst = Pool("page_first", torch.bfloat16, fill=False)
+        assert b.batch_exists(ka) == 0
+        assert b.batch_get_v1(ka, dst.indices([3, 4, 5])) == [False] * 3
+        assert b.batch_set_v1(kb, pool.indices([3, 4, 5])) == [False] * 3
+        for _ in range(5):
+            assert b.batch_exists(kb) == 0
+        assert int(dst.kv_buffer.view(torch.uint8).count_nonzero()) == 0, "a miss wrote the pool"
+        gone = [ln for ln in lines if "recomputes" in ln]
+        assert len(gone) == 1, lines
+        d.start()
+        assert _until(lambda: b.batch_set_v1(kb, pool.indices([3, 4, 5])) == [True] * 3), "no reattach"
+        assert any("is back" in ln for ln in lines), lines
+        assert b.batch_exists(kb) == 3
+        assert b.batch_get_v1(kb, dst.indices([6, 7, 8])) == [True] * 3
+        for i, (p, q) in enumerate(zip([3, 4, 5], [6, 7, 8])):
+            eq(dst.page(q), pool.page(p), f"page {i} after the restart")
+        assert b.get_stats()["outages"] == 1
+    finally:
+        d.stop()
+    # No daemon at start: the backend is made, misses, and attaches once kvtierd listens.
+    folder2 = tempfile.mkdtemp(prefix="kvtier-sglang-late-")
+    pool = Pool("page_first", torch.bfloat16, seed=10)
+    late = backend(os.path.join(folder2, "kvtierd.sock"), pool)
+    ks = keys("late", 2)
+    assert late.batch_exists(ks) == 0 and late.batch_set_v1(ks, pool.indices([0, 1])) == [False, False]
+    with daemon(folder2):
+        assert _until(lambda: late.batch_set_v1(ks, pool.indices([0, 1])) == [True, True]), "no attach"
+        assert late.batch_exists(ks) == 2
 
 
 GROUPS = {k[2:]: v for k, v in globals().items() if k.startswith("t_")}

@@ -1,6 +1,18 @@
 """End to end: a real vLLM (CPU backend) serving through kvtier.vllm.KvtierConnector and a
-real kvtierd with host and NVMe tiers. Run by tests/vllm/run_e2e.sh (ctest label vllm),
-inside the venv scripts/install-vllm.sh makes.
+real kvtierd on the shipped config/kvtier.toml (only its folder and capacities set), with host
+and NVMe tiers. Run by tests/vllm/run.sh (ctest label vllm), inside the venv
+scripts/install-vllm.sh makes.
+
+How outputs are compared (the oracle holds on any CPU): every completion asks for the top-5
+log-probabilities of each generated token. Two outputs agree when every token up to the first
+difference is the same with log-probabilities within a tolerance, and at the first difference
+(if any) both runs rank the two tokens within twice the tolerance of each other (a near-tie
+that another kernel's rounding may flip). The tolerance is measured in the run: the largest
+log-probability difference of one prompt computed alone and in a batch of two (the CPU
+kernels' batch dependence), times four, at least TOL_FLOOR and at most TOL_CAP. Every
+reference is the same engine computing with kvtier loading nothing (the first run, a salt
+with no blocks, or the connector off) under the same batching: one request at a time, or the
+same two requests sent together to an engine of the same KV cache size.
 
 Checks (docs/vllm.md):
   (a) the first request stores its prompt's full blocks (daemon's host tier counters)
@@ -27,7 +39,15 @@ Checks (docs/vllm.md):
       the check for why only the first)
   (k) forced preemption: a vLLM whose KV cache holds 24 blocks gets two requests that need
       26 before they end; it preempts one, which loads its saved prompt blocks when it
-      resumes (host hits), and both outputs equal the recompute's
+      resumes (host hits); the reference is a vLLM of the same KV cache size with the
+      connector off, given the same two requests together: it preempts too and recomputes,
+      and both outputs agree with it
+  (h) in detail: the first generated token's top-5 log-probabilities after the NVFP4 load
+      are those of the same model in transformers whose prefix K/V went through the same
+      NVFP4 encode and decode (libkvtier's codec, the contract's scales), within twice the
+      difference between vLLM's and transformers' log-probabilities on the plain recompute
+      (both measured in this run) plus TOL_FLOOR; the NVFP4 effect itself is printed, so
+      the check's power is seen
 
 A check that fails is reported and the run goes on where it can; the last line is
 "N passed, N failed, N skipped" and the exit code is 1 on any failure. Every wait is
@@ -53,6 +73,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 import kvtier  # noqa: E402
+import kvtier.daemon  # noqa: E402
+
+# The shipped config as a user runs it: only the capacities set (and, by Daemon.shipped, the
+# socket and NVMe folder in the test's folder).
+SHIPPED_SETS = {"tiers.host.capacity": "256MiB", "tiers.nvme.capacity": "1GiB"}
 
 BLOCK = 32
 BLOCK_BYTES = 2 * 2 * 2 * BLOCK * 64 * 2  # the test model: 2 layers x (K, V) x 2 KV heads x 32 tokens x 64 x bf16
@@ -61,6 +86,10 @@ PREEMPT_BLOCKS = 24   # (k): a3's KV cache, in blocks
 PREEMPT_PROMPT = 370  # (k): 12 blocks at prefill, 13 after MAX_TOKENS
 MAX_TOKENS = 16
 START_TIMEOUT_S = float(os.environ.get("KVTIER_VLLM_START_TIMEOUT", "420"))
+# Log-probability tolerance (nats): measured batch noise x 4, clamped to [TOL_FLOOR, TOL_CAP].
+# The floor is a few BF16 roundings of a logit; the cap keeps the check able to fail (a wrong
+# block moves log-probabilities by whole nats: the planted-block control shows it).
+TOL_FLOOR, TOL_CAP = 0.05, 1.0
 REQUEST_TIMEOUT_S = 180.0
 
 results = {"passed": 0, "failed": 0, "skipped": 0}
@@ -92,61 +121,35 @@ def free_port():
 # ---- kvtierd -----------------------------------------------------------------------------
 
 class Kvtierd:
-    """kvtierd with a host tier and an NVMe tier in `folder`, at a fixed socket path so
-    that it can be stopped and started again under the engines' feet."""
+    """kvtierd on the shipped config/kvtier.toml (kvtier.daemon.Daemon.shipped: only the folder
+    and the capacities set), in `folder`, so that it can be stopped or killed and started
+    again on the same socket and NVMe folder under the engines' feet."""
 
-    def __init__(self, folder, bin_dir, slot_bytes):
-        self.folder, self.bin = folder, os.path.join(bin_dir, "kvtierd")
-        self.socket = os.path.join(folder, "kvtierd.sock")
-        self.log = os.path.join(folder, "kvtierd.log")
-        self.proc = None
-        os.makedirs(os.path.join(folder, "nvme"), exist_ok=True)
-        slot = (slot_bytes + 4095) // 4096 * 4096
-        self.config = os.path.join(folder, "kvtier.toml")
-        with open(self.config, "w") as f:
-            f.write(f"""[daemon]
-socket = "{self.socket}"
-log_level = "info"
-metrics_port = 0
-ring_data_bytes = "16MiB"
-[tiers]
-slot_bytes = {slot}
-[tiers.host]
-capacity = "256MiB"
-policy = "prefix-lru"
-on_evict = "demote"
-[tiers.nvme]
-capacity = "1GiB"
-dir = "{os.path.join(folder, 'nvme')}"
-policy = "lru"
-admission = "always"
-""")
+    def __init__(self, folder):
+        self.folder = folder
+        self.d = None
+
+    @property
+    def socket(self):
+        return os.path.join(self.folder, "kvtierd.sock")
+
+    @property
+    def log(self):
+        return os.path.join(self.folder, "kvtierd.log")
 
     def start(self, timeout_s=60):
-        self.proc = subprocess.Popen([self.bin, "--config", self.config], stdout=open(self.log, "a"),
-                                     stderr=subprocess.STDOUT)
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kvtierd exited with {self.proc.returncode}; see {self.log}")
-            try:
-                s = socket.socket(socket.AF_UNIX)
-                s.connect(self.socket)
-                s.close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"kvtierd did not listen within {timeout_s} s")
+        if self.d is None:
+            self.d = kvtier.daemon.Daemon.shipped(SHIPPED_SETS, log_level="info", timeout_s=timeout_s,
+                                                  folder=self.folder)
+        else:
+            self.d.start()
 
     def stop(self, timeout_s=60):
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.d is not None:
+            self.d.stop(keep=True)
+
+    def kill(self):
+        self.d.kill()
 
     def client(self):
         return kvtier.Client(self.socket, name="e2e-observer", timeout_ms=10000)
@@ -226,13 +229,13 @@ class Vllm:
             time.sleep(1)
         raise RuntimeError(f"vllm {self.name} not ready within {START_TIMEOUT_S} s:\n{self.tail()}")
 
-    def complete(self, tokens, salt=None, logprobs=None):
+    def complete(self, tokens, salt=None):
+        """A greedy completion of MAX_TOKENS tokens with each token's top-5 log-probabilities
+        (tokens named by id)."""
         body = {"model": "tiny", "prompt": tokens, "max_tokens": MAX_TOKENS, "temperature": 0,
-                "ignore_eos": True}
+                "ignore_eos": True, "logprobs": 5, "return_tokens_as_token_ids": True}
         if salt:
             body["cache_salt"] = salt
-        if logprobs:
-            body["logprobs"] = logprobs
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
@@ -241,7 +244,12 @@ class Vllm:
         if got != MAX_TOKENS:
             raise RuntimeError(f"vllm {self.name}: {got} completion tokens, asked for {MAX_TOKENS}")
         t = Text(out["choices"][0]["text"])
-        t.logprobs = out["choices"][0].get("logprobs")
+        lp = out["choices"][0].get("logprobs") or {}
+        t.tokens = list(lp.get("tokens") or [])
+        t.lps = [float(x) for x in lp.get("token_logprobs") or []]
+        t.top = [{k: float(v) for k, v in (d or {}).items()} for d in lp.get("top_logprobs") or []]
+        if len(t.tokens) != MAX_TOKENS or len(t.lps) != MAX_TOKENS or len(t.top) != MAX_TOKENS:
+            raise RuntimeError(f"vllm {self.name}: log-probabilities of {len(t.lps)} of {MAX_TOKENS} tokens")
         return t
 
     def metric(self, name):
@@ -285,10 +293,66 @@ class Vllm:
 
 
 class Text(str):
-    """A completion; printed as its length and a digest (a random model's text is noise)."""
+    """A completion; printed as its length and a digest (a random model's text is noise).
+    tokens, lps, top: each generated token (as "token_id:N"), its log-probability and the
+    top-5 {token: log-probability} at its position."""
 
     def __repr__(self):
         return f"<{len(self)} chars sha256:{hashlib.sha256(self.encode('utf-8', 'replace')).hexdigest()[:12]}>"
+
+
+def agree(ref, got, tol):
+    """(ok, detail): `got` agrees with the reference `ref` (the module doc's rule): equal
+    tokens with log-probabilities within tol up to the first difference; at the first
+    difference, each run ranks the other's token within 2 * tol of its own."""
+    worst = 0.0
+    n = min(len(ref.tokens), len(got.tokens))
+    for i in range(n):
+        a, b = ref.tokens[i], got.tokens[i]
+        if a == b:
+            d = abs(ref.lps[i] - got.lps[i])
+            worst = max(worst, d)
+            if d > tol:
+                return False, (f"token {i}: the same token with log-probabilities {ref.lps[i]:.4f} and "
+                               f"{got.lps[i]:.4f} (tolerance {tol:.3f})")
+            continue
+        lr, lg = ref.top[i].get(b), got.top[i].get(a)
+        gap_r = ref.lps[i] - lr if lr is not None else float("inf")
+        gap_g = got.lps[i] - lg if lg is not None else float("inf")
+        ok = max(gap_r, gap_g) <= 2 * tol
+        return ok, (f"first difference at token {i} of {n}, {'a near-tie' if ok else 'NOT a near-tie'}: the "
+                    f"reference ranks the two {gap_r:.4f} nats apart, this run {gap_g:.4f} (allowed {2 * tol:.3f}); "
+                    f"max |dlogprob| before it {worst:.4f}")
+    if len(ref.tokens) != len(got.tokens):
+        return False, f"{len(ref.tokens)} vs {len(got.tokens)} tokens"
+    return True, f"all {n} tokens equal, max |dlogprob| {worst:.4f} (tolerance {tol:.3f})"
+
+
+def batch_noise(v, p1, p2):
+    """The largest log-probability difference of prompt p1 computed alone and computed in
+    the same steps as p2 (both sent together), on engine v, under salts that hold no blocks
+    (nothing loads): how much this CPU's kernels depend on the batch."""
+    alone = v.complete(p1, salt="noise-alone")
+    outs = [None, None]
+
+    def send(i, p, salt):
+        outs[i] = v.complete(p, salt=salt)
+    ts = [threading.Thread(target=send, args=(0, p1, "noise-batch")),
+          threading.Thread(target=send, args=(1, p2, "noise-batch-2"))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(REQUEST_TIMEOUT_S + 30)
+    batched = outs[0]
+    worst = 0.0
+    for i in range(min(len(alone.tokens), len(batched.tokens))):
+        if alone.tokens[i] != batched.tokens[i]:
+            # Where the greedy paths part, compare the two runs' log-probabilities of one token.
+            both = set(alone.top[i]) & set(batched.top[i])
+            worst = max([worst] + [abs(alone.top[i][t] - batched.top[i][t]) for t in both])
+            break
+        worst = max(worst, abs(alone.lps[i] - batched.lps[i]))
+    return worst
 
 
 def make_model(out, seed):
@@ -312,7 +376,7 @@ def plant_blocks(d, model, tokens):
         nbytes = contract.block_bytes()
         for slot in lease.slots:
             junk = torch.randn(nbytes // 2, generator=g).to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
-            c.host_slot(slot)[:nbytes] = junk
+            c.host_slot(slot, cid)[:nbytes] = junk
         done = c.commit_chain(cid, lease, lease.slots, keys)
         c.release(lease)
         return done
@@ -370,11 +434,44 @@ def nvfp4_matches_bf16(bf16_rows, nvfp4_rows, contract):
                        f"the codec's encoding of the BF16 page"
 
 
-def first_token_logprobs(text):
-    """{token: logprob} of the first generated token's top candidates."""
-    lp = getattr(text, "logprobs", None) or {}
-    top = (lp.get("top_logprobs") or [None])[0] or {}
-    return {k: float(v) for k, v in top.items()}
+def transformers_first_token(model_dir, tokens, prefix, contract):
+    """({token: logprob} of the next token after `tokens` by the model in transformers (BF16),
+    the same with the K/V of the first `prefix` tokens passed through libkvtier's NVFP4
+    encode and decode with the contract's per-layer scales (what a load of those blocks puts
+    in vLLM's pages)), each over all tokens, named "token_id:N" as vLLM names them."""
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    ids = torch.tensor([tokens])
+
+    def nvfp4_roundtrip(x, scale):
+        f = x.float().contiguous()  # [1, H, T, D]: groups of 16 along D, as in a block's pages
+        n = f.numel()
+        data, sc = torch.empty(n // 2, dtype=torch.uint8), torch.empty(n // 16, dtype=torch.uint8)
+        kvtier.nvfp4_encode(f.data_ptr(), n, scale, 0, data.data_ptr(), sc.data_ptr())
+        out = torch.empty_like(f)
+        kvtier.nvfp4_decode(data.data_ptr(), sc.data_ptr(), n, scale, out.data_ptr())
+        return out.to(x.dtype)
+
+    res = []
+    with torch.no_grad():
+        for quantize in (False, True):
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
+            if quantize:
+                for l, layer in enumerate(cache.layers):
+                    layer.keys.copy_(nvfp4_roundtrip(layer.keys, contract.k_scales[l]))
+                    layer.values.copy_(nvfp4_roundtrip(layer.values, contract.v_scales[l]))
+            logits = model(input_ids=ids[:, prefix:], past_key_values=cache, use_cache=True).logits[0, -1]
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            res.append({f"token_id:{i}": float(v) for i, v in enumerate(lp.tolist())})
+    return res[0], res[1]
+
+
+def top5_distance(out, ref):
+    """The largest |logprob| difference over the first generated token's top-5 (vLLM's)."""
+    top = out.top[0]
+    return max(abs(v - ref[t]) for t, v in top.items()) if top else float("inf")
 
 
 def cpu_runs_fp8_kv():
@@ -423,9 +520,7 @@ def run(a, work, procs):
     model_a, model_b = os.path.join(work, "tiny-a"), os.path.join(work, "tiny-b")
     make_model(model_a, 0)
     make_model(model_b, 1)
-    # 2 layers x (K, V) x 2 KV heads x 32 tokens x 64 x bf16
-    block_bytes = 2 * 2 * 2 * BLOCK * 64 * 2
-    d = Kvtierd(os.path.join(work, "kvtierd"), a.bin_dir, block_bytes)
+    d = Kvtierd(os.path.join(work, "kvtierd"))
     procs.append(d)
     d.start()
     full_blocks = PROMPT_TOKENS // BLOCK
@@ -435,6 +530,13 @@ def run(a, work, procs):
     v1 = Vllm("a1", model_a, work, d.socket)
     procs.append(v1)
     v1.start()
+
+    # The tolerance of every output comparison, measured on this CPU.
+    noise = batch_noise(v1, prompt(90), prompt(91))
+    tol = min(max(4 * noise, TOL_FLOOR), TOL_CAP)
+    print(f"batch noise {noise:.4f} nats; log-probability tolerance {tol:.3f}", flush=True)
+    check("the CPU's batch noise leaves a tolerance that can fail", 4 * noise <= TOL_CAP,
+          f"batch noise {noise:.4f} nats x 4 > {TOL_CAP}")
 
     # (a) stores
     c0 = d.counters()["host"]
@@ -448,7 +550,7 @@ def run(a, work, procs):
     c2 = d.counters()["host"]
     check("(b) same prompt loads from kvtier", c2.hits - c1.hits >= usable,
           f"host hits {c1.hits} -> {c2.hits}, want >= +{usable}")
-    check("(b) same output", out_b == out_a, f"{out_a!r} vs {out_b!r}")
+    check("(b) same output as the recompute", *agree(out_a, out_b, tol))
 
     # (b) the control: the output check can fail. Blocks of other bytes planted under the
     # keys vLLM will look up for prompt D (the connector's own contract, made here from the
@@ -462,9 +564,10 @@ def run(a, work, procs):
     p0 = d.counters()["host"]
     out_planted = v1.complete(D)
     p1 = d.counters()["host"]
-    check("(b) control: planted blocks are loaded and change the output",
-          planted == full_blocks and p1.hits - p0.hits >= usable and out_planted != out_true,
-          f"planted {planted}, host hits {p0.hits} -> {p1.hits}, outputs {out_planted!r} {out_true!r}")
+    same, how = agree(out_true, out_planted, tol)
+    check("(b) control: planted blocks are loaded and change the output beyond the tolerance",
+          planted == full_blocks and p1.hits - p0.hits >= usable and not same,
+          f"planted {planted}, host hits {p0.hits} -> {p1.hits}; against the true output: {how}")
 
     # (e) unrelated prompt: no hit
     c3 = d.counters()["host"]
@@ -481,8 +584,10 @@ def run(a, work, procs):
           f"host hits {c5.hits} -> {c6.hits}, blocks {c5.blocks} -> {c6.blocks}")
     out_s1b = v1.complete(A, salt="s1")
     c7 = d.counters()["host"]
-    check("(j) salt s1 loads its own blocks", c7.hits - c6.hits >= usable and out_s1b == out_s1 == out_a,
-          f"host hits {c6.hits} -> {c7.hits}; outputs {out_s1!r} {out_s1b!r}")
+    ok1, how1 = agree(out_a, out_s1, tol)
+    ok2, how2 = agree(out_s1, out_s1b, tol)
+    check("(j) salt s1 loads its own blocks, with the recompute's output", c7.hits - c6.hits >= usable and ok1 and ok2,
+          f"host hits {c6.hits} -> {c7.hits}; s1 computed: {how1}; s1 loaded: {how2}")
     v1.complete(A, salt="s2")
     c8 = d.stored(c7.blocks + full_blocks)
     check("(j) salt s2 does not load s1's blocks", c8.hits == c7.hits, f"host hits {c7.hits} -> {c8.hits}")
@@ -498,17 +603,20 @@ def run(a, work, procs):
     # b1 serves the other model with an FP8 KV cache where this CPU runs one: (i) also checks
     # that FP8 pages are stored as they are and load back.
     v4 = Vllm("b1", model_b, work, d.socket, kv_cache_dtype="fp8" if cpu_runs_fp8_kv() else None)
-    for v in (v2, v3, v4):
+    # a3's reference for (k): the same KV cache size and flags, the connector off.
+    v3ref = Vllm("a3-ref", model_a, work, d.socket, kv_cache_blocks=PREEMPT_BLOCKS,
+                 max_model_len=PREEMPT_BLOCKS * BLOCK, connector=False)
+    for v in (v2, v3, v4, v3ref):
         procs.append(v)
         v.launch()
-    for v in (v2, v3, v4):
+    for v in (v2, v3, v4, v3ref):
         v.wait_ready()
     c9 = d.counters()["host"]
     out_c = v2.complete(A)
     c10 = d.counters()["host"]
     check("(c) after a vLLM restart the prompt loads from kvtier", c10.hits - c9.hits >= usable,
           f"host hits {c9.hits} -> {c10.hits}")
-    check("(c) same output after the restart", out_c == out_a, f"{out_a!r} vs {out_c!r}")
+    check("(c) same output after the restart", *agree(out_a, out_c, tol))
 
     # (g) a second vLLM beside the first shares the prefix through the daemon
     out_g1 = v2.complete(C)
@@ -517,36 +625,44 @@ def run(a, work, procs):
     c12 = d.counters()["host"]
     check("(g) a second vLLM process loads the blocks the first stored", c12.hits - c11.hits >= usable,
           f"host hits {c11.hits} -> {c12.hits}")
-    check("(g) same output in both processes", out_g1 == out_g2, f"{out_g1!r} vs {out_g2!r}")
+    check("(g) same output in both processes", *agree(out_g1, out_g2, tol))
 
     # (k) forced preemption: two requests of PREEMPT_PROMPT tokens sent together to a3 fill its
     # 24 blocks at prefill (12 each) and need 13 each before they end, so vLLM preempts one
     # (frees its blocks at once) and resumes it when the other has finished; on resume the
     # connector loads the prompt blocks it saved before the preemption. Their own salt keeps
-    # the first prefill from loading anything. The outputs must be the recompute's: the
-    # same prompts computed alone, from nothing, on a2.
+    # the first prefill from loading anything. The reference: the same two requests sent
+    # together to a3-ref (the same KV cache, the connector off), which preempts and recomputes.
     K1, K2 = prompt(6, PREEMPT_PROMPT), prompt(7, PREEMPT_PROMPT)
-    refs = [v2.complete(K) for K in (K1, K2)]
-    k0, pre0 = d.counters()["host"], v3.metric("vllm:num_preemptions_total")
-    outs, errs = [None, None], []
 
-    def send(i, K):
-        try:
-            outs[i] = v3.complete(K, salt="preempt")
-        except Exception as e:
-            errs.append(f"{type(e).__name__}: {e}")
-    threads = [threading.Thread(target=send, args=(i, K), daemon=True) for i, K in enumerate((K1, K2))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(REQUEST_TIMEOUT_S + 30)
-    k1, pre1 = d.counters()["host"], v3.metric("vllm:num_preemptions_total")
+    def together(v, salt):
+        outs, errs = [None, None], []
+
+        def send(i, K):
+            try:
+                outs[i] = v.complete(K, salt=salt)
+            except Exception as e:
+                errs.append(f"{type(e).__name__}: {e}")
+        threads = [threading.Thread(target=send, args=(i, K), daemon=True) for i, K in enumerate((K1, K2))]
+        pre0 = v.metric("vllm:num_preemptions_total")
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(REQUEST_TIMEOUT_S + 30)
+        return outs, errs, v.metric("vllm:num_preemptions_total") - pre0
+    refs, ref_errs, ref_pre = together(v3ref, None)
+    k0 = d.counters()["host"]
+    outs, errs, pre = together(v3, "preempt")
+    k1 = d.counters()["host"]
     usable_k = (PREEMPT_PROMPT - 1) // BLOCK
-    check("(k) vLLM preempted a request mid-run", pre1 > pre0 and not errs,
-          f"preemptions {pre0:.0f} -> {pre1:.0f}; errors {errs}")
+    check("(k) vLLM preempted a request mid-run, with kvtier and in the reference", pre > 0 and ref_pre > 0 and
+          not errs and not ref_errs, f"preemptions {pre:.0f} (reference {ref_pre:.0f}); errors {errs + ref_errs}")
     check("(k) the preempted request loaded its saved blocks when it resumed", k1.hits - k0.hits >= usable_k,
           f"host hits {k0.hits} -> {k1.hits}, want >= +{usable_k}")
-    check("(k) outputs under preemption equal the recompute's", outs == refs, f"{outs!r} vs {refs!r}")
+    res = [agree(r, o, tol) if r is not None and o is not None else (False, "no output") for r, o in zip(refs, outs)]
+    check("(k) outputs under preemption agree with vLLM's own recompute under preemption",
+          all(ok for ok, _ in res), "; ".join(how for _, how in res))
+    v3ref.stop()
     v3.stop()
     # (h)'s engine starts now, while (d), (f) and (i) run.
     v5 = Vllm("a-nvfp4", model_a, work, d.socket, extra={"kv_format": "nvfp4"})
@@ -573,14 +689,15 @@ def run(a, work, procs):
     n1 = d.counters()
     check("(d) after a kvtierd restart the prompt loads from NVMe", hit_d and n1["nvme"].hits > n0["nvme"].hits,
           f"nvme hits {n0['nvme'].hits} -> {n1['nvme'].hits}, host hits {n0['host'].hits} -> {n1['host'].hits}")
-    check("(d) same output after the kvtierd restart", out_d == out_a, f"{out_a!r} vs {out_d!r}")
+    check("(d) same output after the kvtierd restart", *agree(out_a, out_d, tol))
 
     # (f) kvtierd stopped: recompute, same output, one log line per outage
     seen = len(v2.log_text())
     d.stop()
     outs = [v2.complete(A) for _ in range(3)]
-    check("(f) with kvtierd stopped requests complete with the same output", all(o == out_a for o in outs),
-          f"{outs!r} vs {out_a!r}")
+    res = [agree(out_a, o, tol) for o in outs]
+    check("(f) with kvtierd stopped requests complete with the same output", all(ok for ok, _ in res),
+          "; ".join(how for _, how in res))
     lines = [ln for ln in v2.log_text()[seen:].splitlines() if "kvtier: " in ln]
     gone = [ln for ln in lines if "the engine recomputes what it would have loaded" in ln]
     # One line per connector role that noticed (the scheduler's lookup, the worker's save).
@@ -608,10 +725,11 @@ def run(a, work, procs):
         fp8 = E.engine_contract("vllm", "tiny", E.folder_identity(model_b), E.EngineShape(2, 2, 64, "fp8_e4m3"), BLOCK,
                                 layout="cpu-bhnc-fp8e4m3")
         rows = stored_blocks(d, fp8, A[:full_blocks * BLOCK])
+        ok, how = agree(out_i1, out_i2, tol)
         check("(i) FP8 KV cache: FP8 blocks (half a BF16 block) stored, loaded with the recompute's output",
-              rows is not None and rows.shape[1] * 2 == BLOCK_BYTES and out_i2 == out_i1,
+              rows is not None and rows.shape[1] * 2 == BLOCK_BYTES and ok,
               f"blocks {'found' if rows is not None else 'missing'}{'' if rows is None else f' of {rows.shape[1]} bytes'}"
-              f"; outputs {out_i1!r} {out_i2!r}")
+              f"; {how}")
     else:
         skip("(i) FP8 KV cache", "this CPU has neither AVX-512 nor AMX, which vLLM CPU's FP8 KV cache needs")
     v4.stop()
@@ -623,14 +741,14 @@ def run(a, work, procs):
     nvfp4 = E.engine_contract("vllm", "tiny", E.folder_identity(model_a), shape, BLOCK, layout="cpu-bhnc",
                               tier_format="nvfp4")
     h0 = d.counters()
-    out_h1 = v5.complete(A, logprobs=5)
+    out_h1 = v5.complete(A)
     d.stored(h0["host"].blocks + full_blocks)
     h1 = d.counters()
     hits0, hits1 = sum(s.hits for s in h0.values()), sum(s.hits for s in h1.values())
     check("(h) an NVFP4 engine loads none of the BF16 blocks of the same prompt, and stores its own",
           hits1 == hits0 and h1["host"].blocks - h0["host"].blocks == full_blocks,
           f"hits {hits0} -> {hits1}, host blocks +{h1['host'].blocks - h0['host'].blocks}")
-    check("(h) the recompute in NVFP4 mode gives the as-is output", out_h1 == out_a, f"{out_a!r} vs {out_h1!r}")
+    check("(h) the recompute in NVFP4 mode gives the as-is output", *agree(out_a, out_h1, tol))
     rows_bf16 = stored_blocks(d, as_is, A[:full_blocks * BLOCK])
     rows_nvfp4 = stored_blocks(d, nvfp4, A[:full_blocks * BLOCK])
     if rows_bf16 is None or rows_nvfp4 is None:
@@ -643,33 +761,30 @@ def run(a, work, procs):
               f"{rows_nvfp4.shape[1]} vs {rows_bf16.shape[1]} bytes")
     h1 = d.counters()  # stored_blocks' own acquires count as hits too
     hits1 = sum(s.hits for s in h1.values())
-    out_h2 = v5.complete(A, logprobs=5)
+    out_h2 = v5.complete(A)
     h2 = d.counters()
     check("(h) the repeat loads the NVFP4 blocks", sum(s.hits for s in h2.values()) - hits1 >= usable,
           f"hits {hits1} -> {sum(s.hits for s in h2.values())}")
-    # The whole output after an NVFP4 load is not required to equal the recompute: each
-    # generated token reads 576 prompt positions of NVFP4 K and V (errors up to 1/12 of each
-    # 16-value group's amax), and a random tiny model's next-token distribution is nearly
-    # flat, so a top-1 flip at some later token (and every token after it) is not a bug.
-    # What is checked is the first generated token: the same as the recompute's. The run is
-    # deterministic (fixed weights, prompt, temperature 0, the same code on the same CPU), so
-    # this is not a flake; it can fail without a bug only if NVFP4's perturbation of the
-    # first token's log-probabilities exceeds the recompute's top-1 margin, and the detail
-    # prints both (the top-5 log-probability differences and the margin) to judge that. A
-    # wrong decode (K/V or layers swapped, a wrong scale, another layout) is caught by the
-    # block check above and by tests/vllm/test_engine.py's decode-against-codec check.
-    lp_a, lp_q = first_token_logprobs(out_h1), first_token_logprobs(out_h2)
-    shared = set(lp_a) & set(lp_q)
-    diff = max((abs(lp_a[t] - lp_q[t]) for t in shared), default=float("inf"))
-    top = sorted(lp_a.values(), reverse=True)
-    margin = top[0] - top[1] if len(top) > 1 else float("inf")
-    first_a = (out_h1.logprobs or {}).get("tokens", [None])[0]
-    first_q = (out_h2.logprobs or {}).get("tokens", [None])[0]
-    check("(h) after the NVFP4 load the first generated token is the recompute's",
-          first_a is not None and first_a == first_q,
-          f"first token {'equal' if first_a == first_q else 'differs'}; recompute's top-1 margin {margin:.4f} nats; "
-          f"max |dlogprob| {diff:.4f} over {len(shared)} shared top-5 tokens; whole output "
-          f"{'equal' if out_h2 == out_h1 else 'differs'}")
+    # After the NVFP4 load, vLLM decodes from dequantized K/V, so its tokens may part from the
+    # recompute's wherever NVFP4's error outweighs a random model's top-1 margin: tokens are
+    # not compared. What is compared is the first generated token's top-5 log-probabilities
+    # against a reference that applies the same NVFP4 to the same prefix: the model in
+    # transformers (same weights) whose K/V of the loaded blocks went through libkvtier's
+    # encode and decode with the contract's scales. The allowed difference is measured in this
+    # run: twice how far vLLM's and transformers' log-probabilities lie apart on the plain
+    # recompute, plus TOL_FLOOR. A wrong decode (K/V or layers swapped, a wrong scale or
+    # layout) moves them by far more; the block check above and test_engine.py's
+    # decode-against-codec check catch it byte by byte.
+    ref_bf16, ref_q = transformers_first_token(model_a, A, usable * BLOCK, nvfp4)
+    d_engine = top5_distance(out_h1, ref_bf16)
+    d_load = top5_distance(out_h2, ref_q)
+    d_effect = max(abs(ref_bf16[t] - ref_q[t]) for t in set(ref_bf16) & set(ref_q))
+    allowed = 2 * d_engine + TOL_FLOOR
+    check("(h) after the NVFP4 load the first token's log-probabilities are NVFP4's (transformers + libkvtier's "
+          "codec as the reference)", d_load <= allowed,
+          f"|vLLM after load - reference with NVFP4 K/V| {d_load:.4f} nats; allowed {allowed:.4f} (vLLM vs "
+          f"transformers on the recompute {d_engine:.4f}); NVFP4's own effect on them {d_effect:.4f}; whole output "
+          f"{'equal to' if out_h2 == out_h1 else 'parts from'} the recompute's")
     v5.stop()
 
 

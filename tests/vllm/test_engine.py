@@ -118,6 +118,11 @@ def folder_identity_changes():
         return i1 != E.folder_identity(d) and i1.startswith("sha256:")
 
 
+def shipped_daemon():
+    """kvtierd on the shipped config/kvtier.toml with only its capacities set, as users run it."""
+    return kvtier.daemon.Daemon.shipped({"tiers.host.capacity": "64MiB", "tiers.nvme.capacity": "128MiB"})
+
+
 def cpu_pages(num_blocks, H, T, D, layers, seed):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(num_blocks, H, T, 2 * D, generator=g).to(torch.bfloat16) for _ in range(layers)]
@@ -214,7 +219,7 @@ def test_link_and_daemon():
     link.client()
     check("one warning per outage", len(lines.lines) == 1, lines.lines)
 
-    d = kvtier.daemon.Daemon(slot_bytes=contract.block_bytes(), hbm=None, host="64MiB", nvme="128MiB")
+    d = shipped_daemon()
     try:
         link.socket_path = d.socket
         now[0] += 100
@@ -224,7 +229,7 @@ def test_link_and_daemon():
 
         # Save one block from pages through a staging slot, load it into other pages from
         # the read-only arena: bit-exact.
-        from kvtier.vllm import block_bytes_view
+        view = E.slot_view
         src = cpu_pages(4, H, T, D, L, 2)
         dst = [torch.zeros_like(p) for p in src]
         tokens = list(range(3, 3 + 2 * T))
@@ -232,14 +237,12 @@ def test_link_and_daemon():
         keys = E.block_keys(cid, tokens, T)
         bb = c._block_bytes[cid]
         lease = c.alloc(cid, 2, "host")
-        _worker(None, shape, T, src)._mover.save([1, 2], [block_bytes_view(c.host_slot_address(s), bb)
-                                                          for s in lease.slots])
+        _worker(None, shape, T, src)._mover.save([1, 2], [view(c, s, cid, bb) for s in lease.slots])
         n = c.commit_chain(cid, lease, lease.slots, keys)
         c.release(lease)
         check("two blocks committed", n == 2, n)
         lease = c.acquire(cid, keys, "host")
-        _worker(None, shape, T, dst)._mover.load([block_bytes_view(c.host_slot_address(s, cid), bb)
-                                                  for s in lease.slots], [2, 3])
+        _worker(None, shape, T, dst)._mover.load([view(c, s, cid, bb) for s in lease.slots], [2, 3])
         c.release(lease)
         ok = all(torch.equal(src[l][1 + i].view(torch.int16), dst[l][2 + i].view(torch.int16))
                  for l in range(L) for i in range(2))
@@ -265,7 +268,7 @@ def _worker(link, shape, T, layers, tier_format="as-is", kv_scale=None, layout="
     v_scale) per layer that vLLM's attention layers hold (an FP8 engine's), handed to the
     connector where vLLM does: the attention layers of the forward context."""
     from types import SimpleNamespace as NS
-    from kvtier.vllm import KvtierConnector, _Once
+    from kvtier.vllm import KvtierConnector
     c = KvtierConnector.__new__(KvtierConnector)
     names = [f"model.layers.{i}.self_attn.attn" for i in range(len(layers))]
     if engine_scales is not None:
@@ -275,8 +278,8 @@ def _worker(link, shape, T, layers, tier_format="as-is", kv_scale=None, layout="
     c.shape, c.block_tokens, c.tp_rank, c.tp_size, c._ranks = shape, T, 0, 1, [0]
     c.model_name, c.weights, c.tier_format, c._contracts = "unit", "sha256:unit-load", tier_format, {}
     c.kv_scale = kv_scale
-    c.link, c._once, c._load_errors = link, _Once(), set()
-    c.loaded_blocks = c.saved_blocks = 0
+    c.link, c._load_errors = link, set()
+    c.io = E.BlockIO(link)
     c._init_saver()
     c.register_kv_caches(dict(zip(names, layers)))
     return c
@@ -288,8 +291,7 @@ def test_load_errors():
     from kvtier.vllm import _Transfer
     L, H, T, D, NB = 2, 2, 32, 64, 8
     shape = E.EngineShape(L, H, D, "bfloat16")
-    probe = E.engine_contract("vllm", "unit", "sha256:unit-load", shape, T, layout="cpu-bhnc")
-    d = kvtier.daemon.Daemon(slot_bytes=probe.block_bytes(), hbm=None, host="64MiB", nvme="128MiB")
+    d = shipped_daemon()
     try:
         src = cpu_pages(NB, H, T, D, L, 3)
         w = _worker(E.DaemonLink(d.socket, "unit-w"), shape, T, src)
@@ -339,11 +341,11 @@ def test_load_errors():
         check("an FP8 reader finds neither the BF16 nor the NVFP4 blocks",
               r3.get_block_ids_with_load_errors() == {4, 5})
         # A corrupt NVFP4 block (an E4M3 NaN scale byte) is a load error, its pages unwritten.
-        client, cid = q._client_and_id("corrupt", 0)
+        client, cid = q.link.attach(q._contract("corrupt", 0))
         bb = client._block_bytes[cid]
         lease = client.alloc(cid, 1, "host")
-        from kvtier.vllm import block_bytes_view
-        row = block_bytes_view(client.host_slot_address(lease.slots[0]), bb)
+        view = E.slot_view
+        row = view(client, lease.slots[0], cid, bb)
         q._mover.save([1], [row])
         row[H * T * D // 2] = 0x7F  # layer 0's first K scale
         client.commit_chain(cid, lease, lease.slots, E.block_keys(cid, tokens[:T], T))
@@ -404,11 +406,10 @@ def test_async_saves():
     from kvtier.vllm import KvtierConnectorMetadata, _Transfer
     L, H, T, D, NB = 2, 2, 32, 64, 8
     shape = E.EngineShape(L, H, D, "bfloat16")
-    probe = E.engine_contract("vllm", "unit", "sha256:unit-load", shape, T, layout="cpu-bhnc")
     lines = _Lines()
     vlog = logging.getLogger("vllm.kvtier")
     vlog.addHandler(lines)
-    d = kvtier.daemon.Daemon(slot_bytes=probe.block_bytes(), hbm=None, host="64MiB", nvme="128MiB")
+    d = shipped_daemon()
     try:
         src = cpu_pages(NB, H, T, D, L, 11)
         w = _worker(E.DaemonLink(d.socket, "unit-async"), shape, T, src)
@@ -478,10 +479,10 @@ def test_async_saves():
 def _scheduler(T):
     """A scheduler-side KvtierConnector without vLLM's config objects (the attributes its
     __init__ sets), to drive its real build_connector_meta and request_finished."""
-    from kvtier.vllm import KvtierConnector, _Once
+    from kvtier.vllm import KvtierConnector
     c = KvtierConnector.__new__(KvtierConnector)
     c.block_tokens, c.tp_rank, c.tp_size, c._ranks = T, 0, 1, [0]
-    c._reqs, c._loads, c._saving, c._once = {}, [], set(), _Once()
+    c._reqs, c._loads, c._saving = {}, [], set()
     return c
 
 
@@ -564,8 +565,7 @@ def test_fp8_pages():
     check("FP8 pages, other scales, BF16 pages and BF16 quantized to FP8 are four contracts",
           len(set(ids_.values())) == 4, ids_)
 
-    probe = E.engine_contract("vllm", "unit", "sha256:unit-load", bshape, T, layout="cpu-bhnc")
-    d = kvtier.daemon.Daemon(slot_bytes=probe.block_bytes(), hbm=None, host="64MiB", nvme="128MiB")
+    d = shipped_daemon()
     try:
         tokens = list(range(900, 900 + 2 * T + 3))
         s8 = _worker(E.DaemonLink(d.socket, "unit-fp8"), shape, T, src, layout=lay8, engine_scales=ones)
@@ -669,8 +669,7 @@ def test_cuda_layouts():
                      ["4 dims"])
     check("CUDA-shaped pages on the CPU platform are refused", ok, msg)
 
-    probe = E.engine_contract("vllm", "unit", "sha256:unit-load", shape, T, layout="cuda")
-    d = kvtier.daemon.Daemon(slot_bytes=probe.block_bytes(), hbm=None, host="64MiB", nvme="128MiB")
+    d = shipped_daemon()
     try:
         tokens = list(range(300, 300 + 3 * T))
         src = [_cuda_layout("flashinfer", "NHD", NB, H, T, D, 40 + l) for l in range(L)]

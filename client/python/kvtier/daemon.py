@@ -8,6 +8,13 @@ and removes the folder.
     # the shipped config/kvtier.toml as a user runs it, with only the keys below set
     with kvtier.daemon.Daemon.shipped({"tiers.hbm.capacity": "8GiB"}) as d: ...
 
+    # an outage: kill -9 and a restart on the same NVMe folder, socket and log
+    d = kvtier.daemon.Daemon.shipped({"tiers.host.capacity": "64MiB"}, folder=work)
+    d.kill(); d.start(); d.stop()
+
+Every engine test starts its daemon with Daemon.shipped (the config users run), unless it
+tests another config and says which and why.
+
 The binary comes from $KVTIER_BIN_DIR, else the repo's build/bin or build-gpu/bin, else
 kvtierd on $PATH. $KVTIER_DAEMON_LOG_LEVEL overrides the daemon's log level (default
 warn), and $KVTIER_DAEMON_LOG names a file that stop() appends the daemon's log to
@@ -42,13 +49,15 @@ def kvtierd_path():
 
 class Daemon:
     @classmethod
-    def shipped(cls, sets=None, log_level=None, timeout_s=120):
+    def shipped(cls, sets=None, log_level=None, timeout_s=120, folder=None):
         """kvtierd on the repo's config/kvtier.toml, changed only by `sets` ({"section.key":
         value}, each passed as --set) and by what a private daemon must own: its socket and
         log in a temp folder, no metrics port, and its NVMe folder (a temp folder unless
-        `sets` names tiers.nvme.dir)."""
+        `sets` names tiers.nvme.dir). folder: a folder of the caller's for the socket, log
+        and NVMe tier instead, kept at stop(), so that the daemon can be killed and started
+        again on the same NVMe folder and socket (start())."""
         d = cls.__new__(cls)
-        d._prepare()
+        d._prepare(folder)
         shipped = os.path.join(ROOT, "config", "kvtier.toml")
         sets = dict(sets or {})
         sets.setdefault("daemon.log_level", log_level or os.environ.get("KVTIER_DAEMON_LOG_LEVEL", "warn"))
@@ -60,10 +69,13 @@ class Daemon:
         d._start(args, timeout_s)
         return d
 
-    def _prepare(self):
-        self.dir = tempfile.mkdtemp(prefix="kvtierd-")
+    def _prepare(self, folder=None):
+        self._own_dir = folder is None
+        self.dir = tempfile.mkdtemp(prefix="kvtierd-") if folder is None else folder
+        os.makedirs(self.dir, exist_ok=True)
         self.socket = os.path.join(self.dir, "kvtierd.sock")
         self.log = os.path.join(self.dir, "kvtierd.log")
+        self.proc = None
 
     def __init__(self, slot_bytes, hbm="8GiB", host="16GiB", nvme="32GiB", nvme_dir=None, policy="prefix-lru",
                  log_level=None, timeout_s=120, trace_copies=False, slot_classes="auto",
@@ -79,7 +91,7 @@ class Daemon:
         0.75; 1.0 where the one engine under test is the daemon's only client and its pages
         fill the HBM tier sized for them)."""
         log_level = log_level or os.environ.get("KVTIER_DAEMON_LOG_LEVEL", "warn")
-        self._prepare()
+        self._prepare(None)
         slot = (int(slot_bytes) + 4095) // 4096 * 4096
         nvme_dir = nvme_dir or os.path.join(self.dir, "nvme")
         os.makedirs(nvme_dir, exist_ok=True)
@@ -115,7 +127,9 @@ admission = "always"
         self._start(["--config", self.config], timeout_s)
 
     def _start(self, args, timeout_s):
-        self.proc = subprocess.Popen([kvtierd_path()] + args, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        self._args, self._timeout_s = args, timeout_s
+        with open(self.log, "a") as out:
+            self.proc = subprocess.Popen([kvtierd_path()] + args, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.time() + timeout_s  # a large host tier takes a while to pin
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -137,14 +151,36 @@ admission = "always"
         except OSError:
             return ""
 
-    def stop(self):
-        if self.proc.poll() is None:
+    def start(self):
+        """Starts the daemon again (after stop(keep=True) or kill()) with the same config,
+        socket and NVMe folder; returns once it listens."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("kvtierd is running")
+        self._start(self._args, self._timeout_s)
+
+    def kill(self):
+        """SIGKILL: the daemon dies at once (an outage as a crash makes it); start() brings it
+        back on the same NVMe folder."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, keep=False):
+        """SIGTERM (a clean drain). The temp folder goes too unless keep=True (or the folder
+        is the caller's)."""
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if keep:
+            return
         keep = os.environ.get("KVTIER_DAEMON_LOG")
         if keep:
             try:
@@ -152,7 +188,8 @@ admission = "always"
                     dst.write(src.read())
             except OSError:
                 pass
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self):
         return self

@@ -965,3 +965,219 @@ def pin(t: torch.Tensor, read_only: bool = False) -> torch.Tensor:
 
 def unpin(t: torch.Tensor) -> None:
     torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+
+
+# ---- Host pools of SGLang's HiCache ------------------------------------------------------
+#
+# SGLang's host pool (MHATokenToKVPoolHost) holds every page of every layer in one tensor,
+# kv_buffer, indexed by token:
+#   page_first:  [2, size, L, H, row]  -> one page is [2, T, L, H, row]
+#   layer_first: [2, L, size, H, row]  -> one page is [2, L, T, H, row]
+# Its FP4 subclass keeps the packed E2M1 data in kv_buffer (page_first, row = D/2 bytes)
+# and the E4M3 block scales in scale_kv_buffer ([2, size, L, H, D/16]). One page (T tokens,
+# every layer, K and V) is one kvtier block in kvtier's layout, whatever the pool's
+# layout: both layouts store and load each other's pages; an FP4 page is one NVFP4 block
+# with its data and scales together, bit for bit.
+
+@dataclass(frozen=True)
+class HostPoolGeometry:
+    """What one page of a host pool is."""
+    layout: str            # "page_first" | "layer_first"
+    page_size: int         # tokens per page = the contract's block_tokens
+    num_layers: int
+    num_kv_heads: int      # heads held by this TP rank
+    head_dim: int          # the model's head_dim (twice the packed row of FP4 pools)
+    kv_format: str         # kvtier block format: "bf16" | "fp8" | "nvfp4"
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one (token, head) row of kv_buffer (NVFP4: the packed data only)."""
+        if self.kv_format == "nvfp4":
+            return self.head_dim // 2
+        return (2 if self.kv_format == "bf16" else 1) * self.head_dim
+
+    @property
+    def scale_bytes(self) -> int:
+        """Bytes of one (token, head) row of E4M3 block scales (NVFP4 only)."""
+        return self.head_dim // 16 if self.kv_format == "nvfp4" else 0
+
+    @property
+    def block_bytes(self) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * self.page_size * (self.row_bytes + self.scale_bytes)
+
+    @property
+    def engine_dtype(self) -> str:
+        """The dtype name of kvtier.engine.EngineShape for these pages."""
+        return {"bf16": "bfloat16", "fp8": "fp8_e4m3", "nvfp4": "nvfp4"}[self.kv_format]
+
+
+def _pool_is_fp8(pool, kv_cache_dtype: Optional[str]) -> bool:
+    dev = getattr(pool, "device_pool", None)
+    for d in (getattr(pool, "dtype", None), getattr(dev, "dtype", None)):
+        if d in (torch.float8_e4m3fn,) or (d is not None and "float8_e4m3" in str(d)):
+            return True
+    return str(kv_cache_dtype or "").lower() in ("fp8", "fp8_e4m3", "float8_e4m3fn")
+
+
+def host_pool_geometry(pool, kv_cache_dtype: Optional[str] = None) -> HostPoolGeometry:
+    """Reads and checks a host pool (MHATokenToKVPoolHost or its FP4 subclass); raises
+    PagesError naming what cannot be stored. kv_cache_dtype "fp8_e4m3" says a uint8 pool
+    holds FP8 E4M3 bytes when neither it nor its device pool says so."""
+    name = type(pool).__name__
+    if getattr(pool, "is_mla", False) or not hasattr(pool, "kv_buffer"):
+        raise PagesError(f"{name}: only MHA host pools (kv_buffer of K and V) are supported; "
+                         "MLA and hybrid pools are not")
+    layout = getattr(pool, "layout", None)
+    if layout not in ("page_first", "layer_first"):
+        raise PagesError(f"{name}: --hicache-mem-layout {layout!r} is not supported; use page_first or layer_first")
+    buf = pool.kv_buffer
+    L, H, T = int(pool.layer_num), int(pool.head_num), int(pool.page_size)
+    size = int(pool.size)
+    scales = getattr(pool, "scale_kv_buffer", None)
+    if scales is not None:
+        if layout != "page_first" or buf.dtype != torch.uint8 or scales.dtype != torch.uint8:
+            raise PagesError(f"{name}: an FP4 pool must be page_first with uint8 data and scales")
+        packed = int(pool.head_dim)
+        D = 2 * packed
+        if D % 16 or tuple(buf.shape) != (2, size, L, H, packed) or scales.numel() != 2 * size * L * H * (D // 16):
+            raise PagesError(f"{name}: FP4 kv_buffer {tuple(buf.shape)} and scale_kv_buffer {tuple(scales.shape)} "
+                             f"are not (2, {size}, {L}, {H}, D/2) and one E4M3 scale per 16 values")
+        fmt = "nvfp4"
+    else:
+        D = int(pool.head_dim)
+        want = (2, size, L, H, D) if layout == "page_first" else (2, L, size, H, D)
+        if tuple(buf.shape) != want:
+            raise PagesError(f"{name}: kv_buffer {tuple(buf.shape)} is not the {layout} shape {want}")
+        if buf.dtype == torch.bfloat16:
+            fmt = "bf16"
+        elif buf.dtype == torch.float8_e4m3fn or (buf.dtype == torch.uint8 and _pool_is_fp8(pool, kv_cache_dtype)):
+            fmt = "fp8"
+        elif buf.dtype == torch.uint8:
+            raise PagesError(f"{name}: uint8 KV pages of unknown format; set kv_cache_dtype to fp8_e4m3 if they "
+                             "are FP8 E4M3")
+        else:
+            raise PagesError(f"{name}: kvtier has no {buf.dtype} block format (bf16, fp8 E4M3 and NVFP4 are "
+                             "stored); serve with --dtype bfloat16 or an fp8/fp4 KV cache")
+    if not buf.is_contiguous() or buf.device.type != "cpu":
+        raise PagesError(f"{name}: kv_buffer must be a contiguous CPU tensor")
+    if size % T:
+        raise PagesError(f"{name}: pool size {size} is not a multiple of page_size {T}")
+    return HostPoolGeometry(layout, T, L, H, D, fmt)
+
+
+def _pool_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype != torch.uint8 else t
+
+
+def _pages_to_blocks(g: HostPoolGeometry, buf: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
+    """Gathers n pages (token indices idx, n * T of them) of one byte buffer: [n, L, 2, H, T, row]."""
+    T = g.page_size
+    if g.layout == "page_first":
+        x = buf[:, idx]                                    # [2, nT, L, H, row]
+        x = x.view(2, n, T, *x.shape[2:])                  # [2, n, T, L, H, row]
+        return x.permute(1, 3, 0, 4, 2, 5).contiguous()    # [n, L, 2, H, T, row]
+    x = buf[:, :, idx]                                     # [2, L, nT, H, row]
+    x = x.view(2, x.shape[1], n, T, *x.shape[3:])          # [2, L, n, T, H, row]
+    return x.permute(2, 1, 0, 4, 3, 5).contiguous()
+
+
+def _blocks_to_pages(g: HostPoolGeometry, buf: torch.Tensor, idx: torch.Tensor, blocks: torch.Tensor) -> None:
+    """The inverse of _pages_to_blocks: blocks [n, L, 2, H, T, row] into buf at token indices idx."""
+    n = blocks.shape[0]
+    if g.layout == "page_first":
+        buf[:, idx] = blocks.permute(2, 0, 4, 1, 3, 5).reshape(2, n * g.page_size, blocks.shape[1], blocks.shape[3],
+                                                              blocks.shape[5])
+    else:
+        buf[:, :, idx] = blocks.permute(2, 1, 0, 4, 3, 5).reshape(2, blocks.shape[1], n * g.page_size,
+                                                                 blocks.shape[3], blocks.shape[5])
+
+
+class HostPoolMover:
+    """Copies whole pages between an SGLang host pool and kvtier block bytes."""
+
+    def __init__(self, pool, g: HostPoolGeometry):
+        self.g = g
+        self.data = _pool_bytes(pool.kv_buffer)
+        self.scales = None
+        if g.kv_format == "nvfp4":
+            s = pool.scale_kv_buffer
+            self.scales = s.reshape(2, s.shape[1], g.num_layers, g.num_kv_heads, g.head_dim // 16)
+        self.size = int(pool.size)
+
+    def page_starts(self, host_indices: torch.Tensor, n: int) -> torch.Tensor:
+        """Checks host_indices (n whole, page-aligned pages of the pool) and returns them as
+        int64 token indices on the CPU; PagesError otherwise."""
+        T = self.g.page_size
+        idx = host_indices.to(device="cpu", dtype=torch.int64).flatten()
+        if idx.numel() != n * T:
+            raise PagesError(f"{idx.numel()} host indices for {n} pages of {T} tokens")
+        if n == 0:
+            return idx
+        pages = idx.view(n, T)
+        first = pages[:, 0]
+        if bool((first % T != 0).any()) or bool((pages != first[:, None] + torch.arange(T)).any()):
+            raise PagesError("host indices are not whole pages (page-aligned runs of page_size tokens)")
+        if int(idx.min()) < 0 or int(idx.max()) >= self.size:
+            raise PagesError(f"host indices outside the pool's {self.size} tokens")
+        return idx
+
+    def save(self, idx: torch.Tensor, n: int, rows: Sequence[torch.Tensor]) -> None:
+        """n pages at token indices idx -> rows (uint8 tensors of at least block_bytes)."""
+        g = self.g
+        data = _pages_to_blocks(g, self.data, idx, n)                  # [n, L, 2, H, T, row]
+        if self.scales is not None:
+            sc = _pages_to_blocks(g, self.scales, idx, n)               # [n, L, 2, H, T, D/16]
+            per = g.num_kv_heads * g.page_size
+            data = torch.cat((data.reshape(n, g.num_layers, 2, per * g.row_bytes),
+                              sc.reshape(n, g.num_layers, 2, per * g.scale_bytes)), dim=3)
+        flat = data.reshape(n, g.block_bytes)
+        for i, r in enumerate(rows):
+            r[:g.block_bytes].copy_(flat[i])
+
+    def load(self, rows: Sequence[torch.Tensor], idx: torch.Tensor) -> None:
+        """rows -> len(rows) pages at token indices idx."""
+        g = self.g
+        n = len(rows)
+        flat = torch.stack([r[:g.block_bytes] for r in rows])
+        L, H, T = g.num_layers, g.num_kv_heads, g.page_size
+        if self.scales is None:
+            _blocks_to_pages(g, self.data, idx, flat.view(n, L, 2, H, T, g.row_bytes))
+            return
+        per = H * T
+        v = flat.view(n, L, 2, per * (g.row_bytes + g.scale_bytes))
+        _blocks_to_pages(g, self.data, idx, v[..., :per * g.row_bytes].reshape(n, L, 2, H, T, g.row_bytes))
+        _blocks_to_pages(g, self.scales, idx, v[..., per * g.row_bytes:].reshape(n, L, 2, H, T, g.scale_bytes))
+
+
+# ---- LMCache chunks ----------------------------------------------------------------------
+#
+# LMCache hands a remote connector whole chunks as MemoryObjs in KV_2LTD order, [2, L, T,
+# H*D] (K and V, layers, tokens, heads x head_dim). One full chunk is one kvtier block:
+# per layer K then V, HND inside a page ([L, 2, H, T, D]).
+
+class ChunkMover:
+    """Converts LMCache KV_2LTD chunks to and from kvtier blocks (BF16 or FP8 E4M3)."""
+
+    DTYPES = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8"}
+
+    def __init__(self, num_layers: int, chunk_tokens: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+        if dtype not in self.DTYPES:
+            raise PagesError(f"kvtier has no {dtype} block format (bf16 and fp8 e4m3 chunks are stored)")
+        self.L, self.T, self.H, self.D, self.dtype = num_layers, chunk_tokens, num_kv_heads, head_dim, dtype
+        self.shape = torch.Size([2, num_layers, chunk_tokens, num_kv_heads * head_dim])
+        self.kv_format = self.DTYPES[dtype]
+        self.block_bytes = 2 * num_layers * chunk_tokens * num_kv_heads * head_dim * dtype.itemsize
+
+    def is_full(self, t: Optional[torch.Tensor]) -> bool:
+        """A whole chunk of this shape (a prompt's last, shorter chunk is not a block)."""
+        return t is not None and tuple(t.shape) == tuple(self.shape) and t.dtype == self.dtype
+
+    def save(self, chunk: torch.Tensor, row: torch.Tensor) -> None:
+        """One KV_2LTD chunk -> one block's bytes."""
+        blk = chunk.view(2, self.L, self.T, self.H, self.D).permute(1, 0, 3, 2, 4).contiguous()
+        row[:self.block_bytes].copy_(blk.view(-1).view(torch.uint8))
+
+    def load(self, row: torch.Tensor, chunk: torch.Tensor) -> None:
+        """One block's bytes -> a KV_2LTD chunk tensor."""
+        src = row[:self.block_bytes].view(self.dtype).view(self.L, 2, self.H, self.T, self.D)
+        chunk.view(2, self.L, self.T, self.H, self.D).copy_(src.permute(1, 0, 3, 2, 4))

@@ -4,8 +4,8 @@ and an attention implementation ("kvtier") that decodes straight from those page
     import kvtier, kvtier.transformers as kt
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda")
     kt.use_kvtier(model)                        # attn_implementation = "kvtier"
-    client = kvtier.Client(socket, has_gpu=True)
-    cache = kt.prefix_cache(model, client, input_ids, attention_mask, max_new_tokens=64)
+    link = kt.attach()                          # $KVTIER_SOCKET, else the shipped config's socket
+    cache = kt.prefix_cache(model, link, input_ids, attention_mask, max_new_tokens=64)
     out = model.generate(input_ids, attention_mask=attention_mask, past_key_values=cache,
                          max_new_tokens=64)    # computes only what was not cached
     cache.commit(out)                           # the full blocks of prompt + output
@@ -24,11 +24,18 @@ What each piece does:
   keeps no dense copy of the cache: decode steps run ``torch.ops.kvtier.decode`` (the fused
   paged decode) over the block table; prefill attends to the cached prefix (dequantized
   per layer, then dropped) plus the new tokens with torch's SDPA.
-- The scale contract comes from the model (:func:`contract_for`): layers, KV heads,
-  head_dim, block tokens, format, per-layer global scales (:func:`calibrate`) and the
-  model's identity (:func:`model_identity`: a hash of the checkpoint folder's files, or a
+- The scale contract comes from the model (:func:`contract_for`): the engine core's model
+  id rule (``transformers:<checkpoint>@<model class>``), layers, KV heads, head_dim, block
+  tokens, format, per-layer global scales (:func:`calibrate`) and the model's identity
+  (:func:`model_identity`: the engine core's hash of the checkpoint folder's files, or a
   fingerprint of the weights). The same model gives the same contract id in every
   process; blocks of another model are never used.
+- kvtierd down (:func:`attach`'s link, the engine core's outage policy): :func:`prefix_cache`
+  returns a :class:`RecomputeCache` (a transformers ``DynamicCache`` that loads and stores
+  nothing) and selects SDPA attention on the model for that generate; one log line per
+  outage; the next :func:`prefix_cache` that reaches the daemon selects kvtier's attention
+  again. A daemon lost in the middle of a generate fails that generate (its K/V lived in
+  the daemon's HBM); the next one recomputes.
 - :class:`DecodeGraph` captures one decode step of the model over the cache in a CUDA
   graph and replays it (the kernels and the cache's bookkeeping are graph-safe).
 
@@ -46,6 +53,7 @@ cache to reorder or repeat rows.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import threading
@@ -55,6 +63,7 @@ import numpy as np
 import torch
 
 import kvtier
+from . import engine as E
 from . import kernels as K
 from . import torch_ops  # noqa: F401  (registers torch.ops.kvtier.*)
 
@@ -66,6 +75,7 @@ except ImportError as e:  # pragma: no cover - reported to the caller
     raise ImportError(f"kvtier.transformers needs Hugging Face transformers >= 5: {e}") from e
 
 ATTN_IMPLEMENTATION = "kvtier"
+_log = logging.getLogger("kvtier.transformers")
 FORMATS = ("nvfp4", "fp8", "bf16")
 # 16-token blocks, vLLM's size: a prompt is reused in 16-token steps, and at (32K, batch 8)
 # on an H200 the NVFP4 decode's long-context share is 1.29-1.31x its bytes (bench/README.md,
@@ -260,13 +270,7 @@ def model_identity(model) -> str:
         files = sorted(f for f in os.listdir(path)
                        if f == "config.json" or f.endswith(".safetensors") or f.endswith(".bin"))
     if any(f != "config.json" for f in files):
-        h = hashlib.sha256()
-        for f in files:
-            h.update(f.encode() + b"\0")
-            with open(os.path.join(path, f), "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 24), b""):
-                    h.update(chunk)
-        ident = "sha256:" + h.hexdigest()[:32]
+        ident = E.folder_identity(path)  # the rule of every engine (kvtier.engine)
     else:
         h = hashlib.sha256()
         with torch.no_grad():
@@ -332,7 +336,7 @@ def contract_for(model, kv_format: str = "nvfp4", block_tokens: int = DEFAULT_BL
     elif k_scales is None or v_scales is None:
         k_scales, v_scales = calibrate(model, kv_format)
     name = model_id or getattr(model.config, "_name_or_path", "") or type(model).__name__
-    return kvtier.Contract(model_id=f"transformers:{type(model).__name__}:{os.path.basename(str(name).rstrip('/'))}",
+    return kvtier.Contract(model_id=E.model_id("transformers", name, layout=type(model).__name__),
                            model_revision=model_identity(model), tokenizer_revision="",
                            num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim, block_tokens=block_tokens,
                            kv_format=kv_format, scale_rule=scale_rule,
@@ -739,13 +743,62 @@ class KvtierCache(Cache):
             pass
 
 
-def prefix_cache(model, client: kvtier.Client, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+def attach(socket: Optional[str] = None, name: str = "transformers") -> "E.DaemonLink":
+    """A link to kvtierd for :func:`prefix_cache` (the engine core's: `socket`, else
+    $KVTIER_SOCKET, else the shipped config's socket; attached with the GPU's HBM arena;
+    kept through outages)."""
+    return E.DaemonLink(socket, name, has_gpu=True, logger=_log)
+
+
+class RecomputeCache:
+    """What :func:`prefix_cache` gives while kvtierd is down: a transformers DynamicCache
+    (made by :func:`_recompute_cache`) that loads nothing and whose commit stores nothing."""
+
+    @staticmethod
+    def commit(sequences) -> int:
+        return 0
+
+    @staticmethod
+    def release():
+        return None
+
+    @property
+    def cached_tokens(self) -> List[int]:
+        return [0] * getattr(self, "_kvtier_rows", 0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def _recompute_cache(model, rows: int):
+    from transformers import DynamicCache
+
+    class _Recompute(RecomputeCache, DynamicCache):
+        pass
+    cache = _Recompute(config=model.config)
+    cache._kvtier_rows = rows
+    # kvtier's attention reads only a KvtierCache: SDPA computes this generate.
+    if model.config._attn_implementation == ATTN_IMPLEMENTATION:
+        model.set_attn_implementation("sdpa")
+        model._kvtier_recomputing = True
+    return cache
+
+
+def prefix_cache(model, client, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                  max_new_tokens: int = 256, kv_format: str = "nvfp4", block_tokens: int = DEFAULT_BLOCK_TOKENS,
-                 scale_rule: str = "max6", contract: Optional[kvtier.Contract] = None) -> KvtierCache:
+                 scale_rule: str = "max6", contract: Optional[kvtier.Contract] = None):
     """A KvtierCache for `input_ids` ([B, S], left padded where `attention_mask` is 0) that
     already holds each row's longest cached prefix (restored into HBM by one acquire per
     row), with HBM slots allocated for the rest of the prompt and `max_new_tokens` more.
-    Pass it to ``model.generate(input_ids, attention_mask=..., past_key_values=cache)``."""
+    Pass it to ``model.generate(input_ids, attention_mask=..., past_key_values=cache)``.
+
+    `client` is a kvtier.Client (errors raise) or the link of :func:`attach` (the engine
+    core's outage policy: while kvtierd is down the result is a :class:`RecomputeCache`,
+    SDPA computes the generate, and the model's attention goes back to kvtier's once a
+    prefix_cache reaches the daemon again)."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, tokens], got {tuple(input_ids.shape)}")
     B, S = input_ids.shape
@@ -771,12 +824,38 @@ def prefix_cache(model, client: kvtier.Client, input_ids: torch.Tensor, attentio
         raise ValueError("max_new_tokens must be >= 0")
     if contract is None:
         contract = contract_for(model, kv_format, block_tokens, scale_rule)
-    cache = KvtierCache(model, client, contract, scale_rule=contract.scale_rule)
-    try:
-        cache._start(rows, pads, max_new_tokens)
-    except BaseException:
-        cache.release()
-        raise
+    if not isinstance(client, E.DaemonLink):
+        cache = KvtierCache(model, client, contract, scale_rule=contract.scale_rule)
+        try:
+            cache._start(rows, pads, max_new_tokens)
+        except BaseException:
+            cache.release()
+            raise
+        return cache
+    link = client
+    with link.lock:
+        c, _ = link.attach(contract)
+        if c is None:
+            return _recompute_cache(model, B)
+        try:
+            cache = KvtierCache(model, c, contract, scale_rule=contract.scale_rule)
+        except kvtier.KvtierError as e:
+            link.report("attach", e, "this generate recomputes")
+            return _recompute_cache(model, B)
+        try:
+            cache._start(rows, pads, max_new_tokens)
+        except kvtier.KvtierError as e:
+            cache.release()
+            if e.code not in E.DaemonLink.GONE:
+                raise
+            link.report("prefix_cache", e, "this generate recomputes")
+            return _recompute_cache(model, B)
+        except BaseException:
+            cache.release()
+            raise
+    if getattr(model, "_kvtier_recomputing", False):
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        model._kvtier_recomputing = False
     return cache
 
 

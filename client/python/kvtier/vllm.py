@@ -10,7 +10,7 @@ Loaded by vLLM with no change to vLLM::
 ``kv_connector_extra_config`` keys (all optional):
 
 - ``socket``: kvtierd's control socket. Default: $KVTIER_SOCKET, else
-  ./kvtier-data/kvtierd.sock (the daemon's default).
+  ./kvtier-data/kvtierd.sock (the shipped config's; kvtier.engine.link).
 - ``kv_format``: "as-is" (default: vLLM's BF16 pages as they are). "nvfp4": kvtier NVFP4
   blocks in the tiers (0.28x the bytes; quantized on save, dequantized to BF16 on load).
   "fp8": kvtier FP8 (E4M3) blocks (0.5x).
@@ -20,7 +20,8 @@ Loaded by vLLM with no change to vLLM::
   contract. With vLLM's FP8 KV cache (--kv-cache-dtype fp8), the model's k_scale / v_scale
   (default 1.0), checked against the model's at start.
 - ``model_revision``: names the weights in the contract. Default: a SHA-256 of the model
-  folder's config.json and weight files (read once per process at start).
+  folder's config.json and weight files (read once per process at start;
+  kvtier.engine.weights_identity, the rule of every engine).
 - ``client_name``: the name kvtierd logs for this engine. Default: "vllm".
 
 What happens (docs/vllm.md has the whole story):
@@ -45,7 +46,10 @@ What happens (docs/vllm.md has the whole story):
   ``cache_salt`` (as a digest): another model, dtype, layout, rank or salt never loads a
   block.
 - kvtierd down at start or killed mid-run: vLLM serves by recomputing, with one log line per
-  outage; the connector reattaches (backoff 0.5 s to 10 s) when the daemon is back.
+  outage; the connector reattaches (backoff 0.5 s to 10 s) when the daemon is back (the
+  daemon link's policy, shared by every engine: kvtier.engine.link).
+- The contract, the keys, the daemon link and the chunked save and load are the engine
+  core's (kvtier.engine); the page copies are kvtier.pages'. This module holds vLLM's hooks.
 
 Refused at start, with the reason: hybrid models (more than one KV cache group: run with
 --disable-hybrid-kv-cache-manager on a full-attention model), MLA, pipeline parallelism,
@@ -57,9 +61,7 @@ other than kv_both.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import logging
-import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -103,16 +105,8 @@ FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3")
 # Suffix of the layout tag for an FP8 engine's pages: its blocks never meet those a BF16
 # engine quantizes to FP8 (kv_format "fp8"), whose K and V were computed from BF16 pages.
 FP8_PAGES_TAG = "-fp8e4m3"
-_LOAD_CHUNK = 256   # keys per acquire
-_SAVE_CHUNK = 32    # staging slots per alloc (well under tiers.host.staging_slots_per_client)
 # kv_connector_extra_config kv_format -> BlockMover mode.
 MOVER_MODES = {"as-is": "as_is", "nvfp4": "nvfp4", "fp8": "fp8"}
-
-
-def block_bytes_view(addr: int, nbytes: int) -> torch.Tensor:
-    """A uint8 tensor over nbytes of kvtierd's shared host arena at addr (a staging slot,
-    or a read-only acquired slot that is only read)."""
-    return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(addr), dtype=torch.uint8)
 
 
 # ---- metadata ---------------------------------------------------------------------------
@@ -147,21 +141,6 @@ class _ReqState:
     local_tokens: int = 0             # vLLM's own prefix-cache hit (block aligned)
     hit_blocks: int = 0               # blocks kvtier had at lookup
     load_tokens: int = 0              # tokens granted to load (0: none)
-
-
-class _Once:
-    """Logs a message once per key (per outage kind) so a failing path is not a log flood."""
-
-    def __init__(self):
-        self._seen = set()
-
-    def warn(self, key, msg, *args):
-        if key not in self._seen:
-            self._seen.add(key)
-            log.warning(msg, *args)
-
-    def clear(self, key):
-        self._seen.discard(key)
 
 
 def _layer_index(name: str) -> int:
@@ -230,7 +209,7 @@ class KvtierConnector(KVConnectorBase_V1):
                                            f"model's config says {self.shape.num_kv_heads} x {self.shape.head_dim}")
         self.block_tokens = int(cc.block_size)
         self.model_name = str(mc.served_model_name if isinstance(mc.served_model_name, str) else mc.model)
-        self.weights = str(extra.get("model_revision") or E.folder_identity(str(mc.model)))
+        self.weights = E.weights_identity(str(mc.model), extra.get("model_revision"))
         self.tier_format = tier_format
         self._mover: Optional[P.BlockMover] = None
         if role == KVConnectorRole.WORKER:
@@ -242,12 +221,11 @@ class KvtierConnector(KVConnectorBase_V1):
             ranks = list(range(self.tp_size))
         self._ranks = ranks
         self._contracts: Dict[Tuple[Optional[str], int], kvtier.Contract] = {}
-        socket = str(extra.get("socket") or os.environ.get("KVTIER_SOCKET") or "./kvtier-data/kvtierd.sock")
         name = f"{extra.get('client_name', 'vllm')}-{'scheduler' if role == KVConnectorRole.SCHEDULER else 'worker'}" \
                f"-tp{self.tp_rank}"
-        self.link = E.DaemonLink(socket, name, contracts=lambda: list(self._contracts.values()), logger=log)
+        self.link = E.DaemonLink(extra.get("socket"), name, logger=log)
+        self.io = E.BlockIO(self.link)
         self._contract(None, ranks[0])  # refuses a bad kv_format or shape now, at start
-        self._once = _Once()
         # scheduler side
         self._reqs: Dict[str, _ReqState] = {}
         self._loads: List[_Transfer] = []
@@ -255,14 +233,13 @@ class KvtierConnector(KVConnectorBase_V1):
         # worker side
         self._kv_layers: List[torch.Tensor] = []
         self._load_errors: set = set()
-        self.loaded_blocks = self.saved_blocks = 0
         self._init_saver()
         c0 = self._contracts[(None, ranks[0])]
         log.info("KvtierConnector (%s): model %s weights %s, %d layers x %d KV heads x %d, %d-token blocks, "
                  "rank %d/%d, tier format %s (%d bytes a block, K scale %g), kvtierd at %s", role.name.lower(),
                  self.model_name, self.weights, self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim,
                  self.block_tokens, self.tp_rank, self.tp_size, tier_format, c0.block_bytes(), c0.k_scales[0],
-                 socket)
+                 self.link.socket_path)
 
     # ---- contracts --------------------------------------------------------------------
 
@@ -271,41 +248,15 @@ class KvtierConnector(KVConnectorBase_V1):
         c = self._contracts.get(key)
         if c is None:
             fp8_pages = self.shape.dtype == "fp8_e4m3"
+            # FP8 pages as they are: the values are the E4M3 bytes times vLLM's per-layer
+            # k_scale / v_scale, so those scales are the contract's (kv_scale, default 1.0,
+            # vLLM's own default; register_kv_caches checks them against the model's).
             c = E.engine_contract("vllm", self.model_name, self.weights, self.shape, self.block_tokens,
                                   tp_rank=rank, tp_size=self.tp_size, tier_format=self.tier_format, salt=salt,
-                                  layout=self.page_layout, kv_scale=None if fp8_pages else self.kv_scale)
-            if fp8_pages:
-                # FP8 pages as they are: the values are the E4M3 bytes times vLLM's per-layer
-                # k_scale / v_scale, so those scales are the contract's (kv_scale, default
-                # 1.0, vLLM's own default; register_kv_caches checks them against the model's).
-                ks, vs = E.tier_scales("fp8", self.kv_scale, self.shape.num_layers)
-                c = dataclasses.replace(c, k_scales=ks, v_scales=vs)
+                                  layout=self.page_layout, kv_scale=None if fp8_pages else self.kv_scale,
+                                  page_scales=self.kv_scale if fp8_pages else None)
             self._contracts[key] = c
         return c
-
-    def _client_and_id(self, salt: Optional[str], rank: int):
-        """(client, contract id) with the contract registered, or (None, 0) while the daemon
-        is down."""
-        contract = self._contract(salt, rank)
-        client = self.link.client()
-        if client is None:
-            return None, 0
-        cid = contract.id()
-        if cid not in client._block_bytes:
-            if self.link.register(contract) is None:
-                return None, 0
-            client = self.link.client()
-            if client is None:
-                return None, 0
-        return client, cid
-
-    def _failed(self, what: str, err: kvtier.KvtierError, msg: str):
-        """A call failed: a lost daemon is DaemonLink's one line per outage; any other error
-        is logged once per operation and status (the request goes on without kvtier)."""
-        if err.code in E.DaemonLink.GONE:
-            self.link.failed(err)
-        else:
-            self._once.warn((what, err.code), msg, err)
 
     # ==== scheduler side =================================================================
 
@@ -321,15 +272,8 @@ class KvtierConnector(KVConnectorBase_V1):
             return 0, False
         hit = usable
         for rank in self._ranks:
-            client, cid = self._client_and_id(salt, rank)
-            if client is None:
-                return 0, False
-            try:
-                keys = E.block_keys(cid, tokens[:usable * bt], bt)
-                hit = min(hit, client.lookup(cid, keys).hit_blocks)
-            except kvtier.KvtierError as e:
-                self._failed("lookup", e, "kvtier: lookup failed (%s); computing instead")
-                return 0, False
+            contract = self._contract(salt, rank)
+            hit = min(hit, self.io.lookup(contract, E.block_keys(contract.id(), tokens[:hit * bt], bt)))
             if hit == 0:
                 break
         st.hit_blocks = hit
@@ -517,7 +461,6 @@ class KvtierConnector(KVConnectorBase_V1):
     # One thread keeps a request's saves (and their chain's parents) in order.
 
     def _init_saver(self):
-        self._io = threading.Lock()          # every call on the worker's kvtierd client
         self._state = threading.Condition()  # guards the three below
         self._copying: Dict[str, int] = {}   # request -> saves not yet copied out of the pages
         self._saving_reqs: Set[str] = set()  # requests handed a save, not yet finished
@@ -548,8 +491,8 @@ class KvtierConnector(KVConnectorBase_V1):
         try:
             self._save(tr, done_copying)
         except Exception as e:  # never let a save take the engine down
-            self._once.warn(("save", type(e).__name__), "kvtier: save failed (%s: %s); those blocks are not "
-                            "cached", type(e).__name__, e)
+            self.link.warn_once(("save", type(e).__name__), "kvtier: save failed (%s: %s); those blocks are not "
+                                "cached", type(e).__name__, e)
         finally:
             done_copying()
 
@@ -580,41 +523,29 @@ class KvtierConnector(KVConnectorBase_V1):
         if not isinstance(meta, KvtierConnectorMetadata):
             return
         for tr in meta.loads:
-            with self._io:
-                self._load(tr)
+            self._load(tr)
 
     def _load(self, tr: _Transfer):
         n = len(tr.block_ids)
         if n == 0:
             return
         done = 0
-        client, cid = self._client_and_id(tr.salt, self.tp_rank)
-        if client is not None and self._mover is not None:
-            try:
-                keys = E.block_keys(cid, tr.tokens, self.block_tokens)[tr.first:tr.first + n]
-                block_bytes = client._block_bytes[cid]
-                while done < n:
-                    chunk = keys[done:min(n, done + _LOAD_CHUNK)]
-                    lease = client.acquire(cid, chunk, "host")
-                    try:
-                        got = len(lease.slots)
-                        rows = [block_bytes_view(client.host_slot_address(slot, cid), block_bytes)
-                                for slot in lease.slots]
-                        # The mover checks every NVFP4 block's scales before decoding it;
-                        # on a refused block (CorruptBlocksError) the whole chunk and what
-                        # follows count as load errors, so vLLM recomputes them all.
-                        self._mover.load(rows, tr.block_ids[done:done + got])
-                    finally:
-                        client.release(lease)
-                    done += got
-                    if got < len(chunk):
-                        break
-            except kvtier.KvtierError as e:
-                self._failed("load", e, "kvtier: load failed (%s); vLLM recomputes the blocks")
-            except P.PagesError as e:
-                self._once.warn(("load", "corrupt"), "kvtier: a loaded block is refused (%s); vLLM recomputes "
-                                "the blocks", e)
-        self.loaded_blocks += done
+        if self._mover is not None:
+            contract = self._contract(tr.salt, self.tp_rank)
+            keys = E.block_keys(contract.id(), tr.tokens, self.block_tokens)[tr.first:tr.first + n]
+
+            def read(rows, i, m):
+                # The mover checks every NVFP4 block's scales before decoding it; on a refused
+                # block (CorruptBlocksError) the whole chunk and what follows count as load
+                # errors, so vLLM recomputes them all.
+                try:
+                    self._mover.load(rows, tr.block_ids[i:i + m])
+                except P.PagesError as e:
+                    self.link.warn_once(("load", "corrupt"), "kvtier: a loaded block is refused (%s); vLLM "
+                                        "recomputes the blocks", e)
+                    return 0
+                return m
+            done = self.io.load(contract, keys, read)
         if done < n:
             # Every block after the first one missing is recomputed (vLLM recomputes from the
             # first invalid block of a request).
@@ -644,43 +575,31 @@ class KvtierConnector(KVConnectorBase_V1):
         return (done or None), None
 
     def _save(self, tr: _Transfer, copied=lambda: None):
-        """Copies tr's blocks out of vLLM's pages into staging slots and commits them, a
-        chunk at a time under the client lock; calls copied() once the last page was read
-        (before the last commit)."""
+        """Copies tr's blocks out of vLLM's pages into staging slots and commits them (the
+        engine core's chunked save); calls copied() once the last page was read (before the
+        last commit)."""
         n = len(tr.block_ids)
         if n == 0 or self._mover is None:
             return
+        contract = self._contract(tr.salt, self.tp_rank)
+        chain = E.block_keys(contract.id(), tr.tokens, self.block_tokens)
+        keys = chain[tr.first:tr.first + n]
+        parent = chain[tr.first - 1] if tr.first > 0 else None
+
+        def write(rows, i, m):
+            self._mover.save(tr.block_ids[i:i + m], rows)
         try:
-            at = tr.first
-            keys = None
-            while at < tr.first + n:
-                m = min(_SAVE_CHUNK, tr.first + n - at)
-                with self._io:
-                    client, cid = self._client_and_id(tr.salt, self.tp_rank)
-                    if client is None:
-                        return
-                    if keys is None:
-                        keys = E.block_keys(cid, tr.tokens, self.block_tokens)
-                    block_bytes = client._block_bytes[cid]
-                    lease = client.alloc(cid, m, "host", wait_ms=200)
-                    try:
-                        rows = [block_bytes_view(client.host_slot_address(slot), block_bytes) for slot in lease.slots]
-                        first = at - tr.first
-                        self._mover.save(tr.block_ids[first:first + len(rows)], rows)
-                        if at + m >= tr.first + n:
-                            copied()
-                        parent = keys[at - 1] if at > 0 else None
-                        stored = client.commit_chain(cid, lease, lease.slots, keys[at:at + m], parent)
-                    finally:
-                        client.release(lease)
-                self.saved_blocks += stored
-                at += m
-        except kvtier.KvtierError as e:
-            # Anything but success (a full tier, a conflict, a dead daemon) means "not stored".
-            with self._io:
-                self._failed("save", e, "kvtier: save failed (%s); those blocks are not cached")
+            self.io.save(contract, keys, write, parent, copied)
         except P.PagesError as e:
-            self._once.warn(("save", "pages"), "kvtier: save refused (%s); those blocks are not cached", e)
+            self.link.warn_once(("save", "pages"), "kvtier: save refused (%s); those blocks are not cached", e)
+
+    @property
+    def saved_blocks(self) -> int:
+        return self.io.saved_blocks
+
+    @property
+    def loaded_blocks(self) -> int:
+        return self.io.loaded_blocks
 
     def get_block_ids_with_load_errors(self) -> set:
         errs, self._load_errors = self._load_errors, set()
@@ -690,5 +609,4 @@ class KvtierConnector(KVConnectorBase_V1):
         if self._pool is not None:
             self.drain_saves(10.0)
             self._pool.shutdown(wait=False)
-        with self._io:
-            self.link.close()
+        self.link.close()
