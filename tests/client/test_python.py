@@ -6,7 +6,6 @@ Run by ctest with KVTIER_LIB, KVTIER_BIN_DIR and PYTHONPATH set (tests/client/CM
 import gc
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,7 @@ import time
 import unittest
 
 import kvtier
+import kvtier.daemon
 
 
 class PythonClientTest(unittest.TestCase):
@@ -26,20 +26,8 @@ class PythonClientTest(unittest.TestCase):
         with open(cfg, "w") as f:
             f.write(f'[daemon]\nsocket = "{cls.sock}"\nmetrics_port = 0\n[tiers]\nslot_bytes = "4KiB"\n'
                     f'[tiers.host]\ncapacity = "256KiB"\n[tiers.nvme]\ncapacity = "1MiB"\ndir = "{d}/nvme"\n')
-        binary = os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd")
         cls.log = open(os.path.join(d, "kvtierd.log"), "w")
-        cls.proc = subprocess.Popen([binary, "--config", cfg], stdout=cls.log, stderr=cls.log)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(cls.sock)
-                s.close()
-                return
-            except OSError:
-                s.close()
-                time.sleep(0.02)
-        raise RuntimeError("kvtierd did not start")
+        cls.proc = kvtier.daemon.start_kvtierd(cfg, cls.sock, cls.log)
 
     @classmethod
     def tearDownClass(cls):
@@ -352,19 +340,8 @@ print("views ok")
                     f.write(f'[daemon]\nsocket = "{sock}"\nmetrics_port = 0\n[tiers]\nslot_bytes = "4KiB"\n'
                             f'on_conflict = "{rule}"\n[tiers.host]\ncapacity = "256KiB"\n[tiers.nvme]\n'
                             f'capacity = "0"\n')
-                binary = os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd")
-                proc = subprocess.Popen([binary, "--config", cfg], stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
+                proc = kvtier.daemon.start_kvtierd(cfg, sock)
                 try:
-                    for _ in range(1000):
-                        s = socket.socket(socket.AF_UNIX)
-                        try:
-                            s.connect(sock)
-                            break
-                        except OSError:
-                            time.sleep(0.02)
-                        finally:
-                            s.close()
                     with kvtier.Client(sock, name="poisoner") as p, kvtier.Client(sock, name="honest") as h:
                         cid = p.register_contract(self.contract("py/conflict"))
                         self.assertEqual(h.register_contract(self.contract("py/conflict")), cid)
@@ -596,20 +573,9 @@ print("views ok")
         with open(cfg, "w") as f:
             f.write(f'[daemon]\nsocket = "{sock}"\nmetrics_port = 0\n[tiers]\nslot_bytes = "4KiB"\n'
                     f'[tiers.host]\ncapacity = "256KiB"\n[tiers.nvme]\ncapacity = "0"\n')
-        binary = os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd")
 
         def start():
-            p = subprocess.Popen([binary, "--config", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for _ in range(1000):
-                s = socket.socket(socket.AF_UNIX)
-                try:
-                    s.connect(sock)
-                    return p
-                except OSError:
-                    time.sleep(0.02)
-                finally:
-                    s.close()
-            raise RuntimeError("kvtierd did not start")
+            return kvtier.daemon.start_kvtierd(cfg, sock)
 
         proc = start()
         try:
@@ -643,18 +609,8 @@ print("views ok")
             f.write(f'[daemon]\nsocket = "{sock}"\nmetrics_port = 0\n[tiers]\nslot_bytes = "4KiB"\n'
                     f'[tiers.host]\ncapacity = "256KiB"\n[tiers.nvme]\ncapacity = "0"\n'
                     f'[[tenants]]\nname = "t"\nuids = [{os.getuid()}]\n')
-        binary = os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd")
-        proc = subprocess.Popen([binary, "--config", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = kvtier.daemon.start_kvtierd(cfg, sock)
         try:
-            for _ in range(1000):
-                s = socket.socket(socket.AF_UNIX)
-                try:
-                    s.connect(sock)
-                    break
-                except OSError:
-                    time.sleep(0.02)
-                finally:
-                    s.close()
             with kvtier.Client(sock, timeout_ms=3000) as c:
                 cid = c.register_contract(self.contract("py/tenant"))
                 self.assertEqual(c.store(cid, list(range(17)), [bytes([7]) * 576]), 1)
@@ -682,18 +638,8 @@ print("views ok")
             f.write(f'[daemon]\nsocket = "{sock}"\nmetrics_port = 0\n[tiers]\nslot_bytes = "4KiB"\n'
                     f'[tiers.host]\ncapacity = "256KiB"\n[tiers.nvme]\ncapacity = "0"\n'
                     f'[[tenants]]\nname = "t"\nuids = [{os.getuid()}]\nhost_share = 0.5\n')
-        binary = os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd")
-        proc = subprocess.Popen([binary, "--config", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = kvtier.daemon.start_kvtierd(cfg, sock)
         try:
-            for _ in range(1000):
-                s = socket.socket(socket.AF_UNIX)
-                try:
-                    s.connect(sock)
-                    break
-                except OSError:
-                    time.sleep(0.02)
-                finally:
-                    s.close()
             with kvtier.Client(sock, timeout_ms=3000) as c:
                 cid = c.register_contract(self.contract("py/tenant-part"))
                 self.assertEqual(c.store(cid, list(range(17)), [bytes([9]) * 576]), 1)

@@ -8,12 +8,12 @@ KVTIER_GENERATED_INCLUDE (the build's kvtier/version.h) and PYTHONPATH set.
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
+
+import kvtier.daemon
 
 SRC = os.environ["KVTIER_SOURCE_DIR"]
 
@@ -37,20 +37,7 @@ class QuickstartTest(unittest.TestCase):
             f.write(f'[daemon]\nsocket = "{self.sock}"\nmetrics_port = 0\n[tiers.host]\ncapacity = "64MiB"\n'
                     f'[tiers.nvme]\ncapacity = "64MiB"\ndir = "{d}/nvme"\n')
         self.log = open(os.path.join(d, "kvtierd.log"), "w")
-        self.proc = subprocess.Popen([os.path.join(os.environ["KVTIER_BIN_DIR"], "kvtierd"), "--config", cfg],
-                                     stdout=self.log, stderr=self.log)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(self.sock)
-                s.close()
-                break
-            except OSError:
-                s.close()
-                time.sleep(0.02)
-        else:
-            raise RuntimeError("kvtierd did not start")
+        self.proc = kvtier.daemon.start_kvtierd(cfg, self.sock, self.log)
         self.env = dict(os.environ, KVTIER_SOCKET=self.sock)
 
     def tearDown(self):

@@ -47,6 +47,48 @@ def kvtierd_path():
     raise FileNotFoundError("kvtierd not found (set KVTIER_BIN_DIR): tried " + ", ".join(cands))
 
 
+def wait_listening(proc, socket_path: str, timeout_s: float = 20.0, log: str = "") -> None:
+    """Waits until kvtierd (proc) accepts on socket_path; RuntimeError when it exits first or
+    timeout_s passes (with the tail of `log`, a file, when given)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"kvtierd exited with {proc.returncode}: {_tail(log)}")
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(socket_path)
+            return
+        except OSError:
+            time.sleep(0.02)
+        finally:
+            s.close()
+    raise RuntimeError(f"kvtierd did not listen on {socket_path} within {timeout_s} s: {_tail(log)}")
+
+
+def start_kvtierd(config: str, socket_path: str, log=None, timeout_s: float = 20.0):
+    """kvtierd --config `config` as a child process, returned once it listens on socket_path
+    (for a test that writes its own config; Daemon and Daemon.shipped for the rest). log: a
+    file path or an open file for its output (default: none)."""
+    out = open(log, "a") if isinstance(log, str) else (log if log is not None else subprocess.DEVNULL)
+    proc = subprocess.Popen([kvtierd_path(), "--config", config], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_listening(proc, socket_path, timeout_s, log if isinstance(log, str) else "")
+    except RuntimeError:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        raise
+    return proc
+
+
+def _tail(path: str, n: int = 20) -> str:
+    try:
+        with open(path) as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
 class Daemon:
     @classmethod
     def shipped(cls, sets=None, log_level=None, timeout_s=120, folder=None):
@@ -130,26 +172,14 @@ admission = "always"
         self._args, self._timeout_s = args, timeout_s
         with open(self.log, "a") as out:
             self.proc = subprocess.Popen([kvtierd_path()] + args, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.time() + timeout_s  # a large host tier takes a while to pin
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kvtierd exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                s = socket.socket(socket.AF_UNIX)
-                s.connect(self.socket)
-                s.close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"kvtierd did not listen within {timeout_s} s: {self.tail()}")
+        try:
+            wait_listening(self.proc, self.socket, timeout_s, self.log)  # a large host tier takes a while to pin
+        except RuntimeError:
+            self.stop(keep=not self._own_dir)
+            raise
 
     def tail(self, n=20):
-        try:
-            with open(self.log) as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
+        return _tail(self.log, n)
 
     def start(self):
         """Starts the daemon again (after stop(keep=True) or kill()) with the same config,

@@ -49,6 +49,12 @@ class BlockIO:
         self.save_chunk, self.load_chunk, self.alloc_wait_ms = save_chunk, load_chunk, alloc_wait_ms
         self.saved_blocks = self.loaded_blocks = 0
 
+    def _release(self, client: kvtier.Client, lease) -> None:
+        try:
+            client.release(lease)
+        except kvtier.KvtierError as e:
+            self.link.report("release", e)
+
     def lookup(self, contract: kvtier.Contract, keys: Sequence[kvtier.Key]) -> int:
         """How many leading blocks of `keys` kvtierd holds (0 while the daemon is down)."""
         if len(keys) == 0:
@@ -104,10 +110,7 @@ class BlockIO:
                             self.link.report("save", e, "those blocks are not cached")
                             return stored
                     finally:
-                        try:
-                            client.release(lease)
-                        except kvtier.KvtierError as e:
-                            self.link.report("release", e)
+                        self._release(client, lease)
                 done += m
             return stored
         finally:
@@ -143,10 +146,7 @@ class BlockIO:
                             r = read([slot_view(client, s, cid, bb) for s in lease.slots], done, got)
                             took = got if r is None else max(0, min(int(r), got))
                     finally:
-                        try:
-                            client.release(lease)
-                        except kvtier.KvtierError as e:
-                            self.link.report("release", e)
+                        self._release(client, lease)
                 done += took
                 if took < len(chunk):
                     return done
