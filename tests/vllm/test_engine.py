@@ -412,7 +412,7 @@ def test_async_saves():
     d = shipped_daemon()
     try:
         src = cpu_pages(NB, H, T, D, L, 11)
-        w = _worker(E.DaemonLink(d.socket, "unit-async"), shape, T, src)
+        w = _worker(E.DaemonLink(d.socket, "unit-async", logger=vlog), shape, T, src)  # as the connector makes it
         gated = _GatedMover(w._mover)
         w._mover = gated
         tokens = list(range(50, 50 + 3 * T + 9))

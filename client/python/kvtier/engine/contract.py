@@ -99,6 +99,7 @@ def shape_from_hf_config(cfg: dict, tp_size: int = 1, dtype: Optional[str] = Non
 
 _IDENTITIES: Dict[Tuple, str] = {}
 _IDENTITY_LOCK = threading.Lock()
+_WARNED: set = set()  # models warned about once per process (weights not hashed)
 
 
 def _weight_files(path: str):
@@ -144,7 +145,8 @@ def weights_identity(model_path: str, model_revision: Optional[str] = None) -> s
     if model_revision:
         return str(model_revision)
     ident = folder_identity(str(model_path))
-    if ident.startswith("name:"):
+    if ident.startswith("name:") and ident not in _WARNED:
+        _WARNED.add(ident)
         log.warning("kvtier: model %r is not a local checkpoint folder, so its weights are not hashed into the "
                     "contract; set model_revision to name them (two checkpoints served under one name would "
                     "otherwise share blocks)", model_path)
