@@ -70,9 +70,8 @@ def evaluate(model_path: str, batch: int = 8, context: int = 512, steps: int = 5
     ids = held_out_batch(batch, context + steps, seed)
     calib = held_out_batch(1, 2048, seed + 100)[:, :2048]
     targets = ids[:, context + 1:context + steps].cuda()     # the bytes each decode step predicts
-    bb = kt.contract_for(model, "bf16").block_bytes()
     res = {}
-    with Daemon(slot_bytes=bb, hbm="4GiB", host="1GiB", nvme="1GiB") as d:
+    with Daemon.shipped({"tiers.hbm.capacity": "4GiB", "tiers.host.capacity": "1GiB", "tiers.nvme.capacity": "1GiB"}) as d:
         client = kvtier.Client(d.socket, name="quality", has_gpu=True)
         lp = {}
         for fmt, rule in caches:

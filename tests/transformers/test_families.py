@@ -1,8 +1,8 @@
 """Decoder families on kvtier's pages (pytest; ctest runs it through run_tests.py, label
 gpu): each family of examples/transformers/models.py FAMILIES, a tiny model written with
 save_pretrained and loaded with from_pretrained, on BF16, FP8 and NVFP4 pages, against
-three daemons: the slot geometry of the shipped config/kvtier.toml (its slot_bytes and
-slot classes), one slot class of the model's block, and slot classes whose granule is
+three daemons: kvtierd on the shipped config/kvtier.toml (Daemon.shipped, capacities set),
+one slot class of the model's block, and slot classes whose granule is
 smaller than the block (a block spans several strides of the arena).
 
 Every run is a ragged batch of two rows (48 and 29 prompt tokens, left padded), prefilled
@@ -30,7 +30,6 @@ by use_kvtier.
 import json
 import os
 import sys
-import tomllib
 
 import pytest
 
@@ -57,31 +56,14 @@ QUANT_BOUND = 3e-2
 _results = {}
 
 
-def _bytes(v) -> int:
-    if isinstance(v, int):
-        return v
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-    for u, m in units.items():
-        if v.endswith(u):
-            return int(float(v[:-len(u)]) * m)
-    return int(v)
-
-
-def shipped_tiers():
-    with open(os.path.join(ROOT, "config", "kvtier.toml"), "rb") as f:
-        t = tomllib.load(f)["tiers"]
-    classes = t.get("slot_classes", "auto")
-    if not isinstance(classes, str):  # "auto", "per-contract", or a list of sizes
-        classes = [_bytes(x) for x in classes]
-    return _bytes(t["slot_bytes"]), classes
-
-
 def daemon(kind, model):
     layers, _, kv_heads, head_dim = kt.model_geometry(model)
     block = K.page_bytes(K.BF16, kv_heads, head_dim, kt.DEFAULT_BLOCK_TOKENS) * layers  # the largest format's
     if kind == "shipped":
-        slot, classes = shipped_tiers()
-        return Daemon(slot_bytes=slot, slot_classes=classes, hbm="1GiB", host="1GiB", nvme="2GiB")
+        return Daemon.shipped({"tiers.hbm.capacity": "1GiB", "tiers.host.capacity": "1GiB",
+                               "tiers.nvme.capacity": "2GiB"})
+    # The two other geometries test configs other than the shipped one, on purpose: one slot
+    # size for every block, and listed classes whose granule is smaller than a block.
     if kind == "one_class":
         return Daemon(slot_bytes=block, slot_classes=[], hbm="1GiB", host="1GiB", nvme="2GiB")
     # Classes of 4 KiB and the block: the granule (the stride of slot ids) is 4 KiB.

@@ -56,8 +56,8 @@ def model_dirs(tmp_path_factory):
 
 
 def daemon_for(model, hbm="2GiB"):
-    """A daemon whose slots fit the model's largest (BF16) block."""
-    return Daemon(slot_bytes=kt.contract_for(model, "bf16").block_bytes(), hbm=hbm, host="2GiB", nvme="4GiB")
+    """kvtierd on the shipped config (a slot size per contract), with only capacities set."""
+    return Daemon.shipped({"tiers.hbm.capacity": hbm, "tiers.host.capacity": "2GiB", "tiers.nvme.capacity": "4GiB"})
 
 
 @torch.no_grad()
@@ -195,7 +195,7 @@ def test_turn2_restored_in_a_new_process_is_bit_identical(model_dirs, tmp_path):
     import turn2_child as T2
     model = kt.use_kvtier(models.load(model_dirs["llama"]))
     vocab = model.config.vocab_size
-    with Daemon(slot_bytes=kt.contract_for(model, "bf16").block_bytes(), hbm="2GiB", host="2GiB", nvme="4GiB") as d:
+    with daemon_for(model) as d:
         client = kvtier.Client(d.socket, name="turn1", has_gpu=True)
         g = torch.Generator().manual_seed(11)
         p1 = torch.randint(1, vocab, (1, 300), generator=g).cuda()
@@ -306,7 +306,7 @@ def test_refusals(model_dirs, tmp_path):
     model = kt.use_kvtier(models.load(model_dirs["llama"]))
     other = kt.use_kvtier(models.load(model_dirs["mistral"]))
     ids = torch.randint(1, 4000, (1, 40)).cuda()
-    with Daemon(slot_bytes=kt.contract_for(model, "bf16").block_bytes(), hbm=None) as d:
+    with Daemon.shipped({}) as d:  # the shipped config has no HBM tier (tiers.hbm.capacity = 0)
         client = kvtier.Client(d.socket, name="nohbm", has_gpu=True)
         with pytest.raises(kt.UnsupportedModel, match="no HBM tier"):
             kt.prefix_cache(model, client, ids)
