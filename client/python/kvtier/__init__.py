@@ -996,6 +996,43 @@ class Client:
             raise KvtierError(6, f"host slot {s} is outside the host window")
         return off, n, staging
 
+    def host_slot_offsets(self, slots, contract) -> Tuple[List[int], int]:
+        """(offsets in host_arena()'s window, slot bytes) of host slots of one contract: each
+        checked as host_slot_address checks it, with one contract lookup for all of them."""
+        self._current_arena()
+        n = self.contract_slot(contract)[0]
+        if not self._mm:
+            raise KvtierError(6, "this client maps no host window (the daemon has no host tier)")
+        g, arena, total = self._granule, self._mm.arena_bytes, self._arena_bytes
+        out = []
+        for slot in slots:
+            if isinstance(slot, Slot):
+                if slot.tier != TIER_HOST:
+                    raise KvtierError(6, f"slot {slot.slot} is in {_TIER_NAMES.get(slot.tier, slot.tier)}, not host")
+                s = slot.slot
+            else:
+                s = int(slot)
+            off = s * g
+            if not 0 <= s < 2**32 or off + n > total:
+                raise KvtierError(6, f"host slot {s} is outside the host window")
+            if self._arena_private and off < arena and not any(p <= off < p + m for p, m in self._parts):
+                raise KvtierError(6, f"host slot {s} is in the arena, which this client does not map (the daemon "
+                                     "has tenants)")
+            out.append(off)
+        return out, n
+
+    def host_window(self):
+        """A ctypes byte array over this package's mapping of the whole host window (the
+        arena read-only, then the staging area), which keeps the mapping alive; None
+        without a host tier. Offsets are host_slot_offsets'."""
+        self._current_arena()
+        if not self._mm:
+            return None
+        arr = (ctypes.c_uint8 * self._arena_bytes).from_address(self._arena_base)
+        arr._kvtier_client = self
+        arr._kvtier_window = self._mm
+        return arr
+
     def host_slot_address(self, slot, contract=None) -> int:
         """Address of one host slot; valid while this Client or one of its views lives."""
         return self._arena_base + self._host_slot_place(slot, contract)[0]

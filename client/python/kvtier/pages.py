@@ -460,6 +460,12 @@ class BlockMover:
             self._v.append(v)
         self._copy_stream = None
         self._eng = self._engine_table(use_kernels)
+        # vLLM CPU pages as they are: each layer's blocks viewed [NB, H, 2, T, D] (a head's
+        # K rows then its V rows), in the element type a block's bytes are read as.
+        self._cpu_blocks = None
+        if layout.kind == "cpu" and mode == "as_is" and self.format in ("bf16", "fp8"):
+            et = torch.bfloat16 if self.format == "bf16" else torch.uint8
+            self._cpu_blocks = [c.view(et).view(layout.num_blocks, H, 2, T, D) for c in caches]
 
     def _engine_table(self, use_kernels: Optional[bool]):
         """Device table of every layer's K/V addresses for kvt_engine_pages, or None where
@@ -751,6 +757,10 @@ class BlockMover:
             et = torch.bfloat16 if fmt == "bf16" else torch.uint8
             for l in range(self.num_layers):
                 pg = self._layer(out, l).view(et).view(n, 2, H, T, D)
+                if self._cpu_blocks is not None:
+                    # vLLM CPU: a block is [H, 2, T, D] in one piece; one gather, one copy.
+                    pg.transpose(1, 2).copy_(self._cpu_blocks[l].index_select(0, ids))
+                    continue
                 pg[:, 0] = self._k[l][ids]
                 pg[:, 1] = self._v[l][ids]
             return out
@@ -825,6 +835,11 @@ class BlockMover:
             et = torch.bfloat16 if fmt == "bf16" else torch.uint8
             for l in range(L):
                 pg = self._layer(src, l).view(et).view(n, 2, H, T, D)
+                if self._cpu_blocks is not None:
+                    # vLLM CPU: each block's [H, 2, T, D] written in one piece per layer
+                    # (index_put through the K and V views is several times slower).
+                    self._cpu_blocks[l].index_copy_(0, ids, pg.transpose(1, 2))
+                    continue
                 self._k[l][ids] = pg[:, 0]
                 self._v[l][ids] = pg[:, 1]
             return []

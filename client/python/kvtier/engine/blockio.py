@@ -32,6 +32,33 @@ LOAD_CHUNK = 256
 ALLOC_WAIT_MS = 200
 
 
+def slot_rows(client: kvtier.Client, slots, contract_id: int, nbytes: int):
+    """The first nbytes of each host slot of `contract_id`, as rows of one uint8 tensor over
+    the shared host window: a 2-D [n, nbytes] view when the slots lie at one stride (a run
+    of staging slots, blocks acquired in a row), else a list of 1-D views. Writable for
+    staging slots; acquired slots are only read (the arena is mapped read-only)."""
+    import torch
+    offs, _ = client.host_slot_offsets(slots, contract_id)
+    win = _window_tensor(client)
+    if len(offs) > 1:
+        step = offs[1] - offs[0]
+        if step >= nbytes and all(offs[i + 1] - offs[i] == step for i in range(len(offs) - 1)):
+            return torch.as_strided(win, (len(offs), nbytes), (step, 1), offs[0])
+    return [win[o:o + nbytes] for o in offs]
+
+
+def _window_tensor(client: kvtier.Client):
+    """A uint8 tensor over the client's whole host window, made once per mapping."""
+    import torch
+    arr = client.host_window()
+    cached = getattr(client, "_kvtier_window_tensor", None)
+    if cached is not None and cached[0] == ctypes.addressof(arr) and cached[1].numel() == len(arr):
+        return cached[1]
+    t = torch.frombuffer(arr, dtype=torch.uint8)
+    client._kvtier_window_tensor = (ctypes.addressof(arr), t)
+    return t
+
+
 def slot_view(client: kvtier.Client, slot, contract_id: int, nbytes: int):
     """A uint8 torch tensor over nbytes of one host slot of `contract_id` in the shared host
     window (a staging slot, writable; or an acquired slot, only to be read)."""
@@ -73,8 +100,9 @@ class BlockIO:
              write: Callable[[list, int, int], None], parent: Optional[kvtier.Key] = None,
              copied: Optional[Callable[[], None]] = None) -> int:
         """Stores len(keys) blocks, a chain: keys[i]'s parent is keys[i - 1] (`parent` for
-        keys[0]). write(rows, i, m) writes blocks i .. i+m-1 into rows (m uint8 tensors of
-        the contract's block bytes, staging slots). copied() is called once the last
+        keys[0]). write(rows, i, m) writes blocks i .. i+m-1 into rows (slot_rows: a 2-D uint8
+        tensor of m rows of the contract's block bytes, or a list of m 1-D ones; staging
+        slots). copied() is called once the last
         write returned (before the last commit): the engine's pages are no longer read.
         Returns how many blocks kvtierd holds now with these bytes."""
         n = len(keys)
@@ -94,7 +122,7 @@ class BlockIO:
                         self.link.report("save", e, "those blocks are not cached")
                         return stored
                     try:
-                        write([slot_view(client, s, cid, bb) for s in lease.slots], done, m)
+                        write(slot_rows(client, lease.slots, cid, bb), done, m)
                         if done + m >= n and copied is not None:
                             copied()
                             copied = None
@@ -121,7 +149,7 @@ class BlockIO:
     def load(self, contract: kvtier.Contract, keys: Sequence[kvtier.Key],
              read: Callable[[list, int, int], Optional[int]]) -> int:
         """Loads the leading run of `keys` that kvtierd holds. read(rows, i, m) copies blocks
-        i .. i+m-1 out of rows (read-only views of the host arena) into the engine's pages
+        i .. i+m-1 out of rows (slot_rows' read-only views of the host arena) into the engine's pages
         and returns how many of them it took (None: all); fewer ends the load. Returns how
         many leading blocks were loaded."""
         n = len(keys)
@@ -143,7 +171,7 @@ class BlockIO:
                         got = len(lease.slots)
                         took = got
                         if got:
-                            r = read([slot_view(client, s, cid, bb) for s in lease.slots], done, got)
+                            r = read(slot_rows(client, lease.slots, cid, bb), done, got)
                             took = got if r is None else max(0, min(int(r), got))
                     finally:
                         self._release(client, lease)
