@@ -147,7 +147,7 @@ def t_outage_kill9_misses_then_caches_again():
             run(conn.put(key(22), b))
             return run(conn.exists(key(22)))
         assert _until(put_and_find), "the connector did not reattach"
-        assert any("is back" in ln for ln in lines), lines
+        assert any("is back; caching again" in ln for ln in lines), lines
         got = run(conn.get(key(22)))
         assert got is not None and torch.equal(got.tensor.view(torch.int16), b.tensor.view(torch.int16))
         run(conn.close())

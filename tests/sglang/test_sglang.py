@@ -448,7 +448,7 @@ def t_outage_kill9_misses_then_caches_again():
         assert len(gone) == 1, lines
         d.start()
         assert _until(lambda: b.batch_set_v1(kb, pool.indices([3, 4, 5])) == [True] * 3), "no reattach"
-        assert any("is back" in ln for ln in lines), lines
+        assert any("is back; caching again" in ln for ln in lines), lines
         assert b.batch_exists(kb) == 3
         assert b.batch_get_v1(kb, pool.indices([6, 7, 8])) == [True] * 3   # into other pages of the pool
         for i, (p, q) in enumerate(zip([3, 4, 5], [6, 7, 8])):

@@ -9,7 +9,9 @@ difference is the same with log-probabilities within a tolerance, and at the fir
 (if any) both runs rank the two tokens within twice the tolerance of each other (a near-tie
 that another kernel's rounding may flip). The tolerance is measured in the run: the largest
 log-probability difference of one prompt computed alone and in a batch of two (the CPU
-kernels' batch dependence), times four, at least TOL_FLOOR and at most TOL_CAP. Every
+kernels' batch dependence) and of one prompt computed whole and as its tail over a prefix
+in vLLM's own prefix cache (the prefill-shape dependence a load brings too), times four, at
+least TOL_FLOOR and at most TOL_CAP. Every
 reference is the same engine computing with kvtier loading nothing (the first run, a salt
 with no blocks, or the connector off) under the same batching: one request at a time, or the
 same two requests sent together to an engine of the same KV cache size.
@@ -173,9 +175,9 @@ class Kvtierd:
 
 class Vllm:
     def __init__(self, name, model, folder, daemon_socket, extra=None, port=None, max_model_len=1024,
-                 connector=True, kv_cache_blocks=None, kv_cache_dtype=None):
+                 connector=True, kv_cache_blocks=None, kv_cache_dtype=None, prefix_caching=False):
         self.name, self.model, self.port = name, model, port or free_port()
-        self.max_model_len, self.connector = max_model_len, connector
+        self.max_model_len, self.connector, self.prefix_caching = max_model_len, connector, prefix_caching
         self.kv_cache_dtype = kv_cache_dtype
         # A KV cache of exactly this many usable blocks (BLOCK tokens of the test model each;
         # vLLM keeps one more aside, its null block), to make vLLM preempt; default: room for
@@ -192,7 +194,8 @@ class Vllm:
                "kv_connector_extra_config": dict({"socket": self.socket}, **self.extra)}
         cmd = ["vllm", "serve", self.model, "--host", "127.0.0.1", "--port", str(self.port),
                "--served-model-name", "tiny", "--dtype", "bfloat16", "--enforce-eager",
-               "--no-enable-prefix-caching", "--disable-hybrid-kv-cache-manager", "--block-size", str(BLOCK),
+               "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching",
+               "--disable-hybrid-kv-cache-manager", "--block-size", str(BLOCK),
                "--max-model-len", str(self.max_model_len), "--max-num-seqs", "2",
                "--max-num-batched-tokens", str(self.max_model_len),
                "--kv-cache-memory-bytes", str(self.kv_bytes), "--seed", "0"]
@@ -326,6 +329,40 @@ def agree(ref, got, tol):
     return True, f"all {n} tokens equal, max |dlogprob| {worst:.4f} (tolerance {tol:.3f})"
 
 
+def distance(a, b):
+    """The largest log-probability difference of two outputs of one prompt: of each token
+    while both chose the same, and where they part, of the tokens both rank in their top 5."""
+    worst = 0.0
+    for i in range(min(len(a.tokens), len(b.tokens))):
+        if a.tokens[i] != b.tokens[i]:
+            both = set(a.top[i]) & set(b.top[i])
+            return max([worst] + [abs(a.top[i][t] - b.top[i][t]) for t in both])
+        worst = max(worst, abs(a.lps[i] - b.lps[i]))
+    return worst
+
+
+def prefill_noise(full, cached, seed):
+    """The largest log-probability difference of one prompt computed in one prefill (engine
+    `full`, under a salt that holds no blocks) and computed as its tail over a cached prefix
+    (engine `cached`: vLLM's own prefix cache on, the connector off), the prefix computed
+    before by another prompt: how much this CPU's kernels depend on the prefill's shape,
+    which a prefix loaded from kvtier brings too."""
+    head = prompt(seed, 16 * BLOCK)
+    a, b = head + prompt(seed + 1, 3 * BLOCK), head + prompt(seed + 2, 3 * BLOCK)
+    cached.complete(a)
+    return distance(full.complete(b, salt=f"noise-{seed}"), cached.complete(b))
+
+
+def tolerance(batch, prefill):
+    """The log-probability tolerance of every comparison, from the noise measured in the run."""
+    tol = min(max(4 * max(batch, prefill), TOL_FLOOR), TOL_CAP)
+    print(f"noise: batch {batch:.4f}, prefill shape {prefill:.4f} nats; log-probability tolerance {tol:.3f}",
+          flush=True)
+    check("the CPU's noise leaves a tolerance that can fail", 4 * max(batch, prefill) <= TOL_CAP,
+          f"noise x 4 > {TOL_CAP} nats")
+    return tol
+
+
 def batch_noise(v, p1, p2):
     """The largest log-probability difference of prompt p1 computed alone and computed in
     the same steps as p2 (both sent together), on engine v, under salts that hold no blocks
@@ -341,16 +378,7 @@ def batch_noise(v, p1, p2):
         t.start()
     for t in ts:
         t.join(REQUEST_TIMEOUT_S + 30)
-    batched = outs[0]
-    worst = 0.0
-    for i in range(min(len(alone.tokens), len(batched.tokens))):
-        if alone.tokens[i] != batched.tokens[i]:
-            # Where the greedy paths part, compare the two runs' log-probabilities of one token.
-            both = set(alone.top[i]) & set(batched.top[i])
-            worst = max([worst] + [abs(alone.top[i][t] - batched.top[i][t]) for t in both])
-            break
-        worst = max(worst, abs(alone.lps[i] - batched.lps[i]))
-    return worst
+    return distance(alone, outs[0])
 
 
 def make_model(out, seed):
@@ -523,17 +551,22 @@ def run(a, work, procs):
 
     A, B, C = prompt(1), prompt(2), prompt(3)
     v1 = Vllm("a1", model_a, work, d.socket)
-    procs.append(v1)
-    v1.start()
+    # The tolerance's prefill-shape noise: model a with vLLM's own prefix cache, no connector.
+    vpc = Vllm("a-prefix-cache", model_a, work, d.socket, connector=False, prefix_caching=True)
+    for v in (v1, vpc):
+        procs.append(v)
+        v.launch()
+    for v in (v1, vpc):
+        v.wait_ready()
 
     # The tolerance of every output comparison, measured on this CPU.
     n_pre = d.counters()["host"].blocks
     noise = batch_noise(v1, prompt(90), prompt(91))
-    d.stored(n_pre + 3 * full_blocks)  # its three salted runs' saves end before (a) counts blocks
-    tol = min(max(4 * noise, TOL_FLOOR), TOL_CAP)
-    print(f"batch noise {noise:.4f} nats; log-probability tolerance {tol:.3f}", flush=True)
-    check("the CPU's batch noise leaves a tolerance that can fail", 4 * noise <= TOL_CAP,
-          f"batch noise {noise:.4f} nats x 4 > {TOL_CAP}")
+    pnoise = prefill_noise(v1, vpc, 93)
+    vpc.stop()
+    # The salted runs' saves (3 of 600 tokens, 1 of 608) end before (a) counts blocks.
+    d.stored(n_pre + 4 * full_blocks + 1)
+    tol = tolerance(noise, pnoise)
 
     # (a) stores
     c0 = d.counters()["host"]

@@ -766,6 +766,10 @@ class RecomputeCache:
     def cached_tokens(self) -> List[int]:
         return [0] * getattr(self, "_kvtier_rows", 0)
 
+    @property
+    def hit_tiers(self) -> List[List[str]]:
+        return [[] for _ in range(getattr(self, "_kvtier_rows", 0))]
+
     def __enter__(self):
         return self
 
