@@ -23,7 +23,10 @@ the last completion); the deltas of vLLM's Prometheus counters over the run, whe
 0.32 separates its own prefix-cache hits (vllm:prefix_cache_hits) from a KV connector's
 (vllm:external_prefix_cache_hits), and counts prompt tokens by where they came from
 (vllm:prompt_tokens_by_source{source="local_compute"|"local_cache_hit"|
-"external_kv_transfer"}); each watched process's peak resident memory (VmHWM of the
+"external_kv_transfer"}), and cached tokens by the tier that supplied them
+(vllm:prompt_tokens_cached_by_source{source="device"|"host"|"disk"|"p2p"|
+"external_unspecified"}: vLLM's offloading connectors name their tier, other connectors
+count as external_unspecified); each watched process's peak resident memory (VmHWM of the
 process and of every descendant, read at the end, and the peak of their sum, polled);
 bytes written to disk (kvtierd's NVMe tier counter through `kvtierctl stats`, and the
 growth of any --disk-dir folder).
@@ -222,14 +225,29 @@ def descendants(root):
     return out
 
 
+def _pss_kib(pid):
+    """Proportional set size (shared pages split among the processes mapping them)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for ln in f:
+                if ln.startswith("Pss:"):
+                    return int(ln.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 class MemoryWatch:
-    """Polls the resident memory of each watched process tree every `period_s`; keeps the
-    peak of each tree's sum and, at stop(), each live process's VmHWM (its own peak)."""
+    """Polls the memory of each watched process tree every `period_s`; keeps the peak of
+    each tree's RSS sum and PSS sum (PSS splits a shared page, such as kvtierd's host
+    arena mapped by an engine, among the processes that map it, so sums do not count it
+    twice) and, at stop(), each live process's VmHWM (its own RSS peak)."""
 
     def __init__(self, pids, period_s=0.5):
         self.roots = {int(p) for p in pids}
         self.period = period_s
         self.peak_tree_kib = {p: 0 for p in self.roots}
+        self.peak_tree_pss_kib = {p: 0 for p in self.roots}
         self.hwm = {}
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -241,17 +259,19 @@ class MemoryWatch:
 
     def _sample(self, final=False):
         for r in self.roots:
-            total = 0
+            total = pss = 0
             for p in descendants(r):
                 s = _status(p)
                 if not s:
                     continue
                 total += _kib(s.get("VmRSS"))
+                pss += _pss_kib(p)
                 if final or p not in self.hwm:
                     self.hwm[p] = {"root": r, "name": s.get("Name", "?"), "vm_hwm_kib": _kib(s.get("VmHWM"))}
                 else:
                     self.hwm[p]["vm_hwm_kib"] = max(self.hwm[p]["vm_hwm_kib"], _kib(s.get("VmHWM")))
             self.peak_tree_kib[r] = max(self.peak_tree_kib[r], total)
+            self.peak_tree_pss_kib[r] = max(self.peak_tree_pss_kib[r], pss)
 
     def _run(self):
         while not self._stop.wait(self.period):
@@ -264,6 +284,7 @@ class MemoryWatch:
         if self.roots:
             self._sample(final=True)
         return {"peak_tree_rss_mib": {str(r): round(v / 1024, 1) for r, v in self.peak_tree_kib.items()},
+                "peak_tree_pss_mib": {str(r): round(v / 1024, 1) for r, v in self.peak_tree_pss_kib.items()},
                 "processes": [{"pid": p, "root": v["root"], "name": v["name"],
                                "vm_hwm_mib": round(v["vm_hwm_kib"] / 1024, 1)}
                               for p, v in sorted(self.hwm.items())]}
@@ -424,7 +445,12 @@ def split_sources(vd):
         "external_queries": g("vllm:external_prefix_cache_queries"),
         "external_hits": g("vllm:external_prefix_cache_hits"),
     }
-    return {k: int(v) for k, v in out.items()}
+    out = {k: int(v) for k, v in out.items()}
+    # the tier that supplied each cached token (device = vLLM's own prefix cache; host,
+    # disk, p2p where a connector reports its tier; external_unspecified otherwise)
+    pre = "vllm:prompt_tokens_cached_by_source{source="
+    out["cached_by_source"] = {k[len(pre):-1]: int(v) for k, v in vd.items() if k.startswith(pre)}
+    return out
 
 
 def _ms(x):
