@@ -139,7 +139,7 @@ def scrape_vllm(base):
         if not m or not _KEEP.search(m.group(1)):
             continue
         name = m.group(1)
-        if name.endswith(("_bucket", "_created")):
+        if name.endswith(("_bucket", "_created", "_count", "_sum")):  # histograms
             continue
         labels = dict(re.findall(r'(\w+)="((?:\\.|[^"\\])*)"', m.group(3) or ""))
         keep = ",".join(f"{k}={labels[k]}" for k in _LABEL_KEEP if k in labels)

@@ -24,13 +24,14 @@ Configurations (--configs, comma-separated):
   simple-cpu     vLLM's SimpleCPUOffloadConnector, cpu_bytes_to_use = budget.
 
 Every configuration but vLLM alone gets the base KV cache in vLLM and the budget in its
-tier. Budgets (--budgets): sizes (512MiB, 2GiB) or "ws" / "ws/4": the workload's working
+tier. vLLM's own KV cache (--kv-base) defaults to two requests of --max-model-len: smaller
+than the working set, so that prefixes leave it and come back from the tier. Budgets (--budgets): sizes (512MiB, 2GiB) or "ws" / "ws/4": the workload's working
 set (its distinct full blocks x the model's BF16 KV bytes per block) or a quarter of it.
 
 A configuration that does not start, or fails during the run, keeps its row with the
 error: the root exception of the server's log and the file:line in vLLM (or kvtier) it was
 raised at. --smoke: the tiny model, a dozen agentic requests, budget "ws"; a few minutes
-per configuration on a 2-core machine.
+per configuration on a 2-core machine (most of it vLLM's start).
 """
 import argparse
 import datetime
@@ -82,6 +83,7 @@ def free_port():
 # ---- errors from a server log --------------------------------------------------------------
 
 _PREFIX = re.compile(r"^\((?:EngineCore|APIServer|Worker)[\w]* pid=\d+\)\s?")
+_LOGHEAD = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] ?")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 _EXC = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)|[A-Za-z_][\w.]*Error)(:.*)?$")
 
@@ -90,7 +92,7 @@ def root_error(log_text):
     """(exception line, "path:line" of its deepest vLLM or kvtier frame) of the first
     traceback in a server log whose exception is not vLLM's wrapper ("Engine core
     initialization failed"); (None, None) when there is none."""
-    lines = [_PREFIX.sub("", ln) for ln in log_text.splitlines()]
+    lines = [_LOGHEAD.sub("", _PREFIX.sub("", ln)) for ln in log_text.splitlines()]
     blocks, cur = [], None
     for ln in lines:
         if "Traceback (most recent call last)" in ln:
@@ -103,9 +105,8 @@ def root_error(log_text):
         if m:
             cur["frames"].append((m.group(1), int(m.group(2))))
             continue
-        body = re.sub(r"^(ERROR|WARNING|INFO)\s+\S+\s+\S+\s+\[[^\]]*\]\s*", "", ln.strip())
-        if _EXC.match(body):
-            cur["exc"] = body
+        if _EXC.match(ln.strip()):
+            cur["exc"] = ln.strip()
     picked = None
     for b in blocks:
         if b["exc"] and "Engine core initialization failed" not in b["exc"]:
@@ -127,16 +128,22 @@ def root_error(log_text):
 
 
 def error_lines(log_text, limit=3):
-    """The first distinct ERROR lines of a server log (timestamps dropped)."""
+    """The first distinct ERROR lines of a server log that are not traceback lines, each
+    as "message [logger's file:line]"."""
     out = []
+    head = re.compile(r"^(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[([^\]]*)\] ?(.*)$")
     for ln in log_text.splitlines():
-        ln = _PREFIX.sub("", ln)
-        if ln.startswith("ERROR") or " ERROR " in ln[:40]:
-            msg = re.sub(r"^ERROR\s+\S+\s+\S+\s+", "", ln).strip()
-            if msg and msg not in out:
-                out.append(msg[:400])
-            if len(out) >= limit:
-                break
+        m = head.match(_PREFIX.sub("", ln))
+        if not m:
+            continue
+        msg = m.group(2)
+        if not msg.strip() or msg[0].isspace() or msg.startswith("Traceback") or set(msg.strip()) <= set("^~ "):
+            continue
+        msg = f"{msg.strip()[:400]} [{m.group(1)}]"
+        if msg not in out:
+            out.append(msg)
+        if len(out) >= limit:
+            break
     return out
 
 
@@ -378,7 +385,7 @@ def main():
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--kv-base", default=None,
-                    help="vLLM's own KV cache (default: 4 x --max-prompt tokens of the model)")
+                    help="vLLM's own KV cache (default: 2 x --max-model-len tokens of the model)")
     ap.add_argument("--alone-kv", default="base+budget", choices=("base+budget", "base"))
     ap.add_argument("--nvme-capacity", default=None, help="kvtierd's tiers.nvme.capacity (default: shipped)")
     ap.add_argument("--max-inflight", type=int, default=64)
@@ -396,8 +403,8 @@ def main():
         if "--workload" not in sys.argv:
             a.workload = "agentic"
         if a.workload == "agentic":
-            a.requests = a.requests or 12
-            a.agentic_sessions, a.agentic_system_prompts = 3, 1
+            a.requests = a.requests or 16
+            a.agentic_sessions, a.agentic_system_prompts = 4, 1
             a.agentic_system_tokens, a.agentic_first_turn_tokens, a.agentic_turn_tokens = 512, 256, 128
             a.agentic_max_turns = 4
         a.max_prompt = min(a.max_prompt, 1024)
@@ -405,7 +412,8 @@ def main():
         a.rate = a.rate if "--rate" in sys.argv else 0.5
     a.model_size = a.model_size or "serve"
     a.budgets = a.budgets or "ws,ws/4"
-    a.max_model_len = a.max_model_len or max(2048, a.max_prompt + a.max_output + a.block_size)
+    bs = a.block_size
+    a.max_model_len = a.max_model_len or (a.max_prompt + a.max_output + 2 * bs - 1) // bs * bs
 
     os.makedirs(a.out, exist_ok=True)
     work = os.path.abspath(a.out)
@@ -427,7 +435,7 @@ def main():
         geo = dict(layers=c["num_hidden_layers"], kv_heads=c["num_key_value_heads"],
                    head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
     per_tok = kv_bytes_per_token(geo)
-    a.kv_base_bytes = parse_size(a.kv_base) if a.kv_base else 4 * a.max_prompt * per_tok
+    a.kv_base_bytes = parse_size(a.kv_base) if a.kv_base else 2 * a.max_model_len * per_tok
 
     reqs = RC.build_workload(a)
     ws_tokens = W.working_set_tokens(reqs, a.block_size)
