@@ -1,17 +1,20 @@
 """Writes a random-weight Llama and a local tokenizer into a folder, for the serving
 benchmark (nothing is downloaded; no model hub is reached).
 
-    python bench/serve/make_model.py OUT_DIR [--size serve|smoke] [--layers N --hidden N ...]
+    python bench/serve/make_model.py OUT_DIR [--size tiny|wide] [--layers N --hidden N ...]
 
 Sizes (--size; each field can be overridden by its flag):
 
-  smoke  2 layers, hidden 256, 4 query heads over 2 KV heads of head_dim 64,
-         intermediate 512: the vLLM tests' tiny model (tests/vllm/make_model.py), 2 KiB of
-         KV per token (BF16).
-  serve  4 layers, hidden 512, 8 query heads over 4 KV heads of head_dim 64,
-         intermediate 1,536: a model whose 4,000-token prefill takes about a second on
-         vLLM's CPU backend on a 2-core machine (bench/README.md "serve" has the measured
-         time). 8 KiB of KV per token.
+  tiny  2 layers, hidden 256, 4 query heads over 2 KV heads of head_dim 64,
+        intermediate 512: the vLLM tests' model (tests/vllm/make_model.py), 1 KiB of KV
+        per token (BF16). A 4,000-token prefill on vLLM's CPU backend (which computes on
+        one core of two and keeps the other for itself) took a median 2.7 s on the 2-core
+        development machine under a load average of 5 to 6 (bench/serve/prefill_time.py),
+        0.97 s in an earlier, quieter run (bench/README.md "vllm"): the model of about a
+        second per 4,000 tokens that the benchmark runs.
+  wide  4 layers, hidden 512, 8 query heads over 4 KV heads of head_dim 64,
+        intermediate 1,536 (4 KiB of KV per token): 24.3 s for the same prefill on the same
+        machine, too slow here; for machines with more cores.
 
 The tokenizer is a byte-level BPE trained on a fixed text and padded with added tokens up
 to the vocabulary (default 512), so every id the model can emit decodes. Weights are drawn
@@ -24,8 +27,8 @@ import json
 import os
 
 SIZES = {
-    "smoke": dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512),
-    "serve": dict(layers=4, hidden=512, heads=8, kv_heads=4, head_dim=64, intermediate=1536),
+    "tiny": dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512),
+    "wide": dict(layers=4, hidden=512, heads=8, kv_heads=4, head_dim=64, intermediate=1536),
 }
 
 _TEXT = """The quick brown fox jumps over the lazy dog. A tiered cache keeps the keys and values of
@@ -54,7 +57,7 @@ def make_tokenizer(out, vocab):
     return fast
 
 
-def geometry(size="serve", **over):
+def geometry(size="tiny", **over):
     g = dict(SIZES[size])
     g.update({k: v for k, v in over.items() if v is not None})
     return g
@@ -68,7 +71,7 @@ def kv_bytes_per_token(g, dtype_bytes=2):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--size", default="serve", choices=sorted(SIZES))
+    ap.add_argument("--size", default="tiny", choices=sorted(SIZES))
     for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, default=None)
     ap.add_argument("--vocab", type=int, default=512)

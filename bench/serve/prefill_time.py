@@ -1,6 +1,6 @@
 """Time of one long prefill on vLLM alone: what the serving benchmark's model costs here.
 
-    python bench/serve/prefill_time.py [--size serve] [--tokens 4000] [--reps 3]
+    python bench/serve/prefill_time.py [--size tiny|wide] [--tokens 4000] [--reps 3]
 
 Starts `vllm serve` on the model (written by make_model.py into a temp folder unless
 --model names one), prefix caching off, and sends --reps fresh random prompts of --tokens
@@ -24,7 +24,7 @@ import workload as W  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--size", default="serve")
+    ap.add_argument("--size", default="tiny")
     ap.add_argument("--model", default=None)
     ap.add_argument("--tokens", type=int, default=4000)
     ap.add_argument("--reps", type=int, default=3)

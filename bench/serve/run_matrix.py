@@ -30,7 +30,7 @@ set (its distinct full blocks x the model's BF16 KV bytes per block) or a quarte
 
 A configuration that does not start, or fails during the run, keeps its row with the
 error: the root exception of the server's log and the file:line in vLLM (or kvtier) it was
-raised at. --smoke: the tiny model, a dozen agentic requests, budget "ws"; a few minutes
+raised at. --smoke: 16 agentic requests of at most 1,024 tokens, budget "ws"; a few minutes
 per configuration on a 2-core machine (most of it vLLM's start).
 """
 import argparse
@@ -380,7 +380,7 @@ def main():
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--budgets", default=None, help='default "ws,ws/4" ("ws" with --smoke)')
     ap.add_argument("--model", default=None, help="a model folder (default: written by make_model.py)")
-    ap.add_argument("--model-size", default=None, choices=("serve", "smoke"))
+    ap.add_argument("--model-size", default="tiny", choices=("tiny", "wide"), help="make_model.py --size")
     ap.add_argument("--block-size", type=int, default=32, help="vLLM's --block-size (CPU: a multiple of 32)")
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--max-num-seqs", type=int, default=8)
@@ -398,7 +398,6 @@ def main():
     ap.set_defaults(sample=0.1, rate=1.0)
     a = ap.parse_args()
     if a.smoke:
-        a.model_size = a.model_size or "smoke"
         a.budgets = a.budgets or "ws"
         if "--workload" not in sys.argv:
             a.workload = "agentic"
@@ -410,7 +409,6 @@ def main():
         a.max_prompt = min(a.max_prompt, 1024)
         a.max_output = min(a.max_output, 8)
         a.rate = a.rate if "--rate" in sys.argv else 0.5
-    a.model_size = a.model_size or "serve"
     a.budgets = a.budgets or "ws,ws/4"
     bs = a.block_size
     a.max_model_len = a.max_model_len or (a.max_prompt + a.max_output + 2 * bs - 1) // bs * bs
