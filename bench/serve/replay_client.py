@@ -159,6 +159,8 @@ def delta(after, before):
 def kvtier_stats(kvtierctl, socket_path):
     """{tier: {bytes_written, bytes_read, hits, ...}} from `kvtierctl stats --json`, or
     {"_error": ...}."""
+    if not (kvtierctl and os.access(kvtierctl, os.X_OK)):
+        return _kvtier_stats_python(socket_path, f"{kvtierctl} not found")
     try:
         p = subprocess.run([kvtierctl, "--socket", socket_path, "stats", "--json"], capture_output=True,
                            text=True, timeout=60)
@@ -176,6 +178,19 @@ def kvtier_stats(kvtierctl, socket_path):
     if not out:
         out["_raw"] = doc
     return out
+
+
+def _kvtier_stats_python(socket_path, why):
+    """The same counters through the kvtier Python package (where kvtierctl is missing)."""
+    try:
+        import dataclasses
+
+        import kvtier
+        with kvtier.Client(socket_path, name="serve-bench-stats", timeout_ms=10000) as c:
+            return {s.tier: {k: v for k, v in dataclasses.asdict(s).items() if isinstance(v, (int, float))}
+                    for s in c.stats() if s.present}
+    except Exception as e:  # the run goes on without the daemon's counters
+        return {"_error": f"{why}; kvtier.Client: {type(e).__name__}: {e}"}
 
 
 def dir_bytes(path):
@@ -421,10 +436,12 @@ def replay(url, model, reqs, label="run", max_inflight=64, timeout_s=600.0, watc
            "first_error": next((r["error"] for r in records if r and "error" in r), None)}
     if kvtier_socket:
         res["kvtier_stats_before"], res["kvtier_stats_after"] = kv0, kv1
-        try:
-            summary["nvme_bytes_written"] = kv1["nvme"]["bytes_written"] - kv0["nvme"]["bytes_written"]
-        except (KeyError, TypeError):
-            summary["nvme_bytes_written"] = None
+        for tier, key, name in (("nvme", "bytes_written", "nvme_bytes_written"), ("host", "hits", "kvtier_host_hits"),
+                                ("nvme", "hits", "kvtier_nvme_hits"), ("host", "bytes_written", "kvtier_host_bytes_written")):
+            try:
+                summary[name] = kv1[tier][key] - kv0[tier][key]
+            except (KeyError, TypeError):
+                summary[name] = None
     if disk_dirs:
         res["disk_bytes"] = {d: {"before": disk0[d], "after": disk1[d]} for d in disk_dirs}
         summary["disk_bytes_grown"] = sum(disk1[d] - disk0[d] for d in disk_dirs)
