@@ -24,8 +24,9 @@ Configurations (--configs, comma-separated):
   simple-cpu     vLLM's SimpleCPUOffloadConnector, cpu_bytes_to_use = budget.
 
 Every configuration but vLLM alone gets the base KV cache in vLLM and the budget in its
-tier. vLLM's own KV cache (--kv-base) defaults to two requests of --max-model-len: smaller
-than the working set, so that prefixes leave it and come back from the tier. Budgets (--budgets): sizes (512MiB, 2GiB) or "ws" / "ws/4": the workload's working
+tier. vLLM's own KV cache (--kv-base) defaults to two requests of --max-model-len (one with
+--smoke) and vLLM's null block: smaller than the working set, so that prefixes leave it
+and come back from the tier. Budgets (--budgets): sizes (512MiB, 2GiB) or "ws" / "ws/4": the workload's working
 set (its distinct full blocks x the model's BF16 KV bytes per block) or a quarter of it.
 
 A configuration that does not start, or fails during the run, keeps its row with the
@@ -85,7 +86,7 @@ def free_port():
 _PREFIX = re.compile(r"^\((?:EngineCore|APIServer|Worker)[\w]* pid=\d+\)\s?")
 _LOGHEAD = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] ?")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
-_EXC = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)|[A-Za-z_][\w.]*Error)(:.*)?$")
+_EXC = re.compile(r"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit|Interrupt|Failure))(:.*)?$")
 
 
 def root_error(log_text):
@@ -125,6 +126,25 @@ def root_error(log_text):
         path, line = picked["frames"][-1]
         where = f"{path}:{line}"
     return picked["exc"], where
+
+
+def connector_warnings(log_text, limit=3):
+    """The first distinct WARNING or ERROR lines of a server log that come from a KV
+    connector (kvtier, LMCache, vLLM's offloading code), as "message [file:line]"."""
+    out = []
+    head = re.compile(r"^(?:WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[([^\]]*)\] ?(.*)$")
+    for ln in log_text.splitlines():
+        m = head.match(_PREFIX.sub("", ln))
+        if not m or not re.search(r"kvtier|lmcache|offload|connector", m.group(0), re.I):
+            continue
+        if m.group(2)[:1].isspace() or "experimental" in m.group(2):
+            continue
+        msg = f"{m.group(2).strip()[:300]} [{m.group(1)}]"
+        if msg not in out:
+            out.append(msg)
+        if len(out) >= limit:
+            break
+    return out
 
 
 def error_lines(log_text, limit=3):
@@ -310,6 +330,9 @@ def run_one(a, cfg, budget, model, reqs, work, env, py):
                 exc, where = root_error(text)
                 if exc:
                     rec["server_exception"], rec["server_exception_at"] = exc, where
+            warns = connector_warnings(text)
+            if warns:
+                rec["connector_warnings"] = warns
             if daemon:
                 rec["kvtierd_log_tail"] = daemon.tail(10)
         finally:
@@ -346,6 +369,8 @@ def row_cells(r):
         note = "server log: " + r["server_errors"][0]
         if r.get("server_exception"):
             note += f"; {r['server_exception']} ({r.get('server_exception_at')})"
+    if not note and r.get("connector_warnings"):
+        note = "warning: " + r["connector_warnings"][0]
     if s and s.get("errors"):
         note = (note + "; " if note else "") + f"{s['errors']} requests failed: {(res.get('first_error') or '')[:200]}"
     return [r["config"], fmt_size(r["budget_bytes"]),
@@ -433,7 +458,10 @@ def main():
         geo = dict(layers=c["num_hidden_layers"], kv_heads=c["num_key_value_heads"],
                    head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
     per_tok = kv_bytes_per_token(geo)
-    a.kv_base_bytes = parse_size(a.kv_base) if a.kv_base else 2 * a.max_model_len * per_tok
+    if a.kv_base:
+        a.kv_base_bytes = parse_size(a.kv_base)
+    else:  # two requests of max_model_len; one with --smoke (its few requests come one at a time)
+        a.kv_base_bytes = ((1 if a.smoke else 2) * a.max_model_len + a.block_size) * per_tok
 
     reqs = RC.build_workload(a)
     ws_tokens = W.working_set_tokens(reqs, a.block_size)
