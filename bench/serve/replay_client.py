@@ -493,6 +493,9 @@ def plot_cdf(curves, path, title="TTFT"):
         ys = [(i + 1) / len(xs) for i in range(len(xs))]
         ax.step(xs, ys, where="post", label=f"{label} (n={len(xs)})")
     ax.set_xscale("log")
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("time to first token (ms, log scale)")
     ax.set_ylabel("fraction of requests")
     ax.set_ylim(0, 1.0)
