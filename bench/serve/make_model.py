@@ -10,8 +10,8 @@ Sizes (--size; each field can be overridden by its flag):
         per token (BF16). A 4,000-token prefill on vLLM's CPU backend (which computes on
         one core of two and keeps the other for itself) took a median 2.7 s on the 2-core
         development machine under a load average of 5 to 6 (bench/serve/prefill_time.py),
-        0.97 s in an earlier, quieter run (bench/README.md "vllm"): the model of about a
-        second per 4,000 tokens that the benchmark runs.
+        0.97 s in an earlier run (bench/README.md "vllm"). The benchmark's model: the
+        closest to a second per 4,000 tokens that runs here.
   wide  4 layers, hidden 512, 8 query heads over 4 KV heads of head_dim 64,
         intermediate 1,536 (4 KiB of KV per token): 24.3 s for the same prefill on the same
         machine, too slow here; for machines with more cores.

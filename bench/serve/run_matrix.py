@@ -170,8 +170,8 @@ def error_lines(log_text, limit=3):
 # ---- processes -----------------------------------------------------------------------------
 
 class Server:
-    """`vllm serve` in its own session (its engine core is a child process; stop() signals
-    the group by its id)."""
+    """`vllm serve` in a process group of its own (its engine core and worker are child
+    processes; stop() signals the group by its id)."""
 
     def __init__(self, name, cmd, env, log):
         self.name, self.cmd, self.env, self.log = name, cmd, env, log
