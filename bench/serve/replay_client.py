@@ -523,8 +523,9 @@ def add_workload_args(ap):
                         "by a fixed hash): every kept request keeps all it shares")
     g.add_argument("--skip", type=int, default=0, help="Mooncake: trace lines skipped first")
     g.add_argument("--requests", type=int, default=None, help="at most this many requests (after --sample)")
-    g.add_argument("--rate", type=float, default=None, help="arrivals evenly spaced at this many req/s (0 or unset: the source's times x --time-scale; "
-                        "run_matrix's default is 1)")
+    g.add_argument("--rate", type=float, default=None,
+                   help="arrivals evenly spaced at this many req/s (0 or unset: the source's times x "
+                        "--time-scale; run_matrix's default is 1)")
     g.add_argument("--time-scale", type=float, default=1.0,
                    help="without --rate: arrival = the source's time x this (Mooncake ms timestamps, or "
                         "the agentic generator's Poisson times at --agentic-rate)")
