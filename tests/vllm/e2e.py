@@ -9,9 +9,9 @@ difference is the same with log-probabilities within a tolerance, and at the fir
 (if any) both runs rank the two tokens within twice the tolerance of each other (a near-tie
 that another kernel's rounding may flip). The tolerance is measured in the run: the largest
 log-probability difference of one prompt computed alone and in a batch of two (the CPU
-kernels' batch dependence) and of one prompt computed whole and as its tail over a prefix
-in vLLM's own prefix cache (the prefill-shape dependence a load brings too), times four, at
-least TOL_FLOOR and at most TOL_CAP. Every
+kernels' batch dependence), of one prompt computed whole and as its tail over a prefix in
+vLLM's own prefix cache (the prefill-shape dependence a load brings too) and of prompts
+computed by two engine processes, times four, at least TOL_FLOOR and at most TOL_CAP. Every
 reference is the same engine computing with kvtier loading nothing (the first run, a salt
 with no blocks, or the connector off) under the same batching: one request at a time, or the
 same two requests sent together to an engine of the same KV cache size.
@@ -86,10 +86,13 @@ PREEMPT_BLOCKS = 24   # (k): a3's KV cache, in blocks
 PREEMPT_PROMPT = 370  # (k): 12 blocks at prefill, 13 after MAX_TOKENS
 MAX_TOKENS = 16
 START_TIMEOUT_S = float(os.environ.get("KVTIER_VLLM_START_TIMEOUT", "420"))
-# Log-probability tolerance (nats): measured batch noise x 4, clamped to [TOL_FLOOR, TOL_CAP].
-# The floor is a few BF16 roundings of a logit; the cap keeps the check able to fail (a wrong
-# block moves log-probabilities by whole nats: the planted-block control shows it).
-TOL_FLOOR, TOL_CAP = 0.05, 1.0
+# Log-probability tolerance (nats): the noise measured in the run x 4, clamped to [TOL_FLOOR,
+# TOL_CAP]. The floor covers noise a short measurement misses: two vLLM CPU engines computing
+# the same prompt the same way were seen 0.05 to 0.09 nats apart on a loaded 2-core machine
+# (the kernels' results depend on more than the batch, the load among it). The cap keeps the
+# check able to fail: a wrong block moves log-probabilities by whole nats (the planted-block
+# control shows it).
+TOL_FLOOR, TOL_CAP = 0.25, 1.0
 REQUEST_TIMEOUT_S = 180.0
 
 results = {"passed": 0, "failed": 0, "skipped": 0}
@@ -353,13 +356,19 @@ def prefill_noise(full, cached, seed):
     return distance(full.complete(b, salt=f"noise-{seed}"), cached.complete(b))
 
 
-def tolerance(batch, prefill):
+def engine_noise(a, b, seeds, salt=None):
+    """The largest log-probability difference between engines a and b computing the same
+    prompts one at a time, nothing loaded (`salt`: one that holds no blocks, for an engine
+    with the connector): the noise between two engine processes."""
+    return max(distance(a.complete(prompt(s), salt=salt), b.complete(prompt(s), salt=salt)) for s in seeds)
+
+
+def tolerance(*noise):
     """The log-probability tolerance of every comparison, from the noise measured in the run."""
-    tol = min(max(4 * max(batch, prefill), TOL_FLOOR), TOL_CAP)
-    print(f"noise: batch {batch:.4f}, prefill shape {prefill:.4f} nats; log-probability tolerance {tol:.3f}",
-          flush=True)
-    check("the CPU's noise leaves a tolerance that can fail", 4 * max(batch, prefill) <= TOL_CAP,
-          f"noise x 4 > {TOL_CAP} nats")
+    worst = max(noise)
+    tol = min(max(4 * worst, TOL_FLOOR), TOL_CAP)
+    print(f"noise {', '.join(f'{x:.4f}' for x in noise)} nats; log-probability tolerance {tol:.3f}", flush=True)
+    check("the CPU's noise leaves a tolerance that can fail", 4 * worst <= TOL_CAP, f"noise x 4 > {TOL_CAP} nats")
     return tol
 
 
@@ -563,10 +572,11 @@ def run(a, work, procs):
     n_pre = d.counters()["host"].blocks
     noise = batch_noise(v1, prompt(90), prompt(91))
     pnoise = prefill_noise(v1, vpc, 93)
+    enoise = engine_noise(v1, vpc, (95, 96), salt="calibration")
     vpc.stop()
-    # The salted runs' saves (3 of 600 tokens, 1 of 608) end before (a) counts blocks.
-    d.stored(n_pre + 4 * full_blocks + 1)
-    tol = tolerance(noise, pnoise)
+    # The salted runs' saves (5 of 600 tokens, 1 of 608) end before (a) counts blocks.
+    d.stored(n_pre + 6 * full_blocks + 1)
+    tol = tolerance(noise, pnoise, enoise)
 
     # (a) stores
     c0 = d.counters()["host"]

@@ -24,8 +24,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import e2e  # noqa: E402
-from e2e import (BLOCK, Kvtierd, Vllm, agree, batch_noise, check, make_model, prefill_noise,  # noqa: E402
-                 results, tolerance)
+from e2e import (BLOCK, Kvtierd, Vllm, agree, batch_noise, check, engine_noise, make_model,  # noqa: E402
+                 prefill_noise, results, tolerance)
 
 PROMPTS = 50
 PREFIXES = 5
@@ -56,7 +56,8 @@ def run(work, procs):
         v.launch()
     for v in (ref, pc, kv):
         v.wait_ready()
-    tol = tolerance(batch_noise(ref, e2e.prompt(90), e2e.prompt(91)), prefill_noise(ref, pc, 93))
+    tol = tolerance(batch_noise(ref, e2e.prompt(90), e2e.prompt(91)), prefill_noise(ref, pc, 93),
+                    engine_noise(ref, kv, (95, 96, 97), salt="calibration"))
     pc.stop()
     ps = prompts()
     refs = [ref.complete(p) for p in ps]
