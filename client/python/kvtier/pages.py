@@ -50,6 +50,9 @@ contiguous run of rows; load is the reverse. Everything is queued on ``stream`` 
 the current stream); with ``wait=False`` the call returns before the copies end, and the
 host bytes must not be read (save) or reused (load) until the stream passes that point.
 
+:class:`HostPoolMover` moves whole pages of SGLang's HiCache host pools and
+:class:`ChunkMover` LMCache's KV_2LTD chunks (each page or chunk one kvtier block).
+
 Bad input raises :class:`PagesError` (a ValueError) before anything is written. An NVFP4
 block with a bad scale byte (an E4M3 NaN or negative) is not decoded: its pages keep their
 bytes, the other blocks load, and :class:`CorruptBlocksError` names it (on CUDA the check
