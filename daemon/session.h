@@ -119,6 +119,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   uint64_t id() const { return id_; }
   const std::string& name() const { return name_; }
+  bool has_gpu() const { return has_gpu_; }  // attached with the GPU flag
   int ring_fd() const { return ring_fd_; }
   // The client's staging area (nullptr without one): its memfd goes in the attach reply.
   const StagingArea* staging() const { return staging_.get(); }
