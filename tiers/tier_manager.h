@@ -30,10 +30,10 @@
 #include <string>
 #include <vector>
 
-#include "client/include/kvtier/tier_stats.h"
 #include "formats/contract.h"
 #include "formats/keys.h"
 #include "formats/status.h"
+#include "formats/tier_stats_fields.h"
 #include "tiers/hbm/hbm_pool.h"
 #include "tiers/policy/policy_options.h"
 #include "tiers/remote/remote_options.h"
@@ -232,7 +232,7 @@ struct SlotRef {
 };
 
 // One tier's statistics. The counters are the field list of the record the daemon sends
-// and the C ABI hands out (client/include/kvtier/tier_stats.h: what each one means);
+// and the C ABI hands out (formats/tier_stats_fields.h: what each one means);
 // daemon/stats_record.h converts. The remote tier's corrupt values are counted in
 // checksum_failures; its errors and write_errors are node down/slow (IoError) answers and
 // writes dropped or failed.
