@@ -304,39 +304,50 @@ void Session::ExecuteSocket(const wire::RequestEntry& req, std::vector<uint8_t> 
 }
 
 Status Session::CheckContract(uint64_t contract_id) const {
-  if (!tm_->HasContract(contract_id)) {
-    return Status::NotFound("contract " + ContractIdHex(contract_id) +
-                            " is not registered: register it first (kvtier_register_contract)");
-  }
+  if (!tm_->HasContract(contract_id)) return NotRegistered(contract_id);
   return Status::Ok();
 }
 
-StatusOr<uint64_t> Session::ContractOf(uint64_t contract_id) const {
+Status Session::NotRegistered(uint64_t contract_id) {
+  return Status::NotFound("contract " + ContractIdHex(contract_id) +
+                          " is not registered: register it first (kvtier_register_contract)");
+}
+
+StatusOr<uint64_t> Session::ContractOf(uint64_t contract_id, tiers::ContractView* view) const {
+  // With `view`, the registration check is the view's: one hold of the index lock for
+  // every fact the request needs about its contract.
+  auto registered = [&](uint64_t id) {
+    if (view == nullptr) return tm_->HasContract(id);
+    *view = tm_->View(id);
+    return view->registered;
+  };
   if (!namespaced_) {
-    KVTIER_RETURN_IF_ERROR(CheckContract(contract_id));
+    if (!registered(contract_id)) return NotRegistered(contract_id);
     return contract_id;
   }
   bool shared = false;
   {
     std::lock_guard<std::mutex> l(ns_mu_);
     auto it = resolved_.find(contract_id);
-    if (it != resolved_.end()) return it->second;
+    if (it != resolved_.end()) {
+      if (view != nullptr) *view = tm_->View(it->second);
+      return it->second;
+    }
     shared = shared_.count(contract_id) != 0;
   }
   const uint64_t internal = shared ? contract_id : NamespacedContractId(ns_, contract_id);
   const ContractOwners::Owner o = tenants_->owners().Get(internal);
   const bool mine = shared ? o.tenant == kSharedOwner : o.tenant == tenant_ && o.public_id == contract_id;
-  if (!mine && operator_ && tm_->HasContract(contract_id)) {
+  if (!mine && operator_ && registered(contract_id)) {
     // An operator may name any tenant's contract by the TierManager's id (what its
     // listings show), to export or check it.
     std::lock_guard<std::mutex> l(ns_mu_);
     resolved_.emplace(contract_id, contract_id);
     return contract_id;
   }
-  if (!mine || !tm_->HasContract(internal)) {
+  if (!mine || !registered(internal)) {
     // Another tenant's contract reads as one never registered: nothing to learn from it.
-    return Status::NotFound("contract " + ContractIdHex(contract_id) +
-                            " is not registered: register it first (kvtier_register_contract)");
+    return NotRegistered(contract_id);
   }
   std::lock_guard<std::mutex> l(ns_mu_);
   resolved_.emplace(contract_id, internal);
@@ -371,11 +382,9 @@ Status Session::CheckTarget(uint8_t tier) const {
   return Status::Ok();
 }
 
-StatusOr<uint64_t> Session::AddLease(Lease lease) {
-  // The lease's bytes per tier, each slot its class's (asked before mu_: FitOf takes the
-  // TierManager's lock).
-  const uint64_t weight[2] = {SlotBytes(lease.contract_id, tiers::Tier::kHbm),
-                              SlotBytes(lease.contract_id, tiers::Tier::kHost)};
+StatusOr<uint64_t> Session::AddLease(Lease lease, const tiers::ContractView& view) {
+  // The lease's bytes per tier, each slot its class's (from the request's view).
+  const uint64_t weight[2] = {SlotBytes(view, tiers::Tier::kHbm), SlotBytes(view, tiers::Tier::kHost)};
   lease.bytes[0] = lease.bytes[1] = 0;
   for (const auto& sl : lease.slots) {
     const int i = sl.tier == tiers::Tier::kHbm ? 0 : 1;
@@ -412,14 +421,15 @@ StatusOr<uint64_t> Session::AddLease(Lease lease) {
   return id;
 }
 
-uint64_t Session::SlotBytes(uint64_t contract, tiers::Tier tier) const {
-  const uint64_t b = tm_->ContractSlotBytes(contract, tier);  // the tier's own class of it
+uint64_t Session::SlotBytes(const tiers::ContractView& view, tiers::Tier tier) const {
+  // The tier's own class of it.
+  const uint64_t b = tier == tiers::Tier::kHbm ? view.hbm_slot_bytes : view.host_slot_bytes;
   return b != 0 ? b : tm_->slot_bytes();
 }
 
-uint64_t Session::StagingSlotBytes(uint64_t contract) const {
+uint64_t Session::StagingSlotBytes(const tiers::ContractView& view) const {
   // Classes fixed at start: every staging slot holds the largest (slot_bytes).
-  return tm_->classes_at_registration() ? SlotBytes(contract, tiers::Tier::kHost) : tm_->slot_bytes();
+  return tm_->classes_at_registration() ? SlotBytes(view, tiers::Tier::kHost) : tm_->slot_bytes();
 }
 
 Status Session::CheckShareLocked(tiers::Tier tier, uint64_t n, uint64_t slot_bytes) const {
@@ -436,16 +446,25 @@ Status Session::CheckShareLocked(tiers::Tier tier, uint64_t n, uint64_t slot_byt
 
 void Session::ReleaseSlots(const Lease& lease) {
   if (!lease.staged.empty()) staging_->Free(lease.staged);  // kNoStaging entries are skipped
-  for (size_t i = 0; i < lease.slots.size(); ++i) {
-    const auto& s = lease.slots[i];
-    const bool free_slot = lease.alloc && !lease.committed[i];
-    Status st = free_slot ? tm_->FreeSlot(s) : tm_->Unpin(s);
-    static LogLimit release_log;
-    uint64_t held = 0;
-    if (!st.ok() && release_log.Allow(&held)) {
-      spdlog::warn("client {}: {} of {} slot {} failed: {} ({} more such lines held back)", id_,
-                   free_slot ? "FreeSlot" : "Unpin", tiers::TierName(s.tier), s.slot, st.ToString(), held);
-    }
+  // Committed (or acquired) blocks are unpinned, slots never committed freed: each kind in
+  // steps of the TierManager's kReleaseStep a hold of its lock.
+  std::vector<tiers::SlotRef> unpin, free;
+  if (!lease.alloc) {
+    ReleaseFailed("Unpin", lease.slots.size(), tm_->UnpinAll(lease.slots));
+    return;
+  }
+  for (size_t i = 0; i < lease.slots.size(); ++i) (lease.committed[i] ? unpin : free).push_back(lease.slots[i]);
+  ReleaseFailed("FreeSlot", free.size(), tm_->FreeSlots(free));
+  ReleaseFailed("Unpin", unpin.size(), tm_->UnpinAll(unpin));
+}
+
+void Session::ReleaseFailed(const char* what, size_t n, const Status& first) const {
+  if (first.ok()) return;
+  static LogLimit release_log;
+  uint64_t held = 0;
+  if (release_log.Allow(&held)) {
+    spdlog::warn("client {}: {} of a lease's {} slots failed, the first: {} ({} more such lines held back)", id_, what,
+                 n, first.ToString(), held);
   }
 }
 
@@ -542,8 +561,9 @@ Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<
   if (first && registered_) registered_(*ct, internal, shared ? kSharedOwner : tenant_);
   c->value = public_id;
   // Where its blocks go in the host tier: its slot class and fill, in the completion
-  // (protocol 5) and in the log line.
-  const tiers::SlotFit f = tm_->Fit(*ct);
+  // (protocol 5) and in the log line; its slot in each tier (protocol 9). One view.
+  const tiers::ContractView view = tm_->View(internal);
+  const tiers::SlotFit& f = view.fit;
   if (limits_.protocol_version >= 5) {
     c->count = static_cast<uint32_t>(f.cls);
     c->est_seconds = f.fill;
@@ -552,8 +572,8 @@ Status Session::HandleRegisterContract(const wire::RequestEntry& req, std::span<
     // Its slot in each tier, in granules of the tier (each tier's own class of it).
     const uint64_t hg = tm_->has_tier(tiers::Tier::kHost) ? tm_->host_geometry().granule : 0;
     const uint64_t bg = tm_->has_tier(tiers::Tier::kHbm) ? tm_->hbm_geometry().granule : 0;
-    c->cached_same = hg ? static_cast<uint32_t>(tm_->ContractSlotBytes(internal, tiers::Tier::kHost) / hg) : 0;
-    c->cached_different = bg ? static_cast<uint32_t>(tm_->ContractSlotBytes(internal, tiers::Tier::kHbm) / bg) : 0;
+    c->cached_same = hg ? static_cast<uint32_t>(view.host_slot_bytes / hg) : 0;
+    c->cached_different = bg ? static_cast<uint32_t>(view.hbm_slot_bytes / bg) : 0;
   }
   static LogLimit register_log;  // a client may register (the same contract) at any rate
   uint64_t held = 0;

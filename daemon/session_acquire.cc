@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <span>
 
 #include <spdlog/spdlog.h>
 
@@ -41,16 +42,14 @@ std::vector<tiers::SlotRef> Session::UniqueSlots(const std::vector<tiers::SlotRe
   keys.reserve(slots.size());
   for (const auto& s : slots) keys.push_back(SlotKey(s));
   std::sort(keys.begin(), keys.end());
-  std::vector<tiers::SlotRef> out;
+  std::vector<tiers::SlotRef> out, extra;
   out.reserve(slots.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     const tiers::SlotRef ref{static_cast<tiers::Tier>(keys[i] >> 32), static_cast<uint32_t>(keys[i])};
-    if (i > 0 && keys[i] == keys[i - 1]) {
-      (void)tm_->Unpin(ref);  // a key named again: its extra pin goes at once
-      continue;
-    }
-    out.push_back(ref);
+    // A key named again: its extra pin goes at once.
+    (i > 0 && keys[i] == keys[i - 1] ? extra : out).push_back(ref);
   }
+  if (!extra.empty()) (void)tm_->UnpinAll(extra);
   return out;
 }
 
@@ -124,28 +123,29 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
     SetError(&c, s, out, req.out_len);
     done(c);
   };
-  auto cid = ContractOf(req.contract_id);
+  tiers::ContractView view;  // the one read of the contract this request makes
+  auto cid = ContractOf(req.contract_id, &view);
   Status s = cid.status();
   if (s.ok()) s = CheckTarget(req.tier);
   if (!s.ok()) return fail(s);
   if (Status b = BeginAcquire(); !b.ok()) return fail(b);
   if (req.count > kAcquireLockChunk) {
     // A big acquire holds the index lock one step at a time.
-    return AcquireInSteps(req, *cid, CopyArray<Key128>(in.data(), req.count), kAcquireLockChunk, /*async=*/false,
-                          out, std::move(done));
+    return AcquireInSteps(req, *cid, view, CopyArray<Key128>(in.data(), req.count), kAcquireLockChunk,
+                          /*async=*/false, out, std::move(done));
   }
   auto keys = std::make_shared<std::vector<Key128>>(CopyArray<Key128>(in.data(), req.count));
   auto self = shared_from_this();
   const uint32_t max_out = req.count;
   const uint64_t contract_id = *cid;
-  // Private reads: the block size each copy takes (looked up once, here).
-  const uint64_t copy_bytes = private_reads() && req.tier == wire::kTierHost ? tm_->block_bytes(contract_id) : 0;
-  const uint64_t copy_slot = copy_bytes > 0 ? StagingSlotBytes(contract_id) : 0;
+  // Private reads: the block size each copy takes (from the view).
+  const uint64_t copy_bytes = private_reads() && req.tier == wire::kTierHost ? view.block_bytes : 0;
+  const uint64_t copy_slot = copy_bytes > 0 ? StagingSlotBytes(view) : 0;
   tm_->Acquire(contract_id, *keys, static_cast<tiers::Tier>(req.tier),
-               [self, keys, c, out, max_out, contract_id, copy_bytes, copy_slot, out_len = req.out_len,
+               [self, keys, c, out, max_out, contract_id, view, copy_bytes, copy_slot, out_len = req.out_len,
                 done = std::move(done)](Status st, std::vector<tiers::SlotRef> slots) mutable {
                  if (slots.size() > max_out) {  // never more than asked; return extras
-                   for (size_t i = max_out; i < slots.size(); ++i) (void)self->tm_->Unpin(slots[i]);
+                   (void)self->tm_->UnpinAll(std::span<const tiers::SlotRef>(slots).subspan(max_out));
                    slots.resize(max_out);
                  }
                  if (slots.empty()) {
@@ -165,7 +165,7 @@ void Session::HandleAcquire(const wire::RequestEntry& req, std::span<const uint8
                        }
                      }
                      lease.staged = StagedOf(lease.slots, copy);
-                     return self->AddLease(std::move(lease));  // on failure it returns the copies too
+                     return self->AddLease(std::move(lease), view);  // on failure it returns the copies too
                    }();
                    if (!id.ok()) {
                      SetError(&c, id.status(), out, out_len);
@@ -205,7 +205,8 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
   };
   wire::AcquireAsyncHeader h;
   std::memcpy(&h, in.data(), sizeof h);
-  auto cid = ContractOf(req.contract_id);
+  tiers::ContractView view;
+  auto cid = ContractOf(req.contract_id, &view);
   Status s = cid.status();
   if (s.ok()) s = CheckTarget(req.tier);
   if (s.ok() && h.reserved != 0) s = Status::Invalid("acquire_async header reserved field must be 0");
@@ -213,7 +214,7 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
   if (Status b = BeginAcquire(/*async=*/true); !b.ok()) return fail(b);
   const size_t chunk = std::min<size_t>(h.chunk_blocks == 0 ? wire::kDefaultAcquireChunk : h.chunk_blocks,
                                         kAcquireLockChunk);
-  AcquireInSteps(req, *cid, CopyArray<Key128>(in.data() + sizeof h, req.count), chunk, /*async=*/true, out,
+  AcquireInSteps(req, *cid, view, CopyArray<Key128>(in.data() + sizeof h, req.count), chunk, /*async=*/true, out,
                  std::move(done));
 }
 
@@ -221,8 +222,8 @@ void Session::HandleAcquireAsync(const wire::RequestEntry& req, std::span<const 
 // AcquireProgress.ready grows (a release store after the slots). A step that comes back
 // short ends the prefix: the steps after it are unpinned. The last callback makes one
 // lease of the prefix and completes as the blocking acquire does.
-void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id, std::vector<Key128> keys,
-                             size_t chunk, bool async, uint8_t* out, Done done) {
+void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id, const tiers::ContractView& view,
+                             std::vector<Key128> keys, size_t chunk, bool async, uint8_t* out, Done done) {
   wire::CompletionEntry c;
   c.tag = req.tag;
   c.op = req.op;
@@ -245,6 +246,7 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
     uint64_t copy_bytes = 0;                       // private reads: bytes of each copy (0: none)
     uint64_t copy_slot = 0;                        // and of its staging slot
     Copies copy;                                   // arena slot -> staging slot of its copy
+    tiers::ContractView view;                      // the request's one read of its contract
   };
   auto st = std::make_shared<Steps>();
   st->keys = std::move(keys);
@@ -254,8 +256,9 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
   st->arrived.assign(chunks, 0);
   st->status.resize(chunks);
   st->remaining = chunks;
-  st->copy_bytes = private_reads() && req.tier == wire::kTierHost ? tm_->block_bytes(contract_id) : 0;
-  st->copy_slot = st->copy_bytes > 0 ? StagingSlotBytes(contract_id) : 0;
+  st->view = view;
+  st->copy_bytes = private_reads() && req.tier == wire::kTierHost ? view.block_bytes : 0;
+  st->copy_slot = st->copy_bytes > 0 ? StagingSlotBytes(view) : 0;
   auto self = shared_from_this();
   auto* progress = async ? reinterpret_cast<wire::AcquireProgress*>(out) : nullptr;
   uint8_t* slots_out = out + head;
@@ -320,7 +323,7 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
             last = --st->remaining == 0;
             grew = st->ready != before;
           }
-          for (const auto& ref : unpin) (void)self->tm_->Unpin(ref);
+          if (!unpin.empty()) (void)self->tm_->UnpinAll(unpin);
           if (!last) {
             // A ready step published before the end (tests hold it here, with
             // KVTIER_TEST_DELAY_POINT, to see the client wake before the acquire finished).
@@ -340,7 +343,7 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
             lease.slots = self->UniqueSlots(st->prefix);
             lease.staged = StagedOf(lease.slots, st->copy);
             const size_t n_slots = st->prefix.size();
-            auto id = self->AddLease(std::move(lease));
+            auto id = self->AddLease(std::move(lease), st->view);
             if (!id.ok()) {
               SetError(&c, id.status(), text, text_len);
             } else {

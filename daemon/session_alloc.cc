@@ -24,10 +24,11 @@ wire::WireSlot Session::ClientSlot(const Lease& lease, size_t i) const {
 }
 
 Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c) {
-  auto cid = ContractOf(req.contract_id);
+  tiers::ContractView view;  // the one read of the contract this request makes
+  auto cid = ContractOf(req.contract_id, &view);
   if (!cid.ok()) return cid.status();
   KVTIER_RETURN_IF_ERROR(CheckTarget(req.tier));
-  const uint64_t slot_bytes = SlotBytes(*cid, static_cast<tiers::Tier>(req.tier));
+  const uint64_t slot_bytes = SlotBytes(view, static_cast<tiers::Tier>(req.tier));
   {
     // Before the tier makes room: a request past this client's share evicts nothing.
     std::lock_guard<std::mutex> l(mu_);
@@ -37,13 +38,15 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
   std::vector<uint32_t> staged;
   const bool host = req.tier == wire::kTierHost;
   Status staged_st =
-      host ? staging_->Alloc(req.count, tm_->block_bytes(*cid), StagingSlotBytes(*cid), &staged) : Status::Ok();
-  if (staged_st.code() == StatusCode::kRetry) return AllocRefusal(req, staged_st);  // the daemon's total
+      host ? staging_->Alloc(req.count, view.block_bytes, StagingSlotBytes(view), &staged) : Status::Ok();
+  if (staged_st.code() == StatusCode::kRetry) return AllocRefusal(req, staged_st, view);  // the daemon's total
   if (!staged_st.ok()) {
     uint64_t total = 0;
     for (const auto& t : tm_->Stats()) total = t.tier == tiers::Tier::kHost ? t.slots_total : total;
     // Past the whole tier, not only the cap: the tier's numbers say more.
-    if (staging_->used() + uint64_t{req.count} > total) return AllocRefusal(req, Status::Retry("host tier full"));
+    if (staging_->used() + uint64_t{req.count} > total) {
+      return AllocRefusal(req, Status::Retry("host tier full"), view);
+    }
     if (tm_->classes_at_registration()) {  // an area of bytes: its own numbers say more
       return Status::Rejected("this client's " + staged_st.message() + ": commit or release leases first");
     }
@@ -58,7 +61,7 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
   std::vector<tiers::SlotRef> slots;
   Status as = tm_->AllocSlots(*cid, req.count, static_cast<tiers::Tier>(req.tier), &slots);
   if (!as.ok()) unstage();
-  if (as.code() == StatusCode::kRetry) return AllocRefusal(req, as);
+  if (as.code() == StatusCode::kRetry) return AllocRefusal(req, as, view);
   KVTIER_RETURN_IF_ERROR(as);
   if (slots.size() != req.count) {
     Lease tmp;
@@ -81,7 +84,7 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
     lease.index.emplace(SlotKey(tiers::SlotRef{slots[i].tier, ws.slot}), i);
     std::memcpy(out + i * sizeof(ws), &ws, sizeof(ws));
   }
-  auto id = AddLease(std::move(lease));  // on failure it returns the slots (staged ones too)
+  auto id = AddLease(std::move(lease), view);  // on failure it returns the slots (staged ones too)
   if (!id.ok()) return id.status();
   c->value = *id;
   c->count = req.count;
@@ -89,11 +92,12 @@ Status Session::HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::C
   return Status::Ok();
 }
 
-Status Session::AllocRefusal(const wire::RequestEntry& req, const Status& retry) const {
+Status Session::AllocRefusal(const wire::RequestEntry& req, const Status& retry,
+                             const tiers::ContractView& view) const {
   const auto tier = static_cast<tiers::Tier>(req.tier);
   // A host tier of several slot classes: the numbers of the request's class.
   const tiers::HostGeometry geo = tm_->host_geometry();  // a class made after it is not the request's
-  int cls = tier == tiers::Tier::kHost && geo.classes.size() > 1 ? tm_->FitOf(req.contract_id).cls : -1;
+  int cls = tier == tiers::Tier::kHost && geo.classes.size() > 1 ? view.fit.cls : -1;
   if (cls >= 0 && static_cast<size_t>(cls) >= geo.most.size()) cls = -1;
   uint64_t own = 0, own_leases = 0;
   {

@@ -17,15 +17,16 @@ namespace kvtier::daemon {
 
 Status Session::HandleCommit(const wire::RequestEntry& req, std::span<const uint8_t> in,
                              wire::CompletionEntry* c) {
-  auto cid = ContractOf(req.contract_id);
+  tiers::ContractView view;  // the one read of the contract this request makes
+  auto cid = ContractOf(req.contract_id, &view);
   if (!cid.ok()) return cid.status();
-  Status s = DoCommit(req, *cid, in, c);
+  Status s = DoCommit(req, *cid, view, in, c);
   if (counters_ != nullptr) counters_->committed.fetch_add(c->count, std::memory_order_relaxed);
   return s;
 }
 
-Status Session::DoCommit(const wire::RequestEntry& req, uint64_t contract_id, std::span<const uint8_t> in,
-                         wire::CompletionEntry* c) {
+Status Session::DoCommit(const wire::RequestEntry& req, uint64_t contract_id, const tiers::ContractView& view,
+                         std::span<const uint8_t> in, wire::CompletionEntry* c) {
   c->count = 0;
   uint32_t* committed = &c->count;
   const auto items = CopyArray<wire::CommitItem>(in.data(), req.count);
@@ -82,7 +83,7 @@ Status Session::DoCommit(const wire::RequestEntry& req, uint64_t contract_id, st
     }
     for (const Step& st : steps) {
       if (st.pos < lease.staged.size() && lease.staged[st.pos] != kNoStaging) {
-        block_bytes = tm_->block_bytes(contract_id);
+        block_bytes = view.block_bytes;
         break;
       }
     }
