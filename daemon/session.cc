@@ -446,25 +446,37 @@ Status Session::CheckShareLocked(tiers::Tier tier, uint64_t n, uint64_t slot_byt
 
 void Session::ReleaseSlots(const Lease& lease) {
   if (!lease.staged.empty()) staging_->Free(lease.staged);  // kNoStaging entries are skipped
-  // Committed (or acquired) blocks are unpinned, slots never committed freed: each kind in
-  // steps of the TierManager's kReleaseStep a hold of its lock.
+  // Committed (or acquired) blocks are unpinned, slots never committed freed.
+  if (!lease.alloc) return ReleaseInSteps(lease.slots, /*free=*/false);
   std::vector<tiers::SlotRef> unpin, free;
-  if (!lease.alloc) {
-    ReleaseFailed("Unpin", lease.slots.size(), tm_->UnpinAll(lease.slots));
-    return;
-  }
   for (size_t i = 0; i < lease.slots.size(); ++i) (lease.committed[i] ? unpin : free).push_back(lease.slots[i]);
-  ReleaseFailed("FreeSlot", free.size(), tm_->FreeSlots(free));
-  ReleaseFailed("Unpin", unpin.size(), tm_->UnpinAll(unpin));
+  ReleaseInSteps(free, /*free=*/true);
+  ReleaseInSteps(unpin, /*free=*/false);
 }
 
-void Session::ReleaseFailed(const char* what, size_t n, const Status& first) const {
-  if (first.ok()) return;
+void Session::ReleaseInSteps(std::span<const tiers::SlotRef> slots, bool free) {
+  Status first;
+  size_t failed = 0;
+  for (size_t at = 0; at < slots.size(); at += kAcquireLockChunk) {
+    if (at > 0) YieldBetweenSteps();
+    const auto step = slots.subspan(at, std::min(kAcquireLockChunk, slots.size() - at));
+    size_t f = 0;
+    Status s = free ? tm_->FreeSlots(step, &f) : tm_->UnpinAll(step, &f);
+    if (!s.ok() && first.ok()) first = s;
+    failed += f;
+  }
+  ReleaseFailed(free ? "FreeSlot" : "Unpin", failed, slots.size(), first);
+}
+
+void Session::YieldBetweenSteps() { std::this_thread::yield(); }
+
+void Session::ReleaseFailed(const char* what, size_t failed, size_t n, const Status& first) const {
+  if (failed == 0) return;
   static LogLimit release_log;
   uint64_t held = 0;
   if (release_log.Allow(&held)) {
-    spdlog::warn("client {}: {} of a lease's {} slots failed, the first: {} ({} more such lines held back)", id_, what,
-                 n, first.ToString(), held);
+    spdlog::warn("client {}: {} of {} of a lease's {} slots failed, the first: {} ({} more such lines held back)", id_,
+                 what, failed, n, first.ToString(), held);
   }
 }
 

@@ -243,11 +243,20 @@ class Session : public std::enable_shared_from_this<Session> {
   // The bytes of a staging slot for a block of the viewed contract: its host slot when
   // classes are made per contract, else slot_bytes (a staging slot of any class).
   uint64_t StagingSlotBytes(const tiers::ContractView& view) const;
-  // Gives a lease's slots back to the TierManager (unpins, frees: many a hold of its
-  // lock) and its staging slots to the staging area.
+  // Gives a lease's slots back to the TierManager (unpins, frees) and its staging slots to
+  // the staging area.
   void ReleaseSlots(const Lease& lease);
-  // Logs (rate-limited) the first of a release's failures, if any.
-  void ReleaseFailed(const char* what, size_t n, const Status& first) const;
+  // Unpins (or frees) `slots` kAcquireLockChunk at a time, one hold of the index lock
+  // each, yielding the core between steps (YieldBetweenSteps).
+  void ReleaseInSteps(std::span<const tiers::SlotRef> slots, bool free);
+  // Logs (rate-limited) a release's failures, if any, with the first.
+  void ReleaseFailed(const char* what, size_t failed, size_t n, const Status& first) const;
+  // Between two steps of a big request (an acquire or a release of more than
+  // kAcquireLockChunk keys) the thread running it gives its core to any other runnable
+  // thread: kvtierd pinned to one CPU runs every ring thread there, and a thread busy for
+  // milliseconds would otherwise keep a bystander's ring thread off the core for its
+  // whole time slice, whatever the index lock allows (bench/README.md, "bystander").
+  static void YieldBetweenSteps();
   // The slot of an alloc lease as the client sees it: a staging slot id for the host tier.
   wire::WireSlot ClientSlot(const Lease& lease, size_t i) const;
   // Private reads: the copies one acquire made, (arena slot, staging slot) sorted by

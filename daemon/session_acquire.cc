@@ -242,6 +242,11 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
     bool ended = false;     // a short chunk ended the prefix
     size_t remaining = 0;   // callbacks still to come
     std::vector<tiers::SlotRef> prefix;
+    // The prefix's slots, each once (the lease's), and the set that finds a slot named
+    // again as its step folds in: its extra pin goes then, so that no sort of the whole
+    // prefix runs at the end (about 0.5 ms for 16,384 slots, the core not given up).
+    std::vector<tiers::SlotRef> unique;
+    SlotSet seen;
     Status first_error;
     uint64_t copy_bytes = 0;                       // private reads: bytes of each copy (0: none)
     uint64_t copy_slot = 0;                        // and of its staging slot
@@ -268,6 +273,7 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
   }
   auto shared_done = std::make_shared<Done>(std::move(done));
   for (size_t k = 0; k < chunks; ++k) {
+    if (k > 0) YieldBetweenSteps();
     const size_t begin = k * st->chunk;
     const size_t n = std::min(st->chunk, st->keys.size() - begin);
     tm_->Acquire(
@@ -307,6 +313,7 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
                   ws.slot = self->AcquiredSlotId(ref, st->copy);
                   std::memcpy(slots_out + st->prefix.size() * sizeof(ws), &ws, sizeof(ws));
                   st->prefix.push_back(ref);
+                  (st->seen.Insert(SlotKey(ref)) ? st->unique : unpin).push_back(ref);
                 }
                 if (st->prefix.empty() && !st->status[st->next].ok()) st->first_error = st->status[st->next];
                 if (g.size() < want) st->ended = true;
@@ -340,7 +347,7 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
             Lease lease;
             lease.alloc = false;
             lease.contract_id = contract_id;
-            lease.slots = self->UniqueSlots(st->prefix);
+            lease.slots = std::move(st->unique);
             lease.staged = StagedOf(lease.slots, st->copy);
             const size_t n_slots = st->prefix.size();
             auto id = self->AddLease(std::move(lease), st->view);
