@@ -805,8 +805,17 @@ kvtier_status kvtier_stats(kvtier_client* c, kvtier_tier_stats* out, size_t cap,
   kvtier_status st = Call(c, req, nullptr, 0, ws.data(), want * sizeof(w::WireTierStats), &cmp);
   if (st != KVTIER_OK) return st;
   *n = std::min<size_t>(cmp.count, want);
-  // The wire record is the C ABI record (formats/wire.h): no conversion.
-  std::copy(ws.begin(), ws.begin() + static_cast<std::ptrdiff_t>(*n), out);
+  // Both records come from one field list (formats/tier_stats_fields.h): field by field.
+  for (size_t i = 0; i < *n; ++i) {
+    kvtier_tier_stats& o = out[i];
+    o = kvtier_tier_stats{};
+    o.tier = ws[i].tier;
+    o.present = ws[i].present;
+    o.slab_moves = ws[i].slab_moves;
+#define KVTIER_STATS_COPY_(type, name) o.name = ws[i].name;
+    KVTIER_TIER_STATS_FIELDS(KVTIER_STATS_COPY_)
+#undef KVTIER_STATS_COPY_
+  }
   return Ok();
   KVTIER_GUARD_END
 }

@@ -119,6 +119,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   uint64_t id() const { return id_; }
   const std::string& name() const { return name_; }
+  bool has_gpu() const { return has_gpu_; }  // attached with the GPU flag
   int ring_fd() const { return ring_fd_; }
   // The client's staging area (nullptr without one): its memfd goes in the attach reply.
   const StagingArea* staging() const { return staging_.get(); }
@@ -185,12 +186,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // 16,384 keys. Async (HandleAcquireAsync): `out` starts with the AcquireProgress the
   // client polls; else the slots start at `out` (HandleAcquire, past kAcquireLockChunk
   // keys). BeginAcquire has counted it.
-  void AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id, std::vector<Key128> keys, size_t chunk,
-                      bool async, uint8_t* out, Done done);
+  void AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id, const tiers::ContractView& view,
+                      std::vector<Key128> keys, size_t chunk, bool async, uint8_t* out, Done done);
   Status HandleAlloc(const wire::RequestEntry& req, uint8_t* out, wire::CompletionEntry* c);
   // What an alloc the tier answered Retry gets: Rejected, with the numbers, when this
   // client's own leases keep the tier full; else Retry (pressure that passes).
-  Status AllocRefusal(const wire::RequestEntry& req, const Status& retry) const;
+  Status AllocRefusal(const wire::RequestEntry& req, const Status& retry, const tiers::ContractView& view) const;
   // c->count says how many items went through, on failure too.
   Status HandleCommit(const wire::RequestEntry& req, std::span<const uint8_t> in, wire::CompletionEntry* c);
   Status HandlePrefetch(const wire::RequestEntry& req, std::span<const uint8_t> in);
@@ -208,11 +209,14 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::pair<uint64_t, uint64_t>> OwnContracts() const;
   uint64_t PublicId(uint64_t internal_id) const;
   Status CheckContract(uint64_t contract_id) const;
+  static Status NotRegistered(uint64_t contract_id);
   // The TierManager's id of the contract a request names (the client's id in this
   // session's namespace, or a shared handle this session registered), checked to be
   // registered and this tenant's (a miss, with the message of an unregistered contract,
-  // for anyone else's).
-  StatusOr<uint64_t> ContractOf(uint64_t contract_id) const;
+  // for anyone else's). With `view`, *view gets what the request needs about the
+  // contract (TierManager::View), read once: the request asks the TierManager nothing
+  // more about it.
+  StatusOr<uint64_t> ContractOf(uint64_t contract_id, tiers::ContractView* view = nullptr) const;
   // Who this client's commits are charged to (its id; its peer's uid, -1 before SetPeer).
   tiers::Committer CommitterOf() const;
   // An acquire may start: the session is open and its lease table has room. Counts it in
@@ -226,18 +230,33 @@ class Session : public std::enable_shared_from_this<Session> {
   Status CheckTarget(uint8_t tier) const;
   // Adds a lease; returns its id. Refused (its slots returned) when the lease table is
   // full or when its slots would take this client past its share of a tier.
-  StatusOr<uint64_t> AddLease(Lease lease);
+  // `view`: the lease's contract's (the bytes each of its slots counts).
+  StatusOr<uint64_t> AddLease(Lease lease, const tiers::ContractView& view);
   // The slots of an acquire, one per key (a key named twice is pinned twice), as a
   // lease's: each slot once, the extra pins dropped.
   std::vector<tiers::SlotRef> UniqueSlots(const std::vector<tiers::SlotRef>& slots);
   // Refused when `n` more slots of `tier` would take this client past its share.
   Status CheckShareLocked(tiers::Tier tier, uint64_t n, uint64_t slot_bytes) const;
-  // The bytes a slot of `contract` takes in `tier` (HBM or host): its slot class's size.
-  uint64_t SlotBytes(uint64_t contract, tiers::Tier tier) const;
-  // The bytes of a staging slot for a block of `contract`: its host slot when classes are
-  // made per contract, else slot_bytes (a staging slot of any class).
-  uint64_t StagingSlotBytes(uint64_t contract) const;
+  // The bytes a slot of the viewed contract takes in `tier` (HBM or host): its slot
+  // class's size.
+  uint64_t SlotBytes(const tiers::ContractView& view, tiers::Tier tier) const;
+  // The bytes of a staging slot for a block of the viewed contract: its host slot when
+  // classes are made per contract, else slot_bytes (a staging slot of any class).
+  uint64_t StagingSlotBytes(const tiers::ContractView& view) const;
+  // Gives a lease's slots back to the TierManager (unpins, frees) and its staging slots to
+  // the staging area.
   void ReleaseSlots(const Lease& lease);
+  // Unpins (or frees) `slots` kAcquireLockChunk at a time, one hold of the index lock
+  // each, yielding the core between steps (YieldBetweenSteps).
+  void ReleaseInSteps(std::span<const tiers::SlotRef> slots, bool free);
+  // Logs (rate-limited) a release's failures, if any, with the first.
+  void ReleaseFailed(const char* what, size_t failed, size_t n, const Status& first) const;
+  // Between two steps of a big request (an acquire or a release of more than
+  // kAcquireLockChunk keys) the thread running it gives its core to any other runnable
+  // thread: kvtierd pinned to one CPU runs every ring thread there, and a thread busy for
+  // milliseconds would otherwise keep a bystander's ring thread off the core for its
+  // whole time slice, whatever the index lock allows (bench/README.md, "bystander").
+  static void YieldBetweenSteps();
   // The slot of an alloc lease as the client sees it: a staging slot id for the host tier.
   wire::WireSlot ClientSlot(const Lease& lease, size_t i) const;
   // Private reads: the copies one acquire made, (arena slot, staging slot) sorted by
@@ -259,9 +278,9 @@ class Session : public std::enable_shared_from_this<Session> {
   static std::vector<uint32_t> StagedOf(const std::vector<tiers::SlotRef>& slots, const Copies& copies);
   // c->count: items that went through (on failure too); c->cached_*: of those, the keys
   // already cached, by what their bytes were.
-  // contract_id: the TierManager's (ContractOf).
-  Status DoCommit(const wire::RequestEntry& req, uint64_t contract_id, std::span<const uint8_t> in,
-                  wire::CompletionEntry* c);
+  // contract_id: the TierManager's (ContractOf), `view` its view.
+  Status DoCommit(const wire::RequestEntry& req, uint64_t contract_id, const tiers::ContractView& view,
+                  std::span<const uint8_t> in, wire::CompletionEntry* c);
   // Counts a commit's already-cached keys in the metrics; logs (rate-limited) a conflict.
   void NoteCachedCommits(const wire::CompletionEntry& c, const wire::RequestEntry& req);
   Status DoRelease(uint64_t lease_id);

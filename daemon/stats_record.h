@@ -1,5 +1,5 @@
 // The tier stats record between the storage engine and the wire: one function each way,
-// both generated from the record's field list (client/include/kvtier/tier_stats.h), so a
+// both generated from the record's field list (formats/tier_stats_fields.h), so a
 // field added there travels without another line here.
 #pragma once
 

@@ -73,9 +73,9 @@
 #include <cstring>
 #include <string>
 
-#include "client/include/kvtier/tier_stats.h"
 #include "formats/keys.h"
 #include "formats/status.h"
+#include "formats/tier_stats_fields.h"
 
 namespace kvtier::wire {
 
@@ -408,10 +408,19 @@ struct CommitItem {
 };
 static_assert(sizeof(CommitItem) == 40);
 
-// One tier's statistics, as the C ABI hands them out: the record is defined once, in
-// client/include/kvtier/tier_stats.h (its field list), and travels as is. The daemon
-// fills it from tiers::TierStats (daemon/stats_record.h).
-using WireTierStats = ::kvtier_tier_stats;
+// One tier's statistics on the wire: the tier and present bytes, slab_moves, then the
+// counters of the one field list (formats/tier_stats_fields.h), in its order. The C ABI's
+// kvtier_tier_stats is generated from the same list with the same layout; the client
+// copies field by field. The daemon fills it from tiers::TierStats (daemon/stats_record.h).
+struct WireTierStats {
+  uint8_t tier = 0;
+  uint8_t present = 0;       // 1: the tier is configured and running
+  uint8_t reserved[2] = {};  // 0
+  uint32_t slab_moves = 0;   // 0 from a daemon of protocol 6 or older
+#define KVTIER_WIRE_STATS_MEMBER_(type, name) type name = 0;
+  KVTIER_TIER_STATS_FIELDS(KVTIER_WIRE_STATS_MEMBER_)
+#undef KVTIER_WIRE_STATS_MEMBER_
+};
 static_assert(sizeof(WireTierStats) == 8 + 20 * 8);
 
 // ---- Operator (admin) requests: Op::kAdmin ------------------------------------------

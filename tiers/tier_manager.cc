@@ -407,6 +407,25 @@ Status TierManagerImpl::RegisterContractAs(const ScaleContract& c, uint64_t id, 
   return Status::Ok();
 }
 
+ContractView TierManagerImpl::View(uint64_t contract_id) const {
+  ContractView v;
+  std::lock_guard<IndexMutex> l(mu_);
+  auto it = contracts_.find(contract_id);
+  if (it == contracts_.end()) return v;
+  const ScaleContract& c = *it->second;
+  v.registered = true;
+  v.block_bytes = c.block_bytes();
+  // As ContractSlotBytes and FitOf, under the same hold.
+  const int host_cls = host_->ClassFor(v.block_bytes);
+  v.host_slot_bytes = host_cls < 0 ? 0 : host_->class_bytes(host_cls);
+  if (hbm_) {
+    const int hbm_cls = hbm_->ClassFor(v.block_bytes);
+    v.hbm_slot_bytes = hbm_cls < 0 ? 0 : hbm_->class_bytes(hbm_cls);
+  }
+  v.fit = Fit(c);
+  return v;
+}
+
 uint64_t TierManagerImpl::block_bytes(uint64_t contract_id) const {
   std::lock_guard<IndexMutex> l(mu_);
   auto it = contracts_.find(contract_id);
@@ -655,38 +674,6 @@ Block* TierManagerImpl::CommitLocked(uint64_t contract_id, int t, uint32_t slot,
   if (t == kS && remote_ && remote_->write_through()) QueueRemoteWriteLocked(b);
   if (ts.OverHigh()) KickLocked();
   return b;
-}
-
-Status TierManagerImpl::Unpin(SlotRef ref) {
-  if (ref.tier != Tier::kHbm && ref.tier != Tier::kHost) return Status::Invalid("Unpin: bad tier");
-  TierState& ts = T(IndexOf(ref.tier));
-  std::lock_guard<IndexMutex> l(mu_);
-  if (ref.slot >= ts.slots.size()) return Status::Invalid("Unpin: slot out of range");
-  SlotInfo& si = ts.slots[ref.slot];
-  if (si.state == SlotState::kDup) {
-    ts.Free(ref.slot);
-    return Status::Ok();
-  }
-  if (si.state != SlotState::kBlock || si.block->pins[ts.index()] == 0) {
-    return Status::Invalid("Unpin: slot " + std::to_string(ref.slot) + " holds no pinned block");
-  }
-  Block* b = si.block;
-  if (--b->pins[ts.index()] == 0) --ts.pinned;
-  // A disputed block goes with its last pin (its disputed_ entry is swept as gone later).
-  if (b->disputed && MayGo(*b, kAllTiers)) DropBlockLocked(b);
-  if (ts.OverHigh()) KickLocked();
-  return Status::Ok();
-}
-
-Status TierManagerImpl::FreeSlot(SlotRef ref) {
-  if (ref.tier != Tier::kHbm && ref.tier != Tier::kHost) return Status::Invalid("FreeSlot: bad tier");
-  TierState& ts = T(IndexOf(ref.tier));
-  std::lock_guard<IndexMutex> l(mu_);
-  if (ref.slot >= ts.slots.size() || ts.slots[ref.slot].state != SlotState::kAlloc) {
-    return Status::Invalid("FreeSlot: slot " + std::to_string(ref.slot) + " is not allocated-uncommitted");
-  }
-  ts.Free(ref.slot);
-  return Status::Ok();
 }
 
 // ---- settings and stats -------------------------------------------------------------------

@@ -30,10 +30,10 @@
 #include <string>
 #include <vector>
 
-#include "client/include/kvtier/tier_stats.h"
 #include "formats/contract.h"
 #include "formats/keys.h"
 #include "formats/status.h"
+#include "formats/tier_stats_fields.h"
 #include "tiers/hbm/hbm_pool.h"
 #include "tiers/policy/policy_options.h"
 #include "tiers/remote/remote_options.h"
@@ -215,6 +215,19 @@ struct SlotFit {
   double fill = 0.0;
 };
 
+// What a request needs to know about one contract, read in one hold of the index lock
+// (TierManager::View), so that a request asks once rather than once per fact (whether it
+// is registered, its block size, its slot in each tier, its host fit).
+struct ContractView {
+  bool registered = false;   // false: every other field is zero
+  uint64_t block_bytes = 0;  // bytes of one block
+  // The bytes of the slot its blocks take in HBM and host: their class in each tier
+  // (ContractSlotBytes); 0 for a tier absent.
+  uint64_t hbm_slot_bytes = 0;
+  uint64_t host_slot_bytes = 0;
+  SlotFit fit;  // its host slot class and fill (FitOf)
+};
+
 // Per-block answer of a lookup, in key order, up to the first miss.
 struct LookupResult {
   size_t hit_blocks = 0;            // length of the longest cached prefix
@@ -232,7 +245,7 @@ struct SlotRef {
 };
 
 // One tier's statistics. The counters are the field list of the record the daemon sends
-// and the C ABI hands out (client/include/kvtier/tier_stats.h: what each one means);
+// and the C ABI hands out (formats/tier_stats_fields.h: what each one means);
 // daemon/stats_record.h converts. The remote tier's corrupt values are counted in
 // checksum_failures; its errors and write_errors are node down/slow (IoError) answers and
 // writes dropped or failed.
@@ -348,6 +361,18 @@ class TierManager {
     return Status::Unsupported("RegisterContractAs");
   }
   virtual bool HasContract(uint64_t contract_id) const = 0;
+  // Everything ContractView holds about a contract, in one hold of the index lock
+  // (registered false for one not registered).
+  virtual ContractView View(uint64_t contract_id) const {
+    ContractView v;
+    v.registered = HasContract(contract_id);
+    if (!v.registered) return v;
+    v.block_bytes = block_bytes(contract_id);
+    v.hbm_slot_bytes = ContractSlotBytes(contract_id, Tier::kHbm);
+    v.host_slot_bytes = ContractSlotBytes(contract_id, Tier::kHost);
+    v.fit = FitOf(contract_id);
+    return v;
+  }
   // Forgets a registered contract that no tier holds a block of (its registration's
   // memory freed); true when it did. A later registration brings it back.
   virtual bool ForgetContractIfUnused(uint64_t contract_id) {
@@ -391,6 +416,31 @@ class TierManager {
   // Drops one pin on a committed block / frees an allocated but uncommitted slot.
   virtual Status Unpin(SlotRef slot) = 0;
   virtual Status FreeSlot(SlotRef slot) = 0;
+  // Unpin (FreeSlots: FreeSlot) of every slot of `slots`, the index lock taken once per
+  // kReleaseStep slots rather than once per slot, and let go between steps so that a
+  // lease of 16,384 blocks keeps no lookup waiting longer than one step. Every slot is
+  // tried; returns the first failure and counts the failures in *failed (may be null).
+  static constexpr size_t kReleaseStep = 256;
+  virtual Status UnpinAll(std::span<const SlotRef> slots, size_t* failed = nullptr) {
+    Status first;
+    size_t bad = 0;
+    for (const SlotRef& s : slots) {
+      Status st = Unpin(s);
+      if (!st.ok() && bad++ == 0) first = st;
+    }
+    if (failed != nullptr) *failed = bad;
+    return first;
+  }
+  virtual Status FreeSlots(std::span<const SlotRef> slots, size_t* failed = nullptr) {
+    Status first;
+    size_t bad = 0;
+    for (const SlotRef& s : slots) {
+      Status st = FreeSlot(s);
+      if (!st.ok() && bad++ == 0) first = st;
+    }
+    if (failed != nullptr) *failed = bad;
+    return first;
+  }
 
   // Starts promotion of the cached prefix of keys into target; returns at once. With a
   // remote tier, keys past the local prefix are fetched from it as by Acquire.

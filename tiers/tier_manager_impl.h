@@ -154,6 +154,9 @@ class TierManagerImpl final : public TierManager, private StagingHost {
                 const Committer& by, CommitOutcome* outcome) override;
   Status Unpin(SlotRef slot) override;
   Status FreeSlot(SlotRef slot) override;
+  Status UnpinAll(std::span<const SlotRef> slots, size_t* failed) override;
+  Status FreeSlots(std::span<const SlotRef> slots, size_t* failed) override;
+  ContractView View(uint64_t contract_id) const override;
   void Prefetch(uint64_t contract_id, std::span<const Key128> keys, Tier target) override;
   Status Evict(uint64_t contract_id, const Key128& key) override;
   Status Flush(Tier to) override;
@@ -176,6 +179,11 @@ class TierManagerImpl final : public TierManager, private StagingHost {
 
  private:
   // ---- all *Locked methods run with mu_ held ----
+  // Unpin and FreeSlot of one slot (UnpinAll and FreeSlots take many a hold). *kick is
+  // set when the unpinned block's tier is over its high watermark: the caller kicks the
+  // mover once, after its slots.
+  Status UnpinLocked(SlotRef ref, bool* kick);
+  Status FreeSlotLocked(SlotRef ref);
   TierState& T(int t) { return tiers_[t]; }
   const TierState& T(int t) const { return tiers_[t]; }
   Block* FindLocked(const BlockId& id) {

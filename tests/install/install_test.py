@@ -164,6 +164,7 @@ def case_prefix():
     run(["cmake", "--install", ARGS.build, "--prefix", p])
     expect = ["bin/kvtierd", "bin/kvtierctl", "bin/kvtier-bench", "lib/libkvtier.so", "lib/libkvtier.so.1",
               "include/kvtier/kvtier.h", "include/kvtier/kvtier.hpp", "include/kvtier/version.h",
+              "include/kvtier/tier_stats.h", "include/kvtier/tier_stats_fields.h",
               "include/kvtier/kernels.h", "lib/pkgconfig/kvtier.pc", "lib/cmake/kvtier/kvtierConfig.cmake",
               "lib/cmake/kvtier/kvtierConfigVersion.cmake", "etc/kvtier/kvtier.toml",
               "lib/systemd/system/kvtierd.service", "lib/sysusers.d/kvtier.conf",

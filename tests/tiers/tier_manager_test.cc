@@ -516,6 +516,41 @@ TEST_P(TierManagerTest, BlockIndexCollisionsNeverMixBlocks) {
   }
 }
 
+// View reads every fact a request needs about a contract in one call, equal to the calls
+// it replaces; UnpinAll and FreeSlots release many slots in steps, trying every one.
+TEST_P(TierManagerTest, ViewAndReleaseInSteps) {
+  OpenTm();
+  const ContractView none = tm_->View(cid_ + 1);
+  EXPECT_FALSE(none.registered);
+  EXPECT_EQ(none.block_bytes, 0u);
+  const ContractView v = tm_->View(cid_);
+  EXPECT_TRUE(v.registered);
+  EXPECT_EQ(v.block_bytes, tm_->block_bytes(cid_));
+  EXPECT_EQ(v.host_slot_bytes, tm_->ContractSlotBytes(cid_, Tier::kHost));
+  EXPECT_EQ(v.hbm_slot_bytes, tm_->ContractSlotBytes(cid_, Tier::kHbm));
+  EXPECT_EQ(v.fit.cls, tm_->FitOf(cid_).cls);
+  EXPECT_EQ(v.fit.slot_bytes, tm_->FitOf(cid_).slot_bytes);
+  // One block named 600 times: 600 pins, released in steps of kReleaseStep.
+  Store(0);
+  auto [st, slots] = AcquireSync(std::vector<Key128>(600, K(0)));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(slots.size(), 600u);
+  EXPECT_EQ(StatsOf(Tier::kHost).pinned, 1u);
+  size_t failed = 9;
+  EXPECT_TRUE(tm_->UnpinAll(slots, &failed).ok());
+  EXPECT_EQ(failed, 0u);
+  EXPECT_EQ(StatsOf(Tier::kHost).pinned, 0u);
+  // Past the last pin every unpin fails; each is tried and counted.
+  EXPECT_FALSE(tm_->UnpinAll(std::span<const SlotRef>(slots).first(3), &failed).ok());
+  EXPECT_EQ(failed, 3u);
+  std::vector<SlotRef> fresh;
+  ASSERT_TRUE(Alloc(3, &fresh).ok());
+  EXPECT_TRUE(tm_->FreeSlots(fresh, &failed).ok());
+  EXPECT_EQ(failed, 0u);
+  EXPECT_FALSE(tm_->FreeSlots(fresh, &failed).ok());
+  EXPECT_EQ(failed, 3u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Policies, TierManagerTest, ::testing::ValuesIn(AllPolicies()),
                          [](const auto& info) {
                            std::string n = PolicyName(info.param);

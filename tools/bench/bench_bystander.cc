@@ -1,7 +1,8 @@
 // kvtier-bench bystander: what one client's load costs another client. A bystander
-// client times 1-key lookups back to back (the block is cached in host) while another
-// client, in a process of its own, loads the daemon; the same lookups with the daemon
-// otherwise idle are the baseline, measured in the same run. Loads:
+// client times lookups of --keys keys back to back (a chain of blocks cached in host;
+// default 1) while another client, in a process of its own, loads the daemon; the same
+// lookups with the daemon otherwise idle are the baseline, measured in the same run.
+// Loads (--loads picks some; default all three):
 //   list   a client that registered 30,000 contracts lists them page by page (65,536
 //          per request, up to 256 KiB a page) in a loop, pausing --pace-us between pages
 //   nops   one thread of a client trickles nops over 32 sessions, one session after the
@@ -51,6 +52,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kContracts = 30000;
 constexpr int kSessions = 32;
 constexpr size_t kAcquireKeys = 16384;
+constexpr size_t kMaxLookupKeys = 1024;
 
 double Pct(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -257,6 +259,7 @@ struct Phase {
   uint64_t work = 0;      // contracts listed / nops answered
 };
 
+const char* LoadFlag(int load) { return load == 1 ? "list" : load == 2 ? "nops" : "acquire"; }
 const char* LoadName(int load) {
   return load == 0 ? "idle" : load == 1 ? "list 30,000 contracts" : load == 2 ? "nops over 32 sessions" : "acquire 16,384 keys";
 }
@@ -267,16 +270,32 @@ uint64_t Work(const Shared* sh, int load) {
 int Run(const std::vector<std::string>& argv) {
   auto args = cli::Args::Parse(argv, {"no-append", "no-pin"});
   if (!args.ok()) return cli::Fail(args.status().message(), 2);
-  if (Status s = args->CheckKnown({"seconds", "rounds", "pace-us", "no-pin", "results", "no-append"}); !s.ok()) {
+  if (Status s = args->CheckKnown({"seconds", "rounds", "pace-us", "keys", "loads", "no-pin", "results", "no-append"});
+      !s.ok()) {
     return cli::Fail(s.message(), 2);
   }
   auto seconds = args->GetDouble("seconds", 2.0);
   auto rounds = args->GetInt("rounds", 3);
   auto pace = args->GetInt("pace-us", 2000);
-  if (!seconds.ok() || !rounds.ok() || !pace.ok() || !(*seconds > 0) || *rounds < 1 || *rounds > 100 || *pace < 0 ||
-      *pace > 1000000) {
-    return cli::Fail("--seconds > 0, --rounds in [1, 100], --pace-us in [0, 1000000]", 2);
+  auto nkeys = args->GetInt("keys", 1);
+  if (!seconds.ok() || !rounds.ok() || !pace.ok() || !nkeys.ok() || !(*seconds > 0) || *rounds < 1 || *rounds > 100 ||
+      *pace < 0 || *pace > 1000000 || *nkeys < 1 || *nkeys > static_cast<int64_t>(kMaxLookupKeys)) {
+    return cli::Fail("--seconds > 0, --rounds in [1, 100], --pace-us in [0, 1000000], --keys in [1, 1024]", 2);
   }
+  std::vector<int> loads;  // 1 list, 2 nops, 3 acquire, in the order given
+  {
+    std::stringstream names(args->Get("loads").value_or("list,nops,acquire"));
+    for (std::string n; std::getline(names, n, ',');) {
+      const int load = n == "list" ? 1 : n == "nops" ? 2 : n == "acquire" ? 3 : 0;
+      if (load == 0 || std::find(loads.begin(), loads.end(), load) != loads.end()) {
+        return cli::Fail("--loads: a comma-separated list of list, nops and acquire, each once (got \"" + n + "\")",
+                         2);
+      }
+      loads.push_back(load);
+    }
+    if (loads.empty()) return cli::Fail("--loads: at least one of list, nops and acquire", 2);
+  }
+  const size_t lookup_keys = static_cast<size_t>(*nkeys);
   // kvtierd (every thread of it, the load's ring threads too) on CPU 1 and the bystander
   // on CPU 0, the load processes anywhere: the two ends of the bystander's ring never
   // share a core. With --no-pin the scheduler sometimes puts them together, and then
@@ -298,16 +317,17 @@ int Run(const std::vector<std::string>& argv) {
   if (mem == MAP_FAILED) return cli::Fail("mmap failed");
   Shared* sh = new (mem) Shared();
   std::vector<pid_t> kids;
-  for (int k = 0; k < 3; ++k) {
+  for (const int load : loads) {
     const pid_t pid = ::fork();
     if (pid < 0) return cli::Fail("fork failed");
     if (pid == 0) {
-      ::_exit(k == 0   ? ListerMain(d.socket, sh, static_cast<int>(*pace))
-              : k == 1 ? TricklerMain(d.socket, sh)
-                       : AcquirerMain(d.socket, sh, static_cast<int>(*pace)));
+      ::_exit(load == 1   ? ListerMain(d.socket, sh, static_cast<int>(*pace))
+              : load == 2 ? TricklerMain(d.socket, sh)
+                          : AcquirerMain(d.socket, sh, static_cast<int>(*pace)));
     }
     kids.push_back(pid);
   }
+  const int want_ready = static_cast<int>(loads.size());
   auto stop_kids = [&] {
     sh->quit.store(1);
     for (pid_t p : kids) {
@@ -317,10 +337,10 @@ int Run(const std::vector<std::string>& argv) {
     kids.clear();
   };
   const auto setup_end = Clock::now() + std::chrono::seconds(120);
-  while (sh->ready.load() < 3 && !sh->failed.load() && Clock::now() < setup_end) {
+  while (sh->ready.load() < want_ready && !sh->failed.load() && Clock::now() < setup_end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (sh->ready.load() < 3) {
+  if (sh->ready.load() < want_ready) {
     const std::string why = sh->failed.load() ? std::string(sh->error) : "load processes not ready after 120 s";
     stop_kids();
     return cli::Fail(why);
@@ -331,7 +351,7 @@ int Run(const std::vector<std::string>& argv) {
     CPU_SET(0, &set);
     ::sched_setaffinity(0, sizeof set, &set);
   }
-  // The bystander: one cached block, looked up by its key.
+  // The bystander: a chain of lookup_keys cached blocks, looked up by their keys.
   kvtier_client* c = Connect(d.socket, "bystander");
   if (c == nullptr) {
     stop_kids();
@@ -339,20 +359,25 @@ int Run(const std::vector<std::string>& argv) {
   }
   const kvtier_contract_desc desc = Contract("bench/bystander");
   uint64_t cid = 0;
-  const kvtier_key key{0x6279737461000001ull, 0x9E3779B97F4A7C15ull};
+  std::vector<kvtier_key> keys(lookup_keys);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = {0x6279737461000001ull + i, 0x9E3779B97F4A7C15ull};
   {
     uint64_t lease = 0;
-    kvtier_slot slot{};
-    kvtier_commit_item item{};
+    std::vector<kvtier_slot> slots(lookup_keys);
+    std::vector<kvtier_commit_item> items(lookup_keys);
     if (kvtier_register_contract(c, &desc, &cid) != KVTIER_OK ||
-        kvtier_alloc(c, cid, 1, KVTIER_TIER_HOST, &lease, &slot) != KVTIER_OK) {
+        kvtier_alloc(c, cid, lookup_keys, KVTIER_TIER_HOST, &lease, slots.data()) != KVTIER_OK) {
       stop_kids();
       return cli::Fail(std::string("bystander store: ") + kvtier_last_error());
     }
-    if (void* p = kvtier_host_slot_write(c, slot.slot)) std::memset(p, 7, 576);
-    item.slot = slot;
-    item.key = key;
-    if (kvtier_commit(c, cid, lease, &item, 1, nullptr) != KVTIER_OK || kvtier_release(c, lease) != KVTIER_OK) {
+    for (size_t i = 0; i < lookup_keys; ++i) {
+      if (void* p = kvtier_host_slot_write(c, slots[i].slot)) std::memset(p, 7, 576);
+      items[i].slot = slots[i];
+      items[i].key = keys[i];
+      if (i > 0) items[i].parent = keys[i - 1];
+    }
+    if (kvtier_commit(c, cid, lease, items.data(), lookup_keys, nullptr) != KVTIER_OK ||
+        kvtier_release(c, lease) != KVTIER_OK) {
       stop_kids();
       return cli::Fail(std::string("bystander commit: ") + kvtier_last_error());
     }
@@ -369,9 +394,11 @@ int Run(const std::vector<std::string>& argv) {
     while (Clock::now() < end) {
       kvtier_lookup_result r{};
       const auto a = Clock::now();
-      if (kvtier_lookup(c, cid, &key, 1, &r, nullptr) != KVTIER_OK) return Status::IoError(kvtier_last_error());
+      if (kvtier_lookup(c, cid, keys.data(), keys.size(), &r, nullptr) != KVTIER_OK) {
+        return Status::IoError(kvtier_last_error());
+      }
       ph->us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
-      if (r.hit_blocks != 1) return Status::Corrupt("the bystander's block was not found");
+      if (r.hit_blocks != keys.size()) return Status::Corrupt("the bystander's blocks were not found");
     }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     ph->daemon_cpu = static_cast<double>(CpuTicks(d.pid) - cpu0) / static_cast<double>(::sysconf(_SC_CLK_TCK)) / secs;
@@ -383,7 +410,7 @@ int Run(const std::vector<std::string>& argv) {
   };
   std::vector<Phase> phases;
   for (int r = 0; r < *rounds; ++r) {
-    for (int load : {1, 2, 3}) {
+    for (int load : loads) {
       for (int which : {0, load}) {
         phases.emplace_back();
         if (Status s = measure(which, &phases.back()); !s.ok()) {
@@ -397,9 +424,13 @@ int Run(const std::vector<std::string>& argv) {
   stop_kids();
   const std::string la_end = LoadAverage();
 
-  Report rep("bystander: one client's 1-key lookup latency while another client loads kvtierd, against idle",
+  std::string load_names;
+  for (const int load : loads) load_names += std::string(load_names.empty() ? "" : ",") + LoadFlag(load);
+  Report rep("bystander: one client's " + std::to_string(lookup_keys) +
+                 "-key lookup latency while another client loads kvtierd, against idle",
              "kvtier-bench bystander --seconds " + Fmt("%g", *seconds) + " --rounds " + std::to_string(*rounds) +
-                 " --pace-us " + std::to_string(*pace) + (pin ? "" : " --no-pin"));
+                 " --pace-us " + std::to_string(*pace) + " --keys " + std::to_string(lookup_keys) + " --loads " +
+                 load_names + (pin ? "" : " --no-pin"));
   rep.SetColumns({"phase", "lookups", "p50 (us)", "p99 (us)", "max (us)", "p99 / idle p99", "daemon CPU",
                   "load's work"});
   std::vector<double> idle_all;
@@ -418,11 +449,11 @@ int Run(const std::vector<std::string>& argv) {
              : p.load == 2 ? Fmt("%.0f nops/s", static_cast<double>(p.work) / *seconds)
                            : Fmt("%.0f blocks acquired/s", static_cast<double>(p.work) / *seconds);
     }
-    rep.AddRow({Fmt("round %zu: %s", i / 6 + 1, LoadName(p.load)), std::to_string(p.us.size()), Fmt("%.2f", Pct(p.us, 0.5)),
+    rep.AddRow({Fmt("round %zu: %s", i / (2 * loads.size()) + 1, LoadName(p.load)), std::to_string(p.us.size()), Fmt("%.2f", Pct(p.us, 0.5)),
                 Fmt("%.2f", p99), Fmt("%.0f", p.us.empty() ? 0 : *std::max_element(p.us.begin(), p.us.end())), ratio,
                 Fmt("%.0f%%", p.daemon_cpu * 100), work});
   }
-  for (int load : {1, 2, 3}) {
+  for (int load : loads) {
     std::vector<double> all;
     for (const Phase& p : phases) {
       if (p.load == load) all.insert(all.end(), p.us.begin(), p.us.end());
@@ -461,9 +492,14 @@ cli::CommandRegistrar reg("bystander",
                           "a bystander's lookup p99 while another client lists contracts, trickles nops or "
                           "acquires 16,384 keys, against idle",
                           Run,
-                          "[--seconds S] [--rounds N] [--pace-us US] [--no-pin] [--results FILE | --no-append]\n"
+                          "[--seconds S] [--rounds N] [--pace-us US] [--keys N] [--loads LIST] [--no-pin]\n"
+                          "       [--results FILE | --no-append]\n"
                           "  --seconds S      length of each phase (default 2)\n"
                           "  --rounds N       rounds of idle, list, idle, nops, idle, acquire, 1-100 (default 3)\n"
+                          "  --keys N         keys of each bystander lookup (a chain of cached blocks), 1-1024 "
+                          "(default 1)\n"
+                          "  --loads LIST     the loads, comma-separated, in order: list, nops, acquire "
+                          "(default all three)\n"
                           "  --pace-us US     the lister's pause between pages, the acquirer's between acquires "
                           "(default 2000)\n"
                           "  --no-pin         do not pin kvtierd and the bystander to CPUs 1 and 0\n" +

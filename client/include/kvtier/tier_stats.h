@@ -1,42 +1,21 @@
-/* One tier's statistics: the single definition of the record kvtierd keeps
- * (tiers::TierStats), sends to clients (formats/wire.h, Op::kStats), the C ABI hands out
- * (kvtier_stats) and Python reads (kvtier.TierStats).
+/* One tier's statistics, as the C ABI hands them out (kvtier_stats) and Python reads them
+ * (kvtier.TierStats).
  *
- * Every counter is listed once, in KVTIER_TIER_STATS_FIELDS, as X(type, name); each
+ * The counters come from one field list, KVTIER_TIER_STATS_FIELDS(X) as X(type, name)
+ * (kvtier/tier_stats_fields.h, installed beside this header; its source is
+ * formats/tier_stats_fields.h, which the daemon and the wire take it from too). The
  * struct is generated from the list, in this order, after the tier and present bytes.
  * A new field goes at the end of the list (the offsets of the others do not move) and
- * bumps the wire protocol (formats/wire.h kProtocolVersion) and the ABI version.
+ * bumps the wire protocol and the ABI version.
  * slab_moves took bytes that were reserved (always 0) in protocol 7: no offset moved.
- * Self-contained C (stdint only): included by kvtier.h and by the daemon's C++.
+ * Self-contained C (stdint only): included by kvtier.h.
  */
 #ifndef KVTIER_TIER_STATS_H_
 #define KVTIER_TIER_STATS_H_
 
 #include <stdint.h>
 
-/* clang-format off */
-#define KVTIER_TIER_STATS_FIELDS(X)                                                        \
-  X(uint64_t, capacity_bytes)     /* bytes of the tier (0: off) */                         \
-  X(uint64_t, used_bytes)         /* bytes of the slots in use */                          \
-  X(uint64_t, slots_total)        /* slots of the tier */                                  \
-  X(uint64_t, slots_used)         /* slots in use (committed or leased) */                 \
-  X(uint64_t, blocks)             /* committed blocks the tier holds */                    \
-  X(uint64_t, pinned)             /* blocks pinned by leases */                            \
-  X(uint64_t, hits)               /* lookups the tier answered */                          \
-  X(uint64_t, misses)             /* lookups that ended at the tier */                     \
-  X(uint64_t, promotions_in)      /* blocks copied into the tier from a slower one */      \
-  X(uint64_t, demotions_out)      /* blocks copied from the tier to a slower one */        \
-  X(uint64_t, bytes_read)         /* bytes read from the tier's device */                  \
-  X(uint64_t, bytes_written)      /* bytes written to the tier's device */                 \
-  X(uint64_t, checksum_failures)  /* blocks that failed a checksum: served as misses */    \
-  X(uint64_t, evictions_demoted)  /* evictions that moved the block down */                \
-  X(uint64_t, evictions_dropped)  /* evictions that dropped the block */                   \
-  X(uint64_t, admission_rejects)  /* blocks the admission policy refused */                \
-  X(double, read_gbps)            /* measured (or configured) read bandwidth, GB/s */      \
-  X(double, write_gbps)           /* measured (or configured) write bandwidth, GB/s */     \
-  X(uint64_t, errors)             /* remote tier: answers lost to a down or slow node */   \
-  X(uint64_t, write_errors)       /* remote tier: writes dropped or failed */
-/* clang-format on */
+#include "kvtier/tier_stats_fields.h"
 
 #define KVTIER_TIER_STATS_DECLARE_(type, name) type name;
 
