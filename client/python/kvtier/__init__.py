@@ -133,7 +133,8 @@ class _CommitResult(ctypes.Structure):
 
 
 class _TierStats(ctypes.Structure):
-    # client/include/kvtier/tier_stats.h (KVTIER_TIER_STATS_FIELDS), in its order.
+    # kvtier_tier_stats (client/include/kvtier/tier_stats.h; its field list, KVTIER_TIER_STATS_FIELDS,
+    # is formats/tier_stats_fields.h), in its order.
     _fields_ = [("tier", ctypes.c_uint8), ("present", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 2),
                 ("slab_moves", ctypes.c_uint32)] + [
         (n, ctypes.c_uint64) for n in (
