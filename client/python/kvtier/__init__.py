@@ -962,25 +962,41 @@ class Client:
         self._current_arena()
         return (self._arena_base, self._arena_bytes)
 
+    @staticmethod
+    def _slot_number(slot) -> int:
+        """The number of a host slot (a Slot of the host tier, or its number)."""
+        if isinstance(slot, Slot):
+            if slot.tier != TIER_HOST:
+                raise KvtierError(6, f"slot {slot.slot} is in {_TIER_NAMES.get(slot.tier, slot.tier)}, not host")
+            return slot.slot
+        return int(slot)
+
+    def _slot_offset(self, slot, n: int) -> int:
+        """Offset in the window of host slot `slot` (a Slot or its number) of n bytes,
+        checked: a host slot, inside the window, in a part this client maps. The arena is
+        mapped by the caller's _current_arena()."""
+        s = self._slot_number(slot)
+        if not self._mm or not 0 <= s < 2**32:
+            raise KvtierError(6, f"host slot {s} is outside the host window")
+        off = s * self._granule
+        if self._arena_private and off < self._mm.arena_bytes and \
+                not any(p <= off < p + m for p, m in self._parts):
+            raise KvtierError(6, f"host slot {s} is in the arena, which this client does not map (the daemon has "
+                                 f"tenants: acquired blocks are in its tenant's part or copies in slots "
+                                 f"{self._mm.arena_bytes // self._granule} and up)")
+        if off + n > self._arena_bytes:
+            raise KvtierError(6, f"host slot {s} is outside the host window")
+        return off
+
     def _host_slot_place(self, slot, contract=None):
         """(offset in the window, bytes, writable) of one host slot: slot s is at
         s * granule (kvtier_host_slot); its size is its contract's slot class (a staging
         slot: slot_bytes)."""
-        if isinstance(slot, Slot):
-            if slot.tier != TIER_HOST:
-                raise KvtierError(6, f"slot {slot.slot} is in {_TIER_NAMES.get(slot.tier, slot.tier)}, not host")
-            s = slot.slot
-        else:
-            s = int(slot)
+        s = self._slot_number(slot)
         self._current_arena()
         if not self._mm or not 0 <= s < 2**32:
             raise KvtierError(6, f"host slot {s} is outside the host window")
-        off = s * self._granule
-        staging = off >= self._mm.arena_bytes
-        if self._arena_private and not staging and not any(p <= off < p + n for p, n in self._parts):
-            raise KvtierError(6, f"host slot {s} is in the arena, which this client does not map (the daemon has "
-                                 f"tenants: acquired blocks are in its tenant's part or copies in slots "
-                                 f"{self._mm.arena_bytes // self._granule} and up)")
+        staging = s * self._granule >= self._mm.arena_bytes
         if contract is not None:
             n = self.contract_slot(contract)[0]
         elif self._classes == 0:
@@ -993,34 +1009,16 @@ class Client:
         else:
             raise KvtierError(6, f"host slot {s}: the host tier has {self._classes} slot classes; "
                                  "name the contract (host_slot(slot, contract)) for its size")
-        if off + n > self._arena_bytes:
-            raise KvtierError(6, f"host slot {s} is outside the host window")
-        return off, n, staging
+        return self._slot_offset(slot, n), n, staging
 
     def host_slot_offsets(self, slots, contract) -> Tuple[List[int], int]:
         """(offsets in host_arena()'s window, slot bytes) of host slots of one contract: each
         checked as host_slot_address checks it, with one contract lookup for all of them."""
         self._current_arena()
-        n = self.contract_slot(contract)[0]
         if not self._mm:
             raise KvtierError(6, "this client maps no host window (the daemon has no host tier)")
-        g, arena, total = self._granule, self._mm.arena_bytes, self._arena_bytes
-        out = []
-        for slot in slots:
-            if isinstance(slot, Slot):
-                if slot.tier != TIER_HOST:
-                    raise KvtierError(6, f"slot {slot.slot} is in {_TIER_NAMES.get(slot.tier, slot.tier)}, not host")
-                s = slot.slot
-            else:
-                s = int(slot)
-            off = s * g
-            if not 0 <= s < 2**32 or off + n > total:
-                raise KvtierError(6, f"host slot {s} is outside the host window")
-            if self._arena_private and off < arena and not any(p <= off < p + m for p, m in self._parts):
-                raise KvtierError(6, f"host slot {s} is in the arena, which this client does not map (the daemon "
-                                     "has tenants)")
-            out.append(off)
-        return out, n
+        n = self.contract_slot(contract)[0]
+        return [self._slot_offset(slot, n) for slot in slots], n
 
     def host_window(self):
         """A ctypes byte array over this package's mapping of the whole host window (the
