@@ -108,12 +108,12 @@ class BlockIO:
         n = len(keys)
         stored = 0
         done = 0
-        bb = contract.block_bytes()
+        bb, cid0 = contract.block_bytes(), contract.id()  # each hashes the contract: once a call
         try:
             while done < n:
                 m = min(self.save_chunk, n - done)
                 with self.link.lock:
-                    client, cid = self.link.attach(contract)
+                    client, cid = self.link.attach(contract, cid0)
                     if client is None:
                         return stored
                     try:
@@ -154,11 +154,11 @@ class BlockIO:
         many leading blocks were loaded."""
         n = len(keys)
         done = 0
-        bb = contract.block_bytes()
+        bb, cid0 = contract.block_bytes(), contract.id()  # each hashes the contract: once a call
         try:
             while done < n:
                 with self.link.lock:
-                    client, cid = self.link.attach(contract)
+                    client, cid = self.link.attach(contract, cid0)
                     if client is None:
                         return done
                     chunk = keys[done:min(n, done + self.load_chunk)]

@@ -100,11 +100,12 @@ class DaemonLink:
             self._client = c
             return c
 
-    def attach(self, contract: kvtier.Contract) -> Tuple[Optional[kvtier.Client], int]:
+    def attach(self, contract: kvtier.Contract, cid: Optional[int] = None) -> Tuple[Optional[kvtier.Client], int]:
         """(client, contract id) with `contract` registered on the current connection, or
         (None, 0) while the daemon is down. A contract the daemon refuses (a block larger
-        than its largest slot, a bad scale) is logged once and gives (None, 0) too."""
-        cid = contract.id()
+        than its largest slot, a bad scale) is logged once and gives (None, 0) too. cid:
+        contract.id() when the caller has it (it hashes the whole contract)."""
+        cid = contract.id() if cid is None else cid
         with self.lock:
             self._known.setdefault(cid, contract)
             c = self.client()
