@@ -45,7 +45,6 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--kv-format", default="as-is", choices=("as-is", "nvfp4"),
                     help="the kvtier engine's kv_connector_extra_config kv_format")
-    ap.add_argument("--bin-dir", default=os.environ.get("KVTIER_BIN_DIR", os.path.join(ROOT, "build", "bin")))
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
     work = tempfile.mkdtemp(prefix="kvtier-vllm-ttft-")

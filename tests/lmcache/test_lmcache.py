@@ -103,16 +103,6 @@ def t_roundtrip_restart_other_model():
         assert got is not None and torch.equal(got.tensor.view(torch.int16), want.view(torch.int16)), "after restart"
 
 
-def _until(fn, timeout_s=30.0):
-    import time
-    deadline = time.time() + timeout_s
-    while True:
-        r = fn()
-        if r or time.time() > deadline:
-            return r
-        time.sleep(0.2)
-
-
 def t_outage_kill9_misses_then_caches_again():
     """kvtierd killed -9 under the connector: exists is False, get None, put stores nothing,
     and no exception reaches LMCache; one log line for the outage. kvtierd started again on
@@ -146,7 +136,7 @@ def t_outage_kill9_misses_then_caches_again():
         def put_and_find():
             run(conn.put(key(22), b))
             return run(conn.exists(key(22)))
-        assert _until(put_and_find), "the connector did not reattach"
+        assert kvtier.daemon.wait_until(put_and_find), "the connector did not reattach"
         assert any("is back; caching again" in ln for ln in lines), lines
         got = run(conn.get(key(22)))
         assert got is not None and torch.equal(got.tensor.view(torch.int16), b.tensor.view(torch.int16))
@@ -163,7 +153,7 @@ def t_outage_kill9_misses_then_caches_again():
         def put_and_find2():
             run(conn.put(key(23), c))
             return run(conn.exists(key(23)))
-        assert _until(put_and_find2), "the connector did not attach"
+        assert kvtier.daemon.wait_until(put_and_find2), "the connector did not attach"
 
 
 def main():

@@ -407,16 +407,6 @@ def t_bad_input_raises_and_changes_nothing():
                "scales for BF16 pages", ValueError)
 
 
-def _until(fn, timeout_s=30.0):
-    import time
-    deadline = time.time() + timeout_s
-    while True:
-        r = fn()
-        if r or time.time() > deadline:
-            return r
-        time.sleep(0.2)
-
-
 def t_outage_kill9_misses_then_caches_again():
     """kvtierd killed -9 under the backend: no exception reaches SGLang (exists 0, get and
     set all False, the pool untouched), one log line for the outage; kvtierd started again on
@@ -447,7 +437,7 @@ def t_outage_kill9_misses_then_caches_again():
         gone = [ln for ln in lines if "recomputes" in ln]
         assert len(gone) == 1, lines
         d.start()
-        assert _until(lambda: b.batch_set_v1(kb, pool.indices([3, 4, 5])) == [True] * 3), "no reattach"
+        assert kvtier.daemon.wait_until(lambda: b.batch_set_v1(kb, pool.indices([3, 4, 5])) == [True] * 3), "no reattach"
         assert any("is back; caching again" in ln for ln in lines), lines
         assert b.batch_exists(kb) == 3
         assert b.batch_get_v1(kb, pool.indices([6, 7, 8])) == [True] * 3   # into other pages of the pool
@@ -463,7 +453,7 @@ def t_outage_kill9_misses_then_caches_again():
     ks = keys("late", 2)
     assert late.batch_exists(ks) == 0 and late.batch_set_v1(ks, pool.indices([0, 1])) == [False, False]
     with daemon(folder2):
-        assert _until(lambda: late.batch_set_v1(ks, pool.indices([0, 1])) == [True, True]), "no attach"
+        assert kvtier.daemon.wait_until(lambda: late.batch_set_v1(ks, pool.indices([0, 1])) == [True, True]), "no attach"
         assert late.batch_exists(ks) == 2
 
 

@@ -44,6 +44,7 @@ def test_daemon_down_recomputes_with_sdpa():
     ids = torch.randint(2, 512, (2, 40), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, :5] = 0  # a left-padded row
+    model.set_attn_implementation("sdpa")  # the reference: SDPA, as the recompute runs
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
                          past_key_values=tf.DynamicCache(config=model.config))
     kt.use_kvtier(model)

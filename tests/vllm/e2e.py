@@ -521,17 +521,17 @@ def prompt(seed, n=PROMPT_TOKENS):
     return [rng.randrange(2, 512) for _ in range(n)]
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin-dir", default=os.environ.get("KVTIER_BIN_DIR", os.path.join(ROOT, "build", "bin")))
-    ap.add_argument("--keep", action="store_true", help="keep the work folder")
-    a = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="kvtier-vllm-e2e-")
+def run_checks(name, run, keep=False):
+    """Runs run(work, procs) in a fresh work folder, stops every process it started (by pid),
+    keeps the folder on a failure (or `keep`), and prints the "N passed, N failed, N skipped"
+    line; returns the exit code. A setup step that fails counts as a failed check, and what
+    ran before it is reported."""
+    work = tempfile.mkdtemp(prefix=f"kvtier-vllm-{name}-")
     procs = []
     t_start = time.time()
     try:
-        run(a, work, procs)
-    except Exception as e:  # a setup step failed: what ran is reported, the rest counts as failed
+        run(work, procs)
+    except Exception as e:
         check("run", False, f"{type(e).__name__}: {e}")
     finally:
         for p in reversed(procs):
@@ -539,16 +539,23 @@ def main():
                 p.stop()
             except Exception as e:
                 print(f"stopping {p}: {e}", flush=True)
-        if a.keep or results["failed"]:
+        if keep or results["failed"]:
             print(f"work folder kept: {work}", flush=True)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"e2e took {time.time() - t_start:.0f} s", flush=True)
+    print(f"{name} took {time.time() - t_start:.0f} s", flush=True)
     print(f"{results['passed']} passed, {results['failed']} failed, {results['skipped']} skipped", flush=True)
     return 1 if results["failed"] or not results["passed"] else 0
 
 
-def run(a, work, procs):
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    a = ap.parse_args()
+    return run_checks("e2e", run, a.keep)
+
+
+def run(work, procs):
     model_a, model_b = os.path.join(work, "tiny-a"), os.path.join(work, "tiny-b")
     make_model(model_a, 0)
     make_model(model_b, 1)

@@ -15,9 +15,7 @@ The last line is "N passed, N failed, N skipped"; the exit code is 1 on any fail
 """
 import os
 import random
-import shutil
 import sys
-import tempfile
 import threading
 import time
 
@@ -25,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import e2e  # noqa: E402
 from e2e import (BLOCK, Kvtierd, Vllm, agree, batch_noise, check, engine_noise, make_model,  # noqa: E402
-                 prefill_noise, results, tolerance)
+                 prefill_noise, run_checks, tolerance)
 
 PROMPTS = 50
 PREFIXES = 5
@@ -110,26 +108,7 @@ def run(work, procs):
 
 
 def main():
-    work = tempfile.mkdtemp(prefix="kvtier-vllm-fault-")
-    procs = []
-    t0 = time.time()
-    try:
-        run(work, procs)
-    except Exception as e:
-        check("run", False, f"{type(e).__name__}: {e}")
-    finally:
-        for p in reversed(procs):
-            try:
-                p.stop()
-            except Exception as e:
-                print(f"stopping {p}: {e}", flush=True)
-        if results["failed"]:
-            print(f"work folder kept: {work}", flush=True)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-    print(f"fault run took {time.time() - t0:.0f} s", flush=True)
-    print(f"{results['passed']} passed, {results['failed']} failed, {results['skipped']} skipped", flush=True)
-    return 1 if results["failed"] or not results["passed"] else 0
+    return run_checks("fault", run)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,17 @@ def wait_listening(proc, socket_path: str, timeout_s: float = 20.0, log: str = "
     raise RuntimeError(f"kvtierd did not listen on {socket_path} within {timeout_s} s: {_tail(log)}")
 
 
+def wait_until(fn, timeout_s: float = 30.0, every_s: float = 0.2):
+    """Calls fn until it returns something true or timeout_s passes; returns its last result
+    (for a test waiting on a daemon that comes back, with a bound)."""
+    deadline = time.time() + timeout_s
+    while True:
+        r = fn()
+        if r or time.time() > deadline:
+            return r
+        time.sleep(every_s)
+
+
 def start_kvtierd(config: str, socket_path: str, log=None, timeout_s: float = 20.0):
     """kvtierd --config `config` as a child process, returned once it listens on socket_path
     (for a test that writes its own config; Daemon and Daemon.shipped for the rest). log: a
