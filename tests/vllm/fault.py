@@ -8,8 +8,9 @@ Checks:
     same prompts sent the same way (one at a time; e2e.py's agree() and measured tolerance)
   - before the kill, later prompts of a shared prefix load it from kvtier (host hits)
   - the outage is logged once per connector role (scheduler, worker), not per request
-  - after the restart the engine reattaches by itself (one "is back" line) and later
-    requests load again (host hits after the restart)
+  - after the restart the engine reattaches by itself at its next call (one "is back" line
+    per role; the new socket file ends the back-off) and later requests load again (host
+    hits after the restart)
 
 The last line is "N passed, N failed, N skipped"; the exit code is 1 on any failure.
 """
@@ -103,12 +104,14 @@ def run(work, procs):
     check("the outage is logged once per connector role, not per request", 1 <= len(gone) <= 2,
           f"{len(gone)} outage lines: {gone}")
     check("the engine reattaches by itself", 1 <= len(back) <= 2, f"{len(back)} 'is back' lines: {back}")
+    other = [ln for ln in lines if ln not in gone and ln not in back]
     check("after the restart later requests load from kvtier", hits.get("end", 0) > hits.get("restart", 0),
-          f"host hits at the restart {hits.get('restart')}, at the end {hits.get('end')}")
+          f"host hits at the restart {hits.get('restart')}, at the end {hits.get('end')}; the connector's other "
+          f"lines: {other[:5]}")
 
 
 def main():
-    return run_checks("fault", run)
+    return run_checks("fault", run, keep="--keep" in sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -247,17 +247,38 @@ def test_link_and_daemon():
         ok = all(torch.equal(src[l][1 + i].view(torch.int16), dst[l][2 + i].view(torch.int16))
                  for l in range(L) for i in range(2))
         check("save then load through kvtierd is bit-exact", len(lease.slots) == 2 and ok)
+        d.stop(keep=True)
+        err = None
+        try:
+            c.lookup(contract.id(), keys)
+        except kvtier.KvtierError as e:
+            err = e
+        check("a stopped daemon answers an error", err is not None, err)
+        if err is not None:
+            link.failed(err)
+            check("the lost daemon is noticed once", link.client() is None and len(lines.lines) == 3, lines.lines)
+
+        # A daemon that starts again (a new socket file) is attached at the next call, not
+        # after the back-off: the clock stands still here.
+        d.start()
+        c = link.client()
+        check("a restarted daemon is attached at once, inside the back-off", c is not None and len(lines.lines) == 4
+              and "back" in lines.lines[3], lines.lines)
+        # Killed -9, its socket file stays: calls within the back-off try nothing; the
+        # daemon started again is attached at the next call.
+        d.kill()
+        io = E.BlockIO(link)
+        check("a killed daemon: a lookup is a miss", io.lookup(contract, keys) == 0)
+        check("a killed daemon: no retry within the back-off", link.client() is None and len(lines.lines) == 5,
+              lines.lines)
+        d.start()
+        check("killed and started again: attached at the next call, inside the back-off",
+              link.client() is not None and len(lines.lines) == 6, lines.lines)
+        fresh = E.block_keys(cid, list(range(7, 7 + 2 * T)), T)
+        check("killed and started again: blocks are stored and found again",
+              io.save(contract, fresh, lambda rows, i, m: None) == 2 and io.lookup(contract, fresh) == 2)
     finally:
         d.stop()
-    err = None
-    try:
-        c.lookup(contract.id(), keys)
-    except kvtier.KvtierError as e:
-        err = e
-    check("a stopped daemon answers an error", err is not None, err)
-    if err is not None:
-        link.failed(err)
-        check("the lost daemon is noticed once", link.client() is None and len(lines.lines) == 3, lines.lines)
     link.close()
 
 

@@ -10,7 +10,9 @@ outages, with the one outage policy every engine integration follows.
   recomputes; nothing raises into the engine.
 - One warning when the daemon goes away, one line when it is back; reconnects are tried
   with exponential back-off (0.5 s doubling to 10 s), so a dead daemon costs no time per
-  request. Contracts registered before are registered again on the new connection.
+  request (a stat of the socket, about a microsecond). A daemon that starts again makes a
+  new socket file: the first call after that reconnects at once, whatever the back-off.
+  Contracts registered before are registered again on the new connection.
 - Any other error of a call (a full tier, a refused request) is logged once per operation
   and status, and that call's blocks are a miss.
 
@@ -70,17 +72,18 @@ class DaemonLink:
         self._next_try = 0.0
         self._delay = self._lo
         self._seen = set()
+        self._socket_then = None   # the socket file when the daemon was last found gone
         self.outages = 0
 
     # ---- the connection ---------------------------------------------------------------
 
     def client(self) -> Optional[kvtier.Client]:
         """The connected client, or None while the daemon is down (no attempt before the
-        back-off has passed)."""
+        back-off has passed, unless the socket file is a new one)."""
         with self.lock:
             if self._client is not None:
                 return self._client
-            if self._clock() < self._next_try:
+            if self._clock() < self._next_try and self._socket_file() == self._socket_then:
                 return None
             c = None
             try:
@@ -161,8 +164,18 @@ class DaemonLink:
                     pass
             self._went_down(f"lost kvtierd at {self.socket_path}: {err}")
 
+    def _socket_file(self):
+        """(device, inode, change time) of the socket file, None where there is none: a
+        daemon that starts again binds a new one (the inode number may be the old one's)."""
+        try:
+            st = os.stat(self.socket_path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino, st.st_ctime_ns
+
     def _went_down(self, why: str):
         # Called with the lock held.
+        self._socket_then = self._socket_file()
         if not self._down:
             self.outages += 1
             self._log.warning("kvtier: %s; the engine recomputes what it would have loaded until the daemon is "
