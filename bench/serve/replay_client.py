@@ -422,7 +422,8 @@ def replay(url, model, reqs, label="run", max_inflight=64, timeout_s=600.0, watc
     summary = {
         "requests": len(reqs), "completed": len(ok), "errors": len(reqs) - len(ok),
         "duration_s": round(span, 3), "requests_per_s": round(len(ok) / span, 4),
-        "ttft_p50_ms": _ms(pct(tt, 0.5)), "ttft_p90_ms": _ms(pct(tt, 0.9)), "ttft_p99_ms": _ms(pct(tt, 0.99)),
+        "ttft_p50_ms": _ms(pct(tt, 0.5)), "ttft_p90_ms": _ms(pct(tt, 0.9)),
+        "ttft_p95_ms": _ms(pct(tt, 0.95)), "ttft_p99_ms": _ms(pct(tt, 0.99)),
         "ttft_mean_ms": _ms(statistics.fmean(tt) if tt else None),
         "e2e_p50_ms": _ms(pct(e2e, 0.5)), "e2e_p90_ms": _ms(pct(e2e, 0.9)),
         "prompt_tokens": prompt,

@@ -375,7 +375,7 @@ def row_cells(r):
         note = (note + "; " if note else "") + f"{s['errors']} requests failed: {(res.get('first_error') or '')[:200]}"
     return [r["config"], fmt_size(r["budget_bytes"]),
             f"{s['completed']}/{s['requests']}" if s else "-",
-            f(s.get("requests_per_s"), 3), f(s.get("ttft_p50_ms")), f(s.get("ttft_p90_ms")), f(s.get("e2e_p50_ms")),
+            f(s.get("requests_per_s"), 3), f(s.get("ttft_p50_ms")), f(ttft_p95(r)), f(s.get("e2e_p50_ms")),
             f"{(cached or 0) / prompt:.1%}" if s and prompt and cached is not None else "-",
             f(local), f(ext),
             peak("peak_tree_pss_mib", res.get("server_pid")), peak("peak_tree_pss_mib", res.get("kvtierd_pid")),
@@ -383,7 +383,19 @@ def row_cells(r):
             note.replace("|", "\\|").replace("\n", " ")[:600]]
 
 
-HEADER = ["configuration", "host budget", "done", "req/s", "TTFT p50 (ms)", "TTFT p90 (ms)", "e2e p50 (ms)",
+def ttft_p95(r):
+    """TTFT p95 (ms) of a row: the client's summary, else its requests (a JSON written before
+    the summary had it)."""
+    res = r.get("result") or {}
+    s = res.get("summary") or {}
+    if s.get("ttft_p95_ms") is not None:
+        return s["ttft_p95_ms"]
+    tt = [q["ttft_s"] for q in res.get("requests") or [] if q and "error" not in q and q.get("ttft_s") is not None]
+    v = RC.pct(tt, 0.95)
+    return None if v is None else round(v * 1000, 1)
+
+
+HEADER = ["configuration", "host budget", "done", "req/s", "TTFT p50 (ms)", "TTFT p95 (ms)", "e2e p50 (ms)",
           "prompt tokens cached", "from vLLM prefix cache", "from connector", "server peak PSS (MiB)",
           "kvtierd peak PSS (MiB)", "NVMe written", "error / note"]
 
@@ -419,9 +431,13 @@ def main():
     ap.add_argument("--kvtierctl", default=os.path.join(os.environ.get("KVTIER_BIN_DIR", os.path.join(ROOT, "build",
                                                                                                    "bin")),
                                                          "kvtierctl"))
+    ap.add_argument("--table-from", metavar="SERVE_JSON", default=None,
+                    help="write serve.md and serve.png again from a run's serve.json (nothing is run)")
     RC.add_workload_args(ap)
     ap.set_defaults(sample=0.1, rate=1.0)
     a = ap.parse_args()
+    if a.table_from:
+        return render_saved(a.table_from)
     if a.smoke:
         a.budgets = a.budgets or "ws"
         if "--workload" not in sys.argv:
@@ -498,18 +514,33 @@ def main():
                   flush=True)
             with open(out_json, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    render(rows, work, f"TTFT, {a.workload} ({len(reqs)} requests), {a.model_size} model")
+
+
+def render(rows, work, title):
+    """Writes serve.md (the table) and serve.png (one TTFT CDF per row that ran) into work."""
     md = table(rows)
     with open(os.path.join(work, "serve.md"), "w") as f:
         f.write(md + "\n")
     curves = {f"{r['config']} @ {fmt_size(r['budget_bytes'])}":
               [q.get("ttft_s") for q in r["result"]["requests"] if q and "error" not in q]
               for r in rows if r.get("result")}
-    why = RC.plot_cdf(curves, os.path.join(work, "serve.png"),
-                      title=f"TTFT, {a.workload} ({len(reqs)} requests), {a.model_size} model")
+    why = RC.plot_cdf(curves, os.path.join(work, "serve.png"), title=title)
     print(md)
-    print(f"wrote {out_json}, {os.path.join(work, 'serve.md')}" + ("" if why else f", {os.path.join(work, 'serve.png')}"))
+    print(f"wrote {os.path.join(work, 'serve.md')}" + ("" if why else f", {os.path.join(work, 'serve.png')}"))
     if why:
         print(why)
+
+
+def render_saved(path):
+    """--table-from: the table and the CDF again from a run's serve.json, into its folder."""
+    with open(path) as f:
+        saved = json.load(f)
+    meta = saved.get("meta") or {}
+    args = meta.get("args") or {}
+    render(saved["rows"], os.path.dirname(os.path.abspath(path)),
+           f"TTFT, {args.get('workload', '?')} ({meta.get('requests', '?')} requests), "
+           f"{args.get('model_size', '?')} model")
 
 
 if __name__ == "__main__":
