@@ -132,12 +132,7 @@ void Daemon::Impl::AcceptMetrics() {
         spdlog::warn("metrics accept: {}{} ({} more such lines held back)", ec.message(),
                      no_fds ? "; closing new connections until descriptors are free" : "", held);
       }
-      if (no_fds) {
-        if (spare_fd_ >= 0) ::close(spare_fd_);
-        const int fd = ::accept4(metrics_acceptor_->native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd >= 0) ::close(fd);
-        spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-      }
+      if (no_fds) ShedPending(metrics_acceptor_->native_handle());
       metrics_backoff_->expires_after(std::chrono::milliseconds(no_fds ? 100 : 10));
       metrics_backoff_->async_wait([this](const boost::system::error_code& tec) {
         if (!tec && !shutting_down_) AcceptMetrics();

@@ -194,6 +194,13 @@ std::vector<TenantRow> Daemon::Impl::TenantRows() const {
   return rows;
 }
 
+void Daemon::Impl::ShedPending(int listen_fd) {
+  if (spare_fd_ >= 0) ::close(spare_fd_);
+  const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd >= 0) ::close(fd);
+  spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
 void Daemon::Impl::Accept() {
   acceptor_->async_accept([this](const boost::system::error_code& ec, UnixSocket s) {
     if (ec) {
@@ -204,12 +211,7 @@ void Daemon::Impl::Accept() {
         spdlog::warn("accept: {}{} ({} more accept errors held back)", ec.message(),
                      no_fds ? "; closing new connections until descriptors are free" : "", held);
       }
-      if (no_fds) {
-        if (spare_fd_ >= 0) ::close(spare_fd_);
-        const int fd = ::accept4(acceptor_->native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd >= 0) ::close(fd);
-        spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-      }
+      if (no_fds) ShedPending(acceptor_->native_handle());
       accept_backoff_->expires_after(std::chrono::milliseconds(no_fds ? 100 : 10));
       accept_backoff_->async_wait([this](const boost::system::error_code& tec) {
         if (!tec && !shutting_down_) Accept();

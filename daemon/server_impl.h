@@ -69,6 +69,9 @@ class Daemon::Impl {
   void Accept();
   void Admit(UnixSocket s);
   void AcceptMetrics();
+  // Out of fds: the spare goes, one pending connection on listen_fd is taken and closed,
+  // and the spare is opened again (spare_fd_ below).
+  void ShedPending(int listen_fd);
   void OnConnectionClosed(uint64_t conn_id);
 
   Options opts_;

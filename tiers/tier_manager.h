@@ -421,26 +421,8 @@ class TierManager {
   // lease of 16,384 blocks keeps no lookup waiting longer than one step. Every slot is
   // tried; returns the first failure and counts the failures in *failed (may be null).
   static constexpr size_t kReleaseStep = 256;
-  virtual Status UnpinAll(std::span<const SlotRef> slots, size_t* failed = nullptr) {
-    Status first;
-    size_t bad = 0;
-    for (const SlotRef& s : slots) {
-      Status st = Unpin(s);
-      if (!st.ok() && bad++ == 0) first = st;
-    }
-    if (failed != nullptr) *failed = bad;
-    return first;
-  }
-  virtual Status FreeSlots(std::span<const SlotRef> slots, size_t* failed = nullptr) {
-    Status first;
-    size_t bad = 0;
-    for (const SlotRef& s : slots) {
-      Status st = FreeSlot(s);
-      if (!st.ok() && bad++ == 0) first = st;
-    }
-    if (failed != nullptr) *failed = bad;
-    return first;
-  }
+  virtual Status UnpinAll(std::span<const SlotRef> slots, size_t* failed = nullptr) = 0;
+  virtual Status FreeSlots(std::span<const SlotRef> slots, size_t* failed = nullptr) = 0;
 
   // Starts promotion of the cached prefix of keys into target; returns at once. With a
   // remote tier, keys past the local prefix are fetched from it as by Acquire.
