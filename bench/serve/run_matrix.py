@@ -18,8 +18,18 @@ Configurations (--configs, comma-separated):
                  shipped config/kvtier.toml with tiers.host.capacity = the budget (and its
                  NVMe tier in the run's folder).
   kvtier-nvfp4   the same with kv_format "nvfp4" (NVFP4 blocks in the tiers).
-  lmcache        LMCacheConnectorV1 with a CPU backend of the budget, where lmcache imports
-                 in the server's Python; otherwise the row records the import error.
+  lmcache        LMCacheConnectorV1 (LMCache's in-process connector) with its local CPU
+                 backend at the budget and its local disk backend at kvtierd's NVMe
+                 capacity, in an environment where LMCache imports beside vLLM
+                 (scripts/lmcache-venv.sh --beside-vllm). A server whose LMCache engine
+                 does not start (LMCache then runs "degraded": recompute) keeps its row
+                 with LMCache's exception instead of a run.
+  lmcache-native the same through vLLM's bundled copy of LMCache's adapter ("use_native").
+  lmcache-mp     LMCacheMPConnector against LMCache's multiprocess cache server
+                 (lmcache.v1.multiprocess.server, started per run): its L1 (host memory)
+                 at the budget, its file-system L2 in the run's folder, both transfer
+                 modes on (a CPU engine's worker copies its pages itself, "engine-driven",
+                 through the server's shared-memory segment).
   offloading     vLLM's OffloadingConnector (CPUOffloadingSpec), cpu_bytes_to_use = budget.
   simple-cpu     vLLM's SimpleCPUOffloadConnector, cpu_bytes_to_use = budget.
 
@@ -55,7 +65,7 @@ import replay_client as RC  # noqa: E402
 import workload as W  # noqa: E402
 from make_model import geometry, kv_bytes_per_token  # noqa: E402
 
-CONFIGS = ("vllm", "kvtier", "kvtier-nvfp4", "lmcache", "offloading", "simple-cpu")
+CONFIGS = ("vllm", "kvtier", "kvtier-nvfp4", "lmcache", "lmcache-native", "lmcache-mp", "offloading", "simple-cpu")
 SERVED = "bench"
 
 
@@ -193,6 +203,21 @@ class Server:
             time.sleep(1)
         raise RuntimeError(f"vllm serve not ready within {timeout_s} s")
 
+    def start_listening(self, port, timeout_s):
+        """Starts a process that is ready once it accepts TCP connections on port."""
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True, env=self.env)
+        while time.time() < self.t0 + timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+                return time.time() - self.t0
+            except OSError:
+                time.sleep(1)
+        raise RuntimeError(f"{self.name} not listening within {timeout_s} s")
+
     def text(self):
         try:
             with open(self.log, errors="replace") as f:
@@ -234,6 +259,46 @@ def import_error(python, module):
     return (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]
 
 
+def shipped_nvme_capacity():
+    """tiers.nvme.capacity in the shipped config/kvtier.toml, in bytes."""
+    import tomllib
+    with open(os.path.join(ROOT, "config", "kvtier.toml"), "rb") as f:
+        return parse_size(tomllib.load(f)["tiers"]["nvme"]["capacity"])
+
+
+def lmcache_vllm(a):
+    """(`vllm` of an environment where LMCache imports beside the vLLM on PATH, None), or
+    (None, why not). --lmcache-vllm names one; otherwise scripts/lmcache-venv.sh
+    --beside-vllm makes it (once per machine)."""
+    if a.lmcache_vllm:
+        return a.lmcache_vllm, None
+    vllm = shutil.which("vllm")
+    venv = os.path.dirname(os.path.dirname(os.path.realpath(vllm))) if vllm else None
+    if not venv:
+        return None, "vllm is not on PATH"
+    p = subprocess.run([os.path.join(ROOT, "scripts", "lmcache-venv.sh"), "--beside-vllm", venv],
+                       capture_output=True, text=True, timeout=3600)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]
+        return None, f"LMCache does not install beside vLLM ({venv}): {last}"
+    a.lmcache_vllm = p.stdout.strip().splitlines()[-1]
+    return a.lmcache_vllm, None
+
+
+# A connector that started but switched itself off: (marker in the server log, what it means).
+_DEGRADED = (("System will operate in degraded mode", "LMCache's engine did not start; it runs degraded "
+              "(recompute)"),)
+
+
+def degraded_error(log_text):
+    """(error, "path:line") when the server log says its connector runs switched off, else None."""
+    for marker, meaning in _DEGRADED:
+        if marker in log_text:
+            exc, where = root_error(log_text)
+            return (f"{meaning}: {exc}" if exc else meaning), where
+    return None
+
+
 # ---- one configuration at one budget -------------------------------------------------------
 
 def vllm_command(a, model, port, kv_bytes, transfer=None):
@@ -255,6 +320,7 @@ def run_one(a, cfg, budget, model, reqs, work, env, py):
     os.makedirs(folder, exist_ok=True)
     port = free_port()
     daemon = None
+    side = None  # a peer's own server process (LMCache's cache server)
     disk_dirs = []
     transfer = None
     kv_bytes = a.kv_base_bytes
@@ -277,14 +343,53 @@ def run_one(a, cfg, budget, model, reqs, work, env, py):
                 extra["kv_format"] = "nvfp4"
             transfer = {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
                         "kv_role": "kv_both", "kv_connector_extra_config": extra}
-        elif cfg == "lmcache":
-            err = import_error(py, "lmcache")
+        elif cfg in ("lmcache", "lmcache-native", "lmcache-mp"):
+            vllm_bin, err = lmcache_vllm(a)
             if err:
-                rec["error"] = f"lmcache does not import in {py}: {err}"
+                rec["error"] = err
                 return rec
+            # LMCache's local CPU backend at the budget, its local disk backend at kvtierd's
+            # NVMe capacity (both in GB of 2^30 bytes; no disk where that is 0), its chunks
+            # one vLLM block.
             renv.update({"LMCACHE_LOCAL_CPU": "True", "LMCACHE_CHUNK_SIZE": str(a.block_size),
-                         "LMCACHE_MAX_LOCAL_CPU_SIZE": f"{budget / (1 << 30):.4f}"})
+                         "LMCACHE_MAX_LOCAL_CPU_SIZE": f"{budget / (1 << 30):.4f}", "PYTHONHASHSEED": "0"})
+            if a.disk_bytes:
+                disk_dir = os.path.join(folder, "lmcache-disk")
+                os.makedirs(disk_dir, exist_ok=True)
+                disk_dirs.append(disk_dir)
+                renv.update({"LMCACHE_LOCAL_DISK": f"file://{disk_dir}/",
+                             "LMCACHE_MAX_LOCAL_DISK_SIZE": f"{a.disk_bytes / (1 << 30):.4f}"})
+            rec["lmcache_env"] = {k: v for k, v in renv.items() if k.startswith("LMCACHE_")}
             transfer = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+            if cfg == "lmcache-native":
+                transfer["kv_connector_extra_config"] = {"use_native": True}
+            elif cfg == "lmcache-mp":
+                mp_port = free_port()
+                mp_cmd = [os.path.join(os.path.dirname(vllm_bin), "python"), "-m", "lmcache.v1.multiprocess.server",
+                          "--host", "127.0.0.1", "--port", str(mp_port), "--chunk-size", str(a.block_size),
+                          "--l1-size-gb", f"{budget / (1 << 30):.4f}", "--eviction-policy", "LRU",
+                          # a CPU engine's worker copies its pages itself (engine-driven), through
+                          # a shared-memory segment of the server's
+                          "--supported-transfer-mode", "auto", "--shm-name", f"kvtier-bench-lmcache-{mp_port}"]
+                if a.disk_bytes:
+                    # LMCache's file-system L2 (its fs adapter has no capacity setting; the
+                    # working set is far below kvtierd's NVMe capacity, so neither limit binds)
+                    l2_dir = os.path.join(folder, "lmcache-l2")
+                    os.makedirs(l2_dir, exist_ok=True)
+                    disk_dirs.append(l2_dir)
+                    mp_cmd += ["--l2-adapter", json.dumps({"type": "fs", "base_path": l2_dir})]
+                rec["lmcache_server"] = " ".join(mp_cmd[1:])
+                side = Server("lmcache-server", mp_cmd, renv, os.path.join(folder, "lmcache-server.log"))
+                try:
+                    side.start_listening(mp_port, a.start_timeout)
+                except RuntimeError as e:
+                    exc, where = root_error(side.text())
+                    rec["error"], rec["error_at"] = f"LMCache's cache server: {exc or e}", where
+                    side.stop()
+                    return rec
+                transfer = {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+                            "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1",
+                                                          "lmcache.mp.port": mp_port}}
         elif cfg == "offloading":
             transfer = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                         "kv_connector_extra_config": {"cpu_bytes_to_use": budget}}
@@ -295,6 +400,8 @@ def run_one(a, cfg, budget, model, reqs, work, env, py):
             raise ValueError(f"unknown configuration {cfg}")
         rec["vllm_kv_cache_bytes"] = kv_bytes
         cmd = vllm_command(a, model, port, kv_bytes, transfer)
+        if cfg.startswith("lmcache"):
+            cmd[0] = vllm_bin
         rec["command"] = " ".join(cmd[:3]) + " ... " + " ".join(cmd[5:])
         srv = Server(cfg, cmd, renv, os.path.join(folder, "vllm.log"))
         print(f"== {cfg}, budget {fmt_size(budget)}: starting vllm serve (log {srv.log})", flush=True)
@@ -308,18 +415,27 @@ def run_one(a, cfg, budget, model, reqs, work, env, py):
             srv.stop()
             return rec
         print(f"   ready in {rec['start_s']} s", flush=True)
+        degraded = degraded_error(srv.text())
+        if degraded:
+            # The connector is off in this server (every request recomputes, and LMCache's
+            # lookups wait out their RPC timeout): the row keeps the reason, not a run.
+            rec["error"], rec["error_at"] = degraded
+            rec["server_errors"] = error_lines(srv.text())
+            srv.stop()
+            return rec
         try:
             url = f"http://127.0.0.1:{port}"
             warm = W.Request(arrival_s=0.0, tokens=[1] * (2 * a.block_size), max_tokens=2)
             w = RC.stream_completion("127.0.0.1", port, SERVED, warm, a.request_timeout)
             if "error" in w:
                 rec["warmup_error"] = w["error"]
-            watch = [srv.proc.pid] + ([daemon.proc.pid] if daemon else [])
+            tier = daemon.proc if daemon else side.proc if side else None  # the tier's own process
+            watch = [srv.proc.pid] + ([tier.pid] if tier else [])
             res = RC.replay(url, SERVED, reqs, label=f"{cfg} @ {fmt_size(budget)}", max_inflight=a.max_inflight,
                             timeout_s=a.request_timeout, watch_pids=watch, kvtierctl=a.kvtierctl,
                             kvtier_socket=daemon.socket if daemon else None, disk_dirs=disk_dirs)
             res["server_pid"] = srv.proc.pid
-            res["kvtierd_pid"] = daemon.proc.pid if daemon else None
+            res["kvtierd_pid"] = tier.pid if tier else None  # kvtierd, or LMCache's cache server
             rec["result"] = res
             if srv.proc.poll() is not None:
                 rec["error"] = f"vllm serve exited with {srv.proc.returncode} during the run"
@@ -342,6 +458,8 @@ def run_one(a, cfg, budget, model, reqs, work, env, py):
     finally:
         if daemon:
             daemon.stop()
+        if side:
+            side.stop()
     return rec
 
 
@@ -361,7 +479,9 @@ def row_cells(r):
     prompt = s.get("prompt_tokens") or 0
     ext = s.get("tokens_external")
     local = s.get("tokens_local_prefix_cache")
-    nv = s.get("nvme_bytes_written")
+    nv = s.get("nvme_bytes_written")  # kvtierd's counter; a peer's disk folder's growth otherwise
+    if nv is None:
+        nv = s.get("disk_bytes_grown")
     note = r.get("error") or ""
     if r.get("error_at"):
         note += f" ({r['error_at']})"
@@ -397,7 +517,7 @@ def ttft_p95(r):
 
 HEADER = ["configuration", "host budget", "done", "req/s", "TTFT p50 (ms)", "TTFT p95 (ms)", "e2e p50 (ms)",
           "prompt tokens cached", "from vLLM prefix cache", "from connector", "server peak PSS (MiB)",
-          "kvtierd peak PSS (MiB)", "NVMe written", "error / note"]
+          "tier process peak PSS (MiB)", "disk written", "error / note"]
 
 
 def table(rows):
@@ -424,7 +544,10 @@ def main():
     ap.add_argument("--kv-base", default=None,
                     help="vLLM's own KV cache (default: 2 x --max-model-len tokens of the model)")
     ap.add_argument("--alone-kv", default="base+budget", choices=("base+budget", "base"))
-    ap.add_argument("--nvme-capacity", default=None, help="kvtierd's tiers.nvme.capacity (default: shipped)")
+    ap.add_argument("--nvme-capacity", default=None, help="kvtierd's tiers.nvme.capacity (default: shipped); "
+                    "LMCache's local disk gets the same")
+    ap.add_argument("--lmcache-vllm", default=None,
+                    help="the `vllm` of an environment with LMCache (default: scripts/lmcache-venv.sh --beside-vllm)")
     ap.add_argument("--max-inflight", type=int, default=64)
     ap.add_argument("--request-timeout", type=float, default=900.0)
     ap.add_argument("--start-timeout", type=float, default=600.0)
@@ -474,6 +597,7 @@ def main():
         geo = dict(layers=c["num_hidden_layers"], kv_heads=c["num_key_value_heads"],
                    head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
     per_tok = kv_bytes_per_token(geo)
+    a.disk_bytes = parse_size(a.nvme_capacity) if a.nvme_capacity else shipped_nvme_capacity()
     if a.kv_base:
         a.kv_base_bytes = parse_size(a.kv_base)
     else:  # two requests of max_model_len; one with --smoke (its few requests come one at a time)

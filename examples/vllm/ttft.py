@@ -17,6 +17,11 @@ kvtier or recomputed. Per length and repetition, with a fresh random prompt each
 
 Each request asks for one token (max_tokens 1), so its time is the time to first token as
 the client sees it (HTTP included, the same for all three). Medians of --reps.
+
+The two engines share the machine's cores, and a vLLM worker busy-polls its message queue
+for a second after its last step (vLLM's shm_broadcast.py, busy_loop_s = 1): on a 2-core
+machine the engine served last takes a core from the other for that second. So each timed
+request waits until the other engine has been idle for --quiet-s (1.2 s).
 --kv-format nvfp4 runs the kvtier engine with NVFP4 blocks in the tiers (quantized on save,
 dequantized on load). The last line says tokens per GiB of tier capacity for the model's
 blocks in the format the run stored and in the other one (the contracts' block sizes).
@@ -43,6 +48,8 @@ def main():
     ap.add_argument("--lengths", default="512,1024,2048,4096,8000")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--quiet-s", type=float, default=1.2,
+                    help="before a timed request, the other engine's idle time (vLLM polls for 1 s after a step)")
     ap.add_argument("--kv-format", default="as-is", choices=("as-is", "nvfp4"),
                     help="the kvtier engine's kv_connector_extra_config kv_format")
     a = ap.parse_args()
@@ -68,22 +75,34 @@ def main():
         base.start()
         rng = random.Random(11)
         rows = []
+        last = {}  # engine -> when its last request ended
+
+        def timed(engine, toks):
+            """A request's time, once the other engine has been idle --quiet-s."""
+            other = kv if engine is base else base
+            wait = last.get(other, 0.0) + a.quiet_s - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            t = time.perf_counter()
+            engine.complete(toks)
+            last[engine] = time.perf_counter()
+            return last[engine] - t
         for n in lengths:
             rec, host, nvme = [], [], []
             for r in range(a.reps + 1):  # the first repetition warms both engines up at this length
                 toks = [rng.randrange(2, 512) for _ in range(n)]
-                t = time.perf_counter(); base.complete(toks); t_rec = time.perf_counter() - t
+                t_rec = timed(base, toks)
                 b0 = d.counters()["host"].blocks
-                kv.complete(toks)  # computes and stores (the commit may end after the response)
+                timed(kv, toks)  # computes and stores (the commit may end after the response)
                 d.stored(b0 + n // T)
                 h0 = d.counters()["host"].hits
-                t = time.perf_counter(); kv.complete(toks); t_host = time.perf_counter() - t
+                t_host = timed(kv, toks)
                 if d.counters()["host"].hits <= h0:
                     print(f"warning: length {n}: the host run did not load from the host tier", flush=True)
                 with d.client() as c:
                     c.flush("nvme")
                 nv0 = d.counters()["nvme"].hits
-                t = time.perf_counter(); kv.complete(toks); t_nvme = time.perf_counter() - t
+                t_nvme = timed(kv, toks)
                 if d.counters()["nvme"].hits <= nv0:
                     print(f"warning: length {n}: the NVMe run did not read NVMe", flush=True)
                 if r:

@@ -540,6 +540,91 @@ def test_scheduler_delays_frees():
     check("a request is delayed once", s.request_finished(req("saves"), []) == (False, None))
 
 
+def test_load_or_compute():
+    """Load or compute: LoadCost's rule on its own, then the connector's: a worker's real
+    loads and steps timed and reported with its step output, and a scheduler that feeds
+    them to its LoadCost and leaves to vLLM a hit predicted slower to load than to compute
+    (against a real kvtierd holding the blocks), probing every 16th, loading again once
+    loads are measured fast."""
+    from types import SimpleNamespace as NS
+    from kvtier.vllm import (KvtierConnectorMetadata, KvtierWorkerMetadata, _ReqState, _StepClock,  # noqa: F401
+                             _Transfer)
+    c = E.LoadCost(window=8, min_samples=3, probe_every=4, min_step_tokens=64)
+    check("with no measurements a load goes ahead", c.worth_loading(10, 320) and c.estimate(10, 320) == (None, None))
+    for s_ in (1e-3, 1e-3, 9.0):       # a slow outlier does not move the median
+        c.add_load(s_ * 10, 10)
+    for s_ in (1e-4, 1e-4, 1e-4):
+        c.add_step(s_ * 640, 640)
+    c.add_step(100.0, 8)               # a decode-sized step is left out
+    load_s, compute_s = c.estimate(10, 320)
+    check("medians per block and per token", abs(load_s - 0.01) < 1e-9 and abs(compute_s - 0.032) < 1e-9,
+          (load_s, compute_s))
+    check("a load cheaper than its compute goes ahead", c.worth_loading(10, 320) and c.declined == 0)
+    for s_ in (0.05, 0.05, 0.05):
+        c.add_load(s_ * 10, 10)
+    got = [c.worth_loading(10, 320) for _ in range(8)]
+    check("a load dearer than its compute is declined, every 4th probes",
+          got == [False, False, False, True] * 2 and c.declined == 8 and c.probes == 2, got)
+    try:
+        E.LoadCost(window=0)
+        refused = "no error"
+    except ValueError as e:
+        refused = str(e)
+    check("bad LoadCost settings are refused", "window" in refused, refused)
+
+    L, H, T, D, NB = 2, 2, 32, 64, 8
+    shape = E.EngineShape(L, H, D, "bfloat16")
+    d = shipped_daemon()
+    try:
+        src = cpu_pages(NB, H, T, D, L, 5)
+        w = _worker(E.DaemonLink(d.socket, "unit-cost-w"), shape, T, src)
+        tokens = list(range(11, 11 + 4 * T + 3))
+        w._save(_Transfer("r", None, tokens[:4 * T], 0, [1, 2, 3, 4]))
+        check("four blocks saved", w.saved_blocks == 4, w.saved_blocks)
+        # The worker's clock around a real load in a step of vLLM's hooks.
+        r = _worker(E.DaemonLink(d.socket, "unit-cost-r"), shape, T, [torch.zeros_like(p) for p in src])
+        r._clock = _StepClock(False, 2 * T)
+        r.bind_connector_metadata(KvtierConnectorMetadata(
+            loads=[_Transfer("r", None, tokens[:4 * T], 0, [4, 5, 6, 7])], step_tokens=3 * T))
+        r.start_load_kv(None)
+        r.wait_for_save()
+        m = r.build_connector_worker_meta()
+        check("a timed step reports its load (4 blocks) and its compute (96 tokens)",
+              isinstance(m, KvtierWorkerMetadata) and [b for _, b in m.loads] == [4]
+              and [t for _, t in m.steps] == [3 * T] and all(x >= 0 for x, _ in m.loads + m.steps), m)
+        r.bind_connector_metadata(KvtierConnectorMetadata(step_tokens=1))
+        r.wait_for_save()
+        check("a decode-sized step is not reported", r.build_connector_worker_meta() is None)
+        r.clear_connector_metadata()
+
+        s = _scheduler(T)
+        s.link = E.DaemonLink(d.socket, "unit-cost-s")
+        s.io = E.BlockIO(s.link)
+        s.model_name, s.weights, s.tier_format, s._contracts = "unit", "sha256:unit-load", "as-is", {}
+        s.shape, s.page_layout, s.kv_scale = shape, "cpu-bhnc", None
+        s.cost = E.LoadCost(min_samples=2, probe_every=16, min_step_tokens=2 * T)
+        req = NS(prompt_token_ids=tokens, request_id="q", cache_salt=None)
+        check("with no measurements the scheduler loads the hit", s.get_num_new_matched_tokens(req, 0) == (4 * T, False))
+        slow = KvtierWorkerMetadata(loads=[(0.4, 4), (0.4, 4)], steps=[(0.01, 3 * T), (0.01, 3 * T)])
+        s.update_connector_output(NS(kv_connector_worker_meta=slow))
+        got = [s.get_num_new_matched_tokens(req, 0)[0] for _ in range(16)]
+        check("a hit measured slower to load than to compute is left to vLLM, the 16th loads to measure again",
+              got == [0] * 15 + [4 * T] and s.cost.declined == 16, got)
+        check("a declined hit is not saved again", s._reqs["q"].saved_upto == 4)
+        fast = KvtierWorkerMetadata(loads=[(1e-4, 4)] * 4, steps=[])
+        s.update_connector_output(NS(kv_connector_worker_meta=fast))
+        check("once loads are measured fast the hit loads again", s.get_num_new_matched_tokens(req, 0) == (4 * T, False))
+        s.update_connector_output(NS(kv_connector_worker_meta=None))
+        s.cost = None
+        s.update_connector_output(NS(kv_connector_worker_meta=slow))
+        check("load_if_cheaper false: every hit loads", s.get_num_new_matched_tokens(req, 0) == (4 * T, False))
+        s.link.close()
+        r.link.close()
+        w.link.close()
+    finally:
+        d.stop()
+
+
 def test_fp8_pages():
     """vLLM's FP8 (E4M3) pages stored as they are: byte-exact both ways, vLLM's per-layer
     k/v scales in the contract (checked against the model's at register time), and an FP8
@@ -713,7 +798,7 @@ def test_cuda_layouts():
 
 def main():
     for t in (test_shapes_and_contracts, test_copies, test_link_and_daemon, test_load_errors, test_async_saves,
-              test_scheduler_delays_frees, test_fp8_pages, test_cuda_layouts):
+              test_scheduler_delays_frees, test_load_or_compute, test_fp8_pages, test_cuda_layouts):
         try:
             t()
         except Exception as e:  # reported as a failure, and the other groups still run

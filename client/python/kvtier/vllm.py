@@ -23,6 +23,8 @@ Loaded by vLLM with no change to vLLM::
   folder's config.json and weight files (read once per process at start;
   kvtier.engine.weights_identity, the rule of every engine).
 - ``client_name``: the name kvtierd logs for this engine. Default: "vllm".
+- ``load_if_cheaper``: load a prefix only where the engine's own measurements say loading
+  it is faster than computing it (kvtier.engine.cost). Default: true; false loads every hit.
 
 What happens (docs/vllm.md has the whole story):
 
@@ -31,7 +33,8 @@ What happens (docs/vllm.md has the whole story):
   counts the leading blocks that are cached for every tensor-parallel rank, never the block
   that holds the last prompt token, and nothing while the daemon is down.
   :meth:`build_connector_meta` says, per step, which blocks load (before the forward) and
-  which prompt blocks became full and are saved (after it).
+  which prompt blocks became full and are saved (after it). A hit whose load the
+  measurements say is slower than computing it is left to vLLM (load or compute below).
 - Worker side: :meth:`start_load_kv` acquires the blocks in kvtierd's host tier (the daemon
   promotes from NVMe) and copies them from the shared read-only host arena straight into
   vLLM's paged KV tensors; blocks it could not get are reported by
@@ -45,6 +48,11 @@ What happens (docs/vllm.md has the whole story):
   rank, head_dim, block tokens, dtype, the page layout, TP rank and size, and the request's
   ``cache_salt`` (as a digest): another model, dtype, layout, rank or salt never loads a
   block.
+- Load or compute: each worker times its loads (per block) and its prefill-sized steps
+  (per token, loads excluded; on CUDA with events, read once they completed) and reports
+  them with its step output (:meth:`build_connector_worker_meta`); the scheduler keeps
+  medians of both (:meth:`update_connector_output`, kvtier.engine.LoadCost) and declines a
+  load predicted slower than its compute, probing every 16th declined one.
 - kvtierd down at start or killed mid-run: vLLM serves by recomputing, with one log line per
   outage; the connector reattaches (backoff 0.5 s to 10 s) when the daemon is back (the
   daemon link's policy, shared by every engine: kvtier.engine.link).
@@ -64,6 +72,7 @@ import ctypes
 import logging
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
@@ -75,7 +84,7 @@ from . import engine as E
 from . import pages as P
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
-    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorWorkerMetadata)
 
 log = logging.getLogger("vllm.kvtier")
 
@@ -130,6 +139,72 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     # Requests vLLM preempted in this step: their blocks went back to vLLM's pool, so a
     # save still copying out of them must end before this step's forward or loads.
     preempted: Set[str] = field(default_factory=set)
+    # Tokens the step computes (all requests): the worker's per-token compute time.
+    step_tokens: int = 0
+
+
+@dataclass
+class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
+    """A worker's measurements since its last step output, for the scheduler's LoadCost:
+    (seconds, blocks) of each complete load, (seconds, tokens) of each measured step."""
+    loads: List[Tuple[float, int]] = field(default_factory=list)
+    steps: List[Tuple[float, int]] = field(default_factory=list)
+
+    def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KVConnectorWorkerMetadata":
+        if not isinstance(other, KvtierWorkerMetadata):
+            return self
+        return KvtierWorkerMetadata(self.loads + other.loads, self.steps + other.steps)
+
+
+class _StepClock:
+    """The worker's times for load or compute. On the CPU, wall clock. On CUDA, events on
+    the current stream (a step's forward and its loads are queued work; the host's clock
+    would see only the queueing), read once the step's last event completed."""
+
+    def __init__(self, cuda: bool, min_tokens: int):
+        self.cuda, self.min_tokens = cuda, min_tokens  # smaller steps: their loads only
+        self.step = None      # the open step: [start mark, tokens, [(mark, mark, blocks)]]
+        self.pending = []     # closed steps not yet read: (start, end, tokens, loads)
+
+    def mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+    def ready(self, mark) -> bool:
+        return mark.query() if self.cuda else True
+
+    def begin(self, tokens: int) -> None:
+        self.step = [self.mark(), tokens, []]
+
+    def load(self, start, blocks: int) -> None:
+        if self.step is not None:
+            self.step[2].append((start, self.mark(), blocks))
+
+    def end(self) -> None:
+        if self.step is not None:
+            start, tokens, loads = self.step
+            self.pending.append((start, self.mark(), tokens, loads))
+            self.step = None
+
+    def harvest(self) -> Optional[KvtierWorkerMetadata]:
+        """The measurements of the closed steps whose work has completed, in order."""
+        out = KvtierWorkerMetadata()
+        while self.pending and self.ready(self.pending[0][1]):
+            start, end, tokens, loads = self.pending.pop(0)
+            spent = 0.0
+            for a, b, blocks in loads:
+                s = self.seconds(a, b)
+                spent += s
+                out.loads.append((s, blocks))
+            if tokens >= self.min_tokens:
+                out.steps.append((max(self.seconds(start, end) - spent, 0.0), tokens))
+        return out if (out.loads or out.steps) else None
 
 
 @dataclass
@@ -152,6 +227,9 @@ def _layer_index(name: str) -> int:
 
 class KvtierConnector(KVConnectorBase_V1):
     """vLLM's KV blocks in kvtierd's tiers (see the module docstring)."""
+
+    cost: Optional[E.LoadCost] = None    # scheduler: load or compute (None: load every hit)
+    _clock: Optional[_StepClock] = None  # worker: the measurements for it (None: none)
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -212,6 +290,14 @@ class KvtierConnector(KVConnectorBase_V1):
         self.weights = E.weights_identity(str(mc.model), extra.get("model_revision"))
         self.tier_format = tier_format
         self._mover: Optional[P.BlockMover] = None
+        if str(extra.get("load_if_cheaper", True)).lower() not in ("true", "1", "false", "0"):
+            raise E.UnsupportedEngineModel(f"KvtierConnector: load_if_cheaper {extra['load_if_cheaper']!r} is not "
+                                           "true or false")
+        if str(extra.get("load_if_cheaper", True)).lower() in ("true", "1"):
+            if role == KVConnectorRole.WORKER:
+                self._clock = _StepClock(platform == "cuda", 2 * self.block_tokens)
+            else:
+                self.cost = E.LoadCost(min_step_tokens=2 * self.block_tokens)
         if role == KVConnectorRole.WORKER:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
             self.tp_rank = int(get_tensor_model_parallel_rank())
@@ -279,7 +365,16 @@ class KvtierConnector(KVConnectorBase_V1):
         st.hit_blocks = hit
         st.saved_upto = hit
         ext = hit * bt - num_computed_tokens
-        return (ext if ext > 0 else 0), False
+        if ext <= 0:
+            return 0, False
+        if self.cost is not None and not self.cost.worth_loading(-(-ext // bt), ext):
+            if self.cost.declined == 1:
+                load_s, compute_s = self.cost.estimate(-(-ext // bt), ext)
+                log.info("kvtier: a %d-token prefix is predicted to load in %.1f ms and compute in %.1f ms; vLLM "
+                         "computes it (and every hit predicted slower to load than to compute, loading every %dth "
+                         "to measure again)", ext, load_s * 1e3, compute_s * 1e3, self.cost.probe_every)
+            return 0, False
+        return ext, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         st = self._reqs.get(request.request_id)
@@ -296,7 +391,8 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         meta = KvtierConnectorMetadata(loads=self._loads,
-                                       preempted=set(getattr(scheduler_output, "preempted_req_ids", None) or ()))
+                                       preempted=set(getattr(scheduler_output, "preempted_req_ids", None) or ()),
+                                       step_tokens=int(getattr(scheduler_output, "total_num_scheduled_tokens", 0)))
         self._loads = []
         bt = self.block_tokens
         steps = [(r.req_id, r.block_ids[0], r.num_computed_tokens, True) for r in scheduler_output.scheduled_new_reqs]
@@ -320,6 +416,15 @@ class KvtierConnector(KVConnectorBase_V1):
                 st.saved_upto = full
                 self._saving.add(rid)
         return meta
+
+    def update_connector_output(self, connector_output) -> None:
+        m = getattr(connector_output, "kv_connector_worker_meta", None)
+        if self.cost is None or not isinstance(m, KvtierWorkerMetadata):
+            return
+        for seconds, blocks in m.loads:
+            self.cost.add_load(seconds, blocks)
+        for seconds, tokens in m.steps:
+            self.cost.add_step(seconds, tokens)
 
     def request_finished(self, request, block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
         # A request that had a save in any step keeps its blocks until every worker says
@@ -518,6 +623,16 @@ class KvtierConnector(KVConnectorBase_V1):
         if isinstance(kv_connector_metadata, KvtierConnectorMetadata) and kv_connector_metadata.preempted:
             self._wait_copied(kv_connector_metadata.preempted)
 
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        # The step starts here (vLLM binds before the forward and calls wait_for_save after
+        # it); the scheduler's LoadCost leaves out steps too small to say what a token costs.
+        if self._clock is not None and isinstance(connector_metadata, KvtierConnectorMetadata):
+            self._clock.begin(connector_metadata.step_tokens)
+
+    def build_connector_worker_meta(self):
+        return self._clock.harvest() if self._clock is not None else None
+
     def start_load_kv(self, forward_context, **kwargs) -> None:
         meta = self._get_connector_metadata()
         if not isinstance(meta, KvtierConnectorMetadata):
@@ -529,6 +644,7 @@ class KvtierConnector(KVConnectorBase_V1):
         n = len(tr.block_ids)
         if n == 0:
             return
+        t0 = self._clock.mark() if self._clock is not None else None
         done = 0
         if self._mover is not None:
             contract = self._contract(tr.salt, self.tp_rank)
@@ -550,6 +666,8 @@ class KvtierConnector(KVConnectorBase_V1):
             # Every block after the first one missing is recomputed (vLLM recomputes from the
             # first invalid block of a request).
             self._load_errors.update(tr.block_ids[done:])
+        elif t0 is not None:
+            self._clock.load(t0, n)  # a complete load: its time per block is the tier's
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # start_load_kv loads every layer before the forward
@@ -561,6 +679,8 @@ class KvtierConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         if not isinstance(meta, KvtierConnectorMetadata):
             return
+        if self._clock is not None:
+            self._clock.end()
         for tr in meta.saves:
             self._submit_save(tr)
 
@@ -606,6 +726,12 @@ class KvtierConnector(KVConnectorBase_V1):
         return errs
 
     def shutdown(self):
+        if self.cost is not None and (self.cost.declined or self.cost.seconds_per_block() is not None):
+            b, t = self.cost.seconds_per_block(), self.cost.seconds_per_token()
+            log.info("kvtier: load or compute: %d hits left to vLLM to compute (%d of them loaded anyway to measure "
+                     "again); a block loads in %s, a token computes in %s (medians)", self.cost.declined,
+                     self.cost.probes, "-" if b is None else f"{b * 1e3:.3f} ms",
+                     "-" if t is None else f"{t * 1e3:.3f} ms")
         if self._pool is not None:
             self.drain_saves(10.0)
             self._pool.shutdown(wait=False)

@@ -8,6 +8,8 @@
   outage policy (misses and recompute, one log line per outage, reconnect with back-off).
 - :mod:`kvtier.engine.blockio`: the one chunked save path and the one load path, naming
   the contract for every slot they address.
+- :mod:`kvtier.engine.cost`: load or compute: whether a prefix is cheaper to load than to
+  compute again, from the engine's own measurements.
 
 Page layouts (how an engine's pages become kvtier blocks) are :mod:`kvtier.pages`'. An
 engine module (kvtier.vllm, kvtier.sglang, kvtier.lmcache, kvtier.transformers) holds only
@@ -19,3 +21,4 @@ from .contract import (AS_IS_FORMATS, DEFAULT_KV_SCALE, QUANTIZED_FROM, TIER_FOR
 from .keys import block_keys, hashed_key, hashed_keys  # noqa: F401
 from .link import DEFAULT_SOCKET, DaemonLink, socket_path  # noqa: F401
 from .blockio import ALLOC_WAIT_MS, LOAD_CHUNK, SAVE_CHUNK, BlockIO, slot_view  # noqa: F401
+from .cost import LoadCost  # noqa: F401
