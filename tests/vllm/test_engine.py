@@ -559,6 +559,8 @@ def test_load_or_compute():
     load_s, compute_s = c.estimate(10, 320)
     check("medians per block and per token", abs(load_s - 0.01) < 1e-9 and abs(compute_s - 0.032) < 1e-9,
           (load_s, compute_s))
+    check("measurements counted (the decode-sized step left out)", (c.loads_seen, c.steps_seen) == (3, 3),
+          (c.loads_seen, c.steps_seen))
     check("a load cheaper than its compute goes ahead", c.worth_loading(10, 320) and c.declined == 0)
     for s_ in (0.05, 0.05, 0.05):
         c.add_load(s_ * 10, 10)

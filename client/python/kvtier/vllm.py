@@ -726,12 +726,12 @@ class KvtierConnector(KVConnectorBase_V1):
         return errs
 
     def shutdown(self):
-        if self.cost is not None and (self.cost.declined or self.cost.seconds_per_block() is not None):
+        if self.cost is not None:
             b, t = self.cost.seconds_per_block(), self.cost.seconds_per_token()
-            log.info("kvtier: load or compute: %d hits left to vLLM to compute (%d of them loaded anyway to measure "
-                     "again); a block loads in %s, a token computes in %s (medians)", self.cost.declined,
-                     self.cost.probes, "-" if b is None else f"{b * 1e3:.3f} ms",
-                     "-" if t is None else f"{t * 1e3:.3f} ms")
+            log.info("kvtier: load or compute: %d loads and %d steps measured; %d hits left to vLLM to compute (%d "
+                     "of them loaded anyway to measure again); a block loads in %s, a token computes in %s (medians)",
+                     self.cost.loads_seen, self.cost.steps_seen, self.cost.declined, self.cost.probes,
+                     "-" if b is None else f"{b * 1e3:.3f} ms", "-" if t is None else f"{t * 1e3:.3f} ms")
         if self._pool is not None:
             self.drain_saves(10.0)
             self._pool.shutdown(wait=False)

@@ -43,16 +43,20 @@ class LoadCost:
         self._per_token: deque = deque(maxlen=window)
         self.declined = 0   # loads declined (the engine computed them)
         self.probes = 0     # loads that went ahead although the estimates declined them
+        self.loads_seen = 0  # measurements taken in, all time
+        self.steps_seen = 0
 
     def add_load(self, seconds: float, blocks: int) -> None:
         """One complete load of `blocks` blocks that took `seconds`."""
         if blocks > 0 and seconds >= 0:
             self._per_block.append(seconds / blocks)
+            self.loads_seen += 1
 
     def add_step(self, seconds: float, tokens: int) -> None:
         """One forward step that computed `tokens` tokens in `seconds` (its loads not counted)."""
         if tokens >= self.min_step_tokens and seconds > 0:
             self._per_token.append(seconds / tokens)
+            self.steps_seen += 1
 
     def seconds_per_block(self) -> Optional[float]:
         return statistics.median(self._per_block) if len(self._per_block) >= self.min_samples else None
