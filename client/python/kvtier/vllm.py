@@ -230,6 +230,7 @@ class KvtierConnector(KVConnectorBase_V1):
 
     cost: Optional[E.LoadCost] = None    # scheduler: load or compute (None: load every hit)
     _clock: Optional[_StepClock] = None  # worker: the measurements for it (None: none)
+    _measured = False                    # scheduler: the first measurements were logged
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -425,6 +426,13 @@ class KvtierConnector(KVConnectorBase_V1):
             self.cost.add_load(seconds, blocks)
         for seconds, tokens in m.steps:
             self.cost.add_step(seconds, tokens)
+        if not self._measured and self.cost.loads_seen and self.cost.steps_seen:
+            # One line when both sides are first measured: the rule is live, at these rates.
+            self._measured = True
+            b, t = self.cost._per_block[-1], self.cost._per_token[-1]
+            log.info("kvtier: load or compute: the workers' first measurements: a block loaded in %.3f ms, a token "
+                     "computed in %.3f ms; a hit predicted slower to load than to compute is left to vLLM once each "
+                     "side has %d", b * 1e3, t * 1e3, self.cost.min_samples)
 
     def request_finished(self, request, block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
         # A request that had a save in any step keeps its blocks until every worker says
