@@ -188,35 +188,36 @@ class Server:
         self.proc = None
 
     def start(self, port, timeout_s):
-        self.t0 = time.time()
-        self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True, env=self.env)
-        while time.time() < self.t0 + timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
-                    if r.status == 200:
-                        return time.time() - self.t0
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            time.sleep(1)
-        raise RuntimeError(f"vllm serve not ready within {timeout_s} s")
+        """Starts `vllm serve`: ready once its /v1/models answers 200."""
+        def ready():
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+                return r.status == 200
+        return self._spawn(ready, timeout_s, "vllm serve")
 
     def start_listening(self, port, timeout_s):
         """Starts a process that is ready once it accepts TCP connections on port."""
+        def ready():
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            return True
+        return self._spawn(ready, timeout_s, self.name)
+
+    def _spawn(self, ready, timeout_s, what):
+        """Starts the command in a process group of its own and asks ready() once a second;
+        returns the seconds it took, or raises RuntimeError when the process exits or is not
+        ready within timeout_s."""
         self.t0 = time.time()
         self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
                                      start_new_session=True, env=self.env)
         while time.time() < self.t0 + timeout_s:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+                raise RuntimeError(f"{what} exited with {self.proc.returncode}")
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=2).close()
-                return time.time() - self.t0
-            except OSError:
-                time.sleep(1)
-        raise RuntimeError(f"{self.name} not listening within {timeout_s} s")
+                if ready():
+                    return time.time() - self.t0
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"{what} not ready within {timeout_s} s")
 
     def text(self):
         try:
