@@ -73,6 +73,7 @@ import logging
 import re
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
@@ -163,8 +164,8 @@ class _StepClock:
 
     def __init__(self, cuda: bool, min_tokens: int):
         self.cuda, self.min_tokens = cuda, min_tokens  # smaller steps: their loads only
-        self.step = None      # the open step: [start mark, tokens, [(mark, mark, blocks)]]
-        self.pending = []     # closed steps not yet read: (start, end, tokens, loads)
+        self.step = None      # the open step: [start mark or None, tokens, [(mark, mark, blocks)]]
+        self.pending = deque()  # closed steps not yet read: (start or None, end, tokens, loads)
 
     def mark(self):
         if self.cuda:
@@ -180,7 +181,8 @@ class _StepClock:
         return mark.query() if self.cuda else True
 
     def begin(self, tokens: int) -> None:
-        self.step = [self.mark(), tokens, []]
+        # A step too small to time (a decode step) takes no mark: only its loads are timed.
+        self.step = [self.mark() if tokens >= self.min_tokens else None, tokens, []]
 
     def load(self, start, blocks: int) -> None:
         if self.step is not None:
@@ -189,20 +191,21 @@ class _StepClock:
     def end(self) -> None:
         if self.step is not None:
             start, tokens, loads = self.step
-            self.pending.append((start, self.mark(), tokens, loads))
+            if start is not None or loads:
+                self.pending.append((start, self.mark(), tokens, loads))
             self.step = None
 
     def harvest(self) -> Optional[KvtierWorkerMetadata]:
         """The measurements of the closed steps whose work has completed, in order."""
         out = KvtierWorkerMetadata()
         while self.pending and self.ready(self.pending[0][1]):
-            start, end, tokens, loads = self.pending.pop(0)
+            start, end, tokens, loads = self.pending.popleft()
             spent = 0.0
             for a, b, blocks in loads:
                 s = self.seconds(a, b)
                 spent += s
                 out.loads.append((s, blocks))
-            if tokens >= self.min_tokens:
+            if start is not None:
                 out.steps.append((max(self.seconds(start, end) - spent, 0.0), tokens))
         return out if (out.loads or out.steps) else None
 
@@ -291,10 +294,11 @@ class KvtierConnector(KVConnectorBase_V1):
         self.weights = E.weights_identity(str(mc.model), extra.get("model_revision"))
         self.tier_format = tier_format
         self._mover: Optional[P.BlockMover] = None
-        if str(extra.get("load_if_cheaper", True)).lower() not in ("true", "1", "false", "0"):
+        cheaper = str(extra.get("load_if_cheaper", True)).lower()
+        if cheaper not in ("true", "1", "false", "0"):
             raise E.UnsupportedEngineModel(f"KvtierConnector: load_if_cheaper {extra['load_if_cheaper']!r} is not "
                                            "true or false")
-        if str(extra.get("load_if_cheaper", True)).lower() in ("true", "1"):
+        if cheaper in ("true", "1"):
             if role == KVConnectorRole.WORKER:
                 self._clock = _StepClock(platform == "cuda", 2 * self.block_tokens)
             else:
@@ -429,7 +433,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if not self._measured and self.cost.loads_seen and self.cost.steps_seen:
             # One line when both sides are first measured: the rule is live, at these rates.
             self._measured = True
-            b, t = self.cost._per_block[-1], self.cost._per_token[-1]
+            b, t = self.cost.latest()
             log.info("kvtier: load or compute: the workers' first measurements: a block loaded in %.3f ms, a token "
                      "computed in %.3f ms; a hit predicted slower to load than to compute is left to vLLM once each "
                      "side has %d", b * 1e3, t * 1e3, self.cost.min_samples)

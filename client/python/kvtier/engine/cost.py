@@ -64,6 +64,12 @@ class LoadCost:
     def seconds_per_token(self) -> Optional[float]:
         return statistics.median(self._per_token) if len(self._per_token) >= self.min_samples else None
 
+    def latest(self):
+        """(seconds per block of the last load, seconds per token of the last step) taken in;
+        None for a side with none yet."""
+        return (self._per_block[-1] if self._per_block else None,
+                self._per_token[-1] if self._per_token else None)
+
     def estimate(self, blocks: int, tokens: int):
         """(load seconds, compute seconds) for a prefix of `blocks` blocks and `tokens`
         tokens; None for a side with too few samples yet."""
