@@ -461,6 +461,9 @@ def run_one(a, cfg, budget, model, reqs, work, env, py):
             daemon.stop()
         if side:
             side.stop()
+        if not a.keep_data:  # the tiers' files are measured; a full run would leave gigabytes
+            for d in disk_dirs:
+                shutil.rmtree(d, ignore_errors=True)
     return rec
 
 
@@ -547,6 +550,9 @@ def main():
     ap.add_argument("--alone-kv", default="base+budget", choices=("base+budget", "base"))
     ap.add_argument("--nvme-capacity", default=None, help="kvtierd's tiers.nvme.capacity (default: shipped); "
                     "LMCache's local disk gets the same")
+    ap.add_argument("--keep-data", action="store_true",
+                    help="keep each row's tier files (kvtierd's NVMe folder, LMCache's disk); removed by default once "
+                         "the row is measured")
     ap.add_argument("--lmcache-vllm", default=None,
                     help="the `vllm` of an environment with LMCache (default: scripts/lmcache-venv.sh --beside-vllm)")
     ap.add_argument("--max-inflight", type=int, default=64)

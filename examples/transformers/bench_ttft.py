@@ -164,7 +164,8 @@ def kvtier_ttft(model, fmt, conv1, conv2, a, res):
     bb = contract.block_bytes()
     gib = _tier_gib(bb, a)
     res[f"{fmt}_block_bytes"] = bb
-    nvme_dir = os.path.join(a.nvme_dir, fmt) if a.nvme_dir else tempfile.mkdtemp(prefix="kvtier-ttft-nvme-")
+    scratch = None if a.nvme_dir else tempfile.TemporaryDirectory(prefix="kvtier-ttft-nvme-")  # removed on return
+    nvme_dir = os.path.join(a.nvme_dir, fmt) if a.nvme_dir else scratch.name
     sets = {f"tiers.{t}.capacity": f"{gib}GiB" for t in ("hbm", "host", "nvme")}
     sets.update({"tiers.nvme.dir": nvme_dir, "daemon.trace_copies": "true" if a.trace_copies else "false"})
     with Daemon.shipped(sets, timeout_s=300) as d:

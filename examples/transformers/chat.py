@@ -51,7 +51,8 @@ def main(argv=None):
         a.spawn, a.demo, a.prompt_tokens, a.turn_tokens, a.max_new, a.turns = True, True, 200, 40, 8, 3
     if not (a.socket or a.spawn) or not (a.model or a.demo):
         ap.error("give --socket or --spawn, and --model or --demo")
-    path = a.model or models.save_random(models.config("llama", small=True), tempfile.mkdtemp(prefix="demo-llama-"))
+    demo = None if a.model else tempfile.TemporaryDirectory(prefix="demo-llama-")  # removed at exit
+    path = a.model or models.save_random(models.config("llama", small=True), demo.name)
     model = kt.use_kvtier(models.load(path))
     model.generation_config.pad_token_id = 0
     runs = [(f, e) for f in kt.FORMATS for e in ("none", "host", "nvme")] if a.smoke else \

@@ -107,7 +107,8 @@ def main(argv=None):
         import tempfile
         import train_bytes
         if not a.model:
-            a.model = tempfile.mkdtemp(prefix="kvtier-quality-smoke-")
+            smoke_dir = tempfile.TemporaryDirectory(prefix="kvtier-quality-smoke-")  # removed at exit
+            a.model = smoke_dir.name
             train_bytes.train(a.model, seconds=0, steps=30, batch=8, seq=128, layers=2, log_every=1e9)
         a.batch, a.context, a.steps = 2, 64, 32
     elif not a.model:

@@ -8,6 +8,7 @@ memory objects come from LMCache's LocalCPUBackend. Prints "N passed, N failed".
 import asyncio
 import os
 import sys
+import tempfile
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "client", "python"))
@@ -30,6 +31,10 @@ except ImportError as e:
 
 import kvtier  # noqa: E402
 import kvtier.daemon  # noqa: E402
+
+# Every folder a check makes (a daemon's socket, log and NVMe tier) lies in this one,
+# removed when the run exits.
+SCRATCH = tempfile.TemporaryDirectory(prefix="kvtier-lmcache-test-")
 
 L, T, H, D = 2, 32, 2, 64
 
@@ -64,8 +69,7 @@ def obj(cpu, seed, tokens=T):
 
 
 def t_roundtrip_restart_other_model():
-    import tempfile
-    folder = tempfile.mkdtemp(prefix="kvtier-lmcache-")
+    folder = tempfile.mkdtemp(prefix="kvtier-lmcache-", dir=SCRATCH.name)
     bb = L * 2 * H * T * D * 2
     with daemon(folder) as d:
         loop, cpu, conn = setup(d.socket)
@@ -109,14 +113,13 @@ def t_outage_kill9_misses_then_caches_again():
     the same folder: the connector reattaches by itself and puts and gets again. A connector
     made while no daemon listens is made, misses, and attaches once one does."""
     import logging
-    import tempfile
     lines = []
 
     class Lines(logging.Handler):
         def emit(self, r):
             lines.append(r.getMessage())
     logging.getLogger("kvtier.lmcache").addHandler(Lines())
-    folder = tempfile.mkdtemp(prefix="kvtier-lmcache-outage-")
+    folder = tempfile.mkdtemp(prefix="kvtier-lmcache-outage-", dir=SCRATCH.name)
     d = daemon(folder)
     try:
         loop, cpu, conn = setup(d.socket)
@@ -143,7 +146,7 @@ def t_outage_kill9_misses_then_caches_again():
         run(conn.close())
     finally:
         d.stop()
-    folder2 = tempfile.mkdtemp(prefix="kvtier-lmcache-late-")
+    folder2 = tempfile.mkdtemp(prefix="kvtier-lmcache-late-", dir=SCRATCH.name)
     loop, cpu, conn = setup(os.path.join(folder2, "kvtierd.sock"))
     run = loop.run_until_complete
     c = obj(cpu, 5)

@@ -43,6 +43,10 @@ import kvtier  # noqa: E402
 import kvtier.daemon  # noqa: E402
 from kvtier import sglang as KS  # noqa: E402
 
+# Every folder a check makes (a daemon's socket, log and NVMe tier) lies in this one,
+# removed when the run exits.
+SCRATCH = tempfile.TemporaryDirectory(prefix="kvtier-sglang-test-")
+
 L, H, D, T = 2, 2, 64, 16     # layers, KV heads, head_dim, page_size
 SIZE = 16 * T                 # host pool tokens (16 pages)
 MODEL = "test-org/tiny-llama"
@@ -295,7 +299,7 @@ def t_leading_hits():
 
 def t_restart_hits_from_nvme():
     """kvtierd restarted on the same NVMe folder: a new backend (another process) hits."""
-    folder = tempfile.mkdtemp(prefix="kvtier-sglang-")
+    folder = tempfile.mkdtemp(prefix="kvtier-sglang-", dir=SCRATCH.name)
     pool = Pool("layer_first", torch.bfloat16, seed=4)
     ks = keys("restart", 4)
     with daemon(folder) as d:
@@ -419,7 +423,7 @@ def t_outage_kill9_misses_then_caches_again():
         def emit(self, r):
             lines.append(r.getMessage())
     logging.getLogger("kvtier.sglang").addHandler(H())
-    folder = tempfile.mkdtemp(prefix="kvtier-sglang-outage-")
+    folder = tempfile.mkdtemp(prefix="kvtier-sglang-outage-", dir=SCRATCH.name)
     d = daemon(folder)
     try:
         pool = Pool("page_first", torch.bfloat16, seed=9)
@@ -447,7 +451,7 @@ def t_outage_kill9_misses_then_caches_again():
     finally:
         d.stop()
     # No daemon at start: the backend is made, misses, and attaches once kvtierd listens.
-    folder2 = tempfile.mkdtemp(prefix="kvtier-sglang-late-")
+    folder2 = tempfile.mkdtemp(prefix="kvtier-sglang-late-", dir=SCRATCH.name)
     pool = Pool("page_first", torch.bfloat16, seed=10)
     late = backend(os.path.join(folder2, "kvtierd.sock"), pool)
     ks = keys("late", 2)

@@ -51,7 +51,8 @@ def test_daemon_down_recomputes_with_sdpa():
     assert model.config._attn_implementation == kt.ATTN_IMPLEMENTATION
     lines = _Lines()
     logging.getLogger("kvtier.transformers").addHandler(lines)
-    link = kt.attach(os.path.join(tempfile.mkdtemp(prefix="kvtier-none-"), "kvtierd.sock"))
+    none = tempfile.TemporaryDirectory(prefix="kvtier-none-")
+    link = kt.attach(os.path.join(none.name, "kvtierd.sock"))
     contract = kt.contract_for(model, "bf16", 16)
     for _ in range(3):
         cache = kt.prefix_cache(model, link, ids, mask, max_new_tokens=8, contract=contract)

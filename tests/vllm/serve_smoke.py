@@ -15,6 +15,7 @@ The TTFTs are printed for the reader.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,7 +79,11 @@ def main():
     except OSError as e:
         md = str(e)
     check("the table names both rows", "| vllm |" in md and "| kvtier |" in md, md[:300])
-    print(f"{passed} passed, {failed} failed (results in {out})")
+    if failed:
+        print(f"{passed} passed, {failed} failed (results and logs kept in {out})")
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        print(f"{passed} passed, {failed} failed")
     return 1 if failed or not passed else 0
 
 

@@ -204,7 +204,8 @@ def test_link_and_daemon():
     L, H, T, D = 2, 2, 32, 64
     shape = E.EngineShape(L, H, D, "bfloat16")
     contract = E.engine_contract("vllm", "unit", "sha256:unit", shape, T, layout="cpu-bhnc")
-    sock_dir = tempfile.mkdtemp(prefix="kvtier-link-")
+    scratch = tempfile.TemporaryDirectory(prefix="kvtier-link-")
+    sock_dir = scratch.name
     now = [0.0]
     lines = _Lines()
     lg = logging.getLogger("kvtier.test.link")
