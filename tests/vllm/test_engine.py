@@ -508,6 +508,63 @@ def _scheduler(T):
     return c
 
 
+def _scheduler_on(socket, T, shape, name, cost=None):
+    """A scheduler-side KvtierConnector (as _scheduler) that looks up in the kvtierd at
+    `socket` under the contract _worker's connectors save with."""
+    s = _scheduler(T)
+    s.link = E.DaemonLink(socket, name)
+    s.io = E.BlockIO(s.link)
+    s.model_name, s.weights, s.tier_format, s._contracts = "unit", "sha256:unit-load", "as-is", {}
+    s.shape, s.page_layout, s.kv_scale = shape, "cpu-bhnc", None
+    s.cost = cost
+    return s
+
+
+def test_last_block():
+    """A prompt that ends on a block's edge loads every block, the last one too: the answer
+    stops one token short (vLLM computes the last token for its logits), the load names
+    the last block, and its bytes arrive in vLLM's pages. A prompt with a partial last
+    block answers its full blocks."""
+    from types import SimpleNamespace as NS
+    from kvtier.vllm import KvtierConnectorMetadata, _Transfer
+    L, H, T, D, NB = 2, 2, 32, 64, 10
+    shape = E.EngineShape(L, H, D, "bfloat16")
+    d = shipped_daemon()
+    try:
+        src = cpu_pages(NB, H, T, D, L, 7)
+        w = _worker(E.DaemonLink(d.socket, "unit-last-w"), shape, T, src)
+        tokens = list(range(21, 21 + 4 * T))
+        w._save(_Transfer("w", None, tokens, 0, [1, 2, 3, 4]))
+        check("four blocks saved", w.saved_blocks == 4, w.saved_blocks)
+        s = _scheduler_on(d.socket, T, shape, "unit-last-s")
+        got = {}
+        for local in (0, T, 3 * T):
+            got[local] = s.get_num_new_matched_tokens(NS(prompt_token_ids=tokens, request_id=f"q{local}",
+                                                        cache_salt=None), local)
+        check("a prompt of whole blocks: every block but its last token, less vLLM's own hit",
+              got == {0: (4 * T - 1, False), T: (3 * T - 1, False), 3 * T: (T - 1, False)}, got)
+        partial = tokens[:3 * T] + [7] * (T // 2)
+        got = s.get_num_new_matched_tokens(NS(prompt_token_ids=partial, request_id="p", cache_salt=None), 0)
+        check("a prompt with a partial last block: its full blocks", got == (3 * T, False), got)
+        s.update_state_after_alloc(NS(request_id=f"q{T}"), NS(get_block_ids=lambda: ([6, 7, 8, 9],)), 3 * T - 1)
+        loads = [(t.first, t.block_ids, len(t.tokens)) for t in s._loads]
+        check("the load names the blocks after vLLM's hit, the last one included", loads == [(1, [7, 8, 9], 4 * T)],
+              loads)
+        dst = [torch.zeros_like(p) for p in src]
+        r = _worker(E.DaemonLink(d.socket, "unit-last-r"), shape, T, dst)
+        r.bind_connector_metadata(KvtierConnectorMetadata(loads=s._loads))
+        r.start_load_kv(None)
+        r.clear_connector_metadata()
+        same = all(torch.equal(dst[l][b].view(torch.int16), src[l][a].view(torch.int16)) for l in range(L)
+                   for a, b in ((2, 7), (3, 8), (4, 9)))
+        check("the last block's bytes arrive in vLLM's pages",
+              same and r.loaded_blocks == 3 and not r.get_block_ids_with_load_errors(), r.loaded_blocks)
+        for c in (w, r, s):
+            c.link.close()
+    finally:
+        d.stop()
+
+
 def test_scheduler_delays_frees():
     """request_finished keeps a request's blocks (True) exactly when a save of it was put in
     some step's metadata, the rule the workers report finished_sending by; the metadata
@@ -600,12 +657,8 @@ def test_load_or_compute():
         check("a decode-sized step is not reported", r.build_connector_worker_meta() is None)
         r.clear_connector_metadata()
 
-        s = _scheduler(T)
-        s.link = E.DaemonLink(d.socket, "unit-cost-s")
-        s.io = E.BlockIO(s.link)
-        s.model_name, s.weights, s.tier_format, s._contracts = "unit", "sha256:unit-load", "as-is", {}
-        s.shape, s.page_layout, s.kv_scale = shape, "cpu-bhnc", None
-        s.cost = E.LoadCost(min_samples=2, probe_every=16, min_step_tokens=2 * T)
+        s = _scheduler_on(d.socket, T, shape, "unit-cost-s",
+                          E.LoadCost(min_samples=2, probe_every=16, min_step_tokens=2 * T))
         req = NS(prompt_token_ids=tokens, request_id="q", cache_salt=None)
         check("with no measurements the scheduler loads the hit", s.get_num_new_matched_tokens(req, 0) == (4 * T, False))
         slow = KvtierWorkerMetadata(loads=[(0.4, 4), (0.4, 4)], steps=[(0.01, 3 * T), (0.01, 3 * T)])
@@ -801,7 +854,7 @@ def test_cuda_layouts():
 
 def main():
     for t in (test_shapes_and_contracts, test_copies, test_link_and_daemon, test_load_errors, test_async_saves,
-              test_scheduler_delays_frees, test_load_or_compute, test_fp8_pages, test_cuda_layouts):
+              test_scheduler_delays_frees, test_last_block, test_load_or_compute, test_fp8_pages, test_cuda_layouts):
         try:
             t()
         except Exception as e:  # reported as a failure, and the other groups still run

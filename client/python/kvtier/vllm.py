@@ -30,8 +30,9 @@ What happens (docs/vllm.md has the whole story):
 
 - Scheduler side: :meth:`get_num_new_matched_tokens` hashes the prompt into kvtier's key
   chain (one key per vLLM block; the block size is vLLM's) and looks it up in kvtierd; it
-  counts the leading blocks that are cached for every tensor-parallel rank, never the block
-  that holds the last prompt token, and nothing while the daemon is down.
+  counts the leading blocks that are cached for every tensor-parallel rank (the block that
+  holds the last prompt token too: the answer stops one token short, which vLLM computes for
+  its logits), and nothing while the daemon is down.
   :meth:`build_connector_meta` says, per step, which blocks load (before the forward) and
   which prompt blocks became full and are saved (after it). A hit whose load the
   measurements say is slower than computing it is left to vLLM (load or compute below).
@@ -357,11 +358,11 @@ class KvtierConnector(KVConnectorBase_V1):
         st = _ReqState(tokens=tokens, salt=salt, local_tokens=num_computed_tokens)
         self._reqs[request.request_id] = st
         bt = self.block_tokens
-        # Never the block holding the last prompt token: vLLM computes it for its logits.
-        usable = max(len(tokens) - 1, 0) // bt
-        if usable == 0:
+        # Every full block counts, the one holding the last prompt token too; vLLM computes
+        # that token again for its logits, so the tokens answered stop one short of the prompt.
+        hit = len(tokens) // bt
+        if hit == 0:
             return 0, False
-        hit = usable
         for rank in self._ranks:
             contract = self._contract(salt, rank)
             hit = min(hit, self.io.lookup(contract, E.block_keys(contract.id(), tokens[:hit * bt], bt)))
@@ -369,7 +370,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 break
         st.hit_blocks = hit
         st.saved_upto = hit
-        ext = hit * bt - num_computed_tokens
+        ext = min(hit * bt, len(tokens) - 1) - num_computed_tokens
         if ext <= 0:
             return 0, False
         if self.cost is not None and not self.cost.worth_loading(-(-ext // bt), ext):
@@ -390,7 +391,9 @@ class KvtierConnector(KVConnectorBase_V1):
         if num_external_tokens > 0:
             bt = self.block_tokens
             first = st.local_tokens // bt
-            last = (st.local_tokens + num_external_tokens) // bt
+            # up to the block holding the last token answered: whole where the prompt ends
+            # on a block's edge (vLLM overwrites its last slot when it computes that token)
+            last = min(-(-(st.local_tokens + num_external_tokens) // bt), st.hit_blocks)
             self._loads.append(_Transfer(request.request_id, st.salt, st.tokens[:last * bt], first,
                                          st.block_ids[first:last]))
 
