@@ -129,6 +129,44 @@ TEST(NvmeClasses, EachBlockTakesTheSmallestRecordThatHoldsIt) {
   EXPECT_EQ((*s)->slabs(1), 2u);  // 20 big records: 15 + 5
 }
 
+// The data files take the tier's slabs and no more disk: with 5 slabs of 2 a file, the
+// last file holds one slab. Every record of it, the store's last, is written and read back,
+// before and after a restart.
+TEST(NvmeClasses, DataFilesTakeTheTiersSlabsAndNoMore) {
+  testing::TempDir d;
+  NvmeStoreOptions o = Opts(d.path(), {kBig});
+  o.capacity_bytes = 5 * kSlab;
+  auto big = [](uint64_t) { return kBig - 3000; };
+  {
+    auto s = NvmeStore::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ((*s)->geometry().num_slabs, 5u);
+    EXPECT_EQ((*s)->geometry().slabs_per_file, 2u);
+    uint64_t on_disk = 0;
+    for (uint32_t f = 0; f < 3; ++f) {
+      const uint64_t size = std::filesystem::file_size((*s)->DataPath(f));
+      EXPECT_EQ(size, (f < 2 ? 2 : 1) * kSlab) << "file " << f;
+      on_disk += size;
+    }
+    EXPECT_EQ(on_disk, 5 * kSlab);
+    EXPECT_FALSE(std::filesystem::exists((*s)->DataPath(3)));
+    ASSERT_TRUE(Write(**s, 0, 75, big).ok());  // 15 records a slab: every record
+    uint32_t last_file = 0;
+    for (uint64_t i = 0; i < 75; ++i) {
+      uint32_t f;
+      uint64_t off;
+      (*s)->RecordLocation((*s)->Find(Id(i))->record, &f, &off);
+      last_file = std::max(last_file, f);
+      EXPECT_TRUE(Read(**s, i, big).ok()) << i;
+    }
+    EXPECT_EQ(last_file, 2u);
+  }
+  auto s = NvmeStore::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  for (uint64_t i = 0; i < 75; ++i) EXPECT_TRUE(Read(**s, i, big).ok()) << i;
+  EXPECT_EQ(std::filesystem::file_size((*s)->DataPath(2)), kSlab);
+}
+
 // Every block of both classes comes back after a restart, byte-exact, in the same
 // records; the rebuilt allocator goes on from where it was.
 TEST(NvmeClasses, RestartWithMixedClassesBringsEveryBlockBack) {

@@ -306,7 +306,7 @@ TEST(NvmeStore, ShortReadAtATruncatedFileFailsThatBlockOnly) {
 class FailFileDevice : public Device {
  public:
   FailFileDevice(std::unique_ptr<Device> real, uint32_t bad)
-      : Device(real->num_files(), real->file_bytes()), real_(std::move(real)), bad_(bad) {}
+      : Device(real->num_files(), real->file_bytes(), real->last_file_bytes()), real_(std::move(real)), bad_(bad) {}
 
  protected:
   void BatchImpl(std::span<IoOp> ops) override {

@@ -15,7 +15,7 @@ Status Device::Batch(std::span<IoOp> ops, const IoDone& done) {
     } else if (op.len == 0 || op.len % kIoAlign || op.offset % kIoAlign || addr % kIoAlign) {
       op.result = Status::Invalid("io: offset/length/buffer not 4 KiB aligned (offset " +
                                   std::to_string(op.offset) + ", len " + std::to_string(op.len) + ")");
-    } else if (op.offset + op.len > file_bytes_) {
+    } else if (op.offset + op.len > file_size(op.file)) {
       op.result = Status::Invalid("io: [" + std::to_string(op.offset) + ", +" +
                                   std::to_string(op.len) + ") past the end of the file");
     } else {

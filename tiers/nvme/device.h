@@ -47,7 +47,10 @@ struct DeviceStats {
 
 class Device {
  public:
-  Device(uint32_t num_files, uint64_t file_bytes) : num_files_(num_files), file_bytes_(file_bytes) {}
+  // file_bytes: every file's size and the stride of record addresses; last_file_bytes: the
+  // last file's size where it holds fewer slabs (0: file_bytes).
+  Device(uint32_t num_files, uint64_t file_bytes, uint64_t last_file_bytes = 0)
+      : num_files_(num_files), file_bytes_(file_bytes), last_file_bytes_(last_file_bytes ? last_file_bytes : file_bytes) {}
   virtual ~Device() = default;
 
   // Runs every op; returns the first failure (each op also carries its own result).
@@ -60,6 +63,9 @@ class Device {
 
   uint32_t num_files() const { return num_files_; }
   uint64_t file_bytes() const { return file_bytes_; }
+  uint64_t last_file_bytes() const { return last_file_bytes_; }
+  // The size of file f (< num_files()).
+  uint64_t file_size(uint32_t f) const { return f + 1 == num_files_ ? last_file_bytes_ : file_bytes_; }
   DeviceStats stats() const;
 
  protected:
@@ -75,6 +81,7 @@ class Device {
  private:
   const uint32_t num_files_;
   const uint64_t file_bytes_;
+  const uint64_t last_file_bytes_;
   std::atomic<uint64_t> reads_{0}, writes_{0}, bytes_read_{0}, bytes_written_{0};
   std::atomic<uint64_t> read_errors_{0}, write_errors_{0}, syncs_{0};
 };

@@ -305,6 +305,10 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& opt
   UringDeviceOptions dopts;
   for (uint32_t f = 0; f < s->num_files_; ++f) dopts.paths.push_back(s->DataPath(f));
   dopts.file_bytes = uint64_t{s->geo_.slabs_per_file} * slab;
+  // The last file holds the slabs left over, and the files together no more than the tier's
+  // slabs: the capacity bounds the disk used.
+  const uint32_t last_slabs = s->geo_.num_slabs - (s->num_files_ - 1) * s->geo_.slabs_per_file;
+  dopts.last_file_bytes = uint64_t{last_slabs} * slab;
   dopts.queue_depth = opts.queue_depth;
   dopts.fixed = opts.fixed;
   dopts.fixed.push_back({s->staging_, kStagingRecords * kIoAlign});

@@ -24,6 +24,10 @@ Status UringDeviceOptions::Validate() const {
     return Status::Invalid("uring device: file_bytes " + std::to_string(file_bytes) +
                            " is not a positive multiple of 4096");
   }
+  if (last_file_bytes % kIoAlign || last_file_bytes > file_bytes) {
+    return Status::Invalid("uring device: last_file_bytes " + std::to_string(last_file_bytes) +
+                           " is not a multiple of 4096 up to file_bytes " + std::to_string(file_bytes));
+  }
   if (queue_depth == 0 || queue_depth > 4096) {
     return Status::Invalid("uring device: queue_depth " + std::to_string(queue_depth) +
                            " not in [1, 4096]");
@@ -34,8 +38,9 @@ Status UringDeviceOptions::Validate() const {
 StatusOr<std::unique_ptr<UringDevice>> UringDevice::Open(const UringDeviceOptions& opts) {
   KVTIER_RETURN_IF_ERROR(opts.Validate());
   std::unique_ptr<UringDevice> d(
-      new UringDevice(static_cast<uint32_t>(opts.paths.size()), opts.file_bytes));
-  for (const std::string& p : opts.paths) {
+      new UringDevice(static_cast<uint32_t>(opts.paths.size()), opts.file_bytes, opts.last_file_bytes));
+  for (uint32_t f = 0; f < opts.paths.size(); ++f) {
+    const std::string& p = opts.paths[f];
     // Never through a link: a planted symlink would make the daemon preallocate and write
     // its target. An existing file is opened as it is; a missing one is created here and
     // nowhere else (O_EXCL).
@@ -47,9 +52,10 @@ StatusOr<std::unique_ptr<UringDevice>> UringDevice::Open(const UringDeviceOption
     struct stat st{};
     if (fstat(fd, &st) != 0) return Status::IoError("fstat " + p + ": " + Errno(errno));
     if (!S_ISREG(st.st_mode)) return Status::Invalid("nvme data file " + p + " is not a regular file: refused");
-    if (static_cast<uint64_t>(st.st_size) < opts.file_bytes) {
+    const uint64_t size = d->file_size(f);
+    if (static_cast<uint64_t>(st.st_size) < size) {
       // Preallocate so that writes never allocate blocks (and never fail ENOSPC later).
-      int r = posix_fallocate(fd, 0, static_cast<off_t>(opts.file_bytes));
+      int r = posix_fallocate(fd, 0, static_cast<off_t>(size));
       if (r != 0) return Status::IoError("fallocate " + p + ": " + Errno(r));
     }
   }

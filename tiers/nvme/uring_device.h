@@ -26,6 +26,7 @@ namespace kvtier::tiers {
 struct UringDeviceOptions {
   std::vector<std::string> paths;  // one per file; created if missing. Default: none (refused)
   uint64_t file_bytes = 0;         // size of every file, kIoAlign multiple. Default: 0 (refused)
+  uint64_t last_file_bytes = 0;    // the last file's, a kIoAlign multiple <= file_bytes. Default: 0 (file_bytes)
   uint32_t queue_depth = 64;       // io_uring SQ entries, 1..4096. Default: 64
   std::vector<iovec> fixed;        // memory to register as fixed buffers. Default: none
 
@@ -46,7 +47,7 @@ class UringDevice : public Device {
   Status SyncImpl(std::span<const uint32_t> files) override;
 
  private:
-  UringDevice(uint32_t n, uint64_t bytes) : Device(n, bytes) {}
+  UringDevice(uint32_t n, uint64_t bytes, uint64_t last_bytes) : Device(n, bytes, last_bytes) {}
   int FixedIndex(const void* p, uint64_t len) const;
 
   std::mutex mu_;  // one batch or sync at a time on the ring
