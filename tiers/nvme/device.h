@@ -50,7 +50,9 @@ class Device {
   // file_bytes: every file's size and the stride of record addresses; last_file_bytes: the
   // last file's size where it holds fewer slabs (0: file_bytes).
   Device(uint32_t num_files, uint64_t file_bytes, uint64_t last_file_bytes = 0)
-      : num_files_(num_files), file_bytes_(file_bytes), last_file_bytes_(last_file_bytes ? last_file_bytes : file_bytes) {}
+      : num_files_(num_files),
+        file_bytes_(file_bytes),
+        last_file_bytes_(last_file_bytes ? last_file_bytes : file_bytes) {}
   virtual ~Device() = default;
 
   // Runs every op; returns the first failure (each op also carries its own result).

@@ -23,7 +23,10 @@ Status FaultOptions::Validate() const {
 }
 
 FaultDevice::FaultDevice(std::unique_ptr<Device> real, const FaultOptions& opts)
-    : Device(real->num_files(), real->file_bytes(), real->last_file_bytes()), real_(std::move(real)), opts_(opts), rng_(opts.seed) {}
+    : Device(real->num_files(), real->file_bytes(), real->last_file_bytes()),
+      real_(std::move(real)),
+      opts_(opts),
+      rng_(opts.seed) {}
 
 FaultCounts FaultDevice::counts() const {
   FaultCounts c;
