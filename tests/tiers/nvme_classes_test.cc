@@ -167,6 +167,31 @@ TEST(NvmeClasses, DataFilesTakeTheTiersSlabsAndNoMore) {
   EXPECT_EQ(std::filesystem::file_size((*s)->DataPath(2)), kSlab);
 }
 
+// A folder written before the last file was sized to its slabs (every file whole) opens as
+// it is: nothing truncated, and every record written before a restart reads back after it.
+TEST(NvmeClasses, AFolderWithAWholeLastFileOpensAsItIs) {
+  testing::TempDir d;
+  NvmeStoreOptions o = Opts(d.path(), {kBig});
+  o.capacity_bytes = 5 * kSlab;
+  auto big = [](uint64_t) { return kBig - 3000; };
+  std::string last;
+  {
+    auto s = NvmeStore::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    last = (*s)->DataPath(2);
+  }
+  std::filesystem::resize_file(last, 2 * kSlab);  // the size the older release gave it
+  {
+    auto s = NvmeStore::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE(Write(**s, 0, 75, big).ok());
+  }
+  auto s = NvmeStore::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  for (uint64_t i = 0; i < 75; ++i) EXPECT_TRUE(Read(**s, i, big).ok()) << i;
+  EXPECT_EQ(std::filesystem::file_size(last), 2 * kSlab);
+}
+
 // Every block of both classes comes back after a restart, byte-exact, in the same
 // records; the rebuilt allocator goes on from where it was.
 TEST(NvmeClasses, RestartWithMixedClassesBringsEveryBlockBack) {
