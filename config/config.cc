@@ -326,6 +326,8 @@ const std::vector<Entry>& Schema() {
                  IntField<uint32_t>([](Config& c) { return &c.daemon.spin_us; }, 0, 100000)});
     s.push_back({"daemon.max_spinning_rings",
                  IntField<uint32_t>([](Config& c) { return &c.daemon.max_spinning_rings; }, 0, 4096)});
+    s.push_back({"daemon.bulk_nice",
+                 IntField<uint32_t>([](Config& c) { return &c.daemon.bulk_nice; }, 0, 19)});
     s.push_back({"daemon.trace_copies", BoolField([](Config& c) { return &c.daemon.trace_copies; })});
     s.push_back({"security.socket_owner", StringField([](Config& c) { return &c.security.socket_owner; })});
     s.push_back({"security.socket_group", StringField([](Config& c) { return &c.security.socket_group; })});

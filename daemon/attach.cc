@@ -71,6 +71,7 @@ StatusOr<SessionLimits> Connection::LimitsOf() const {
   lim.bad_request_decay_ms = dc.bad_request_decay_ms;
   lim.spin_us = dc.spin_us;
   lim.max_spinning = dc.max_spinning_rings;
+  lim.bulk_nice = static_cast<int>(dc.bulk_nice);
   lim.protocol_version = protocol_;
   // Slot classes made per contract: a client of protocol 8 or older would address
   // slots by a table of classes fixed at attach.

@@ -172,6 +172,12 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
   Family(&o, "kvtier_requests_malformed_total", "counter",
          "Requests refused by validation (bad field, region, op or version).");
   Line(&o, "kvtier_requests_malformed_total", "", static_cast<double>(requests_malformed.load()));
+  Family(&o, "kvtier_bulk_requests_total", "counter",
+         "Acquires and releases of more than 256 blocks run on a thread of higher nice value (daemon.bulk_nice).");
+  Line(&o, "kvtier_bulk_requests_total", "", static_cast<double>(bulk_requests.load()));
+  Family(&o, "kvtier_bulk_takeovers_total", "counter",
+         "Of them, those whose request thread ran the rest itself: the bulk thread got under an eighth of a core.");
+  Line(&o, "kvtier_bulk_takeovers_total", "", static_cast<double>(bulk_takeovers.load()));
   Family(&o, "kvtier_clients", "gauge", "Clients attached now (a client that went away counts until its leases are released).");
   Line(&o, "kvtier_clients", "", static_cast<double>(clients.load()));
   Family(&o, "kvtier_clients_attached_total", "counter", "Successful attaches.");

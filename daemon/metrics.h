@@ -11,7 +11,8 @@
 //   tier_checksum_failures_total, tier_evictions_total{reason=demoted|dropped},
 //   tier_admission_rejects_total                                   {tier="hbm|host|nvme"}
 //   request_duration_seconds (histogram)                {op="lookup|...",transport="ring|socket"}
-//   requests_failed_total{op,transport}, requests_malformed_total, clients, clients_attached_total,
+//   requests_failed_total{op,transport}, requests_malformed_total, bulk_requests_total,
+//   bulk_takeovers_total, clients, clients_attached_total,
 //   clients_disconnected_total{reason}, access_denied_total, leases, leased_slots,
 //   build_info{version,protocol,cuda} (always 1), contract_file_corrupt_records_total,
 //   nvme_client_budget_rejects_total (demotions refused: the committing client had spent
@@ -69,6 +70,10 @@ struct Metrics {
   std::array<std::array<Histogram, 2>, wire::kMaxOp + 1> request_latency;  // [op][transport]
   std::array<std::array<std::atomic<uint64_t>, 2>, wire::kMaxOp + 1> request_failed{};
   std::atomic<uint64_t> requests_malformed{0};
+  // Big acquires and releases handed to a session's bulk thread (daemon/bulk_runner.h), and
+  // those whose own thread took over from a starved bulk thread.
+  std::atomic<uint64_t> bulk_requests{0};
+  std::atomic<uint64_t> bulk_takeovers{0};
   std::atomic<int64_t> clients{0};
   std::atomic<uint64_t> clients_attached{0};
   std::atomic<uint64_t> attach_refused{0};

@@ -63,7 +63,8 @@ Session::Session(uint64_t id, std::string name, uint32_t pid, bool has_gpu,
       tm_(tm),
       metrics_(metrics),
       limits_(limits),
-      kick_(std::move(kick)) {}
+      kick_(std::move(kick)),
+      bulk_(limits.bulk_nice) {}
 
 StatusOr<std::shared_ptr<Session>> Session::Create(uint64_t client_id, const std::string& name,
                                                    uint32_t pid, bool has_gpu,
@@ -179,6 +180,9 @@ void Session::RingLoop() {
   auto idle_start = Clock::now();
   uint32_t spins = 0;
   bool spinning = false;  // holds one of the daemon's spin places
+  // The last request went to the bulk thread: this thread sleeps at once until a request
+  // of another kind, and leaves the spin places to clients asking back to back.
+  bool ran_bulk = false;
   auto stop_spinning = [&spinning] {
     if (spinning) g_spinning.fetch_sub(1, std::memory_order_release);
     spinning = false;
@@ -203,8 +207,10 @@ void Session::RingLoop() {
     if (n == 0) {
       if (stopping) break;  // drained
       // Spin, then sleep (formats/ring_wait.h says when the spin yields); a thread that
-      // finds every spin place taken sleeps at once.
-      if (Clock::now() - idle_start < spin && (spinning || (spinning = TakeSpinPlace(limits_.max_spinning)))) {
+      // finds every spin place taken, or whose last request went to the bulk thread, sleeps
+      // at once.
+      if (Clock::now() - idle_start < spin &&
+          (spinning || (!ran_bulk && (spinning = TakeSpinPlace(limits_.max_spinning))))) {
         wire::SpinOnce(req_ring_, cmp_ring_, &spins);
         continue;
       }
@@ -216,14 +222,19 @@ void Session::RingLoop() {
     // A spinning thread keeps its spin place through a request and spins again after it,
     // so a client asking back to back keeps it; a thread that gave it up for each request
     // would lose it to a trickling session's thread and pay a futex wake per request. A
-    // request that ran past the spin window (a restore, a listing page) gives it up.
+    // request that ran past the spin window (a restore, a listing page) gives it up. One
+    // that went to the bulk thread (thousands of blocks) takes none after it either: a
+    // futex wake is noise beside such a request, and a place taken between two of them
+    // would be taken from a client that asks back to back (bench/README.md, "bystander").
     wire::RequestEntry e;
     req_ring_.Pop(&e);
     const auto started = Clock::now();
+    const uint64_t bulk_before = bulk_runs_.load(std::memory_order_relaxed);
     HandleRingRequest(e);
     if (kicked_.load()) break;
     idle_start = Clock::now();
-    if (idle_start - started >= spin) stop_spinning();
+    ran_bulk = bulk_runs_.load(std::memory_order_relaxed) != bulk_before;
+    if (ran_bulk || idle_start - started >= spin) stop_spinning();
   }
   stop_spinning();
 }
@@ -444,31 +455,50 @@ Status Session::CheckShareLocked(tiers::Tier tier, uint64_t n, uint64_t slot_byt
                           " bytes): release leases first");
 }
 
-void Session::ReleaseSlots(const Lease& lease) {
+void Session::ReleaseSlots(const Lease& lease, bool bulk) {
   if (!lease.staged.empty()) staging_->Free(lease.staged);  // kNoStaging entries are skipped
   // Committed (or acquired) blocks are unpinned, slots never committed freed.
-  if (!lease.alloc) return ReleaseInSteps(lease.slots, /*free=*/false);
+  if (!lease.alloc) return ReleaseInSteps(lease.slots, /*free=*/false, bulk);
   std::vector<tiers::SlotRef> unpin, free;
   for (size_t i = 0; i < lease.slots.size(); ++i) (lease.committed[i] ? unpin : free).push_back(lease.slots[i]);
-  ReleaseInSteps(free, /*free=*/true);
-  ReleaseInSteps(unpin, /*free=*/false);
+  ReleaseInSteps(free, /*free=*/true, bulk);
+  ReleaseInSteps(unpin, /*free=*/false, bulk);
 }
 
-void Session::ReleaseInSteps(std::span<const tiers::SlotRef> slots, bool free) {
+void Session::ReleaseInSteps(std::span<const tiers::SlotRef> slots, bool free, bool bulk) {
+  // Steps are claimed one at a time, so that the request's own thread can take over the
+  // rest from a bulk thread that gets too little CPU (daemon/bulk_runner.h).
+  std::mutex mu;  // first, failed
   Status first;
   size_t failed = 0;
-  for (size_t at = 0; at < slots.size(); at += kAcquireLockChunk) {
+  std::atomic<size_t> next{0};
+  RunSteps(slots.size(), bulk, [&] {
+    const size_t at = next.fetch_add(kAcquireLockChunk, std::memory_order_relaxed);
+    if (at >= slots.size()) return false;
     if (at > 0) YieldBetweenSteps();
     const auto step = slots.subspan(at, std::min(kAcquireLockChunk, slots.size() - at));
     size_t f = 0;
     Status s = free ? tm_->FreeSlots(step, &f) : tm_->UnpinAll(step, &f);
+    std::lock_guard<std::mutex> l(mu);
     if (!s.ok() && first.ok()) first = s;
     failed += f;
-  }
+    return true;
+  });
   ReleaseFailed(free ? "FreeSlot" : "Unpin", failed, slots.size(), first);
 }
 
 void Session::YieldBetweenSteps() { std::this_thread::yield(); }
+
+void Session::RunSteps(size_t keys, bool bulk, const std::function<bool()>& step) {
+  if (bulk && keys > kAcquireLockChunk && bulk_.nice() > 0) {
+    metrics_->bulk_requests.fetch_add(1, std::memory_order_relaxed);
+    bulk_runs_.fetch_add(1, std::memory_order_relaxed);
+    if (bulk_.Run(step)) metrics_->bulk_takeovers.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  while (step()) {
+  }
+}
 
 void Session::ReleaseFailed(const char* what, size_t failed, size_t n, const Status& first) const {
   if (failed == 0) return;
@@ -497,7 +527,7 @@ Status Session::DoRelease(uint64_t lease_id) {
   metrics_->leases.fetch_sub(1);
   metrics_->leased_slots.fetch_sub(static_cast<int64_t>(lease.slots.size()));
   KVTIER_TEST_POINT("Session::Release:BeforeUnpin");
-  ReleaseSlots(lease);
+  ReleaseSlots(lease, /*bulk=*/true);
   return Status::Ok();
 }
 
@@ -725,7 +755,7 @@ void Session::Close(bool drain) {
     slots += lease.slots.size();
     metrics_->leases.fetch_sub(1);
     metrics_->leased_slots.fetch_sub(static_cast<int64_t>(lease.slots.size()));
-    ReleaseSlots(lease);
+    ReleaseSlots(lease, /*bulk=*/true);
   }
   static LogLimit released_log(std::chrono::seconds(1));
   uint64_t held = 0;

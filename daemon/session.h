@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "daemon/access.h"
+#include "daemon/bulk_runner.h"
 #include "daemon/metrics.h"
 #include "daemon/staging.h"
 #include "formats/contract.h"
@@ -51,6 +52,9 @@ struct SessionLimits {
   uint32_t bad_request_decay_ms = 10000;  // one strike forgiven per interval
   uint32_t spin_us = 50;                  // busy-poll before sleeping
   uint32_t max_spinning = 1;              // ring threads busy-polling at once, every client together
+  // Nice value above the daemon's of the thread that runs this client's big acquires and
+  // releases (daemon/bulk_runner.h), [0, 19]; 0: the ring thread runs them.
+  int bulk_nice = 10;
   uint32_t max_async_acquires = 8;        // asynchronous acquires in flight
   uint32_t protocol_version = wire::kProtocolVersion;  // negotiated at attach (ring header)
   // Host slots the client may hold under alloc leases at once: the slots of its staging
@@ -245,10 +249,13 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t StagingSlotBytes(const tiers::ContractView& view) const;
   // Gives a lease's slots back to the TierManager (unpins, frees) and its staging slots to
   // the staging area.
-  void ReleaseSlots(const Lease& lease);
+  // `bulk`: a big release goes to the bulk thread (only from a request's own thread: see
+  // RunSteps); callbacks on TierManager threads release in place.
+  void ReleaseSlots(const Lease& lease, bool bulk = false);
   // Unpins (or frees) `slots` kAcquireLockChunk at a time, one hold of the index lock
-  // each, yielding the core between steps (YieldBetweenSteps).
-  void ReleaseInSteps(std::span<const tiers::SlotRef> slots, bool free);
+  // each, yielding the core between steps (YieldBetweenSteps); past one step on the bulk
+  // thread with `bulk`.
+  void ReleaseInSteps(std::span<const tiers::SlotRef> slots, bool free, bool bulk);
   // Logs (rate-limited) a release's failures, if any, with the first.
   void ReleaseFailed(const char* what, size_t failed, size_t n, const Status& first) const;
   // Between two steps of a big request (an acquire or a release of more than
@@ -257,6 +264,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // milliseconds would otherwise keep a bystander's ring thread off the core for its
   // whole time slice, whatever the index lock allows (bench/README.md, "bystander").
   static void YieldBetweenSteps();
+  // Runs `step` until it returns false: a request's steps over `keys` keys, each claiming
+  // the next (safe to call from two threads at once). On the bulk thread (bulk_) with
+  // `bulk` and more than kAcquireLockChunk keys, else in place. `bulk` only on a request's
+  // own thread (the ring thread, the control server's, Close): a TierManager thread must
+  // never wait for the bulk thread, whose steps may wait for it.
+  void RunSteps(size_t keys, bool bulk, const std::function<bool()>& step);
   // The slot of an alloc lease as the client sees it: a staging slot id for the host tier.
   wire::WireSlot ClientSlot(const Lease& lease, size_t i) const;
   // Private reads: the copies one acquire made, (arena slot, staging slot) sorted by
@@ -320,6 +333,11 @@ class Session : public std::enable_shared_from_this<Session> {
   wire::RingView<wire::CompletionEntry> cmp_ring_;
 
   std::thread thread_;
+  // Runs big acquires and releases (more than kAcquireLockChunk keys) at lower priority;
+  // its thread starts at the first. It is idle by the time the destructor unmaps the ring:
+  // each Run's caller is the ring thread (joined first) or a caller holding the session.
+  BulkRunner bulk_;
+  std::atomic<uint64_t> bulk_runs_{0};  // runs handed to bulk_ (the ring thread sees its own)
   std::atomic<bool> stop_{false};
   std::atomic<bool> drain_{false};
   std::atomic<bool> kicked_{false};

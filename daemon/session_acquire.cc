@@ -272,7 +272,13 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
     std::atomic_ref<uint32_t>(progress->done).store(0, std::memory_order_release);
   }
   auto shared_done = std::make_shared<Done>(std::move(done));
-  for (size_t k = 0; k < chunks; ++k) {
+  // One step a call, claimed in turn: on the bulk thread, and on this thread too once it
+  // takes over from a bulk thread that gets too little CPU (daemon/bulk_runner.h). Steps
+  // may finish in any order; their callbacks fold them into the prefix in order.
+  std::atomic<size_t> next{0};
+  RunSteps(st->keys.size(), /*bulk=*/true, [&]() -> bool {
+    const size_t k = next.fetch_add(1, std::memory_order_relaxed);
+    if (k >= chunks) return false;
     if (k > 0) YieldBetweenSteps();
     const size_t begin = k * st->chunk;
     const size_t n = std::min(st->chunk, st->keys.size() - begin);
@@ -364,7 +370,8 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
           --self->inflight_;
           if (async) --self->async_inflight_;
         });
-  }
+    return true;
+  });
 }
 
 }  // namespace kvtier::daemon

@@ -270,7 +270,8 @@ uint64_t Work(const Shared* sh, int load) {
 int Run(const std::vector<std::string>& argv) {
   auto args = cli::Args::Parse(argv, {"no-append", "no-pin"});
   if (!args.ok()) return cli::Fail(args.status().message(), 2);
-  if (Status s = args->CheckKnown({"seconds", "rounds", "pace-us", "keys", "loads", "no-pin", "results", "no-append"});
+  if (Status s = args->CheckKnown({"seconds", "rounds", "pace-us", "keys", "loads", "no-pin", "bulk-nice", "results",
+                                  "no-append"});
       !s.ok()) {
     return cli::Fail(s.message(), 2);
   }
@@ -278,9 +279,13 @@ int Run(const std::vector<std::string>& argv) {
   auto rounds = args->GetInt("rounds", 3);
   auto pace = args->GetInt("pace-us", 2000);
   auto nkeys = args->GetInt("keys", 1);
-  if (!seconds.ok() || !rounds.ok() || !pace.ok() || !nkeys.ok() || !(*seconds > 0) || *rounds < 1 || *rounds > 100 ||
-      *pace < 0 || *pace > 1000000 || *nkeys < 1 || *nkeys > static_cast<int64_t>(kMaxLookupKeys)) {
-    return cli::Fail("--seconds > 0, --rounds in [1, 100], --pace-us in [0, 1000000], --keys in [1, 1024]", 2);
+  auto bulk_nice = args->GetInt("bulk-nice", -1);  // -1: the daemon's default
+  if (!seconds.ok() || !rounds.ok() || !pace.ok() || !nkeys.ok() || !bulk_nice.ok() || !(*seconds > 0) ||
+      *rounds < 1 || *rounds > 100 || *pace < 0 || *pace > 1000000 || *nkeys < 1 ||
+      *nkeys > static_cast<int64_t>(kMaxLookupKeys) || *bulk_nice < -1 || *bulk_nice > 19) {
+    return cli::Fail("--seconds > 0, --rounds in [1, 100], --pace-us in [0, 1000000], --keys in [1, 1024], "
+                     "--bulk-nice in [0, 19]",
+                     2);
   }
   std::vector<int> loads;  // 1 list, 2 nops, 3 acquire, in the order given
   {
@@ -308,7 +313,8 @@ int Run(const std::vector<std::string>& argv) {
                                     "[tiers]\nslot_bytes = \"4KiB\"\n[tiers.host]\ncapacity = \"80MiB\"\n"
                                     "high_watermark = 1.0\n[tiers.nvme]\ncapacity = \"0\"\ndir = \"{dir}/nvme\"",
                                     "max_contracts_per_client = 40000\nmax_clients_per_pid = 64\n"
-                                    "max_tier_share_per_client = 1.0\n",
+                                    "max_tier_share_per_client = 1.0\n" +
+                                        (*bulk_nice >= 0 ? "bulk_nice = " + std::to_string(*bulk_nice) + "\n" : ""),
                                     pin ? 1 : -1, 10.0);
       !s.ok()) {
     return cli::Fail(s.ToString());
@@ -430,7 +436,8 @@ int Run(const std::vector<std::string>& argv) {
                  "-key lookup latency while another client loads kvtierd, against idle",
              "kvtier-bench bystander --seconds " + Fmt("%g", *seconds) + " --rounds " + std::to_string(*rounds) +
                  " --pace-us " + std::to_string(*pace) + " --keys " + std::to_string(lookup_keys) + " --loads " +
-                 load_names + (pin ? "" : " --no-pin"));
+                 load_names + (pin ? "" : " --no-pin") +
+                 (*bulk_nice >= 0 ? " --bulk-nice " + std::to_string(*bulk_nice) : ""));
   rep.SetColumns({"phase", "lookups", "p50 (us)", "p99 (us)", "max (us)", "p99 / idle p99", "daemon CPU",
                   "load's work"});
   std::vector<double> idle_all;
@@ -493,6 +500,7 @@ cli::CommandRegistrar reg("bystander",
                           "acquires 16,384 keys, against idle",
                           Run,
                           "[--seconds S] [--rounds N] [--pace-us US] [--keys N] [--loads LIST] [--no-pin]\n"
+                          "       [--bulk-nice N]\n"
                           "       [--results FILE | --no-append]\n"
                           "  --seconds S      length of each phase (default 2)\n"
                           "  --rounds N       rounds of idle, list, idle, nops, idle, acquire, 1-100 (default 3)\n"
@@ -502,7 +510,10 @@ cli::CommandRegistrar reg("bystander",
                           "(default all three)\n"
                           "  --pace-us US     the lister's pause between pages, the acquirer's between acquires "
                           "(default 2000)\n"
-                          "  --no-pin         do not pin kvtierd and the bystander to CPUs 1 and 0\n" +
+                          "  --no-pin         do not pin kvtierd and the bystander to CPUs 1 and 0\n"
+                          "  --bulk-nice N    kvtierd's daemon.bulk_nice, 0-19 (default: the daemon's, 10); 0 runs "
+                          "big requests\n"
+                          "                   on the client's ring thread at the daemon's priority\n" +
                               std::string(kvtier::bench::kResultsUsage));
 
 }  // namespace
