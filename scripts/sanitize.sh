@@ -9,10 +9,10 @@
 # (halt_on_error) and fails the run.
 #
 # The subset (CI's time budget on 2 cores; docs/reliability.md says why):
-#   ASan+UBSan: formats_test tiers_test daemon_unit_test daemon_integration_test
+#   ASan+UBSan: formats_test tiers_test daemon_unit_test bulk_runner_test daemon_integration_test
 #               client_test export_file_test reliability_test (crash test at
 #               KVTIER_CRASH_CYCLES=20)
-#   TSan:       tiers_test daemon_unit_test daemon_integration_test client_test
+#   TSan:       tiers_test daemon_unit_test bulk_runner_test daemon_integration_test client_test
 #               reliability_test (crash test at 10 cycles), and of hostile_test the
 #               close/reload race (1000 races, KVTIER_HOSTILE_RACES); without
 #               NvmeStore.CrashBeforeIndexWriteLeavesNoBlock, which opens RocksDB (new
@@ -82,7 +82,8 @@ for k in "${kinds[@]}"; do
   if [ "$k" = asan ]; then
     export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=0"
     export KVTIER_CRASH_CYCLES=$([ $long = 1 ] && echo 100 || echo 20)
-    tests=(formats_test tiers_test daemon_unit_test daemon_integration_test client_test export_file_test reliability_test)
+    tests=(formats_test tiers_test daemon_unit_test bulk_runner_test daemon_integration_test client_test export_file_test
+      reliability_test)
     [ $long = 1 ] && tests+=(reliability_soak_test)
     run_one asan build-asan "-fsanitize=address,undefined -fno-sanitize-recover=undefined" "${tests[@]}" || status=1
     unset ASAN_OPTIONS
@@ -93,7 +94,7 @@ for k in "${kinds[@]}"; do
     export KVTIER_CRASH_CYCLES=$([ $long = 1 ] && echo 50 || echo 10)
     run_one tsan build-tsan "-fsanitize=thread" \
       tiers_test:-NvmeStore.CrashBeforeIndexWriteLeavesNoBlock \
-      daemon_unit_test daemon_integration_test client_test reliability_test \
+      daemon_unit_test bulk_runner_test daemon_integration_test client_test reliability_test \
       hostile_test:Hostile.CloseRacingARingReloadManyTimes:Hostile.CloseDuringARingReloadFreezesNothing || status=1
     unset TSAN_OPTIONS
   fi

@@ -3,8 +3,15 @@
 // libkvtier, plus a raw client that writes malformed entries straight into its ring.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
+#include <sstream>
 
 #include "tests/daemon/harness.h"
 
@@ -755,6 +762,125 @@ INSTANTIATE_TEST_SUITE_P(Modes, DaemonAdmission,
                                            AdmissionCase{"reuse", "32MiB", true}),
                          [](const ::testing::TestParamInfo<AdmissionCase>& i) {
                            return std::string(i.param.admission) + (i.param.budget[0] == '0' ? "NoBudget" : "Budget");
+                         });
+
+}  // namespace
+}  // namespace kvtier::testing
+
+namespace kvtier::testing {
+namespace {
+
+// The threads of process `pid` named `comm`, each with its nice value (/proc/PID/task).
+std::vector<int> NiceOfThreadsNamed(pid_t pid, const std::string& comm) {
+  std::vector<int> nices;
+  const std::string task = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& t : std::filesystem::directory_iterator(task)) {
+    std::ifstream c(t.path() / "comm");
+    std::string name;
+    std::getline(c, name);
+    if (name != comm) continue;
+    std::ifstream s(t.path() / "stat");
+    const std::string stat((std::istreambuf_iterator<char>(s)), std::istreambuf_iterator<char>());
+    std::istringstream f(stat.substr(stat.rfind(')') + 2));
+    std::string tok;
+    for (int field = 3; f >> tok; ++field) {
+      if (field == 19) {  // nice
+        nices.push_back(std::stoi(tok));
+        break;
+      }
+    }
+  }
+  return nices;
+}
+
+// Acquires and releases of more than 256 blocks, blocking and asynchronous, on the shipped
+// default (daemon.bulk_nice = 10) and with bulk_nice = 0: the same blocks with the same
+// bytes either way, every pin given back; with 10 the steps run on a thread of the
+// client's own named kvtier-bulk at the daemon's nice value plus 10, counted in
+// kvtier_bulk_requests_total; with 0 there is no such thread.
+class DaemonBulk : public ::testing::TestWithParam<int> {};
+
+TEST_P(DaemonBulk, BigAcquiresAndReleasesServeTheRightBytesOnTheBulkThread) {
+  const int bulk_nice = GetParam();
+  DaemonConfig cfg;
+  cfg.host_capacity = "8MiB";  // 2048 slots of 4 KiB
+  cfg.daemon_extra = "max_tier_share_per_client = 1.0\n" +
+                     (bulk_nice >= 0 ? "bulk_nice = " + std::to_string(bulk_nice) + "\n" : std::string());
+  DaemonProcess d(cfg);
+  ASSERT_TRUE(d.Start()) << d.log();
+  const auto desc = SmallContract();
+  uint64_t cid = 0;
+  ASSERT_EQ(kvtier_contract_id(&desc, &cid), KVTIER_OK);
+  constexpr size_t kBlocks = 1000;  // four steps of 256 and one of 232
+  const auto tokens = Tokens(16 * kBlocks, 7);
+  std::vector<kvtier_key> keys(kBlocks);
+  size_t nk = 0;
+  ASSERT_EQ(kvtier_key_chain(cid, tokens.data(), tokens.size(), 16, keys.data(), keys.size(), &nk), KVTIER_OK);
+  ASSERT_EQ(nk, kBlocks);
+  kvtier_client* c = Connect(d.socket(), "bulk");
+  ASSERT_NE(c, nullptr);
+  uint64_t id = 0;
+  ASSERT_EQ(kvtier_register_contract(c, &desc, &id), KVTIER_OK) << kvtier_last_error();
+  ASSERT_EQ(StoreChain(c, cid, keys), 0) << d.log();
+  for (int rep = 0; rep < 3; ++rep) ASSERT_EQ(AcquireAndCheck(c, cid, keys, kBlocks), 0) << d.log();
+
+  // Asynchronously, in steps of 100 blocks: the same slots as a blocking acquire.
+  kvtier_acquire_op* op = nullptr;
+  ASSERT_EQ(kvtier_acquire_async(c, cid, keys.data(), kBlocks, KVTIER_TIER_HOST, 100, &op), KVTIER_OK)
+      << kvtier_last_error();
+  uint64_t lease = 0;
+  size_t n = 0;
+  std::vector<kvtier_slot> slots(kBlocks);
+  ASSERT_EQ(kvtier_acquire_async_result(op, &lease, slots.data(), &n), KVTIER_OK) << kvtier_last_error();
+  kvtier_acquire_async_free(op);
+  ASSERT_EQ(n, kBlocks);
+  uint64_t arena_bytes = 0;
+  auto* arena = static_cast<const uint8_t*>(kvtier_host_arena(c, &arena_bytes));
+  const uint64_t sb = kvtier_slot_bytes(c);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(slots[i].tier, KVTIER_TIER_HOST);
+    ASSERT_TRUE(CheckBlock(arena + slots[i].slot * sb, kBlockBytes, cid, keys[i])) << "block " << i;
+  }
+
+  // While the client is attached, its bulk thread is there (with bulk_nice > 0).
+  errno = 0;
+  const int daemon_nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(d.pid()));
+  ASSERT_EQ(errno, 0);
+  const std::vector<int> bulk_threads = NiceOfThreadsNamed(d.pid(), "kvtier-bulk");
+  if (bulk_nice == 0) {
+    EXPECT_TRUE(bulk_threads.empty());
+  } else {
+    const int want = std::min(daemon_nice + (bulk_nice < 0 ? 10 : bulk_nice), 19);
+    EXPECT_EQ(bulk_threads, std::vector<int>{want});
+  }
+  ASSERT_EQ(kvtier_release(c, lease), KVTIER_OK) << kvtier_last_error();
+
+  // The store's release, three blocking acquires, one asynchronous, and their releases.
+  const std::string m = d.Metrics();
+  EXPECT_EQ(MetricValue(m, "kvtier_bulk_requests_total"), bulk_nice == 0 ? 0 : 9) << m;
+  EXPECT_LE(MetricValue(m, "kvtier_bulk_takeovers_total"), MetricValue(m, "kvtier_bulk_requests_total"));
+  EXPECT_EQ(MetricValue(m, "kvtier_leases"), 0) << m;
+  EXPECT_EQ(MetricValue(m, "kvtier_tier_pinned_blocks{tier=\"host\"}"), 0) << m;
+  EXPECT_EQ(MetricValue(m, "kvtier_tier_blocks{tier=\"host\"}"), kBlocks) << m;
+  // A lease of the whole chain left held at disconnect is released by the daemon.
+  ASSERT_EQ(kvtier_acquire(c, cid, keys.data(), kBlocks, KVTIER_TIER_HOST, &lease, slots.data(), &n), KVTIER_OK);
+  ASSERT_EQ(n, kBlocks);
+  kvtier_close(c);
+  EXPECT_EQ(d.WaitMetric("kvtier_tier_pinned_blocks{tier=\"host\"}", 0), 0) << d.log();
+  EXPECT_EQ(d.WaitMetric("kvtier_clients", 0), 0);
+  // The session goes (and its thread with it) once its leases are released.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!NiceOfThreadsNamed(d.pid(), "kvtier-bulk").empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(NiceOfThreadsNamed(d.pid(), "kvtier-bulk").empty()) << "the bulk thread outlived its client";
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// -1: the shipped default (no bulk_nice key).
+INSTANTIATE_TEST_SUITE_P(Nice, DaemonBulk, ::testing::Values(-1, 0, 19),
+                         [](const ::testing::TestParamInfo<int>& p) {
+                           return p.param < 0 ? std::string("Default") : "Nice" + std::to_string(p.param);
                          });
 
 }  // namespace

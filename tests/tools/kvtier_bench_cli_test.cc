@@ -35,7 +35,9 @@ class KvtierBenchCli : public ::testing::Test {
 TEST_F(KvtierBenchCli, EveryCommandAnswersHelpWithItsOptions) {
   // Each suite and options its usage must name (the ones CheckKnown accepts).
   const std::vector<std::pair<std::string, std::vector<std::string>>> suites = {
-      {"bystander", {"--seconds", "--rounds", "--pace-us", "--keys", "--loads", "--no-pin", "--results", "--no-append"}},
+      {"bystander",
+       {"--seconds", "--rounds", "--pace-us", "--keys", "--loads", "--no-pin", "--bulk-nice", "--results",
+        "--no-append"}},
       {"client", {"--blocks", "--iters", "--seconds", "--no-pin", "--results", "--no-append"}},
       {"codec", {"--mib", "--reps", "--results", "--no-append"}},
       {"decode", {"--quick", "--iters", "--formats", "--shapes", "--block-tokens", "--splits", "--sustain-ms",
@@ -86,9 +88,11 @@ TEST_F(KvtierBenchCli, BadOptionsAreRefused) {
     EXPECT_NE(r.err.find(bad[0]), std::string::npos) << r.err;
     EXPECT_FALSE(fs::exists(results)) << "a refused run wrote results";
   }
-  // The bystander's lookup keys and loads are checked before any daemon starts.
+  // The bystander's lookup keys, loads and nice value are checked before any daemon starts.
   for (const std::vector<std::string>& bad : {std::vector<std::string>{"--keys", "0"},
                                               std::vector<std::string>{"--keys", "1025"},
+                                              std::vector<std::string>{"--bulk-nice", "-1"},
+                                              std::vector<std::string>{"--bulk-nice", "20"},
                                               std::vector<std::string>{"--loads", "acquire,bogus"},
                                               std::vector<std::string>{"--loads", "nops,nops"}}) {
     std::vector<std::string> a = {"bystander", "--results", results.string()};

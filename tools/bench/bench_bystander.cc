@@ -279,10 +279,10 @@ int Run(const std::vector<std::string>& argv) {
   auto rounds = args->GetInt("rounds", 3);
   auto pace = args->GetInt("pace-us", 2000);
   auto nkeys = args->GetInt("keys", 1);
-  auto bulk_nice = args->GetInt("bulk-nice", -1);  // -1: the daemon's default
+  auto bulk_nice = args->GetInt("bulk-nice", 10);  // checked only when given
   if (!seconds.ok() || !rounds.ok() || !pace.ok() || !nkeys.ok() || !bulk_nice.ok() || !(*seconds > 0) ||
       *rounds < 1 || *rounds > 100 || *pace < 0 || *pace > 1000000 || *nkeys < 1 ||
-      *nkeys > static_cast<int64_t>(kMaxLookupKeys) || *bulk_nice < -1 || *bulk_nice > 19) {
+      *nkeys > static_cast<int64_t>(kMaxLookupKeys) || (args->Has("bulk-nice") && (*bulk_nice < 0 || *bulk_nice > 19))) {
     return cli::Fail("--seconds > 0, --rounds in [1, 100], --pace-us in [0, 1000000], --keys in [1, 1024], "
                      "--bulk-nice in [0, 19]",
                      2);
@@ -314,7 +314,7 @@ int Run(const std::vector<std::string>& argv) {
                                     "high_watermark = 1.0\n[tiers.nvme]\ncapacity = \"0\"\ndir = \"{dir}/nvme\"",
                                     "max_contracts_per_client = 40000\nmax_clients_per_pid = 64\n"
                                     "max_tier_share_per_client = 1.0\n" +
-                                        (*bulk_nice >= 0 ? "bulk_nice = " + std::to_string(*bulk_nice) + "\n" : ""),
+                                        (args->Has("bulk-nice") ? "bulk_nice = " + std::to_string(*bulk_nice) + "\n" : ""),
                                     pin ? 1 : -1, 10.0);
       !s.ok()) {
     return cli::Fail(s.ToString());
@@ -437,7 +437,7 @@ int Run(const std::vector<std::string>& argv) {
              "kvtier-bench bystander --seconds " + Fmt("%g", *seconds) + " --rounds " + std::to_string(*rounds) +
                  " --pace-us " + std::to_string(*pace) + " --keys " + std::to_string(lookup_keys) + " --loads " +
                  load_names + (pin ? "" : " --no-pin") +
-                 (*bulk_nice >= 0 ? " --bulk-nice " + std::to_string(*bulk_nice) : ""));
+                 (args->Has("bulk-nice") ? " --bulk-nice " + std::to_string(*bulk_nice) : ""));
   rep.SetColumns({"phase", "lookups", "p50 (us)", "p99 (us)", "max (us)", "p99 / idle p99", "daemon CPU",
                   "load's work"});
   std::vector<double> idle_all;
