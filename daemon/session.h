@@ -333,11 +333,6 @@ class Session : public std::enable_shared_from_this<Session> {
   wire::RingView<wire::CompletionEntry> cmp_ring_;
 
   std::thread thread_;
-  // Runs big acquires and releases (more than kAcquireLockChunk keys) at lower priority;
-  // its thread starts at the first. It is idle by the time the destructor unmaps the ring:
-  // each Run's caller is the ring thread (joined first) or a caller holding the session.
-  BulkRunner bulk_;
-  std::atomic<uint64_t> bulk_runs_{0};  // runs handed to bulk_ (the ring thread sees its own)
   std::atomic<bool> stop_{false};
   std::atomic<bool> drain_{false};
   std::atomic<bool> kicked_{false};
@@ -372,6 +367,13 @@ class Session : public std::enable_shared_from_this<Session> {
 
   std::mutex close_mu_;                 // serialises Close()
   bool close_done_ = false;
+
+  std::atomic<uint64_t> bulk_runs_{0};  // runs handed to bulk_ (the ring thread sees its own)
+  // Runs the steps of big acquires and releases (more than kAcquireLockChunk keys) at lower
+  // priority; its thread starts at the first. Idle once nobody holds the session (each
+  // Run's caller is the ring thread, joined first, or holds the session), and declared
+  // last, so that it is joined before any member its steps touch goes.
+  BulkRunner bulk_;
 };
 
 // Global lease ids: unique over the daemon's life, never 0.
