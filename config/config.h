@@ -201,9 +201,10 @@ struct DaemonConfig {
   // once (a request wakes them). Bounds the CPU that requests trickled over many
   // sessions can buy. Default: 1
   uint32_t max_spinning_rings = 1;
-  // How far above the daemon's nice value a client's big acquires and releases run (more
-  // than 256 keys, each client's on a thread of its own), [0, 19]; 0: on the client's
-  // ring thread at the daemon's priority. For clients attaching after a reload. Default: 10
+  // How far above the daemon's nice value a client's big acquires and releases run (past
+  // their first 1024 keys, each client's on a thread of its own), [0, 19]; 0: on the
+  // client's ring thread at the daemon's priority. For clients attaching after a reload.
+  // Default: 10
   uint32_t bulk_nice = 10;
   bool trace_copies = false;             // log large acquires' and HBM copies' timelines. Default: false
 };

@@ -173,7 +173,8 @@ std::string Metrics::Render(const std::vector<tiers::TierStats>& tiers) const {
          "Requests refused by validation (bad field, region, op or version).");
   Line(&o, "kvtier_requests_malformed_total", "", static_cast<double>(requests_malformed.load()));
   Family(&o, "kvtier_bulk_requests_total", "counter",
-         "Acquires and releases of more than 256 blocks run on a thread of higher nice value (daemon.bulk_nice).");
+         "Acquires and releases of more than 1024 blocks whose steps past the first 1024 ran on a thread of higher "
+         "nice value (daemon.bulk_nice).");
   Line(&o, "kvtier_bulk_requests_total", "", static_cast<double>(bulk_requests.load()));
   Family(&o, "kvtier_bulk_takeovers_total", "counter",
          "Of them, those whose request thread ran the rest itself: the bulk thread got under an eighth of a core.");

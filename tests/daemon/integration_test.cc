@@ -793,7 +793,7 @@ std::vector<int> NiceOfThreadsNamed(pid_t pid, const std::string& comm) {
   return nices;
 }
 
-// Acquires and releases of more than 256 blocks, blocking and asynchronous, on the shipped
+// Acquires and releases of more than 1,024 blocks, blocking and asynchronous, on the shipped
 // default (daemon.bulk_nice = 10) and with bulk_nice = 0: the same blocks with the same
 // bytes either way, every pin given back; with 10 the steps run on a thread of the
 // client's own named kvtier-bulk at the daemon's nice value plus 10, counted in
@@ -803,7 +803,7 @@ class DaemonBulk : public ::testing::TestWithParam<int> {};
 TEST_P(DaemonBulk, BigAcquiresAndReleasesServeTheRightBytesOnTheBulkThread) {
   const int bulk_nice = GetParam();
   DaemonConfig cfg;
-  cfg.host_capacity = "8MiB";  // 2048 slots of 4 KiB
+  cfg.host_capacity = "16MiB";  // 4096 slots of 4 KiB: the chain stays under the watermarks
   cfg.daemon_extra = "max_tier_share_per_client = 1.0\n" +
                      (bulk_nice >= 0 ? "bulk_nice = " + std::to_string(bulk_nice) + "\n" : std::string());
   DaemonProcess d(cfg);
@@ -811,7 +811,7 @@ TEST_P(DaemonBulk, BigAcquiresAndReleasesServeTheRightBytesOnTheBulkThread) {
   const auto desc = SmallContract();
   uint64_t cid = 0;
   ASSERT_EQ(kvtier_contract_id(&desc, &cid), KVTIER_OK);
-  constexpr size_t kBlocks = 1000;  // four steps of 256 and one of 232
+  constexpr size_t kBlocks = 2000;  // 7 steps of 256 and one of 208: 4 in place, 4 on the bulk thread
   const auto tokens = Tokens(16 * kBlocks, 7);
   std::vector<kvtier_key> keys(kBlocks);
   size_t nk = 0;
@@ -824,7 +824,7 @@ TEST_P(DaemonBulk, BigAcquiresAndReleasesServeTheRightBytesOnTheBulkThread) {
   ASSERT_EQ(StoreChain(c, cid, keys), 0) << d.log();
   for (int rep = 0; rep < 3; ++rep) ASSERT_EQ(AcquireAndCheck(c, cid, keys, kBlocks), 0) << d.log();
 
-  // Asynchronously, in steps of 100 blocks: the same slots as a blocking acquire.
+  // Asynchronously, in steps of 100 blocks: the same bytes as a blocking acquire.
   kvtier_acquire_op* op = nullptr;
   ASSERT_EQ(kvtier_acquire_async(c, cid, keys.data(), kBlocks, KVTIER_TIER_HOST, 100, &op), KVTIER_OK)
       << kvtier_last_error();
