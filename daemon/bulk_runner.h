@@ -1,19 +1,20 @@
 // BulkRunner: runs the steps of a session's big requests on a thread of lower CPU priority.
 //
-// An acquire or a release of more than Session::kAcquireLockChunk keys is milliseconds of
-// CPU (about 1.5 us a block, acquire and release). Taking turns at the index lock (one hold
-// per step) is not enough where the machine has fewer cores than busy threads: the thread
-// running the big request takes a core from a bystander's ring thread or from the
-// bystander's own client, and on a 2-core host a 16-key lookup that ran in 1.3 us waits
-// 10 us and more behind it (bench/README.md, "bystander"). A thread of higher nice value
-// gets the core only when others leave it, so small requests go first, and an idle
-// machine runs the big one at full speed.
+// An acquire or a release of thousands of keys is milliseconds of CPU (about 1.5 us a
+// block, acquire and release). Taking turns at the index lock (one hold per step of
+// Session::kAcquireLockChunk keys) is not enough where the machine has fewer cores than
+// busy threads: the thread running the big request takes a core from a bystander's ring
+// thread or from the bystander's own client, and on a 2-core host a 16-key lookup that ran
+// in 1.3 us waits 10 us and more behind it (bench/README.md, "bystander"). A thread of
+// higher nice value gets the core only when others leave it, so small requests go first,
+// and an idle machine runs the big one at full speed.
 //
 // Linux lets an unprivileged thread raise its nice value but not lower it again, so the
 // request's own thread cannot lower itself for one request: each session that makes a big
 // request gets one thread of its own at `daemon.bulk_nice` above the daemon's nice value
 // (started at its first big request, joined when the session goes). Run() hands the steps
-// to it and waits, so the session's requests still complete in order and the waiting
+// (those past the first Session::kInlineSteps, which the request's thread runs itself) to
+// it and waits, so the session's requests still complete in order and the waiting
 // thread gives its core away.
 //
 // No starving: where every core is busy with work of normal priority, a thread at nice 10

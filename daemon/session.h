@@ -375,8 +375,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool close_done_ = false;
 
   std::atomic<uint64_t> bulk_runs_{0};  // runs handed to bulk_ (the ring thread sees its own)
-  // Runs the steps of big acquires and releases (more than kAcquireLockChunk keys) at lower
-  // priority; its thread starts at the first. Idle once nobody holds the session (each
+  // Runs the steps of big acquires and releases past their first kInlineSteps at lower
+  // priority; its thread starts at the first such request. Idle once nobody holds the session (each
   // Run's caller is the ring thread, joined first, or holds the session), and declared
   // last, so that it is joined before any member its steps touch goes.
   BulkRunner bulk_;
