@@ -65,7 +65,10 @@ int Run(const std::vector<std::string>& argv) {
   if (Status s = bench::StartDaemon(&d,
                                     "[tiers]\nslot_bytes = \"64KiB\"\n[tiers.host]\ncapacity = \"" +
                                         std::to_string(cap_mib) + "MiB\"\n[tiers.nvme]\ncapacity = \"" +
-                                        std::to_string(cap_mib * 2) + "MiB\"\ndir = \"{dir}/nvme\"");
+                                        std::to_string(cap_mib * 2) + "MiB\"\ndir = \"{dir}/nvme\"",
+                                    // The one client stores and restores the whole prompt: past
+                                    // daemon.max_tier_share_per_client's default (0.75).
+                                    "max_tier_share_per_client = 1.0\n");
       !s.ok()) {
     return cli::Fail(s.ToString());
   }
