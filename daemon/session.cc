@@ -166,6 +166,10 @@ namespace {
 // Ring threads busy-polling now, over every session (daemon.max_spinning_rings).
 std::atomic<uint32_t> g_spinning{0};
 
+// The session whose ring thread this is (null elsewhere): only a ring thread hands a big
+// request's steps to the bulk thread (Session::OnRingThread).
+thread_local const Session* t_ring_session = nullptr;
+
 bool TakeSpinPlace(uint32_t max) {
   uint32_t n = g_spinning.load(std::memory_order_relaxed);
   while (n < max) {
@@ -175,7 +179,10 @@ bool TakeSpinPlace(uint32_t max) {
 }
 }  // namespace
 
+bool Session::OnRingThread() const { return t_ring_session == this; }
+
 void Session::RingLoop() {
+  t_ring_session = this;
   const auto spin = std::chrono::microseconds(limits_.spin_us);
   auto idle_start = Clock::now();
   uint32_t spins = 0;
@@ -532,7 +539,7 @@ Status Session::DoRelease(uint64_t lease_id) {
   metrics_->leases.fetch_sub(1);
   metrics_->leased_slots.fetch_sub(static_cast<int64_t>(lease.slots.size()));
   KVTIER_TEST_POINT("Session::Release:BeforeUnpin");
-  ReleaseSlots(lease, /*bulk=*/true);
+  ReleaseSlots(lease, /*bulk=*/OnRingThread());
   return Status::Ok();
 }
 

@@ -249,8 +249,8 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t StagingSlotBytes(const tiers::ContractView& view) const;
   // Gives a lease's slots back to the TierManager (unpins, frees) and its staging slots to
   // the staging area.
-  // `bulk`: a big release goes to the bulk thread (only from a request's own thread: see
-  // RunSteps); callbacks on TierManager threads release in place.
+  // `bulk`: a big release goes to the bulk thread (only on the ring thread and in Close:
+  // see RunSteps); callbacks on TierManager threads and the socket path release in place.
   void ReleaseSlots(const Lease& lease, bool bulk = false);
   // Unpins (or frees) `slots` kAcquireLockChunk at a time, one hold of the index lock
   // each, yielding the core between steps (YieldBetweenSteps); past one step on the bulk
@@ -267,10 +267,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // Runs `step` until it returns false: a request's steps over `keys` keys, each claiming
   // the next (safe to call from two threads at once). With `bulk` and more than
   // kInlineSteps steps of kAcquireLockChunk keys, the first kInlineSteps run in place and
-  // the rest on the bulk thread (bulk_); else all in place. `bulk` only on a request's own
-  // thread (the ring thread, the control server's, Close): a TierManager thread must never
-  // wait for the bulk thread, whose steps may wait for it.
+  // the rest on the bulk thread (bulk_); else all in place. `bulk` only on the ring thread
+  // (OnRingThread) and in Close (the closer thread): the control server's io thread never
+  // waits for another thread (a socket-path request runs all its steps in place there),
+  // and a TierManager thread must never wait for the bulk thread, whose steps may wait
+  // for it.
   void RunSteps(size_t keys, bool bulk, const std::function<bool()>& step);
+  // True on this session's ring thread.
+  bool OnRingThread() const;
   // Steps a big request runs on its own thread before the rest go to the bulk thread:
   // 1,024 keys, about 100 us. A request of 1,000 blocks pays no hand-over (two wake-ups,
   // which doubled its time in kvtier-bench client), and a loop of 16,384-block acquires

@@ -272,11 +272,12 @@ void Session::AcquireInSteps(const wire::RequestEntry& req, uint64_t contract_id
     std::atomic_ref<uint32_t>(progress->done).store(0, std::memory_order_release);
   }
   auto shared_done = std::make_shared<Done>(std::move(done));
-  // One step a call, claimed in turn: on the bulk thread, and on this thread too once it
-  // takes over from a bulk thread that gets too little CPU (daemon/bulk_runner.h). Steps
-  // may finish in any order; their callbacks fold them into the prefix in order.
+  // One step a call, claimed in turn: from the ring thread on the bulk thread, and on this
+  // thread too once it takes over from a bulk thread that gets too little CPU
+  // (daemon/bulk_runner.h); on the socket path all in place. Steps may finish in any
+  // order; their callbacks fold them into the prefix in order.
   std::atomic<size_t> next{0};
-  RunSteps(st->keys.size(), /*bulk=*/true, [&]() -> bool {
+  RunSteps(st->keys.size(), /*bulk=*/OnRingThread(), [&]() -> bool {
     const size_t k = next.fetch_add(1, std::memory_order_relaxed);
     if (k >= chunks) return false;
     if (k > 0) YieldBetweenSteps();

@@ -855,6 +855,12 @@ TEST_P(DaemonBulk, BigAcquiresAndReleasesServeTheRightBytesOnTheBulkThread) {
   }
   ASSERT_EQ(kvtier_release(c, lease), KVTIER_OK) << kvtier_last_error();
 
+  // Through the socket: the same bytes, every step in place on the daemon's io thread,
+  // which never waits for another thread (nothing more on the bulk thread).
+  ASSERT_EQ(kvtier_set_transport(c, KVTIER_TRANSPORT_SOCKET), KVTIER_OK);
+  ASSERT_EQ(AcquireAndCheck(c, cid, keys, kBlocks), 0) << d.log();
+  ASSERT_EQ(kvtier_set_transport(c, KVTIER_TRANSPORT_RING), KVTIER_OK);
+
   // The store's release, three blocking acquires, one asynchronous, and their releases.
   const std::string m = d.Metrics();
   EXPECT_EQ(MetricValue(m, "kvtier_bulk_requests_total"), bulk_nice == 0 ? 0 : 9) << m;
