@@ -496,20 +496,10 @@ void Session::ReleaseInSteps(std::span<const tiers::SlotRef> slots, bool free, b
 
 void Session::YieldBetweenSteps() { std::this_thread::yield(); }
 
-void Session::RunSteps(size_t keys, bool bulk, const std::function<bool()>& step) {
-  if (bulk && keys > kInlineSteps * kAcquireLockChunk && bulk_.nice() > 0) {
-    // The first steps here: a request of a few steps is done before a hand-over to the
-    // bulk thread and back (two wake-ups, tens of us) would have paid off.
-    for (size_t i = 0; i < kInlineSteps; ++i) {
-      if (!step()) return;
-    }
-    metrics_->bulk_requests.fetch_add(1, std::memory_order_relaxed);
-    bulk_runs_.fetch_add(1, std::memory_order_relaxed);
-    if (bulk_.Run(step)) metrics_->bulk_takeovers.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  while (step()) {
-  }
+void Session::HandOver(const std::function<bool()>& step) {
+  metrics_->bulk_requests.fetch_add(1, std::memory_order_relaxed);
+  bulk_runs_.fetch_add(1, std::memory_order_relaxed);
+  if (bulk_.Run(step)) metrics_->bulk_takeovers.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Session::ReleaseFailed(const char* what, size_t failed, size_t n, const Status& first) const {
